@@ -1,0 +1,35 @@
+"""The backend protocol."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+
+from dse.launch import LaunchPlan
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a backend hands back: where the run lives and how it ended (as the scheduler saw it).
+
+    ``exit_code`` is None when the process never reported one (killed, lost). ``scheduler_state`` is the
+    scheduler's word for the end (Slurm's ``COMPLETED``, ``TIMEOUT``, ``OUT_OF_MEMORY``, ``CANCELLED``...),
+    None for backends without a scheduler. The parser turns these plus the log into a status.
+    """
+
+    run_dir: Path
+    log_path: Path
+    exit_code: int | None
+    scheduler_state: str | None = None
+    job_id: str | None = None
+
+
+class Backend(abc.ABC):
+    """Runs one plan to its end. Implementations must not raise for a failed run: a failure is data."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
+        """Run ``plan`` with ``run_dir`` as its run directory (created by the caller, empty)."""

@@ -1,0 +1,219 @@
+"""Space and system files: pydantic models, and loading with errors that name the file and the field.
+
+A *space* says which recipe runs on which system, which knobs stay fixed and which vary (each over a list
+of values), what to optimise and how to search. A *system* describes a cluster: GPU generation, GPUs per
+node, NVLink domain, scale-out bandwidth, and the Slurm fields used to launch there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dse import knobs
+from dse.errors import UserError, did_you_mean
+from recipes.models import RECIPES, Recipe
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+SYSTEMS_DIR = CONF_DIR / "systems"
+GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "gb200", "gb300")
+METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
+PAYLOADS = ("nemo2", "mbridge", "sim")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SlurmSettings(_Strict):
+    """How jobs are submitted on this cluster; empty strings mean 'leave it to Slurm's defaults'."""
+
+    partition: str = ""
+    account: str = ""
+    time_limit: str = "00:30:00"
+    container_image: str = ""
+    container_mounts: list[str] = Field(default_factory=list)
+    use_container: bool = True
+    gpus_per_node_flag: bool = True  # emit --gpus-per-node (off for clusters without GRES)
+    exclusive: bool = True
+    srun_args: list[str] = Field(default_factory=list)
+    job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
+
+
+class System(_Strict):
+    """A cluster: one GPU generation, uniform nodes."""
+
+    name: str
+    gpu: Literal["a100", "h100", "h200", "b200", "gb200", "gb300"]
+    gpus_per_node: int = Field(8, ge=1)
+    nvlink_domain: int = Field(8, ge=1, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
+    scaleout_gbps: float = Field(400.0, gt=0, description="scale-out network bandwidth per GPU, Gb/s")
+    container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+
+
+class Objective(_Strict):
+    metric: Literal["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s"] = "tflops_per_gpu"
+    direction: Literal["maximize", "minimize"] | None = None
+    failure_reward: float | None = None
+
+    @property
+    def sense(self) -> str:
+        return self.direction or ("minimize" if self.metric == "step_time_s" else "maximize")
+
+    @property
+    def failed_reward(self) -> float:
+        """Reward of a failed or rejected trial: 0 when maximising; an hour per step when minimising."""
+        if self.failure_reward is not None:
+            return self.failure_reward
+        return 0.0 if self.sense == "maximize" else -3600.0
+
+
+class Search(_Strict):
+    agent: str = "optuna"
+    sampler: str = "tpe"
+    trials: int | None = Field(None, ge=1)
+    seed: int = 0
+
+
+class BackendSettings(_Strict):
+    kind: Literal["sim", "local", "slurm"] = "sim"
+    payload: Literal["nemo2", "mbridge", "sim"] = "nemo2"
+    flops_convention: Literal["causal", "noncausal"] = "causal"
+    timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
+
+
+class Space(_Strict):
+    """A design space. ``settings`` are fixed knob values; ``knobs`` map varying knobs to their values."""
+
+    name: str
+    recipe: str
+    system: System
+    num_nodes: int = Field(ge=1)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    knobs: dict[str, list[Any]] = Field(default_factory=dict)
+    objective: Objective = Field(default_factory=Objective)
+    search: Search = Field(default_factory=Search)
+    backend: BackendSettings = Field(default_factory=BackendSettings)
+    source: str = ""  # the file it was read from (for error messages)
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, v: str) -> str:
+        if v not in RECIPES:
+            raise ValueError(f"unknown recipe {v!r}{did_you_mean(v, RECIPES)}; known: {', '.join(RECIPES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_knobs(self) -> "Space":
+        f = self.source or None
+        for name, value in self.settings.items():
+            knobs.get(name, file=f, field=f"settings.{name}").coerce(value, file=f, field=f"settings.{name}")
+        for name, values in self.knobs.items():
+            knob = knobs.get(name, file=f, field=f"knobs.{name}")
+            if not values:
+                raise UserError("empty list; give at least one value", file=f, field=f"knobs.{name}")
+            seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
+            if len(set(map(repr, seen))) != len(seen):
+                raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")
+            if name in self.settings:
+                raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
+                                file=f, field=f"knobs.{name}")
+        if "num_nodes" in self.settings:
+            raise UserError("set num_nodes at the top level of the space, not in [settings]",
+                            file=f, field="settings.num_nodes")
+        return self
+
+    @property
+    def recipe_obj(self) -> Recipe:
+        return RECIPES[self.recipe]
+
+    @property
+    def knob_names(self) -> list[str]:
+        return list(self.knobs)
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.knobs.values())
+
+    def points(self):
+        """Every raw point of the space (valid or not), as dicts of varying knobs, in grid order."""
+        names = self.knob_names
+        for combo in itertools.product(*(self.knobs[n] for n in names)):
+            yield dict(zip(names, combo))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError("no such file", file=str(path)) from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"malformed TOML: {e}", file=str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read: {e}", file=str(path)) from None
+
+
+def _first_error(e: ValidationError, file: str, prefix: str = "") -> UserError:
+    err = e.errors()[0]
+    field = prefix + ".".join(str(p) for p in err["loc"]) if err["loc"] else prefix.rstrip(".") or None
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, UserError):
+        return ctx_err
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err["type"] not in ("value_error",):
+        msg = f"{msg} (got {err['input']!r})"
+    return UserError(msg, file=file, field=field)
+
+
+def load_system(ref: str | Path | dict[str, Any], *, file: str | None = None) -> System:
+    """A system from a name in ``conf/systems``, a path, or an inline table."""
+    if isinstance(ref, dict):
+        try:
+            return System.model_validate({"name": "inline", **ref})
+        except ValidationError as e:
+            raise _first_error(e, file or "<inline>", "system.") from None
+    path = Path(ref)
+    if not path.suffix:
+        path = SYSTEMS_DIR / f"{ref}.toml"
+        if not path.exists():
+            known = sorted(p.stem for p in SYSTEMS_DIR.glob("*.toml"))
+            raise UserError(f"unknown system {str(ref)!r}{did_you_mean(str(ref), known)}; known: {', '.join(known)}",
+                            file=file, field="system")
+    data = _read_toml(path)
+    data.setdefault("name", path.stem)
+    try:
+        return System.model_validate(data)
+    except ValidationError as e:
+        raise _first_error(e, str(path)) from None
+
+
+def load_space(path: str | Path) -> Space:
+    """Read and validate a space file; every problem is a one-line :class:`UserError`."""
+    path = Path(path)
+    data = _read_toml(path)
+    f = str(path)
+    sysref = data.get("system")
+    if sysref is None:
+        raise UserError("required field is missing (a name from conf/systems, a path, or a table)", file=f, field="system")
+    if not isinstance(sysref, (str, dict)):
+        raise UserError(f"{sysref!r} is neither a system name nor a table", file=f, field="system")
+    if isinstance(sysref, str) and sysref.endswith(".toml") and not Path(sysref).is_absolute():
+        sysref = path.parent / sysref
+    system = load_system(sysref, file=f)
+    try:
+        return Space.model_validate({**data, "system": system, "source": f})
+    except UserError:
+        raise
+    except ValidationError as e:
+        raise _first_error(e, f) from None

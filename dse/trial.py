@@ -1,0 +1,97 @@
+"""``TrialConfig``: one fully resolved point of a space — knobs, recipe defaults and system together.
+
+Immutable. Derived values (world size, data-parallel size, number of micro-batches, effective sequence
+parallelism) are properties, computed from the knobs, never stored beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from dse import knobs
+from dse.space import Space, System
+from recipes.models import Recipe
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    recipe: Recipe
+    system: System
+    values: Mapping[str, Any]  # canonical knob name -> value, every catalogue knob present
+    env: Mapping[str, str] = field(default_factory=dict)  # NAME -> value from env.NAME knobs
+    varied: tuple[str, ...] = ()  # the knobs the space varies (in space order), incl. env.NAME
+
+    def __getattr__(self, name: str) -> Any:
+        # knob values read as attributes: cfg.tp, cfg.gbs, ... (only for catalogue names)
+        values = object.__getattribute__(self, "values")
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    # -- derived -----------------------------------------------------------------------------------
+    @property
+    def arch(self):
+        return self.recipe.arch
+
+    @property
+    def num_gpus(self) -> int:
+        return self.values["num_nodes"] * self.system.gpus_per_node
+
+    @property
+    def model_parallel(self) -> int:
+        return self.values["tp"] * self.values["pp"] * self.values["cp"]
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size (0 when the world is not divisible; constraints reject such points)."""
+        mp = self.model_parallel
+        return self.num_gpus // mp if mp and self.num_gpus % mp == 0 else 0
+
+    @property
+    def sequence_parallel(self) -> bool:
+        sp = self.values["sp"]
+        return self.values["tp"] > 1 if sp is None else bool(sp)
+
+    @property
+    def num_microbatches(self) -> int:
+        denom = self.values["mbs"] * self.dp
+        return self.values["gbs"] // denom if denom else 0
+
+    def knob(self, name: str) -> Any:
+        """A knob's value by canonical name, env.NAME included (None for an unset env knob)."""
+        if knobs.is_env(name):
+            return self.env.get(name[len(knobs.ENV_PREFIX):])
+        return self.values[name]
+
+    def varied_values(self) -> dict[str, Any]:
+        return {n: self.knob(n) for n in self.varied}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every knob (env as env.NAME) plus the recipe, GPU and world size: a row for tables and JSON."""
+        out: dict[str, Any] = {"recipe": self.recipe.name, "gpu": self.system.gpu, "num_gpus": self.num_gpus}
+        out.update(self.values)
+        out["sp"] = self.sequence_parallel
+        out.update({f"{knobs.ENV_PREFIX}{k}": v for k, v in self.env.items()})
+        return out
+
+
+def resolve(space: Space, point: Mapping[str, Any]) -> TrialConfig:
+    """The trial for one point of ``space``: catalogue defaults < recipe defaults < settings < point."""
+    recipe = space.recipe_obj
+    values: dict[str, Any] = {name: k.default for name, k in knobs.CATALOGUE.items()}
+    precision = point.get("precision", space.settings.get("precision", "bf16"))
+    layout = recipe.default_layout(space.system.gpu, precision)
+    values.update(tp=layout.tp, pp=layout.pp, cp=layout.cp, vp=layout.vp, mbs=layout.mbs, gbs=layout.gbs,
+                  fsdp=layout.fsdp, recompute=layout.recompute, seq_length=recipe.seq_length)
+    values["num_nodes"] = space.num_nodes
+    env: dict[str, str] = {}
+    for source in (space.settings, point):
+        for name, value in source.items():
+            if knobs.is_env(name):
+                env[name[len(knobs.ENV_PREFIX):]] = knobs.get(name).coerce(value)
+            else:
+                values[name] = value
+    return TrialConfig(recipe=recipe, system=space.system, values=MappingProxyType(values),
+                       env=MappingProxyType(env), varied=tuple(space.knobs))

@@ -1,0 +1,107 @@
+"""The recipes dse knows: architectures (from the published model cards) and NVIDIA's default layouts.
+
+Plain frozen dataclasses, no third-party imports, so that the training container can import this module
+as well as the controller. Architectures as listed in ``shared/reference/README.md``; default layouts are
+the ones of NeMo's / Megatron-Bridge's performance recipes for that GPU generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """A dense (or MoE) GPT-style decoder; enough to count FLOPs, parameters and activations."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    ffn_hidden_size: int
+    vocab_size: int
+    gated_mlp: bool
+    num_experts: int = 0  # 0 = dense
+    max_position_embeddings: int = 8192
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def scaled(self, num_layers: int, suffix: str | None = None) -> "ModelArch":
+        """The same width with fewer layers: the 2-node reproducer of a large model."""
+        return replace(self, name=f"{self.name}_{suffix or f'{num_layers}l'}", num_layers=num_layers)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A default parallel layout for one GPU generation and precision."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    vp: int = 1
+    mbs: int = 1
+    gbs: int = 128
+    fsdp: bool = False
+    recompute: str = "none"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One trainable recipe: architecture, NeMo 2 / Megatron-Bridge recipe names, defaults."""
+
+    name: str
+    arch: ModelArch
+    nemo2_recipe: str  # module under nemo.collections.llm.recipes
+    mbridge_recipe: str | None  # function under megatron.bridge.recipes, None where Bridge has none
+    seq_length: int
+    num_gpus_default: int
+    defaults: dict[str, Layout] = field(default_factory=dict)  # key "gpu/precision", e.g. "h100/fp8"
+    scaled_from: str | None = None
+
+    def default_layout(self, gpu: str, precision: str) -> Layout:
+        for key in (f"{gpu}/{precision}", f"{gpu}/bf16", f"h100/{precision}", "h100/bf16"):
+            if key in self.defaults:
+                return self.defaults[key]
+        return Layout()
+
+
+LLAMA3_8B = ModelArch("llama3_8b", 32, 4096, 32, 8, 14336, 128256, True)
+LLAMA3_70B = ModelArch("llama3_70b", 80, 8192, 64, 8, 28672, 128256, True)
+LLAMA3_405B = ModelArch("llama3_405b", 126, 16384, 128, 8, 53248, 128256, True)
+NEMOTRON3_8B = ModelArch("nemotron3_8b", 32, 4096, 32, 32, 16384, 256000, False, max_position_embeddings=4096)
+NEMOTRON4_15B = ModelArch("nemotron4_15b", 32, 6144, 48, 8, 24576, 256000, False, max_position_embeddings=4096)
+NEMOTRON4_340B = ModelArch("nemotron4_340b", 96, 18432, 96, 8, 73728, 256000, False, max_position_embeddings=4096)
+
+
+def _recipes() -> dict[str, Recipe]:
+    full = [
+        Recipe("llama3_8b", LLAMA3_8B, "llama3_8b", "llama3_8b_pretrain_config", 8192, 8,
+               {"h100/bf16": Layout(1, 1, 2, 1, 1, 128), "h100/fp8": Layout(1, 1, 2, 1, 1, 128),
+                "b200/fp8": Layout(1, 1, 1, 1, 2, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 128)}),
+        Recipe("llama3_70b", LLAMA3_70B, "llama3_70b", "llama3_70b_pretrain_config", 8192, 64,
+               {"h100/bf16": Layout(4, 4, 2, 5, 1, 128), "h100/fp8": Layout(4, 8, 1, 5, 1, 128),
+                "b200/fp8": Layout(2, 4, 2, 5, 1, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True)}),
+        Recipe("llama3_405b", LLAMA3_405B, "llama3_405b", "llama3_405b_pretrain_config", 8192, 1024,
+               {"h100/bf16": Layout(8, 8, 2, 8, 1, 512), "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
+                "b200/fp8": Layout(4, 8, 2, 8, 1, 64), "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536)}),
+        Recipe("nemotron3_8b", NEMOTRON3_8B, "nemotron3_8b", None, 4096, 8,
+               {"h100/bf16": Layout(2, 1, 1, 1, 1, 32), "h100/fp8": Layout(2, 1, 1, 1, 1, 32)}),
+        Recipe("nemotron4_15b", NEMOTRON4_15B, "nemotron4_15b", None, 4096, 64,
+               {"h100/bf16": Layout(4, 1, 1, 1, 1, 256), "b200/fp8": Layout(1, 1, 1, 1, 2, 256)}),
+        Recipe("nemotron4_340b", NEMOTRON4_340B, "nemotron4_340b", None, 4096, 128,
+               {"h100/bf16": Layout(8, 8, 1, 12, 1, 32), "h100/fp8": Layout(8, 8, 1, 12, 1, 32)}),
+    ]
+    out = {r.name: r for r in full}
+    # 2-node reproducers: same width (so per-layer GEMM shapes and TP collectives are the real ones),
+    # fewer layers, so that 16 GPUs hold the model. Layer counts keep pp in {1,2,4} with vp in {1,2}.
+    for base, layers in (("llama3_70b", 16), ("llama3_405b", 8), ("nemotron4_340b", 8)):
+        r = out[base]
+        arch = r.arch.scaled(layers)
+        out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base)
+    return out
+
+
+RECIPES: dict[str, Recipe] = _recipes()
