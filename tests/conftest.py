@@ -1,0 +1,12 @@
+"""Shared fixtures. Slurm fixtures live in tests/slurm_cluster.py and are loaded as a plugin."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.models import RECIPES
+
+
+@pytest.fixture
+def recipes():
+    return RECIPES
