@@ -126,3 +126,37 @@ def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob
     except KeyError:
         raise UserError(f"unknown knob {name!r}{did_you_mean(name, CATALOGUE)}; known knobs: "
                         f"{', '.join(CATALOGUE)} and env.NAME", file=file, field=field or name) from None
+
+
+FLAVOURS = ("nemo2", "mbridge", "sim")
+
+
+def _spell_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def overrides(values: dict[str, Any], flavour: str) -> list[str]:
+    """``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
+
+    The simulated trainer (``sim``) takes the NeMo 2 spelling, so that it exercises the same command line.
+    Knobs with no path in a flavour are left to the payload (it derives them). Values are validated
+    against the catalogue first; callers shell-quote the result.
+    """
+    if flavour not in FLAVOURS:
+        raise UserError(f"unknown payload flavour {flavour!r}; one of {', '.join(FLAVOURS)}", field="backend.payload")
+    out: list[str] = []
+    for name, value in values.items():
+        knob = CATALOGUE.get(name)
+        if knob is None:
+            continue
+        paths = knob.mbridge if flavour == "mbridge" else knob.nemo2
+        if name == "recompute" and value == "none":
+            value = None
+        if name == "vp" and value == 1:
+            value = None
+        out.extend(f"{p}={_spell_value(value)}" for p in paths)
+    return out
