@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -16,7 +17,7 @@ from dse.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Design-space exploration for NeMo / Megatron training recipes.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 
@@ -49,6 +50,148 @@ def recipes_cmd() -> None:
                       str(a.num_query_groups), str(a.ffn_hidden_size), str(a.vocab_size),
                       "gated" if a.gated_mlp else "plain", str(r.seq_length),
                       r.nemo2_recipe + (f" (scaled from {r.scaled_from})" if r.scaled_from else ""))
+    console.print(table)
+
+
+@app.command("run")
+@user_errors
+def run_cmd(
+    space_file: Path = typer.Option(..., "--space", help="the space file (TOML)"),
+    agent: Optional[str] = typer.Option(None, help="grid | random | optuna (default: the space's [search].agent)"),
+    sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
+    trials: Optional[int] = typer.Option(None, min=1, help="trial budget (default: the space's; grid: every valid point)"),
+    seed: Optional[int] = typer.Option(None, help="seed for the agent and the simulated jitter"),
+    backend: Optional[str] = typer.Option(None, help="sim | local | slurm (default: the space's [backend].kind)"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default: runs/<space name>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: sqlite file in --out)"),
+) -> None:
+    """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dse.space import load_space
+    from dse.study import run_study
+
+    space = load_space(space_file)
+    out_dir = out or Path("runs") / space.name
+    best = {"reward": None}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[best]}"), console=err_console, transient=False) as progress:
+        task = progress.add_task(f"{space.name}", total=trials or space.search.trials, best="")
+
+        def on_trial(info, done, budget):
+            rec = info["record"]
+            if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):
+                best["reward"] = rec.reward
+            progress.update(task, completed=done, total=budget,
+                            best=f"best {space.objective.metric}: {abs(best['reward']):.4g}" if best["reward"] is not None else "")
+
+        result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
+                           backend=backend, resume=resume, storage=storage, on_trial=on_trial)
+    _print_summary(result.records, list(space.knobs), top=10)
+    console.print(f"{result.new_trials} new trials, {len(result.records)} in the study; "
+                  f"leaderboard: {result.leaderboard}")
+
+
+def _print_summary(records, knob_names, top: int) -> None:
+    from collections import Counter
+
+    from rich.table import Table
+
+    from dse.leaderboard import frame
+
+    df = frame(records, knob_names).head(top)
+    table = Table(title=f"top {len(df)} trials", show_lines=False)
+    cols = ["trial", "status", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu",
+            "peak_memory_gib", *knob_names]
+    for c in cols:
+        table.add_column(c, justify="right" if c not in ("status",) else "left")
+    for _, row in df.iterrows():
+        table.add_row(*[_fmt(row[c]) for c in cols])
+    console.print(table)
+    counts = Counter(r.status for r in records)
+    console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+
+def _fmt(v) -> str:
+    import math
+
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+@app.command("leaderboard")
+@user_errors
+def leaderboard_cmd(
+    out_dir: Path = typer.Argument(..., help="a dse run's output directory"),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="also write the whole table to this CSV file"),
+    top: int = typer.Option(20, min=1, help="rows to show"),
+) -> None:
+    """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
+    from dse.leaderboard import frame, write_csv
+    from dse.study import open_store
+
+    store, meta = open_store(out_dir)
+    records = store.records()
+    store.close()
+    knob_names = list(meta["knobs"])
+    if csv is not None:
+        write_csv(frame(records, knob_names), csv)
+        console.print(f"wrote {len(records)} rows to {csv}")
+    _print_summary(records, knob_names, top=top)
+
+
+@app.command("validate")
+@user_errors
+def validate_cmd(files: list[Path] = typer.Argument(..., help="space files")) -> None:
+    """Check space files: schema, knob names and values, recipe, system. Exit 2 on the first bad file."""
+    from dse.space import load_space
+
+    for f in files:
+        s = load_space(f)
+        console.print(f"[green]ok[/] {f}: {s.recipe} on {s.num_nodes} x {s.system.gpus_per_node} {s.system.gpu}, "
+                      f"{len(s.knobs)} knobs, {s.size} points")
+
+
+@app.command("space")
+@user_errors
+def space_cmd(
+    space_file: Path = typer.Argument(..., help="a space file"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Count a space's raw and valid points, and the rejections by rule."""
+    import json
+    from collections import Counter
+
+    from dse import constraints
+    from dse.space import load_space
+    from dse.trial import resolve
+
+    s = load_space(space_file)
+    by_rule: Counter[str] = Counter()
+    valid = 0
+    for point in s.points():
+        rej = constraints.check(resolve(s, point))
+        if rej is None:
+            valid += 1
+        else:
+            by_rule[rej.rule] += 1
+    data = {"space": s.name, "recipe": s.recipe, "gpu": s.system.gpu,
+            "num_gpus": s.num_nodes * s.system.gpus_per_node, "knobs": {k: list(v) for k, v in s.knobs.items()},
+            "raw": s.size, "valid": valid, "rejected_by_rule": dict(by_rule.most_common())}
+    if as_json:
+        print(json.dumps(data))
+        return
+    from rich.table import Table
+
+    console.print(f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; "
+                  f"{s.size} raw points, [bold]{valid} valid[/]")
+    table = Table("rule (first broken)", "rejected")
+    for rule, n in by_rule.most_common():
+        table.add_row(rule, str(n))
     console.print(table)
 
 

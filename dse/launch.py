@@ -28,3 +28,13 @@ class LaunchPlan:
     overrides: tuple[str, ...]  # key=value, already part of argv; kept for display and tests
     env: Mapping[str, str] = field(default_factory=dict)
     pre_steps: tuple[PreStep, ...] = ()
+
+
+def build_plan(trial: TrialConfig, *, payload: str = "nemo2") -> LaunchPlan:
+    """The launch plan of ``trial`` for a payload flavour (first cut: overrides and argv only)."""
+    from dse.knobs import overrides
+
+    ov = tuple(overrides(dict(trial.values), payload))
+    module = f"recipes.{payload}"
+    argv = ("python", "-m", module, "--factory", f"{trial.recipe.nemo2_recipe}_recipe", "-y", *ov)
+    return LaunchPlan(trial=trial, payload=payload, argv=argv, overrides=ov, env=dict(trial.env))

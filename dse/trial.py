@@ -55,6 +55,16 @@ class TrialConfig:
         return self.values["tp"] > 1 if sp is None else bool(sp)
 
     @property
+    def pipeline_layers(self) -> int:
+        """Layers the pipeline splits: the transformer layers, or two more when they do not divide by pp*vp
+        but would with the embedding and the loss counted as layers (Megatron's
+        ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
+        layers, chunks = self.arch.num_layers, self.values["pp"] * self.values["vp"]
+        if self.values["pp"] > 1 and layers % chunks and (layers + 2) % chunks == 0:
+            return layers + 2
+        return layers
+
+    @property
     def num_microbatches(self) -> int:
         denom = self.values["mbs"] * self.dp
         return self.values["gbs"] // denom if denom else 0

@@ -1,0 +1,91 @@
+"""Optuna-driven search by ask/tell (TPE by default, seeded).
+
+The agent keeps its own in-memory study; the store is the durable record, and on resume the history is
+replayed into the study (``warm_start``). Rejected and failed points are told as FAIL trials, never as a
+sentinel value. A point that was already tried is not run again: its known outcome is told to the new trial
+and the sampler is asked again.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from agents.base import Action, Agent, action_key
+from dse.errors import UserError, did_you_mean
+
+
+def _samplers(seed: int) -> dict[str, object]:
+    return {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "qmc": lambda: optuna.samplers.QMCSampler(seed=seed),
+        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
+        "gp": lambda: optuna.samplers.GPSampler(seed=seed),
+        "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False),
+    }
+
+
+class OptunaAgent(Agent):
+    name = "optuna"
+    uses_mask = False  # rejected points are recorded as failed trials, so the sampler learns them
+    MAX_REPEATS = 200
+
+    def __init__(self, action_space, *, sampler: str = "tpe", **kw):
+        super().__init__(action_space, **kw)
+        makers = _samplers(self.seed)
+        if sampler not in makers:
+            raise UserError(f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",
+                            field="search.sampler")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():  # some samplers are marked experimental; that is not the user's error
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study = optuna.create_study(direction="maximize", sampler=makers[sampler]())
+        self.dists = {n: CategoricalDistribution(list(range(k))) for n, k in zip(self.names, self.sizes)}
+        self.outcomes: dict[tuple[int, ...], tuple[float, bool]] = {}
+        self._total = 1
+        for k in self.sizes:
+            self._total *= k
+        self._pending: dict[tuple[int, ...], optuna.trial.Trial] = {}
+
+    def propose(self) -> Action | None:
+        if len(self.outcomes) >= self._total:
+            return None
+        for _ in range(self.MAX_REPEATS):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                trial = self.study.ask(self.dists)
+            action = {n: int(trial.params[n]) for n in self.names}
+            key = action_key(action)
+            if key in self.outcomes:  # already measured: tell the known outcome, ask again
+                self._tell(trial, *self.outcomes[key])
+                continue
+            self._pending[key] = trial
+            return action
+        for key in self.all_keys():  # the sampler keeps repeating itself: take the first untried point
+            if key not in self.outcomes:
+                action = self.to_action(key)
+                self._pending[key] = None  # told through add_trial
+                return action
+        return None
+
+    def _tell(self, trial, reward: float, ok: bool) -> None:
+        if ok:
+            self.study.tell(trial, reward)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def observe(self, action: Action, reward: float, ok: bool) -> None:
+        super().observe(action, reward, ok)
+        key = action_key(action)
+        self.outcomes[key] = (reward, ok)
+        trial = self._pending.pop(key, None)
+        if trial is not None:
+            self._tell(trial, reward, ok)
+        else:  # warm start, or a point chosen outside the sampler
+            self.study.add_trial(create_trial(
+                params=dict(action), distributions=self.dists,
+                value=reward if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL))

@@ -1,0 +1,145 @@
+"""Validity rules. Each rule is a small named function of a trial returning a one-line reason or None.
+
+Rejected points are never launched: the environment records them as ``rejected`` with the rule's name and
+reason. Rules are checked in the order of :data:`RULES`; :func:`check` returns the first that fails and
+:func:`check_all` every one (``dse space`` counts rejections by rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from dse.trial import TrialConfig
+
+HOPPER_OR_NEWER = ("h100", "h200", "b200", "gb200", "gb300")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    rule: str
+    reason: str
+
+
+def world_divisible(t: TrialConfig) -> str | None:
+    mp = t.model_parallel
+    if t.num_gpus % mp:
+        return f"world size {t.num_gpus} is not divisible by tp*pp*cp = {t.tp}*{t.pp}*{t.cp} = {mp}"
+    return None
+
+
+def heads_divisible(t: TrialConfig) -> str | None:
+    a = t.arch
+    if a.num_attention_heads % t.tp or a.num_query_groups % t.tp:
+        return (f"tp={t.tp} must divide the attention heads ({a.num_attention_heads}) "
+                f"and query groups ({a.num_query_groups})")
+    return None
+
+
+def layers_divisible(t: TrialConfig) -> str | None:
+    """pp (and pp*vp) must divide the layers; Megatron may count the embedding and the loss as one pipeline
+    layer each (``account_for_embedding/loss_in_pipeline_split``, as NeMo's 405B recipe does: 126 + 2 = 128)."""
+    chunks = t.pp * t.vp
+    if t.pipeline_layers % chunks:
+        what = f"pp={t.pp}" if t.vp == 1 else f"pp*vp = {t.pp}*{t.vp}"
+        return f"{what} does not divide the {t.arch.num_layers} layers (nor {t.arch.num_layers + 2} with embedding and loss)"
+    return None
+
+
+def vp_needs_pp(t: TrialConfig) -> str | None:
+    return f"vp={t.vp} (interleaving) needs pp > 1" if t.vp > 1 and t.pp == 1 else None
+
+
+def gbs_divisible(t: TrialConfig) -> str | None:
+    if t.dp and t.gbs % (t.mbs * t.dp):
+        return f"gbs={t.gbs} is not divisible by mbs*dp = {t.mbs}*{t.dp} = {t.mbs * t.dp}"
+    return None
+
+
+def interleaved_microbatches(t: TrialConfig) -> str | None:
+    m = t.num_microbatches
+    if t.vp > 1 and m and m % t.pp:
+        return f"the interleaved schedule needs the {m} micro-batches to be divisible by pp={t.pp}"
+    return None
+
+
+def seq_divisible(t: TrialConfig) -> str | None:
+    s = t.seq_length
+    if t.cp > 1 and s % (2 * t.cp):
+        return f"seq_length={s} is not divisible by 2*cp = {2 * t.cp} (load-balanced context parallelism)"
+    if t.sequence_parallel and s % t.tp:
+        return f"seq_length={s} is not divisible by tp={t.tp} (sequence parallelism)"
+    return None
+
+
+def sp_needs_tp(t: TrialConfig) -> str | None:
+    return "sequence parallelism (sp=true) needs tp > 1" if t.values["sp"] and t.tp == 1 else None
+
+
+def ep_divides_experts(t: TrialConfig) -> str | None:
+    experts = t.arch.num_experts
+    if experts == 0 and t.ep != 1:
+        return f"ep={t.ep} on a dense model; dense models take ep=1"
+    if experts and experts % t.ep:
+        return f"ep={t.ep} does not divide the {experts} experts"
+    return None
+
+
+def fp8_needs_hopper(t: TrialConfig) -> str | None:
+    if t.precision == "fp8" and t.system.gpu not in HOPPER_OR_NEWER:
+        return f"fp8 needs Hopper or newer; {t.system.gpu} has no FP8 tensor cores"
+    if t.precision == "fp8" and t.fp8_recipe == "mxfp8" and t.system.gpu in ("h100", "h200"):
+        return "fp8_recipe=mxfp8 needs Blackwell (b200, gb200, gb300)"
+    return None
+
+
+def tp_within_nvlink(t: TrialConfig) -> str | None:
+    domain = min(t.system.nvlink_domain, t.num_gpus)
+    if t.tp > domain:
+        return f"tp={t.tp} spans more than one NVLink domain ({t.system.nvlink_domain} GPUs)"
+    return None
+
+
+def recompute_layers_in_stage(t: TrialConfig) -> str | None:
+    n = t.recompute_num_layers
+    if n and t.recompute != "full":
+        return f"recompute_num_layers={n} applies to recompute=full only (got recompute={t.recompute})"
+    per_stage = t.pipeline_layers // (t.pp * t.vp)
+    if n > per_stage:
+        return f"recompute_num_layers={n} exceeds the {per_stage} layers of a pipeline stage chunk"
+    return None
+
+
+def fsdp_no_pp(t: TrialConfig) -> str | None:
+    return "fsdp (Megatron FSDP) is used without pipeline parallelism; pp must be 1" if t.fsdp and t.pp > 1 else None
+
+
+def tp_comm_overlap_needs_tp(t: TrialConfig) -> str | None:
+    if t.tp_comm_overlap and (t.tp == 1 or not t.sequence_parallel):
+        return "tp_comm_overlap needs tp > 1 with sequence parallelism"
+    return None
+
+
+RULES: tuple[Callable[[TrialConfig], str | None], ...] = (
+    world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
+    seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
+    recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp,
+)
+
+
+def check(trial: TrialConfig) -> Rejection | None:
+    """The first rule ``trial`` breaks, or None when it is valid."""
+    for rule in RULES:
+        reason = rule(trial)
+        if reason:
+            return Rejection(rule.__name__, reason)
+    return None
+
+
+def check_all(trial: TrialConfig) -> list[Rejection]:
+    """Every rule ``trial`` breaks."""
+    return [Rejection(r.__name__, reason) for r in RULES if (reason := r(trial))]
+
+
+def all_rules() -> list[str]:
+    return [r.__name__ for r in RULES]

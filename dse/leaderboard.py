@@ -1,0 +1,44 @@
+"""The leaderboard: one row per trial, ranked by reward with failures last; CSV export.
+
+Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_gpu, peak_memory_gib``,
+one column per varying knob named as in the space file, ``gpu, num_gpus, run_dir, reason``. Metrics of a
+failed trial are left empty (a failed run's partial metrics stay in the store, flagged, never ranked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from dse.store import TrialRecord
+
+METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
+HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
+TAIL = ("gpu", "num_gpus", "run_dir", "reason")
+
+
+def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        row = {"trial": r.number, "status": r.status, "reward": r.reward}
+        row.update({m: (r.metrics.get(m) if r.ok else None) for m in METRIC_COLUMNS})
+        row.update({k: r.knobs.get(k) for k in knob_names})
+        row.update(gpu=r.gpu, num_gpus=r.num_gpus, run_dir=r.run_dir, reason=r.reason)
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
+    if df.empty:
+        return df
+    df["_failed"] = df["status"] != "ok"
+    df = df.sort_values(["_failed", "reward", "trial"], ascending=[True, False, True], kind="stable")
+    return df.drop(columns="_failed").reset_index(drop=True)
+
+
+def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write atomically (a temp file renamed into place), so a reader never sees half a table."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(path)
+    return path

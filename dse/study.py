@@ -1,0 +1,155 @@
+"""The agent loop: open the store, build the environment and the agent, run trials, write the leaderboard.
+
+An output directory holds one study: ``dse.json`` (what ran: space file, study name, storage URL, knob
+names), the store (``study.db``), ``trials/NNNNN/`` run directories and ``leaderboard.csv``. A lock file
+keeps a second ``dse run`` out of a directory in use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gymnasium import spaces
+
+from agents.base import load_agents, make_agent
+from dse.backends.base import Backend
+from dse.errors import UserError
+from dse.leaderboard import frame, write_csv
+from dse.space import Space
+from dse.store import Store, TrialRecord
+from envs.recipe_env import RecipeEnv
+
+META = "dse.json"
+DB = "study.db"
+LEADERBOARD = "leaderboard.csv"
+
+
+def storage_url(out_dir: Path) -> str:
+    return f"sqlite:///{(out_dir / DB).resolve()}"
+
+
+def make_backend(name: str, space: Space, seed: int) -> Backend:
+    """Backends by name; the simulated one is built in, the others are imported only when asked for."""
+    if name == "sim":
+        from dse.backends.sim import SimBackend
+
+        return SimBackend(seed=seed, flops_convention=space.backend.flops_convention)
+    if name == "local":
+        from dse.backends.local import LocalBackend
+
+        return LocalBackend(space)
+    if name == "slurm":
+        from dse.backends.slurm import SlurmBackend
+
+        return SlurmBackend(space)
+    raise UserError(f"unknown backend {name!r}; one of sim, local, slurm", field="--backend")
+
+
+@dataclass
+class StudyResult:
+    out_dir: Path
+    records: list[TrialRecord]
+    new_trials: int
+    leaderboard: Path
+
+
+def read_meta(out_dir: Path) -> dict[str, Any]:
+    path = Path(out_dir) / META
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"not a dse output directory (no {META})", file=str(out_dir)) from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read: {e}", file=str(path)) from None
+
+
+def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
+    meta = read_meta(out_dir)
+    store = Store(meta["storage"], meta["study_name"], meta["knobs"], create=False)
+    return store, meta
+
+
+def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sampler: str | None = None,
+              trials: int | None = None, seed: int | None = None, backend: str | None = None,
+              resume: bool = False, storage: str | None = None,
+              on_trial: Callable[[dict[str, Any], int, int | None], None] | None = None) -> StudyResult:
+    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(info, done, budget)`` reports progress."""
+    out = Path(out_dir)
+    agent = agent or space.search.agent
+    sampler = sampler or space.search.sampler
+    seed = space.search.seed if seed is None else seed
+    backend_name = backend or space.backend.kind
+    registry = load_agents()
+    # Build the agent once on the bare action space, so a bad agent, sampler or option fails before
+    # anything is written.
+    probe = spaces.Dict({k: spaces.Discrete(len(v)) for k, v in space.knobs.items()})
+    make_agent(agent, registry, probe, seed=seed, **({"sampler": sampler} if agent == "optuna" else {}))
+    make_backend(backend_name, space, seed)
+    if out.exists() and (out / META).exists() and not resume:
+        raise UserError(f"already holds a study; pass --resume to continue it, or choose another --out",
+                        file=str(out), field="--out")
+    if resume and not (out / META).exists():
+        raise UserError(f"nothing to resume (no {META})", file=str(out), field="--resume")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UserError("is in use by another dse run", file=str(out), field="--out") from None
+    try:
+        return _run_locked(space, out, agent, sampler, trials, seed, backend_name, resume, storage, registry, on_trial)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, resume, storage, registry, on_trial):
+    if resume:
+        meta = read_meta(out)
+        if meta["space_name"] != space.name or meta["knobs"] != {k: list(v) for k, v in space.knobs.items()}:
+            raise UserError("the space differs from the one this study ran; resume with the same space file",
+                            file=space.source, field="knobs")
+        url = meta["storage"]
+    else:
+        url = storage or storage_url(out)
+        meta = {"space": space.source, "space_name": space.name, "study_name": space.name, "storage": url,
+                "knobs": {k: list(v) for k, v in space.knobs.items()}, "recipe": space.recipe,
+                "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
+                "agent": agent_name, "sampler": sampler, "seed": seed, "backend": backend_name}
+    store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
+    if not resume:
+        tmp = out / f".{META}.tmp"
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, out / META)
+    be = make_backend(backend_name, space, seed)
+    env = RecipeEnv(space, be, out, store)
+    env.reset(seed=seed)
+    options = {"sampler": sampler} if agent_name == "optuna" else {}
+    agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask, **options)
+    history = [r for r in store.records() if not r.interrupted]
+    agent.warm_start((env.encode(r.knobs), r.reward, r.ok) for r in history)
+    budget = trials if trials is not None else space.search.trials
+    done, new = len(history), 0
+    try:
+        while budget is None or done < budget:
+            action = agent.propose()
+            if action is None:
+                break
+            _, reward, _, _, info = env.step(action)
+            agent.observe(action, reward, info["status"] == "ok")
+            done += 1
+            new += 1
+            if on_trial:
+                on_trial(info, done, budget)
+    finally:
+        store.flush()
+        records = store.records()
+        store.close()
+        lb = write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
+    return StudyResult(out, records, new, lb)
