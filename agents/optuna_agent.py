@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
@@ -32,7 +33,7 @@ def _samplers(seed: int) -> dict[str, object]:
 class OptunaAgent(Agent):
     name = "optuna"
     uses_mask = False  # rejected points are recorded as failed trials, so the sampler learns them
-    MAX_REPEATS = 200
+    MAX_REPEATS = 20  # asks in a row that repeat a tried point before a random untried point is taken
 
     def __init__(self, action_space, *, sampler: str = "tpe", **kw):
         super().__init__(action_space, **kw)
@@ -49,7 +50,8 @@ class OptunaAgent(Agent):
         self._total = 1
         for k in self.sizes:
             self._total *= k
-        self._pending: dict[tuple[int, ...], optuna.trial.Trial] = {}
+        self._pending: dict[tuple[int, ...], optuna.trial.Trial | None] = {}
+        self._rng = np.random.default_rng(self.seed)
 
     def propose(self) -> Action | None:
         if len(self.outcomes) >= self._total:
@@ -65,12 +67,12 @@ class OptunaAgent(Agent):
                 continue
             self._pending[key] = trial
             return action
-        for key in self.all_keys():  # the sampler keeps repeating itself: take the first untried point
-            if key not in self.outcomes:
-                action = self.to_action(key)
-                self._pending[key] = None  # told through add_trial
-                return action
-        return None
+        untried = [k for k in self.all_keys() if k not in self.outcomes]  # the sampler keeps repeating itself
+        if not untried:
+            return None
+        key = untried[int(self._rng.integers(len(untried)))]
+        self._pending[key] = None  # told through add_trial in observe()
+        return self.to_action(key)
 
     def _tell(self, trial, reward: float, ok: bool) -> None:
         if ok:

@@ -79,8 +79,7 @@ def run_cmd(
                   TextColumn("{task.fields[best]}"), console=err_console, transient=False) as progress:
         task = progress.add_task(f"{space.name}", total=trials or space.search.trials, best="")
 
-        def on_trial(info, done, budget):
-            rec = info["record"]
+        def on_trial(rec, done, budget):
             if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):
                 best["reward"] = rec.reward
             progress.update(task, completed=done, total=budget,

@@ -160,15 +160,21 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UserError(f"cannot read: {e}", file=str(path)) from None
 
 
+def _known_fields() -> set[str]:
+    return {f for m in (Space, System, SlurmSettings, Objective, Search, BackendSettings) for f in m.model_fields}
+
+
 def _first_error(e: ValidationError, file: str, prefix: str = "") -> UserError:
-    err = e.errors()[0]
+    """The most useful of pydantic's errors as one line: a misspelt field before the missing one it causes."""
+    errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    err = errors[0]
     field = prefix + ".".join(str(p) for p in err["loc"]) if err["loc"] else prefix.rstrip(".") or None
     ctx_err = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_err, UserError):
         return ctx_err
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown field"
+        msg = "unknown field" + did_you_mean(str(err["loc"][-1]), _known_fields())
     elif err["type"] == "missing":
         msg = "required field is missing"
     elif "input" in err and err["type"] not in ("value_error",):

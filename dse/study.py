@@ -78,8 +78,8 @@ def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
 def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sampler: str | None = None,
               trials: int | None = None, seed: int | None = None, backend: str | None = None,
               resume: bool = False, storage: str | None = None,
-              on_trial: Callable[[dict[str, Any], int, int | None], None] | None = None) -> StudyResult:
-    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(info, done, budget)`` reports progress."""
+              on_trial: Callable[[TrialRecord, int, int | None], None] | None = None) -> StudyResult:
+    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, budget)`` reports progress."""
     out = Path(out_dir)
     agent = agent or space.search.agent
     sampler = sampler or space.search.sampler
@@ -146,7 +146,7 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
             done += 1
             new += 1
             if on_trial:
-                on_trial(info, done, budget)
+                on_trial(env.last_record, done, budget)
     finally:
         store.flush()
         records = store.records()

@@ -40,10 +40,11 @@ class RecipeEnv(gym.Env):
         self._names = space.knob_names
         self._values = [space.knobs[n] for n in self._names]
         self.action_space = spaces.Dict({n: spaces.Discrete(len(v)) for n, v in zip(self._names, self._values)})
-        box = spaces.Box(low=0.0, high=np.inf, shape=(1,), dtype=np.float64)
+        box = spaces.Box(low=0.0, high=1e9, shape=(1,), dtype=np.float64)  # finite: gymnasium warns on inf
         self.observation_space = spaces.Dict({"status": spaces.Discrete(len(STATUSES) + 1),
                                               **{k: box for k in METRIC_KEYS}})
         self._count = 0  # trial numbers when there is no store
+        self.last_record: TrialRecord | None = None
 
     # -- helpers -------------------------------------------------------------------------------------
     def decode(self, action: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +70,7 @@ class RecipeEnv(gym.Env):
         obs: dict[str, Any] = {"status": _STATUS_INDEX.get(status, 0) if status else 0}
         for k in METRIC_KEYS:
             v = metrics.get(k)
-            obs[k] = np.array([v if v is not None and math.isfinite(v) and v > 0 else 0.0], dtype=np.float64)
+            obs[k] = np.array([min(v, 1e9) if v is not None and math.isfinite(v) and v > 0 else 0.0], dtype=np.float64)
         return obs
 
     # -- gymnasium API -------------------------------------------------------------------------------
@@ -97,8 +98,10 @@ class RecipeEnv(gym.Env):
         if self.store is not None:
             self.store.record(rec)
         self._count += 1
-        info = {"trial": number, "status": metrics.status, "reason": metrics.reason, "knobs": point,
-                "metrics": rec.metrics, "run_dir": rec.run_dir, "record": rec}
+        self.last_record = rec
+        # info holds what the action determined (deterministic, as gymnasium's checker demands); the trial's
+        # number and run directory are in ``last_record``.
+        info = {"status": metrics.status, "reason": metrics.reason, "knobs": point, "metrics": rec.metrics}
         return self._obs(metrics.status, rec.metrics), r, False, False, info
 
     def _launch(self, trial: TrialConfig, run_dir: Path) -> RunMetrics:

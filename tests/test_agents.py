@@ -1,0 +1,98 @@
+"""Contract tests run over every agent (as Optuna's sampler test suite does), and each agent's own promise."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from gymnasium import spaces
+
+from agents.base import action_key, load_agents, make_agent
+from dse.errors import UserError
+
+SPACE = spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Discrete(4), "c": spaces.Discrete(2)})
+ALL = set(itertools.product(range(3), range(4), range(2)))
+
+
+def mask(action):  # "valid" points: a + b even
+    return (action["a"] + action["b"]) % 2 == 0
+
+
+def objective(action):  # a smooth landscape with its best at a=2, b=3, c=1
+    return -((action["a"] - 2) ** 2) - (action["b"] - 3) ** 2 + action["c"]
+
+
+def drive(agent, n, *, valid=mask):
+    seen = []
+    for _ in range(n):
+        action = agent.propose()
+        if action is None:
+            break
+        assert SPACE.contains({k: __import__("numpy").int64(v) for k, v in action.items()})
+        seen.append(action_key(action))
+        ok = valid(action)
+        agent.observe(action, objective(action) if ok else 0.0, ok)
+    return seen
+
+
+@pytest.fixture(params=["grid", "random", "optuna"])
+def agent_name(request):
+    return request.param
+
+
+def new(name, seed=0, **kw):
+    return make_agent(name, load_agents(), SPACE, seed=seed, action_mask=mask, **kw)
+
+
+def test_contract_no_repeats_and_stops_when_exhausted(agent_name):
+    seen = drive(new(agent_name), 100)
+    assert len(seen) == len(set(seen))
+    assert seen and len(seen) <= len(ALL)
+
+
+def test_contract_same_seed_same_sequence(agent_name):
+    assert drive(new(agent_name, seed=3), 10) == drive(new(agent_name, seed=3), 10)
+
+
+def test_contract_warm_start_skips_history(agent_name):
+    first = new(agent_name)
+    history = drive(first, 5)
+    second = new(agent_name)
+    second.warm_start(((dict(zip("abc", k)), objective(dict(zip("abc", k))), mask(dict(zip("abc", k))))
+                       for k in history))
+    later = drive(second, 100)
+    assert not set(later) & set(history)
+
+
+def test_grid_visits_every_valid_point_once_in_order():
+    seen = drive(new("grid"), 100)
+    valid = sorted(k for k in ALL if mask(dict(zip("abc", k))))
+    assert seen == valid  # deterministic grid order, each valid point once, invalid ones never proposed
+
+
+def test_random_visits_only_valid_points_and_depends_on_the_seed():
+    a, b = drive(new("random", seed=1), 100), drive(new("random", seed=2), 100)
+    assert all(mask(dict(zip("abc", k))) for k in a)
+    assert sorted(a) == sorted(b) and a != b
+
+
+def test_optuna_proposes_rejected_points_too_and_learns():
+    agent = new("optuna", seed=0)
+    seen = drive(agent, len(ALL))
+    assert any(not mask(dict(zip("abc", k))) for k in seen)  # it ignores the mask: rejections are its data
+    assert sorted(seen) == sorted(ALL)  # and, without repeats, it eventually covers the space
+    # rejections are told as FAIL trials, never as a sentinel value
+    for t in agent.study.trials:
+        assert (t.state.name == "COMPLETE") == mask(t.params), t
+        if t.state.name == "COMPLETE":
+            assert t.value == objective(t.params)
+
+
+def test_optuna_unknown_sampler_is_a_user_error():
+    with pytest.raises(UserError, match="did you mean 'tpe'"):
+        new("optuna", sampler="tpee")
+
+
+def test_unknown_agent_is_a_user_error():
+    with pytest.raises(UserError, match="did you mean 'grid'"):
+        new("gird")

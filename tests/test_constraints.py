@@ -1,0 +1,77 @@
+"""Each validity rule fires on a point that breaks it, and only that rule's reason is given."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from dse import constraints, knobs
+from dse.space import load_system
+from dse.trial import TrialConfig
+from recipes.models import RECIPES
+
+
+def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
+    values = {n: k.default for n, k in knobs.CATALOGUE.items()}
+    values.update(tp=4, pp=4, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, num_nodes=8, precision="bf16")
+    system_kw = kw.pop("system", {})
+    values.update(kw)
+    system = load_system(gpu).model_copy(update=system_kw)
+    return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values))
+
+
+def test_baseline_is_valid():
+    assert constraints.check(make()) is None
+
+
+# rule -> (breaking point, a nearby valid point)
+CASES = {
+    "world_divisible": (dict(tp=4, pp=4, num_nodes=3), dict(tp=4, pp=4, num_nodes=4)),
+    "heads_divisible": (dict(recipe="nemotron4_15b", tp=16, pp=1, num_nodes=2, system={"nvlink_domain": 16}, gbs=32),
+                        dict(recipe="nemotron4_15b", tp=8, pp=1, num_nodes=2, gbs=32)),
+    "layers_divisible": (dict(pp=4, vp=3), dict(pp=4, vp=5)),  # 80 and 82 layers: neither divides by 12
+    "vp_needs_pp": (dict(pp=1, vp=2, tp=8), dict(pp=2, vp=2, tp=8)),
+    "gbs_divisible": (dict(gbs=102), dict(gbs=104)),
+    "interleaved_microbatches": (dict(tp=4, pp=4, vp=5, gbs=6, num_nodes=2), dict(tp=4, pp=4, vp=5, gbs=8, num_nodes=2)),
+    "seq_divisible": (dict(cp=2, tp=2, pp=2, seq_length=8190), dict(cp=2, tp=2, pp=2, seq_length=8192)),
+    "sp_needs_tp": (dict(tp=1, pp=4, sp=True), dict(tp=1, pp=4, sp=False)),
+    "ep_divides_experts": (dict(ep=2), dict(ep=1)),
+    "fp8_needs_hopper": (dict(gpu="a100", precision="fp8"), dict(gpu="a100", precision="bf16")),
+    "tp_within_nvlink": (dict(recipe="nemotron3_8b", tp=16, pp=1, num_nodes=2, gbs=32, seq_length=4096),
+                         dict(recipe="nemotron3_8b", tp=8, pp=1, num_nodes=2, gbs=32, seq_length=4096)),
+    "recompute_layers_in_stage": (dict(recompute="full", recompute_num_layers=21, pp=4),
+                                  dict(recompute="full", recompute_num_layers=20, pp=4)),
+    "fsdp_no_pp": (dict(fsdp=True, pp=2, tp=4), dict(fsdp=True, pp=1, tp=4)),
+    "tp_comm_overlap_needs_tp": (dict(tp_comm_overlap=True, tp=1, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
+}
+
+
+def test_every_rule_has_a_case():
+    assert set(CASES) == set(constraints.all_rules())
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_fires_and_clears(rule):
+    bad, good = CASES[rule]
+    rejected = constraints.check_all(make(**bad))
+    assert [r.rule for r in rejected] == [rule], rejected
+    assert rejected[0].reason and "\n" not in rejected[0].reason
+    assert rule not in [r.rule for r in constraints.check_all(make(**good))]
+
+
+def test_layers_count_embedding_and_loss_when_that_makes_the_split_even():
+    # Llama 3.1 405B: 126 layers; NVIDIA's layout pp=8, vp=8 splits 128 = 126 + embedding + loss.
+    t = make(recipe="llama3_405b", tp=8, pp=8, vp=8, cp=2, num_nodes=128, gbs=512)
+    assert t.pipeline_layers == 128 and constraints.check(t) is None
+    assert make(recipe="llama3_405b", tp=8, pp=7, num_nodes=112, gbs=512).pipeline_layers == 126
+
+
+def test_mxfp8_needs_blackwell():
+    assert constraints.check(make(precision="fp8", fp8_recipe="mxfp8")).rule == "fp8_needs_hopper"
+    assert constraints.check(make(gpu="b200", precision="fp8", fp8_recipe="mxfp8")) is None
+
+
+def test_gb200_tp_may_span_trays_within_the_nvl72_domain():
+    t = make(gpu="gb200", recipe="llama3_405b", tp=8, pp=8, num_nodes=32, gbs=128)  # 4 GPUs per tray
+    assert constraints.check(t) is None

@@ -1,0 +1,51 @@
+"""RecipeEnv against Gymnasium's checker, and what one step does."""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium.utils.env_checker import check_env
+
+from dse.backends.sim import SimBackend
+from dse.space import load_space
+from envs.recipe_env import RecipeEnv
+from tests.helpers import write_space
+
+
+def make_env(tmp_path, store=None):
+    space = load_space(write_space(tmp_path))
+    return RecipeEnv(space, SimBackend(seed=0), tmp_path / "out", store)
+
+
+def test_check_env_passes(tmp_path):
+    env = make_env(tmp_path)
+    check_env(env, skip_render_check=True)
+
+
+def test_step_launches_a_valid_point_and_rewards_its_metric(tmp_path):
+    env = make_env(tmp_path)
+    env.reset(seed=0)
+    action = env.encode({"tp": 4, "pp": 2, "vp": 1, "mbs": 1})
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert info["status"] == "ok" and not terminated and not truncated
+    assert reward == info["metrics"]["tflops_per_gpu"] > 0
+    assert obs["tflops_per_gpu"][0] == np.float64(reward)
+    assert (tmp_path / "out" / "trials" / "00000" / "log.txt").exists()
+
+
+def test_rejected_point_is_never_launched(tmp_path):
+    env = make_env(tmp_path)
+    env.reset(seed=0)
+    obs, reward, *_, info = env.step(env.encode({"tp": 4, "pp": 1, "vp": 2, "mbs": 1}))
+    assert info["status"] == "rejected" and info["reason"].startswith("vp_needs_pp")
+    assert reward == 0.0 and env.last_record.run_dir is None and env.last_record.status == "rejected"
+    assert not (tmp_path / "out" / "trials").exists()
+    assert obs["step_time_s"][0] == 0.0
+
+
+def test_action_outside_the_space_is_refused(tmp_path):
+    env = make_env(tmp_path)
+    env.reset(seed=0)
+    import pytest
+
+    with pytest.raises(ValueError):
+        env.step({"tp": 9, "pp": 0, "vp": 0, "mbs": 0})
