@@ -26,8 +26,9 @@ BUILTIN = {"grid": "agents.grid:GridAgent", "random": "agents.random:RandomAgent
            "optuna": "agents.optuna_agent:OptunaAgent"}
 
 
-def action_key(action: Mapping[str, Any]) -> tuple[int, ...]:
-    return tuple(int(v) for v in action.values())
+def action_key(action: Mapping[str, Any], names: Iterable[str]) -> tuple[int, ...]:
+    """A hashable key for an action, independent of the dict's insertion order."""
+    return tuple(int(action[n]) for n in names)
 
 
 class Agent(abc.ABC):
@@ -49,6 +50,9 @@ class Agent(abc.ABC):
         self.sizes = [int(action_space.spaces[n].n) for n in self.names]
         self.seen: set[tuple[int, ...]] = set()
 
+    def key(self, action: Mapping[str, Any]) -> tuple[int, ...]:
+        return action_key(action, self.names)
+
     def to_action(self, key: Iterable[int]) -> Action:
         return dict(zip(self.names, (int(k) for k in key)))
 
@@ -65,7 +69,7 @@ class Agent(abc.ABC):
 
     def observe(self, action: Action, reward: float, ok: bool) -> None:
         """The outcome of ``action``. The default remembers that it was tried."""
-        self.seen.add(action_key(action))
+        self.seen.add(self.key(action))
 
     def warm_start(self, history: Iterable[tuple[Action, float, bool]]) -> None:
         """Replay finished trials (resume)."""

@@ -15,7 +15,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from agents.base import Action, Agent, action_key
+from agents.base import Action, Agent
 from dse.errors import UserError, did_you_mean
 
 
@@ -61,7 +61,7 @@ class OptunaAgent(Agent):
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 trial = self.study.ask(self.dists)
             action = {n: int(trial.params[n]) for n in self.names}
-            key = action_key(action)
+            key = self.key(action)
             if key in self.outcomes:  # already measured: tell the known outcome, ask again
                 self._tell(trial, *self.outcomes[key])
                 continue
@@ -82,7 +82,7 @@ class OptunaAgent(Agent):
 
     def observe(self, action: Action, reward: float, ok: bool) -> None:
         super().observe(action, reward, ok)
-        key = action_key(action)
+        key = self.key(action)
         self.outcomes[key] = (reward, ok)
         trial = self._pending.pop(key, None)
         if trial is not None:

@@ -77,7 +77,7 @@ def run_cmd(
     best = {"reward": None}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[best]}"), console=err_console, transient=False) as progress:
-        task = progress.add_task(f"{space.name}", total=trials or space.search.trials, best="")
+        task = progress.add_task(f"{space.name}", total=None, best="")
 
         def on_trial(rec, done, budget):
             if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):

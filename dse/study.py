@@ -8,6 +8,7 @@ keeps a second ``dse run`` out of a directory in use.
 from __future__ import annotations
 
 import fcntl
+from collections import OrderedDict
 import json
 import os
 from collections.abc import Callable
@@ -88,7 +89,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     registry = load_agents()
     # Build the agent once on the bare action space, so a bad agent, sampler or option fails before
     # anything is written.
-    probe = spaces.Dict({k: spaces.Discrete(len(v)) for k, v in space.knobs.items()})
+    probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     make_agent(agent, registry, probe, seed=seed, **({"sampler": sampler} if agent == "optuna" else {}))
     make_backend(backend_name, space, seed)
     if out.exists() and (out / META).exists() and not resume:
@@ -134,7 +135,9 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask, **options)
     history = [r for r in store.records() if not r.interrupted]
     agent.warm_start((env.encode(r.knobs), r.reward, r.ok) for r in history)
-    budget = trials if trials is not None else space.search.trials
+    # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:
+    # the agent runs until it has nothing left (grid: every valid point once).
+    budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
     done, new = len(history), 0
     try:
         while budget is None or done < budget:

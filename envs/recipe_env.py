@@ -10,6 +10,7 @@ given) before it returns, so the reward the agent receives is the reward the sto
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ class RecipeEnv(gym.Env):
         self.out_dir = Path(out_dir)
         self._names = space.knob_names
         self._values = [space.knobs[n] for n in self._names]
-        self.action_space = spaces.Dict({n: spaces.Discrete(len(v)) for n, v in zip(self._names, self._values)})
+        # an OrderedDict keeps the space file's knob order (gymnasium sorts the keys of a plain dict)
+        self.action_space = spaces.Dict(OrderedDict((n, spaces.Discrete(len(v))) for n, v in zip(self._names, self._values)))
         box = spaces.Box(low=0.0, high=1e9, shape=(1,), dtype=np.float64)  # finite: gymnasium warns on inf
         self.observation_space = spaces.Dict({"status": spaces.Discrete(len(STATUSES) + 1),
                                               **{k: box for k in METRIC_KEYS}})

@@ -1,0 +1,91 @@
+"""The dse command as a user meets it: exit codes, one-line errors, nothing written on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+from tests.helpers import SMALL_SPACE, write_space
+
+runner = CliRunner()
+
+
+def dse(*args):
+    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("edit", [
+    ('tp = [1, 2, 4, 8]', 'tq = [1, 2]'),
+    ('tp = [1, 2, 4, 8]', 'tp = ["x"]'),
+    ('recipe = "llama3_70b_16l"', 'recipe = "gpt5"'),
+    ('system = "h100"', 'system = "tpu"'),
+    ('num_nodes = 2', 'num_nodes = -1'),
+    ('[knobs]', '[knobs'),
+])
+def test_bad_space_exits_2_with_one_line_and_writes_nothing(tmp_path, edit):
+    path = write_space(tmp_path, SMALL_SPACE.replace(*edit))
+    out = tmp_path / "out"
+    r = dse("run", "--space", path, "--out", out)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_bad_agent_or_sampler_writes_nothing(tmp_path):
+    path = write_space(tmp_path)
+    for args in (["--agent", "gird"], ["--agent", "optuna", "--sampler", "tpx"]):
+        r = runner.invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), *args])
+        assert r.exit_code == 2 and "did you mean" in r.output
+        assert not (tmp_path / "o").exists()
+
+
+def test_run_then_leaderboard_csv(tmp_path):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", "--space", str(path), "--out", str(out), "--agent", "random", "--trials", "12"])
+    assert r.exit_code == 0, r.output
+    assert (out / "leaderboard.csv").exists() and (out / "study.db").exists()
+    csv = tmp_path / "lb.csv"
+    r = runner.invoke(app, ["leaderboard", str(out), "--csv", str(csv), "--top", "3"])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(csv)
+    assert list(df.columns[:7]) == ["trial", "status", "reward", "step_time_s", "tflops_per_gpu",
+                                    "tokens_per_s_per_gpu", "peak_memory_gib"]
+    assert list(df.columns[7:11]) == ["tp", "pp", "vp", "mbs"]
+    assert {"gpu", "num_gpus", "run_dir"} <= set(df.columns)
+    assert len(df) == 12
+    ok = df[df.status == "ok"]
+    assert list(ok.reward) == sorted(ok.reward, reverse=True)  # ranked by reward
+    assert (df.status != "ok").tolist() == sorted((df.status != "ok").tolist())  # failures last
+    assert (ok.reward == ok.tflops_per_gpu).all()
+
+
+def test_leaderboard_of_a_non_study_dir_exits_2(tmp_path):
+    r = runner.invoke(app, ["leaderboard", str(tmp_path)])
+    assert r.exit_code == 2 and "not a dse output directory" in r.output
+
+
+def test_validate_and_space(tmp_path):
+    good = write_space(tmp_path)
+    r = runner.invoke(app, ["validate", str(good), "conf/spaces/llama3_405b_space.toml"])
+    assert r.exit_code == 0 and r.output.count("ok") >= 2
+    bad = write_space(tmp_path, SMALL_SPACE.replace("tp =", "tpp ="), name="bad.toml")
+    r = runner.invoke(app, ["validate", str(good), str(bad)])
+    assert r.exit_code == 2 and "bad.toml" in r.output
+    r = runner.invoke(app, ["space", str(good), "--json"])
+    data = json.loads(r.output)
+    assert data["raw"] == 48 and data["valid"] + sum(data["rejected_by_rule"].values()) == 48
+    assert data["rejected_by_rule"]["vp_needs_pp"] > 0
+
+
+def test_recipes_lists_all_six():
+    r = runner.invoke(app, ["recipes"])
+    for name in ("llama3_8b", "llama3_70b", "llama3_405b", "nemotron3_8b", "nemotron4_15b", "nemotron4_340b"):
+        assert name in r.output

@@ -1,0 +1,130 @@
+"""The whole loop: store round trip, resume after an interrupted run, and reward agreement."""
+
+from __future__ import annotations
+
+import optuna
+import pandas as pd
+import pytest
+
+from dse import study as study_mod
+from dse.backends.sim import SimBackend
+from dse.errors import UserError
+from dse.space import load_space
+from dse.store import Store, TrialRecord
+from tests.helpers import write_space
+
+
+def valid_count(space):
+    from dse import constraints
+    from dse.trial import resolve
+
+    return sum(constraints.check(resolve(space, p)) is None for p in space.points())
+
+
+def test_grid_visits_every_valid_point_once(tmp_path):
+    space = load_space(write_space(tmp_path))
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(keys) == len(set(keys)) == valid_count(space)
+    assert all(r.status != "rejected" for r in res.records)
+
+
+def test_store_round_trip_through_optuna(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    store = Store(url, "s", {"tp": [1, 2], "recompute": ["none", "full"]}, batch_size=2)
+    recs = [TrialRecord(0, {"tp": 2, "recompute": "full"}, "ok", 12.5, None, {"step_time_s": 3.0}, "/r/0", "h100", 16),
+            TrialRecord(1, {"tp": 1, "recompute": "none"}, "oom", 0.0, "CUDA out of memory", {}, "/r/1", "h100", 16),
+            TrialRecord(2, {"tp": 1, "recompute": "full"}, "rejected", 0.0, "rule: why", {}, None, "h100", 16)]
+    for r in recs:
+        store.record(r)
+    assert store.records() == recs
+    store.close()
+    study = optuna.load_study(study_name="s", storage=url)
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "FAIL", "FAIL"]  # failures are FAIL trials, never a sentinel value
+    assert study.best_trial.params == {"tp": 2, "recompute": "full"} and study.best_value == 12.5
+    assert study.trials[1].user_attrs["status"] == "oom" and study.trials[1].value is None
+
+
+def test_store_refuses_out_of_order_numbers(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'x.db'}", "s", {"tp": [1]})
+    with pytest.raises(RuntimeError):
+        store.record(TrialRecord(3, {"tp": 1}, "ok", 1.0))
+
+
+class Interrupting(SimBackend):
+    """Stops the study like Ctrl-C on its n-th run."""
+
+    def __init__(self, n, **kw):
+        super().__init__(**kw)
+        self.n, self.calls = n, 0
+
+    def run(self, plan, run_dir):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return super().run(plan, run_dir)
+
+
+def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
+    space = load_space(write_space(tmp_path))
+    out = tmp_path / "out"
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: Interrupting(5))
+    with pytest.raises(KeyboardInterrupt):
+        study_mod.run_study(space, out_dir=out, agent="grid")
+    monkeypatch.undo()
+    store, _ = study_mod.open_store(out)
+    before = store.records()
+    store.close()
+    assert len(before) == 5 and before[-1].reason == "interrupted" and before[-1].status == "failed"
+    assert (out / "leaderboard.csv").exists()  # written even when interrupted
+    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True)
+    done = [tuple(r.knobs.values()) for r in res.records if not r.interrupted]
+    assert len(done) == len(set(done)) == valid_count(space)  # nothing twice, nothing lost
+    assert res.records[:5] == before  # history kept as it was
+    assert res.new_trials == valid_count(space) - 4
+
+
+def test_resume_with_a_budget_continues_to_it(tmp_path):
+    space = load_space(write_space(tmp_path))
+    out = tmp_path / "out"
+    study_mod.run_study(space, out_dir=out, agent="optuna", trials=6, seed=1)
+    res = study_mod.run_study(space, out_dir=out, agent="optuna", trials=10, seed=1, resume=True)
+    assert len(res.records) == 10 and res.new_trials == 4
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(set(keys)) == 10
+
+
+def test_second_run_into_the_same_directory_needs_resume(tmp_path):
+    space = load_space(write_space(tmp_path))
+    study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=2)
+    with pytest.raises(UserError, match="--resume"):
+        study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=2)
+
+
+def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch):
+    """Regression: the reward the agent receives is the one the store records and the leaderboard shows,
+    trial by trial, and each trial's metrics come from its own run directory."""
+    space = load_space(write_space(tmp_path))
+    seen: list[tuple[dict, float]] = []
+    from agents.grid import GridAgent
+
+    original = GridAgent.observe
+
+    def spy(self, action, reward, ok):
+        seen.append((dict(action), reward))
+        return original(self, action, reward, ok)
+
+    monkeypatch.setattr(GridAgent, "observe", spy)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    rewards = [r for _, r in seen]
+    assert len(set(rewards)) > len(rewards) // 2  # distinct per-trial results, not a constant
+    assert [r.reward for r in res.records] == rewards
+    lb = pd.read_csv(res.leaderboard).set_index("trial").sort_index()
+    assert list(lb["reward"]) == pytest.approx(rewards)
+    from dse.parse import ParseContext, parse_log
+
+    for rec in res.records:
+        if rec.ok:
+            m = parse_log(f"{rec.run_dir}/log.txt", exit_code=0, context=ParseContext())
+            assert m.tflops_per_gpu == pytest.approx(rec.reward)  # read from its own run directory
