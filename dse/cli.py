@@ -194,5 +194,22 @@ def space_cmd(
     console.print(table)
 
 
+@app.command("report")
+@user_errors
+def report_cmd(
+    out_dir: Path = typer.Argument(..., help="a dse run's output directory"),
+    html_file: Optional[Path] = typer.Option(None, "--html", help="where to write (default: DIR/report.html)"),
+) -> None:
+    """Write the study's HTML report: best configuration, plots, leaderboard (self-contained)."""
+    from dse import report
+    from dse.study import open_store
+
+    store, meta = open_store(out_dir)
+    records = store.records()
+    store.close()
+    path = report.write(records, meta, html_file or Path(out_dir) / "report.html")
+    console.print(f"wrote {path} ({len(records)} trials)")
+
+
 def main() -> None:  # pragma: no cover - console entry
     sys.exit(app())

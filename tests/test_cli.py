@@ -89,3 +89,17 @@ def test_recipes_lists_all_six():
     r = runner.invoke(app, ["recipes"])
     for name in ("llama3_8b", "llama3_70b", "llama3_405b", "nemotron3_8b", "nemotron4_15b", "nemotron4_340b"):
         assert name in r.output
+
+
+def test_report_is_self_contained_html_with_the_best_configuration(tmp_path):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", "--space", str(path), "--out", str(out), "--agent", "grid"]).exit_code == 0
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 0, r.output
+    text = (out / "report.html").read_text()
+    best = pd.read_csv(out / "leaderboard.csv").iloc[0]
+    cfg = ", ".join(f"{k}={best[k]}" for k in ("tp", "pp", "vp", "mbs"))
+    assert f"<b>{cfg}</b>" in text
+    assert text.count("<script>/**") == 1  # plotly.js embedded once, so it opens offline
+    assert text.count("<tr") == len(pd.read_csv(out / "leaderboard.csv")) + 1  # header + one row per trial
