@@ -108,12 +108,12 @@ _FAIL_RE = re.compile(
     r"|(?P<cancel>CANCELLED AT)"
     r"|(?P<trace>Traceback \(most recent call last\))"
     r"|(?P<exited>Exited with exit code (?P<code>\d+))"
-    r"|(?P<signal>Segmentation fault|Bus error \(core dumped\)|Fatal Python error)"
+    r"|(?P<signal>Segmentation fault|\(core dumped\)|Fatal Python error)"
 )
 # Cheap gate in front of _FAIL_RE (a regex alternation costs ~15 us a line, a substring test ~40 ns): every
 # marker above contains one of these substrings.
 _FAIL_GATE = ("rror", "out of memory", "ALLOC_FAILED", "oom_kill", "oom-kill", "nccl", "Watchdog", "aborted", "CANCELLED",
-              "Traceback", "xit code", "fault")
+              "Traceback", "xit code", "fault", "core dumped", "Fatal Python")
 
 _NEMO_STEP_KEYS = ("train_step_timing in s",)
 _NEMO_TFLOPS_KEYS = ("TFLOPS_per_GPU", "tflops_per_sec_per_gpu")
