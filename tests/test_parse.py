@@ -418,3 +418,35 @@ def test_logwriter_oom_ending_is_oom_with_partial_metrics():
     assert "CUDA out of memory" in m.reason
     m0 = parse_log(_sim(SimRun(step_time_s=2.0, tflops_per_gpu=1.0, gbs=1, oom=True, oom_after=0))[1], exit_code=1)
     assert (m0.status, m0.steps, m0.partial) == ("oom", 0, False)
+
+
+# ---------------------------------------------------------------------------------- robustness
+def test_failure_gate_covers_every_marker():
+    from dse.parse import _FAIL_GATE, _NCCL_MARKS, _OOM_MARKS, _SIGNAL_MARKS
+
+    fixed = ("CANCELLED AT", "Traceback (most recent call last)", "Exited with exit code")
+    for marker in _OOM_MARKS + _NCCL_MARKS + _SIGNAL_MARKS + fixed:
+        assert any(g in marker for g in _FAIL_GATE), marker
+
+
+def test_benign_lines_of_healthy_runs_are_not_failures():
+    benign = log(
+        "[rank0]:[W611 09:14:40.1 ProcessGroupNCCL.cpp:1168] Warning: TORCH_NCCL_ASYNC_ERROR_HANDLING is deprecated "
+        "in favor of TORCH_NCCL_ASYNC_ERROR_HANDLING (function operator())",
+        "  check_for_nan_in_loss_and_grad .................. True",
+        "  exit_on_missing_checkpoint ...................... False",
+        "node017:2716433:2717902 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22; error retries 7",
+        "node017:2716433:2717902 [0] NCCL WARN NET/IB : Got async event : GID table change",
+        "[NeMo W 2025-06-11 09:14:02 nemo_logging:405] Could not import fused kernels; falling back (error: none)",
+        "fault_tolerance: FaultToleranceConfig(enable=False)",
+        "0: [rank0]:[W611 09:16:20.1 ProcessGroupNCCL.cpp:1496] Warning: process group has NOT been destroyed",
+    )
+    m = parse_log(OK_LINES + benign, exit_code=0, scheduler_state="COMPLETED")
+    assert (m.status, m.reason) == ("ok", None)
+
+
+def test_undecodable_bytes_do_not_stop_the_parse(tmp_path):
+    p = tmp_path / "log.txt"
+    p.write_bytes(b"\xff\xfe garbage \x80\n" + "".join(OK_LINES).encode() + b"\xc3\x28 more\n")
+    m = parse_log(p)
+    assert (m.status, m.steps) == ("ok", 6)
