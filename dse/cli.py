@@ -84,7 +84,8 @@ def parse_cmd(
     else:
         for k in keys + ("partial", "step_time_mean_s", "step_time_p10_s", "step_time_p90_s", "log_format"):
             v = shown[k]
-            typer.echo(f"{k}: {json.dumps(v) if v is None or isinstance(v, bool) else v}")
+            text = json.dumps(v) if v is None or isinstance(v, bool) else f"{v:.6g}" if isinstance(v, float) else v
+            typer.echo(f"{k}: {text}")
 
 
 def main() -> None:  # pragma: no cover - console entry
