@@ -279,10 +279,10 @@ class _Scan:
 
     def __init__(self, want_ts: bool):
         self.want_ts = want_ts
-        # iteration key -> [step_time_s, tflops, loss, timestamp, gbs, mem_alloc_gib, mem_reserved_gib]
-        self.megatron: dict[int, list] = {}
-        self.nemo: dict[tuple[int, int] | int, list] = {}
-        self.tqdm: dict[int, list] = {}
+        # iteration key -> (step_time_s, tflops, loss, timestamp, gbs); None where the line gave nothing valid
+        self.megatron: dict[int, tuple] = {}
+        self.nemo: dict[tuple[int, ...], tuple] = {}
+        self.tqdm: dict[int, tuple] = {}
         self.step_time_lines: list[tuple[float | None, float | None]] = []
         self.last_iteration: int | None = None
         self.mem_alloc: float | None = None
@@ -330,31 +330,33 @@ class _Scan:
         d = _fields(m["rest"])
         ms = _pos(d.get(_MEG_STEP_KEY))
         ts = _parse_ts(m["ts"]) if (self.want_ts and m["ts"]) else None
-        self.megatron[it] = [
+        self.megatron[it] = (
             ms / 1000.0 if ms is not None else None,
             _pos(d.get(_MEG_TFLOPS_KEY)),
             _num(_first(d, _MEG_LOSS_KEYS)),
             ts,
             _pos(d.get("global batch size")),
-        ]
+        )
 
     def _nemo(self, m: re.Match) -> None:
         d = _fields(m["rest"])
         gs = _num(d.get("global_step"))
         it = int(m["it"])
-        key: tuple[int, int] | int = int(gs) if gs is not None and gs >= 0 else (int(m["epoch"]), it)
-        self._iteration(int(gs) if gs is not None and gs >= 0 else it)
+        # global_step identifies a step across epochs; without it, (epoch, iteration) does
+        has_gs = gs is not None and gs >= 0
+        key = (0, int(gs)) if has_gs else (1, int(m["epoch"]), it)
+        self._iteration(int(gs) if has_gs else it)
         if key in self.nemo:
             return
         alloc, res = _pos(d.get("max_memory_allocated")), _pos(d.get("max_memory_reserved"))
         self._mem(alloc / _GIB if alloc else None, res / _GIB if res else None)
-        self.nemo[key] = [
+        self.nemo[key] = (
             _pos(_first(d, _NEMO_STEP_KEYS)),
             _pos(_first(d, _NEMO_TFLOPS_KEYS)),
             _num(_first(d, _NEMO_LOSS_KEYS)),
             None,
             _pos(d.get("global_batch_size")),
-        ]
+        )
 
     def _tqdm(self, m: re.Match) -> None:
         d = _fields(m["post"], sep=",", kv="=")
@@ -362,13 +364,13 @@ class _Scan:
         if gs is None or gs < 0 or int(gs) in self.tqdm:
             return  # without a global_step, refreshes of one step cannot be told from new steps
         self._iteration(int(gs))
-        self.tqdm[int(gs)] = [
+        self.tqdm[int(gs)] = (
             _pos(d.get("train_step_timing in s")),
             _pos(_first(d, _NEMO_TFLOPS_KEYS)),
             _num(_first(d, _NEMO_LOSS_KEYS)),
             None,
             None,
-        ]
+        )
 
     def _iteration(self, it: int) -> None:
         if self.last_iteration is None or it > self.last_iteration:
@@ -485,14 +487,14 @@ def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:
 def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None,
               ctx: ParseContext) -> RunMetrics:
     # ---- the step series: iteration lines first, then Bridge summaries, then tqdm bars
-    series: list[list] = []
+    series: list[tuple] = []
     fmt: str | None = None
     for name, recs in (("megatron", scan.megatron), ("nemo2", scan.nemo)):
         if recs and len(recs) > len(series):
             series = [recs[k] for k in sorted(recs)]
             fmt = name
     if not series and scan.step_time_lines:
-        series = [[t, tf, None, None, None] for t, tf in scan.step_time_lines]
+        series = [(t, tf, None, None, None) for t, tf in scan.step_time_lines]
         fmt = "megatron_bridge_summary"
     if not series and scan.tqdm:
         series = [scan.tqdm[k] for k in sorted(scan.tqdm)]

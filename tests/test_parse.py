@@ -450,3 +450,11 @@ def test_undecodable_bytes_do_not_stop_the_parse(tmp_path):
     p.write_bytes(b"\xff\xfe garbage \x80\n" + "".join(OK_LINES).encode() + b"\xc3\x28 more\n")
     m = parse_log(p)
     assert (m.status, m.steps) == ("ok", 6)
+
+
+def test_nemo_lines_with_and_without_global_step_mix():
+    lines = log(*(f"Training epoch 0, iteration {i}/9 | train_step_timing in s: 2.5" for i in range(4)),
+                *(f"Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_timing in s: 2.5"
+                  for i in range(4, 8)))
+    m = parse_log(lines)
+    assert (m.status, m.steps, m.step_time_s) == ("ok", 8, pytest.approx(2.5))
