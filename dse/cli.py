@@ -209,6 +209,40 @@ def report_cmd(
     store.close()
     path = report.write(records, meta, html_file or Path(out_dir) / "report.html")
     console.print(f"wrote {path} ({len(records)} trials)")
+@app.command("parse")
+@user_errors
+def parse_cmd(
+    log: str = typer.Argument(..., help="the training log to read", show_default=False),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of lines"),
+    gbs: int | None = typer.Option(None, "--gbs", help="global batch size (for tokens/s/GPU)"),
+    seq_length: int | None = typer.Option(None, "--seq-length", help="sequence length (for tokens/s/GPU)"),
+    num_gpus: int | None = typer.Option(None, "--num-gpus", help="GPUs of the run (for tokens/s/GPU)"),
+    exit_code: int | None = typer.Option(None, "--exit-code", help="the run's exit code, when known"),
+    scheduler_state: str | None = typer.Option(None, "--scheduler-state",
+                                                  help="Slurm's final state (COMPLETED, TIMEOUT, ...)"),
+) -> None:
+    """Read a training log: status, reason, steady-state step time, TFLOP/s/GPU, tokens/s/GPU, memory."""
+    import json
+    from pathlib import Path
+
+    from dse.parse import ParseContext, parse_log
+
+    path = Path(log)
+    if not path.is_file():
+        raise UserError("no such log file (give the path of a training log)", file=log)
+    m = parse_log(path, exit_code=exit_code, scheduler_state=scheduler_state,
+                  context=ParseContext(gbs=gbs, seq_length=seq_length, num_gpus=num_gpus))
+    d = m.to_dict()
+    keys = ("status", "reason", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib",
+            "steps", "loss")
+    shown = {k: d[k] for k in keys} | {k: v for k, v in d.items() if k not in keys}
+    if json_out:
+        typer.echo(json.dumps(shown))
+    else:
+        for k in keys + ("partial", "step_time_mean_s", "step_time_p10_s", "step_time_p90_s", "log_format"):
+            v = shown[k]
+            text = json.dumps(v) if v is None or isinstance(v, bool) else f"{v:.6g}" if isinstance(v, float) else v
+            typer.echo(f"{k}: {text}")
 
 
 def main() -> None:  # pragma: no cover - console entry

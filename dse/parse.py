@@ -1,28 +1,151 @@
-"""Log parsing (first cut: NeMo 2 progress lines; replaced by the hardened parser)."""
+"""Read one training log into :class:`RunMetrics`: how the run ended, and its steady-state performance.
+
+The reward is only as good as this parser, so it is strict about what counts:
+
+* **Progress lines** are recognised only when the line *starts* with one (after launcher prefixes such as
+  ``0: ``, `` 12: ``, ``[rank3]:``, ``[default0]:``, ``[1,0]<stdout>:`` or a ``name/0 `` task label).
+  A warning that quotes ``train_step_timing in s:`` mid-line is not a metric. Formats:
+
+  - NeMo 2 ``ProgressPrinter``: ``Training epoch E, iteration i/N | lr: ... | reduced_train_loss: ... |
+    train_step_timing in s: ... | TFLOPS_per_GPU: ... | max_memory_allocated: ...`` (values in ``{:.4}``
+    format, fields in any order, any of them absent; memory in bytes).
+  - Megatron-LM / Megatron-Bridge ``training_log``: ``[ts] iteration i/ N | consumed samples: ... |
+    elapsed time per iteration (ms): x | throughput per GPU (TFLOP/s/GPU): y | ... | lm loss: z |``.
+  - Megatron-Bridge summary lines ``Step Time : 1.23s GPU utilization: 456.7MODEL_TFLOP/s/GPU`` (used for
+    step time only when a log has no iteration lines, and for TFLOP/s when the iteration lines lack it).
+  - Lightning tqdm bars (``Epoch 0: 10%|... [..., global_step=9.000, train_step_timing in s=1.23]``), the
+    last resort, one step per distinct ``global_step``.
+  - Memory: ``[Rank 0] (after 10 iterations) memory (MB) | ... | max allocated: ... | max reserved: ...``
+    (MiB), ``... memory (GB) | mem-max-allocated-gigabytes: ... | mem-max-reserved-gigabytes: ...`` (GB,
+    10^9 bytes) and stand-alone ``mem-max-allocated-gigabytes: 61.2`` lines.
+
+* **Values** that are not finite positive numbers (``xxx``, ``nan``, ``inf``, ``0``) are ignored, never
+  read as zero. Duplicate progress lines (several ranks printing the same iteration) count once.
+
+* **Steady state**: the first ``max(2, ceil(10 % of steps))`` logged steps are warm-up and dropped; the
+  reward uses the median step time of the rest (mean, p10 and p90 are reported too). A run whose logged
+  steps are all warm-up has no step time.
+
+* **Peak memory** is the largest *allocated* peak seen on any rank and step (``max_memory_allocated``,
+  ``max allocated``, ``mem-max-allocated-gigabytes``), in GiB: that is the tensors' demand, which is what
+  decides whether a layout fits and what the performance model predicts; the allocator's reserved peak
+  (caching, fragmentation) is reported separately as ``peak_memory_reserved_gib``. When a log gives only
+  reserved figures, ``peak_memory_gib`` is None.
+
+* **Status**, by precedence when several signals are present (root cause first)::
+
+      oom > timeout (time limit, scheduler) > nccl_error > timeout (stall) > failed > no_metrics > ok
+
+  An OOM on one rank makes the others hang or fail in NCCL, so OOM wins. A Slurm time limit kills every
+  rank and the survivors report aborted communicators, so the time limit wins over NCCL errors; a stall
+  that ended in an NCCL watchdog timeout is explained by the watchdog, so NCCL wins over the stall.
+  Scheduler states: ``TIMEOUT``/``DEADLINE`` -> timeout, ``OUT_OF_MEMORY`` -> oom, ``CANCELLED``,
+  ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``, ``BOOT_FAIL`` and any other non-``COMPLETED`` final state ->
+  failed. A non-zero exit code -> failed unless something more specific was found. Log evidence counts
+  even with exit code 0: a traceback is a failure (except one announced by ``Exception ignored in``,
+  which Python prints at shutdown for harmless errors). A failed run is never ``ok``; its metrics are
+  kept with ``partial=True``. ``rejected`` is never produced here: it is for configurations the
+  constraint checker refused before launch (:meth:`RunMetrics.rejected`).
+
+* **Stall** (``ParseContext.stall_timeout_s``): the run is a ``timeout`` when the time since its last
+  progress exceeds the limit. "Last progress" is the timestamp of the last progress line when the lines
+  carry one (Megatron's ``[2025-01-01 12:00:00]``), else the log file's mtime (any output counts as life
+  then). "Now" is ``ParseContext.now`` when given; else the clock for a run not known to have ended
+  (no exit code, no final scheduler state); else the last timestamp printed anywhere in the log (so a run
+  that hung and was then killed with a timestamped message is judged by its own clock). Timestamps in a
+  log are read as local time.
+
+Parsing streams line by line; memory grows with the number of logged steps, not with the log's size.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from datetime import datetime
 
 STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected")
-_LINE = re.compile(r"^(?:\d+: )?Training epoch \d+, iteration \d+/\d+ \|(.*)$")
+
+#: Statuses of runs that ended badly; their metrics are partial and never a reward.
+FAILURE_STATUSES = ("oom", "timeout", "nccl_error", "failed")
+
+_GIB = float(2**30)
+_REASON_MAX = 240
+
+# --------------------------------------------------------------------------------------------- regexes
+# Compiled once. Each is applied only to lines that passed a cheap substring test.
+
+# Launcher prefixes, possibly stacked: srun --label ("0: ", " 12: "), torchrun ("[rank3]:", "[default0]:"),
+# mpirun --tag-output ("[1,0]<stdout>:"), task labels ("pretrain_llama/0 ").
+_PREFIX = r"(?:\s*(?:\d+:|\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:|[\w.\-]+/\d+(?=\s)))*\s*"
+_TS = r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?\]\s*"
+
+_MEGATRON_RE = re.compile(_PREFIX + r"(?:" + _TS + r")?iteration\s+(?P<it>\d+)/\s*(?P<total>\d+)\s*\|(?P<rest>.*)")
+_NEMO_RE = re.compile(_PREFIX + r"Training epoch (?P<epoch>\d+), iteration (?P<it>\d+)/(?P<total>\d+)(?P<rest>.*)")
+_STEP_TIME_RE = re.compile(
+    _PREFIX + r"Step Time\s*:\s*(?P<t>\S+?)s\s+GPU utilization:\s*(?P<tf>[^\sM]+)\s*MODEL_TFLOP/s/GPU"
+)
+_TQDM_RE = re.compile(_PREFIX + r"Epoch \d+:.*\[(?P<post>[^\[\]]*train_step_timing in s=[^\[\]]*)\]")
+_MEM_HEADER_RE = re.compile(r"\[Rank \d+\] \(after \d+ iterations\) memory \((?P<unit>MB|GB)\)")
+_MEM_STANDALONE_RE = re.compile(_PREFIX + r"mem-")
+_ANY_TS_RE = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
+# The exception line that ends a traceback: "RuntimeError: ...", "torch.OutOfMemoryError: ...", "KeyboardInterrupt".
+_EXC_LINE_RE = re.compile(
+    _PREFIX + r"(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?::.*)?)$"
+)
+_PREFIX_RE = re.compile(_PREFIX)
+
+# Failure markers, checked by substring (a regex alternation over them costs ~15 us a line, these ~1 us).
+_OOM_MARKS = ("CUDA out of memory", "CUDA error: out of memory", "CUDA Error: out of memory", "OutOfMemoryError",
+              "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "failure 'out of memory'", "oom_kill",
+              "oom-kill")
+_NCCL_MARKS = ("NCCL error", "ncclSystemError", "ncclInternalError", "ncclUnhandledCudaError", "ncclRemoteError",
+               "ncclInvalidUsage", "ncclInvalidArgument", "Watchdog caught collective operation timeout",
+               "NCCL communicator was aborted", "DistBackendError")
+_SIGNAL_MARKS = ("Segmentation fault", "(core dumped)", "Fatal Python error")
+_EXITED_RE = re.compile(r"Exited with exit code (\d+)")
+# Gate in front of the markers: every marker contains one of these substrings.
+_FAIL_GATE = ("rror", "out of memory", "ALLOC_FAILED", "oom_kill", "oom-kill", "nccl", "Watchdog", "aborted",
+              "CANCELLED", "Traceback", "xit code", "fault", "core dumped", "Fatal Python")
+
+_NEMO_STEP_KEYS = ("train_step_timing in s",)
+_NEMO_TFLOPS_KEYS = ("TFLOPS_per_GPU", "tflops_per_sec_per_gpu")
+_NEMO_LOSS_KEYS = ("reduced_train_loss", "lm loss", "loss")
+_MEG_STEP_KEY = "elapsed time per iteration (ms)"
+_MEG_TFLOPS_KEY = "throughput per GPU (TFLOP/s/GPU)"
+_MEG_LOSS_KEYS = ("lm loss", "loss")
+
+_SCHED_TIMEOUT = {"TIMEOUT", "DEADLINE"}
+_SCHED_OOM = {"OUT_OF_MEMORY"}
+_SCHED_RUNNING = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
 
+# ------------------------------------------------------------------------------------------ public types
 @dataclass(frozen=True)
 class ParseContext:
+    """What the log cannot say but the trial knows: batch, sequence, GPUs, model FLOPs, stall limit.
+
+    ``now`` (seconds since the epoch) fixes the reference time of the stall check, for tests and replays.
+    """
+
     gbs: int | None = None
     seq_length: int | None = None
     num_gpus: int | None = None
     model_flops_per_step: float | None = None
     stall_timeout_s: float | None = None
+    now: float | None = None
 
 
 @dataclass(frozen=True)
 class RunMetrics:
+    """The outcome of one run. Invariants: ``status`` is one of :data:`STATUSES`; a metric the log did
+    not give is None (never 0); ``partial`` is True exactly when a failed run printed some steps."""
+
     status: str
     reason: str | None = None
     step_time_s: float | None = None
@@ -35,58 +158,461 @@ class RunMetrics:
     loss: float | None = None
     steps: int = 0
     partial: bool = False
+    # Beyond the core interface: provenance, for the report and for debugging a surprising figure.
+    log_format: str | None = None
+    warmup_steps: int = 0
+    last_iteration: int | None = None
+    peak_memory_reserved_gib: float | None = None
+    tflops_source: str | None = None  # "log" (as printed) or "model" (context.model_flops_per_step)
+    exit_code: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """JSON-ready: plain str/int/float/bool/None, non-finite floats as None."""
+        out = asdict(self)
+        for k, v in out.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                out[k] = None
+        return out
+
+    @classmethod
+    def rejected(cls, reason: str) -> RunMetrics:
+        """The metrics of a configuration refused before launch (nothing ran)."""
+        return cls(status="rejected", reason=reason)
 
 
-def _num(s: str) -> float | None:
+# ------------------------------------------------------------------------------------------ helpers
+def _num(text: str | None) -> float | None:
+    """A finite float from ``text``, or None for anything else (``xxx``, ``nan``, ``inf``, empty)."""
+    if text is None:
+        return None
     try:
-        v = float(s)
+        v = float(text)
     except ValueError:
         return None
-    return v if v == v else None
+    return v if math.isfinite(v) else None
 
 
-def parse_log(source: str | os.PathLike | Iterable[str], *, exit_code: int | None = None,
-              scheduler_state: str | None = None, context: ParseContext = ParseContext()) -> RunMetrics:
-    lines = open(source, errors="replace") if isinstance(source, (str, os.PathLike)) else source
-    times, tflops, mem, loss, oom = [], [], None, None, False
+def _pos(text: str | None) -> float | None:
+    v = _num(text)
+    return v if v is not None and v > 0 else None
+
+
+def _fields(rest: str, sep: str = "|", kv: str = ":") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in rest.split(sep):
+        k, found, v = part.partition(kv)
+        if found:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _first(d: dict[str, str], keys: tuple[str, ...]) -> str | None:
+    for k in keys:
+        if k in d:
+            return d[k]
+    return None
+
+
+def _clip(line: str) -> str:
+    s = line.strip()
+    return s if len(s) <= _REASON_MAX else s[: _REASON_MAX - 3] + "..."
+
+
+def _strip_prefix(line: str) -> str:
+    return line[_PREFIX_RE.match(line).end():]
+
+
+def _parse_ts(text: str) -> float | None:
     try:
+        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterator[str], str | None]:
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        # Universal newlines turn each tqdm '\r' refresh into its own line; bad bytes never stop a parse.
+        fh = open(path, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed in _iter_file
+        return _iter_file(fh), path
+    return _split_cr(source), None
+
+
+def _iter_file(fh) -> Iterator[str]:
+    with fh:
+        yield from fh
+
+
+def _split_cr(lines: Iterable[str]) -> Iterator[str]:
+    for line in lines:
+        if "\r" in line:
+            yield from line.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        else:
+            yield line
+
+
+def _steady(values: list[float | None]) -> tuple[int, list[float]]:
+    """Drop the warm-up (first max(2, ceil(10 %)) logged steps); return (dropped, valid steady values)."""
+    n = len(values)
+    warm = min(n, max(2, math.ceil(0.1 * n)))
+    return warm, [v for v in values[warm:] if v is not None]
+
+
+def _quantiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) == 1:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=10, method="inclusive")
+    return q[0], q[-1]
+
+
+# ------------------------------------------------------------------------------------------ the scan
+class _Scan:
+    """Everything one pass over the log collects (kept small: per-step values, first evidence lines)."""
+
+    def __init__(self, want_ts: bool):
+        self.want_ts = want_ts
+        # iteration key -> (step_time_s, tflops, loss, timestamp, gbs); None where the line gave nothing valid
+        self.megatron: dict[int, tuple] = {}
+        self.nemo: dict[tuple[int, ...], tuple] = {}
+        self.tqdm: dict[int, tuple] = {}
+        self.step_time_lines: list[tuple[float | None, float | None]] = []
+        self.last_iteration: int | None = None
+        self.mem_alloc: float | None = None
+        self.mem_reserved: float | None = None
+        self.evidence: dict[str, str] = {}  # class -> first line (reason)
+        self.exit_code_seen: int | None = None
+        self.pending_trace = False  # a traceback was seen; its exception line is the reason
+        self.ignore_next_trace = False
+        self.last_ts: float | None = None
+
+    # -- memory ------------------------------------------------------------------------------------
+    def _mem(self, alloc_gib: float | None, reserved_gib: float | None) -> None:
+        if alloc_gib is not None and (self.mem_alloc is None or alloc_gib > self.mem_alloc):
+            self.mem_alloc = alloc_gib
+        if reserved_gib is not None and (self.mem_reserved is None or reserved_gib > self.mem_reserved):
+            self.mem_reserved = reserved_gib
+
+    def _mem_line(self, line: str) -> bool:
+        headers = list(_MEM_HEADER_RE.finditer(line))
+        if headers:
+            for i, h in enumerate(headers):
+                end = headers[i + 1].start() if i + 1 < len(headers) else len(line)
+                d = _fields(line[h.end():end])
+                if h["unit"] == "MB":  # Megatron-LM report_memory: MiB (bytes / 2**20)
+                    a, r = _pos(d.get("max allocated")), _pos(d.get("max reserved"))
+                    self._mem(a / 1024 if a else None, r / 1024 if r else None)
+                else:  # Megatron-Bridge report_memory: GB (bytes / 1e9)
+                    self._gb_fields(d)
+            return True
+        if _MEM_STANDALONE_RE.match(line):
+            self._gb_fields(_fields(_strip_prefix(line)))
+            return True
+        return False
+
+    def _gb_fields(self, d: dict[str, str]) -> None:
+        a, r = _pos(d.get("mem-max-allocated-gigabytes")), _pos(d.get("mem-max-reserved-gigabytes"))
+        self._mem(a * 1e9 / _GIB if a else None, r * 1e9 / _GIB if r else None)
+
+    # -- progress ----------------------------------------------------------------------------------
+    def _megatron(self, m: re.Match) -> None:
+        it = int(m["it"])
+        self._iteration(it)
+        if it in self.megatron:
+            return
+        d = _fields(m["rest"])
+        ms = _pos(d.get(_MEG_STEP_KEY))
+        ts = _parse_ts(m["ts"]) if (self.want_ts and m["ts"]) else None
+        self.megatron[it] = (
+            ms / 1000.0 if ms is not None else None,
+            _pos(d.get(_MEG_TFLOPS_KEY)),
+            _num(_first(d, _MEG_LOSS_KEYS)),
+            ts,
+            _pos(d.get("global batch size")),
+        )
+
+    def _nemo(self, m: re.Match) -> None:
+        d = _fields(m["rest"])
+        gs = _num(d.get("global_step"))
+        it = int(m["it"])
+        # global_step identifies a step across epochs; without it, (epoch, iteration) does
+        has_gs = gs is not None and gs >= 0
+        key = (0, int(gs)) if has_gs else (1, int(m["epoch"]), it)
+        self._iteration(int(gs) if has_gs else it)
+        if key in self.nemo:
+            return
+        alloc, res = _pos(d.get("max_memory_allocated")), _pos(d.get("max_memory_reserved"))
+        self._mem(alloc / _GIB if alloc else None, res / _GIB if res else None)
+        self.nemo[key] = (
+            _pos(_first(d, _NEMO_STEP_KEYS)),
+            _pos(_first(d, _NEMO_TFLOPS_KEYS)),
+            _num(_first(d, _NEMO_LOSS_KEYS)),
+            None,
+            _pos(d.get("global_batch_size")),
+        )
+
+    def _tqdm(self, m: re.Match) -> None:
+        d = _fields(m["post"], sep=",", kv="=")
+        gs = _num(d.get("global_step"))
+        if gs is None or gs < 0 or int(gs) in self.tqdm:
+            return  # without a global_step, refreshes of one step cannot be told from new steps
+        self._iteration(int(gs))
+        self.tqdm[int(gs)] = (
+            _pos(d.get("train_step_timing in s")),
+            _pos(_first(d, _NEMO_TFLOPS_KEYS)),
+            _num(_first(d, _NEMO_LOSS_KEYS)),
+            None,
+            None,
+        )
+
+    def _iteration(self, it: int) -> None:
+        if self.last_iteration is None or it > self.last_iteration:
+            self.last_iteration = it
+
+    # -- failures ----------------------------------------------------------------------------------
+    def _note(self, cls: str, line: str) -> None:
+        if cls not in self.evidence:
+            self.evidence[cls] = _clip(_strip_prefix(line))
+
+    def _failure(self, line: str) -> None:
+        for k in _OOM_MARKS:
+            if k in line:
+                self._note("oom", line)
+                break
+        for k in _NCCL_MARKS:
+            if k in line:
+                self._note("nccl_error", line)
+                break
+        if "CANCELLED AT" in line:
+            self._note("time_limit" if "DUE TO TIME LIMIT" in line else "failed", line)
+        if "Traceback (most recent call last)" in line:
+            if self.ignore_next_trace:
+                self.ignore_next_trace = False
+            else:
+                self.pending_trace = True
+                self._note("traceback", line)
+        if "Exited with exit code" in line:
+            m = _EXITED_RE.search(line)
+            if m is not None and int(m[1]) != 0:
+                self.exit_code_seen = self.exit_code_seen or int(m[1])
+                self._note("exited", line)
+        for k in _SIGNAL_MARKS:
+            if k in line:
+                self._note("failed", line)
+                break
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def feed(self, lines: Iterator[str]) -> None:
+        megatron_match, nemo_match = _MEGATRON_RE.match, _NEMO_RE.match
+        gate = _FAIL_GATE
+        want_ts = self.want_ts
         for line in lines:
-            if "OutOfMemoryError" in line or "CUDA out of memory" in line:
-                oom = True
-            m = _LINE.match(line.rstrip("\n"))
-            if not m:
+            if "NCCL INFO" in line:  # the bulk of a noisy log; never progress, never a failure marker
                 continue
-            fields = dict(p.split(": ", 1) for p in m.group(1).split(" | ") if ": " in p)
-            fields = {k.strip(): v.strip() for k, v in fields.items()}
-            if (t := _num(fields.get("train_step_timing in s", ""))) is not None:
-                times.append(t)
-                tflops.append(_num(fields.get("TFLOPS_per_GPU", "")))
-            if (a := _num(fields.get("max_memory_allocated", ""))) is not None:
-                mem = max(mem or 0.0, a / 2**30)
-            loss = _num(fields.get("reduced_train_loss", "")) or loss
-    finally:
-        if hasattr(lines, "close"):
-            lines.close()
-    drop = max(2, -(-len(times) // 10))
-    steady = times[drop:]
-    st = statistics.median(steady) if steady else None
-    tf = [x for x in tflops[drop:] if x is not None]
-    c = context
-    tok = c.gbs * c.seq_length / (st * c.num_gpus) if st and c.gbs and c.seq_length and c.num_gpus else None
-    status, reason = "ok", None
-    if oom:
-        status, reason = "oom", "CUDA out of memory"
-    elif exit_code not in (0, None):
-        status, reason = "failed", f"exit code {exit_code}"
-    elif st is None:
-        status, reason = "no_metrics", "no progress line with a step time"
-    return RunMetrics(status, reason, st, statistics.fmean(steady) if steady else None, None, None,
-                      statistics.median(tf) if tf else None, tok, mem, loss, len(times),
-                      partial=status != "ok" and bool(times))
+            if "iteration" in line:
+                m = megatron_match(line)
+                if m is not None:
+                    self._megatron(m)
+                    continue
+                m = nemo_match(line)
+                if m is not None:
+                    self._nemo(m)
+                    continue
+                if "memory (" in line and self._mem_line(line):
+                    continue
+            elif "Step Time" in line:
+                m = _STEP_TIME_RE.match(line)
+                if m is not None:
+                    self.step_time_lines.append((_pos(m["t"]), _pos(m["tf"])))
+                    continue
+            elif "train_step_timing in s=" in line:
+                m = _TQDM_RE.match(line)
+                if m is not None:
+                    self._tqdm(m)
+                    continue
+            elif "mem-" in line and self._mem_line(line):
+                continue
+            if want_ts and ("[20" in line or "[NeMo" in line or " AT 20" in line):
+                t = _ANY_TS_RE.search(line)
+                if t is not None:
+                    ts = _parse_ts(f"{t[1]} {t[2]}")
+                    if ts is not None and (self.last_ts is None or ts > self.last_ts):
+                        self.last_ts = ts
+            for g in gate:
+                if g in line:
+                    self._failure(line)
+                    break
+            if self.pending_trace and ("Error" in line or "Exception" in line or "Interrupt" in line):
+                e = _EXC_LINE_RE.match(line.rstrip("\n"))
+                if e is not None:
+                    self.evidence["traceback"] = _clip(e["exc"])
+                    self.pending_trace = False
+            if "Exception ignored in" in line:
+                self.ignore_next_trace = True
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def parse_log(
+    source: str | os.PathLike | Iterable[str],
+    *,
+    exit_code: int | None = None,
+    scheduler_state: str | None = None,
+    context: ParseContext = ParseContext(),
+) -> RunMetrics:
+    """Parse a training log (a path, or an iterable of lines) into :class:`RunMetrics`.
+
+    A ``str`` is a path; pass ``text.splitlines()`` to parse text. A missing file raises
+    ``FileNotFoundError`` rather than reading as a failed run, so a wrong run directory cannot pass
+    unnoticed. ``exit_code`` and ``scheduler_state`` are what the backend saw (None when unknown).
+    """
+    lines, path = _lines(source)
+    scan = _Scan(want_ts=context.stall_timeout_s is not None)
+    scan.feed(lines)
+    return _conclude(scan, path, exit_code, scheduler_state, context)
+
+
+def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:
+    """Parse a backend's ``RunResult`` (anything with ``log_path``, ``exit_code``, ``scheduler_state``)."""
+    return parse_log(result.log_path, exit_code=result.exit_code,
+                     scheduler_state=getattr(result, "scheduler_state", None), context=context)
+
+
+def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None,
+              ctx: ParseContext) -> RunMetrics:
+    # ---- the step series: iteration lines first, then Bridge summaries, then tqdm bars
+    series: list[tuple] = []
+    fmt: str | None = None
+    for name, recs in (("megatron", scan.megatron), ("nemo2", scan.nemo)):
+        if recs and len(recs) > len(series):
+            series = [recs[k] for k in sorted(recs)]
+            fmt = name
+    if not series and scan.step_time_lines:
+        series = [(t, tf, None, None, None) for t, tf in scan.step_time_lines]
+        fmt = "megatron_bridge_summary"
+    if not series and scan.tqdm:
+        series = [scan.tqdm[k] for k in sorted(scan.tqdm)]
+        fmt = "lightning_tqdm"
+
+    warm, times = _steady([r[0] for r in series])
+    step_time = mean = p10 = p90 = None
+    if times:
+        step_time = statistics.median(times)
+        mean = statistics.fmean(times)
+        p10, p90 = _quantiles(times)
+
+    tflops, tflops_source = None, None
+    _, tfs = _steady([r[1] for r in series])
+    if not tfs and fmt != "megatron_bridge_summary" and scan.step_time_lines:
+        _, tfs = _steady([tf for _, tf in scan.step_time_lines])
+    if tfs:
+        tflops, tflops_source = statistics.median(tfs), "log"
+    elif step_time is not None and ctx.model_flops_per_step and ctx.num_gpus:
+        tflops = ctx.model_flops_per_step / (step_time * ctx.num_gpus) / 1e12
+        tflops_source = "model"
+
+    gbs = ctx.gbs
+    if gbs is None:
+        logged = [r[4] for r in series if r[4] is not None]
+        gbs = logged[-1] if logged else None
+    tokens = None
+    if step_time is not None and gbs and ctx.seq_length and ctx.num_gpus:
+        tokens = gbs * ctx.seq_length / (step_time * ctx.num_gpus)
+
+    losses = [r[2] for r in series if r[2] is not None]
+    loss = losses[-1] if losses else None
+
+    status, reason = _status(scan, path, series, times, warm, exit_code, scheduler_state, ctx)
+    failed = status in FAILURE_STATUSES
+    return RunMetrics(
+        status=status,
+        reason=reason,
+        step_time_s=step_time,
+        step_time_mean_s=mean,
+        step_time_p10_s=p10,
+        step_time_p90_s=p90,
+        tflops_per_gpu=tflops,
+        tokens_per_s_per_gpu=tokens,
+        peak_memory_gib=scan.mem_alloc,
+        loss=loss,
+        steps=len(series),
+        partial=failed and len(series) > 0,
+        log_format=fmt,
+        warmup_steps=warm,
+        last_iteration=scan.last_iteration,
+        peak_memory_reserved_gib=scan.mem_reserved,
+        tflops_source=tflops_source,
+        exit_code=exit_code if exit_code is not None else scan.exit_code_seen,
+    )
+
+
+def _status(scan: _Scan, path: str | None, series: list, times: list, warm: int, exit_code: int | None,
+            scheduler_state: str | None, ctx: ParseContext) -> tuple[str, str | None]:
+    ev = scan.evidence
+    state = (scheduler_state or "").strip().upper().split(" ")[0].rstrip("+") or None
+
+    if "oom" in ev:
+        return "oom", ev["oom"]
+    if state in _SCHED_OOM:
+        return "oom", f"scheduler state {state}"
+    if "time_limit" in ev:
+        return "timeout", ev["time_limit"]
+    if state in _SCHED_TIMEOUT:
+        return "timeout", f"scheduler state {state}"
+    if "nccl_error" in ev:
+        return "nccl_error", ev["nccl_error"]
+    stall = _stall(scan, path, series, exit_code, state, ctx)
+    if stall is not None:
+        return "timeout", stall
+    if "traceback" in ev:
+        return "failed", ev["traceback"]
+    if state is not None and state != "COMPLETED" and state not in _SCHED_RUNNING:
+        return "failed", f"scheduler state {state}" + (f", exit code {exit_code}" if exit_code else "")
+    if "failed" in ev:
+        return "failed", ev["failed"]
+    if exit_code is not None and exit_code != 0:
+        return "failed", f"exit code {exit_code}"
+    if "exited" in ev:
+        return "failed", ev["exited"]
+    if not series:
+        return "no_metrics", "no progress line with a step time in the log"
+    if not times:
+        if len(series) <= warm:
+            return "no_metrics", f"{len(series)} logged step(s), all warm-up (the first {warm} are dropped)"
+        return "no_metrics", "no valid step time after warm-up"
+    return "ok", None
+
+
+def _stall(scan: _Scan, path: str | None, series: list, exit_code: int | None, state: str | None,
+           ctx: ParseContext) -> str | None:
+    if ctx.stall_timeout_s is None:
+        return None
+    finished = exit_code is not None or (state is not None and state not in _SCHED_RUNNING)
+    stamps = [r[3] for r in series if r[3] is not None]
+    last_progress = max(stamps) if stamps else None
+    if last_progress is None and path is not None:
+        try:
+            last_progress = os.path.getmtime(path)
+        except OSError:
+            return None
+    if last_progress is None:
+        return None
+    if ctx.now is not None:
+        now = ctx.now
+    elif not finished:
+        now = time.time()
+    else:  # judged by the log's own clock: its last timestamp, progress lines included
+        now = max((t for t in (scan.last_ts, *stamps) if t is not None), default=None)
+    if now is None:
+        return None
+    idle = now - last_progress
+    if idle > ctx.stall_timeout_s:
+        what = "progress line" if stamps else "write to the log"
+        return f"no progress for {idle:.0f} s since the last {what} (stall_timeout_s={ctx.stall_timeout_s:g})"
+    return None

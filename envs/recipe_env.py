@@ -89,7 +89,7 @@ class RecipeEnv(gym.Env):
         run_dir: Path | None = None
         rejected = constraints.check(trial)
         if rejected:
-            metrics = RunMetrics("rejected", f"{rejected.rule}: {rejected.reason}")
+            metrics = RunMetrics.rejected(f"{rejected.rule}: {rejected.reason}")
         else:
             run_dir = self.out_dir / "trials" / f"{number:05d}"
             metrics = self._launch(trial, run_dir)

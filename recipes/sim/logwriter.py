@@ -36,7 +36,7 @@ class SimRun:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.4}"
+    return f"{float(x):.4}"
 
 
 def write_log(run: SimRun, out: TextIO) -> int:
