@@ -121,9 +121,16 @@ class RecipeEnv(gym.Env):
             raise
         except Exception as e:  # a failed trial is data: record it, keep the study going
             return RunMetrics("failed", f"backend {self.backend.name} raised {type(e).__name__}: {e}")
+        # Metrics come from this trial's own run directory and nowhere else (a reward read from another
+        # trial's log stays plausible and silently wrong).
+        if not Path(result.log_path).resolve().is_relative_to(run_dir.resolve()):
+            return RunMetrics("failed", f"backend {self.backend.name} returned a log outside the run directory: "
+                                        f"{result.log_path}")
+        if not Path(result.log_path).exists():
+            return RunMetrics("failed", f"no log at {result.log_path} (exit code {result.exit_code}, "
+                                        f"state {result.scheduler_state})")
         return parse_log(result.log_path, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
-                         context=ctx) if result.log_path.exists() else RunMetrics(
-            "failed", f"no log at {result.log_path} (exit code {result.exit_code}, state {result.scheduler_state})")
+                         context=ctx)
 
     def _record_interrupted(self, trial: TrialConfig, run_dir: Path) -> None:
         if self.store is None:

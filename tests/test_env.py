@@ -49,3 +49,20 @@ def test_action_outside_the_space_is_refused(tmp_path):
 
     with pytest.raises(ValueError):
         env.step({"tp": 9, "pp": 0, "vp": 0, "mbs": 0})
+
+
+def test_a_log_outside_the_run_directory_is_never_read(tmp_path):
+    from dse.backends.base import RunResult
+
+    class Stray(SimBackend):
+        def run(self, plan, run_dir):
+            res = super().run(plan, run_dir)
+            stray = tmp_path / "elsewhere.log"
+            stray.write_text(res.log_path.read_text())
+            return RunResult(run_dir=run_dir, log_path=stray, exit_code=0)
+
+    space = load_space(write_space(tmp_path))
+    env = RecipeEnv(space, Stray(seed=0), tmp_path / "out")
+    env.reset(seed=0)
+    _, reward, *_, info = env.step(env.encode({"tp": 4, "pp": 2, "vp": 1, "mbs": 1}))
+    assert info["status"] == "failed" and "outside the run directory" in info["reason"] and reward == 0.0
