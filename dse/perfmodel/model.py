@@ -290,6 +290,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         "mem.logits_gib": logits_mem / GIB,
         "mem.fsdp_buffers_gib": fsdp_buf / GIB,
         "mem.reserve_gib": P.memory_reserve_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
+        "time.per_microbatch_s": t_mb,
         "microbatches": m,
         "bubble_fraction": (p - 1) / (vv * m),
     }

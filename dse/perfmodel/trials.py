@@ -1,4 +1,5 @@
-"""Building a :class:`dse.trial.TrialConfig` from plain values (``dse predict``, the accuracy bench).
+"""Building a :class:`dse.trial.TrialConfig` from plain values (``dse predict``, the accuracy bench),
+and reading ``--model-file`` architectures.
 
 The system is the GPU generation's default cluster (GPUs per node, NVLink domain and NIC bandwidth from
 :data:`dse.perfmodel.hardware.HARDWARE`); every knob not given takes its catalogue default.
@@ -6,14 +7,18 @@ The system is the GPU generation's default cluster (GPUs per node, NVLink domain
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dse import knobs
 from dse.errors import UserError
 from dse.perfmodel.hardware import HARDWARE
-from dse.space import System
+from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig
+from recipes.models import ModelArch
 
 _SYSTEMS: dict[str, System] = {}
 
@@ -42,3 +47,37 @@ def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None,
     out["num_nodes"] = num_gpus // system.gpus_per_node
     return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}),
                        varied=())
+
+
+class _ModelFile(BaseModel):
+    """A ``--model-file``: an architecture outside the registry (e.g. a GPT-3 style model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_query_groups: int | None = Field(None, ge=1, description="default: num_attention_heads (no GQA)")
+    ffn_hidden_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    gated_mlp: bool
+
+
+def load_model_file(path: str | Path) -> ModelArch:
+    """The architecture in a TOML model file; every problem is a :class:`UserError` naming file and field."""
+    f = str(path)
+    data = _read_toml(Path(path))
+    try:
+        m = _ModelFile.model_validate(data)
+    except ValidationError as e:
+        raise _first_error(e, f) from None
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.hidden_size % m.num_attention_heads:
+        raise UserError(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads "
+                        f"{m.num_attention_heads}", file=f, field="hidden_size")
+    if m.num_attention_heads % groups:
+        raise UserError(f"num_attention_heads {m.num_attention_heads} is not divisible by num_query_groups {groups}",
+                        file=f, field="num_query_groups")
+    return ModelArch(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, groups, m.ffn_hidden_size,
+                     m.vocab_size, m.gated_mlp)
