@@ -106,7 +106,7 @@ def layouts(row: dict):
 def ranking(rows, params) -> None:
     print(f"validity rules: {RULES}")
     print(f"{'row':22s} {'valid':>6s} {'fit':>6s} {'rank':>6s} {'pct':>6s}  best layout by the model")
-    within = 0
+    within = within_fit = 0
     for r in rows:
         pub = predict(row_trial(r), params=params)
         scored = []
@@ -122,12 +122,14 @@ def ranking(rows, params) -> None:
         better = sum(1 for x, _ in scored if x > pub.tokens_per_s_per_gpu * (1 + 1e-9))
         frac = better / max(len(scored), 1)
         within += frac <= 0.10
+        within_fit += frac <= 0.10 and pub.fits
         best = max(scored, key=lambda x: x[0]) if scored else (0, {})
         note = "" if pub.fits else "  (published layout predicted OOM; ranked as if it fit)"
         desc = " ".join(f"{k}={v}" for k, v in best[1].items())
         print(f"{r['id']:22s} {n_valid:6d} {len(scored):6d} {better + 1:6d} {100 * frac:5.1f}%  {desc} "
               f"({best[0]:.0f} vs {pub.tokens_per_s_per_gpu:.0f}){note}")
-    print(f"published layout within the model's top 10%: {within}/{len(rows)} rows")
+    print(f"published layout within the model's top 10%: {within}/{len(rows)} rows "
+          f"({within_fit} of them with the published layout also fitting in the model's memory)")
 
 
 def memory(rows, params) -> None:
