@@ -1,0 +1,114 @@
+"""Fitting the model's physical parameters to published throughput (used by ``bench/model_accuracy.py``).
+
+A maximum-a-posteriori fit: squared log error of tokens/s/GPU over the rows plus a Gaussian prior on each
+parameter (in log space for rates, logit space for fractions), so that a parameter the rows say little
+about stays at its physical prior instead of absorbing noise. The optimiser is a plain Nelder-Mead on
+numpy (numpy comes with pandas); SciPy's would do the same but would be a dependency for one function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.perfmodel.timing import DEFAULT_PARAMS, Params
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Centre and width of a parameter's prior; ``kind`` is ``log`` (a positive rate) or ``logit`` (0..1)."""
+
+    centre: float
+    width: float
+    kind: str = "logit"
+
+    def to_z(self, x: float) -> float:
+        return math.log(x) if self.kind == "log" else math.log(x / (1.0 - x))
+
+    def from_z(self, z: float) -> float:
+        return math.exp(z) if self.kind == "log" else 1.0 / (1.0 + math.exp(-z))
+
+
+# Centres from vendor or library measurements where there are some (comments), widths loose enough for
+# the data to move them.
+PRIORS: dict[str, Prior] = {
+    "gemm_eff_fp8": Prior(0.65, 0.5),  # cuBLASLt FP8 GEMMs: ~1,300 of 1,979 TFLOP/s on H100 at large sizes
+    "gemm_eff_fp8_blackwell": Prior(0.65, 0.5),  # cuBLASLt FP8 on B200: ~3,000 of 4,500 TFLOP/s
+    "attn_eff": Prior(0.55, 0.5),  # FlashAttention-3 / cuDNN: ~500-600 of 989 TFLOP/s, fwd+bwd, causal
+    "elementwise_scale": Prior(1.4, 0.4, "log"),  # element-wise kernels reach ~70% of HBM bandwidth
+    "nvlink_eff": Prior(0.80, 0.5),  # nccl-tests all-gather bus bandwidth ~360 of 450 GB/s (H100)
+    "scaleout_eff": Prior(0.80, 0.5),  # nccl-tests across nodes: ~40 of 50 GB/s per 400 Gb/s NIC
+    "tp_overlap": Prior(0.80, 0.8),  # userbuffers hide most TP traffic behind GEMMs
+    "cp_overlap": Prior(0.70, 0.8),
+    "dp_overlap": Prior(0.80, 0.8),
+}
+
+
+def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3, iters: int = 600,
+                tol: float = 1e-7) -> np.ndarray:
+    """Minimise ``f`` from ``x0`` with the Nelder-Mead simplex (standard coefficients 1, 2, 0.5, 0.5)."""
+    n = len(x0)
+    simplex = [np.array(x0, dtype=float)] + [np.array(x0, dtype=float) + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if abs(values[-1] - values[0]) < tol:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        xr = centroid + (centroid - worst)
+        fr = f(xr)
+        if fr < values[0]:
+            xe = centroid + 2.0 * (centroid - worst)
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (worst - centroid) if fr >= values[-1] else centroid + 0.5 * (xr - centroid)
+            fc = f(xc)
+            if fc < min(fr, values[-1]):
+                simplex[-1], values[-1] = xc, fc
+            else:  # shrink towards the best vertex
+                best = simplex[0]
+                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    return simplex[int(np.argmin(values))]
+
+
+def params_from_z(z: Sequence[float], names: Sequence[str], base: Params = DEFAULT_PARAMS) -> Params:
+    return base.with_values(**{n: PRIORS[n].from_z(float(v)) for n, v in zip(names, z)})
+
+
+def fit(predict_fn: Callable[[object, Params], float], rows: Sequence[tuple[object, float]], *,
+        names: Sequence[str] = tuple(PRIORS), base: Params = DEFAULT_PARAMS, obs_sigma: float = 0.10,
+        restarts: int = 2) -> Params:
+    """Parameters that best predict ``rows`` (pairs of an input and its published tokens/s/GPU).
+
+    ``predict_fn(input, params)`` returns the predicted tokens/s/GPU; ``obs_sigma`` is the scatter assumed
+    for a published figure (log scale: 0.1 = 10%; runs of one recipe in different containers differ
+    by that much), which weighs the data against the priors. Starts at the priors' centres and
+    restarts the simplex from its own optimum (Nelder-Mead can stall on a face of the simplex).
+    """
+    priors = [PRIORS[n] for n in names]
+    centre = np.array([p.to_z(p.centre) for p in priors])
+    width = np.array([p.width for p in priors])
+    logs = [math.log(pub) for _, pub in rows]
+
+    def loss(z: np.ndarray) -> float:
+        params = params_from_z(z, names, base)
+        err = 0.0
+        for (x, _), lp in zip(rows, logs):
+            pred = predict_fn(x, params)
+            err += (math.log(pred) - lp) ** 2 if pred > 0 else 100.0
+        return err / obs_sigma**2 + float(np.sum(((z - centre) / width) ** 2))
+
+    z = centre.copy()
+    for _ in range(restarts + 1):
+        z = nelder_mead(loss, z)
+    return params_from_z(z, names, base)

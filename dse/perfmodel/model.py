@@ -1,0 +1,298 @@
+"""``predict``: step time, throughput and peak memory of one resolved trial.
+
+An analytical model of Megatron-Core training (Transformer Engine layers, flash attention, distributed
+optimizer or Megatron FSDP), per GPU:
+
+* per layer and micro-batch: GEMMs (roofline sum at a fitted efficiency; FP8 speeds up GEMMs only),
+  causal flash attention (bf16; backward 2.5x forward), memory-bound element-wise kernels, tensor-parallel
+  all-gather / reduce-scatter (sequence parallel) or all-reduce over NVLink, partly hidden by userbuffers,
+  context-parallel KV ring partly hidden by attention, recompute (selective: core attention; full: the
+  layer's forward);
+* per micro-batch on the slowest pipeline stage: its layers, plus the logits GEMM and cross-entropy on the
+  last stage;
+* per step: ``(m + (p-1)/v)`` micro-batch slots (1F1B / interleaved bubble), pipeline send/recv, the
+  data-parallel reduce-scatter + all-gather (distributed optimizer, once per step) or FSDP's per
+  micro-batch all-gathers and reduce-scatter, hidden behind compute up to a fitted share, and the
+  memory-bound Adam step. Collectives whose group leaves the NVLink domain use the scale-out bandwidth.
+
+Memory: model states (:func:`memory.state_bytes_per_param`), activations of the in-flight micro-batches
+of the first and last stage (:func:`memory.layer_activation_bytes`, :func:`memory.inflight_chunks`),
+logits on the last stage, FSDP's unsharded layer buffers, a fixed reserve and fragmentation.
+
+Layer placement: when ``num_layers`` is not divisible by ``pp·vp`` but ``num_layers + 2`` is, the embedding
+and the loss count as one layer each (Megatron's ``account_for_embedding_in_pipeline_split`` and
+``account_for_loss_in_pipeline_split``, used by NVIDIA's Llama 3.1 405B recipes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dse.perfmodel import flops as _flops
+from dse.perfmodel.hardware import HARDWARE
+from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
+from dse.perfmodel.timing import DEFAULT_PARAMS, Params
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the model says about one trial. ``tflops_per_gpu`` is model FLOPs in the chosen convention."""
+
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    peak_memory_gib: float
+    gpu_memory_gib: float
+    fits: bool
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu",
+                                             "peak_memory_gib", "gpu_memory_gib", "fits")}
+        out["breakdown"] = dict(self.breakdown)
+        return out
+
+
+def stage_layers(num_layers: int, p: int, v: int) -> tuple[float, float, float, bool]:
+    """Transformer layers on the (first, middle, last) pipeline stage, and whether the embedding and
+    the loss are counted as layers in the split (see the module docstring)."""
+    if p <= 1:
+        return float(num_layers), float(num_layers), float(num_layers), False
+    pv = p * v
+    if num_layers % pv and (num_layers + 2) % pv == 0:
+        per_stage = (num_layers + 2) / p
+        return per_stage - 1, per_stage, per_stage - 1, True
+    per_stage = num_layers / p
+    return per_stage, per_stage, per_stage, False
+
+
+def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bps: float) -> float:
+    """Bus bandwidth of a ring collective over ``members`` ranks ``stride`` apart.
+
+    Inside one NVLink domain: NVLink. Across domains NCCL runs one ring per NIC, so the inter-domain
+    hops carry 1/k of the data where k group members share a domain: ``min(NVLink, k · NIC)``.
+    """
+    if members * stride <= domain:
+        return nvl_Bps
+    k = min(members, domain // stride) if stride < domain else 1
+    return min(nvl_Bps, max(k, 1) * nic_Bps)
+
+
+def _exposed(comm: float, window: float) -> float:
+    """The part of ``comm`` seconds of communication that ``window`` seconds of compute do not hide.
+
+    ``comm²/(comm + window)``: nearly all of it when the window is short, about ``comm - window`` when it
+    is much shorter than the communication, and a small remainder (first and last bucket) when it is long.
+    """
+    return comm * comm / (comm + window) if comm > 0.0 else 0.0
+
+
+def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS) -> Prediction:
+    """The model's prediction for a resolved :class:`dse.trial.TrialConfig`.
+
+    Never raises for a point that breaks a validity rule in a way the formulas survive (non-divisible
+    sizes are taken as fractions); callers check ``dse.constraints`` first.
+    """
+    v = trial.values
+    sysm = trial.system
+    sp = v["sp"]
+    tp = v["tp"]
+    return predict_layout(
+        trial.recipe.arch, sysm.gpu, num_gpus=v["num_nodes"] * sysm.gpus_per_node, tp=tp, pp=v["pp"],
+        cp=v["cp"], vp=v["vp"], mbs=v["mbs"], gbs=v["gbs"], seq_length=v["seq_length"],
+        sp=(tp > 1) if sp is None else bool(sp), recompute=v["recompute"],
+        recompute_num_layers=v["recompute_num_layers"], precision=v["precision"], fsdp=v["fsdp"],
+        tp_comm_overlap=v["tp_comm_overlap"], nvlink_domain=sysm.nvlink_domain,
+        scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params)
+
+
+def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, vp: int = 1,
+                   mbs: int = 1, gbs: int = 128, seq_length: int = 4096, sp: bool | None = None,
+                   recompute: str = "none", recompute_num_layers: int = 0, precision: str = "bf16",
+                   fsdp: bool = False, tp_comm_overlap: bool = False, nvlink_domain: int | None = None,
+                   scaleout_gbps: float | None = None, flops_convention: str = "causal",
+                   params: Params = DEFAULT_PARAMS) -> Prediction:
+    """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names."""
+    P = params
+    hw = HARDWARE[gpu]
+    if sp is None:
+        sp = tp > 1
+    domain = hw.nvlink_domain if nvlink_domain is None else nvlink_domain
+    nic_Bps = (hw.scaleout_gbps if scaleout_gbps is None else scaleout_gbps) * 1e9 / 8 * P.scaleout_eff
+    nvl_Bps = hw.nvlink_gbps * 1e9 / 2 * P.nvlink_eff
+    hbm_Bps = hw.hbm_gbps * 1e9
+    lat = P.collective_latency_s
+    fp8 = precision == "fp8" and hw.fp8_tflops is not None
+    # NVIDIA's FP8 performance recipes reduce gradients in bf16 (grad_reduce_in_fp32=False); Megatron's
+    # bf16 default accumulates and reduces them in fp32.
+    grad_b = 2.0 if precision == "fp8" else 4.0
+    bf16_peak = hw.bf16_tflops * 1e12
+    if fp8:
+        eff8 = P.gemm_eff_fp8_blackwell if hw.arch == "blackwell" else P.gemm_eff_fp8
+        g_rate, g_in = hw.fp8_tflops * 1e12 * eff8, 1.0
+    else:
+        g_rate, g_in = bf16_peak * P.gemm_eff_bf16, 2.0
+
+    L, h, a, g, F, V = (arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.num_query_groups,
+                        arch.ffn_hidden_size, arch.vocab_size)
+    d = h / a
+    gated = arch.gated_mlp
+    t, p, c, vv, b, s = tp, pp, cp, vp, mbs, seq_length
+    dp = num_gpus / (t * p * c)
+    if dp < 1:
+        dp = 1.0
+    m = gbs / (b * dp)
+    if m < 1:
+        m = 1.0
+    T = b * s / c  # tokens per micro-batch on one GPU (before the TP gather)
+    h_sp = h / t if sp else h
+
+    # ---- one transformer layer, one micro-batch, this GPU --------------------------------------------
+    qkv_n = (a + 2 * g) * d / t
+    fc1_n = (2 * F if gated else F) / t
+    gemm_flops = 2.0 * T * h * (qkv_n + a * d / t + fc1_n + F / t)
+    gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in \
+        + 2.0 * T * (qkv_n + h + fc1_n + h)
+    gemm_fwd = gemm_flops / g_rate + gemm_bytes / hbm_Bps
+    attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * P.attn_eff)  # causal: half of 4·T·s·a·d
+    elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
+    if fp8:
+        elem_bytes += 4.0 * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
+    elem = T * elem_bytes * P.elementwise_scale / hbm_Bps  # forward + backward
+    compute = 3.0 * gemm_fwd + 3.5 * attn_fwd + elem + P.layer_overhead_s
+
+    # tensor parallel: 4 all-gather/reduce-scatter (or 2 all-reduce) forward and as many backward
+    tp_bw = nvl_Bps if t <= domain else nic_Bps
+    tp_one = (t - 1) / t * T * h * 2.0 / tp_bw + lat if t > 1 else 0.0
+    tp_hidden = P.tp_overlap if (tp_comm_overlap and t > 1) else P.tp_overlap_base
+    tp_exposed = 8.0 * tp_one * (1.0 - tp_hidden)
+
+    # context parallel: K and V go round the ring forward; K, V and their gradients backward
+    if c > 1:
+        cp_bw = nvl_Bps if t * c <= domain else nic_Bps
+        kv_bytes = T * 2.0 * max(g / t, 1.0) * d * 2.0
+        cp_comm = 3.0 * (c - 1) * (kv_bytes / cp_bw + lat)
+        cp_exposed = _exposed(cp_comm, P.cp_overlap * 3.5 * attn_fwd)
+    else:
+        cp_exposed = 0.0
+
+    # recompute
+    if recompute == "selective":
+        rec = attn_fwd
+    elif recompute == "full":
+        chunk_layers = L / (p * vv)
+        frac = min(recompute_num_layers / chunk_layers, 1.0) if recompute_num_layers else 1.0
+        rec = frac * (gemm_fwd + attn_fwd + elem / 3.0 + 4.0 * tp_one * (1.0 - tp_hidden))
+    else:
+        rec = 0.0
+    t_layer = compute + tp_exposed + cp_exposed + rec
+
+    # ---- stages -------------------------------------------------------------------------------------
+    first_l, mid_l, last_l, accounted = stage_layers(L, p, vv)
+    logits_flops = 2.0 * T * h * V / t
+    logits_gemm = logits_flops / (bf16_peak * P.gemm_eff_bf16) \
+        + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / hbm_Bps
+    ce = T * V / t * 16.0 * P.elementwise_scale / hbm_Bps
+    t_logits = 3.0 * logits_gemm + ce + (2.0 * tp_one if sp and t > 1 else 0.0)
+    t_mb = max(mid_l * t_layer, last_l * t_layer + t_logits, first_l * t_layer)
+    if p == 1:
+        t_mb = L * t_layer + t_logits
+
+    # ---- pipeline -----------------------------------------------------------------------------------
+    bubble = (p - 1) / vv * t_mb
+    t_pipe = m * t_mb + bubble
+    if p > 1:
+        stride = t * c * dp
+        pp_bw = nvl_Bps if stride < domain else nic_Bps  # one send/recv pair: one link or one NIC
+        t_p2p = T * h_sp * 2.0 / pp_bw + lat
+        # 1F1B sends and receives between micro-batches (blocking); the interleaved schedule overlaps
+        # them with the next chunk's compute (Megatron's overlap_p2p_comm), hiding all but a remainder.
+        per = _exposed(t_p2p, t_mb / (3.0 * vv)) if vv > 1 else t_p2p
+        pp_comm = 2.0 * m * vv * per + 2.0 * (p - 1) * t_p2p
+    else:
+        pp_comm = 0.0
+
+    # ---- data parallel and optimizer ----------------------------------------------------------------
+    lp = _flops.layer_params(arch)
+    emb = V * h
+    if p == 1:
+        stage_params = L * lp + 2 * emb
+        first_params = last_params = stage_params
+    else:
+        first_params = first_l * lp + emb
+        last_params = last_l * lp + emb
+        stage_params = max(first_params, mid_l * lp, last_params)
+    p_local = stage_params / t
+    d_r = dp * c
+    dp_bw = _group_bw(d_r, t, domain, nvl_Bps, nic_Bps)
+    if d_r > 1:
+        frac_r = (d_r - 1) / d_r
+        if fsdp:  # all-gather weights (bf16) forward and backward, reduce-scatter gradients, per micro-batch
+            comm_mb = frac_r * p_local * (4.0 + grad_b) / dp_bw + 3 * L / p * lat
+            dp_exposed = m * _exposed(comm_mb, P.dp_overlap * t_mb)
+        else:  # reduce-scatter gradients and all-gather bf16 weights, once per step
+            comm = frac_r * p_local * (2.0 + grad_b) / dp_bw + 2 * lat
+            dp_exposed = _exposed(comm, P.dp_overlap * t_mb)
+    else:
+        dp_exposed = 0.0
+    t_opt = p_local / d_r * 36.0 / (hbm_Bps * P.optimizer_bw_eff)
+    step = t_pipe + pp_comm + dp_exposed + t_opt + P.step_overhead_s
+
+    # ---- memory -------------------------------------------------------------------------------------
+    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=True, dropout=False, fp8=fp8)
+    s_loc = s / c
+    act_layer = layer_activation_bytes(s_loc, b, h, a, t, recompute="none", **act_kw)
+    if recompute == "none":
+        act_kept = act_layer
+    elif recompute == "selective":
+        act_kept = layer_activation_bytes(s_loc, b, h, a, t, recompute="selective", **act_kw)
+    else:
+        full_l = layer_activation_bytes(s_loc, b, h, a, t, recompute="full", **act_kw)
+        chunk_layers = L / (p * vv)
+        n_rec = min(recompute_num_layers, chunk_layers) if recompute_num_layers else chunk_layers
+        act_kept = (n_rec * full_l + (chunk_layers - n_rec) * act_layer) / chunk_layers
+    mi = int(m)
+    chunk_l = (first_l + (1 if accounted else 0)) / vv  # layers per model chunk (units when accounted)
+    counts = inflight_chunks(p, vv, mi, 0)
+    first_layers = sum(counts) * chunk_l - (counts[0] if accounted else 0)
+    if p > 1:
+        counts_last = inflight_chunks(p, vv, mi, p - 1)
+        last_layers = sum(counts_last) * chunk_l - (counts_last[-1] if accounted else 0)
+    else:
+        last_layers = first_layers
+    logits_mem = T * V / t * 6.0  # bf16 logits and the fp32 softmax of the loss
+    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b)
+    fsdp_buf = 2.0 * lp / t * (2.0 + grad_b) if fsdp else 0.0  # two unsharded layers: weights, grads
+    work = act_layer  # the backward pass of one layer needs its full activations and their gradients
+    act_first = first_layers * act_kept + work
+    act_last = last_layers * act_kept + work + logits_mem
+    mem_first = first_params / t * states_b + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
+    mem_last = last_params / t * states_b + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
+    peak_b = max(mem_first, mem_last)
+    peak = peak_b / GIB + P.memory_reserve_gib
+    cap = hw.memory_gib
+
+    tokens = gbs * s / (step * num_gpus)
+    mf = _flops.model_flops_per_step(arch, gbs, s, flops_convention)
+    breakdown = {
+        "time.layer_compute_s": m * (first_l if p == 1 else mid_l) * compute,
+        "time.tp_exposed_s": m * mid_l * tp_exposed,
+        "time.cp_exposed_s": m * mid_l * cp_exposed,
+        "time.recompute_s": m * mid_l * rec,
+        "time.logits_s": m * t_logits,
+        "time.bubble_s": bubble,
+        "time.pp_p2p_s": pp_comm,
+        "time.dp_exposed_s": dp_exposed,
+        "time.optimizer_s": t_opt,
+        "time.overhead_s": P.step_overhead_s,
+        "mem.states_gib": max(first_params, last_params) / t * states_b / GIB,
+        "mem.activations_gib": max(act_first, act_last - logits_mem) / GIB,
+        "mem.logits_gib": logits_mem / GIB,
+        "mem.fsdp_buffers_gib": fsdp_buf / GIB,
+        "mem.reserve_gib": P.memory_reserve_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
+        "time.per_microbatch_s": t_mb,
+        "microbatches": m,
+        "bubble_fraction": (p - 1) / (vv * m),
+    }
+    return Prediction(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=mf / (step * num_gpus) / 1e12,
+                      peak_memory_gib=peak, gpu_memory_gib=cap, fits=peak <= cap, breakdown=breakdown)

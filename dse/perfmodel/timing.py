@@ -1,0 +1,63 @@
+"""Time terms of a Megatron-style training step, and the physical parameters they depend on.
+
+The parameters in :data:`DEFAULT_PARAMS` marked "fitted" come from ``bench/model_accuracy.py --fit``
+(a least-squares fit in log space of tokens/s/GPU over ``bench/data/published_perf_calibration.tsv``,
+with priors that keep each parameter physical); the model never refits at import. The others are
+fixed from measurements or documentation, as their comments say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Params:
+    """Efficiencies, overlap fractions and overheads shared by every GPU, model and layout."""
+
+    # GEMMs: time = FLOPs / (peak · eff) + bytes / HBM bandwidth (a roofline sum, so that small GEMMs
+    # such as those of high-TP layouts run at a lower fraction of peak).
+    gemm_eff_bf16: float = 0.80  # fixed: 790 TFLOP/s of 989 for a large bf16 matmul measured on one H200
+    gemm_eff_fp8: float = 0.566  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
+    gemm_eff_fp8_blackwell: float = 0.5  # fitted: the same on Blackwell (B200, GB200, GB300)
+    attn_eff: float = 0.554  # fitted: flash-attention (bf16) fraction of the bf16 peak, causal, fwd+bwd
+    elementwise_scale: float = 1.549  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
+    nvlink_eff: float = 0.802  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
+    scaleout_eff: float = 0.778  # fitted: NCCL bus bandwidth / NIC line rate
+    tp_overlap: float = 0.76  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
+    cp_overlap: float = 0.699  # fitted: share of the context-parallel KV ring hidden behind attention
+    dp_overlap: float = 0.788  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
+    # fixed
+    tp_overlap_base: float = 0.25  # Megatron overlaps the backward all-gather / dgrad reduce with wgrad
+    collective_latency_s: float = 10e-6  # per NCCL collective or send/recv (NCCL tests, small messages)
+    layer_overhead_s: float = 60e-6  # kernel launches and small kernels per layer per micro-batch
+    step_overhead_s: float = 0.010  # per step: data loader, loss reduction, logging, grad-norm all-reduce
+    optimizer_bw_eff: float = 0.80  # Adam is memory-bound: share of HBM bandwidth it reaches
+    memory_reserve_gib: float = 3.0  # CUDA context, NCCL and cuBLAS / TE workspaces
+    memory_fragmentation: float = 0.05  # allocator slack, as a share of the activation memory
+
+    def with_values(self, **kw) -> "Params":
+        return replace(self, **kw)
+
+
+DEFAULT_PARAMS = Params()
+
+FITTED = ("gemm_eff_fp8", "gemm_eff_fp8_blackwell", "attn_eff", "elementwise_scale", "nvlink_eff", "scaleout_eff", "tp_overlap",
+          "cp_overlap", "dp_overlap")
+PARAM_NAMES = tuple(f.name for f in fields(Params))
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Pipeline bubble relative to the ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved.
+
+    Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    Megatron-LM" (arXiv 2104.04473), sections 2.2.1 and 2.2.2.
+    """
+    return (p - 1) / (v * max(m, 1))
+
+
+def ring_time(nbytes: float, n: int, bw_Bps: float, latency_s: float) -> float:
+    """One ring all-gather or reduce-scatter of an ``nbytes`` tensor over ``n`` ranks."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / bw_Bps + latency_s

@@ -1,0 +1,83 @@
+"""Building a :class:`dse.trial.TrialConfig` from plain values (``dse predict``, the accuracy bench),
+and reading ``--model-file`` architectures.
+
+The system is the GPU generation's default cluster (GPUs per node, NVLink domain and NIC bandwidth from
+:data:`dse.perfmodel.hardware.HARDWARE`); every knob not given takes its catalogue default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dse import knobs
+from dse.errors import UserError
+from dse.perfmodel.hardware import HARDWARE
+from dse.space import System, _first_error, _read_toml
+from dse.trial import TrialConfig
+from recipes.models import ModelArch
+
+_SYSTEMS: dict[str, System] = {}
+
+
+def default_system(gpu: str) -> System:
+    """The GPU's default system (cached: System is immutable)."""
+    if gpu not in _SYSTEMS:
+        hw = HARDWARE[gpu]
+        _SYSTEMS[gpu] = System(name=gpu, gpu=gpu, gpus_per_node=hw.gpus_per_node, nvlink_domain=hw.nvlink_domain,
+                               scaleout_gbps=hw.scaleout_gbps)
+    return _SYSTEMS[gpu]
+
+
+def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None, **values: Any) -> TrialConfig:
+    """A trial of ``recipe`` on ``num_gpus`` GPUs of ``gpu`` with the given knob values.
+
+    ``num_gpus`` must be a multiple of the system's GPUs per node (a :class:`UserError` otherwise).
+    """
+    system = system or default_system(gpu)
+    if num_gpus % system.gpus_per_node:
+        raise UserError(f"{num_gpus} is not a multiple of the {system.gpus_per_node} GPUs per node of {gpu}",
+                        field="num_gpus")
+    out = {name: k.default for name, k in knobs.CATALOGUE.items()}
+    out["seq_length"] = recipe.seq_length
+    out.update(values)
+    out["num_nodes"] = num_gpus // system.gpus_per_node
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}),
+                       varied=())
+
+
+class _ModelFile(BaseModel):
+    """A ``--model-file``: an architecture outside the registry (e.g. a GPT-3 style model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_query_groups: int | None = Field(None, ge=1, description="default: num_attention_heads (no GQA)")
+    ffn_hidden_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    gated_mlp: bool
+
+
+def load_model_file(path: str | Path) -> ModelArch:
+    """The architecture in a TOML model file; every problem is a :class:`UserError` naming file and field."""
+    f = str(path)
+    data = _read_toml(Path(path))
+    try:
+        m = _ModelFile.model_validate(data)
+    except ValidationError as e:
+        raise _first_error(e, f) from None
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.hidden_size % m.num_attention_heads:
+        raise UserError(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads "
+                        f"{m.num_attention_heads}", file=f, field="hidden_size")
+    if m.num_attention_heads % groups:
+        raise UserError(f"num_attention_heads {m.num_attention_heads} is not divisible by num_query_groups {groups}",
+                        file=f, field="num_query_groups")
+    return ModelArch(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, groups, m.ffn_hidden_size,
+                     m.vocab_size, m.gated_mlp)
