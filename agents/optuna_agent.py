@@ -1,9 +1,14 @@
 """Optuna-driven search by ask/tell (TPE by default, seeded).
 
-The agent keeps its own in-memory study; the store is the durable record, and on resume the history is
-replayed into the study (``warm_start``). Rejected and failed points are told as FAIL trials, never as a
-sentinel value. A point that was already tried is not run again: its known outcome is told to the new trial
-and the sampler is asked again.
+The agent keeps its own in-memory study (the sampler's memory); the store is the durable record, where a
+failed or rejected trial is a FAIL trial. On resume the history is replayed into the sampler's study
+(``warm_start``). A point that was already tried is not run again: its known outcome is told to the new
+trial and the sampler is asked again.
+
+Failures reach the sampler as PRUNED trials, never as a sentinel value. Why not FAIL: Optuna's TPE ignores
+FAIL trials altogether, so a sampler told FAIL keeps proposing out-of-memory layouts (measured on the 405B
+space: 87 of 150 trials OOM). TPE ranks a pruned trial without intermediate values below every completed
+one, so it learns to avoid the region without being given a made-up number.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ class OptunaAgent(Agent):
         if ok:
             self.study.tell(trial, reward)
         else:
-            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.tell(trial, state=TrialState.PRUNED)
 
     def observe(self, action: Action, reward: float, ok: bool) -> None:
         super().observe(action, reward, ok)
@@ -90,4 +95,4 @@ class OptunaAgent(Agent):
         else:  # warm start, or a point chosen outside the sampler
             self.study.add_trial(create_trial(
                 params=dict(action), distributions=self.dists,
-                value=reward if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL))
+                value=reward if ok else None, state=TrialState.COMPLETE if ok else TrialState.PRUNED))

@@ -83,9 +83,10 @@ def test_optuna_proposes_rejected_points_too_and_learns():
     seen = drive(agent, len(ALL))
     assert any(not mask(dict(zip("abc", k))) for k in seen)  # it ignores the mask: rejections are its data
     assert sorted(seen) == sorted(ALL)  # and, without repeats, it eventually covers the space
-    # rejections are told as FAIL trials, never as a sentinel value
+    # rejections reach the sampler without a value (PRUNED: TPE ignores FAIL trials), never as a sentinel
     for t in agent.study.trials:
         assert (t.state.name == "COMPLETE") == mask(t.params), t
+        assert t.state.name in ("COMPLETE", "PRUNED") and (t.value is None) == (t.state.name == "PRUNED")
         if t.state.name == "COMPLETE":
             assert t.value == objective(t.params)
 
