@@ -14,7 +14,9 @@ import subprocess
 from pathlib import Path
 
 from dse.backends.base import Backend, RunResult
-from dse.backends.scripts import CODE_DIR, LOG_NAME, check_env, check_path, job_name, quoted_command, stage_code
+from dse.backends.scripts import (
+    CODE_DIR, LOG_NAME, check_env, check_path, import_nemo_run, job_name, quoted_command, stage_code,
+)
 from dse.launch import LaunchPlan
 from dse.space import Space
 
@@ -66,8 +68,7 @@ def write_local_script(plan: LaunchPlan, run_dir: Path) -> Path:
 
 def local_executor(plan: LaunchPlan):
     """nemo-run's LocalExecutor for ``plan``: torchrun, one process per GPU, the plan's environment."""
-    import nemo_run as run
-
+    run = import_nemo_run()
     return run.LocalExecutor(ntasks_per_node=plan.gpus_per_node, launcher="torchrun", env_vars=dict(check_env(plan.env)))
 
 
@@ -90,8 +91,7 @@ class LocalBackend(Backend):
 
     def _run_nemo_run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         """Launch through ``run.Experiment`` + ``LocalExecutor``; copy torchrun's combined output to ``log.txt``."""
-        import nemo_run as run
-
+        run = import_nemo_run()
         for step in plan.pre_steps:
             with open(run_dir / f"{step.name}.out", "w") as out:
                 subprocess.run(list(step.per_node or step.command), stdout=out, stderr=subprocess.STDOUT,

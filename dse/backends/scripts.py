@@ -76,3 +76,18 @@ def stage_code(dest: Path) -> Path:
         shutil.rmtree(target)
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return code
+
+
+def import_nemo_run():
+    """``nemo_run``, imported lazily (1-2 s) with its dependencies' DeprecationWarnings silenced.
+
+    nemo-run 0.11.1 pulls in starlette's deprecated WSGI middleware (through leptonai) at import time; that
+    warning is about their code, not ours, and must not fail runs that treat warnings as errors.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import nemo_run
+        import nemo_run.core.execution.slurm  # noqa: F401  (SlurmBatchRequest, SlurmJobDetails)
+    return nemo_run

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from dse.backends.base import Backend, RunResult
 from dse.backends.scripts import (
-    LOG_NAME, check_env, check_field, check_path, job_name, quoted_command, stage_code,
+    LOG_NAME, check_env, check_field, check_path, import_nemo_run, job_name, quoted_command, stage_code,
 )
 from dse.errors import UserError
 from dse.launch import LaunchPlan
@@ -97,7 +97,7 @@ def cluster_dir(run_dir: Path, settings: SlurmSettings) -> Path:
 
 def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
     """The sbatch script of ``plan`` with ``job_dir`` as its job directory, rendered by nemo-run."""
-    import nemo_run as run  # heavy (1-2 s); only the Slurm path needs it
+    run = import_nemo_run()  # heavy (1-2 s); only the Slurm path needs it
     from nemo_run.core.execution.slurm import SlurmBatchRequest, SlurmJobDetails
 
     system = plan.trial.system
