@@ -52,5 +52,39 @@ def recipes_cmd() -> None:
     console.print(table)
 
 
+@app.command("dry-run")
+@user_errors
+def dry_run_cmd(
+    space: str = typer.Option(..., "--space", help="space file (TOML)"),
+    backend: str = typer.Option("slurm", "--backend", help="slurm (sbatch scripts) or local (bash scripts)"),
+    out: str = typer.Option(..., "--out", help="directory for the scripts (one folder per trial)"),
+    limit: int | None = typer.Option(None, "--limit", help="write at most this many valid trials"),
+) -> None:
+    """Write each valid trial's launch script under --out and print a summary; nothing is submitted."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from dse.backends.dryrun import dry_run
+    from dse.space import load_space
+
+    sp = load_space(space)
+    rows = dry_run(sp, backend, Path(out), limit)
+    table = Table("trial", *sp.knob_names, "nodes x GPUs", "script", title=f"dse dry-run: {sp.name} ({backend})")
+    for r in rows:
+        if r.script:
+            table.add_row(f"{r.index:05d}", *(str(r.knobs.get(k)) for k in sp.knob_names),
+                          f"{sp.num_nodes} x {sp.system.gpus_per_node}", str(r.script))
+    console.print(table)
+    rejected: dict[str, int] = {}
+    for r in rows:
+        if r.script is None:
+            rejected[r.reason or "?"] = rejected.get(r.reason or "?", 0) + 1
+    for reason, count in sorted(rejected.items(), key=lambda kv: -kv[1]):
+        console.print(f"[yellow]rejected[/] {count} x {reason}", highlight=False, soft_wrap=True)
+    n = sum(1 for r in rows if r.script)
+    console.print(f"{n} {backend} script(s) written under {out}; {len(rows) - n} rejected; nothing submitted.")
+
+
 def main() -> None:  # pragma: no cover - console entry
     sys.exit(app())
