@@ -266,8 +266,8 @@ def predict_cmd(
     sp: bool = typer.Option(None, "--sp/--no-sp", help="sequence parallelism (default: on when tp > 1)"),
     recompute: str = typer.Option(None, "--recompute", help="none, selective or full"),
     tp_comm_overlap: bool = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
-                                         help="userbuffers TP overlap (default: on when tp > 1 with sp, as "
-                                              "NVIDIA's performance recipes)"),
+                                         help="userbuffers TP overlap (default: on when tp > 1 with sp and NeMo has a "
+                                              "userbuffer config for it, as NVIDIA's performance recipes)"),
     flops_convention: str = typer.Option("causal", "--flops-convention", help="causal or noncausal"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -311,6 +311,12 @@ def predict_cmd(
     sp_on = values["tp"] > 1 if sp is None else sp
     values["tp_comm_overlap"] = (values["tp"] > 1 and sp_on) if tp_comm_overlap is None else tp_comm_overlap
     trial = make_trial(recipe, gpu, num_gpus or recipe.num_gpus_default, **values)
+    if tp_comm_overlap is None and values["tp_comm_overlap"]:
+        from dse.launch import tp_comm_overlap_supported
+
+        if tp_comm_overlap_supported(trial):  # auto: on only where NeMo has a userbuffer config for it
+            values["tp_comm_overlap"] = False
+            trial = make_trial(recipe, gpu, num_gpus or recipe.num_gpus_default, **values)
     from dse.constraints import check
 
     rejection = check(trial)
@@ -338,6 +344,38 @@ def predict_cmd(
     for key, value in pred.breakdown.items():
         table.add_row(f"  {key}", f"{value:.4g}")
     console.print(table)
+@app.command("dry-run")
+@user_errors
+def dry_run_cmd(
+    space: str = typer.Option(..., "--space", help="space file (TOML)"),
+    backend: str = typer.Option("slurm", "--backend", help="slurm (sbatch scripts) or local (bash scripts)"),
+    out: str = typer.Option(..., "--out", help="directory for the scripts (one folder per trial)"),
+    limit: int | None = typer.Option(None, "--limit", help="write at most this many valid trials"),
+) -> None:
+    """Write each valid trial's launch script under --out and print a summary; nothing is submitted."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from dse.backends.dryrun import dry_run
+    from dse.space import load_space
+
+    sp = load_space(space)
+    rows = dry_run(sp, backend, Path(out), limit)
+    table = Table("trial", *sp.knob_names, "nodes x GPUs", "script", title=f"dse dry-run: {sp.name} ({backend})")
+    for r in rows:
+        if r.script:
+            table.add_row(f"{r.index:05d}", *(str(r.knobs.get(k)) for k in sp.knob_names),
+                          f"{sp.num_nodes} x {sp.system.gpus_per_node}", str(r.script))
+    console.print(table)
+    rejected: dict[str, int] = {}
+    for r in rows:
+        if r.script is None:
+            rejected[r.reason or "?"] = rejected.get(r.reason or "?", 0) + 1
+    for reason, count in sorted(rejected.items(), key=lambda kv: -kv[1]):
+        console.print(f"[yellow]rejected[/] {count} x {reason}", highlight=False, soft_wrap=True)
+    n = sum(1 for r in rows if r.script)
+    console.print(f"{n} {backend} script(s) written under {out}; {len(rows) - n} rejected; nothing submitted.")
 
 
 def main() -> None:  # pragma: no cover - console entry

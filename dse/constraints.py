@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from dse.launch import tp_comm_overlap_supported
 from dse.trial import TrialConfig
 
 HOPPER_OR_NEWER = ("h100", "h200", "b200", "gb200", "gb300")
@@ -124,6 +125,7 @@ RULES: tuple[Callable[[TrialConfig], str | None], ...] = (
     world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
     seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
     recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp,
+    tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision): dse.launch
 )
 
 

@@ -20,6 +20,7 @@ from gymnasium import spaces
 
 from dse import constraints
 from dse.backends.base import Backend
+from dse.errors import UserError
 from dse.launch import build_plan
 from dse.parse import STATUSES, ParseContext, RunMetrics, parse_log
 from dse.perfmodel import model_flops_per_step
@@ -47,6 +48,7 @@ class RecipeEnv(gym.Env):
                                               **{k: box for k in METRIC_KEYS}})
         self._count = 0  # trial numbers when there is no store
         self.last_record: TrialRecord | None = None
+        self._seed = 0  # the study's seed (from reset): the simulated jitter of a trial depends on it
 
     # -- helpers -------------------------------------------------------------------------------------
     def decode(self, action: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +80,8 @@ class RecipeEnv(gym.Env):
     # -- gymnasium API -------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        if seed is not None:
+            self._seed = seed
         return self._obs(None, {}), {}
 
     def step(self, action: dict[str, Any]):
@@ -109,7 +113,10 @@ class RecipeEnv(gym.Env):
     def _launch(self, trial: TrialConfig, run_dir: Path) -> RunMetrics:
         run_dir.mkdir(parents=True, exist_ok=False)
         b = self.space.backend
-        plan = build_plan(trial, payload=b.payload)
+        try:
+            plan = build_plan(trial, payload=b.payload, seed=self._seed)
+        except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
+            return RunMetrics("failed", f"launch plan: {e}")
         ctx = ParseContext(gbs=trial.gbs, seq_length=trial.seq_length, num_gpus=trial.num_gpus,
                            model_flops_per_step=model_flops_per_step(trial.arch, trial.gbs, trial.seq_length,
                                                                      b.flops_convention),

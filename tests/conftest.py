@@ -6,6 +6,8 @@ import pytest
 
 from recipes.models import RECIPES
 
+pytest_plugins = ["tests.slurm_cluster"]
+
 
 @pytest.fixture
 def recipes():

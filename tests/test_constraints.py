@@ -44,6 +44,8 @@ CASES = {
                                   dict(recompute="full", recompute_num_layers=20, pp=4)),
     "fsdp_no_pp": (dict(fsdp=True, pp=2, tp=4), dict(fsdp=True, pp=1, tp=4)),
     "tp_comm_overlap_needs_tp": (dict(tp_comm_overlap=True, tp=1, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
+    # Llama 3 70B (hidden 8192) has an H100 userbuffer config at tp=4, none at tp=2
+    "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
 }
 
 

@@ -1,0 +1,93 @@
+"""What every script-writing backend shares: quoting checks, staging the payload code, the job's names.
+
+Nothing a user writes reaches a shell unquoted: every value that goes into a script passes
+:func:`check_env` / :func:`check_field` (a whitelist of characters) and is then ``shlex.quote``-d by the
+writer. The check is belt and braces: quoting alone already keeps ``$(...)``, backticks and ``;`` inert.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from dse.errors import UserError
+
+LOG_NAME = "log.txt"  # the trainer's output in every run directory (as the simulated backend writes it)
+CODE_DIR = "code"  # the payload package, staged beside the script (the container's working directory)
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# paths that a script names without quotes of its own (nemo-run leaves srun's --output unquoted)
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,:/+@%=\-]+$")
+
+
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Environment names must be identifiers; values are strings (quoted by the writer, never checked for
+    content here, so that a value reaches the process literally)."""
+    out = {}
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise UserError(f"{name!r} is not an environment variable name (letters, digits, _)", field=f"env.{name}")
+        if not isinstance(value, str) or "\0" in value:
+            raise UserError(f"{value!r} is not a string value", field=f"env.{name}")
+        out[name] = value
+    return out
+
+
+def check_field(value: str, pattern: str, *, field: str, file: str | None = None, what: str) -> str:
+    """``value`` if it matches ``pattern`` in full, else a :class:`UserError` naming the field and what is allowed."""
+    if not re.fullmatch(pattern, value):
+        raise UserError(f"{value!r} is not allowed; {field} takes {what}", file=file, field=field)
+    return value
+
+
+def check_path(path: Path, *, field: str = "run directory") -> Path:
+    """A path that goes into a script unquoted by a library: letters, digits and ``_.,:/+@%=-`` only."""
+    if not _SAFE_PATH.match(str(path)):
+        raise UserError(f"{str(path)!r} has characters a job script cannot carry safely; use letters, digits "
+                        f"and _.-/ in the path", field=field)
+    return path
+
+
+def quoted_command(argv: Iterable[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def job_name(run_dir: Path) -> str:
+    """Slurm job name of a trial: ``dse-`` and the run directory's name, made safe."""
+    return "dse-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_dir.name)
+
+
+def stage_code(dest: Path) -> Path:
+    """Copy the payload package ``recipes/`` into ``dest/code`` and return that directory.
+
+    The job runs ``python -m recipes.<payload>`` from there (container or not), so a run directory holds the
+    exact payload code that ran. nemo-run's packagers do this for a whole git repository through tar and an
+    experiment; one pure-Python package needs only a copy.
+    """
+    import recipes
+
+    src = Path(recipes.__file__).resolve().parent
+    code = dest / CODE_DIR
+    target = code / "recipes"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return code
+
+
+def import_nemo_run():
+    """``nemo_run``, imported lazily (1-2 s) with its dependencies' DeprecationWarnings silenced.
+
+    nemo-run 0.11.1 pulls in starlette's deprecated WSGI middleware (through leptonai) at import time; that
+    warning is about their code, not ours, and must not fail runs that treat warnings as errors.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import nemo_run
+        import nemo_run.core.execution.slurm  # noqa: F401  (SlurmBatchRequest, SlurmJobDetails)
+    return nemo_run

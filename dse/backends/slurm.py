@@ -1,0 +1,285 @@
+"""The Slurm backend: an sbatch script rendered by nemo-run's ``SlurmExecutor``, submitted, polled, collected.
+
+The script is nemo-run's own (``SlurmBatchRequest.materialize`` over a ``SlurmExecutor``, the same object
+that ``run.Experiment(...).dryrun()`` renders), with nodes, GPUs per node, time limit, pyxis container
+flags, account, partition and srun arguments from the system file. What nemo-run does not do for us,
+and how we make up for it:
+
+- nemo-run writes ``export KEY=value`` and the srun command line without quoting (it expects trusted
+  values); we hand it values already passed through ``shlex.quote``, so the script holds them quoted.
+- vboost is a pre-step before training; as NeMo's ``PerfEnvPlugin`` does, it goes into the executor's
+  ``setup_lines`` (its own ``srun --ntasks=<nodes>`` step).
+- We call ``SlurmBatchRequest`` directly instead of ``Experiment.dryrun()``: the experiment nests the job
+  directory under ``<title>/<id>/<task>`` and writes experiment metadata, while the trial's run directory
+  should itself be the job directory (script, log and payload code together).
+
+States map to trial statuses through :data:`SLURM_STATE_STATUS` (``TIMEOUT`` -> ``timeout``,
+``OUT_OF_MEMORY`` -> ``oom``, ``CANCELLED``/``NODE_FAIL``/... -> ``failed``; ``COMPLETED`` and ``FAILED``
+are decided by the log: an OOM traceback is ``oom`` whatever the exit code).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from dse.backends.base import Backend, RunResult
+from dse.backends.scripts import (
+    LOG_NAME, check_env, check_field, check_path, import_nemo_run, job_name, quoted_command, stage_code,
+)
+from dse.errors import UserError
+from dse.launch import LaunchPlan
+from dse.space import SlurmSettings, Space
+
+SCRIPT_NAME = "launch.sbatch"
+SBATCH_OUT = "sbatch.out"  # the batch script's own output (set -x trace, head-node lookup)
+SUBMIT_FAILED = "SUBMIT_FAILED"  # our word, not Slurm's: sbatch refused the script
+UNKNOWN = "UNKNOWN"  # the job left the queue and no accounting record says how it ended
+
+# Slurm's end states (sacct's State column) -> trial status; None: decided by the log and the exit code.
+SLURM_STATE_STATUS: dict[str, str | None] = {
+    "COMPLETED": None,
+    "FAILED": None,
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+    "OUT_OF_MEMORY": "oom",
+    "CANCELLED": "failed",
+    "NODE_FAIL": "failed",
+    "BOOT_FAIL": "failed",
+    "PREEMPTED": "failed",
+    "REVOKED": "failed",
+    SUBMIT_FAILED: "failed",
+    UNKNOWN: "failed",
+}
+TERMINAL = frozenset(SLURM_STATE_STATUS) - {SUBMIT_FAILED, UNKNOWN}
+
+# What the system file may put into a script (checked before quoting; see dse.backends.scripts).
+_NAME = r"[A-Za-z0-9_.,\-]*"
+_TIME = r"(\d+-)?\d+(:\d{1,2}){0,2}|(\d+-)?\d+|UNLIMITED|INFINITE"
+_IMAGE = r"[A-Za-z0-9_.:/#@+\-]+"
+_MOUNT = r"[A-Za-z0-9_.:/+@=,\-]+"
+_SRUN_ARG = r"--?[A-Za-z][A-Za-z0-9_\-]*(=[A-Za-z0-9_.,:/+@=\-]*)?"
+# pyxis jobs as NeMo's performance scripts launch them (scripts/performance/executors.py)
+CONTAINER_SRUN_ARGS = ("--mpi=pmix", "--no-container-mount-home")
+
+
+def status_for(state: str | None) -> str | None:
+    """The trial status a Slurm end state implies (None: look at the log)."""
+    return SLURM_STATE_STATUS.get((state or "").split(" ")[0].upper(), None) if state else None
+
+
+def _check_settings(s: SlurmSettings, file: str | None) -> None:
+    check_field(s.partition, _NAME, field="slurm.partition", file=file, what="letters, digits and _.,-")
+    check_field(s.account, _NAME, field="slurm.account", file=file, what="letters, digits and _.,-")
+    check_field(s.time_limit, _TIME, field="slurm.time_limit", file=file,
+                what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS")
+    if s.use_container:
+        check_field(s.container_image, _IMAGE, field="slurm.container_image", file=file,
+                    what="an image reference such as nvcr.io#nvidia/nemo:25.09")
+    for m in s.container_mounts:
+        check_field(m, _MOUNT, field="slurm.container_mounts", file=file, what="src:dst[:flags] paths")
+    for a in s.srun_args:
+        check_field(a, _SRUN_ARG, field="slurm.srun_args", file=file, what="options such as --mpi=pmix")
+
+
+def cluster_dir(run_dir: Path, settings: SlurmSettings) -> Path:
+    """Where the job lives on the cluster: the run directory, or a unique folder under ``slurm.job_dir``."""
+    if not settings.job_dir:
+        return run_dir
+    tag = f"{zlib.crc32(str(run_dir.resolve()).encode()):08x}"
+    return Path(settings.job_dir) / f"{run_dir.name}-{tag}"
+
+
+def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
+    """The sbatch script of ``plan`` with ``job_dir`` as its job directory, rendered by nemo-run."""
+    run = import_nemo_run()  # heavy (1-2 s); only the Slurm path needs it
+    from nemo_run.core.execution.slurm import SlurmBatchRequest, SlurmJobDetails
+
+    system = plan.trial.system
+    s = system.slurm
+    _check_settings(s, None)
+    job_dir = check_path(Path(job_dir).absolute())
+    env = check_env(plan.env)
+    name = job_name(job_dir)
+
+    @dataclass(kw_only=True)
+    class _JobDetails(SlurmJobDetails):
+        """Fixed file names in the job directory: the trainer's log is ``log.txt`` as with every backend."""
+
+        @property
+        def stdout(self) -> Path:
+            return Path(self.folder) / SBATCH_OUT
+
+        @property
+        def stderr(self) -> Path:
+            return Path(self.folder) / SBATCH_OUT
+
+        @property
+        def srun_stdout(self) -> Path:
+            return Path(self.folder) / LOG_NAME
+
+        @property
+        def srun_stderr(self) -> Path:
+            return Path(self.folder) / LOG_NAME
+
+    srun_args = list(CONTAINER_SRUN_ARGS if s.use_container else ()) + list(s.srun_args)
+    executor = run.SlurmExecutor(
+        account=s.account or "",
+        partition=s.partition or None,
+        job_name_prefix="dse-",  # unused (job_details names the job) but nemo-run reads it
+        time=s.time_limit,
+        nodes=plan.nodes,
+        ntasks_per_node=plan.gpus_per_node,  # one process per GPU, started by srun
+        gpus_per_node=plan.gpus_per_node if s.gpus_per_node_flag else None,
+        exclusive=True if s.exclusive else None,
+        mem="0" if s.exclusive else None,  # all of each node's memory, as NeMo's performance executor asks
+        container_image=s.container_image if s.use_container else None,
+        container_mounts=list(s.container_mounts) if s.use_container else [],
+        srun_args=srun_args,
+        env_vars={k: shlex.quote(v) for k, v in env.items()},
+        setup_lines="\n".join(quoted_command(step.command) for step in plan.pre_steps) or None,
+        additional_parameters={"chdir": str(job_dir)},
+        job_details=_JobDetails(job_name=name, folder=str(job_dir)),
+        tunnel=run.LocalTunnel(job_dir=str(job_dir.parent)),
+        packager=run.Packager(),
+    )
+    executor.job_dir = str(job_dir)
+    if not s.account:  # nemo-run always writes --account; an empty one means "the user's default"
+        executor.account = None  # type: ignore[assignment]
+    request = SlurmBatchRequest(
+        launch_cmd=["sbatch", "--parsable"],
+        jobs=[name],
+        command_groups=[[quoted_command(plan.argv)]],
+        executor=executor,
+        max_retries=0,
+        extra_env={},
+        launcher=None,
+    )
+    return request.materialize()
+
+
+def write_sbatch(plan: LaunchPlan, run_dir: Path) -> Path:
+    """Render and write ``run_dir/launch.sbatch`` (nothing submitted); return its path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SCRIPT_NAME
+    path.write_text(render_sbatch(plan, run_dir).rstrip("\n") + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # Slurm's state word (first word: "CANCELLED by 0" -> "CANCELLED")
+    exit_code: int | None
+
+
+def _parse_exit(text: str) -> int | None:
+    code, _, signal = text.strip().partition(":")
+    try:
+        c, s = int(code), int(signal or 0)
+    except ValueError:
+        return None
+    return 128 + s if s and not c else c
+
+
+def _run(cmd: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def query_state(job_id: str) -> JobState | None:
+    """The job's state from ``sacct``, else ``squeue`` / ``scontrol`` (no accounting); None if nobody knows it."""
+    r = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"])
+    if r is not None and r.returncode == 0 and r.stdout.strip():
+        state, _, code = r.stdout.strip().splitlines()[0].partition("|")
+        return JobState(state.split(" ")[0].upper(), _parse_exit(code))
+    r = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    if r is not None and r.returncode == 0 and r.stdout.strip():
+        return JobState(r.stdout.strip().splitlines()[0].upper(), None)
+    r = _run(["scontrol", "show", "job", "-o", job_id])
+    if r is not None and r.returncode == 0:
+        fields = dict(p.split("=", 1) for p in r.stdout.split() if "=" in p)
+        if "JobState" in fields:
+            return JobState(fields["JobState"].upper(), _parse_exit(fields.get("ExitCode", "")))
+    return None
+
+
+def submit(script: Path) -> tuple[str | None, str]:
+    """``sbatch --parsable script``: (job id, '') or (None, sbatch's complaint)."""
+    r = _run(["sbatch", "--parsable", str(script)], timeout=60)
+    if r is None:
+        return None, "sbatch could not be run (is Slurm installed and on PATH?)"
+    if r.returncode != 0 or not r.stdout.strip():
+        return None, (r.stderr or r.stdout).strip() or f"sbatch exited with {r.returncode}"
+    return r.stdout.strip().split(";")[0], ""
+
+
+def cancel(job_id: str) -> None:
+    _run(["scancel", job_id])
+
+
+class SlurmBackend(Backend):
+    """Submits each plan with sbatch and waits for its end; Ctrl-C cancels the job (``scancel``) and re-raises.
+
+    ``poll_s`` is the polling interval; ``settle_s`` how long a job that left the queue may take to appear
+    in the accounting database before it is recorded as ``UNKNOWN``.
+    """
+
+    name = "slurm"
+
+    def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
+        self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
+
+    def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
+        settings = plan.trial.system.slurm
+        job_dir = cluster_dir(run_dir, settings)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        stage_code(job_dir)
+        script = write_sbatch(plan, job_dir)
+        if job_dir != run_dir:
+            shutil.copy2(script, run_dir / SCRIPT_NAME)
+        job_id, error = submit(script)
+        if job_id is None:
+            err = run_dir / SBATCH_OUT
+            err.write_text(f"sbatch: {error}\n")
+            return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED)
+        (run_dir / "job_id").write_text(job_id + "\n")
+        try:
+            end = self.wait(job_id)
+        except KeyboardInterrupt:
+            cancel(job_id)
+            self.wait(job_id, limit_s=15)
+            raise
+        if job_dir != run_dir:
+            for name in (LOG_NAME, SBATCH_OUT):
+                if (job_dir / name).exists():
+                    shutil.copy2(job_dir / name, run_dir / name)
+        return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=end.exit_code,
+                         scheduler_state=end.state, job_id=job_id)
+
+    def wait(self, job_id: str, *, limit_s: float | None = None) -> JobState:
+        """Poll until the job reaches an end state (or ``limit_s`` passes); the last state seen."""
+        start = time.monotonic()
+        gone_since: float | None = None
+        last = JobState("PENDING", None)
+        while True:
+            st = query_state(job_id)
+            now = time.monotonic()
+            if st is not None:
+                last = st
+                if st.state in TERMINAL:
+                    return st
+                gone_since = None
+            else:
+                gone_since = gone_since or now
+                if now - gone_since > self.settle_s:
+                    return JobState(UNKNOWN, None)
+            if limit_s is not None and now - start > limit_s:
+                return last
+            time.sleep(self.poll_s)

@@ -1,0 +1,88 @@
+"""The simulated trainer payload: the NeMo 2 command line, overrides on a dict config, the model's log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dse import knobs
+from dse.launch import build_plan
+from recipes.sim import __main__ as sim
+from recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
+from tests.trials import system, trial
+
+
+def _run(plan, monkeypatch, capsys, **env):
+    for k, v in {**plan.env, **env}.items():
+        monkeypatch.setenv(k, v)
+    code = sim.main(list(plan.argv[3:]))
+    return code, capsys.readouterr()
+
+
+def _steps(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("Training epoch")]
+
+
+@pytest.mark.parametrize("gpu, values", [
+    ("h100", dict(tp=2, pp=2, cp=1, vp=2, recompute="full", recompute_num_layers=1, precision="fp8")),
+    ("b200", dict(tp=1, pp=1, cp=2, vp=1, recompute="selective", fsdp=True, sp=False, ep=1)),
+])
+def test_every_nemo2_override_applies_and_the_log_follows(gpu, values, monkeypatch, capsys):
+    t = trial(sys=system(gpu), gbs=48, max_steps=6, **values)
+    plan = build_plan(t, payload="sim", sim_run=SimRun(step_time_s=3.0, tflops_per_gpu=321.0, gbs=999, max_steps=99))
+    code, out = _run(plan, monkeypatch, capsys)
+    assert code == 0, out.err
+    steps = _steps(out.out)
+    assert len(steps) == 6  # trainer.max_steps from the override, not the SimRun's 99
+    assert all("global_batch_size: 48 " in s for s in steps)
+    assert "`max_steps=6` reached" in out.out
+
+
+def test_sim_config_knows_every_catalogue_path():
+    """Drift guard: a path the catalogue spells for nemo2 that the simulated trainer lacks fails here."""
+    config = sim.base_config()
+    for knob in knobs.CATALOGUE.values():
+        for path in knob.nemo2:
+            sim.apply_overrides(config, [f"{path}=1"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy.no_such_field=1"], "unknown override path"),
+    (["--factory", "llama3_8b_recipe", "-y", "nothing_here"], "not path=value"),
+    (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy=1"], "names a section"),
+    (["--factory", "llama3_8b", "-y"], "unknown factory"),
+])
+def test_bad_command_lines_exit_2(argv, message, capsys):
+    assert sim.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_factory_exits_2(capsys):
+    assert sim.main(["-y"]) == 2
+
+
+def test_oom_run_prints_the_traceback_and_fails(monkeypatch, capsys):
+    plan = build_plan(trial(tp=2, pp=1, cp=1, vp=1), payload="sim",
+                      sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=1.0, gbs=1, peak_memory_gib=120.0, oom=True,
+                                     oom_after=2))
+    code, out = _run(plan, monkeypatch, capsys)
+    assert code == OOM_EXIT_CODE
+    assert "torch.OutOfMemoryError: CUDA out of memory" in out.out and len(_steps(out.out)) == 2
+
+
+def test_only_rank_zero_prints(monkeypatch, capsys):
+    plan = build_plan(trial(tp=2, pp=1, cp=1, vp=1), payload="sim", sim_run=SimRun(1.0, 1.0, 1, max_steps=3))
+    code, out = _run(plan, monkeypatch, capsys, SLURM_PROCID="1")
+    assert code == 0 and out.out == ""
+
+
+def test_process_exit_code_is_write_logs(tmp_path):
+    env = {"DSE_SIM_OOM": "1", "DSE_SIM_OOM_AFTER": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "recipes.sim", "--factory", "llama3_8b_recipe", "-y",
+                        "trainer.max_steps=3"], env=env, capture_output=True, text=True)
+    assert r.returncode == OOM_EXIT_CODE, r.stderr
+    r = subprocess.run([sys.executable, "-m", "recipes.sim", "--factory", "x_recipe", "-y", "bogus.path=1"],
+                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown override path 'bogus.path'" in r.stderr
