@@ -151,10 +151,11 @@ def _spell_value(value: Any) -> str:
 # (nemo.collections.llm.recipes.precision.mixed_precision): bf16_with_fp8_mixed (delayed),
 # bf16_with_fp8_current_scaling_mixed (tensorwise; first/last layers kept in fp8 as NVIDIA's performance scripts
 # do), bf16_with_mxfp8_mixed, bf16_with_fp8_subchannel_scaling_mixed (blockwise). The recipe's base plugin is
-# bf16_mixed, so bf16 only clears fp8.
+# bf16_mixed, so bf16 needs no override (and cannot clear fp8 by one: nemo-run reads "null" for the str-typed
+# MegatronMixedPrecision.fp8 as the string "null", which would switch FP8 on).
 _P = "trainer.plugins."
 NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
-    "bf16": (_P + "fp8=null",),
+    "bf16": (),
     "delayed": (_P + "fp8=hybrid", _P + "fp8_recipe=delayed", _P + "fp8_margin=0", _P + "fp8_amax_history_len=1024",
                 _P + "fp8_amax_compute_algo=max", _P + "fp8_param_gather=true"),
     "tensorwise": (_P + "fp8=hybrid", _P + "fp8_recipe=tensorwise", _P + "first_last_layers_bf16=false",

@@ -1,7 +1,9 @@
 """Run the NeMo 2 payload's entry point up to the point of training and print the resolved config as JSON.
 
-Not a test module: ``tests/test_nemo2_factories.py`` runs it with the NeMo environment's Python,
-``python tests/nemo2_probe.py <payload argv...>``. It calls :func:`recipes.nemo2.__main__.main` exactly as the
+Not a test module: ``tests/test_nemo2_factories.py`` runs it with the NeMo environment's Python, either as
+``python tests/nemo2_probe.py <payload argv...>`` or, to import NeMo once for many trials,
+``python tests/nemo2_probe.py --cases FILE`` with a JSON list of ``{"env": {...}, "argv": [...]}``; ``--tables``
+prints what the plain-data tables name and NeMo lacks. Each result is one ``DSE_PROBE <json>`` line. It calls :func:`recipes.nemo2.__main__.main` exactly as the
 container does, with nemo-run's ``run.run`` replaced by a function that keeps the parsed task instead of
 training, then builds the parts that need no GPU (model config, precision plugin, callbacks, data module) to
 show that the factories are valid calls of NeMo's API, and prints the fields the tests compare.
@@ -23,7 +25,8 @@ def _name(obj) -> str | None:
     return None if target is None else target.__name__
 
 
-def main() -> None:
+def probe(argv: list[str]) -> dict:
+    """The resolved fields of the task that ``python -m recipes.nemo2 <argv>`` would train."""
     import fiddle as fdl
     import nemo_run
 
@@ -35,7 +38,7 @@ def main() -> None:
     nemo_run.run = fake_run  # nemo-run's CLI looks the function up on the module at call time
     from recipes.nemo2.__main__ import main as payload_main
 
-    payload_main(sys.argv[1:])
+    payload_main(argv)
     task = captured["task"]
     strat, data, cfg, plug, trainer = (task.trainer.strategy, task.data, task.model.config, task.trainer.plugins,
                                        task.trainer)
@@ -51,13 +54,17 @@ def main() -> None:
         "ep": getattr(strat, "expert_model_parallel_size", 1),
         "sp": strat.sequence_parallel,
         "fsdp": strat.fsdp,
-        "sharding": strat.ddp.data_parallel_sharding_strategy,
-        "check_for_nan_in_grad": strat.ddp.check_for_nan_in_grad,
+        "sharding": getattr(strat.ddp, "data_parallel_sharding_strategy", None),
+        "check_for_nan_in_grad": getattr(strat.ddp, "check_for_nan_in_grad", None),
         "mbs": data.micro_batch_size,
         "gbs": data.global_batch_size,
         "data_seq_length": data.seq_length,
         "model_seq_length": cfg.seq_length,
         "num_layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "ffn_hidden_size": cfg.ffn_hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_query_groups": cfg.num_query_groups,
         "model_config": _name(cfg),
         "recompute_granularity": cfg.recompute_granularity,
         "recompute_method": cfg.recompute_method,
@@ -98,7 +105,45 @@ def main() -> None:
         idx = out["callbacks"].index("MegatronCommOverlapCallback")
         ub = built["callbacks"][idx].user_comm_overlap_cfg.tp_comm_overlap_cfg
         out["built_ub_cfg"] = type(ub).__name__
-    print("DSE_PROBE " + json.dumps(out, default=str))
+    return out
+
+
+def tables() -> dict:
+    """Names in recipes.nemo2's tables that the installed NeMo does not have (all lists empty when in step)."""
+    from nemo.collections import llm
+    from nemo.collections.llm.recipes.tp_overlap_configs import userbuffers as nemo_ub
+
+    from recipes.models import RECIPES
+    from recipes.nemo2 import spec, userbuffers
+
+    return {
+        "missing_modules": [m.module for m in spec.MODELS.values() if not hasattr(llm, m.module)],
+        "missing_registry_modules": sorted({r.nemo2_recipe for r in RECIPES.values()} - set(dir(llm))),
+        "missing_userbuffers": [n for n in userbuffers.UB_CONFIGS.values() if not hasattr(nemo_ub, n)],
+        "unlisted_userbuffers": sorted(n for n in dir(nemo_ub) if n.startswith("userbuffers_") and "lora" not in n
+                                       and n not in userbuffers.UB_CONFIGS.values()),
+    }
+
+
+def main() -> None:
+    import os
+
+    args = sys.argv[1:]
+    if args[:1] == ["--tables"]:
+        print("DSE_PROBE " + json.dumps(tables()))
+        return
+    cases = json.loads(Path(args[1]).read_text()) if args[:1] == ["--cases"] else [{"env": {}, "argv": args}]
+    for case in cases:
+        saved = dict(os.environ)
+        os.environ.update(case.get("env", {}))
+        try:
+            out = probe(list(case["argv"]))
+        except BaseException as e:  # noqa: BLE001 - reported to the test, which fails with the message
+            out = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        print("DSE_PROBE " + json.dumps(out, default=str), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ def test_nemo2_llama3_8b_bf16_defaults():
         "model.config.recompute_granularity=null",
         "model.config.recompute_method=null",
         "model.config.recompute_num_layers=null",
-        "trainer.plugins.fp8=null",
         "trainer.num_nodes=1",
         "trainer.max_steps=50",
     ]
@@ -75,7 +74,7 @@ def test_nemo2_fp8_recipes(recipe, expected):
 
 
 def test_fp8_recipe_is_ignored_under_bf16():
-    assert knobs.overrides({"precision": "bf16", "fp8_recipe": "mxfp8"}, "nemo2") == ["trainer.plugins.fp8=null"]
+    assert knobs.overrides({"precision": "bf16", "fp8_recipe": "mxfp8"}, "nemo2") == []  # the factory's bf16_mixed
     assert knobs.overrides({"fp8_recipe": "delayed", "precision": "bf16"}, "mbridge") == ["mixed_precision=bf16_mixed"]
 
 

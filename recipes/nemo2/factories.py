@@ -104,8 +104,10 @@ def build_recipe(
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; one of {', '.join(TASKS)}")
     recipe = _base_recipe(model, task, peft_scheme)
-    if not recipe.trainer.callbacks:
-        recipe.trainer.callbacks = []
+    # One callback per class: some NeMo finetune recipes add a second TimingCallback.
+    seen: set = set()
+    recipe.trainer.callbacks = [cb for cb in recipe.trainer.callbacks or []
+                                if not (cb.__fn_or_cls__ in seen or seen.add(cb.__fn_or_cls__))]
 
     # Mock data with a null tokenizer of the real vocabulary: no download, the real embedding/output size.
     if task == "pretrain":
