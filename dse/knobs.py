@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from dse.errors import UserError, did_you_mean
+from recipes.models import Recipe
+from recipes.nemo2 import userbuffers
+from recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
 
 ENV_PREFIX = "env."
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -25,7 +28,10 @@ class Knob:
 
     ``kind`` is ``int`` (``minimum``, optional ``power_of_two``), ``bool``, ``choice`` (``choices``) or
     ``str``. ``nemo2`` / ``mbridge`` are the override paths of the two payload flavours (several where one
-    knob sets several fields); an empty tuple means the payload derives it (see ``dse.launch``).
+    knob sets several fields), each set to the knob's value; knobs whose value is spelled differently
+    (precision, recompute, fsdp, ...) are spelled by :func:`overrides` from the tables below the catalogue.
+    ``nemo2_factory`` names the NeMo 2 factory argument for a knob that touches objects a dotted override
+    cannot reach (a callback in the trainer's list).
     """
 
     name: str
@@ -36,6 +42,7 @@ class Knob:
     choices: tuple[str, ...] = ()
     nemo2: tuple[str, ...] = ()
     mbridge: tuple[str, ...] = ()
+    nemo2_factory: str | None = None
     layout: bool = True  # part of the parallel layout (vs. run settings such as max_steps)
 
     def coerce(self, value: Any, *, file: str | None = None, field: str | None = None) -> Any:
@@ -94,14 +101,14 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     _int("recompute_num_layers", "layers per stage recomputed under full recompute (0 = all)", 0, minimum=0,
          nemo2=["model.config.recompute_num_layers"], mbridge=["model.recompute_num_layers"]),
     Knob("precision", "choice", "training precision", "bf16", choices=("bf16", "fp8"),
-         nemo2=("trainer.plugins.fp8",), mbridge=("mixed_precision",)),
+         nemo2=("trainer.plugins",), mbridge=("mixed_precision",)),
     Knob("fp8_recipe", "choice", "FP8 scaling recipe (precision=fp8)", "tensorwise",
          choices=("delayed", "tensorwise", "mxfp8", "blockwise"),
-         nemo2=("trainer.plugins.fp8_recipe",), mbridge=("mixed_precision",)),
+         nemo2=("trainer.plugins",), mbridge=("mixed_precision",)),
     Knob("fsdp", "bool", "Megatron FSDP instead of the distributed optimizer", False,
-         nemo2=(_S + "fsdp",), mbridge=("ddp.use_megatron_fsdp",)),
+         nemo2=(), mbridge=("ddp.use_megatron_fsdp",), nemo2_factory="fsdp"),
     Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers)", False,
-         nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",)),
+         nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap"),
     _int("num_nodes", "nodes in the job", 1, nemo2=["trainer.num_nodes"], mbridge=[], layout=True),
     _int("max_steps", "training steps per trial", 50, nemo2=["trainer.max_steps"], mbridge=["train.train_iters"],
          layout=False),
@@ -139,24 +146,154 @@ def _spell_value(value: Any) -> str:
     return str(value)
 
 
-def overrides(values: dict[str, Any], flavour: str) -> list[str]:
-    """``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
+# --- value-dependent spellings -------------------------------------------------------------------------------
+# NeMo 2 precision: fields of MegatronMixedPrecision as NeMo's own plugin factories set them
+# (nemo.collections.llm.recipes.precision.mixed_precision): bf16_with_fp8_mixed (delayed),
+# bf16_with_fp8_current_scaling_mixed (tensorwise; first/last layers kept in fp8 as NVIDIA's performance scripts
+# do), bf16_with_mxfp8_mixed, bf16_with_fp8_subchannel_scaling_mixed (blockwise). The recipe's base plugin is
+# bf16_mixed, so bf16 needs no override (and cannot clear fp8 by one: nemo-run reads "null" for the str-typed
+# MegatronMixedPrecision.fp8 as the string "null", which would switch FP8 on).
+_P = "trainer.plugins."
+NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
+    "bf16": (),
+    "delayed": (_P + "fp8=hybrid", _P + "fp8_recipe=delayed", _P + "fp8_margin=0", _P + "fp8_amax_history_len=1024",
+                _P + "fp8_amax_compute_algo=max", _P + "fp8_param_gather=true"),
+    "tensorwise": (_P + "fp8=hybrid", _P + "fp8_recipe=tensorwise", _P + "first_last_layers_bf16=false",
+                   _P + "fp8_param_gather=true"),
+    "mxfp8": (_P + "fp8=e4m3", _P + "fp8_recipe=mxfp8", _P + "fp8_param_gather=true",
+              _P + "reuse_grad_buf_for_mxfp8_param_ag=true"),
+    "blockwise": (_P + "fp8=hybrid", _P + "fp8_recipe=blockwise", _P + "fp8_param_gather=false"),
+}
+# Megatron-Bridge: a mixed-precision recipe by name (megatron.bridge.training.mixed_precision); the payload's
+# entry point resolves it, as Bridge's ConfigContainer does for a string.
+MBRIDGE_PRECISION: dict[str, str] = {
+    "bf16": "bf16_mixed",
+    "delayed": "bf16_with_fp8_delayed_scaling_mixed",
+    "tensorwise": "bf16_with_fp8_current_scaling_mixed",
+    "mxfp8": "bf16_with_mxfp8_mixed",
+    "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
+}
+# Megatron FSDP on Bridge: NVIDIA's set_megatron_fsdp_overrides (scripts/performance/utils/helpers.py).
+MBRIDGE_FSDP = ("ddp.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
+                "ddp.average_in_collective=false", "model.init_model_with_meta_device=true",
+                "optimizer.use_precision_aware_optimizer=false")
+MBRIDGE_WARMUP_ITERS = 10  # learning-rate warm-up of NVIDIA's Bridge performance runs (set_common_perf_overrides)
+
+
+def _precision_key(values: Mapping[str, Any]) -> str:
+    precision = values.get("precision", CATALOGUE["precision"].default)
+    return "bf16" if precision == "bf16" else values.get("fp8_recipe", CATALOGUE["fp8_recipe"].default)
+
+
+def _recompute(values: Mapping[str, Any], prefix: str) -> list[str]:
+    """Recompute granularity, method and layer count together: none/selective clear the method and count;
+    full recomputes every layer (uniform, 1 layer per chunk) or the first N layers of each stage (block, N)."""
+    mode = values.get("recompute", "none")
+    n = values.get("recompute_num_layers", 0) or 0
+    if mode == "full":
+        method, layers = ("block", n) if n > 0 else ("uniform", 1)
+        return [f"{prefix}recompute_granularity=full", f"{prefix}recompute_method={method}",
+                f"{prefix}recompute_num_layers={layers}"]
+    granularity = None if mode == "none" else mode
+    return [f"{prefix}recompute_granularity={_spell_value(granularity)}", f"{prefix}recompute_method=null",
+            f"{prefix}recompute_num_layers=null"]
+
+
+def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> list[str]:
+    knob = CATALOGUE[name]
+    mbridge = flavour == "mbridge"
+    if name in ("precision", "fp8_recipe"):
+        if name == "fp8_recipe" and "precision" in values:
+            return []  # spelled once, with precision
+        key = _precision_key(values)
+        return [f"mixed_precision={MBRIDGE_PRECISION[key]}"] if mbridge else list(NEMO2_PRECISION[key])
+    if name in ("recompute", "recompute_num_layers"):
+        if name == "recompute_num_layers" and "recompute" in values:
+            return []  # spelled once, with recompute
+        return _recompute(values, "model." if mbridge else "model.config.")
+    if name == "vp" and value == 1:
+        value = None  # no interleaving is spelled null, as NVIDIA's set_primary_perf_configs does
+    if name == "sp" and value is None:
+        if "tp" not in values:
+            return []
+        value = values["tp"] > 1  # the default: on exactly when tensor parallel
+    if mbridge and name == "fsdp" and value:
+        return list(MBRIDGE_FSDP)
+    paths = knob.mbridge if mbridge else knob.nemo2
+    out = [f"{p}={_spell_value(value)}" for p in paths]
+    if mbridge and name == "max_steps":
+        out += [f"scheduler.lr_decay_iters={value}",
+                f"scheduler.lr_warmup_iters={MBRIDGE_WARMUP_ITERS if value > MBRIDGE_WARMUP_ITERS else 0}"]
+    return out
+
+
+def overrides(values: Mapping[str, Any], flavour: str) -> list[str]:
+    """Dotted ``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
 
     The simulated trainer (``sim``) takes the NeMo 2 spelling, so that it exercises the same command line.
-    Knobs with no path in a flavour are left to the payload (it derives them). Values are validated
-    against the catalogue first; callers shell-quote the result.
+    Knobs that several fields spell together (precision with fp8_recipe, recompute with recompute_num_layers)
+    are spelled once, at the first of them. Knobs with no path in a flavour are left to the payload, or reach
+    it as factory arguments (:func:`factory_args`). Callers validate values first and shell-quote the result.
     """
     if flavour not in FLAVOURS:
         raise UserError(f"unknown payload flavour {flavour!r}; one of {', '.join(FLAVOURS)}", field="backend.payload")
     out: list[str] = []
     for name, value in values.items():
-        knob = CATALOGUE.get(name)
-        if knob is None:
-            continue
-        paths = knob.mbridge if flavour == "mbridge" else knob.nemo2
-        if name == "recompute" and value == "none":
-            value = None
-        if name == "vp" and value == 1:
-            value = None
-        out.extend(f"{p}={_spell_value(value)}" for p in paths)
+        if name in CATALOGUE:
+            out.extend(_spell(name, value, values, flavour))
     return out
+
+
+def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> dict[str, Any]:
+    """Arguments of the NeMo 2 factory (``llama3_8b_recipe(...)``) for the knobs a dotted override cannot set.
+
+    Only values that differ from the factory's defaults are given. With ``tp_comm_overlap`` the factory also gets
+    the name of NeMo's tuned userbuffer config for (GPU, precision, width, tp), where one exists.
+    """
+    args: dict[str, Any] = {}
+    for name, knob in CATALOGUE.items():
+        if knob.nemo2_factory and values.get(name, knob.default) != knob.default:
+            args[knob.nemo2_factory] = values[name]
+    if args.get("tp_comm_overlap"):
+        precision = "bf16" if values.get("precision", "bf16") == "bf16" else "fp8"
+        name = userbuffers.lookup(gpu, precision, hidden_size, values.get("tp", 1))
+        if name:
+            args["tp_comm_overlap_cfg"] = name
+    return args
+
+
+def factory_call(name: str, args: Mapping[str, Any]) -> str:
+    """``name`` or ``name(k=v,...)`` in the syntax nemo-run's ``--factory`` parses (Python literals, no spaces)."""
+    if not args:
+        return name
+    return f"{name}({','.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu: str,
+                 gpus_per_node: int) -> tuple[str, ...]:
+    """Everything after ``python -m recipes.<flavour>`` for one trial: recipe, factory arguments, overrides.
+
+    ``nemo2`` and ``sim``: ``--factory <model>_recipe[(args)] -y`` then the overrides, ``trainer.devices`` and,
+    for a scaled reproducer, ``model.config.num_layers``. ``mbridge``: ``--recipe <bridge recipe>`` and
+    ``--tp-comm-overlap-cfg NAME`` where a tuned userbuffer config exists, then the overrides.
+    """
+    base = recipe.scaled_from or recipe.name
+    num_layers = recipe.arch.num_layers if recipe.scaled_from else None
+    if flavour == "mbridge":
+        if not recipe.mbridge_recipe:
+            raise UserError(f"recipe {recipe.name!r} has no Megatron-Bridge recipe; use the nemo2 payload",
+                            field="backend.payload")
+        argv = ["--recipe", recipe.mbridge_recipe]
+        ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
+        if ub:
+            argv += ["--tp-comm-overlap-cfg", ub]
+        argv += overrides(values, flavour)
+        if num_layers:
+            argv.append(f"model.num_layers={num_layers}")
+        return tuple(argv)
+    args = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size)
+    argv = ["--factory", factory_call(base + NEMO2_FACTORY_SUFFIX, args), "-y", *overrides(values, flavour),
+            f"trainer.devices={gpus_per_node}"]
+    if num_layers:
+        argv.append(f"model.config.num_layers={num_layers}")
+    return tuple(argv)

@@ -84,7 +84,7 @@ def _recipes() -> dict[str, Recipe]:
         Recipe("llama3_70b", LLAMA3_70B, "llama3_70b", "llama3_70b_pretrain_config", 8192, 64,
                {"h100/bf16": Layout(4, 4, 2, 5, 1, 128), "h100/fp8": Layout(4, 8, 1, 5, 1, 128),
                 "b200/fp8": Layout(2, 4, 2, 5, 1, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True)}),
-        Recipe("llama3_405b", LLAMA3_405B, "llama3_405b", "llama3_405b_pretrain_config", 8192, 1024,
+        Recipe("llama3_405b", LLAMA3_405B, "llama31_405b", "llama3_405b_pretrain_config", 8192, 1024,
                {"h100/bf16": Layout(8, 8, 2, 8, 1, 512), "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
                 "b200/fp8": Layout(4, 8, 2, 8, 1, 64), "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536)}),
         Recipe("nemotron3_8b", NEMOTRON3_8B, "nemotron3_8b", None, 4096, 8,

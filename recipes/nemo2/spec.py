@@ -1,0 +1,48 @@
+"""Plain data shared by the NeMo 2 payload and the controller: names, environment variables, model table.
+
+No third-party imports: the controller reads this (through :mod:`dse.knobs`) to spell a trial's command line,
+and the in-container factories in :mod:`recipes.nemo2.factories` read it to build the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ENV_TASK = "DSE_NEMO_TASK"  # "pretrain" (default) or "finetune"
+ENV_RECIPE = "DSE_NEMO_RECIPE"  # a model name (llama3_8b) or factory name (llama3_8b_recipe); used when argv has no --factory
+ENV_FLOPS = "DSE_FLOPS_CALLBACK"  # "1": add FLOPsMeasurementCallback (containers 25.04 and later have it)
+TASKS = ("pretrain", "finetune")
+FACTORY_SUFFIX = "_recipe"
+
+
+@dataclass(frozen=True)
+class NemoModel:
+    """How one dse model maps onto NeMo 2: its recipe module, FLOPs-formula name and tokenizer vocabulary."""
+
+    name: str
+    module: str  # module under nemo.collections.llm.recipes
+    flops_name: str  # key of FLOPsMeasurementCallback's formula table
+    vocab_size: int  # NullTokenizer vocabulary (the model's real vocabulary, so the embedding has its real size)
+
+    @property
+    def factory(self) -> str:
+        return self.name + FACTORY_SUFFIX
+
+
+MODELS: dict[str, NemoModel] = {m.name: m for m in (
+    NemoModel("llama3_8b", "llama3_8b", "llama3", 128256),
+    NemoModel("llama3_70b", "llama3_70b", "llama3", 128256),
+    # NeMo ships the 405B recipe as Llama 3.1 (llama31_405b); the architecture is the one dse calls llama3_405b.
+    NemoModel("llama3_405b", "llama31_405b", "llama3", 128256),
+    NemoModel("nemotron3_8b", "nemotron3_8b", "nemotron3", 256000),
+    NemoModel("nemotron4_15b", "nemotron4_15b", "nemotron4", 256000),
+    NemoModel("nemotron4_340b", "nemotron4_340b", "nemotron4", 256000),
+)}
+
+
+def model_for_factory(factory: str) -> NemoModel:
+    """The model of a factory name (``llama3_8b_recipe``) or bare model name; KeyError when unknown."""
+    name = factory.split("(", 1)[0].strip()
+    if name.endswith(FACTORY_SUFFIX):
+        name = name[: -len(FACTORY_SUFFIX)]
+    return MODELS[name]

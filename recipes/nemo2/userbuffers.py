@@ -1,0 +1,42 @@
+"""Which tensor-parallel communication-overlap (userbuffer) configs NeMo 2 ships, as plain data.
+
+NeMo tunes a ``TransformerLayerTPOverlapCfg`` per GPU generation, precision, model width and TP size
+(``nemo.collections.llm.recipes.tp_overlap_configs.userbuffers``); each config picks the overlap method
+(ring exchange, pipelined, bulk) and SM count per GEMM. Without one, Transformer Engine falls back to its
+defaults. The controller uses :func:`lookup` to reject ``tp_comm_overlap`` where no tuned config exists and to
+name the one the factory should load; the NeMo test checks every name here against the installed NeMo.
+"""
+
+from __future__ import annotations
+
+# GPU generation -> the family whose configs it uses (NVIDIA's performance scripts use the B200 configs on
+# GB200/GB300, and H200 is an H100 with more memory: same SMs, same NVLink).
+GPU_FAMILY = {"h100": "h100", "h200": "h100", "b200": "b200", "gb200": "b200", "gb300": "b200"}
+
+# (family, precision, hidden_size, tp) -> attribute name in NeMo's userbuffers module (pretraining configs only;
+# the *_lora ones are for LoRA fine-tuning shapes). The name also records the cp/mbs/seq_length it was tuned at.
+UB_CONFIGS: dict[tuple[str, str, int, int], str] = {
+    ("h100", "bf16", 8192, 4): "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192",
+    ("h100", "fp8", 8192, 4): "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192",
+    ("b200", "bf16", 8192, 2): "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192",
+    ("b200", "fp8", 8192, 2): "userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192",
+    ("h100", "bf16", 16384, 8): "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192",
+    ("h100", "fp8", 16384, 8): "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192",
+    ("b200", "bf16", 16384, 4): "userbuffers_bf16_b200_h16384_tp4_cp2_mbs1_seqlen8192",
+    ("b200", "fp8", 16384, 4): "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192",
+    ("h100", "bf16", 6144, 2): "userbuffers_bf16_h100_h6144_tp2_mbs2_seqlen2048",
+    ("h100", "fp8", 6144, 2): "userbuffers_fp8_h100_h6144_tp2_mbs2_seqlen2048",
+    ("b200", "bf16", 6144, 2): "userbuffers_bf16_b200_h6144_tp2_mbs1_seqlen4096",
+    ("h100", "bf16", 12288, 4): "userbuffers_bf16_h100_h12288_tp4_mbs1_seqlen2048",
+    ("h100", "fp8", 12288, 4): "userbuffers_fp8_h100_h12288_tp4_mbs1_seqlen2048",
+    ("b200", "bf16", 12288, 4): "userbuffers_bf16_b200_h12288_tp4_mbs1_seqlen2048",
+    ("b200", "fp8", 12288, 4): "userbuffers_fp8_b200_h12288_tp4_mbs1_seqlen2048",
+    ("b200", "bf16", 18432, 8): "userbuffers_bf16_b200_h18432_tp8_mbs1_seqlen4096",
+    ("b200", "fp8", 18432, 8): "userbuffers_fp8_b200_h18432_tp8_mbs1_seqlen4096",
+}
+
+
+def lookup(gpu: str, precision: str, hidden_size: int, tp: int) -> str | None:
+    """The tuned userbuffer config for this GPU, precision, width and TP size, or None where NeMo has none."""
+    family = GPU_FAMILY.get(gpu)
+    return UB_CONFIGS.get((family, precision, hidden_size, tp)) if family else None
