@@ -7,6 +7,7 @@ leaderboard, report) uses the canonical name. Environment knobs are ``env.NAME``
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -266,7 +267,24 @@ def factory_call(name: str, args: Mapping[str, Any]) -> str:
     """``name`` or ``name(k=v,...)`` in the syntax nemo-run's ``--factory`` parses (Python literals, no spaces)."""
     if not args:
         return name
-    return f"{name}({','.join(f'{k}={v!r}' for k, v in args.items())})"
+    # strings in double quotes: the whole call is shell-quoted in single quotes, which then stay readable
+    return f"{name}({','.join(f'{k}={json.dumps(v) if isinstance(v, str) else repr(v)}' for k, v in args.items())})"
+
+
+def pipeline_split_overrides(num_layers: int, values: Mapping[str, Any], flavour: str) -> list[str]:
+    """Whether the pipeline counts the embedding and the loss as one layer each, always spelled out.
+
+    On when pp*vp does not divide the layers but divides two more (Llama 3.1 405B: 126 + 2 = 128 over pp=8,
+    vp=8), as ``dse.trial.TrialConfig.pipeline_layers`` and the ``layers_divisible`` rule assume. Spelled
+    either way so that a recipe's own setting (NeMo's 405B recipe turns it on) never disagrees with the
+    layout, e.g. on a scaled reproducer whose layers divide evenly.
+    """
+    pp, vp = values.get("pp", 1), values.get("vp", 1) or 1
+    chunks = pp * vp
+    on = pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
+    prefix = "model." if flavour == "mbridge" else "trainer.strategy."
+    return [f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
+            f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}"]
 
 
 def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu: str,
@@ -279,6 +297,7 @@ def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu
     """
     base = recipe.scaled_from or recipe.name
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
+    split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
     if flavour == "mbridge":
         if not recipe.mbridge_recipe:
             raise UserError(f"recipe {recipe.name!r} has no Megatron-Bridge recipe; use the nemo2 payload",
@@ -287,13 +306,13 @@ def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu
         ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
         if ub:
             argv += ["--tp-comm-overlap-cfg", ub]
-        argv += overrides(values, flavour)
+        argv += overrides(values, flavour) + split
         if num_layers:
             argv.append(f"model.num_layers={num_layers}")
         return tuple(argv)
     args = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size)
     argv = ["--factory", factory_call(base + NEMO2_FACTORY_SUFFIX, args), "-y", *overrides(values, flavour),
-            f"trainer.devices={gpus_per_node}"]
+            *split, f"trainer.devices={gpus_per_node}"]
     if num_layers:
         argv.append(f"model.config.num_layers={num_layers}")
     return tuple(argv)

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 from dse import knobs
 from dse.errors import UserError
 from dse.trial import TrialConfig
+from recipes.nemo2 import userbuffers
 
 if TYPE_CHECKING:  # recipes.sim.logwriter is plain Python; imported for the type only
     from recipes.sim.logwriter import SimRun
 
 PAYLOADS = ("nemo2", "mbridge", "sim")
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)
 
 # GPU generations that are SM100 or newer (Blackwell): PerfEnvPlugin(gpu_sm100_or_newer=...) as NeMo's
 # and Megatron-Bridge's performance scripts set it (gpu in b200, gb200, gb300).
@@ -37,7 +39,6 @@ FLOPS_CALLBACK_SINCE = (25, 4)  # FLOPsMeasurementCallback ships in NeMo contain
 ENV_TASK = "DSE_NEMO_TASK"  # pretrain | finetune (the seed's "Plan B")
 ENV_RECIPE = "DSE_NEMO_RECIPE"  # the NeMo 2 recipe module, e.g. llama3_70b
 ENV_FLOPS_CALLBACK = "DSE_FLOPS_CALLBACK"  # "1": add FLOPsMeasurementCallback; "0": the container lacks it
-ENV_TP_OVERLAP_CFG = "DSE_TP_COMM_OVERLAP_CFG"  # userbuffer config name when tp_comm_overlap is on
 ENV_VBOOST = "ENABLE_VBOOST"
 # The simulated trainer's figures (python -m recipes.sim reads them; see recipes/sim/__main__.py).
 SIM_ENV = {
@@ -49,33 +50,6 @@ SIM_ENV = {
 
 VBOOST_COMMAND = "sudo nvidia-smi boost-slider --vboost 1"
 
-# NeMo's userbuffer (TP comm-overlap) configs, by the attribute names of
-# nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (the same names exist in
-# megatron.bridge.training.comm_overlap): userbuffers_{precision}_{gpu}_h{hidden}_tp{tp}[_cp{cp}]_mbs{mbs}_seqlen{s}.
-USERBUFFER_CONFIGS = (
-    "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192",
-    "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192",
-    "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192",
-    "userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192",
-    "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192",
-    "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192",
-    "userbuffers_bf16_b200_h16384_tp4_cp2_mbs1_seqlen8192",
-    "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192",
-    "userbuffers_bf16_h100_h6144_tp2_mbs2_seqlen2048",
-    "userbuffers_fp8_h100_h6144_tp2_mbs2_seqlen2048",
-    "userbuffers_bf16_h100_h12288_tp4_mbs1_seqlen2048",
-    "userbuffers_fp8_h100_h12288_tp4_mbs1_seqlen2048",
-    "userbuffers_bf16_b200_h12288_tp4_mbs1_seqlen2048",
-    "userbuffers_fp8_b200_h12288_tp4_mbs1_seqlen2048",
-    "userbuffers_bf16_b200_h6144_tp2_mbs1_seqlen4096",
-    "userbuffers_bf16_b200_h18432_tp8_mbs1_seqlen4096",
-    "userbuffers_fp8_b200_h18432_tp8_mbs1_seqlen4096",
-)
-_UB_NAME = re.compile(r"^userbuffers_(?P<prec>[a-z0-9]+)_(?P<gpu>[a-z0-9]+)_h(?P<h>\d+)_tp(?P<tp>\d+)"
-                      r"(?:_cp(?P<cp>\d+))?_mbs(?P<mbs>\d+)_seqlen(?P<seq>\d+)$")
-# The configs are tuned per chip family; NeMo's and Bridge's performance scripts use the H100 ones on H200
-# and the B200 ones on GB200 (Bridge's COMM_OVERLAP_CONFIG_MAP); GB300 is a B200-class chip as well.
-_UB_GPU_FAMILY = {"h100": "h100", "h200": "h100", "b200": "b200", "gb200": "b200", "gb300": "b200"}
 
 
 @dataclass(frozen=True)
@@ -109,11 +83,6 @@ class LaunchPlan:
         return self.trial.system.gpus_per_node
 
 
-def nemo2_factory(trial: TrialConfig) -> str:
-    """The ``--factory`` name of the NeMo 2 payload for ``trial`` (one place, for the nemo2 payload's naming)."""
-    return f"{trial.recipe.nemo2_recipe}_recipe"
-
-
 def container_version(version: str) -> tuple[int, int]:
     """``"25.04"`` (also ``"25.04.01"``, ``"25.04.rc3"``) as ``(25, 4)``; a :class:`UserError` otherwise."""
     m = re.match(r"^(\d{2})\.(\d{2})(?:\.[A-Za-z0-9]+)*$", version)
@@ -128,36 +97,24 @@ def flops_callback_available(version: str) -> bool:
 
 
 def userbuffer_config(trial: TrialConfig) -> str | None:
-    """The name of NeMo's userbuffer config for ``trial``'s (GPU, hidden size, tp, precision), or None.
+    """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
 
-    When several exist (e.g. with and without cp), the one matching the trial's cp, micro-batch size and
-    sequence length is preferred, as NeMo's lookup tries the cp-specific name first.
+    One table for the controller and the payload: ``recipes.nemo2.userbuffers`` (plain data).
     """
-    family = _UB_GPU_FAMILY.get(trial.system.gpu)
-    if family is None:
-        return None
-    cands = []
-    for name in USERBUFFER_CONFIGS:
-        m = _UB_NAME.match(name)
-        assert m, name  # a typo in the table above, not user input
-        if (m["prec"], m["gpu"], int(m["h"]), int(m["tp"])) == (trial.precision, family, trial.arch.hidden_size,
-                                                                 trial.tp):
-            exact = (int(m["cp"] or 1), int(m["mbs"]), int(m["seq"])) == (trial.cp, trial.mbs, trial.seq_length)
-            cands.append((not exact, name))
-    return min(cands)[1] if cands else None
+    return userbuffers.lookup(trial.system.gpu, trial.precision, trial.arch.hidden_size, trial.tp)
 
 
 def tp_comm_overlap_supported(trial: TrialConfig) -> str | None:
     """Constraint rule: the reason ``trial`` cannot use tp_comm_overlap, or None when it can (or does not ask).
 
     TP comm overlap needs a userbuffer config tuned for the GPU family, model width, tp and precision;
-    NeMo ships a handful (``USERBUFFER_CONFIGS``) and we do not launch untuned ones.
+    NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
     """
     if not trial.tp_comm_overlap or trial.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
         return None
     if userbuffer_config(trial) is not None:
         return None
-    family = _UB_GPU_FAMILY.get(trial.system.gpu, trial.system.gpu)
+    family = userbuffers.GPU_FAMILY.get(trial.system.gpu, trial.system.gpu)
     return (f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
             f"tp {trial.tp}, {trial.precision}); NeMo has none, so turn tp_comm_overlap off for this point")
 
@@ -214,27 +171,20 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     if payload not in PAYLOADS:
         raise UserError(f"unknown payload {payload!r}; one of {', '.join(PAYLOADS)}", field="backend.payload")
     values = knob_values(trial)
-    ov = tuple(knobs.overrides(values, payload))
-    if payload != "mbridge":  # Lightning's trainer needs the GPUs per node; Bridge takes the world size
-        ov += (f"trainer.devices={int(trial.system.gpus_per_node)}",)
-    if payload == "mbridge":
-        if not trial.recipe.mbridge_recipe:
-            raise UserError(f"recipe {trial.recipe.name} has no Megatron-Bridge recipe; use payload nemo2",
-                            field="backend.payload")
-        argv = ("python", "-m", "recipes.mbridge", "--recipe", trial.recipe.mbridge_recipe, *ov)
-    else:
-        argv = ("python", "-m", f"recipes.{payload}", "--factory", nemo2_factory(trial), "-y", *ov)
+    args = knobs.payload_args(payload, trial.recipe, values, gpu=trial.system.gpu,
+                              gpus_per_node=int(trial.system.gpus_per_node))
+    argv = ("python", "-m", f"recipes.{payload}", *args)
+    ov = tuple(a for a in args if _OVERRIDE.match(a))
 
     env = perf_env(trial)
     version = container or trial.system.container
     env[ENV_TASK] = "pretrain"
-    env[ENV_RECIPE] = trial.recipe.nemo2_recipe
+    env[ENV_RECIPE] = trial.recipe.scaled_from or trial.recipe.name
     env[ENV_FLOPS_CALLBACK] = "1" if flops_callback_available(version) else "0"
     if trial.tp_comm_overlap:
         reason = tp_comm_overlap_supported(trial)
         if reason:
             raise UserError(reason, field="tp_comm_overlap")
-        env[ENV_TP_OVERLAP_CFG] = userbuffer_config(trial) or ""
     for name, value in trial.env.items():  # the space's env.NAME knobs win over the defaults above
         key = knobs.ENV_PREFIX + name
         env[name] = knobs.get(key, field=key).coerce(value, field=key)

@@ -53,6 +53,8 @@ def probe(argv: list[str]) -> dict:
         "cp": strat.context_parallel_size,
         "ep": getattr(strat, "expert_model_parallel_size", 1),
         "sp": strat.sequence_parallel,
+        "split_embedding": strat.account_for_embedding_in_pipeline_split,
+        "split_loss": strat.account_for_loss_in_pipeline_split,
         "fsdp": strat.fsdp,
         "sharding": getattr(strat.ddp, "data_parallel_sharding_strategy", None),
         "check_for_nan_in_grad": getattr(strat.ddp, "check_for_nan_in_grad", None),

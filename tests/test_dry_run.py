@@ -29,8 +29,9 @@ def test_slurm_dry_run_writes_sbatch_scripts_and_rejects_untuned_overlap(runner,
     text = scripts[0].read_text()
     assert "#SBATCH --nodes=2" in text and "--container-image nvcr.io#nvidia/nemo:25.09" in text
     assert "srun --ntasks=2 --output=vboost.out --error=vboost.err" in text
-    overlap = [s.read_text() for s in scripts if "DSE_TP_COMM_OVERLAP_CFG" in s.read_text()]
-    assert len(overlap) == 2 and all("userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" in t for t in overlap)
+    overlap = [s.read_text() for s in scripts if "tp_comm_overlap=True" in s.read_text()]
+    assert len(overlap) == 2  # the factory gets the tuned config by name
+    assert all("tp_comm_overlap_cfg=\"userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192\"" in t for t in overlap)
     assert not list(out.glob("*/code")) and not list(out.glob("*/log.txt"))
 
 

@@ -147,16 +147,19 @@ def test_factory_args_only_for_non_defaults_and_userbuffer_by_gpu():
 def test_factory_call_is_nemo_run_syntax():
     assert knobs.factory_call("llama3_8b_recipe", {}) == "llama3_8b_recipe"
     assert knobs.factory_call("llama3_70b_recipe", {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "ub_x"}) == \
-        "llama3_70b_recipe(tp_comm_overlap=True,tp_comm_overlap_cfg='ub_x')"
+        'llama3_70b_recipe(tp_comm_overlap=True,tp_comm_overlap_cfg="ub_x")'
 
 
 def test_payload_args_nemo2_scaled_reproducer():
     v = dict(BASE, tp=4, pp=2, vp=2, cp=1, gbs=64, precision="fp8", tp_comm_overlap=True, num_nodes=2)
     argv = knobs.payload_args("nemo2", RECIPES["llama3_70b_16l"], v, gpu="h100", gpus_per_node=8)
     assert argv[:3] == ("--factory", "llama3_70b_recipe(tp_comm_overlap=True,"
-                        "tp_comm_overlap_cfg='userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192')", "-y")
-    assert argv[3:-2] == tuple(knobs.overrides(v, "nemo2"))
-    assert argv[-2:] == ("trainer.devices=8", "model.config.num_layers=16")
+                        'tp_comm_overlap_cfg="userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192")', "-y")
+    assert argv[3:-4] == tuple(knobs.overrides(v, "nemo2"))
+    # 16 layers divide by pp*vp = 4: embedding and loss are not counted as layers (said explicitly)
+    assert argv[-4:] == ("trainer.strategy.account_for_embedding_in_pipeline_split=false",
+                         "trainer.strategy.account_for_loss_in_pipeline_split=false",
+                         "trainer.devices=8", "model.config.num_layers=16")
 
 
 def test_payload_args_nemo2_full_model_has_no_layer_override():
@@ -171,8 +174,24 @@ def test_payload_args_mbridge():
     argv = knobs.payload_args("mbridge", RECIPES["llama3_405b_8l"], v, gpu="h100", gpus_per_node=8)
     assert argv[:4] == ("--recipe", "llama3_405b_pretrain_config",
                         "--tp-comm-overlap-cfg", "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192")
-    assert argv[4:-1] == tuple(knobs.overrides(v, "mbridge"))
-    assert argv[-1] == "model.num_layers=8"
+    assert argv[4:-3] == tuple(knobs.overrides(v, "mbridge"))
+    assert argv[-3:] == ("model.account_for_embedding_in_pipeline_split=false",
+                         "model.account_for_loss_in_pipeline_split=false", "model.num_layers=8")
+
+
+@pytest.mark.parametrize("recipe, pp, vp, on", [
+    ("llama3_405b", 8, 8, True),  # 126 + 2 = 128 = 8 * 8 * 2: NVIDIA's layout
+    ("llama3_405b", 16, 4, True),
+    ("llama3_405b", 2, 1, False),  # 126 divides by 2
+    ("llama3_405b", 1, 1, False),
+    ("llama3_70b", 4, 5, False),
+])
+def test_pipeline_split_counts_embedding_and_loss_only_when_that_evens_it(recipe, pp, vp, on):
+    word = "true" if on else "false"
+    for flavour, prefix in (("nemo2", "trainer.strategy."), ("mbridge", "model.")):
+        assert knobs.pipeline_split_overrides(RECIPES[recipe].arch.num_layers, {"pp": pp, "vp": vp}, flavour) == [
+            f"{prefix}account_for_embedding_in_pipeline_split={word}",
+            f"{prefix}account_for_loss_in_pipeline_split={word}"]
 
 
 def test_payload_args_mbridge_refuses_nemotron():

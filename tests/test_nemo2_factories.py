@@ -45,6 +45,8 @@ TRIALS = [
     ("nemotron4_340b_8l", "gb200", 4, True, dict(BASE, tp=8, pp=2, vp=2, seq_length=4096, gbs=32,
                                                   recompute="full", precision="fp8", fp8_recipe="blockwise",
                                                   tp_comm_overlap=True, sp=True, num_nodes=4)),
+    # NVIDIA's 405B layout: 126 layers over pp=8, vp=8 only with the embedding and loss counted as layers
+    ("llama3_405b", "h100", 8, True, dict(BASE, tp=8, pp=8, vp=8, cp=2, gbs=512, precision="fp8", num_nodes=128)),
 ]
 
 
@@ -124,6 +126,10 @@ def test_trial_reaches_the_nemo_config(probed, index):
     # parallel layout and batch
     assert (got["tp"], got["pp"], got["cp"], got["ep"]) == (values["tp"], values["pp"], values["cp"], values["ep"])
     assert got["vp"] == (None if values["vp"] == 1 else values["vp"])
+    # embedding and loss count as pipeline layers exactly when that evens the split (never inherited)
+    layers, chunks = recipe.arch.num_layers, values["pp"] * values["vp"]
+    split = values["pp"] > 1 and layers % chunks != 0 and (layers + 2) % chunks == 0
+    assert got["split_embedding"] is split and got["split_loss"] is split
     assert got["sp"] == (values["tp"] > 1 if values["sp"] is None else values["sp"])
     assert (got["mbs"], got["gbs"]) == (values["mbs"], values["gbs"])
     assert got["data_seq_length"] == got["model_seq_length"] == values["seq_length"]

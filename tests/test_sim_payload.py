@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from recipes.models import RECIPES
+
 from dse import knobs
 from dse.launch import build_plan
 from recipes.sim import __main__ as sim
@@ -40,12 +42,24 @@ def test_every_nemo2_override_applies_and_the_log_follows(gpu, values, monkeypat
     assert "`max_steps=6` reached" in out.out
 
 
-def test_sim_config_knows_every_catalogue_path():
-    """Drift guard: a path the catalogue spells for nemo2 that the simulated trainer lacks fails here."""
-    config = sim.base_config()
-    for knob in knobs.CATALOGUE.values():
-        for path in knob.nemo2:
-            sim.apply_overrides(config, [f"{path}=1"])
+def test_sim_config_knows_every_catalogue_spelling():
+    """Drift guard: an override or factory argument the catalogue spells for nemo2 that the simulated trainer
+    lacks fails here (every value of every choice knob, and every bool both ways)."""
+    import itertools
+
+    base = {n: k.default for n, k in knobs.CATALOGUE.items()} | {"tp": 4}
+    variants = [{}]
+    for name, knob in knobs.CATALOGUE.items():
+        if knob.kind == "choice":
+            variants += [{name: c, "precision": "fp8"} if name == "fp8_recipe" else {name: c} for c in knob.choices]
+        elif knob.kind == "bool":
+            variants += [{name: True}, {name: False}]
+    variants.append({"recompute": "full", "recompute_num_layers": 2})
+    for v, gpu in itertools.product(variants, ("h100", "b200")):
+        values = base | v
+        args = knobs.payload_args("sim", RECIPES["llama3_70b"], values, gpu=gpu, gpus_per_node=8)
+        name, fargs = sim.parse_factory(args[1])
+        sim.apply_overrides(sim.base_config(), [a for a in args[3:]])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -53,6 +67,8 @@ def test_sim_config_knows_every_catalogue_path():
     (["--factory", "llama3_8b_recipe", "-y", "nothing_here"], "not path=value"),
     (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy=1"], "names a section"),
     (["--factory", "llama3_8b", "-y"], "unknown factory"),
+    (["--factory", "llama3_8b_recipe(gpus=8)", "-y"], "takes no argument gpus"),
+    (["--factory", "llama3_8b_recipe(fsdp=__import__('os'))", "-y"], "not keyword=literal"),
 ])
 def test_bad_command_lines_exit_2(argv, message, capsys):
     assert sim.main(argv) == 2

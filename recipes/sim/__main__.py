@@ -16,9 +16,11 @@ Test hooks: ``DSE_SIM_SLEEP_S`` sleeps that long before training (a job that han
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import io
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -27,7 +29,10 @@ from recipes.sim.logwriter import SimRun, write_log
 
 USAGE_ERROR = 2
 
-# The NeMo 2 recipe fields the simulated trainer knows (a subset of llm.pretrain's config tree).
+# The NeMo 2 recipe fields the simulated trainer knows (a subset of llm.pretrain's config tree), and the
+# arguments its factories take (recipes/nemo2/factories.py) for what a dotted override cannot set.
+FACTORY_ARGS = {"fsdp": bool, "tp_comm_overlap": bool, "tp_comm_overlap_cfg": str}
+_FACTORY = re.compile(r"^(?P<name>[A-Za-z_]\w*_recipe)(?:\((?P<args>.*)\))?$")
 _DEFAULT_CONFIG: dict[str, Any] = {
     "trainer": {
         "num_nodes": 1, "devices": 8, "max_steps": 50, "val_check_interval": 50, "limit_val_batches": 0,
@@ -36,11 +41,13 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
             "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
             "expert_model_parallel_size": 1, "sequence_parallel": False, "fsdp": None,
+            "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
             "ckpt_async_save": False,
         },
         "plugins": {
-            "precision": "bf16-mixed", "fp8": None, "fp8_recipe": None, "fp8_amax_history_len": 1,
+            "precision": "bf16-mixed", "fp8": None, "fp8_recipe": None, "fp8_margin": 0, "fp8_amax_history_len": 1,
             "fp8_amax_compute_algo": "most_recent", "fp8_param_gather": False, "grad_reduce_in_fp32": False,
+            "first_last_layers_bf16": False, "reuse_grad_buf_for_mxfp8_param_ag": False,
         },
     },
     "data": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 8192},
@@ -53,6 +60,28 @@ _DEFAULT_CONFIG: dict[str, Any] = {
 
 class OverrideError(ValueError):
     pass
+
+
+def parse_factory(text: str) -> tuple[str, dict[str, Any]]:
+    """``llama3_8b_recipe`` or ``llama3_8b_recipe(tp_comm_overlap=True,tp_comm_overlap_cfg="...")`` as
+    nemo-run's ``--factory`` takes it: the name and its keyword arguments (Python literals only)."""
+    m = _FACTORY.match(text)
+    if not m:
+        raise OverrideError(f"unknown factory {text!r}; factories are named <recipe>_recipe[(arg=value,...)]")
+    args: dict[str, Any] = {}
+    if m["args"]:
+        try:
+            call = ast.parse(f"f({m['args']})", mode="eval").body
+            if call.args:
+                raise ValueError("positional arguments")
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        except (SyntaxError, ValueError) as e:
+            raise OverrideError(f"factory arguments {m['args']!r} are not keyword=literal ({e})") from None
+    for key, value in args.items():
+        if key not in FACTORY_ARGS or not isinstance(value, FACTORY_ARGS[key]):
+            raise OverrideError(f"factory {m['name']} takes no argument {key}={value!r}; "
+                                f"known: {', '.join(f'{k} ({t.__name__})' for k, t in FACTORY_ARGS.items())}")
+    return m["name"], args
 
 
 def parse_value(text: str) -> Any:
@@ -141,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse exits 2 on a bad command line
         return int(e.code or 0)
     try:
-        if not args.factory.endswith("_recipe"):
-            raise OverrideError(f"unknown factory {args.factory!r}; factories are named <recipe>_recipe")
+        parse_factory(args.factory)
         config = apply_overrides(base_config(), args.overrides)
         run = sim_run_from_env(config)
     except OverrideError as e:
