@@ -66,7 +66,8 @@ class RunConfig:
     log_interval: int = 1
     lr: float = 3.0e-4
     min_lr: float = 3.0e-5
-    lr_warmup_iters: int = 2
+    lr_warmup_iters: int = 2  # clamped below the decay length, as Megatron requires
+    lr_decay_iters: int | None = None  # None: train_iters
     weight_decay: float = 0.1
     clip_grad: float = 1.0
     seed: int = 1234
@@ -112,6 +113,7 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
                  "vocab_size", "tp", "pp", "vp", "cp", "ep", "mbs", "gbs", "seq_length", "train_iters",
                  "log_interval"):
         need(getattr(cfg, name) >= 1, f"{name}={getattr(cfg, name)} must be >= 1")
+    need(cfg.lr_decay_iters is None or cfg.lr_decay_iters >= 1, f"lr_decay_iters={cfg.lr_decay_iters} must be >= 1")
     need(cfg.hidden_size % cfg.num_attention_heads == 0,
          f"hidden_size={cfg.hidden_size} is not divisible by num_attention_heads={cfg.num_attention_heads}")
     need(cfg.num_attention_heads % cfg.num_query_groups == 0,
@@ -193,6 +195,7 @@ _OVERRIDES: dict[str, str] = {
     "ddp.use_distributed_optimizer": "distributed_optimizer",
     "ddp.overlap_grad_reduce": "overlap_grad_reduce",
     "scheduler.lr_warmup_iters": "lr_warmup_iters",
+    "scheduler.lr_decay_iters": "lr_decay_iters",
     "rng.seed": "seed",
     "model.num_layers": "num_layers",
     "model.hidden_size": "hidden_size",
@@ -202,6 +205,10 @@ _OVERRIDES: dict[str, str] = {
     "model.vocab_size": "vocab_size",
     "model.gated_linear_unit": "gated",
 }
+# Megatron-Bridge settings that dse sends with others (its Megatron-FSDP set) and that change nothing here:
+# the knob they come with (ddp.use_megatron_fsdp=true) is refused by check() with the reason.
+IGNORED = ("ddp.data_parallel_sharding_strategy", "ddp.average_in_collective", "model.init_model_with_meta_device",
+           "optimizer.use_precision_aware_optimizer")
 _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
 _PRECISIONS = {"bf16": "bf16", "bf16_mixed": "bf16", "bf16-mixed": "bf16"}
@@ -258,6 +265,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         path = path.strip().lstrip("+")  # Hydra's "+key=value" (add a key) means the same here
         if not sep or not path:
             raise ConfigError(f"{item!r} is not an override; write path=value, e.g. train.micro_batch_size=2")
+        if path in IGNORED:
+            continue
         name = _OVERRIDES.get(path)
         if name is None:
             close = [p for p in _OVERRIDES if p.rsplit(".", 1)[-1] == path.rsplit(".", 1)[-1]]
@@ -283,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default=SMALL_GQA.name,
                    help=f"architecture preset (default {SMALL_GQA.name}); one of: {', '.join(known_models())}")
-    p.add_argument("--factory", default=None,
-                   help="recipe name as dse sends it (e.g. llama3_8b or llama3_8b_recipe); sets --model")
+    p.add_argument("--factory", "--recipe", dest="factory", default=None,
+                   help="recipe name as dse sends it (llama3_8b, llama3_8b_recipe or Megatron-Bridge's "
+                        "llama3_8b_pretrain_config); sets --model")
     p.add_argument("-y", "--yes", action="store_true", help="accepted for nemo-run compatibility; no effect")
     shape = p.add_argument_group("model shape (override the preset)")
     for flag in ("num-layers", "hidden-size", "num-attention-heads", "num-query-groups", "ffn-hidden-size",
@@ -315,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_from(name: str) -> ModelArch:
     models = known_models()
-    key = name.removesuffix("_recipe")
+    key = name.removesuffix("_recipe").removesuffix("_pretrain_config")
     if key not in models:
         raise ConfigError(f"unknown model {name!r}; one of {', '.join(models)}")
     return models[key]

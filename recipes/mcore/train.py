@@ -156,10 +156,11 @@ def _optimizer(cfg: RunConfig, chunks):
     )
     optimizer = get_megatron_optimizer(opt_config, chunks)
     # Sample-based schedule, as Megatron steps it (increment = global batch size).
+    decay = cfg.lr_decay_iters or cfg.train_iters
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=cfg.lr, min_lr=cfg.min_lr,
-        lr_warmup_steps=min(cfg.lr_warmup_iters, cfg.train_iters - 1) * cfg.gbs,  # must be < decay steps
-        lr_decay_steps=cfg.train_iters * cfg.gbs,
+        lr_warmup_steps=min(cfg.lr_warmup_iters, decay - 1) * cfg.gbs,  # must be < decay steps
+        lr_decay_steps=decay * cfg.gbs,
         lr_decay_style="cosine", start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
         wd_incr_steps=max(cfg.train_iters, 1) * cfg.gbs, wd_incr_style="constant",
     )
