@@ -243,3 +243,15 @@ def test_bench_reads_the_tsv_and_matches_the_logs():
         assert float(row["peak_allocated_gib"]) > 1.0
     printed = bench.report(rows)
     assert [p["name"] for p in printed] == [r["name"] for r in rows]
+
+
+def test_h200_plan_lines_are_valid_command_lines():
+    """Each run of bench/h200_plan.tsv parses and passes the checks for one GPU (what the device call runs)."""
+    lines = [ln for ln in (ROOT / "bench" / "h200_plan.tsv").read_text().splitlines() if ln and not ln.startswith("#")]
+    names = set()
+    for line in lines:
+        name, args = line.split("\t")
+        cfg = check(config_from_argv(args.split())[0], 1)
+        assert cfg.tp == cfg.pp == 1 and cfg.precision == "bf16", name
+        names.add(name)
+    assert {p.stem for p in REAL.glob("*.log")} <= names
