@@ -1,0 +1,32 @@
+"""``python -m recipes.mcore [flags] [path=value ...]``: parse, validate, then train (torch imported only then)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Sequence
+
+from recipes.mcore.config import ConfigError, check, config_from_argv, model_flops_per_step
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 after training, 2 for a configuration this payload cannot run (one line on stderr)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg, ns = config_from_argv(argv)
+        cfg = check(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as e:
+        print(f"recipes.mcore: error: {e}", file=sys.stderr)
+        return 2
+    if ns.check_only:
+        print(json.dumps({"config": cfg.to_dict(), "model_flops_per_step": model_flops_per_step(cfg),
+                          "flops_convention": "causal"}, sort_keys=True))
+        return 0
+    from recipes.mcore.train import train
+
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

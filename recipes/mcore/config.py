@@ -1,0 +1,418 @@
+"""Command line, configuration and log formatting of the Megatron-core payload, with no torch import.
+
+Everything here is plain Python so that the argument parsing, the ``path=value`` overrides that dse sends
+(the ``mbridge`` spellings of :mod:`dse.knobs`), the FLOPs count and the exact text of the log lines can be
+tested without torch. :mod:`recipes.mcore.train` does the GPU work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import datetime
+from typing import Any, Sequence
+
+from recipes.models import RECIPES, ModelArch
+
+# The reference's small GQA model ("a small 8-layer, 2048-hidden GQA model", shared/reference/README.md):
+# head dim 128 as in Llama 3, four query groups, a SwiGLU FFN of 2.75 h and a 32k vocabulary.
+SMALL_GQA = ModelArch("small_gqa", 8, 2048, 16, 4, 5632, 32000, True)
+
+RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+class ConfigError(ValueError):
+    """A command line or override that the payload cannot run; printed as one line, exit status 2."""
+
+
+def known_models() -> dict[str, ModelArch]:
+    """Model presets: the reference's small GQA model and every architecture in :data:`recipes.models.RECIPES`."""
+    out = {SMALL_GQA.name: SMALL_GQA}
+    out.update({r.arch.name: r.arch for r in RECIPES.values()})
+    return out
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: model shape, parallel layout, batch, recompute and schedule. Immutable."""
+
+    model: str = SMALL_GQA.name
+    num_layers: int = SMALL_GQA.num_layers
+    hidden_size: int = SMALL_GQA.hidden_size
+    num_attention_heads: int = SMALL_GQA.num_attention_heads
+    num_query_groups: int = SMALL_GQA.num_query_groups
+    ffn_hidden_size: int = SMALL_GQA.ffn_hidden_size
+    vocab_size: int = SMALL_GQA.vocab_size
+    gated: bool = SMALL_GQA.gated_mlp
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool | None = None  # None: on when tp > 1 (Megatron's rule); the local spec cannot do it (see check)
+    mbs: int = 1
+    gbs: int = 8
+    seq_length: int = 2048
+    recompute: str = "none"
+    recompute_method: str | None = None  # full recompute: "uniform" (default) or "block"
+    recompute_num_layers: int | None = None  # full recompute: layers per unit/stage (None: all, 1 per unit)
+    precision: str = "bf16"
+    fp8_recipe: str | None = None  # FP8 scaling recipe; recorded, meaningful only with precision=fp8
+    fsdp: bool = False
+    tp_comm_overlap: bool = False
+    train_iters: int = 20
+    log_interval: int = 1
+    lr: float = 3.0e-4
+    min_lr: float = 3.0e-5
+    lr_warmup_iters: int = 2  # clamped below the decay length, as Megatron requires
+    lr_decay_iters: int | None = None  # None: train_iters
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0
+    seed: int = 1234
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool | None = None  # None: on when data-parallel size > 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
+    """Model FLOPs of one global batch (forward and backward), as shared/reference/README.md defines them.
+
+    FLOPs/step = 6·B·s·[L·(e·h·F + 2·h·a·d + 2·h·g·d + c·a·d·s) + h·V], e = 3 for a gated MLP else 2,
+    c = 1 in the ``causal`` convention (current Megatron-LM's ``num_floating_point_operations``: the score
+    and value products count half under a causal mask) and 2 in the ``noncausal`` one. Recompute is not
+    counted (model FLOPs, not hardware FLOPs), as in Megatron-LM's logged throughput.
+    """
+    if convention not in ("causal", "noncausal"):
+        raise ConfigError(f"unknown FLOPs convention {convention!r}; causal or noncausal")
+    c = 1 if convention == "causal" else 2
+    e = 3 if cfg.gated else 2
+    h, a, g, d, F, L, V, s = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim,
+                              cfg.ffn_hidden_size, cfg.num_layers, cfg.vocab_size, cfg.seq_length)
+    return 6.0 * cfg.gbs * s * (L * (e * h * F + 2 * h * a * d + 2 * h * g * d + c * a * d * s) + h * V)
+
+
+def check(cfg: RunConfig, world_size: int) -> RunConfig:
+    """Validate ``cfg`` for ``world_size`` processes; return it with derived defaults filled in.
+
+    Raises :class:`ConfigError` naming the setting for what this payload cannot run: the local layer spec
+    (no Transformer Engine, no Apex) has no sequence parallelism, no context parallelism and no FP8.
+    """
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                 "vocab_size", "tp", "pp", "vp", "cp", "ep", "mbs", "gbs", "seq_length", "train_iters",
+                 "log_interval"):
+        need(getattr(cfg, name) >= 1, f"{name}={getattr(cfg, name)} must be >= 1")
+    need(cfg.lr_decay_iters is None or cfg.lr_decay_iters >= 1, f"lr_decay_iters={cfg.lr_decay_iters} must be >= 1")
+    need(cfg.hidden_size % cfg.num_attention_heads == 0,
+         f"hidden_size={cfg.hidden_size} is not divisible by num_attention_heads={cfg.num_attention_heads}")
+    need(cfg.num_attention_heads % cfg.num_query_groups == 0,
+         f"num_attention_heads={cfg.num_attention_heads} is not divisible by "
+         f"num_query_groups={cfg.num_query_groups}")
+    need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
+    need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
+    need(cfg.num_layers % (cfg.pp * cfg.vp) == 0,
+         f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}")
+    need(cfg.vp == 1 or cfg.pp > 1, f"vp={cfg.vp} needs pp > 1")
+    need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism needs Transformer Engine's attention; "
+                      "the local layer spec has cp=1 only")
+    need(cfg.ep == 1, f"ep={cfg.ep}: this payload builds dense models only")
+    need(cfg.precision == "bf16", f"precision={cfg.precision}: FP8 needs Transformer Engine; bf16 only")
+    need(not cfg.fsdp, "fsdp=true: Megatron FSDP is not wired into this payload; use the distributed optimizer")
+    need(not cfg.tp_comm_overlap, "tp_comm_overlap=true needs Transformer Engine's userbuffers")
+    need(not cfg.sp, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
+    need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
+    need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
+         f"recompute_method={cfg.recompute_method!r}; one of {', '.join(RECOMPUTE_METHODS)}")
+    layers_per_stage = cfg.num_layers // cfg.pp
+    if cfg.recompute == "full":
+        n = cfg.recompute_num_layers or None  # dse's 0 means "all layers"
+        need(n is None or 1 <= n <= layers_per_stage,
+             f"recompute_num_layers={n} must be between 1 and the layers per pipeline stage ({layers_per_stage})")
+    model_parallel = cfg.tp * cfg.pp * cfg.cp
+    need(world_size % model_parallel == 0,
+         f"world size {world_size} is not divisible by tp*pp*cp={model_parallel}")
+    dp = world_size // model_parallel
+    need(cfg.gbs % (cfg.mbs * dp) == 0,
+         f"gbs={cfg.gbs} is not divisible by mbs*dp={cfg.mbs}*{dp}")
+    if cfg.pp > 1 and cfg.vp > 1:
+        m = cfg.gbs // (cfg.mbs * dp)
+        need(m % cfg.pp == 0, f"interleaved pipeline: micro-batches per step ({m}) must be a multiple of pp={cfg.pp}")
+    out = cfg
+    if cfg.sp is None:
+        out = replace(out, sp=False)
+    if cfg.overlap_grad_reduce is None:
+        out = replace(out, overlap_grad_reduce=dp > 1)
+    if cfg.recompute == "full":
+        out = replace(out, recompute_method=cfg.recompute_method or "uniform",
+                      recompute_num_layers=cfg.recompute_num_layers or (1 if (cfg.recompute_method or "uniform")
+                                                                        == "uniform" else layers_per_stage))
+    else:
+        need(cfg.recompute_method is None and cfg.recompute_num_layers in (None, 0),
+             "recompute_method / recompute_num_layers apply to recompute=full only")
+        out = replace(out, recompute_method=None, recompute_num_layers=None)
+    return out
+
+
+# -------------------------------------------------------------------------------------------- overrides
+# ``path=value`` spellings accepted after the flags. The knob paths are the ``mbridge`` ones of dse.knobs
+# (Megatron-Bridge's ConfigContainer: model.*, train.*, dataset.*, ddp.*, comm_overlap.*, mixed_precision);
+# model-shape paths follow Megatron-Bridge's GPTModelProvider field names.
+_OVERRIDES: dict[str, str] = {
+    "model.tensor_model_parallel_size": "tp",
+    "model.pipeline_model_parallel_size": "pp",
+    "model.virtual_pipeline_model_parallel_size": "vp",
+    "model.context_parallel_size": "cp",
+    "model.expert_model_parallel_size": "ep",
+    "model.sequence_parallel": "sp",
+    "train.micro_batch_size": "mbs",
+    "train.global_batch_size": "gbs",
+    "model.seq_length": "seq_length",
+    "dataset.sequence_length": "seq_length",
+    "model.recompute_granularity": "recompute",
+    "model.recompute_method": "recompute_method",
+    "model.recompute_num_layers": "recompute_num_layers",
+    "mixed_precision": "precision",
+    "ddp.use_megatron_fsdp": "fsdp",
+    "comm_overlap.tp_comm_overlap": "tp_comm_overlap",
+    "train.train_iters": "train_iters",
+    "logger.log_interval": "log_interval",
+    "optimizer.lr": "lr",
+    "optimizer.min_lr": "min_lr",
+    "optimizer.weight_decay": "weight_decay",
+    "optimizer.clip_grad": "clip_grad",
+    "optimizer.use_distributed_optimizer": "distributed_optimizer",
+    "ddp.use_distributed_optimizer": "distributed_optimizer",
+    "ddp.overlap_grad_reduce": "overlap_grad_reduce",
+    "scheduler.lr_warmup_iters": "lr_warmup_iters",
+    "scheduler.lr_decay_iters": "lr_decay_iters",
+    "rng.seed": "seed",
+    "model.num_layers": "num_layers",
+    "model.hidden_size": "hidden_size",
+    "model.num_attention_heads": "num_attention_heads",
+    "model.num_query_groups": "num_query_groups",
+    "model.ffn_hidden_size": "ffn_hidden_size",
+    "model.vocab_size": "vocab_size",
+    "model.gated_linear_unit": "gated",
+}
+# Megatron-Bridge settings that dse sends with others (its Megatron-FSDP set) and that change nothing here:
+# the knob they come with (ddp.use_megatron_fsdp=true) is refused by check() with the reason.
+IGNORED = ("ddp.data_parallel_sharding_strategy", "ddp.average_in_collective", "model.init_model_with_meta_device",
+           "optimizer.use_precision_aware_optimizer")
+_NULLS = ("null", "none", "None", "~")
+# mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
+_PRECISIONS = {"bf16": "bf16", "bf16_mixed": "bf16", "bf16-mixed": "bf16"}
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: str(f.type) for f in fields(RunConfig)}
+
+
+def _convert(name: str, text: str, where: str) -> Any:
+    kind = _field_types()[name]
+    optional = "None" in kind
+    if text in _NULLS:
+        if name == "recompute":
+            return "none"
+        if name == "vp":
+            return 1
+        if optional:
+            return None
+        raise ConfigError(f"{where}: {name} cannot be null")
+    if kind.startswith("bool"):
+        low = text.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: {text!r} is not a boolean (true or false)")
+    if kind.startswith("int"):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {text!r} is not an integer") from None
+    if kind.startswith("float"):
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {text!r} is not a finite number")
+        return value
+    if name == "precision":
+        if "fp8" in text.lower():
+            return "fp8"  # check() explains why FP8 cannot run here
+        return _PRECISIONS.get(text, text)
+    return text
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["train.micro_batch_size=2", ...]`` -> ``{"mbs": 2, ...}``; unknown paths are a :class:`ConfigError`."""
+    out: dict[str, Any] = {}
+    for item in items:
+        path, sep, text = item.partition("=")
+        path = path.strip().lstrip("+")  # Hydra's "+key=value" (add a key) means the same here
+        if not sep or not path:
+            raise ConfigError(f"{item!r} is not an override; write path=value, e.g. train.micro_batch_size=2")
+        if path in IGNORED:
+            continue
+        name = _OVERRIDES.get(path)
+        if name is None:
+            close = [p for p in _OVERRIDES if p.rsplit(".", 1)[-1] == path.rsplit(".", 1)[-1]]
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown override {path!r}{hint}; known: {', '.join(sorted(_OVERRIDES))}")
+        text = text.strip()
+        if name == "precision" and text in FP8_RECIPES:
+            # dse spells both the precision and the FP8 scaling recipe as mixed_precision=...
+            out["fp8_recipe"] = text
+            continue
+        out[name] = _convert(name, text, path)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- argv
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m recipes.mcore",
+        description="Minimal Megatron-core GPT pretraining on mock data; prints Megatron-LM-format iteration "
+                    "lines. Run one process per GPU with torchrun. Overrides (path=value, Megatron-Bridge "
+                    "spellings such as model.tensor_model_parallel_size=2 train.micro_batch_size=2) follow "
+                    "the flags and win over them.",
+    )
+    p.add_argument("--model", default=SMALL_GQA.name,
+                   help=f"architecture preset (default {SMALL_GQA.name}); one of: {', '.join(known_models())}")
+    p.add_argument("--factory", "--recipe", dest="factory", default=None,
+                   help="recipe name as dse sends it (llama3_8b, llama3_8b_recipe or Megatron-Bridge's "
+                        "llama3_8b_pretrain_config); sets --model")
+    p.add_argument("-y", "--yes", action="store_true", help="accepted for nemo-run compatibility; no effect")
+    shape = p.add_argument_group("model shape (override the preset)")
+    for flag in ("num-layers", "hidden-size", "num-attention-heads", "num-query-groups", "ffn-hidden-size",
+                 "vocab-size"):
+        shape.add_argument(f"--{flag}", type=int, default=None)
+    shape.add_argument("--swiglu", dest="gated", action="store_true", default=None, help="gated SwiGLU MLP")
+    shape.add_argument("--no-swiglu", dest="gated", action="store_false", help="plain GeLU MLP")
+    lay = p.add_argument_group("layout and batch")
+    for flag, help_ in (("tp", "tensor-parallel size"), ("pp", "pipeline-parallel size"),
+                        ("vp", "virtual-pipeline size"), ("mbs", "micro-batch size"), ("gbs", "global batch size"),
+                        ("seq-length", "sequence length")):
+        lay.add_argument(f"--{flag}", type=int, default=None, help=help_)
+    lay.add_argument("--recompute", choices=RECOMPUTE, default=None, help="activation recompute (default none)")
+    lay.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, default=None)
+    lay.add_argument("--recompute-num-layers", type=int, default=None)
+    run = p.add_argument_group("schedule")
+    run.add_argument("--train-iters", type=int, default=None)
+    run.add_argument("--log-interval", type=int, default=None)
+    run.add_argument("--lr", type=float, default=None)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--no-distributed-optimizer", dest="distributed_optimizer", action="store_false",
+                     default=None, help="plain Megatron mixed-precision Adam instead of the distributed optimizer")
+    run.add_argument("--check-only", action="store_true",
+                     help="print the resolved configuration and the FLOPs per step as JSON and exit")
+    p.add_argument("overrides", nargs="*", metavar="path=value")
+    return p
+
+
+def _model_from(name: str) -> ModelArch:
+    models = known_models()
+    key = name.removesuffix("_recipe").removesuffix("_pretrain_config")
+    if key not in models:
+        raise ConfigError(f"unknown model {name!r}; one of {', '.join(models)}")
+    return models[key]
+
+
+def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace]:
+    """The run configuration for a command line: preset < flags < ``path=value`` overrides."""
+    ns = build_parser().parse_args(list(argv))
+    arch = _model_from(ns.factory or ns.model)
+    values: dict[str, Any] = dict(
+        model=arch.name, num_layers=arch.num_layers, hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size, gated=arch.gated_mlp)
+    flag_names = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                  "vocab_size", "gated", "tp", "pp", "vp", "mbs", "gbs", "seq_length", "recompute",
+                  "recompute_method", "recompute_num_layers", "train_iters", "log_interval", "lr", "seed",
+                  "distributed_optimizer"}
+    values.update({k: v for k, v in vars(ns).items() if k in flag_names and v is not None})
+    values.update(parse_overrides(ns.overrides))
+    preset = dict(num_layers=arch.num_layers, hidden_size=arch.hidden_size,
+                  num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,
+                  ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size, gated=arch.gated_mlp)
+    changed = {k for k, v in preset.items() if values[k] != v}
+    if changed == {"num_layers"}:  # a scaled preset, as recipes.models names them (llama3_70b_16l)
+        values["model"] = f"{arch.name}_{values['num_layers']}l"
+    elif changed:
+        values["model"] = f"{arch.name}_custom"
+    return RunConfig(**values), ns
+
+
+# ------------------------------------------------------------------------------------------ log lines
+def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
+                          tflops_per_gpu: float | None, learning_rate: float, global_batch_size: int,
+                          losses: dict[str, float], loss_scale: float, grad_norm: float | None,
+                          skipped: int = 0, nan: int = 0, now: datetime | None = None) -> str:
+    """One iteration line exactly as Megatron-LM's ``training_log`` prints it (log_throughput on).
+
+    Field order and number formats follow ``megatron/training/training.py`` (``{:8d}`` iterations,
+    ``{:12d}`` samples, ``{:.1f}`` ms and TFLOP/s, ``{:.6E}`` learning rate and losses, ``{:.3f}`` grad
+    norm). The timestamp is ``[YYYY-MM-DD HH:MM:SS]`` as in Megatron-LM r0.x and Megatron-Bridge (the
+    newest Megatron-LM adds microseconds; parsers accept both).
+    """
+    ts = (now or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
+    s = f" [{ts}]"
+    s += " iteration {:8d}/{:8d} |".format(iteration, train_iters)
+    s += " consumed samples: {:12d} |".format(consumed_samples)
+    s += " elapsed time per iteration (ms): {:.1f} |".format(elapsed_ms)
+    if tflops_per_gpu is not None:
+        s += f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |"
+    s += f" learning rate: {learning_rate:.6E} |"
+    s += f" global batch size: {global_batch_size:5d} |"
+    for key, value in losses.items():
+        if value >= 0.0:
+            s += " {}: {:.6E} |".format(key, value)
+    s += f" loss scale: {loss_scale:.1f} |"
+    if grad_norm is not None:
+        s += f" grad norm: {grad_norm:.3f} |"
+    s += " number of skipped iterations: {:3d} |".format(skipped)
+    s += " number of nan iterations: {:3d} |".format(nan)
+    return s
+
+
+def format_memory_line(rank: int, iteration: int, allocated: int, max_allocated: int, reserved: int,
+                       max_reserved: int) -> str:
+    """Megatron-LM's ``report_memory`` line (bytes in, MiB printed with Python's float repr)."""
+    mb = 1024.0 * 1024.0
+    s = f"(after {iteration} iterations) memory (MB)"
+    s += f" | allocated: {allocated / mb}"
+    s += f" | max allocated: {max_allocated / mb}"
+    s += f" | reserved: {reserved / mb}"
+    s += f" | max reserved: {max_reserved / mb}"
+    return f"[Rank {rank}] {s}"
+
+
+@dataclass
+class LossAverager:
+    """Sums of per-micro-batch loss over a log interval, as Megatron's ``total_loss_dict``."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    iters: int = 0
+
+    def add(self, losses: dict[str, float]) -> None:
+        for k, v in losses.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.iters += 1
+
+    def pop(self) -> dict[str, float]:
+        out = {k: v / max(1, self.iters) for k, v in self.sums.items()}
+        self.sums, self.iters = {}, 0
+        return out

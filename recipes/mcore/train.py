@@ -1,0 +1,313 @@
+"""The training loop: Megatron-core's GPTModel with the local layer spec, its optimizer and schedules.
+
+A minimal stand-in for ``megatron.training.pretrain`` (the megatron-core wheel ships only
+``megatron.core``), built the way ``megatron/training/training.py`` builds things: model chunks wrapped in
+``Float16Module`` and Megatron's ``DistributedDataParallel``, ``get_megatron_optimizer`` (distributed
+optimizer by default), ``OptimizerParamScheduler``, ``get_forward_backward_func`` for the pipeline
+schedule, and its ``training_log`` / ``report_memory`` lines. Data are mock token sequences made on the GPU.
+torch and megatron are imported inside functions, so that importing this module needs neither.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from datetime import datetime
+
+from recipes.mcore.config import (
+    LossAverager,
+    RunConfig,
+    format_iteration_line,
+    format_memory_line,
+    model_flops_per_step,
+)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
+def _init_distributed(cfg: RunConfig):
+    """torch.distributed from torchrun's environment, or a one-process group when run without torchrun."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if "RANK" not in os.environ:  # plain `python -m recipes.mcore`: one process, one GPU
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local_rank))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.tp,
+        pipeline_model_parallel_size=cfg.pp,
+        virtual_pipeline_model_parallel_size=cfg.vp if cfg.vp > 1 else None,
+        context_parallel_size=cfg.cp,
+    )
+    # As megatron.training.initialize._set_random_seed: a different seed per pipeline stage.
+    seed = cfg.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _transformer_config(cfg: RunConfig):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    recompute = None if cfg.recompute == "none" else cfg.recompute
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_query_groups,
+        kv_channels=cfg.head_dim,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        tensor_model_parallel_size=cfg.tp,
+        pipeline_model_parallel_size=cfg.pp,
+        virtual_pipeline_model_parallel_size=cfg.vp if cfg.vp > 1 else None,
+        context_parallel_size=cfg.cp,
+        sequence_parallel=bool(cfg.sp),
+        # Llama-style block: RMSNorm, no biases, no dropout, SwiGLU (or GeLU) MLP, RoPE (set on the model).
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        gated_linear_unit=cfg.gated,
+        activation_func=F.silu if cfg.gated else F.gelu,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        autocast_dtype=torch.bfloat16,
+        # Fusions that need Apex or Transformer Engine kernels stay off on the local spec.
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        recompute_granularity=recompute,
+        recompute_method=cfg.recompute_method if recompute == "full" else None,
+        recompute_num_layers=cfg.recompute_num_layers if recompute == "full" else None,
+    )
+
+
+def _build_model(cfg: RunConfig, config):
+    """Model chunks (one per virtual stage) wrapped as megatron.training.get_model wraps them."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.module import Float16Module
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    vp = cfg.vp if cfg.vp > 1 else None
+    chunks = []
+    for i in range(vp or 1):
+        stage = i if vp else None
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=stage)
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=vp is None, vp_stage=stage)
+        m = GPTModel(
+            config=config, transformer_layer_spec=spec, vocab_size=cfg.vocab_size,
+            max_sequence_length=cfg.seq_length, pre_process=pre, post_process=post, parallel_output=True,
+            share_embeddings_and_output_weights=False, position_embedding_type="rope", rotary_base=500000,
+            vp_stage=stage,
+        )
+        chunks.append(m)
+    n_params = sum(p.nelement() for m in chunks for p in m.parameters())
+    if parallel_state.get_data_parallel_rank() == 0:
+        _print(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}".format(
+            parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+            n_params))
+    device = torch.cuda.current_device()
+    chunks = [Float16Module(config, m.cuda(device)) for m in chunks]
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=bool(cfg.overlap_grad_reduce),
+        use_distributed_optimizer=cfg.distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )
+    return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
+            for i, m in enumerate(chunks)]
+
+
+def _optimizer(cfg: RunConfig, chunks):
+    import torch
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay, adam_beta1=0.9,
+        adam_beta2=0.95, adam_eps=1e-8, clip_grad=cfg.clip_grad, bf16=True, params_dtype=torch.bfloat16,
+        use_distributed_optimizer=cfg.distributed_optimizer,
+    )
+    optimizer = get_megatron_optimizer(opt_config, chunks)
+    # Sample-based schedule, as Megatron steps it (increment = global batch size).
+    decay = cfg.lr_decay_iters or cfg.train_iters
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=cfg.lr, min_lr=cfg.min_lr,
+        lr_warmup_steps=min(cfg.lr_warmup_iters, decay - 1) * cfg.gbs,  # must be < decay steps
+        lr_decay_steps=decay * cfg.gbs,
+        lr_decay_style="cosine", start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
+        wd_incr_steps=max(cfg.train_iters, 1) * cfg.gbs, wd_incr_style="constant",
+    )
+    return optimizer, scheduler
+
+
+def _mock_batches(cfg: RunConfig, dp_rank: int):
+    """Endless micro-batches of arithmetic token sequences (random start and stride) made on the GPU.
+
+    Learnable, so the loss falls as a real run's does; the same on every tensor- and pipeline-parallel rank
+    of one data-parallel replica (same seed, same draws), different across replicas.
+    """
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed * 1009 + dp_rank)
+    steps = torch.arange(cfg.seq_length + 1, device=device, dtype=torch.int64)
+    position_ids = torch.arange(cfg.seq_length, device=device, dtype=torch.int64).unsqueeze(0).expand(cfg.mbs, -1)
+    loss_mask = torch.ones(cfg.mbs, cfg.seq_length, device=device, dtype=torch.float32)
+    while True:
+        start = torch.randint(0, cfg.vocab_size, (cfg.mbs, 1), generator=gen, device=device)
+        stride = torch.randint(1, 8, (cfg.mbs, 1), generator=gen, device=device)
+        seq = (start + stride * steps) % cfg.vocab_size
+        yield {"tokens": seq[:, :-1].contiguous(), "labels": seq[:, 1:].contiguous(),
+               "position_ids": position_ids, "loss_mask": loss_mask}
+
+
+def _forward_step(data_iterator, model):
+    """As pretrain_gpt.forward_step: (output, loss_func); the loss is (sum, tokens, {"lm loss": [sum, tokens]})."""
+    import torch
+
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    mask = batch["loss_mask"]
+
+    def loss_func(output_tensor):
+        losses = output_tensor.float().view(-1)
+        m = mask.view(-1)
+        loss = torch.sum(losses * m)
+        num_tokens = m.sum().to(torch.int)
+        report = torch.stack([loss.detach(), num_tokens.detach().float()])
+        return loss, num_tokens, {"lm loss": report}
+
+    return output, loss_func
+
+
+def _cuda_mem(torch):
+    return (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved(),
+            torch.cuda.max_memory_reserved())
+
+
+def train(cfg: RunConfig) -> int:
+    """Run ``cfg`` to the end; print Megatron-LM's log lines; return the process exit status."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    rank, world = _init_distributed(cfg)
+    dp = parallel_state.get_data_parallel_world_size()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    num_micro = cfg.gbs // (cfg.mbs * dp)
+    last_rank = world - 1
+    if rank == 0:
+        _print(f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
+               f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
+               f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}")
+        _print(f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
+               f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
+               f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
+               f"{model_flops_per_step(cfg):.6e} (causal convention)")
+        _print("building GPT model ...")
+    config = _transformer_config(cfg)
+    chunks = _build_model(cfg, config)
+    optimizer, scheduler = _optimizer(cfg, chunks)
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if cfg.overlap_grad_reduce:
+        no_sync = [c.no_sync for c in chunks]
+        grad_sync = [c.start_grad_sync for c in chunks]
+        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
+
+    iters = [_mock_batches(cfg, dp_rank) for _ in chunks]
+    forward_backward = get_forward_backward_func()
+    flops = model_flops_per_step(cfg)
+    is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    averager = LossAverager()
+    skipped_total = 0
+    dist.barrier()
+    if rank == 0:
+        _print(f"[after model, optimizer, and learning rate scheduler are built] datetime: "
+               f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} ")
+        _print("training ...")
+    torch.cuda.synchronize()
+    interval_start = time.perf_counter()
+    for iteration in range(1, cfg.train_iters + 1):
+        for c in chunks:
+            c.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses = forward_backward(
+            forward_step_func=_forward_step, data_iterator=iters, model=chunks, num_microbatches=num_micro,
+            seq_length=cfg.seq_length, micro_batch_size=cfg.mbs, decoder_seq_length=cfg.seq_length,
+            forward_only=False,
+        )
+        ok, grad_norm, _zeros = optimizer.step()
+        if ok:
+            scheduler.step(increment=cfg.gbs)
+        else:
+            skipped_total += 1
+        if is_last_stage and losses:
+            total = torch.stack([x["lm loss"] for x in losses]).sum(0)
+            dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+            averager.add({"lm loss": (total[0] / total[1]).item()})
+        if iteration % cfg.log_interval == 0 or iteration == cfg.train_iters:
+            dist.barrier()
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            n = iteration % cfg.log_interval or cfg.log_interval
+            per_iter = (now - interval_start) / n
+            if rank == last_rank:
+                lr = optimizer.param_groups[0]["lr"]
+                scale = optimizer.get_loss_scale()
+                scale = float(scale.item() if hasattr(scale, "item") else scale)
+                _print(format_iteration_line(
+                    iteration=iteration, train_iters=cfg.train_iters, consumed_samples=iteration * cfg.gbs,
+                    elapsed_ms=per_iter * 1000.0, tflops_per_gpu=flops / (per_iter * 1e12 * world),
+                    learning_rate=lr, global_batch_size=cfg.gbs, losses=averager.pop(), loss_scale=scale,
+                    grad_norm=None if grad_norm is None else float(grad_norm), skipped=skipped_total, nan=0))
+                skipped_total = 0
+            # As Megatron: memory after the first two logged iterations (optimizer state included from the
+            # second), and at the end (its --log-memory-interval), by every rank of data-parallel rank 0.
+            if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) \
+                    and dp_rank == 0:
+                _print(format_memory_line(rank, iteration, *_cuda_mem(torch)))
+            dist.barrier()
+            torch.cuda.synchronize()
+            interval_start = time.perf_counter()
+    dist.barrier()
+    if rank == 0:
+        _print(f"[after training is done] datetime: {datetime.now().strftime('%Y-%m-%d %H:%M:%S')} ")
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - use python -m recipes.mcore
+    sys.exit("run: python -m recipes.mcore --help")
