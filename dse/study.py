@@ -19,8 +19,8 @@ from typing import Any
 from gymnasium import spaces
 
 from agents.base import load_agents, make_agent
-from dse.backends.base import Backend
-from dse.errors import UserError
+from dse.backends import Backend, load_backends
+from dse.errors import UserError, did_you_mean
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
 from dse.store import Store, TrialRecord
@@ -36,20 +36,16 @@ def storage_url(out_dir: Path) -> str:
 
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:
-    """Backends by name; the simulated one is built in, the others are imported only when asked for."""
-    if name == "sim":
-        from dse.backends.sim import SimBackend
-
-        return SimBackend(seed=seed, flops_convention=space.backend.flops_convention)
-    if name == "local":
-        from dse.backends.local import LocalBackend
-
-        return LocalBackend(space)
-    if name == "slurm":
-        from dse.backends.slurm import SlurmBackend
-
-        return SlurmBackend(space)
-    raise UserError(f"unknown backend {name!r}; one of sim, local, slurm", field="--backend")
+    """The backend called ``name`` from the ``dse.backends`` registry, built for ``space``."""
+    registry = load_backends()
+    if name not in registry:
+        raise UserError(f"unknown backend {name!r}{did_you_mean(name, registry)}; known: {', '.join(registry)}",
+                        field="--backend")
+    cls = registry[name]()
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise UserError(f"entry point dse.backends:{name} is {cls!r}, not a dse.backends.Backend subclass",
+                        field="--backend")
+    return cls.from_space(space, seed=seed)
 
 
 @dataclass

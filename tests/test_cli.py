@@ -103,3 +103,10 @@ def test_report_is_self_contained_html_with_the_best_configuration(tmp_path):
     assert f"<b>{cfg}</b>" in text
     assert text.count("<script>/**") == 1  # plotly.js embedded once, so it opens offline
     assert text.count("<tr") == len(pd.read_csv(out / "leaderboard.csv")) + 1  # header + one row per trial
+
+
+def test_unknown_backend_is_one_line_and_writes_nothing(tmp_path):
+    path = write_space(tmp_path)
+    r = runner.invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--backend", "slurn"])
+    assert r.exit_code == 2 and "did you mean 'slurm'" in r.output
+    assert not (tmp_path / "o").exists()

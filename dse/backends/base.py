@@ -5,8 +5,12 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dse.launch import LaunchPlan
+
+if TYPE_CHECKING:
+    from dse.space import Space
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,11 @@ class Backend(abc.ABC):
     """Runs one plan to its end. Implementations must not raise for a failed run: a failure is data."""
 
     name: str = "base"
+
+    @classmethod
+    def from_space(cls, space: "Space", *, seed: int = 0) -> "Backend":
+        """The backend for a study of ``space`` (its system, its [backend] table). ``seed`` is the study's."""
+        return cls(space)
 
     @abc.abstractmethod
     def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:

@@ -41,6 +41,10 @@ class SimBackend(Backend):
     def __init__(self, *, seed: int = 0, flops_convention: str = "causal"):
         self.seed, self.flops_convention = seed, flops_convention
 
+    @classmethod
+    def from_space(cls, space, *, seed: int = 0) -> "SimBackend":
+        return cls(seed=seed, flops_convention=space.backend.flops_convention)
+
     def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         sim = simulate(plan.trial, self.seed, flops_convention=self.flops_convention)
         log = run_dir / LOG_NAME
