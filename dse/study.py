@@ -20,6 +20,7 @@ from gymnasium import spaces
 
 from agents.base import load_agents, make_agent
 from dse.backends import Backend, load_backends
+from dse.best import write_best
 from dse.errors import UserError, did_you_mean
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
@@ -151,4 +152,5 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
         records = store.records()
         store.close()
         lb = write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
+    write_best(space, records, out)  # only when the loop ended normally
     return StudyResult(out, records, new, lb)

@@ -128,3 +128,19 @@ def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch)
         if rec.ok:
             m = parse_log(f"{rec.run_dir}/log.txt", exit_code=0, context=ParseContext())
             assert m.tflops_per_gpu == pytest.approx(rec.reward)  # read from its own run directory
+
+
+def test_best_configuration_is_written_ready_to_launch(tmp_path):
+    import json
+
+    space = load_space(write_space(tmp_path))
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    top = pd.read_csv(res.leaderboard).iloc[0]
+    best = json.loads((tmp_path / "out" / "best" / "best.json").read_text())
+    assert best["trial"] == top.trial and best["reward"] == pytest.approx(top.reward)
+    assert {k: best["knobs"][k] for k in ("tp", "pp", "vp", "mbs")} == {k: int(top[k]) for k in ("tp", "pp", "vp", "mbs")}
+    sbatch = (tmp_path / "out" / "best" / "launch.sbatch").read_text()
+    assert f"trainer.strategy.tensor_model_parallel_size={int(top.tp)} " in sbatch
+    assert "python -m recipes.nemo2 --factory llama3_70b_recipe" in sbatch  # a real payload, not the simulator
+    assert (tmp_path / "out" / "best" / "code" / "recipes" / "nemo2" / "factories.py").exists()
+    assert (tmp_path / "out" / "best" / "launch.sh").exists()
