@@ -145,9 +145,15 @@ def test_ctrl_c_cancels_the_job_and_propagates(tmp_path, time_limit_job):
         _wait_running(tmp_path)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        backend().run(hanging_plan(), tmp_path)
+    # A process started in the background by a non-interactive shell (as CI may start pytest) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler: install it for this test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            backend().run(hanging_plan(), tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     job_id = (tmp_path / "job_id").read_text().strip()
     st = query_state(job_id)
     assert st is not None and st.state == "CANCELLED"
