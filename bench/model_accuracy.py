@@ -7,6 +7,8 @@
 Data: ``bench/data/published_perf_calibration.tsv`` (a copy of ``shared/reference``'s). Tokens/s/GPU is
 compared (convention-free); TFLOP/s/GPU is printed in each row's own convention. NVIDIA's recipes turn
 on TP communication overlap (userbuffers) whenever tp > 1, so the rows and the ranking do too.
+The in-repo copy adds one column to the shared table, ``cpu_offload_layers`` (activation offloading of the
+recipe: 40 on GB200 Llama 3 70B, as Megatron-Bridge's LLAMA3_70B_GB200_FP8_CS config sets; 0 elsewhere).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def row_trial(row: dict, **override):
     tp = int(override.get("tp", row["tp"]))
     knobs = dict(tp=tp, pp=int(row["pp"]), cp=int(row["cp"]), vp=int(row["vp"]), mbs=int(row["mbs"]),
                  gbs=int(row["gbs"]), seq_length=int(row["seq_length"]), precision=row["precision"],
-                 fsdp=row["fsdp"] == "1", tp_comm_overlap=tp > 1)
+                 fsdp=row["fsdp"] == "1", tp_comm_overlap=tp > 1,
+                 cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))
     knobs.update(override)
     knobs["tp_comm_overlap"] = knobs["tp"] > 1
     return make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), **knobs)
@@ -84,8 +87,10 @@ def leave_one_out(rows) -> None:
 
 
 def layouts(row: dict):
-    """Every layout to rank for a row: tp, pp, cp, vp, mbs, fsdp and recompute choices."""
+    """Every layout to rank for a row: tp, pp, cp, vp, mbs, fsdp and recompute choices, and activation
+    offloading off or at the row's published value (the rules keep it to pp=1 without recompute)."""
     arch = RECIPES[row["model"]].arch
+    offloads = sorted({0, int(row.get("cpu_offload_layers") or 0)})
     L = arch.num_layers
     for tp in (1, 2, 4, 8):
         for pp in (1, 2, 4, 8, 16, 32):
@@ -95,7 +100,9 @@ def layouts(row: dict):
                     for mbs in (1, 2, 4):
                         for fsdp in ((False, True) if pp == 1 else (False,)):
                             for rc in ("none", "selective", "full"):
-                                yield dict(tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, fsdp=fsdp, recompute=rc)
+                                for off in offloads:
+                                    yield dict(tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, fsdp=fsdp, recompute=rc,
+                                               cpu_offload_layers=off)
 
 
 def ranking(rows, params) -> None:
@@ -133,15 +140,15 @@ def memory(rows, params) -> None:
         b = p.breakdown
         print(f"{r['id']:22s} {p.peak_memory_gib:6.1f} / {p.gpu_memory_gib:5.0f} GiB  fits={p.fits}  "
               f"(states {b['mem.states_gib']:.1f}, activations {b['mem.activations_gib']:.1f}, "
-              f"logits {b['mem.logits_gib']:.1f})")
+              f"logits {b['mem.logits_gib']:.1f}, offloaded layers {r.get('cpu_offload_layers') or 0})")
     row = next(r for r in rows if r["id"] == "mb2511_h100_405b")
     for lay, note in ((dict(tp=1, pp=1, cp=1, vp=1), "expected: OOM"),
                       (dict(tp=1, pp=1, cp=1, vp=1, fsdp=True, recompute="full"), "for information")):
         p = predict(row_trial(row, **lay), params=params)
         desc = " ".join(f"{k}={v}" for k, v in lay.items())
         print(f"llama3_405b h100x1024 {desc}: {p.peak_memory_gib:.0f} GiB  fits={p.fits}  ({note})")
-    print("note: mb2511_gb200_70b runs with activation offloading (Megatron-Bridge recipe: cpu_offloading_num_layers"
-          "=40), which dse has no knob for; without it the model's OOM is the expected outcome.")
+    print(f"note: rows are predicted with their cpu_offload_layers column ({DATA.name}, added to the shared "
+          "table): mb2511_gb200_70b offloads 40 layers' activations, as Megatron-Bridge's recipe does.")
 
 
 # Held-out anchors, never fitted: Korthikanti et al. 2022 (arXiv 2205.05198), Table 4, A100 80 GB,

@@ -265,6 +265,9 @@ def predict_cmd(
     fsdp: bool = typer.Option(None, "--fsdp/--no-fsdp", help="Megatron FSDP instead of the distributed optimizer"),
     sp: bool = typer.Option(None, "--sp/--no-sp", help="sequence parallelism (default: on when tp > 1)"),
     recompute: str = typer.Option(None, "--recompute", help="none, selective or full"),
+    cpu_offload_layers: int = typer.Option(None, "--cpu-offload-layers",
+                                           help="layers whose activations go to host memory (default: the "
+                                                "recipe's layout, else 0 = off)"),
     tp_comm_overlap: bool = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
                                          help="userbuffers TP overlap (default: on when tp > 1 with sp and NeMo has a "
                                               "userbuffer config for it, as NVIDIA's performance recipes)"),
@@ -305,8 +308,9 @@ def predict_cmd(
     values = dict(tp=tp or layout.tp, pp=pp or layout.pp, cp=cp or layout.cp, vp=vp or layout.vp,
                   mbs=mbs or layout.mbs, gbs=gbs or layout.gbs, ep=ep, precision=precision,
                   seq_length=seq_length or recipe.seq_length, sp=sp,
-                  fsdp=layout.fsdp if fsdp is None else fsdp, recompute=recompute or layout.recompute)
-    for name in ("tp", "pp", "cp", "vp", "mbs", "gbs", "ep", "seq_length", "recompute"):
+                  fsdp=layout.fsdp if fsdp is None else fsdp, recompute=recompute or layout.recompute,
+                  cpu_offload_layers=layout.cpu_offload_layers if cpu_offload_layers is None else cpu_offload_layers)
+    for name in ("tp", "pp", "cp", "vp", "mbs", "gbs", "ep", "seq_length", "recompute", "cpu_offload_layers"):
         knobs.CATALOGUE[name].coerce(values[name], field=f"--{name.replace('_', '-')}")
     sp_on = values["tp"] > 1 if sp is None else sp
     values["tp_comm_overlap"] = (values["tp"] > 1 and sp_on) if tp_comm_overlap is None else tp_comm_overlap

@@ -121,10 +121,25 @@ def tp_comm_overlap_needs_tp(t: TrialConfig) -> str | None:
     return None
 
 
+def cpu_offload_supported(t: TrialConfig) -> str | None:
+    """What Megatron-Core allows with activation offloading (``TransformerConfig.__post_init__``, megatron-core
+    0.15: ``0 <= cpu_offloading_num_layers < num_layers``, no pipeline parallelism, no activation recompute)."""
+    n = t.cpu_offload_layers
+    if not n:
+        return None
+    if n >= t.arch.num_layers:
+        return f"cpu_offload_layers={n} must be less than the model's {t.arch.num_layers} layers"
+    if t.pp > 1:
+        return f"cpu_offload_layers={n} needs pp=1; Megatron-Core cannot offload activations with pipeline parallelism"
+    if t.recompute != "none":
+        return f"cpu_offload_layers={n} needs recompute=none; Megatron-Core cannot offload with recompute={t.recompute}"
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], str | None], ...] = (
     world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
     seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
-    recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp,
+    recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp, cpu_offload_supported,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision): dse.launch
 )
 

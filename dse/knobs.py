@@ -80,6 +80,8 @@ def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge
 
 
 _S = "trainer.strategy."
+_M = "model.config."
+_OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
 CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     _int("tp", "tensor-parallel size", 1, nemo2=[_S + "tensor_model_parallel_size"],
          mbridge=["model.tensor_model_parallel_size"]),
@@ -110,6 +112,8 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
          nemo2=(), mbridge=("ddp.use_megatron_fsdp",), nemo2_factory="fsdp"),
     Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers)", False,
          nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap"),
+    _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
+         minimum=0, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD]),
     _int("num_nodes", "nodes in the job", 1, nemo2=["trainer.num_nodes"], mbridge=[], layout=True),
     _int("max_steps", "training steps per trial", 50, nemo2=["trainer.max_steps"], mbridge=["train.train_iters"],
          layout=False),
@@ -200,6 +204,16 @@ def _recompute(values: Mapping[str, Any], prefix: str) -> list[str]:
             f"{prefix}recompute_num_layers=null"]
 
 
+def _cpu_offload(n: int, prefix: str) -> list[str]:
+    """Megatron-Core's activation offloading (``ModelParallelConfig.cpu_offloading*``): on for ``n`` layers,
+    activations only (weights stay on the GPU); 0 switches it off explicitly, so that a recipe's own setting
+    never disagrees with the trial."""
+    if not n:
+        return [f"{prefix}cpu_offloading=false", f"{prefix}cpu_offloading_num_layers=0"]
+    return [f"{prefix}cpu_offloading=true", f"{prefix}cpu_offloading_num_layers={n}",
+            f"{prefix}cpu_offloading_activations=true", f"{prefix}cpu_offloading_weights=false"]
+
+
 def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> list[str]:
     knob = CATALOGUE[name]
     mbridge = flavour == "mbridge"
@@ -212,6 +226,8 @@ def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> li
         if name == "recompute_num_layers" and "recompute" in values:
             return []  # spelled once, with recompute
         return _recompute(values, "model." if mbridge else "model.config.")
+    if name == "cpu_offload_layers":
+        return _cpu_offload(value, "model." if mbridge else "model.config.")
     if name == "vp" and value == 1:
         value = None  # no interleaving is spelled null, as NVIDIA's set_primary_perf_configs does
     if name == "sp" and value is None:

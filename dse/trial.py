@@ -94,7 +94,8 @@ def resolve(space: Space, point: Mapping[str, Any]) -> TrialConfig:
     precision = point.get("precision", space.settings.get("precision", "bf16"))
     layout = recipe.default_layout(space.system.gpu, precision)
     values.update(tp=layout.tp, pp=layout.pp, cp=layout.cp, vp=layout.vp, mbs=layout.mbs, gbs=layout.gbs,
-                  fsdp=layout.fsdp, recompute=layout.recompute, seq_length=recipe.seq_length)
+                  fsdp=layout.fsdp, recompute=layout.recompute, seq_length=recipe.seq_length,
+                  cpu_offload_layers=layout.cpu_offload_layers)
     values["num_nodes"] = space.num_nodes
     env: dict[str, str] = {}
     for source in (space.settings, point):

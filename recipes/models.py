@@ -46,6 +46,7 @@ class Layout:
     gbs: int = 128
     fsdp: bool = False
     recompute: str = "none"
+    cpu_offload_layers: int = 0  # layers whose activations go to host memory (Megatron-Core cpu_offloading)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def _recipes() -> dict[str, Recipe]:
                 "b200/fp8": Layout(1, 1, 1, 1, 2, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 128)}),
         Recipe("llama3_70b", LLAMA3_70B, "llama3_70b", "llama3_70b_pretrain_config", 8192, 64,
                {"h100/bf16": Layout(4, 4, 2, 5, 1, 128), "h100/fp8": Layout(4, 8, 1, 5, 1, 128),
-                "b200/fp8": Layout(2, 4, 2, 5, 1, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True)}),
+                "b200/fp8": Layout(2, 4, 2, 5, 1, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True,
+                                                                       cpu_offload_layers=40)}),
         Recipe("llama3_405b", LLAMA3_405B, "llama31_405b", "llama3_405b_pretrain_config", 8192, 1024,
                {"h100/bf16": Layout(8, 8, 2, 8, 1, 512), "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
                 "b200/fp8": Layout(4, 8, 2, 8, 1, 64), "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536)}),
@@ -100,7 +102,11 @@ def _recipes() -> dict[str, Recipe]:
     for base, layers in (("llama3_70b", 16), ("llama3_405b", 8), ("nemotron4_340b", 8)):
         r = out[base]
         arch = r.arch.scaled(layers)
-        out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base)
+        # offloading keeps its share of the layers (70B on GB200: 40 of 80 -> 8 of 16)
+        defaults = {k: replace(lay, cpu_offload_layers=lay.cpu_offload_layers * layers // r.arch.num_layers)
+                    for k, lay in r.defaults.items()}
+        out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base,
+                                 defaults=defaults)
     return out
 
 

@@ -71,6 +71,10 @@ def probe(argv: list[str]) -> dict:
         "recompute_granularity": cfg.recompute_granularity,
         "recompute_method": cfg.recompute_method,
         "recompute_num_layers": cfg.recompute_num_layers,
+        "cpu_offloading": cfg.cpu_offloading,
+        "cpu_offloading_num_layers": cfg.cpu_offloading_num_layers,
+        "cpu_offloading_activations": cfg.cpu_offloading_activations,
+        "cpu_offloading_weights": cfg.cpu_offloading_weights,
         "init_model_with_meta_device": getattr(cfg, "init_model_with_meta_device", False),
         "fp8": plug.fp8,
         "fp8_recipe": getattr(plug, "fp8_recipe", "delayed"),
@@ -101,6 +105,9 @@ def probe(argv: list[str]) -> dict:
         built["tokenizer"] = fdl.build(data.tokenizer)
         out["built_vocab_size"] = built["tokenizer"].vocab_size
     out["built_num_layers"] = built["model_config"].num_layers
+    out["built_cpu_offloading"] = [getattr(built["model_config"], f) for f in
+                                   ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
+                                    "cpu_offloading_weights")]
     out["built_fp8"] = built["plugins"].dtype_config.fp8
     out["built_callbacks"] = [type(c).__name__ for c in built["callbacks"]]
     if overlap is not None and overlap.tp_comm_overlap_cfg is not None:

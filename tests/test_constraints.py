@@ -44,6 +44,7 @@ CASES = {
                                   dict(recompute="full", recompute_num_layers=20, pp=4)),
     "fsdp_no_pp": (dict(fsdp=True, pp=2, tp=4), dict(fsdp=True, pp=1, tp=4)),
     "tp_comm_overlap_needs_tp": (dict(tp_comm_overlap=True, tp=1, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
+    "cpu_offload_supported": (dict(cpu_offload_layers=40, pp=4), dict(cpu_offload_layers=40, pp=1, tp=8, gbs=64)),
     # Llama 3 70B (hidden 8192) has an H100 userbuffer config at tp=4, none at tp=2
     "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
 }
@@ -77,3 +78,14 @@ def test_mxfp8_needs_blackwell():
 def test_gb200_tp_may_span_trays_within_the_nvl72_domain():
     t = make(gpu="gb200", recipe="llama3_405b", tp=8, pp=8, num_nodes=32, gbs=128)  # 4 GPUs per tray
     assert constraints.check(t) is None
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(cpu_offload_layers=80, pp=1, tp=8, gbs=64), "less than the model's 80 layers"),
+    (dict(cpu_offload_layers=79, pp=1, tp=8, gbs=64, recompute="selective"), "needs recompute=none"),
+    (dict(cpu_offload_layers=79, pp=2, tp=8), "needs pp=1"),
+])
+def test_cpu_offload_follows_megatron_core(kw, words):
+    """Megatron-Core's TransformerConfig refuses offloading all layers, with pp > 1, and with recompute."""
+    assert [(r.rule, words in r.reason) for r in constraints.check_all(make(**kw))] == [("cpu_offload_supported", True)]
+    assert constraints.check(make(**dict(kw, cpu_offload_layers=0))) is None

@@ -86,6 +86,16 @@ def test_recompute_full_of_every_layer_and_selective():
         "model.recompute_granularity=selective", "model.recompute_method=null", "model.recompute_num_layers=null"]
 
 
+def test_cpu_offload_on_names_activations_only_and_off_is_explicit():
+    assert knobs.overrides({"cpu_offload_layers": 40}, "mbridge") == [
+        "model.cpu_offloading=true", "model.cpu_offloading_num_layers=40", "model.cpu_offloading_activations=true",
+        "model.cpu_offloading_weights=false"]
+    assert knobs.overrides({"cpu_offload_layers": 0}, "nemo2") == [
+        "model.config.cpu_offloading=false", "model.config.cpu_offloading_num_layers=0"]
+    with pytest.raises(UserError, match="must be >= 0"):
+        knobs.get("cpu_offload_layers").coerce(-1)
+
+
 def test_sp_explicit_value_wins_and_unknown_tp_leaves_it_to_the_payload():
     assert knobs.overrides({"tp": 2, "sp": False}, "nemo2")[-1] == "trainer.strategy.sequence_parallel=false"
     assert knobs.overrides({"sp": None}, "nemo2") == []

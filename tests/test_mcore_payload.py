@@ -66,6 +66,12 @@ def test_dse_mbridge_overrides_round_trip():
     # dse's recompute_num_layers=0 means every layer: Megatron's uniform method, one layer per unit
     assert (resolved.recompute_method, resolved.recompute_num_layers, resolved.sp) == ("uniform", 1, False)
     assert resolved.overlap_grad_reduce is True  # dp = 8 > 1
+    assert (cfg.cpu_offloading, cfg.cpu_offloading_num_layers) == (False, 0)  # dse spells offloading off
+    values["cpu_offload_layers"] = 4  # on: Bridge's spelling is understood, and refused with the reason
+    cfg, _ = config_from_argv(["--factory", "llama3_8b_recipe", "-y", *knobs.overrides(values, "mbridge")])
+    assert (cfg.cpu_offloading, cfg.cpu_offloading_num_layers) == (True, 4)
+    with pytest.raises(ConfigError, match="Transformer Engine's offload context"):
+        check(cfg, world_size=8)
 
 
 def test_megatron_bridge_spellings():
@@ -114,6 +120,7 @@ def test_bad_overrides_name_the_problem(item, message):
     ({"cp": 2}, 2, "context parallelism"),
     ({"precision": "fp8"}, 1, "FP8 needs Transformer Engine"),
     ({"fsdp": True}, 1, "fsdp=true"),
+    ({"cpu_offloading": True, "cpu_offloading_num_layers": 2}, 1, "cpu_offloading=true"),
     ({"gbs": 6, "mbs": 4}, 1, "gbs=6 is not divisible by mbs*dp=4*1"),
     ({"tp": 3}, 3, "num_query_groups=4 is not divisible by tp=3"),
     ({"pp": 2}, 3, "world size 3 is not divisible by tp*pp*cp=2"),

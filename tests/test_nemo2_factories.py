@@ -26,12 +26,12 @@ PROBE = ROOT / "tests" / "nemo2_probe.py"
 
 BASE = {"tp": 1, "pp": 1, "vp": 1, "cp": 1, "ep": 1, "sp": None, "mbs": 1, "gbs": 128, "seq_length": 8192,
         "recompute": "none", "recompute_num_layers": 0, "precision": "bf16", "fp8_recipe": "tensorwise",
-        "fsdp": False, "tp_comm_overlap": False, "num_nodes": 1, "max_steps": 30}
+        "fsdp": False, "tp_comm_overlap": False, "cpu_offload_layers": 0, "num_nodes": 1, "max_steps": 30}
 
 # (recipe, gpu, gpus_per_node, flops callback, knob values): every model, every precision recipe, every
-# recompute mode, FSDP, interleaving, TP overlap with and without a tuned userbuffer config.
+# recompute mode, FSDP, interleaving, TP overlap with and without a tuned userbuffer config, activation offloading.
 TRIALS = [
-    ("llama3_8b", "h100", 8, True, dict(BASE, cp=2, mbs=2, gbs=64)),
+    ("llama3_8b", "h100", 8, True, dict(BASE, cp=2, mbs=2, gbs=64, cpu_offload_layers=4)),
     ("llama3_70b_16l", "h100", 8, True, dict(BASE, tp=4, pp=2, vp=2, gbs=64, recompute="full",
                                               recompute_num_layers=2, precision="fp8", fp8_recipe="tensorwise",
                                               tp_comm_overlap=True, num_nodes=2)),
@@ -142,6 +142,11 @@ def test_trial_reaches_the_nemo_config(probed, index):
     # recompute, precision, FSDP
     assert (got["recompute_granularity"], got["recompute_method"], got["recompute_num_layers"]) == \
         _expected_recompute(values)
+    n_off = values["cpu_offload_layers"]  # offloading: activations of n layers, never weights; 0 = off
+    want_off = [n_off > 0, n_off, True, False]
+    got_off = [got[f] for f in ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
+                                "cpu_offloading_weights")]
+    assert got_off == got["built_cpu_offloading"] == want_off
     for field, want in _expected_fp8(values).items():
         assert got[field] == want, f"{name}: plugins.{field}"
     assert got["built_fp8"] == _expected_fp8(values)["fp8"]

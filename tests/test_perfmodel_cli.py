@@ -98,3 +98,12 @@ def test_invalid_input_exits_2_with_the_reason(args, needle):
 def test_model_and_model_file_are_exclusive():
     res = runner.invoke(app, ["predict", "--gpu", "h100"])
     assert res.exit_code == 2 and "--model" in res.output
+
+
+def test_cpu_offload_layers_flag_defaults_to_the_recipe_and_is_checked():
+    base = ["predict", "--model", "llama3_70b", "--gpu", "gb200", "--precision", "fp8", "--json"]
+    default = json.loads(runner.invoke(app, base).stdout)  # the recipe's GB200 layout offloads 40 layers
+    off = json.loads(runner.invoke(app, [*base, "--cpu-offload-layers", "0"]).stdout)
+    assert off["peak_memory_gib"] > default["peak_memory_gib"] + 100
+    res = runner.invoke(app, [*base, "--cpu-offload-layers", "40", "--pp", "2", "--no-fsdp"])
+    assert res.exit_code == 2 and "needs pp=1" in res.output

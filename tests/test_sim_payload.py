@@ -55,6 +55,7 @@ def test_sim_config_knows_every_catalogue_spelling():
         elif knob.kind == "bool":
             variants += [{name: True}, {name: False}]
     variants.append({"recompute": "full", "recompute_num_layers": 2})
+    variants.append({"cpu_offload_layers": 4})
     for v, gpu in itertools.product(variants, ("h100", "b200")):
         values = base | v
         args = knobs.payload_args("sim", RECIPES["llama3_70b"], values, gpu=gpu, gpus_per_node=8)

@@ -66,6 +66,13 @@ def stage_layers(num_layers: int, p: int, v: int) -> tuple[float, float, float, 
     return per_stage, per_stage, per_stage, False
 
 
+def offload_kept_layers(layers: float, offloaded: int) -> float:
+    """Layers' activations held on the GPU at the peak when ``offloaded`` of ``layers`` go to host memory:
+    the others, plus one layer of the offload double buffer (in flight to or from the host)."""
+    n = min(offloaded, layers)
+    return layers - n + (1.0 if n > 0 else 0.0)
+
+
 def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bps: float) -> float:
     """Bus bandwidth of a ring collective over ``members`` ranks ``stride`` apart.
 
@@ -102,14 +109,16 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
         cp=v["cp"], vp=v["vp"], mbs=v["mbs"], gbs=v["gbs"], seq_length=v["seq_length"],
         sp=(tp > 1) if sp is None else bool(sp), recompute=v["recompute"],
         recompute_num_layers=v["recompute_num_layers"], precision=v["precision"], fsdp=v["fsdp"],
-        tp_comm_overlap=v["tp_comm_overlap"], nvlink_domain=sysm.nvlink_domain,
+        tp_comm_overlap=v["tp_comm_overlap"], cpu_offload_layers=v.get("cpu_offload_layers", 0),
+        nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params)
 
 
 def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, vp: int = 1,
                    mbs: int = 1, gbs: int = 128, seq_length: int = 4096, sp: bool | None = None,
                    recompute: str = "none", recompute_num_layers: int = 0, precision: str = "bf16",
-                   fsdp: bool = False, tp_comm_overlap: bool = False, nvlink_domain: int | None = None,
+                   fsdp: bool = False, tp_comm_overlap: bool = False, cpu_offload_layers: int = 0,
+                   nvlink_domain: int | None = None,
                    scaleout_gbps: float | None = None, flops_convention: str = "causal",
                    params: Params = DEFAULT_PARAMS) -> Prediction:
     """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names."""
@@ -187,6 +196,16 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         rec = 0.0
     t_layer = compute + tp_exposed + cp_exposed + rec
 
+    # activation offloading (Megatron-Core cpu_offloading; pp=1 and no recompute, see dse.constraints): each
+    # offloaded layer's activations go to host memory during its forward and come back during its backward,
+    # one layer ahead (Transformer Engine's double-buffered offload handler), behind that layer's compute
+    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=True, dropout=False, fp8=fp8)
+    act_layer = layer_activation_bytes(s / c, b, h, a, t, recompute="none", **act_kw)
+    n_off = min(cpu_offload_layers, L)
+    t_copy = act_layer / (hw.host_link_gbps * 1e9 * P.host_link_eff)
+    t_offload = n_off * (max(0.0, t_copy - P.offload_overlap * t_layer / 3.0)
+                         + max(0.0, t_copy - P.offload_overlap * 2.0 * t_layer / 3.0))
+
     # ---- stages -------------------------------------------------------------------------------------
     first_l, mid_l, last_l, accounted = stage_layers(L, p, vv)
     logits_flops = 2.0 * T * h * V / t
@@ -194,9 +213,9 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / hbm_Bps
     ce = T * V / t * 16.0 * P.elementwise_scale / hbm_Bps
     t_logits = 3.0 * logits_gemm + ce + (2.0 * tp_one if sp and t > 1 else 0.0)
-    t_mb = max(mid_l * t_layer, last_l * t_layer + t_logits, first_l * t_layer)
+    t_mb = max(mid_l * t_layer, last_l * t_layer + t_logits, first_l * t_layer + t_offload)
     if p == 1:
-        t_mb = L * t_layer + t_logits
+        t_mb = L * t_layer + t_logits + t_offload
 
     # ---- pipeline -----------------------------------------------------------------------------------
     bubble = (p - 1) / vv * t_mb
@@ -239,9 +258,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     step = t_pipe + pp_comm + dp_exposed + t_opt + P.step_overhead_s
 
     # ---- memory -------------------------------------------------------------------------------------
-    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=True, dropout=False, fp8=fp8)
     s_loc = s / c
-    act_layer = layer_activation_bytes(s_loc, b, h, a, t, recompute="none", **act_kw)
     if recompute == "none":
         act_kept = act_layer
     elif recompute == "selective":
@@ -260,6 +277,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         last_layers = sum(counts_last) * chunk_l - (counts_last[-1] if accounted else 0)
     else:
         last_layers = first_layers
+    first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
     logits_mem = T * V / t * 6.0  # bf16 logits and the fp32 softmax of the loss
     states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b)
     fsdp_buf = 2.0 * lp / t * (2.0 + grad_b) if fsdp else 0.0  # two unsharded layers: weights, grads
@@ -284,6 +302,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         "time.pp_p2p_s": pp_comm,
         "time.dp_exposed_s": dp_exposed,
         "time.optimizer_s": t_opt,
+        "time.offload_exposed_s": m * t_offload,
         "time.overhead_s": P.step_overhead_s,
         "mem.states_gib": max(first_params, last_params) / t * states_b / GIB,
         "mem.activations_gib": max(act_first, act_last - logits_mem) / GIB,

@@ -33,6 +33,11 @@ class Params:
     layer_overhead_s: float = 60e-6  # kernel launches and small kernels per layer per micro-batch
     step_overhead_s: float = 0.010  # per step: data loader, loss reduction, logging, grad-norm all-reduce
     optimizer_bw_eff: float = 0.80  # Adam is memory-bound: share of HBM bandwidth it reaches
+    host_link_eff: float = 0.80  # pinned-memory copies reach ~80% of the nominal PCIe / C2C rate (nvbandwidth)
+    # share of a layer's compute that hides its activation offload (forward) or reload (backward): the copies
+    # run on copy engines, asynchronously on a side stream (Transformer Engine's cpu_offload), and only
+    # contend for HBM bandwidth
+    offload_overlap: float = 0.90
     memory_reserve_gib: float = 3.0  # CUDA context, NCCL and cuBLAS / TE workspaces
     memory_fragmentation: float = 0.05  # allocator slack, as a share of the activation memory
 

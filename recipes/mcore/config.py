@@ -62,6 +62,8 @@ class RunConfig:
     fp8_recipe: str | None = None  # FP8 scaling recipe; recorded, meaningful only with precision=fp8
     fsdp: bool = False
     tp_comm_overlap: bool = False
+    cpu_offloading: bool = False  # Megatron-Core activation offloading; refused by check() (needs TE)
+    cpu_offloading_num_layers: int = 0
     train_iters: int = 20
     log_interval: int = 1
     lr: float = 3.0e-4
@@ -130,6 +132,8 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
     need(cfg.precision == "bf16", f"precision={cfg.precision}: FP8 needs Transformer Engine; bf16 only")
     need(not cfg.fsdp, "fsdp=true: Megatron FSDP is not wired into this payload; use the distributed optimizer")
     need(not cfg.tp_comm_overlap, "tp_comm_overlap=true needs Transformer Engine's userbuffers")
+    need(not cfg.cpu_offloading, "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
+                                 "Engine's offload context; the local layer spec has none")
     need(not cfg.sp, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
     need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
     need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
@@ -185,6 +189,8 @@ _OVERRIDES: dict[str, str] = {
     "mixed_precision": "precision",
     "ddp.use_megatron_fsdp": "fsdp",
     "comm_overlap.tp_comm_overlap": "tp_comm_overlap",
+    "model.cpu_offloading": "cpu_offloading",
+    "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "train.train_iters": "train_iters",
     "logger.log_interval": "log_interval",
     "optimizer.lr": "lr",
@@ -205,10 +211,13 @@ _OVERRIDES: dict[str, str] = {
     "model.vocab_size": "vocab_size",
     "model.gated_linear_unit": "gated",
 }
-# Megatron-Bridge settings that dse sends with others (its Megatron-FSDP set) and that change nothing here:
-# the knob they come with (ddp.use_megatron_fsdp=true) is refused by check() with the reason.
+# Megatron-Bridge settings that dse sends with others (its Megatron-FSDP set, the offload details) and that
+# change nothing here: the knob they come with (ddp.use_megatron_fsdp=true, model.cpu_offloading=true) is
+# refused by check() with the reason.
 IGNORED = ("ddp.data_parallel_sharding_strategy", "ddp.average_in_collective", "model.init_model_with_meta_device",
-           "optimizer.use_precision_aware_optimizer")
+           "optimizer.use_precision_aware_optimizer",
+           # what is offloaded (activations, not weights): meaningful only with cpu_offloading, refused by check()
+           "model.cpu_offloading_activations", "model.cpu_offloading_weights")
 _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
 _PRECISIONS = {"bf16": "bf16", "bf16_mixed": "bf16", "bf16-mixed": "bf16"}

@@ -52,7 +52,9 @@ _DEFAULT_CONFIG: dict[str, Any] = {
     },
     "data": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 8192},
     "model": {"config": {"seq_length": 8192, "recompute_granularity": None, "recompute_method": None,
-                         "recompute_num_layers": None, "num_layers": None}},
+                         "recompute_num_layers": None, "num_layers": None, "cpu_offloading": False,
+                         "cpu_offloading_num_layers": 0, "cpu_offloading_activations": True,
+                         "cpu_offloading_weights": False}},
     "optim": {"config": {"lr": 3e-4}},
     "log": {"ckpt": {"save_on_train_epoch_end": False, "save_last": False}},
 }
