@@ -59,7 +59,8 @@ def row_knobs(row: dict) -> dict:
     return dict(tp=tp, pp=int(row["pp"]), cp=int(row["cp"]), vp=int(row["vp"]), mbs=int(row["mbs"]),
                 gbs=int(row["gbs"]), seq_length=int(row["seq_length"]), precision=row["precision"],
                 fsdp=row["fsdp"] == "1", recompute=row["recompute"], sp=row["sp"] == "1",
-                tp_comm_overlap=row["tp_comm_overlap"] == "1")
+                tp_comm_overlap=row["tp_comm_overlap"] == "1",
+                cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))  # 0: no table states offloading
 
 
 def row_trial(row: dict, **override):
