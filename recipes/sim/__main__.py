@@ -187,10 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(_env_num("DSE_SIM_SLEEP_S", float, 0.0))
     code = write_log(run, out)
     out.flush()
-    if code and _rank() != 0:
-        # The other ranks of a failed run wait in a collective until the launcher ends them, as real ones
-        # do; exiting at once would let srun --kill-on-bad-exit stop rank 0 before it prints its error.
-        time.sleep(_env_num("DSE_SIM_PEER_WAIT_S", float, 5.0))
+    if code:
+        # A failed rank takes a moment to tear down (CUDA, NCCL) after printing its error, and the other ranks
+        # wait in a collective until the launcher ends them. Exiting at once would let srun
+        # --kill-on-bad-exit end the step before it has forwarded rank 0's last lines to the log.
+        time.sleep(_env_num("DSE_SIM_TEARDOWN_S", float, 1.0) if _rank() == 0
+                   else _env_num("DSE_SIM_PEER_WAIT_S", float, 5.0))
     return code
 
 
