@@ -60,7 +60,8 @@ def row_knobs(row: dict) -> dict:
                 gbs=int(row["gbs"]), seq_length=int(row["seq_length"]), precision=row["precision"],
                 fsdp=row["fsdp"] == "1", recompute=row["recompute"], sp=row["sp"] == "1",
                 tp_comm_overlap=row["tp_comm_overlap"] == "1",
-                cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))  # 0: no table states offloading
+                cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),  # 0: no table states offloading
+                attention_backend=row.get("attention_backend") or "auto")
 
 
 def row_trial(row: dict, **override):
