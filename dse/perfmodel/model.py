@@ -153,6 +153,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # bf16 default accumulates and reduces them in fp32.
     grad_b = 2.0 if precision == "fp8" else 4.0
     bf16_peak = hw.bf16_tflops * 1e12
+    attn_eff = {"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(hw.arch, P.attn_eff)
     if fp8:
         eff8 = P.gemm_eff_fp8_blackwell if hw.arch == "blackwell" else P.gemm_eff_fp8
         g_rate, g_in = hw.fp8_tflops * 1e12 * eff8, 1.0
@@ -191,7 +192,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         attn_fwd = attn_gemm + scores * fwd_b / hbm_Bps
         attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) / hbm_Bps
     else:
-        attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * P.attn_eff)  # causal: half of 4·T·s·a·d
+        attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
         attn_fb = 3.5 * attn_fwd  # flash-attention backward: 2.5x the forward (recomputes the scores)
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if fp8:
