@@ -7,7 +7,8 @@ The TSV holds one row per real run (one H200, bf16, mock data; logs in tests/fix
 model dimensions, layout, batch, recompute, and the measured median step time after warm-up (the first
 max(2, ceil(10 %)) logged iterations dropped, as dse.parse does), the median logged TFLOP/s/GPU (causal
 convention) and the peak allocated / reserved memory from Megatron's memory lines. The prediction is
-``dse.perfmodel.predict`` for the same configuration on an ``h200`` system of one GPU. Needs no torch.
+``dse.perfmodel.predict`` for the same configuration on an ``h200`` system of one GPU, with
+``attention_backend=local`` (the local spec's unfused core attention). Needs no torch.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def _trial(row: dict):
     system = load_system({"gpu": "h200", "gpus_per_node": 1, "nvlink_domain": 1})
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
     values.update(tp=int(row["tp"]), pp=int(row["pp"]), mbs=int(row["mbs"]), gbs=int(row["gbs"]),
-                  seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1, precision="bf16")
+                  seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1, precision="bf16",
+                  attention_backend="local")  # recipes.mcore's local layer spec: Megatron's unfused attention
     return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values))
 
 

@@ -60,7 +60,8 @@ def row_knobs(row: dict) -> dict:
                 gbs=int(row["gbs"]), seq_length=int(row["seq_length"]), precision=row["precision"],
                 fsdp=row["fsdp"] == "1", recompute=row["recompute"], sp=row["sp"] == "1",
                 tp_comm_overlap=row["tp_comm_overlap"] == "1",
-                cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))  # 0: no table states offloading
+                cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),  # 0: no table states offloading
+                attention_backend=row.get("attention_backend") or "auto")
 
 
 def row_trial(row: dict, **override):
@@ -132,6 +133,9 @@ def summary(results) -> None:
     print(f"MAPE without the {len(errs) - len(fresh)} rows whose layout is in the calibration set: "
           f"{mape(fresh):.1f}% ({len(fresh)} rows)")
     signed = sum(errs) / len(errs)
+    clean = [x["err"] for x in results if not x["same"] and x["row"]["id"] not in model_accuracy.FIT_EXTRA]
+    print(f"MAPE without those and the {len(model_accuracy.FIT_EXTRA)} rows in the fit "
+          f"({', '.join(model_accuracy.FIT_EXTRA)}): {mape(clean):.1f}% ({len(clean)} rows)")
     print(f"mean signed error: {model_accuracy.pct(signed)} (positive: the model is optimistic)")
     within = [sum(abs(e) <= lim for e in errs) for lim in (0.10, 0.15, 0.25)]
     print(f"rows within 10% / 15% / 25%: {within[0]} / {within[1]} / {within[2]} of {len(errs)}")

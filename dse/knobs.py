@@ -79,6 +79,7 @@ def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge
                 layout=layout)
 
 
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 _S = "trainer.strategy."
 _M = "model.config."
 _OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
@@ -114,6 +115,13 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
          nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap"),
     _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
          minimum=0, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD]),
+    # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
+    # or cuDNN fused), unfused is TE's unfused DotProductAttention, local Megatron's own (no TE). NeMo 2: a factory
+    # argument, because nemo-run's CLI cannot parse an enum-typed field (model.config.attention_backend=flash
+    # fails with "Unsupported type: <enum 'AttnBackend'>"); Megatron-Bridge: the model field.
+    Knob("attention_backend", "choice", "attention kernel (Megatron-Core AttnBackend)", "auto",
+         choices=ATTENTION_BACKENDS, nemo2=(), mbridge=("model.attention_backend",),
+         nemo2_factory="attention_backend"),
     _int("num_nodes", "nodes in the job", 1, nemo2=["trainer.num_nodes"], mbridge=[], layout=True),
     _int("max_steps", "training steps per trial", 50, nemo2=["trainer.max_steps"], mbridge=["train.train_iters"],
          layout=False),
@@ -234,6 +242,8 @@ def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> li
         if "tp" not in values:
             return []
         value = values["tp"] > 1  # the default: on exactly when tensor parallel
+    if name == "attention_backend" and value == CATALOGUE[name].default:
+        return []  # auto: the recipe's own choice (Transformer Engine picks), so the scripts stay as they were
     if mbridge and name == "fsdp" and value:
         return list(MBRIDGE_FSDP)
     paths = knob.mbridge if mbridge else knob.nemo2

@@ -75,6 +75,7 @@ def probe(argv: list[str]) -> dict:
         "cpu_offloading_num_layers": cfg.cpu_offloading_num_layers,
         "cpu_offloading_activations": cfg.cpu_offloading_activations,
         "cpu_offloading_weights": cfg.cpu_offloading_weights,
+        "attention_backend": getattr(cfg.attention_backend, "name", cfg.attention_backend),
         "init_model_with_meta_device": getattr(cfg, "init_model_with_meta_device", False),
         "fp8": plug.fp8,
         "fp8_recipe": getattr(plug, "fp8_recipe", "delayed"),
@@ -108,6 +109,7 @@ def probe(argv: list[str]) -> dict:
     out["built_cpu_offloading"] = [getattr(built["model_config"], f) for f in
                                    ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
                                     "cpu_offloading_weights")]
+    out["built_attention_backend"] = built["model_config"].attention_backend.name
     out["built_fp8"] = built["plugins"].dtype_config.fp8
     out["built_callbacks"] = [type(c).__name__ for c in built["callbacks"]]
     if overlap is not None and overlap.tp_comm_overlap_cfg is not None:

@@ -215,3 +215,15 @@ def test_userbuffer_lookup():
     assert userbuffers.lookup("a100", "bf16", 8192, 4) is None
     assert all(name.startswith(f"userbuffers_{p}_{fam}_h{h}_tp{tp}_")
                for (fam, p, h, tp), name in userbuffers.UB_CONFIGS.items())
+
+
+def test_attention_backend_auto_is_not_spelled_and_others_are():
+    assert knobs.overrides({"attention_backend": "auto"}, "mbridge") == []
+    assert knobs.overrides({"attention_backend": "unfused"}, "mbridge") == ["model.attention_backend=unfused"]
+    # NeMo 2: nemo-run cannot parse an enum-typed override, so the factory sets it
+    assert knobs.overrides({"attention_backend": "flash"}, "nemo2") == []
+    assert knobs.factory_args({"attention_backend": "flash"}, gpu="h100", hidden_size=4096) == {
+        "attention_backend": "flash"}
+    assert knobs.factory_args({"attention_backend": "auto"}, gpu="h100", hidden_size=4096) == {}
+    with pytest.raises(UserError, match="takes one of auto, flash, fused, unfused, local"):
+        knobs.get("attention_backend").coerce("cudnn")

@@ -253,3 +253,16 @@ def test_h200_plan_lines_are_valid_command_lines():
         assert cfg.tp == cfg.pp == 1 and cfg.precision == "bf16", name
         names.add(name)
     assert {p.stem for p in REAL.glob("*.log")} <= names
+
+
+@pytest.mark.parametrize("backend", ["local", "unfused", "auto"])
+def test_local_spec_accepts_its_own_attention(backend):
+    cfg, _ = config_from_argv([f"model.attention_backend={backend}"])
+    assert check(cfg, 1).attention_backend == backend
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused"])
+def test_transformer_engine_attention_is_refused(backend):
+    cfg, _ = config_from_argv([f"model.attention_backend={backend}"])
+    with pytest.raises(ConfigError, match="come from Transformer Engine"):
+        check(cfg, 1)

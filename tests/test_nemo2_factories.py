@@ -26,7 +26,8 @@ PROBE = ROOT / "tests" / "nemo2_probe.py"
 
 BASE = {"tp": 1, "pp": 1, "vp": 1, "cp": 1, "ep": 1, "sp": None, "mbs": 1, "gbs": 128, "seq_length": 8192,
         "recompute": "none", "recompute_num_layers": 0, "precision": "bf16", "fp8_recipe": "tensorwise",
-        "fsdp": False, "tp_comm_overlap": False, "cpu_offload_layers": 0, "num_nodes": 1, "max_steps": 30}
+        "fsdp": False, "tp_comm_overlap": False, "cpu_offload_layers": 0, "attention_backend": "auto", "num_nodes": 1,
+        "max_steps": 30}
 
 # (recipe, gpu, gpus_per_node, flops callback, knob values): every model, every precision recipe, every
 # recompute mode, FSDP, interleaving, TP overlap with and without a tuned userbuffer config, activation offloading.
@@ -41,7 +42,7 @@ TRIALS = [
     ("nemotron3_8b", "b200", 8, False, dict(BASE, tp=2, seq_length=4096, gbs=32, precision="fp8",
                                             fp8_recipe="mxfp8", fsdp=True)),
     ("nemotron4_15b", "h100", 8, True, dict(BASE, tp=2, seq_length=4096, gbs=256, tp_comm_overlap=True,
-                                            num_nodes=8, max_steps=10)),
+                                            num_nodes=8, max_steps=10, attention_backend="unfused")),
     ("nemotron4_340b_8l", "gb200", 4, True, dict(BASE, tp=8, pp=2, vp=2, seq_length=4096, gbs=32,
                                                   recompute="full", precision="fp8", fp8_recipe="blockwise",
                                                   tp_comm_overlap=True, sp=True, num_nodes=4)),
@@ -147,6 +148,8 @@ def test_trial_reaches_the_nemo_config(probed, index):
     got_off = [got[f] for f in ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
                                 "cpu_offloading_weights")]
     assert got_off == got["built_cpu_offloading"] == want_off
+    # attention backend: a factory argument (nemo-run cannot parse the enum); auto leaves the recipe's own (auto)
+    assert got["attention_backend"] == got["built_attention_backend"] == values["attention_backend"]
     for field, want in _expected_fp8(values).items():
         assert got[field] == want, f"{name}: plugins.{field}"
     assert got["built_fp8"] == _expected_fp8(values)["fp8"]

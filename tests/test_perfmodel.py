@@ -265,3 +265,29 @@ def test_fit_recovers_parameters_that_generated_the_data():
     got = fit(tokens, rows, names=("gemm_eff_fp8", "attn_eff"), obs_sigma=0.001)
     assert got.gemm_eff_fp8 == pytest.approx(0.50, rel=0.03)
     assert got.attn_eff == pytest.approx(0.45, rel=0.05)
+
+
+def test_unfused_attention_stores_korthikantis_scores_and_costs_time_growing_with_s():
+    """attention_backend=unfused/local: the 5as²b/t score term of Korthikanti comes back into the activations,
+    and the s×s scores through HBM make the step slower, by more at longer sequences; auto/flash/fused agree."""
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=8, tp=2, gbs=32, mbs=1)
+    slow = {}
+    for s in (2048, 8192):
+        runs = {b: predict_layout(arch, "h100", seq_length=s, attention_backend=b, **kw)
+                for b in ("auto", "flash", "fused", "unfused", "local")}
+        assert runs["auto"].step_time_s == runs["flash"].step_time_s == runs["fused"].step_time_s
+        assert runs["unfused"].step_time_s == runs["local"].step_time_s > runs["auto"].step_time_s
+        extra = (runs["unfused"].breakdown["mem.activations_gib"] - runs["auto"].breakdown["mem.activations_gib"])
+        scores = 5 * arch.num_attention_heads * s * s * 1 / 2  # 5as²b/t per layer, b = 1, t = 2
+        assert extra * 2**30 >= arch.num_layers * scores  # every in-flight layer (plus the working one) holds them
+        slow[s] = runs["unfused"].step_time_s / runs["auto"].step_time_s
+    assert slow[8192] > slow[2048]
+
+
+def test_selective_recompute_drops_the_unfused_scores():
+    r = next(x for x in calibration_rows() if x["id"] == "mb2511_h100_70b")
+    fused, unfused = (predict(row_trial(r, recompute="selective", attention_backend=b)) for b in ("auto", "unfused"))
+    assert unfused.step_time_s > fused.step_time_s
+    # only the working layer's scores remain: far less than the in-flight layers' activations
+    assert unfused.peak_memory_gib - fused.peak_memory_gib < 0.5 * fused.breakdown["mem.activations_gib"]

@@ -70,6 +70,7 @@ def test_sim_config_knows_every_catalogue_spelling():
     (["--factory", "llama3_8b", "-y"], "unknown factory"),
     (["--factory", "llama3_8b_recipe(gpus=8)", "-y"], "takes no argument gpus"),
     (["--factory", "llama3_8b_recipe(fsdp=__import__('os'))", "-y"], "not keyword=literal"),
+    (["--factory", "llama3_8b_recipe(attention_backend=\"cudnn\")", "-y"], "unknown attention_backend"),
 ])
 def test_bad_command_lines_exit_2(argv, message, capsys):
     assert sim.main(argv) == 2

@@ -73,6 +73,21 @@ def offload_kept_layers(layers: float, offloaded: int) -> float:
     return layers - n + (1.0 if n > 0 else 0.0)
 
 
+UNFUSED_BACKENDS = ("unfused", "local")
+
+
+def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
+    """HBM bytes per attention-score element of unfused attention (bf16), forward and backward.
+
+    Forward: QKᵀ writes the scores (2), the fused scale-mask-softmax reads and writes them (4), P·V reads
+    the probabilities (2); dropout adds a read, a write and a 1-byte mask (5). Backward: dO·Vᵀ writes dP
+    (2), softmax backward reads dP and P and writes dS (6), dS·K and dSᵀ·Q read dS (4), Pᵀ·dO reads P (2);
+    dropout backward reads dP and the mask and writes (5). Flash attention keeps all of this in SRAM.
+    """
+    drop = 5.0 if dropout else 0.0
+    return 8.0 + drop, 14.0 + drop
+
+
 def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bps: float) -> float:
     """Bus bandwidth of a ring collective over ``members`` ranks ``stride`` apart.
 
@@ -110,6 +125,7 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
         sp=(tp > 1) if sp is None else bool(sp), recompute=v["recompute"],
         recompute_num_layers=v["recompute_num_layers"], precision=v["precision"], fsdp=v["fsdp"],
         tp_comm_overlap=v["tp_comm_overlap"], cpu_offload_layers=v.get("cpu_offload_layers", 0),
+        attention_backend=v.get("attention_backend", "auto"),
         nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params)
 
@@ -118,6 +134,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
                    mbs: int = 1, gbs: int = 128, seq_length: int = 4096, sp: bool | None = None,
                    recompute: str = "none", recompute_num_layers: int = 0, precision: str = "bf16",
                    fsdp: bool = False, tp_comm_overlap: bool = False, cpu_offload_layers: int = 0,
+                   attention_backend: str = "auto", attention_dropout: bool = False,
                    nvlink_domain: int | None = None,
                    scaleout_gbps: float | None = None, flops_convention: str = "causal",
                    params: Params = DEFAULT_PARAMS) -> Prediction:
@@ -136,6 +153,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # bf16 default accumulates and reduces them in fp32.
     grad_b = 2.0 if precision == "fp8" else 4.0
     bf16_peak = hw.bf16_tflops * 1e12
+    attn_eff = {"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(hw.arch, P.attn_eff)
     if fp8:
         eff8 = P.gemm_eff_fp8_blackwell if hw.arch == "blackwell" else P.gemm_eff_fp8
         g_rate, g_in = hw.fp8_tflops * 1e12 * eff8, 1.0
@@ -163,12 +181,24 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in \
         + 2.0 * T * (qkv_n + h + fc1_n + h)
     gemm_fwd = gemm_flops / g_rate + gemm_bytes / hbm_Bps
-    attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * P.attn_eff)  # causal: half of 4·T·s·a·d
+    unfused = attention_backend in UNFUSED_BACKENDS
+    if unfused:
+        # Megatron's unfused / local core attention: two batched GEMMs over the full s×s score matrix (the
+        # causal mask is applied after QKᵀ, so nothing is skipped), and the scores go through HBM between
+        # kernels: scale-mask-softmax, dropout, and their backward (bytes per score element, UNFUSED_SCORE_BYTES)
+        scores = b * (a / t) * s * s / c  # score elements per micro-batch on this GPU
+        attn_gemm = 4.0 * T * s * (a / t) * d / (bf16_peak * P.gemm_eff_bf16)
+        fwd_b, bwd_b = unfused_score_bytes(attention_dropout)
+        attn_fwd = attn_gemm + scores * fwd_b / hbm_Bps
+        attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) / hbm_Bps
+    else:
+        attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
+        attn_fb = 3.5 * attn_fwd  # flash-attention backward: 2.5x the forward (recomputes the scores)
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if fp8:
         elem_bytes += 4.0 * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
     elem = T * elem_bytes * P.elementwise_scale / hbm_Bps  # forward + backward
-    compute = 3.0 * gemm_fwd + 3.5 * attn_fwd + elem + P.layer_overhead_s
+    compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s
 
     # tensor parallel: 4 all-gather/reduce-scatter (or 2 all-reduce) forward and as many backward
     tp_bw = nvl_Bps if t <= domain else nic_Bps
@@ -181,7 +211,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         cp_bw = nvl_Bps if t * c <= domain else nic_Bps
         kv_bytes = T * 2.0 * max(g / t, 1.0) * d * 2.0
         cp_comm = 3.0 * (c - 1) * (kv_bytes / cp_bw + lat)
-        cp_exposed = _exposed(cp_comm, P.cp_overlap * 3.5 * attn_fwd)
+        cp_exposed = _exposed(cp_comm, P.cp_overlap * attn_fb)
     else:
         cp_exposed = 0.0
 
@@ -199,7 +229,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # activation offloading (Megatron-Core cpu_offloading; pp=1 and no recompute, see dse.constraints): each
     # offloaded layer's activations go to host memory during its forward and come back during its backward,
     # one layer ahead (Transformer Engine's double-buffered offload handler), behind that layer's compute
-    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=True, dropout=False, fp8=fp8)
+    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=attention_dropout, fp8=fp8)
     act_layer = layer_activation_bytes(s / c, b, h, a, t, recompute="none", **act_kw)
     n_off = min(cpu_offload_layers, L)
     t_copy = act_layer / (hw.host_link_gbps * 1e9 * P.host_link_eff)

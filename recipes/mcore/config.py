@@ -64,6 +64,8 @@ class RunConfig:
     tp_comm_overlap: bool = False
     cpu_offloading: bool = False  # Megatron-Core activation offloading; refused by check() (needs TE)
     cpu_offloading_num_layers: int = 0
+    # Megatron-Core AttnBackend: the local layer spec IS the local (unfused) attention; auto means the same here
+    attention_backend: str = "local"
     train_iters: int = 20
     log_interval: int = 1
     lr: float = 3.0e-4
@@ -134,6 +136,11 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
     need(not cfg.tp_comm_overlap, "tp_comm_overlap=true needs Transformer Engine's userbuffers")
     need(not cfg.cpu_offloading, "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
                                  "Engine's offload context; the local layer spec has none")
+    need(cfg.attention_backend in LOCAL_ATTENTION or cfg.attention_backend in TE_ATTENTION,
+         f"attention_backend={cfg.attention_backend!r}; one of {', '.join(LOCAL_ATTENTION + TE_ATTENTION)}")
+    need(cfg.attention_backend not in TE_ATTENTION,
+         f"attention_backend={cfg.attention_backend}: flash and fused attention come from Transformer Engine; the "
+         f"local layer spec computes attention unfused (attention_backend=local, unfused or auto)")
     need(not cfg.sp, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
     need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
     need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
@@ -191,6 +198,7 @@ _OVERRIDES: dict[str, str] = {
     "comm_overlap.tp_comm_overlap": "tp_comm_overlap",
     "model.cpu_offloading": "cpu_offloading",
     "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
+    "model.attention_backend": "attention_backend",
     "train.train_iters": "train_iters",
     "logger.log_interval": "log_interval",
     "optimizer.lr": "lr",
@@ -222,6 +230,9 @@ _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
 _PRECISIONS = {"bf16": "bf16", "bf16_mixed": "bf16", "bf16-mixed": "bf16"}
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+# Megatron-Core AttnBackend names: what the local layer spec runs, and what needs Transformer Engine
+LOCAL_ATTENTION = ("local", "unfused", "auto")
+TE_ATTENTION = ("flash", "fused")
 
 
 def _field_types() -> dict[str, str]:

@@ -93,13 +93,16 @@ def build_recipe(
     tp_comm_overlap: bool = False,
     tp_comm_overlap_cfg: Optional[str] = None,
     fsdp: bool = False,
+    attention_backend: str = "auto",
     peft_scheme: str = "lora",
 ) -> run.Partial:
     """The NeMo 2 recipe of ``model`` for ``task`` ("pretrain" or "finetune"), tuned as NVIDIA's performance scripts.
 
     ``tp_comm_overlap`` switches on userbuffer TP overlap, with NeMo's tuned config ``tp_comm_overlap_cfg`` (a
     name in ``tp_overlap_configs.userbuffers``) or Transformer Engine's defaults when None. ``fsdp`` selects
-    Megatron FSDP with the settings of NVIDIA's ``set_mcore_fsdp_configs``. ``peft_scheme`` applies to finetune.
+    Megatron FSDP with the settings of NVIDIA's ``set_mcore_fsdp_configs``. ``attention_backend`` is a name of
+    Megatron-Core's ``AttnBackend`` (set here because nemo-run's CLI cannot parse an enum-typed override; "auto"
+    leaves the recipe's own). ``peft_scheme`` applies to finetune.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; one of {', '.join(TASKS)}")
@@ -135,6 +138,15 @@ def build_recipe(
         recipe.trainer.callbacks.append(run.Config(flops, model_config=recipe.model.config, data_config=recipe.data,
                                                    model_name=model.flops_name))
 
+    if attention_backend != "auto":
+        from megatron.core.transformer.enums import AttnBackend
+
+        try:
+            recipe.model.config.attention_backend = AttnBackend[attention_backend]
+        except KeyError:
+            raise ValueError(f"unknown attention_backend {attention_backend!r}; one of "
+                             f"{', '.join(b.name for b in AttnBackend)}") from None
+
     ddp = recipe.trainer.strategy.ddp
     if not isinstance(ddp, str):  # gradient checks cost time and are for debugging (set_perf_optimization_configs)
         ddp.check_for_nan_in_grad = False
@@ -162,10 +174,11 @@ def _make_factory(model: NemoModel, task: str):
         tp_comm_overlap: bool = False,
         tp_comm_overlap_cfg: Optional[str] = None,
         fsdp: bool = False,
+        attention_backend: str = "auto",
         peft_scheme: str = "lora",
     ) -> run.Partial:
         return build_recipe(model, task, tp_comm_overlap=tp_comm_overlap, tp_comm_overlap_cfg=tp_comm_overlap_cfg,
-                            fsdp=fsdp, peft_scheme=peft_scheme)
+                            fsdp=fsdp, attention_backend=attention_backend, peft_scheme=peft_scheme)
 
     factory.__name__ = factory.__qualname__ = model.factory
     factory.__module__ = __name__

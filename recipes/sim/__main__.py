@@ -31,7 +31,9 @@ USAGE_ERROR = 2
 
 # The NeMo 2 recipe fields the simulated trainer knows (a subset of llm.pretrain's config tree), and the
 # arguments its factories take (recipes/nemo2/factories.py) for what a dotted override cannot set.
-FACTORY_ARGS = {"fsdp": bool, "tp_comm_overlap": bool, "tp_comm_overlap_cfg": str}
+FACTORY_ARGS = {"fsdp": bool, "tp_comm_overlap": bool, "tp_comm_overlap_cfg": str, "attention_backend": str}
+# Megatron-Core's AttnBackend names (megatron/core/transformer/enums.py), which the NeMo 2 factories take
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 _FACTORY = re.compile(r"^(?P<name>[A-Za-z_]\w*_recipe)(?:\((?P<args>.*)\))?$")
 _DEFAULT_CONFIG: dict[str, Any] = {
     "trainer": {
@@ -83,6 +85,9 @@ def parse_factory(text: str) -> tuple[str, dict[str, Any]]:
         if key not in FACTORY_ARGS or not isinstance(value, FACTORY_ARGS[key]):
             raise OverrideError(f"factory {m['name']} takes no argument {key}={value!r}; "
                                 f"known: {', '.join(f'{k} ({t.__name__})' for k, t in FACTORY_ARGS.items())}")
+    backend = args.get("attention_backend")
+    if backend is not None and backend not in ATTENTION_BACKENDS:
+        raise OverrideError(f"unknown attention_backend {backend!r}; one of {', '.join(ATTENTION_BACKENDS)}")
     return m["name"], args
 
 
