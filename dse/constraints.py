@@ -136,11 +136,20 @@ def cpu_offload_supported(t: TrialConfig) -> str | None:
     return None
 
 
+def cp_needs_te_attention(t: TrialConfig) -> str | None:
+    """Context parallelism runs inside Transformer Engine's attention; Megatron's unfused/local attention
+    has no CP support."""
+    backend = t.values.get("attention_backend", "auto")
+    if t.cp > 1 and backend in ("unfused", "local"):
+        return f"cp={t.cp} needs Transformer Engine attention; attention_backend={backend} has no context parallelism"
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], str | None], ...] = (
     world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
     seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
     recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp, cpu_offload_supported,
-    tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision): dse.launch
+    cp_needs_te_attention, tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision): dse.launch
 )
 
 

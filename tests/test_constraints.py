@@ -46,6 +46,8 @@ CASES = {
     "tp_comm_overlap_needs_tp": (dict(tp_comm_overlap=True, tp=1, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
     "cpu_offload_supported": (dict(cpu_offload_layers=40, pp=4), dict(cpu_offload_layers=40, pp=1, tp=8, gbs=64)),
     # Llama 3 70B (hidden 8192) has an H100 userbuffer config at tp=4, none at tp=2
+    "cp_needs_te_attention": (dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="unfused"),
+                              dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="flash")),
     "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
 }
 
