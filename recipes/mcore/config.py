@@ -66,6 +66,10 @@ class RunConfig:
     cpu_offloading_num_layers: int = 0
     # Megatron-Core AttnBackend: the local layer spec IS the local (unfused) attention; auto means the same here
     attention_backend: str = "local"
+    # Megatron's uneven pipeline split (embedding / loss counted as a layer); dse spells both always, off
+    # unless pp*vp misses the layers by two. Only the even split is wired here (check() refuses the other).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     train_iters: int = 20
     log_interval: int = 1
     lr: float = 3.0e-4
@@ -141,6 +145,9 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
     need(cfg.attention_backend not in TE_ATTENTION,
          f"attention_backend={cfg.attention_backend}: flash and fused attention come from Transformer Engine; the "
          f"local layer spec computes attention unfused (attention_backend=local, unfused or auto)")
+    need(not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
+         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
+         "pipeline stages only")
     need(not cfg.sp, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
     need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
     need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
@@ -199,6 +206,8 @@ _OVERRIDES: dict[str, str] = {
     "model.cpu_offloading": "cpu_offloading",
     "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "model.attention_backend": "attention_backend",
+    "model.account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
+    "model.account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
     "train.train_iters": "train_iters",
     "logger.log_interval": "log_interval",
     "optimizer.lr": "lr",
