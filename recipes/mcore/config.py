@@ -129,6 +129,9 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
          f"num_query_groups={cfg.num_query_groups}")
     need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
     need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
+    need(not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
+         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
+         "pipeline stages only")
     need(cfg.num_layers % (cfg.pp * cfg.vp) == 0,
          f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}")
     need(cfg.vp == 1 or cfg.pp > 1, f"vp={cfg.vp} needs pp > 1")
@@ -145,9 +148,6 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
     need(cfg.attention_backend not in TE_ATTENTION,
          f"attention_backend={cfg.attention_backend}: flash and fused attention come from Transformer Engine; the "
          f"local layer spec computes attention unfused (attention_backend=local, unfused or auto)")
-    need(not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
-         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
-         "pipeline stages only")
     need(not cfg.sp, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
     need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
     need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
