@@ -148,7 +148,10 @@ def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob
                         f"{', '.join(CATALOGUE)} and env.NAME", file=file, field=field or name) from None
 
 
-FLAVOURS = ("nemo2", "mbridge", "sim")
+FLAVOURS = ("nemo2", "mbridge", "mcore", "sim")
+# Flavours that take Megatron-Bridge's spelling: Bridge itself, and the megatron-core payload (recipes.mcore),
+# which accepts Bridge's override paths so that the same trial runs on a GPU without NeMo or Bridge.
+BRIDGE_SPELLING = ("mbridge", "mcore")
 
 
 def _spell_value(value: Any) -> str:
@@ -224,7 +227,7 @@ def _cpu_offload(n: int, prefix: str) -> list[str]:
 
 def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> list[str]:
     knob = CATALOGUE[name]
-    mbridge = flavour == "mbridge"
+    mbridge = flavour in BRIDGE_SPELLING
     if name in ("precision", "fp8_recipe"):
         if name == "fp8_recipe" and "precision" in values:
             return []  # spelled once, with precision
@@ -308,7 +311,7 @@ def pipeline_split_overrides(num_layers: int, values: Mapping[str, Any], flavour
     pp, vp = values.get("pp", 1), values.get("vp", 1) or 1
     chunks = pp * vp
     on = pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
-    prefix = "model." if flavour == "mbridge" else "trainer.strategy."
+    prefix = "model." if flavour in BRIDGE_SPELLING else "trainer.strategy."
     return [f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
             f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}"]
 
@@ -319,18 +322,21 @@ def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu
 
     ``nemo2`` and ``sim``: ``--factory <model>_recipe[(args)] -y`` then the overrides, ``trainer.devices`` and,
     for a scaled reproducer, ``model.config.num_layers``. ``mbridge``: ``--recipe <bridge recipe>`` and
-    ``--tp-comm-overlap-cfg NAME`` where a tuned userbuffer config exists, then the overrides.
+    ``--tp-comm-overlap-cfg NAME`` where a tuned userbuffer config exists, then the overrides. ``mcore`` (the
+    megatron-core payload, ``recipes/mcore``): spelled as ``mbridge`` (it has no userbuffers, so no
+    ``--tp-comm-overlap-cfg``; it refuses tp_comm_overlap with the reason); a recipe Bridge lacks goes by its dse name.
     """
     base = recipe.scaled_from or recipe.name
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
     split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
-    if flavour == "mbridge":
-        if not recipe.mbridge_recipe:
+    if flavour in BRIDGE_SPELLING:
+        if not recipe.mbridge_recipe and flavour == "mbridge":
             raise UserError(f"recipe {recipe.name!r} has no Megatron-Bridge recipe; use the nemo2 payload",
                             field="backend.payload")
-        argv = ["--recipe", recipe.mbridge_recipe]
+        # recipes.mcore knows every architecture of recipes.models by its name, and Bridge's recipe names too
+        argv = ["--recipe", recipe.mbridge_recipe or base]
         ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
-        if ub:
+        if ub and flavour == "mbridge":
             argv += ["--tp-comm-overlap-cfg", ub]
         argv += overrides(values, flavour) + split
         if num_layers:

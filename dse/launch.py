@@ -1,6 +1,7 @@
 """``LaunchPlan``: what a backend needs to run one trial — command, overrides, environment, pre-steps.
 
-The overrides come from the knob catalogue for the payload's flavour (``nemo2``, ``mbridge`` or ``sim``);
+The overrides come from the knob catalogue for the payload's flavour (``nemo2``, ``mbridge``, ``mcore`` or
+``sim``);
 the environment is what NeMo's PerfEnvPlugin would set (``nemo/lightning/run/plugins.py``), plus the
 space's ``env.NAME`` knobs, plus what the payload reads (``DSE_*``). Every value is validated by its knob
 type here; backends shell-quote whatever they write into a script.
@@ -25,7 +26,7 @@ from recipes.nemo2 import userbuffers
 if TYPE_CHECKING:  # recipes.sim.logwriter is plain Python; imported for the type only
     from recipes.sim.logwriter import SimRun
 
-PAYLOADS = ("nemo2", "mbridge", "sim")
+PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)
 
 # GPU generations that are SM100 or newer (Blackwell): PerfEnvPlugin(gpu_sm100_or_newer=...) as NeMo's
@@ -68,7 +69,7 @@ class PreStep:
 @dataclass(frozen=True)
 class LaunchPlan:
     trial: TrialConfig
-    payload: str  # "nemo2" | "mbridge" | "sim"
+    payload: str  # "nemo2" | "mbridge" | "mcore" | "sim"
     argv: tuple[str, ...]  # the training command inside the container, one process per GPU
     overrides: tuple[str, ...]  # key=value, already part of argv; kept for display and tests
     env: Mapping[str, str] = field(default_factory=dict)

@@ -40,9 +40,9 @@ The reward is only as good as this parser, so it is strict about what counts:
   rank and the survivors report aborted communicators, so the time limit wins over NCCL errors; a stall
   that ended in an NCCL watchdog timeout is explained by the watchdog, so NCCL wins over the stall.
   Scheduler states: ``TIMEOUT``/``DEADLINE`` -> timeout, ``OUT_OF_MEMORY`` -> oom, ``CANCELLED``,
-  ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``, ``BOOT_FAIL`` and any other non-``COMPLETED`` final state ->
-  failed. A non-zero exit code -> failed unless something more specific was found. Log evidence counts
-  even with exit code 0: a traceback is a failure (except one announced by ``Exception ignored in``,
+  ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``, ``BOOT_FAIL`` and any other final state but ``COMPLETED`` (Slurm)
+  or ``SUCCEEDED`` (torchx, as nemo-run's local executor reports it) -> failed. A non-zero exit code ->
+  failed unless something more specific was found. Log evidence counts even with exit code 0: a traceback is a failure (except one announced by ``Exception ignored in``,
   which Python prints at shutdown for harmless errors). A failed run is never ``ok``; its metrics are
   kept with ``partial=True``. ``rejected`` is never produced here: it is for configurations the
   constraint checker refused before launch (:meth:`RunMetrics.rejected`).
@@ -122,6 +122,8 @@ _MEG_LOSS_KEYS = ("lm loss", "loss")
 
 _SCHED_TIMEOUT = {"TIMEOUT", "DEADLINE"}
 _SCHED_OOM = {"OUT_OF_MEMORY"}
+# A clean end: Slurm's COMPLETED, and torchx's SUCCEEDED (the AppState nemo-run's local executor reports)
+_SCHED_DONE = {"COMPLETED", "SUCCEEDED"}
 _SCHED_RUNNING = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
 
@@ -572,7 +574,7 @@ def _status(scan: _Scan, path: str | None, series: list, times: list, warm: int,
         return "timeout", stall
     if "traceback" in ev:
         return "failed", ev["traceback"]
-    if state is not None and state != "COMPLETED" and state not in _SCHED_RUNNING:
+    if state is not None and state not in _SCHED_DONE and state not in _SCHED_RUNNING:
         return "failed", f"scheduler state {state}" + (f", exit code {exit_code}" if exit_code else "")
     if "failed" in ev:
         return "failed", ev["failed"]

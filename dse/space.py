@@ -23,7 +23,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SYSTEMS_DIR = CONF_DIR / "systems"
 GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "gb200", "gb300")
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
-PAYLOADS = ("nemo2", "mbridge", "sim")
+PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
 
 
 class _Strict(BaseModel):
@@ -83,7 +83,7 @@ class Search(_Strict):
 
 class BackendSettings(_Strict):
     kind: Literal["sim", "local", "slurm"] = "sim"
-    payload: Literal["nemo2", "mbridge", "sim"] = "nemo2"
+    payload: Literal["nemo2", "mbridge", "mcore", "sim"] = "nemo2"
     flops_convention: Literal["causal", "noncausal"] = "causal"
     timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
 

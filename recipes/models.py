@@ -107,6 +107,13 @@ def _recipes() -> dict[str, Recipe]:
                     for k, lay in r.defaults.items()}
         out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base,
                                  defaults=defaults)
+    # 1-GPU reproducer: Llama 3 8B's width (its GEMM shapes) with 4 of its 32 layers, so that one GPU holds
+    # weights, gradients and Adam state (~1.9 B parameters) without model parallelism.
+    r = out["llama3_8b"]
+    arch = r.arch.scaled(4)
+    # Its default layout is no parallelism at all (the 8-GPU recipe's cp=2 does not fit one GPU).
+    out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=1, scaled_from="llama3_8b",
+                             defaults={"h100/bf16": Layout(gbs=8)})
     return out
 
 

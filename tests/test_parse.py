@@ -258,6 +258,8 @@ OK_LINES = [NEMO_LINE.format(i=i) + "\n" for i in range(6)]
     ("CANCELLED", "failed"), ("CANCELLED by 4242", "failed"), ("CANCELLED+", "failed"), ("FAILED", "failed"),
     ("NODE_FAIL", "failed"), ("PREEMPTED", "failed"), ("BOOT_FAIL", "failed"), ("RUNNING", "ok"),
     ("completed", "ok"),
+    # torchx AppState names, as nemo-run's LocalExecutor reports them (the local backend)
+    ("SUCCEEDED", "ok"), ("UNKNOWN", "failed"),
 ])
 def test_scheduler_states(state, status):
     m = parse_log(OK_LINES, exit_code=0 if status == "ok" else None, scheduler_state=state)

@@ -66,6 +66,10 @@ class RunConfig:
     cpu_offloading_num_layers: int = 0
     # Megatron-Core AttnBackend: the local layer spec IS the local (unfused) attention; auto means the same here
     attention_backend: str = "local"
+    # Megatron's uneven pipeline split (embedding / loss counted as a layer); dse spells both always, off
+    # unless pp*vp misses the layers by two. Only the even split is wired here (check() refuses the other).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     train_iters: int = 20
     log_interval: int = 1
     lr: float = 3.0e-4
@@ -125,6 +129,9 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
          f"num_query_groups={cfg.num_query_groups}")
     need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
     need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
+    need(not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
+         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
+         "pipeline stages only")
     need(cfg.num_layers % (cfg.pp * cfg.vp) == 0,
          f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}")
     need(cfg.vp == 1 or cfg.pp > 1, f"vp={cfg.vp} needs pp > 1")
@@ -199,6 +206,8 @@ _OVERRIDES: dict[str, str] = {
     "model.cpu_offloading": "cpu_offloading",
     "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "model.attention_backend": "attention_backend",
+    "model.account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
+    "model.account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
     "train.train_iters": "train_iters",
     "logger.log_interval": "log_interval",
     "optimizer.lr": "lr",
