@@ -111,7 +111,14 @@ class RecipeEnv(gym.Env):
         return self._obs(metrics.status, rec.metrics), r, False, False, info
 
     def _launch(self, trial: TrialConfig, run_dir: Path) -> RunMetrics:
-        run_dir.mkdir(parents=True, exist_ok=False)
+        if run_dir.exists():
+            # Left by a run killed before its trial reached the store (records are written in batches):
+            # keep it aside, never mix its files with this trial's.
+            i = 0
+            while (aside := run_dir.with_name(f"{run_dir.name}.orphan{i}")).exists():
+                i += 1
+            run_dir.rename(aside)
+        run_dir.mkdir(parents=True)
         b = self.space.backend
         try:
             plan = build_plan(trial, payload=b.payload, seed=self._seed)

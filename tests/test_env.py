@@ -66,3 +66,15 @@ def test_a_log_outside_the_run_directory_is_never_read(tmp_path):
     env.reset(seed=0)
     _, reward, *_, info = env.step(env.encode({"tp": 4, "pp": 2, "vp": 1, "mbs": 1}))
     assert info["status"] == "failed" and "outside the run directory" in info["reason"] and reward == 0.0
+
+
+def test_a_run_directory_left_by_a_killed_run_is_set_aside(tmp_path):
+    env = make_env(tmp_path)
+    env.reset(seed=0)
+    stale = tmp_path / "out" / "trials" / "00000"
+    stale.mkdir(parents=True)
+    (stale / "log.txt").write_text("Training epoch 0, iteration 0/9 | train_step_timing in s: 99.0\n")
+    _, reward, *_, info = env.step(env.encode({"tp": 4, "pp": 2, "vp": 1, "mbs": 1}))
+    assert info["status"] == "ok" and reward > 0
+    assert "99.0" not in (stale / "log.txt").read_text()  # this trial's own log, not the stale one
+    assert "99.0" in (tmp_path / "out" / "trials" / "00000.orphan0" / "log.txt").read_text()
