@@ -144,3 +144,15 @@ def test_best_configuration_is_written_ready_to_launch(tmp_path):
     assert "python -m recipes.nemo2 --factory llama3_70b_recipe" in sbatch  # a real payload, not the simulator
     assert (tmp_path / "out" / "best" / "code" / "recipes" / "nemo2" / "factories.py").exists()
     assert (tmp_path / "out" / "best" / "launch.sh").exists()
+
+
+def test_a_slow_trial_is_written_at_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    store = Store(url, "s", {"tp": [1, 2]}, batch_size=64, max_delay_s=0.0)
+    store.record(TrialRecord(0, {"tp": 1}, "ok", 1.0))
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # on disk before close()
+    fast = Store(url, "s", {"tp": [1, 2]}, resume=True, batch_size=64, max_delay_s=3600.0)
+    fast.record(TrialRecord(1, {"tp": 2}, "ok", 2.0))
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # batched
+    fast.close()
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 2
