@@ -8,9 +8,9 @@ keeps a second ``dse run`` out of a directory in use.
 from __future__ import annotations
 
 import fcntl
-from collections import OrderedDict
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +19,14 @@ from typing import Any
 from gymnasium import spaces
 
 from agents.base import load_agents, make_agent
+from dse import constraints
 from dse.backends import Backend, load_backends
 from dse.best import write_best
 from dse.errors import UserError, did_you_mean
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
 from dse.store import Store, TrialRecord
+from dse.trial import resolve
 from envs.recipe_env import RecipeEnv
 
 META = "dse.json"
@@ -77,7 +79,8 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
               trials: int | None = None, seed: int | None = None, backend: str | None = None,
               resume: bool = False, storage: str | None = None,
               on_trial: Callable[[TrialRecord, int, int | None], None] | None = None) -> StudyResult:
-    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, budget)`` reports progress."""
+    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports progress (total: the budget, or for a grid without one the
+    number of valid points; None when unknown)."""
     out = Path(out_dir)
     agent = agent or space.search.agent
     sampler = sampler or space.search.sampler
@@ -135,6 +138,9 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
     # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:
     # the agent runs until it has nothing left (grid: every valid point once).
     budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
+    total = budget
+    if total is None and agent_name == "grid" and space.size <= 1_000_000:  # for the progress bar only
+        total = sum(constraints.check(resolve(space, p)) is None for p in space.points())
     done, new = len(history), 0
     try:
         while budget is None or done < budget:
@@ -146,7 +152,7 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
             done += 1
             new += 1
             if on_trial:
-                on_trial(env.last_record, done, budget)
+                on_trial(env.last_record, done, total)
     finally:
         store.flush()
         records = store.records()
