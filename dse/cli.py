@@ -271,6 +271,12 @@ def predict_cmd(
     tp_comm_overlap: bool = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
                                          help="userbuffers TP overlap (default: on when tp > 1 with sp and NeMo has a "
                                               "userbuffer config for it, as NVIDIA's performance recipes)"),
+    fp8_recipe: str = typer.Option("tensorwise", "--fp8-recipe",
+                                   help="with --precision fp8: delayed, tensorwise, mxfp8 or blockwise"),
+    attention_backend: str = typer.Option("auto", "--attention-backend",
+                                          help="auto, flash, fused, unfused or local (Megatron-Core's AttnBackend)"),
+    recompute_num_layers: int = typer.Option(0, "--recompute-num-layers",
+                                             help="with --recompute full: layers per stage recomputed (0 = all)"),
     flops_convention: str = typer.Option("causal", "--flops-convention", help="causal or noncausal"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -309,8 +315,11 @@ def predict_cmd(
                   mbs=mbs or layout.mbs, gbs=gbs or layout.gbs, ep=ep, precision=precision,
                   seq_length=seq_length or recipe.seq_length, sp=sp,
                   fsdp=layout.fsdp if fsdp is None else fsdp, recompute=recompute or layout.recompute,
-                  cpu_offload_layers=layout.cpu_offload_layers if cpu_offload_layers is None else cpu_offload_layers)
-    for name in ("tp", "pp", "cp", "vp", "mbs", "gbs", "ep", "seq_length", "recompute", "cpu_offload_layers"):
+                  cpu_offload_layers=layout.cpu_offload_layers if cpu_offload_layers is None else cpu_offload_layers,
+                  fp8_recipe=fp8_recipe, attention_backend=attention_backend,
+                  recompute_num_layers=recompute_num_layers)
+    for name in ("tp", "pp", "cp", "vp", "mbs", "gbs", "ep", "seq_length", "recompute", "cpu_offload_layers",
+                 "fp8_recipe", "attention_backend", "recompute_num_layers"):
         knobs.CATALOGUE[name].coerce(values[name], field=f"--{name.replace('_', '-')}")
     sp_on = values["tp"] > 1 if sp is None else sp
     values["tp_comm_overlap"] = (values["tp"] > 1 and sp_on) if tp_comm_overlap is None else tp_comm_overlap
@@ -330,7 +339,8 @@ def predict_cmd(
     if as_json:
         out = {"model": recipe.name, "gpu": gpu, "num_gpus": trial.num_gpus, "flops_convention": flops_convention,
                **{k: trial.values[k] for k in ("tp", "pp", "cp", "vp", "ep", "mbs", "gbs", "seq_length", "precision",
-                                                "fsdp", "recompute", "tp_comm_overlap")},
+                                                "fp8_recipe", "fsdp", "recompute", "recompute_num_layers",
+                                                "cpu_offload_layers", "attention_backend", "tp_comm_overlap")},
                "sp": trial.sequence_parallel, "dp": trial.dp, **pred.as_dict()}
         typer.echo(json.dumps(out, indent=2))
         return

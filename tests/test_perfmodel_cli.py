@@ -107,3 +107,26 @@ def test_cpu_offload_layers_flag_defaults_to_the_recipe_and_is_checked():
     assert off["peak_memory_gib"] > default["peak_memory_gib"] + 100
     res = runner.invoke(app, [*base, "--cpu-offload-layers", "40", "--pp", "2", "--no-fsdp"])
     assert res.exit_code == 2 and "needs pp=1" in res.output
+
+
+def test_predict_takes_the_attention_backend_and_fp8_recipe():
+    import json
+
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    def run(*extra):
+        r = CliRunner().invoke(app, ["predict", "--model", "llama3_70b", "--gpu", "b200", "--num-gpus", "64",
+                                     "--tp", "4", "--pp", "4", "--cp", "1", "--vp", "5", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    flash, unfused = run(), run("--attention-backend", "unfused")
+    assert flash["attention_backend"] == "auto" and unfused["attention_backend"] == "unfused"
+    assert unfused["step_time_s"] > flash["step_time_s"]  # the s x s scores cost time
+    assert unfused["peak_memory_gib"] > flash["peak_memory_gib"]  # and memory (5as/h)
+    mx = run("--precision", "fp8", "--fp8-recipe", "mxfp8")
+    assert mx["precision"] == "fp8" and mx["fp8_recipe"] == "mxfp8"
+    bad = CliRunner().invoke(app, ["predict", "--model", "llama3_70b", "--gpu", "b200", "--attention-backend", "x"])
+    assert bad.exit_code == 2 and "attention_backend takes one of" in bad.output
