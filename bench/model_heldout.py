@@ -61,7 +61,9 @@ def row_knobs(row: dict) -> dict:
                 fsdp=row["fsdp"] == "1", recompute=row["recompute"], sp=row["sp"] == "1",
                 tp_comm_overlap=row["tp_comm_overlap"] == "1",
                 cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),  # 0: no table states offloading
-                attention_backend=row.get("attention_backend") or "auto")
+                attention_backend=row.get("attention_backend") or "auto",
+                # "mx" / "mx (assumed)": MXFP8; "cs" and unstated: per-tensor current scaling
+                fp8_recipe="mxfp8" if row.get("fp8_recipe", "").startswith("mx") else "tensorwise")
 
 
 def row_trial(row: dict, **override):

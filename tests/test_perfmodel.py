@@ -291,3 +291,21 @@ def test_selective_recompute_drops_the_unfused_scores():
     assert unfused.step_time_s > fused.step_time_s
     # only the working layer's scores remain: far less than the in-flight layers' activations
     assert unfused.peak_memory_gib - fused.peak_memory_gib < 0.5 * fused.breakdown["mem.activations_gib"]
+
+
+def test_mxfp8_quantisation_costs_more_than_per_tensor_scaling_and_nothing_in_bf16():
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=8, tp=1, pp=1, mbs=1, gbs=128, seq_length=8192)
+    fp8 = {r: predict_layout(arch, "b200", precision="fp8", fp8_recipe=r, **kw) for r in ("tensorwise", "mxfp8")}
+    assert fp8["mxfp8"].step_time_s > fp8["tensorwise"].step_time_s
+    assert fp8["mxfp8"].breakdown["time.layer_compute_s"] > fp8["tensorwise"].breakdown["time.layer_compute_s"]
+    bf16 = {r: predict_layout(arch, "b200", precision="bf16", fp8_recipe=r, **kw).step_time_s
+            for r in ("tensorwise", "mxfp8")}
+    assert bf16["mxfp8"] == bf16["tensorwise"]
+
+
+def test_predict_reads_the_trials_fp8_recipe():
+    rec = RECIPES["llama3_8b"]
+    kw = dict(tp=1, pp=1, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, precision="fp8")
+    t = {r: predict(make_trial(rec, "b200", 8, fp8_recipe=r, **kw)).step_time_s for r in ("tensorwise", "mxfp8")}
+    assert t["mxfp8"] > t["tensorwise"]

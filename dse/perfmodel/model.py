@@ -4,7 +4,8 @@ An analytical model of Megatron-Core training (Transformer Engine layers, flash 
 optimizer or Megatron FSDP), per GPU:
 
 * per layer and micro-batch: GEMMs (roofline sum at a fitted efficiency; FP8 speeds up GEMMs only),
-  causal flash attention (bf16; backward 2.5x forward), memory-bound element-wise kernels, tensor-parallel
+  causal flash attention (bf16; backward 2.5x forward), memory-bound element-wise kernels (with FP8, the
+  quantisation of GEMM inputs: :func:`fp8_quant_bytes`, more for MXFP8), tensor-parallel
   all-gather / reduce-scatter (sequence parallel) or all-reduce over NVLink, partly hidden by userbuffers,
   context-parallel KV ring partly hidden by attention, recompute (selective: core attention; full: the
   layer's forward);
@@ -109,6 +110,23 @@ def _exposed(comm: float, window: float) -> float:
     return comm * comm / (comm + window) if comm > 0.0 else 0.0
 
 
+MX_BLOCK = 32  # MXFP8 (OCP Microscaling spec v1.0): one E8M0 scale byte per 32 elements along K
+
+
+def fp8_quant_bytes(fp8_recipe: str) -> float:
+    """HBM bytes per GEMM input element that FP8 quantisation adds to a layer's forward + backward.
+
+    Per-tensor scaling (``tensorwise``, ``delayed``, ``blockwise``): 4 B, the model's long-standing figure
+    (read the bf16 value, 2 B; write one FP8 copy, 1 B; the amax / scale bookkeeping, about 1 B). MXFP8
+    scales 32-element blocks along the GEMM's K dimension, so the transposed use of an operand (wgrad,
+    dgrad) cannot reuse the row-wise copy: Transformer Engine writes a second, column-wise FP8 copy (1 B)
+    and both copies carry E8M0 scales (1 B per 32 elements each).
+    """
+    if fp8_recipe == "mxfp8":
+        return 4.0 + 1.0 + 2.0 / MX_BLOCK
+    return 4.0
+
+
 def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS) -> Prediction:
     """The model's prediction for a resolved :class:`dse.trial.TrialConfig`.
 
@@ -123,7 +141,8 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
         trial.recipe.arch, sysm.gpu, num_gpus=v["num_nodes"] * sysm.gpus_per_node, tp=tp, pp=v["pp"],
         cp=v["cp"], vp=v["vp"], mbs=v["mbs"], gbs=v["gbs"], seq_length=v["seq_length"],
         sp=(tp > 1) if sp is None else bool(sp), recompute=v["recompute"],
-        recompute_num_layers=v["recompute_num_layers"], precision=v["precision"], fsdp=v["fsdp"],
+        recompute_num_layers=v["recompute_num_layers"], precision=v["precision"],
+        fp8_recipe=v.get("fp8_recipe", "tensorwise"), fsdp=v["fsdp"],
         tp_comm_overlap=v["tp_comm_overlap"], cpu_offload_layers=v.get("cpu_offload_layers", 0),
         attention_backend=v.get("attention_backend", "auto"),
         nvlink_domain=sysm.nvlink_domain,
@@ -133,7 +152,7 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
 def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, vp: int = 1,
                    mbs: int = 1, gbs: int = 128, seq_length: int = 4096, sp: bool | None = None,
                    recompute: str = "none", recompute_num_layers: int = 0, precision: str = "bf16",
-                   fsdp: bool = False, tp_comm_overlap: bool = False, cpu_offload_layers: int = 0,
+                   fp8_recipe: str = "tensorwise", fsdp: bool = False, tp_comm_overlap: bool = False, cpu_offload_layers: int = 0,
                    attention_backend: str = "auto", attention_dropout: bool = False,
                    nvlink_domain: int | None = None,
                    scaleout_gbps: float | None = None, flops_convention: str = "causal",
@@ -196,7 +215,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         attn_fb = 3.5 * attn_fwd  # flash-attention backward: 2.5x the forward (recomputes the scores)
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if fp8:
-        elem_bytes += 4.0 * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
+        elem_bytes += fp8_quant_bytes(fp8_recipe) * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
     elem = T * elem_bytes * P.elementwise_scale / hbm_Bps  # forward + backward
     compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s
 
