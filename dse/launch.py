@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from dse import knobs
 from dse.errors import UserError
 from dse.trial import TrialConfig
+from dse.perfmodel.simulate import simulate
 from recipes.nemo2 import userbuffers
-
-if TYPE_CHECKING:  # recipes.sim.logwriter is plain Python; imported for the type only
-    from recipes.sim.logwriter import SimRun
+from recipes.sim.logwriter import SimRun
 
 PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)
@@ -74,6 +73,7 @@ class LaunchPlan:
     overrides: tuple[str, ...]  # key=value, already part of argv; kept for display and tests
     env: Mapping[str, str] = field(default_factory=dict)
     pre_steps: tuple[PreStep, ...] = ()
+    sim_run: SimRun | None = None  # the simulated figures (sim payload, or a simulated backend)
 
     @property
     def nodes(self) -> int:
@@ -155,19 +155,20 @@ def knob_values(trial: TrialConfig) -> dict[str, Any]:
     return out
 
 
-def _sim_env(run: "SimRun") -> dict[str, str]:
+def _sim_env(run: SimRun) -> dict[str, str]:
     return {var: str(int(v) if isinstance(v, bool) else v) for attr, var in SIM_ENV.items()
             for v in [getattr(run, attr)]}
 
 
 def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | None = None, seed: int = 0,
-               sim_run: "SimRun | None" = None) -> LaunchPlan:
+               flops_convention: str = "causal", simulated: bool = False, sim_run: SimRun | None = None) -> LaunchPlan:
     """The launch plan of ``trial`` for a payload flavour.
 
     ``container`` is the container version (default: the system's); it gates the FLOPs callback.
-    ``sim_run`` (payload ``sim`` only) carries the simulated figures; when None they come from the
-    performance model via ``dse.backends.sim.simulate(trial, seed)``. Raises :class:`UserError` for a value
-    its knob type does not allow (an environment value with shell syntax, say) — nothing is launched.
+    ``sim_run`` carries the simulated figures for the ``sim`` payload (its environment) or a simulated
+    backend (``simulated``); when None they come from :func:`dse.perfmodel.simulate.simulate` with ``seed``
+    and ``flops_convention``. Raises :class:`UserError` for a value its knob type does not allow (an
+    environment value with shell syntax, say) — nothing is launched.
     """
     if payload not in PAYLOADS:
         raise UserError(f"unknown payload {payload!r}; one of {', '.join(PAYLOADS)}", field="backend.payload")
@@ -189,12 +190,11 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     for name, value in trial.env.items():  # the space's env.NAME knobs win over the defaults above
         key = knobs.ENV_PREFIX + name
         env[name] = knobs.get(key, field=key).coerce(value, field=key)
+    if (payload == "sim" or simulated) and sim_run is None:
+        sim_run = simulate(trial, seed, flops_convention=flops_convention)
     if payload == "sim":
-        if sim_run is None:
-            from dse.backends.sim import simulate  # the lead's performance-model bridge; lazy (import cycle)
-
-            sim_run = simulate(trial, seed)
         env.update(_sim_env(sim_run))
 
     pre_steps = (vboost_step(trial.num_nodes),) if env.get(ENV_VBOOST) == "1" else ()
-    return LaunchPlan(trial=trial, payload=payload, argv=argv, overrides=ov, env=env, pre_steps=pre_steps)
+    return LaunchPlan(trial=trial, payload=payload, argv=argv, overrides=ov, env=env, pre_steps=pre_steps,
+                      sim_run=sim_run)

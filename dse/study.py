@@ -25,13 +25,26 @@ from dse.best import write_best
 from dse.errors import UserError, did_you_mean
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
-from dse.store import Store, TrialRecord
+from dse.store import INTERRUPTED, Store, TrialRecord
 from dse.trial import resolve
 from envs.recipe_env import RecipeEnv
 
 META = "dse.json"
 DB = "study.db"
 LEADERBOARD = "leaderboard.csv"
+
+
+def trial_dir(out_dir: Path, number: int) -> Path:
+    """The run directory of trial ``number`` (the store assigns numbers; this is the one place they become paths)."""
+    return Path(out_dir) / "trials" / f"{number:05d}"
+
+
+def record_of(number: int, info: dict[str, Any], reward: float, out_dir: Path) -> TrialRecord:
+    """The store's record of one environment step."""
+    return TrialRecord(number=number, knobs=info["knobs"], status=info["status"], reward=reward,
+                       reason=info["reason"], metrics=info["metrics"],
+                       run_dir=str(trial_dir(out_dir, number)) if info["launched"] else None,
+                       gpu=info["gpu"], num_gpus=info["num_gpus"])
 
 
 def storage_url(out_dir: Path) -> str:
@@ -129,7 +142,7 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
         tmp.write_text(json.dumps(meta, indent=2))
         os.replace(tmp, out / META)
     be = make_backend(backend_name, space, seed)
-    env = RecipeEnv(space, be, out, store)
+    env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
     env.reset(seed=seed)
     options = {"sampler": sampler} if agent_name == "optuna" else {}
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask, **options)
@@ -147,12 +160,24 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
             action = agent.propose()
             if action is None:
                 break
-            _, reward, _, _, info = env.step(action)
+            number = store.next_number()
+            try:
+                _, reward, _, _, info = env.step(action)
+            except KeyboardInterrupt:
+                # recorded as interrupted (not a result): --resume runs the point again
+                trial = env.trial(action)
+                store.record(TrialRecord(number=number, knobs=trial.varied_values(), status="failed",
+                                         reward=space.objective.failed_reward, reason=INTERRUPTED,
+                                         run_dir=str(trial_dir(out, number)), gpu=trial.system.gpu,
+                                         num_gpus=trial.num_gpus))
+                raise
+            rec = record_of(number, info, reward, out)
+            store.record(rec)
             agent.observe(action, reward, info["status"] == "ok")
             done += 1
             new += 1
             if on_trial:
-                on_trial(env.last_record, done, total)
+                on_trial(rec, done, total)
     finally:
         store.flush()
         records = store.records()

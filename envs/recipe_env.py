@@ -2,15 +2,20 @@
 
 Action: a ``Dict`` of ``Discrete`` spaces, one per varying knob (the index of its value in the space file).
 Observation: the run's status and its metrics (0 where unknown; the ``info`` dict has ``None`` there).
-Reward: from the space's objective (:mod:`dse.reward`). A point that breaks a constraint is recorded as
-``rejected`` with the failure reward and never launched. Every step is recorded in the store (when one is
-given) before it returns, so the reward the agent receives is the reward the store keeps.
+Reward: from the space's objective (:mod:`dse.reward`).
+
+``step`` is decode, check, run, reward: a point that breaks a constraint is ``rejected`` with the failure
+reward and never launched; a valid one runs through :func:`dse.execute.run_trial` in the directory that
+``run_dirs()`` names. The outcome is in ``info`` (status, reason, knobs, metrics, whether it launched). The
+environment records nothing and numbers nothing of its own but run directories: the study (``dse.study``)
+numbers and records trials, so the environment works from any RL library without a store.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +25,10 @@ from gymnasium import spaces
 
 from dse import constraints
 from dse.backends.base import Backend
-from dse.errors import UserError
-from dse.launch import build_plan
-from dse.parse import STATUSES, ParseContext, RunMetrics, parse_log
-from dse.perfmodel import model_flops_per_step
+from dse.execute import run_trial
+from dse.parse import STATUSES, RunMetrics
 from dse.reward import reward as compute_reward
 from dse.space import Space
-from dse.store import INTERRUPTED, Store, TrialRecord
 from dse.trial import TrialConfig, resolve
 
 METRIC_KEYS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
@@ -34,10 +36,14 @@ _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no trial yet
 
 
 class RecipeEnv(gym.Env):
+    """One trial per step. ``run_dirs`` gives the run directory of the next launched trial (default:
+    ``out_dir/trials/NNNNN``, numbered by the launches of this environment)."""
+
     metadata = {"render_modes": []}
 
-    def __init__(self, space: Space, backend: Backend, out_dir: str | Path, store: Store | None = None):
-        self.space, self.backend, self.store = space, backend, store
+    def __init__(self, space: Space, backend: Backend, out_dir: str | Path,
+                 run_dirs: Callable[[], Path] | None = None):
+        self.space, self.backend = space, backend
         self.out_dir = Path(out_dir)
         self._names = space.knob_names
         self._values = [space.knobs[n] for n in self._names]
@@ -46,8 +52,8 @@ class RecipeEnv(gym.Env):
         box = spaces.Box(low=0.0, high=1e9, shape=(1,), dtype=np.float64)  # finite: gymnasium warns on inf
         self.observation_space = spaces.Dict({"status": spaces.Discrete(len(STATUSES) + 1),
                                               **{k: box for k in METRIC_KEYS}})
-        self._count = 0  # trial numbers when there is no store
-        self.last_record: TrialRecord | None = None
+        self._launched = 0
+        self.run_dirs = run_dirs or (lambda: self.out_dir / "trials" / f"{self._launched:05d}")
         self._seed = 0  # the study's seed (from reset): the simulated jitter of a trial depends on it
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -88,68 +94,18 @@ class RecipeEnv(gym.Env):
         if not self.action_space.contains({k: np.int64(v) for k, v in action.items()}):
             raise ValueError(f"action {action!r} is not in the action space {self.action_space}")
         point = self.decode(action)
-        number = self.store.next_number() if self.store is not None else self._count
         trial = resolve(self.space, point)
-        run_dir: Path | None = None
         rejected = constraints.check(trial)
         if rejected:
             metrics = RunMetrics.rejected(f"{rejected.rule}: {rejected.reason}")
         else:
-            run_dir = self.out_dir / "trials" / f"{number:05d}"
-            metrics = self._launch(trial, run_dir)
+            run_dir = self.run_dirs()
+            self._launched += 1
+            metrics = run_trial(trial, run_dir, self.backend, self.space.backend, seed=self._seed)
         r = compute_reward(metrics, self.space.objective)
-        rec = TrialRecord(number=number, knobs=point, status=metrics.status, reward=r, reason=metrics.reason,
-                          metrics={k: v for k, v in metrics.to_dict().items() if k not in ("status", "reason")},
-                          run_dir=str(run_dir) if run_dir else None, gpu=trial.system.gpu, num_gpus=trial.num_gpus)
-        if self.store is not None:
-            self.store.record(rec)
-        self._count += 1
-        self.last_record = rec
-        # info holds what the action determined (deterministic, as gymnasium's checker demands); the trial's
-        # number and run directory are in ``last_record``.
-        info = {"status": metrics.status, "reason": metrics.reason, "knobs": point, "metrics": rec.metrics}
-        return self._obs(metrics.status, rec.metrics), r, False, False, info
-
-    def _launch(self, trial: TrialConfig, run_dir: Path) -> RunMetrics:
-        if run_dir.exists():
-            # Left by a run killed before its trial reached the store (records are written in batches):
-            # keep it aside, never mix its files with this trial's.
-            i = 0
-            while (aside := run_dir.with_name(f"{run_dir.name}.orphan{i}")).exists():
-                i += 1
-            run_dir.rename(aside)
-        run_dir.mkdir(parents=True)
-        b = self.space.backend
-        try:
-            plan = build_plan(trial, payload=b.payload, seed=self._seed)
-        except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
-            return RunMetrics("failed", f"launch plan: {e}")
-        ctx = ParseContext(gbs=trial.gbs, seq_length=trial.seq_length, num_gpus=trial.num_gpus,
-                           model_flops_per_step=model_flops_per_step(trial.arch, trial.gbs, trial.seq_length,
-                                                                     b.flops_convention),
-                           stall_timeout_s=b.timeout_s)
-        try:
-            result = self.backend.run(plan, run_dir)
-        except KeyboardInterrupt:
-            self._record_interrupted(trial, run_dir)
-            raise
-        except Exception as e:  # a failed trial is data: record it, keep the study going
-            return RunMetrics("failed", f"backend {self.backend.name} raised {type(e).__name__}: {e}")
-        # Metrics come from this trial's own run directory and nowhere else (a reward read from another
-        # trial's log stays plausible and silently wrong).
-        if not Path(result.log_path).resolve().is_relative_to(run_dir.resolve()):
-            return RunMetrics("failed", f"backend {self.backend.name} returned a log outside the run directory: "
-                                        f"{result.log_path}")
-        if not Path(result.log_path).exists():
-            return RunMetrics("failed", f"no log at {result.log_path} (exit code {result.exit_code}, "
-                                        f"state {result.scheduler_state})")
-        return parse_log(result.log_path, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
-                         context=ctx)
-
-    def _record_interrupted(self, trial: TrialConfig, run_dir: Path) -> None:
-        if self.store is None:
-            return
-        number = self.store.next_number()
-        self.store.record(TrialRecord(number=number, knobs=trial.varied_values(), status="failed",
-                                      reward=self.space.objective.failed_reward, reason=INTERRUPTED,
-                                      run_dir=str(run_dir), gpu=trial.system.gpu, num_gpus=trial.num_gpus))
+        values = {k: v for k, v in metrics.to_dict().items() if k not in ("status", "reason")}
+        # info holds what the action determined (deterministic, as gymnasium's checker demands): the run
+        # directory is the caller's (``run_dirs``), not part of the outcome.
+        info = {"status": metrics.status, "reason": metrics.reason, "knobs": point, "metrics": values,
+                "launched": not rejected, "gpu": trial.system.gpu, "num_gpus": trial.num_gpus}
+        return self._obs(metrics.status, values), r, False, False, info

@@ -11,9 +11,9 @@ from envs.recipe_env import RecipeEnv
 from tests.helpers import write_space
 
 
-def make_env(tmp_path, store=None):
+def make_env(tmp_path):
     space = load_space(write_space(tmp_path))
-    return RecipeEnv(space, SimBackend(seed=0), tmp_path / "out", store)
+    return RecipeEnv(space, SimBackend(seed=0), tmp_path / "out")
 
 
 def test_check_env_passes(tmp_path):
@@ -37,7 +37,7 @@ def test_rejected_point_is_never_launched(tmp_path):
     env.reset(seed=0)
     obs, reward, *_, info = env.step(env.encode({"tp": 4, "pp": 1, "vp": 2, "mbs": 1}))
     assert info["status"] == "rejected" and info["reason"].startswith("vp_needs_pp")
-    assert reward == 0.0 and env.last_record.run_dir is None and env.last_record.status == "rejected"
+    assert reward == 0.0 and not info["launched"]
     assert not (tmp_path / "out" / "trials").exists()
     assert obs["step_time_s"][0] == 0.0
 

@@ -104,3 +104,19 @@ def test_process_exit_code_is_write_logs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "recipes.sim", "--factory", "x_recipe", "-y", "bogus.path=1"],
                        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert r.returncode == 2 and "unknown override path 'bogus.path'" in r.stderr
+
+
+def test_sim_payload_and_sim_backend_print_the_same_figures_under_the_space_convention(tmp_path):
+    """One call (dse.perfmodel.simulate) for both simulated paths, with the space's FLOPs convention."""
+    from dse.backends.sim import SimBackend
+    from dse.perfmodel.simulate import simulate
+
+    t = trial(tp=2, pp=1, cp=1, vp=1)
+    for convention in ("causal", "noncausal"):
+        expected = simulate(t, 3, flops_convention=convention)
+        payload_plan = build_plan(t, payload="sim", seed=3, flops_convention=convention)
+        assert float(payload_plan.env["DSE_SIM_TFLOPS_PER_GPU"]) == expected.tflops_per_gpu
+        backend_plan = build_plan(t, payload="nemo2", seed=3, flops_convention=convention,
+                                  simulated=SimBackend.simulated)
+        assert backend_plan.sim_run == expected
+    assert simulate(t, flops_convention="noncausal").tflops_per_gpu > simulate(t).tflops_per_gpu

@@ -33,6 +33,7 @@ class Backend(abc.ABC):
     """Runs one plan to its end. Implementations must not raise for a failed run: a failure is data."""
 
     name: str = "base"
+    simulated: bool = False  # True: the plan must carry the simulated figures (LaunchPlan.sim_run)
 
     @classmethod
     def from_space(cls, space: "Space", *, seed: int = 0) -> "Backend":

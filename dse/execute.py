@@ -1,0 +1,70 @@
+"""Run one trial: its launch plan, the backend, the log parsed into :class:`dse.parse.RunMetrics`.
+
+The one path every caller uses (the Gymnasium environment, and through it the study). It neither numbers
+nor records trials: the caller gives the run directory and keeps the result. A failed run is data (a
+``RunMetrics`` with a status and a reason), never an exception; only a ``KeyboardInterrupt`` passes through,
+after the run directory has what the backend left.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dse.backends.base import Backend
+from dse.errors import UserError
+from dse.launch import build_plan
+from dse.parse import ParseContext, RunMetrics, parse_log
+from dse.perfmodel import model_flops_per_step
+from dse.space import BackendSettings
+from dse.trial import TrialConfig
+
+
+def prepare_run_dir(run_dir: Path) -> Path:
+    """Make ``run_dir`` empty and new. A directory already there was left by a run killed before its trial
+    reached the store (records are written in batches): it is set aside as ``NAME.orphanN``, never mixed
+    with this trial's files."""
+    if run_dir.exists():
+        i = 0
+        while (aside := run_dir.with_name(f"{run_dir.name}.orphan{i}")).exists():
+            i += 1
+        run_dir.rename(aside)
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def parse_context(trial: TrialConfig, settings: BackendSettings) -> ParseContext:
+    """What the parser needs of ``trial``: batch, sequence, GPUs, model FLOPs per step (the space's
+    convention, the same one the simulated run prints with) and the stall limit."""
+    return ParseContext(gbs=trial.gbs, seq_length=trial.seq_length, num_gpus=trial.num_gpus,
+                        model_flops_per_step=model_flops_per_step(trial.arch, trial.gbs, trial.seq_length,
+                                                                  settings.flops_convention),
+                        stall_timeout_s=settings.timeout_s)
+
+
+def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: BackendSettings, *,
+              seed: int = 0) -> RunMetrics:
+    """Run ``trial`` in ``run_dir`` (made fresh here) on ``backend`` and parse its log.
+
+    ``settings`` is the space's ``[backend]`` table (payload, FLOPs convention, stall limit); ``seed`` the
+    study's (the simulated jitter depends on it). Metrics come from this trial's own run directory and
+    nowhere else: a reward read from another trial's log stays plausible and silently wrong.
+    """
+    prepare_run_dir(run_dir)
+    try:
+        plan = build_plan(trial, payload=settings.payload, seed=seed, flops_convention=settings.flops_convention,
+                          simulated=backend.simulated)
+    except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
+        return RunMetrics("failed", f"launch plan: {e}")
+    try:
+        result = backend.run(plan, run_dir)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # a failed trial is data: record it, keep the study going
+        return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}")
+    log = Path(result.log_path)
+    if not log.resolve().is_relative_to(run_dir.resolve()):
+        return RunMetrics("failed", f"backend {backend.name} returned a log outside the run directory: {log}")
+    if not log.exists():
+        return RunMetrics("failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})")
+    return parse_log(log, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
+                     context=parse_context(trial, settings))
