@@ -111,7 +111,8 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
          nemo2=("trainer.plugins",), mbridge=("mixed_precision",)),
     Knob("fsdp", "bool", "Megatron FSDP instead of the distributed optimizer", False,
          nemo2=(), mbridge=("ddp.use_megatron_fsdp",), nemo2_factory="fsdp"),
-    Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers)", False,
+    Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
+         "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes", None,
          nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap"),
     _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
          minimum=0, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD]),
@@ -245,6 +246,8 @@ def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> li
         if "tp" not in values:
             return []
         value = values["tp"] > 1  # the default: on exactly when tensor parallel
+    if value is None and knob.kind == "bool":
+        return []  # an unresolved "auto" (dse.trial.resolve_auto settles it): the payload's own default
     if name == "attention_backend" and value == CATALOGUE[name].default:
         return []  # auto: the recipe's own choice (Transformer Engine picks), so the scripts stay as they were
     if mbridge and name == "fsdp" and value:
@@ -282,7 +285,9 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
     """
     args: dict[str, Any] = {}
     for name, knob in CATALOGUE.items():
-        if knob.nemo2_factory and values.get(name, knob.default) != knob.default:
+        # the factory's own default: False for a boolean whose catalogue default is "auto" (None)
+        factory_default = False if knob.kind == "bool" and knob.default is None else knob.default
+        if knob.nemo2_factory and values.get(name, factory_default) not in (factory_default, None):
             args[knob.nemo2_factory] = values[name]
     if args.get("tp_comm_overlap"):
         precision = "bf16" if values.get("precision", "bf16") == "bf16" else "fp8"

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from dse import knobs
 from dse.space import Space, System
 from recipes.models import Recipe
+from recipes.nemo2 import userbuffers
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,28 @@ class TrialConfig:
         return out
 
 
-def resolve(space: Space, point: Mapping[str, Any]) -> TrialConfig:
-    """The trial for one point of ``space``: catalogue defaults < recipe defaults < settings < point."""
-    recipe = space.recipe_obj
+def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System) -> dict[str, Any]:
+    """Settle the knobs whose default depends on the rest of the layout, in place, as NVIDIA's recipes run.
+
+    ``tp_comm_overlap`` left unset (None) is on exactly when tp > 1 with sequence parallelism and NeMo ships
+    a userbuffer config for (GPU, precision, hidden size, tp), as NeMo's and Megatron-Bridge's performance
+    recipes turn it on; ``sp`` left unset stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`).
+    Every path to a trial (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so
+    one layout has one prediction.
+    """
+    if values.get("tp_comm_overlap") is None:
+        tp, sp = values["tp"], values["sp"]
+        values["tp_comm_overlap"] = bool(tp > 1 and (tp > 1 if sp is None else sp) and userbuffers.lookup(
+            system.gpu, values["precision"], recipe.arch.hidden_size, tp) is not None)
+    return values
+
+
+def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = None) -> TrialConfig:
+    """The trial for one point of ``space``: catalogue defaults < recipe defaults < settings < point.
+
+    ``recipe`` replaces the space's registered recipe (``dse predict --model-file``: an architecture outside
+    the registry)."""
+    recipe = recipe or space.recipe_obj
     values: dict[str, Any] = {name: k.default for name, k in knobs.CATALOGUE.items()}
     precision = point.get("precision", space.settings.get("precision", "bf16"))
     layout = recipe.default_layout(space.system.gpu, precision)
@@ -104,5 +124,6 @@ def resolve(space: Space, point: Mapping[str, Any]) -> TrialConfig:
                 env[name[len(knobs.ENV_PREFIX):]] = knobs.get(name).coerce(value)
             else:
                 values[name] = value
+    resolve_auto(values, recipe, space.system)
     return TrialConfig(recipe=recipe, system=space.system, values=MappingProxyType(values),
                        env=MappingProxyType(env), varied=tuple(space.knobs))

@@ -17,7 +17,7 @@ from dse import knobs
 from dse.errors import UserError
 from dse.perfmodel.hardware import HARDWARE
 from dse.space import System, _first_error, _read_toml
-from dse.trial import TrialConfig
+from dse.trial import TrialConfig, resolve_auto
 from recipes.models import ModelArch
 
 _SYSTEMS: dict[str, System] = {}
@@ -45,6 +45,7 @@ def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None,
     out["seq_length"] = recipe.seq_length
     out.update(values)
     out["num_nodes"] = num_gpus // system.gpus_per_node
+    resolve_auto(out, recipe, system)
     return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}),
                        varied=())
 
