@@ -6,9 +6,10 @@ User errors (:class:`dse.errors.UserError`) print one line and exit with code 2;
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -245,111 +246,130 @@ def parse_cmd(
             typer.echo(f"{k}: {text}")
 
 
-@app.command("predict")
-@user_errors
+# Knobs that are not part of a layout's prediction (run length) or that a flag of their own covers.
+_PREDICT_SKIP = ("num_nodes", "max_steps")
+
+
+def _predict_options() -> list[inspect.Parameter]:
+    """One option per catalogue knob (``--tp``, ``--fsdp/--no-fsdp``...), generated so that a new knob is a
+    new flag with nothing else to write. Every default is None: unset knobs resolve as in a space."""
+    from dse import knobs
+
+    params = []
+    for name, k in knobs.CATALOGUE.items():
+        if name in _PREDICT_SKIP:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if k.kind == "bool":
+            opt = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=k.help)
+            ann: Any = Optional[bool]
+        elif k.kind == "int":
+            opt, ann = typer.Option(None, flag, help=k.help), Optional[int]
+        else:
+            allowed = f" ({', '.join(k.choices)})" if k.choices else ""
+            opt, ann = typer.Option(None, flag, help=k.help + allowed), Optional[str]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann))
+    return params
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``--set knob=value`` pairs; values read as TOML literals (4, true, "x"), bare words as strings."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name:
+            raise UserError(f"{item!r} is not knob=value", field="--set")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        out[name.strip()] = value
+    return out
+
+
 def predict_cmd(
-    model: str = typer.Option(None, "--model", help="recipe name (see 'dse recipes')"),
-    model_file: str = typer.Option(None, "--model-file", help="TOML architecture: name, num_layers, hidden_size, "
-                                   "num_attention_heads, num_query_groups, ffn_hidden_size, vocab_size, gated_mlp"),
-    gpu: str = typer.Option(..., "--gpu", help="a100, h100, h200, b200, gb200, gb300"),
-    num_gpus: int = typer.Option(None, "--num-gpus", help="world size (default: the recipe's)"),
-    precision: str = typer.Option("bf16", "--precision", help="bf16 or fp8"),
-    seq_length: int = typer.Option(None, "--seq-length", help="default: the recipe's"),
-    gbs: int = typer.Option(None, "--gbs", help="global batch size (default: the recipe's layout)"),
-    mbs: int = typer.Option(None, "--mbs"),
-    tp: int = typer.Option(None, "--tp"),
-    pp: int = typer.Option(None, "--pp"),
-    cp: int = typer.Option(None, "--cp"),
-    vp: int = typer.Option(None, "--vp"),
-    ep: int = typer.Option(1, "--ep"),
-    fsdp: bool = typer.Option(None, "--fsdp/--no-fsdp", help="Megatron FSDP instead of the distributed optimizer"),
-    sp: bool = typer.Option(None, "--sp/--no-sp", help="sequence parallelism (default: on when tp > 1)"),
-    recompute: str = typer.Option(None, "--recompute", help="none, selective or full"),
-    cpu_offload_layers: int = typer.Option(None, "--cpu-offload-layers",
-                                           help="layers whose activations go to host memory (default: the "
-                                                "recipe's layout, else 0 = off)"),
-    tp_comm_overlap: bool = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
-                                         help="userbuffers TP overlap (default: on when tp > 1 with sp and NeMo has a "
-                                              "userbuffer config for it, as NVIDIA's performance recipes)"),
-    fp8_recipe: str = typer.Option("tensorwise", "--fp8-recipe",
-                                   help="with --precision fp8: delayed, tensorwise, mxfp8 or blockwise"),
-    attention_backend: str = typer.Option("auto", "--attention-backend",
-                                          help="auto, flash, fused, unfused or local (Megatron-Core's AttnBackend)"),
-    recompute_num_layers: int = typer.Option(0, "--recompute-num-layers",
-                                             help="with --recompute full: layers per stage recomputed (0 = all)"),
-    flops_convention: str = typer.Option("causal", "--flops-convention", help="causal or noncausal"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    model: Optional[str] = None, model_file: Optional[str] = None, gpu: Optional[str] = None,
+    system_ref: Optional[str] = None, gpus_per_node: Optional[int] = None, num_gpus: Optional[int] = None,
+    set_: Optional[list[str]] = None, flops_convention: str = "causal", as_json: bool = False, **knob_flags: Any,
 ) -> None:
-    """Predict step time, throughput and memory of one layout with the analytical performance model."""
+    """Predict step time, throughput and memory of one layout with the analytical performance model.
+
+    Unset knobs resolve as in a space: catalogue defaults, then the recipe's layout for the GPU.
+    """
+    # The layout resolves as a point of a one-point space does in `dse run`, is checked by the same rules and
+    # predicted by the same call, so one layout has one prediction whichever command asks.
     import json
 
     from dse import knobs
+    from dse.constraints import check
     from dse.errors import did_you_mean
     from dse.perfmodel import HARDWARE, predict
-    from dse.perfmodel.trials import load_model_file, make_trial
-    from recipes.models import RECIPES, Layout, Recipe
-
-    def choice(value: str, allowed, flag: str) -> str:
-        if value not in allowed:
-            raise UserError(f"{value!r} is not allowed{did_you_mean(value, allowed)}; use one of {', '.join(allowed)}",
-                            field=flag)
-        return value
+    from dse.perfmodel.trials import default_system, load_model_file
+    from dse.space import Space, load_system
+    from dse.trial import resolve
+    from recipes.models import RECIPES, Recipe
 
     if (model is None) == (model_file is None):
         raise UserError("give exactly one of --model NAME and --model-file FILE", field="--model")
-    choice(gpu, tuple(HARDWARE), "--gpu")
-    choice(precision, knobs.CATALOGUE["precision"].choices, "--precision")
-    choice(flops_convention, ("causal", "noncausal"), "--flops-convention")
+    if (gpu is None) == (system_ref is None):
+        raise UserError("give exactly one of --gpu GEN and --system NAME|FILE", field="--gpu")
+    if gpu is not None and gpu not in HARDWARE:
+        raise UserError(f"{gpu!r} is not allowed{did_you_mean(gpu, HARDWARE)}; use one of {', '.join(HARDWARE)}",
+                        field="--gpu")
+    if flops_convention not in ("causal", "noncausal"):
+        raise UserError(f"{flops_convention!r} is not allowed; use causal or noncausal", field="--flops-convention")
+    system = default_system(gpu) if gpu is not None else load_system(system_ref)
+    if gpus_per_node is not None:
+        if gpus_per_node < 1:
+            raise UserError(f"{gpus_per_node} is out of range; give at least 1", field="--gpus-per-node")
+        system = system.model_copy(update={"gpus_per_node": gpus_per_node})
+    settings: dict[str, Any] = {}
+    for name, value in knob_flags.items():
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            settings[name] = knobs.CATALOGUE[name].coerce(value, field=flag)
+    for name, value in _parse_set(set_ or []).items():
+        if name in _PREDICT_SKIP:
+            raise UserError(f"{name} is not a layout knob here; use --num-gpus", field=f"--set {name}")
+        settings[name] = knobs.get(name, field=f"--set {name}").coerce(value, field=f"--set {name}")
     if model is not None:
         recipe = RECIPES.get(model)
         if recipe is None:
             raise UserError(f"unknown recipe {model!r}{did_you_mean(model, RECIPES)}; see 'dse recipes'", field="--model")
-        layout = recipe.default_layout(gpu, precision)
     else:
         arch = load_model_file(model_file)
-        if seq_length is None or num_gpus is None:
+        if "seq_length" not in settings or num_gpus is None:
             raise UserError("--seq-length and --num-gpus are required with --model-file", field="--model-file")
-        recipe = Recipe(arch.name, arch, "", None, seq_length, num_gpus)
-        layout = Layout()
-    values = dict(tp=tp or layout.tp, pp=pp or layout.pp, cp=cp or layout.cp, vp=vp or layout.vp,
-                  mbs=mbs or layout.mbs, gbs=gbs or layout.gbs, ep=ep, precision=precision,
-                  seq_length=seq_length or recipe.seq_length, sp=sp,
-                  fsdp=layout.fsdp if fsdp is None else fsdp, recompute=recompute or layout.recompute,
-                  cpu_offload_layers=layout.cpu_offload_layers if cpu_offload_layers is None else cpu_offload_layers,
-                  fp8_recipe=fp8_recipe, attention_backend=attention_backend,
-                  recompute_num_layers=recompute_num_layers)
-    for name in ("tp", "pp", "cp", "vp", "mbs", "gbs", "ep", "seq_length", "recompute", "cpu_offload_layers",
-                 "fp8_recipe", "attention_backend", "recompute_num_layers"):
-        knobs.CATALOGUE[name].coerce(values[name], field=f"--{name.replace('_', '-')}")
-    sp_on = values["tp"] > 1 if sp is None else sp
-    values["tp_comm_overlap"] = (values["tp"] > 1 and sp_on) if tp_comm_overlap is None else tp_comm_overlap
-    trial = make_trial(recipe, gpu, num_gpus or recipe.num_gpus_default, **values)
-    if tp_comm_overlap is None and values["tp_comm_overlap"]:
-        from dse.launch import tp_comm_overlap_supported
-
-        if tp_comm_overlap_supported(trial):  # auto: on only where NeMo has a userbuffer config for it
-            values["tp_comm_overlap"] = False
-            trial = make_trial(recipe, gpu, num_gpus or recipe.num_gpus_default, **values)
-    from dse.constraints import check
-
+        recipe = Recipe(arch.name, arch, "", None, settings["seq_length"], num_gpus)
+    world = num_gpus or recipe.num_gpus_default
+    if world < 1 or world % system.gpus_per_node:
+        raise UserError(f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
+                        field="--num-gpus")
+    # A one-point space: the same resolve -> check -> predict as a study. A --model-file architecture is not
+    # in the registry, so the space names a registered recipe and resolve() gets the architecture itself.
+    space = Space.model_validate({"name": "predict", "recipe": recipe.name if model else next(iter(RECIPES)),
+                                  "system": system, "num_nodes": world // system.gpus_per_node,
+                                  "settings": settings, "source": "command line"})
+    trial = resolve(space, {}, recipe=recipe)
     rejection = check(trial)
     if rejection is not None:
         raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}")
     pred = predict(trial, flops_convention=flops_convention)
     if as_json:
-        out = {"model": recipe.name, "gpu": gpu, "num_gpus": trial.num_gpus, "flops_convention": flops_convention,
-               **{k: trial.values[k] for k in ("tp", "pp", "cp", "vp", "ep", "mbs", "gbs", "seq_length", "precision",
-                                                "fp8_recipe", "fsdp", "recompute", "recompute_num_layers",
-                                                "cpu_offload_layers", "attention_backend", "tp_comm_overlap")},
-               "sp": trial.sequence_parallel, "dp": trial.dp, **pred.as_dict()}
+        shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
+        out = {"model": recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
+               "flops_convention": flops_convention, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
+               **pred.as_dict()}
         typer.echo(json.dumps(out, indent=2))
         return
     from rich.table import Table
 
-    table = Table("quantity", "value", title=f"{recipe.name} on {trial.num_gpus} x {gpu} ({precision}): "
+    table = Table("quantity", "value", title=f"{recipe.name} on {trial.num_gpus} x {system.gpu} ({trial.precision}): "
                   f"tp={trial.tp} pp={trial.pp} cp={trial.cp} vp={trial.vp} dp={trial.dp} mbs={trial.mbs} "
                   f"gbs={trial.gbs} seq={trial.seq_length} sp={trial.sequence_parallel} fsdp={trial.fsdp} "
-                  f"recompute={trial.recompute}")
+                  f"recompute={trial.recompute} tp_comm_overlap={trial.tp_comm_overlap}")
     table.add_row("step time", f"{pred.step_time_s:.3f} s")
     table.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     table.add_row(f"model TFLOP/s/GPU ({flops_convention})", f"{pred.tflops_per_gpu:.0f}")
@@ -358,6 +378,35 @@ def predict_cmd(
     for key, value in pred.breakdown.items():
         table.add_row(f"  {key}", f"{value:.4g}")
     console.print(table)
+
+
+def _install_predict() -> None:
+    """Register ``predict`` with its fixed options plus the generated knob flags (Typer reads the signature)."""
+    fixed = [
+        ("model", Optional[str], typer.Option(None, "--model", help="recipe name (see 'dse recipes')")),
+        ("model_file", Optional[str], typer.Option(None, "--model-file", help="TOML architecture: name, num_layers, "
+                                                   "hidden_size, num_attention_heads, num_query_groups, "
+                                                   "ffn_hidden_size, vocab_size, gated_mlp")),
+        ("gpu", Optional[str], typer.Option(None, "--gpu", help="a GPU generation's default system: a100, h100, h200, "
+                                            "b200, gb200, gb300")),
+        ("system_ref", Optional[str], typer.Option(None, "--system", help="a system as a space names it: a name "
+                                                   "from conf/systems or a path to a system file")),
+        ("gpus_per_node", Optional[int], typer.Option(None, "--gpus-per-node", help="override the system's GPUs per "
+                                                      "node (e.g. 1 for a one-GPU run)")),
+        ("num_gpus", Optional[int], typer.Option(None, "--num-gpus", help="world size (default: the recipe's)")),
+        ("set_", Optional[list[str]], typer.Option(None, "--set", help="knob=value, any catalogue knob (repeatable)")),
+        ("flops_convention", str, typer.Option("causal", "--flops-convention", help="causal or noncausal")),
+        ("as_json", bool, typer.Option(False, "--json", help="print one JSON object")),
+    ]
+    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in fixed]
+    fn = user_errors(predict_cmd)
+    fn.__signature__ = inspect.Signature(params + _predict_options())  # type: ignore[attr-defined]
+    app.command("predict")(fn)
+
+
+_install_predict()
+
+
 @app.command("dry-run")
 @user_errors
 def dry_run_cmd(
