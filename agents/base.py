@@ -8,22 +8,24 @@ never sees a backend, a log or the store; on resume it is warm-started from the 
 from __future__ import annotations
 
 import abc
-import importlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from gymnasium import spaces
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dse.errors import UserError, did_you_mean
+from dse import registry as reg
+from dse.errors import UserError
 
 Action = dict[str, int]
 ActionMask = Callable[[Action], bool]
 
-# Built-ins, used when the package's entry points are not installed (running from a source tree).
-BUILTIN = {"grid": "agents.grid:GridAgent", "random": "agents.random:RandomAgent",
-           "optuna": "agents.optuna_agent:OptunaAgent"}
+
+class NoOptions(BaseModel):
+    """An agent's options (``[search.options]`` in the space file): a strict pydantic model per agent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def action_key(action: Mapping[str, Any], names: Iterable[str]) -> tuple[int, ...]:
@@ -37,6 +39,7 @@ class Agent(abc.ABC):
 
     name = "base"
     uses_mask = False
+    Options: type[BaseModel] = NoOptions  # what ``[search.options]`` may set; validated by make_agent
 
     def __init__(self, action_space: spaces.Dict, *, seed: int = 0, action_mask: ActionMask | None = None,
                  **options: Any):
@@ -44,7 +47,7 @@ class Agent(abc.ABC):
                 isinstance(s, spaces.Discrete) for s in action_space.spaces.values()):
             raise TypeError("agents need a gymnasium Dict action space of Discrete spaces")
         if options:
-            raise UserError(f"agent {self.name!r} takes no option(s) {', '.join(options)}", field="search")
+            raise UserError(f"agent {self.name!r} takes no option(s) {', '.join(options)}", field="search.options")
         self.action_space, self.seed, self.action_mask = action_space, seed, action_mask
         self.names = list(action_space.spaces)
         self.sizes = [int(action_space.spaces[n].n) for n in self.names]
@@ -77,25 +80,33 @@ class Agent(abc.ABC):
             self.observe(action, reward, ok)
 
 
-def _load(target: str) -> type:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def load_agents() -> dict[str, Callable[[], object]]:
+    """Registry name -> loader, from the ``dse.agents`` entry points (lazy: nothing imported until chosen)."""
+    return reg.load(reg.AGENTS)
 
 
-def load_agents() -> dict[str, Callable[[], type[Agent]]]:
-    """Registry name -> loader (lazy: nothing is imported until an agent is chosen)."""
-    registry: dict[str, Callable[[], type[Agent]]] = {n: (lambda t=t: _load(t)) for n, t in BUILTIN.items()}
-    for ep in entry_points(group="dse.agents"):
-        registry[ep.name] = ep.load
-    return registry
+def agent_class(name: str, registry: Mapping[str, Callable[[], object]]) -> type["Agent"]:
+    return reg.get(registry, name, Agent, group=reg.AGENTS, field="search.agent")
 
 
-def make_agent(name: str, registry: Mapping[str, Callable[[], type]], action_space: spaces.Dict, *,
+def agent_options(cls: type["Agent"], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` validated by the agent's own model; a one-line :class:`UserError` naming the option."""
+    try:
+        return dict(cls.Options.model_validate(dict(options)))
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(cls.Options.model_fields) or "none"
+            msg = f"agent {cls.name!r} has no option {where!r}; its options: {allowed}"
+        else:
+            msg = f"{err['msg']} (got {err.get('input')!r})"
+        raise UserError(msg, field=f"search.options.{where}") from None
+
+
+def make_agent(name: str, registry: Mapping[str, Callable[[], object]], action_space: spaces.Dict, *,
                seed: int = 0, action_mask: ActionMask | None = None, **options: Any) -> Agent:
-    if name not in registry:
-        raise UserError(f"unknown agent {name!r}{did_you_mean(name, registry)}; known: {', '.join(registry)}",
-                        field="search.agent")
-    cls = registry[name]()
-    if not (isinstance(cls, type) and issubclass(cls, Agent)):
-        raise UserError(f"entry point dse.agents:{name} is {cls!r}, not an agents.Agent subclass", field="search.agent")
-    return cls(action_space, seed=seed, action_mask=action_mask if cls.uses_mask else None, **options)
+    """The agent called ``name``, built with its validated options."""
+    cls = agent_class(name, registry)
+    return cls(action_space, seed=seed, action_mask=action_mask if cls.uses_mask else None,
+               **agent_options(cls, options))

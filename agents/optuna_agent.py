@@ -20,7 +20,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from agents.base import Action, Agent
+from agents.base import Action, Agent, NoOptions
 from dse.errors import UserError, did_you_mean
 
 
@@ -35,8 +35,13 @@ def _samplers(seed: int) -> dict[str, object]:
     }
 
 
+class OptunaOptions(NoOptions):
+    sampler: str = "tpe"  # checked against the samplers below, with the closest name suggested
+
+
 class OptunaAgent(Agent):
     name = "optuna"
+    Options = OptunaOptions
     uses_mask = False  # rejected points are recorded as failed trials, so the sampler learns them
     MAX_REPEATS = 20  # asks in a row that repeat a tried point before a random untried point is taken
 

@@ -29,9 +29,8 @@ def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
 
 def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> Path | None:
     """Write ``out_dir/best/`` for the best ``ok`` trial; None when no trial succeeded."""
-    from dse.backends.local import write_local_script
+    from dse.backends import load_backends
     from dse.backends.scripts import stage_code
-    from dse.backends.slurm import write_sbatch
 
     rec = best_record(records)
     if rec is None:
@@ -48,6 +47,7 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     tmp.write_text(json.dumps(info, indent=2, default=str))
     os.replace(tmp, d / "best.json")
     stage_code(d)
-    write_sbatch(plan, d)
-    write_local_script(plan, d)
+    registry = load_backends()
+    for name in ("slurm", "local"):  # the launch files a user takes away: both scripts
+        registry[name]().write_script(plan, d)
     return d

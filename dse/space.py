@@ -79,13 +79,24 @@ class Search(_Strict):
     sampler: str = "tpe"
     trials: int | None = Field(None, ge=1)
     seed: int = 0
+    options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
 
 
 class BackendSettings(_Strict):
-    kind: Literal["sim", "local", "slurm"] = "sim"
+    kind: str = "sim"  # a name in the dse.backends registry (checked without importing the backend)
     payload: Literal["nemo2", "mbridge", "mcore", "sim"] = "nemo2"
     flops_convention: Literal["causal", "noncausal"] = "causal"
     timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from dse import registry
+
+        known = registry.names(registry.BACKENDS)
+        if v not in known:
+            raise ValueError(f"unknown backend {v!r}{did_you_mean(v, known)}; known: {', '.join(known)}")
+        return v
 
 
 class Space(_Strict):

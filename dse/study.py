@@ -18,8 +18,9 @@ from typing import Any
 
 from gymnasium import spaces
 
-from agents.base import load_agents, make_agent
+from agents.base import agent_class, load_agents, make_agent
 from dse import constraints
+from dse import registry as reg
 from dse.backends import Backend, load_backends
 from dse.best import write_best
 from dse.errors import UserError, did_you_mean
@@ -53,15 +54,20 @@ def storage_url(out_dir: Path) -> str:
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:
     """The backend called ``name`` from the ``dse.backends`` registry, built for ``space``."""
-    registry = load_backends()
-    if name not in registry:
-        raise UserError(f"unknown backend {name!r}{did_you_mean(name, registry)}; known: {', '.join(registry)}",
-                        field="--backend")
-    cls = registry[name]()
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise UserError(f"entry point dse.backends:{name} is {cls!r}, not a dse.backends.Backend subclass",
-                        field="--backend")
+    cls = reg.get(load_backends(), name, Backend, group=reg.BACKENDS, field="--backend")
     return cls.from_space(space, seed=seed)
+
+
+def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> dict[str, Any]:
+    """The agent's options: ``[search.options]``, with the sampler (``--sampler`` over
+    ``[search.options].sampler`` over ``[search].sampler``) for an agent that declares one."""
+    options = dict(space.search.options)
+    cls = agent_class(agent, registry)
+    if "sampler" in cls.Options.model_fields:
+        options["sampler"] = sampler or options.get("sampler") or space.search.sampler
+    elif sampler is not None:
+        raise UserError(f"agent {agent!r} takes no sampler (only agents with a sampler option do)", field="--sampler")
+    return options
 
 
 @dataclass
@@ -96,14 +102,14 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     number of valid points; None when unknown)."""
     out = Path(out_dir)
     agent = agent or space.search.agent
-    sampler = sampler or space.search.sampler
     seed = space.search.seed if seed is None else seed
     backend_name = backend or space.backend.kind
     registry = load_agents()
     # Build the agent once on the bare action space, so a bad agent, sampler or option fails before
     # anything is written.
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
-    make_agent(agent, registry, probe, seed=seed, **({"sampler": sampler} if agent == "optuna" else {}))
+    options = agent_settings(space, agent, sampler, registry)
+    make_agent(agent, registry, probe, seed=seed, **options)
     make_backend(backend_name, space, seed)
     if out.exists() and (out / META).exists() and not resume:
         raise UserError(f"already holds a study; pass --resume to continue it, or choose another --out",
@@ -117,13 +123,13 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     except BlockingIOError:
         raise UserError("is in use by another dse run", file=str(out), field="--out") from None
     try:
-        return _run_locked(space, out, agent, sampler, trials, seed, backend_name, resume, storage, registry, on_trial)
+        return _run_locked(space, out, agent, options, trials, seed, backend_name, resume, storage, registry, on_trial)
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
 
 
-def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, resume, storage, registry, on_trial):
+def _run_locked(space, out, agent_name, options, trials, seed, backend_name, resume, storage, registry, on_trial):
     if resume:
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != {k: list(v) for k, v in space.knobs.items()}:
@@ -135,7 +141,7 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
         meta = {"space": space.source, "space_name": space.name, "study_name": space.name, "storage": url,
                 "knobs": {k: list(v) for k, v in space.knobs.items()}, "recipe": space.recipe,
                 "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
-                "agent": agent_name, "sampler": sampler, "seed": seed, "backend": backend_name}
+                "agent": agent_name, "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend_name}
     store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
     if not resume:
         tmp = out / f".{META}.tmp"
@@ -144,7 +150,6 @@ def _run_locked(space, out, agent_name, sampler, trials, seed, backend_name, res
     be = make_backend(backend_name, space, seed)
     env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
     env.reset(seed=seed)
-    options = {"sampler": sampler} if agent_name == "optuna" else {}
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask, **options)
     history = [r for r in store.records() if not r.interrupted]
     agent.warm_start((env.encode(r.knobs), r.reward, r.ok) for r in history)

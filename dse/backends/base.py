@@ -40,6 +40,16 @@ class Backend(abc.ABC):
         """The backend for a study of ``space`` (its system, its [backend] table). ``seed`` is the study's."""
         return cls(space)
 
+    script_name: str | None = None  # the launch script write_script writes (None: this backend writes none)
+
+    @classmethod
+    def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:
+        """Write the script this backend would launch ``plan`` with into ``run_dir`` (``dse dry-run``,
+        ``best/``); submits nothing. Backends that launch no script refuse."""
+        from dse.errors import UserError
+
+        raise UserError(f"backend {cls.name!r} writes no launch script", field="--backend")
+
     @abc.abstractmethod
     def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         """Run ``plan`` with ``run_dir`` as its run directory (created by the caller, empty)."""

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dse import registry as reg
+from dse.backends import load_backends
+from dse.backends.base import Backend
+from dse.constraints import check
 from dse.errors import UserError
-from dse.launch import build_plan, tp_comm_overlap_supported
+from dse.launch import build_plan
 from dse.space import Space
-from dse.trial import TrialConfig, resolve
-
-BACKENDS = ("slurm", "local")
+from dse.trial import resolve
 
 
 @dataclass(frozen=True)
@@ -26,36 +28,25 @@ class DryRunRow:
     reason: str | None = None
 
 
-def _rejection(trial: TrialConfig) -> str | None:
-    try:
-        from dse.constraints import check  # the lead's rule set
-    except ImportError:  # pragma: no cover - only before dse.constraints exists
-        check = None
-    if check is not None:
-        rej = check(trial)
-        if rej is not None:
-            return f"{rej.rule}: {rej.reason}"
-    reason = tp_comm_overlap_supported(trial)
-    return f"tp_comm_overlap_supported: {reason}" if reason else None
-
-
 def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> list[DryRunRow]:
-    """Write ``out/NNNNN/launch.sbatch`` (slurm) or ``launch.sh`` (local) for each valid point; the rows."""
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r} for a dry run; one of {', '.join(BACKENDS)}", field="--backend")
+    """Write each valid point's launch script (``Backend.write_script``: ``launch.sbatch`` for slurm,
+    ``launch.sh`` for local) under ``out/NNNNN/``; the rows."""
+    registry = load_backends()
+    cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, field="--backend")
+    if cls.script_name is None:
+        scripted = [n for n in registry if getattr(registry[n](), "script_name", None)]
+        raise UserError(f"backend {backend!r} writes no launch script; a dry run takes one of {', '.join(scripted)}",
+                        field="--backend")
     if limit is not None and limit < 1:
         raise UserError(f"{limit} is not a positive number of trials", field="--limit")
-    if backend == "slurm":
-        from dse.backends.slurm import write_sbatch as write
-    else:
-        from dse.backends.local import write_local_script as write
     rows: list[DryRunRow] = []
     written = 0
     for index, point in enumerate(space.points()):
         if limit is not None and written >= limit:
             break
         trial = resolve(space, point)
-        reason = _rejection(trial)
+        rej = check(trial)  # tp_comm_overlap without a userbuffer config is one of the rules
+        reason = f"{rej.rule}: {rej.reason}" if rej else None
         if reason is None:
             try:
                 plan = build_plan(trial, payload=space.backend.payload, seed=space.search.seed)
@@ -64,7 +55,7 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
         if reason is not None:
             rows.append(DryRunRow(index, dict(point), None, reason))
             continue
-        script = write(plan, (out / f"{index:05d}").absolute())
+        script = cls.write_script(plan, (out / f"{index:05d}").absolute())
         rows.append(DryRunRow(index, dict(point), script))
         written += 1
     return rows

@@ -76,6 +76,11 @@ class LocalBackend(Backend):
     """Runs plans on this machine, one at a time."""
 
     name = "local"
+    script_name = SCRIPT_NAME
+
+    @classmethod
+    def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:
+        return write_local_script(plan, run_dir)
 
     def __init__(self, space: Space | None = None):
         self.space = space

@@ -232,6 +232,11 @@ class SlurmBackend(Backend):
     """
 
     name = "slurm"
+    script_name = SCRIPT_NAME
+
+    @classmethod
+    def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:
+        return write_sbatch(plan, run_dir)
 
     def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
