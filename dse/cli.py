@@ -382,13 +382,14 @@ def predict_cmd(
 
 def _install_predict() -> None:
     """Register ``predict`` with its fixed options plus the generated knob flags (Typer reads the signature)."""
+    from dse.hardware import GPU_NAMES
     fixed = [
         ("model", Optional[str], typer.Option(None, "--model", help="recipe name (see 'dse recipes')")),
         ("model_file", Optional[str], typer.Option(None, "--model-file", help="TOML architecture: name, num_layers, "
                                                    "hidden_size, num_attention_heads, num_query_groups, "
                                                    "ffn_hidden_size, vocab_size, gated_mlp")),
-        ("gpu", Optional[str], typer.Option(None, "--gpu", help="a GPU generation's default system: a100, h100, h200, "
-                                            "b200, gb200, gb300")),
+        ("gpu", Optional[str], typer.Option(None, "--gpu", help="a GPU generation's default system: "
+                                            + ", ".join(GPU_NAMES))),
         ("system_ref", Optional[str], typer.Option(None, "--system", help="a system as a space names it: a name "
                                                    "from conf/systems or a path to a system file")),
         ("gpus_per_node", Optional[int], typer.Option(None, "--gpus-per-node", help="override the system's GPUs per "

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from dse.launch import tp_comm_overlap_supported
+from dse import hardware
+from dse.hardware import HARDWARE, gpus_where
 from dse.trial import TrialConfig
-
-HOPPER_OR_NEWER = ("h100", "h200", "b200", "gb200", "gb300")
 
 
 @dataclass(frozen=True)
@@ -87,11 +86,37 @@ def ep_divides_experts(t: TrialConfig) -> str | None:
 
 
 def fp8_needs_hopper(t: TrialConfig) -> str | None:
-    if t.precision == "fp8" and t.system.gpu not in HOPPER_OR_NEWER:
+    gpu = HARDWARE[t.system.gpu]
+    if t.precision == "fp8" and not gpu.fp8:
         return f"fp8 needs Hopper or newer; {t.system.gpu} has no FP8 tensor cores"
-    if t.precision == "fp8" and t.fp8_recipe == "mxfp8" and t.system.gpu in ("h100", "h200"):
-        return "fp8_recipe=mxfp8 needs Blackwell (b200, gb200, gb300)"
+    if t.precision == "fp8" and t.fp8_recipe == "mxfp8" and not gpu.mxfp8:
+        return f"fp8_recipe=mxfp8 needs Blackwell ({', '.join(gpus_where('mxfp8'))})"
     return None
+
+
+def userbuffer_config(trial: TrialConfig) -> str | None:
+    """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
+
+    One table for the controller and the payload: ``recipes.nemo2.userbuffers`` (plain data).
+    """
+    return hardware.userbuffer_config(trial.system.gpu, trial.precision, trial.arch.hidden_size, trial.tp)
+
+
+def tp_comm_overlap_supported(trial: TrialConfig) -> str | None:
+    """Constraint rule: the reason ``trial`` cannot use tp_comm_overlap, or None when it can (or does not ask).
+
+    TP comm overlap needs a userbuffer config tuned for the GPU family, model width, tp and precision;
+    NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
+    """
+    if not trial.tp_comm_overlap or trial.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
+        return None
+    if userbuffer_config(trial) is not None:
+        return None
+    family = HARDWARE[trial.system.gpu].userbuffer_family or trial.system.gpu
+    return (f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
+            f"tp {trial.tp}, {trial.precision}); NeMo has none, so turn tp_comm_overlap off for this point")
+
+
 
 
 def tp_within_nvlink(t: TrialConfig) -> str | None:
@@ -149,7 +174,7 @@ RULES: tuple[Callable[[TrialConfig], str | None], ...] = (
     world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
     seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
     recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp, cpu_offload_supported,
-    cp_needs_te_attention, tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision): dse.launch
+    cp_needs_te_attention, tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 
 

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dse import hardware
 from dse.errors import UserError, did_you_mean
 from recipes.models import Recipe
-from recipes.nemo2 import userbuffers
 from recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
 
 ENV_PREFIX = "env."
@@ -291,7 +291,7 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
             args[knob.nemo2_factory] = values[name]
     if args.get("tp_comm_overlap"):
         precision = "bf16" if values.get("precision", "bf16") == "bf16" else "fp8"
-        name = userbuffers.lookup(gpu, precision, hidden_size, values.get("tp", 1))
+        name = hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1))
         if name:
             args["tp_comm_overlap_cfg"] = name
     return args

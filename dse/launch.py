@@ -19,18 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from dse import knobs
+from dse.constraints import tp_comm_overlap_supported, userbuffer_config  # noqa: F401 (re-exported)
 from dse.errors import UserError
+from dse.hardware import HARDWARE
 from dse.trial import TrialConfig
 from dse.perfmodel.simulate import simulate
-from recipes.nemo2 import userbuffers
 from recipes.sim.logwriter import SimRun
 
 PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)
 
-# GPU generations that are SM100 or newer (Blackwell): PerfEnvPlugin(gpu_sm100_or_newer=...) as NeMo's
-# and Megatron-Bridge's performance scripts set it (gpu in b200, gb200, gb300).
-SM100_OR_NEWER = frozenset({"b200", "gb200", "gb300"})
 LAYERNORM_SM_MARGIN = 16  # PerfEnvPlugin.layernorm_sm_margin default
 NCCL_PP_COMM_CHUNKSIZE = 2097152  # what NeMo's performance scripts pass when pp > 1
 FLOPS_CALLBACK_SINCE = (25, 4)  # FLOPsMeasurementCallback ships in NeMo containers 25.04 and later
@@ -97,29 +95,6 @@ def flops_callback_available(version: str) -> bool:
     return container_version(version) >= FLOPS_CALLBACK_SINCE
 
 
-def userbuffer_config(trial: TrialConfig) -> str | None:
-    """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
-
-    One table for the controller and the payload: ``recipes.nemo2.userbuffers`` (plain data).
-    """
-    return userbuffers.lookup(trial.system.gpu, trial.precision, trial.arch.hidden_size, trial.tp)
-
-
-def tp_comm_overlap_supported(trial: TrialConfig) -> str | None:
-    """Constraint rule: the reason ``trial`` cannot use tp_comm_overlap, or None when it can (or does not ask).
-
-    TP comm overlap needs a userbuffer config tuned for the GPU family, model width, tp and precision;
-    NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
-    """
-    if not trial.tp_comm_overlap or trial.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
-        return None
-    if userbuffer_config(trial) is not None:
-        return None
-    family = userbuffers.GPU_FAMILY.get(trial.system.gpu, trial.system.gpu)
-    return (f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
-            f"tp {trial.tp}, {trial.precision}); NeMo has none, so turn tp_comm_overlap off for this point")
-
-
 def perf_env(trial: TrialConfig) -> dict[str, str]:
     """What PerfEnvPlugin sets for ``trial`` (``nemo/lightning/run/plugins.py``), plus NCCL stream priority.
 
@@ -131,7 +106,7 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     """
     env: dict[str, str] = {}
     if trial.tp > 1 or trial.cp > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32" if trial.system.gpu in SM100_OR_NEWER else "1"
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(HARDWARE[trial.system.gpu].cuda_device_max_connections)
     env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = str(LAYERNORM_SM_MARGIN)
     env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = str(LAYERNORM_SM_MARGIN)
     if trial.pp > 1:

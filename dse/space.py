@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dse import knobs
 from dse.errors import UserError, did_you_mean
+from dse.hardware import GPU_NAMES
 from recipes.models import RECIPES, Recipe
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SYSTEMS_DIR = CONF_DIR / "systems"
-GPU_GENERATIONS = ("a100", "h100", "h200", "b200", "gb200", "gb300")
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
 
@@ -49,12 +49,19 @@ class System(_Strict):
     """A cluster: one GPU generation, uniform nodes."""
 
     name: str
-    gpu: Literal["a100", "h100", "h200", "b200", "gb200", "gb300"]
+    gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
     gpus_per_node: int = Field(8, ge=1)
     nvlink_domain: int = Field(8, ge=1, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
     scaleout_gbps: float = Field(400.0, gt=0, description="scale-out network bandwidth per GPU, Gb/s")
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        if v not in GPU_NAMES:
+            raise ValueError(f"unknown GPU generation {v!r}{did_you_mean(str(v), GPU_NAMES)}; known: {', '.join(GPU_NAMES)}")
+        return v
 
 
 class Objective(_Strict):

@@ -11,9 +11,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from dse import knobs
+from dse.hardware import userbuffer_config
 from dse.space import Space, System
 from recipes.models import Recipe
-from recipes.nemo2 import userbuffers
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System) -> dict
     """
     if values.get("tp_comm_overlap") is None:
         tp, sp = values["tp"], values["sp"]
-        values["tp_comm_overlap"] = bool(tp > 1 and (tp > 1 if sp is None else sp) and userbuffers.lookup(
+        values["tp_comm_overlap"] = bool(tp > 1 and (tp > 1 if sp is None else sp) and userbuffer_config(
             system.gpu, values["precision"], recipe.arch.hidden_size, tp) is not None)
     return values
 

@@ -210,9 +210,12 @@ def test_payload_args_mbridge_refuses_nemotron():
 
 
 def test_userbuffer_lookup():
-    assert userbuffers.lookup("gb300", "bf16", 18432, 8) == "userbuffers_bf16_b200_h18432_tp8_mbs1_seqlen4096"
-    assert userbuffers.lookup("h100", "bf16", 18432, 8) is None
-    assert userbuffers.lookup("a100", "bf16", 8192, 4) is None
+    from dse.hardware import userbuffer_config
+
+    assert userbuffer_config("gb300", "bf16", 18432, 8) == "userbuffers_bf16_b200_h18432_tp8_mbs1_seqlen4096"
+    assert userbuffer_config("h200", "fp8", 8192, 4) == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"
+    assert userbuffer_config("h100", "bf16", 18432, 8) is None
+    assert userbuffer_config("a100", "bf16", 8192, 4) is None
     assert all(name.startswith(f"userbuffers_{p}_{fam}_h{h}_tp{tp}_")
                for (fam, p, h, tp), name in userbuffers.UB_CONFIGS.items())
 

@@ -14,7 +14,7 @@ from dse.perfmodel.fit import fit, nelder_mead
 from dse.perfmodel.memory import inflight_chunks, layer_activation_bytes, state_bytes_per_param
 from dse.perfmodel.timing import DEFAULT_PARAMS, bubble_fraction
 from dse.perfmodel.trials import make_trial
-from dse.space import GPU_GENERATIONS
+from dse.hardware import GPU_NAMES as GPU_GENERATIONS
 from recipes.models import RECIPES
 
 CALIBRATION = Path(__file__).resolve().parent.parent / "bench" / "data" / "published_perf_calibration.tsv"

@@ -6,7 +6,7 @@ Public API: :func:`predict` (a resolved :class:`dse.trial.TrialConfig` to a :cla
 """
 
 from dse.perfmodel.flops import model_flops_per_step
-from dse.perfmodel.hardware import HARDWARE, GpuSpec
+from dse.hardware import HARDWARE, GpuSpec
 from dse.perfmodel.model import Prediction, predict, predict_layout
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dse.perfmodel import flops as _flops
-from dse.perfmodel.hardware import HARDWARE
+from dse.hardware import HARDWARE
 from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 

@@ -2,7 +2,7 @@
 and reading ``--model-file`` architectures.
 
 The system is the GPU generation's default cluster (GPUs per node, NVLink domain and NIC bandwidth from
-:data:`dse.perfmodel.hardware.HARDWARE`); every knob not given takes its catalogue default.
+:data:`dse.hardware.HARDWARE`); every knob not given takes its catalogue default.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dse import knobs
 from dse.errors import UserError
-from dse.perfmodel.hardware import HARDWARE
+from dse.hardware import HARDWARE
 from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig, resolve_auto
 from recipes.models import ModelArch

@@ -9,10 +9,6 @@ name the one the factory should load; the NeMo test checks every name here again
 
 from __future__ import annotations
 
-# GPU generation -> the family whose configs it uses (NVIDIA's performance scripts use the B200 configs on
-# GB200/GB300, and H200 is an H100 with more memory: same SMs, same NVLink).
-GPU_FAMILY = {"h100": "h100", "h200": "h100", "b200": "b200", "gb200": "b200", "gb300": "b200"}
-
 # (family, precision, hidden_size, tp) -> attribute name in NeMo's userbuffers module (pretraining configs only;
 # the *_lora ones are for LoRA fine-tuning shapes). The name also records the cp/mbs/seq_length it was tuned at.
 UB_CONFIGS: dict[tuple[str, str, int, int], str] = {
@@ -36,7 +32,7 @@ UB_CONFIGS: dict[tuple[str, str, int, int], str] = {
 }
 
 
-def lookup(gpu: str, precision: str, hidden_size: int, tp: int) -> str | None:
-    """The tuned userbuffer config for this GPU, precision, width and TP size, or None where NeMo has none."""
-    family = GPU_FAMILY.get(gpu)
+def lookup(family: str | None, precision: str, hidden_size: int, tp: int) -> str | None:
+    """The tuned userbuffer config for a GPU family (``dse.hardware``'s ``userbuffer_family``: NVIDIA uses the
+    B200 configs on GB200/GB300 and the H100 ones on H200), precision, width and TP size; None where NeMo has none."""
     return UB_CONFIGS.get((family, precision, hidden_size, tp)) if family else None

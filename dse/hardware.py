@@ -1,0 +1,98 @@
+"""GPU generations: the one table of GPU facts. Peaks, memory, links, and the capabilities rules and
+spellings derive from (FP8, MXFP8, SM100+, userbuffer family, CUDA connections). Adding a GPU is one row
+here (plus its system file in ``conf/systems``); every rule, default and help text reads it.
+
+Plain data at the bottom of the controller's layers (the space file validates GPU names against it; the
+performance model reads its figures).
+
+Figures are the vendors' datasheet values for dense math (no 2:4 sparsity), per GPU:
+NVIDIA A100 datasheet (SXM4 80 GB), H100 datasheet (SXM5), H200 datasheet (SXM), DGX B200 and
+GB200 NVL72 / GB300 NVL72 product pages, as summarised in ``shared/reference/README.md``. NVLink
+bandwidth is the total (both directions) per GPU; a collective moves data one way per link, so the
+model uses half of it. Memory capacities are the datasheet figures read as GiB (HBM stacks come in
+binary sizes; the driver shows e.g. 81,559 MiB on an "80 GB" H100); the model's reserve covers the
+CUDA context and library workspaces.
+
+Host link (activation offloading): nominal bandwidth per GPU and direction between the GPU and host memory.
+HGX A100: PCIe Gen4 x16, 32 GB/s; HGX H100 / H200 / B200: PCIe Gen5 x16, 64 GB/s (PCI-SIG: 32 GT/s per
+lane); GB200 / GB300: NVLink-C2C, 900 GB/s both directions per Grace CPU (NVIDIA GB200 NVL72 and Grace
+Hopper product pages), i.e. 450 GB/s each way, shared by the two GPUs of a Grace: 225 GB/s per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipes.nemo2 import userbuffers
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU generation. Peaks in TFLOP/s (dense), bandwidths in GB/s, scale-out in Gb/s per GPU."""
+
+    name: str
+    arch: str  # ampere, hopper, blackwell: GEMM efficiencies are fitted per architecture
+    bf16_tflops: float
+    fp8_tflops: float | None  # None: no FP8 tensor cores (the model then runs FP8 requests at BF16 speed)
+    fp4_tflops: float | None
+    memory_gib: float
+    hbm_gbps: float  # HBM bandwidth, GB/s
+    nvlink_gbps: float  # NVLink bandwidth per GPU, both directions together, GB/s
+    nvlink_domain: int  # GPUs that share one NVLink domain (default for a system file)
+    gpus_per_node: int  # default for a system file
+    scaleout_gbps: float  # scale-out NIC bandwidth per GPU, Gb/s (default for a system file)
+    host_link_gbps: float = 64.0  # GPU <-> host memory per GPU and direction, GB/s (PCIe / NVLink-C2C)
+    # NeMo's tuned userbuffer configs come per family: NVIDIA's performance scripts use the B200 configs on
+    # GB200/GB300, and H200 is an H100 with more memory (same SMs, same NVLink). None: no TP overlap configs.
+    userbuffer_family: str | None = None
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 tensor cores (Hopper and newer)."""
+        return self.fp8_tflops is not None
+
+    @property
+    def sm100_or_newer(self) -> bool:
+        """Blackwell or newer: PerfEnvPlugin's ``gpu_sm100_or_newer``."""
+        return self.arch == "blackwell"
+
+    @property
+    def mxfp8(self) -> bool:
+        """MXFP8 / block-scaled FP8 in the tensor cores (Blackwell)."""
+        return self.sm100_or_newer
+
+    @property
+    def cuda_device_max_connections(self) -> int:
+        """What PerfEnvPlugin sets when tp or cp > 1: 32 on SM100+, 1 on Hopper and older (program order)."""
+        return 32 if self.sm100_or_newer else 1
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense peak for GEMMs in ``precision`` (bf16, fp8, fp4); falls back to the next wider format."""
+        if precision == "fp4" and self.fp4_tflops:
+            return self.fp4_tflops
+        if precision in ("fp8", "fp4") and self.fp8_tflops:
+            return self.fp8_tflops
+        return self.bf16_tflops
+
+
+HARDWARE: dict[str, GpuSpec] = {g.name: g for g in (
+    #        name     arch         bf16    fp8     fp4      mem   HBM GB/s  NVLink  domain gpn  NIC Gb/s  host GB/s  UB
+    GpuSpec("a100", "ampere", 312.0, None, None, 80.0, 2039.0, 600.0, 8, 8, 200.0, 32.0, None),
+    GpuSpec("h100", "hopper", 989.0, 1979.0, None, 80.0, 3350.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
+    GpuSpec("h200", "hopper", 989.0, 1979.0, None, 141.0, 4800.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
+    GpuSpec("b200", "blackwell", 2250.0, 4500.0, 9000.0, 180.0, 8000.0, 1800.0, 8, 8, 400.0, 64.0, "b200"),
+    GpuSpec("gb200", "blackwell", 2500.0, 5000.0, 10000.0, 186.0, 8000.0, 1800.0, 72, 4, 400.0, 225.0, "b200"),
+    GpuSpec("gb300", "blackwell", 2500.0, 5000.0, 15000.0, 279.0, 8000.0, 1800.0, 72, 4, 800.0, 225.0, "b200"),
+)}
+GPU_NAMES: tuple[str, ...] = tuple(HARDWARE)
+
+
+def gpus_where(capability: str) -> tuple[str, ...]:
+    """The GPU names with a capability (a boolean attribute of :class:`GpuSpec`), in table order."""
+    return tuple(n for n, g in HARDWARE.items() if getattr(g, capability))
+
+
+def userbuffer_config(gpu: str, precision: str, hidden_size: int, tp: int) -> str | None:
+    """NeMo's tuned userbuffer config for (GPU, precision, width, tp) through the GPU's family; None: none."""
+    spec = HARDWARE.get(gpu)
+    return userbuffers.lookup(spec.userbuffer_family if spec else None, precision, hidden_size, tp)
