@@ -421,7 +421,7 @@ def dry_run_cmd(
 
     from rich.table import Table
 
-    from dse.backends.dryrun import dry_run
+    from dse.dryrun import dry_run
     from dse.space import load_space
 
     sp = load_space(space)
