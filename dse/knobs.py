@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from dse import hardware
 from dse.errors import UserError, did_you_mean
+from recipes import contract
 from recipes.models import Recipe
 from recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
 
@@ -149,7 +150,7 @@ def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob
                         f"{', '.join(CATALOGUE)} and env.NAME", file=file, field=field or name) from None
 
 
-FLAVOURS = ("nemo2", "mbridge", "mcore", "sim")
+FLAVOURS = contract.PAYLOADS
 # Flavours that take Megatron-Bridge's spelling: Bridge itself, and the megatron-core payload (recipes.mcore),
 # which accepts Bridge's override paths so that the same trial runs on a GPU without NeMo or Bridge.
 BRIDGE_SPELLING = ("mbridge", "mcore")

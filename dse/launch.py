@@ -24,9 +24,10 @@ from dse.errors import UserError
 from dse.hardware import HARDWARE
 from dse.trial import TrialConfig
 from dse.perfmodel.simulate import simulate
+from recipes import contract
 from recipes.sim.logwriter import SimRun
 
-PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
+PAYLOADS = contract.PAYLOADS
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)
 
 LAYERNORM_SM_MARGIN = 16  # PerfEnvPlugin.layernorm_sm_margin default
@@ -34,17 +35,9 @@ NCCL_PP_COMM_CHUNKSIZE = 2097152  # what NeMo's performance scripts pass when pp
 FLOPS_CALLBACK_SINCE = (25, 4)  # FLOPsMeasurementCallback ships in NeMo containers 25.04 and later
 
 # Environment the payload reads (recipes/ may not import dse, so these names are its whole interface).
-ENV_TASK = "DSE_NEMO_TASK"  # pretrain | finetune (the seed's "Plan B")
-ENV_RECIPE = "DSE_NEMO_RECIPE"  # the NeMo 2 recipe module, e.g. llama3_70b
-ENV_FLOPS_CALLBACK = "DSE_FLOPS_CALLBACK"  # "1": add FLOPsMeasurementCallback; "0": the container lacks it
-ENV_VBOOST = "ENABLE_VBOOST"
-# The simulated trainer's figures (python -m recipes.sim reads them; see recipes/sim/__main__.py).
-SIM_ENV = {
-    "step_time_s": "DSE_SIM_STEP_TIME_S", "tflops_per_gpu": "DSE_SIM_TFLOPS_PER_GPU",
-    "peak_memory_gib": "DSE_SIM_PEAK_MEMORY_GIB", "gpu_memory_gib": "DSE_SIM_GPU_MEMORY_GIB",
-    "oom": "DSE_SIM_OOM", "oom_after": "DSE_SIM_OOM_AFTER", "seed": "DSE_SIM_SEED",
-    "max_steps": "DSE_SIM_MAX_STEPS", "gbs": "DSE_SIM_GBS",
-}
+ENV_TASK, ENV_RECIPE = contract.ENV_NEMO_TASK, contract.ENV_NEMO_RECIPE
+ENV_FLOPS_CALLBACK, ENV_VBOOST = contract.ENV_FLOPS_CALLBACK, contract.ENV_VBOOST
+SIM_ENV = contract.SIM_ENV
 
 VBOOST_COMMAND = "sudo nvidia-smi boost-slider --vboost 1"
 

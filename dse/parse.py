@@ -69,6 +69,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
+from recipes import contract
+
 STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected")
 
 #: Statuses of runs that ended badly; their metrics are partial and never a reward.
@@ -120,10 +122,11 @@ _MEG_STEP_KEY = "elapsed time per iteration (ms)"
 _MEG_TFLOPS_KEY = "throughput per GPU (TFLOP/s/GPU)"
 _MEG_LOSS_KEYS = ("lm loss", "loss")
 
-_SCHED_TIMEOUT = {"TIMEOUT", "DEADLINE"}
-_SCHED_OOM = {"OUT_OF_MEMORY"}
+# Scheduler end states from the controller-payload contract (one table with the Slurm backend's)
+_SCHED_TIMEOUT = {s for s, st in contract.SCHEDULER_END_STATES.items() if st == "timeout"}
+_SCHED_OOM = {s for s, st in contract.SCHEDULER_END_STATES.items() if st == "oom"}
 # A clean end: Slurm's COMPLETED, and torchx's SUCCEEDED (the AppState nemo-run's local executor reports)
-_SCHED_DONE = {"COMPLETED", "SUCCEEDED"}
+_SCHED_DONE = set(contract.CLEAN_END_STATES)
 _SCHED_RUNNING = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
 

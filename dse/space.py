@@ -18,12 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dse import knobs
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
+from recipes import contract
 from recipes.models import RECIPES, Recipe
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SYSTEMS_DIR = CONF_DIR / "systems"
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
-PAYLOADS = ("nemo2", "mbridge", "mcore", "sim")
+PAYLOADS = contract.PAYLOADS
 
 
 class _Strict(BaseModel):
@@ -91,9 +92,16 @@ class Search(_Strict):
 
 class BackendSettings(_Strict):
     kind: str = "sim"  # a name in the dse.backends registry (checked without importing the backend)
-    payload: Literal["nemo2", "mbridge", "mcore", "sim"] = "nemo2"
+    payload: str = "nemo2"  # one of recipes.contract.PAYLOADS
     flops_convention: Literal["causal", "noncausal"] = "causal"
     timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
+
+    @field_validator("payload")
+    @classmethod
+    def _known_payload(cls, v: str) -> str:
+        if v not in PAYLOADS:
+            raise ValueError(f"unknown payload {v!r}{did_you_mean(str(v), PAYLOADS)}; known: {', '.join(PAYLOADS)}")
+        return v
 
     @field_validator("kind")
     @classmethod

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from dse.errors import UserError
+from recipes import contract
 
-LOG_NAME = "log.txt"  # the trainer's output in every run directory (as the simulated backend writes it)
+LOG_NAME = contract.LOG_NAME  # the trainer's output in every run directory (as the simulated backend writes it)
 CODE_DIR = "code"  # the payload package, staged beside the script (the container's working directory)
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

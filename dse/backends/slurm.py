@@ -35,6 +35,7 @@ from dse.backends.scripts import (
 from dse.errors import UserError
 from dse.launch import LaunchPlan
 from dse.space import SlurmSettings, Space
+from recipes import contract
 
 SCRIPT_NAME = "launch.sbatch"
 SBATCH_OUT = "sbatch.out"  # the batch script's own output (set -x trace, head-node lookup)
@@ -42,17 +43,9 @@ SUBMIT_FAILED = "SUBMIT_FAILED"  # our word, not Slurm's: sbatch refused the scr
 UNKNOWN = "UNKNOWN"  # the job left the queue and no accounting record says how it ended
 
 # Slurm's end states (sacct's State column) -> trial status; None: decided by the log and the exit code.
+# One table with the parser's: recipes.contract.SCHEDULER_END_STATES (less torchx's SUCCEEDED), plus our own words.
 SLURM_STATE_STATUS: dict[str, str | None] = {
-    "COMPLETED": None,
-    "FAILED": None,
-    "TIMEOUT": "timeout",
-    "DEADLINE": "timeout",
-    "OUT_OF_MEMORY": "oom",
-    "CANCELLED": "failed",
-    "NODE_FAIL": "failed",
-    "BOOT_FAIL": "failed",
-    "PREEMPTED": "failed",
-    "REVOKED": "failed",
+    **{s: st for s, st in contract.SCHEDULER_END_STATES.items() if s != "SUCCEEDED"},
     SUBMIT_FAILED: "failed",
     UNKNOWN: "failed",
 }

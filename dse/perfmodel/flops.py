@@ -1,15 +1,14 @@
 """Model FLOPs per step (both conventions) and parameter counts of a dense GQA decoder.
 
-The FLOPs formula is the one Megatron-Bridge and NeMo report (``shared/reference/README.md``):
-  FLOPs/step = 6·B·s·[ L·( e·h·F + 2·h·a·d + 2·h·g·d + c·a·d·s ) + h·V ]
-with e = 3 for gated MLPs (SwiGLU) and 2 otherwise, c = 1 for the causal convention (the masked upper
-triangle of the score and value products is not counted) and c = 2 for the noncausal one. Recompute adds
-hardware FLOPs, never model FLOPs.
+The FLOPs formula is the controller-payload contract's (:func:`recipes.contract.model_flops_per_step`), so
+the parser's TFLOP/s, the simulated run's and the megatron-core payload's own log use one convention.
 """
 
 from __future__ import annotations
 
-CONVENTIONS = ("causal", "noncausal")
+from recipes import contract
+
+CONVENTIONS = contract.FLOPS_CONVENTIONS
 
 
 def mlp_factor(arch) -> int:
@@ -19,13 +18,10 @@ def mlp_factor(arch) -> int:
 
 def model_flops_per_step(arch, gbs: int, seq_length: int, convention: str = "causal") -> float:
     """Model FLOPs of one training step (forward and backward) of ``gbs`` sequences of ``seq_length``."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"unknown FLOPs convention {convention!r}; use one of {', '.join(CONVENTIONS)}")
-    c = 1 if convention == "causal" else 2
-    h, a, g = arch.hidden_size, arch.num_attention_heads, arch.num_query_groups
-    d = h // a
-    per_layer = mlp_factor(arch) * h * arch.ffn_hidden_size + 2 * h * a * d + 2 * h * g * d + c * a * d * seq_length
-    return 6.0 * gbs * seq_length * (arch.num_layers * per_layer + h * arch.vocab_size)
+    return contract.model_flops_per_step(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups, ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size,
+        gated_mlp=arch.gated_mlp, gbs=gbs, seq_length=seq_length, convention=convention)
 
 
 def layer_params(arch) -> int:

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-ENV_RECIPE = "DSE_MBRIDGE_RECIPE"
+from recipes import contract
+
+ENV_RECIPE = contract.ENV_MBRIDGE_RECIPE
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Hydra override grammar subset used here: optional +/~ prefix, dotted key, '=', value.
 _OVERRIDE = re.compile(r"^[+~]?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=.*$")

@@ -98,13 +98,15 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
     and value products count half under a causal mask) and 2 in the ``noncausal`` one. Recompute is not
     counted (model FLOPs, not hardware FLOPs), as in Megatron-LM's logged throughput.
     """
-    if convention not in ("causal", "noncausal"):
-        raise ConfigError(f"unknown FLOPs convention {convention!r}; causal or noncausal")
-    c = 1 if convention == "causal" else 2
-    e = 3 if cfg.gated else 2
-    h, a, g, d, F, L, V, s = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim,
-                              cfg.ffn_hidden_size, cfg.num_layers, cfg.vocab_size, cfg.seq_length)
-    return 6.0 * cfg.gbs * s * (L * (e * h * F + 2 * h * a * d + 2 * h * g * d + c * a * d * s) + h * V)
+    from recipes import contract  # the formula the controller's parser and model use
+
+    try:
+        return contract.model_flops_per_step(
+            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+            num_query_groups=cfg.num_query_groups, ffn_hidden_size=cfg.ffn_hidden_size, vocab_size=cfg.vocab_size,
+            gated_mlp=cfg.gated, gbs=cfg.gbs, seq_length=cfg.seq_length, convention=convention)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check(cfg: RunConfig, world_size: int) -> RunConfig:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENV_TASK = "DSE_NEMO_TASK"  # "pretrain" (default) or "finetune"
-ENV_RECIPE = "DSE_NEMO_RECIPE"  # a model name (llama3_8b) or factory name (llama3_8b_recipe); used when argv has no --factory
-ENV_FLOPS = "DSE_FLOPS_CALLBACK"  # "1": add FLOPsMeasurementCallback (containers 25.04 and later have it)
+from recipes import contract
+
+ENV_TASK = contract.ENV_NEMO_TASK  # "pretrain" (default) or "finetune"
+ENV_RECIPE = contract.ENV_NEMO_RECIPE  # a model name (llama3_8b) or factory name (llama3_8b_recipe); used when argv has no --factory
+ENV_FLOPS = contract.ENV_FLOPS_CALLBACK  # "1": add FLOPsMeasurementCallback (containers 25.04 and later have it)
 TASKS = ("pretrain", "finetune")
 FACTORY_SUFFIX = "_recipe"
 

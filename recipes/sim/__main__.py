@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any
 
+from recipes.contract import SIM_ENV
 from recipes.sim.logwriter import SimRun, write_log
 
 USAGE_ERROR = 2
@@ -140,23 +141,23 @@ def _env_num(name: str, conv, default):
 def sim_run_from_env(config: dict[str, Any]) -> SimRun:
     """The run to print: figures from ``DSE_SIM_*``, batch size and steps from the (overridden) config."""
     return SimRun(
-        step_time_s=_env_num("DSE_SIM_STEP_TIME_S", float, 1.0),
-        tflops_per_gpu=_env_num("DSE_SIM_TFLOPS_PER_GPU", float, 0.0),
+        step_time_s=_env_num(SIM_ENV["step_time_s"], float, 1.0),
+        tflops_per_gpu=_env_num(SIM_ENV["tflops_per_gpu"], float, 0.0),
         gbs=int(config["data"]["global_batch_size"]),
         max_steps=int(config["trainer"]["max_steps"]),
-        peak_memory_gib=_env_num("DSE_SIM_PEAK_MEMORY_GIB", float, 0.0),
-        gpu_memory_gib=_env_num("DSE_SIM_GPU_MEMORY_GIB", float, 80.0),
-        oom=bool(_env_num("DSE_SIM_OOM", int, 0)),
-        oom_after=_env_num("DSE_SIM_OOM_AFTER", int, 0),
-        seed=_env_num("DSE_SIM_SEED", int, 0),
+        peak_memory_gib=_env_num(SIM_ENV["peak_memory_gib"], float, 0.0),
+        gpu_memory_gib=_env_num(SIM_ENV["gpu_memory_gib"], float, 80.0),
+        oom=bool(_env_num(SIM_ENV["oom"], int, 0)),
+        oom_after=_env_num(SIM_ENV["oom_after"], int, 0),
+        seed=_env_num(SIM_ENV["seed"], int, 0),
     )
 
 
 def base_config() -> dict[str, Any]:
     """The default config, with batch size and steps from the environment when given."""
     config = copy.deepcopy(_DEFAULT_CONFIG)
-    config["data"]["global_batch_size"] = _env_num("DSE_SIM_GBS", int, config["data"]["global_batch_size"])
-    config["trainer"]["max_steps"] = _env_num("DSE_SIM_MAX_STEPS", int, config["trainer"]["max_steps"])
+    config["data"]["global_batch_size"] = _env_num(SIM_ENV["gbs"], int, config["data"]["global_batch_size"])
+    config["trainer"]["max_steps"] = _env_num(SIM_ENV["max_steps"], int, config["trainer"]["max_steps"])
     return config
 
 
