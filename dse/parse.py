@@ -102,6 +102,28 @@ _EXC_LINE_RE = re.compile(
 )
 _PREFIX_RE = re.compile(_PREFIX)
 
+
+@dataclass(frozen=True)
+class LogFormat:
+    """One log format's scanner: lines that contain ``gate`` and match ``pattern`` are progress lines, read by
+    the ``_Scan`` method named ``reader`` into that format's step series. ``primary`` formats print one line per
+    iteration (the longest series wins); the others are fallbacks, taken in table order when no primary one
+    printed. A new format is one row here, its reader, and its fixtures."""
+
+    name: str  # RunMetrics.log_format
+    gate: str  # a cheap substring test before the regex
+    pattern: re.Pattern
+    reader: str
+    primary: bool = True
+
+
+LOG_FORMATS: tuple[LogFormat, ...] = (
+    LogFormat("megatron", "iteration", _MEGATRON_RE, "_megatron"),  # Megatron-LM / Megatron-Bridge
+    LogFormat("nemo2", "iteration", _NEMO_RE, "_nemo"),  # NeMo 2 / Lightning progress lines
+    LogFormat("megatron_bridge_summary", "Step Time", _STEP_TIME_RE, "_step_time", primary=False),
+    LogFormat("lightning_tqdm", "train_step_timing in s=", _TQDM_RE, "_tqdm", primary=False),
+)
+
 # Failure markers, checked by substring (a regex alternation over them costs ~15 us a line, these ~1 us).
 _OOM_MARKS = ("CUDA out of memory", "CUDA error: out of memory", "CUDA Error: out of memory", "OutOfMemoryError",
               "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "failure 'out of memory'", "oom_kill",
@@ -284,11 +306,8 @@ class _Scan:
 
     def __init__(self, want_ts: bool):
         self.want_ts = want_ts
-        # iteration key -> (step_time_s, tflops, loss, timestamp, gbs); None where the line gave nothing valid
-        self.megatron: dict[int, tuple] = {}
-        self.nemo: dict[tuple[int, ...], tuple] = {}
-        self.tqdm: dict[int, tuple] = {}
-        self.step_time_lines: list[tuple[float | None, float | None]] = []
+        # per log format: step key -> (step_time_s, tflops, loss, timestamp, gbs); None where a line gave nothing
+        self.steps: dict[str, dict] = {f.name: {} for f in LOG_FORMATS}
         self.last_iteration: int | None = None
         self.mem_alloc: float | None = None
         self.mem_reserved: float | None = None
@@ -327,15 +346,15 @@ class _Scan:
         self._mem(a * 1e9 / _GIB if a else None, r * 1e9 / _GIB if r else None)
 
     # -- progress ----------------------------------------------------------------------------------
-    def _megatron(self, m: re.Match) -> None:
+    def _megatron(self, m: re.Match, steps: dict) -> None:
         it = int(m["it"])
         self._iteration(it)
-        if it in self.megatron:
+        if it in steps:
             return
         d = _fields(m["rest"])
         ms = _pos(d.get(_MEG_STEP_KEY))
         ts = _parse_ts(m["ts"]) if (self.want_ts and m["ts"]) else None
-        self.megatron[it] = (
+        steps[it] = (
             ms / 1000.0 if ms is not None else None,
             _pos(d.get(_MEG_TFLOPS_KEY)),
             _num(_first(d, _MEG_LOSS_KEYS)),
@@ -343,7 +362,7 @@ class _Scan:
             _pos(d.get("global batch size")),
         )
 
-    def _nemo(self, m: re.Match) -> None:
+    def _nemo(self, m: re.Match, steps: dict) -> None:
         d = _fields(m["rest"])
         gs = _num(d.get("global_step"))
         it = int(m["it"])
@@ -351,11 +370,11 @@ class _Scan:
         has_gs = gs is not None and gs >= 0
         key = (0, int(gs)) if has_gs else (1, int(m["epoch"]), it)
         self._iteration(int(gs) if has_gs else it)
-        if key in self.nemo:
+        if key in steps:
             return
         alloc, res = _pos(d.get("max_memory_allocated")), _pos(d.get("max_memory_reserved"))
         self._mem(alloc / _GIB if alloc else None, res / _GIB if res else None)
-        self.nemo[key] = (
+        steps[key] = (
             _pos(_first(d, _NEMO_STEP_KEYS)),
             _pos(_first(d, _NEMO_TFLOPS_KEYS)),
             _num(_first(d, _NEMO_LOSS_KEYS)),
@@ -363,13 +382,16 @@ class _Scan:
             _pos(d.get("global_batch_size")),
         )
 
-    def _tqdm(self, m: re.Match) -> None:
+    def _step_time(self, m: re.Match, steps: dict) -> None:
+        steps[len(steps)] = (_pos(m["t"]), _pos(m["tf"]), None, None, None)
+
+    def _tqdm(self, m: re.Match, steps: dict) -> None:
         d = _fields(m["post"], sep=",", kv="=")
         gs = _num(d.get("global_step"))
-        if gs is None or gs < 0 or int(gs) in self.tqdm:
+        if gs is None or gs < 0 or int(gs) in steps:
             return  # without a global_step, refreshes of one step cannot be told from new steps
         self._iteration(int(gs))
-        self.tqdm[int(gs)] = (
+        steps[int(gs)] = (
             _pos(d.get("train_step_timing in s")),
             _pos(_first(d, _NEMO_TFLOPS_KEYS)),
             _num(_first(d, _NEMO_LOSS_KEYS)),
@@ -415,34 +437,23 @@ class _Scan:
 
     # -- the loop ----------------------------------------------------------------------------------
     def feed(self, lines: Iterator[str]) -> None:
-        megatron_match, nemo_match = _MEGATRON_RE.match, _NEMO_RE.match
         gate = _FAIL_GATE
         want_ts = self.want_ts
+        scanners = [(f.gate, f.pattern.match, getattr(self, f.reader), self.steps[f.name]) for f in LOG_FORMATS]
         for line in lines:
             if "NCCL INFO" in line:  # the bulk of a noisy log; never progress, never a failure marker
                 continue
-            if "iteration" in line:
-                m = megatron_match(line)
-                if m is not None:
-                    self._megatron(m)
-                    continue
-                m = nemo_match(line)
-                if m is not None:
-                    self._nemo(m)
-                    continue
-                if "memory (" in line and self._mem_line(line):
-                    continue
-            elif "Step Time" in line:
-                m = _STEP_TIME_RE.match(line)
-                if m is not None:
-                    self.step_time_lines.append((_pos(m["t"]), _pos(m["tf"])))
-                    continue
-            elif "train_step_timing in s=" in line:
-                m = _TQDM_RE.match(line)
-                if m is not None:
-                    self._tqdm(m)
-                    continue
-            elif "mem-" in line and self._mem_line(line):
+            for fgate, match, read, steps in scanners:
+                if fgate in line:
+                    m = match(line)
+                    if m is not None:
+                        read(m, steps)
+                        break
+            else:
+                m = None
+            if m is not None:
+                continue
+            if ("memory (" in line or "mem-" in line) and self._mem_line(line):
                 continue
             if want_ts and ("[20" in line or "[NeMo" in line or " AT 20" in line):
                 t = _ANY_TS_RE.search(line)
@@ -491,19 +502,15 @@ def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:
 
 def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None,
               ctx: ParseContext) -> RunMetrics:
-    # ---- the step series: iteration lines first, then Bridge summaries, then tqdm bars
+    # ---- the step series: per-iteration formats first (the longest wins), then the fallbacks in order
     series: list[tuple] = []
     fmt: str | None = None
-    for name, recs in (("megatron", scan.megatron), ("nemo2", scan.nemo)):
-        if recs and len(recs) > len(series):
+    for f in LOG_FORMATS:
+        recs = scan.steps[f.name]
+        if recs and (len(recs) > len(series) if f.primary else not series):
             series = [recs[k] for k in sorted(recs)]
-            fmt = name
-    if not series and scan.step_time_lines:
-        series = [(t, tf, None, None, None) for t, tf in scan.step_time_lines]
-        fmt = "megatron_bridge_summary"
-    if not series and scan.tqdm:
-        series = [scan.tqdm[k] for k in sorted(scan.tqdm)]
-        fmt = "lightning_tqdm"
+            fmt = f.name
+    summary = [tf for _, tf, *_ in scan.steps["megatron_bridge_summary"].values()]
 
     warm, times = _steady([r[0] for r in series])
     step_time = mean = p10 = p90 = None
@@ -514,8 +521,8 @@ def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_st
 
     tflops, tflops_source = None, None
     _, tfs = _steady([r[1] for r in series])
-    if not tfs and fmt != "megatron_bridge_summary" and scan.step_time_lines:
-        _, tfs = _steady([tf for _, tf in scan.step_time_lines])
+    if not tfs and fmt != "megatron_bridge_summary" and summary:
+        _, tfs = _steady(summary)
     if tfs:
         tflops, tflops_source = statistics.median(tfs), "log"
     elif step_time is not None and ctx.model_flops_per_step and ctx.num_gpus:
