@@ -19,17 +19,22 @@ from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
 @dataclass(frozen=True)
 class Prior:
-    """Centre and width of a parameter's prior; ``kind`` is ``log`` (a positive rate) or ``logit`` (0..1)."""
+    """Centre and width of a parameter's prior; ``kind`` is ``log`` (a positive rate), ``logit`` (0..1) or
+    ``linear`` (any real: an offset; the width is then in the parameter's own unit)."""
 
     centre: float
     width: float
     kind: str = "logit"
 
     def to_z(self, x: float) -> float:
+        if self.kind == "linear":
+            return x
         return math.log(x) if self.kind == "log" else math.log(x / (1.0 - x))
 
     def from_z(self, z: float) -> float:
-        return math.exp(z) if self.kind == "log" else 1.0 / (1.0 + math.exp(-z))
+        if self.kind == "linear":
+            return z
+        return math.exp(z) if self.kind == "log" else 1.0 / (1.0 + math.exp(-min(max(z, -700.0), 700.0)))
 
 
 # Centres from vendor or library measurements where there are some (comments), widths loose enough for

@@ -336,7 +336,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     mem_first = first_params / t * states_b + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
     mem_last = last_params / t * states_b + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
     peak_b = max(mem_first, mem_last)
-    peak = peak_b / GIB + P.memory_reserve_gib
+    peak = peak_b / GIB + P.memory_reserve_gib + P.memory_offset_gib
     cap = hw.memory_gib
 
     tokens = gbs * s / (step * num_gpus)
@@ -357,7 +357,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         "mem.activations_gib": max(act_first, act_last - logits_mem) / GIB,
         "mem.logits_gib": logits_mem / GIB,
         "mem.fsdp_buffers_gib": fsdp_buf / GIB,
-        "mem.reserve_gib": P.memory_reserve_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
+        "mem.reserve_gib": P.memory_reserve_gib + P.memory_offset_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
         "time.per_microbatch_s": t_mb,
         "microbatches": m,
         "bubble_fraction": (p - 1) / (vv * m),

@@ -48,6 +48,9 @@ class Params:
     offload_overlap: float = 0.90
     memory_reserve_gib: float = 3.0  # CUDA context, NCCL and cuBLAS / TE workspaces
     memory_fragmentation: float = 0.05  # allocator slack, as a share of the activation memory
+    # a stack's constant memory difference (GiB, may be negative), learnt by ``dse calibrate`` from measured
+    # peaks; 0 leaves the shipped model as it is
+    memory_offset_gib: float = 0.0
 
     def with_values(self, **kw) -> "Params":
         return replace(self, **kw)

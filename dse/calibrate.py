@@ -1,0 +1,436 @@
+"""``dse calibrate``: refit the performance model's parameters to a user's own runs.
+
+The shipped parameters (:data:`dse.perfmodel.timing.DEFAULT_PARAMS`) are fitted to NVIDIA's published
+throughput; another stack (container, kernels, layer spec) runs the same layouts at another speed. From a
+few real runs this module refits the parameters those runs can identify, by the MAP fit of
+:mod:`dse.perfmodel.fit` (squared log error plus a Gaussian prior centred on the shipped value), and writes
+them as a plain TOML calibration file that ``dse predict --calibration`` and the simulated backend
+(``[backend] calibration = "FILE"``) read.
+
+Decisions where the issue is silent:
+
+* Step time and peak memory are fitted separately: no time parameter moves memory and no memory parameter
+  moves time, so two small fits are the same MAP as one large one and converge faster.
+* The time parameters fitted by default are those of :data:`STACK_TIME`, in that order, kept where the runs'
+  predicted step time moves with them (a parameter no run depends on is not identifiable) and at most one
+  per run; ``--params`` names them explicitly (more than there are runs is refused).
+* The stack parameters have wide priors (a log-width of 1.0 is a factor e^1 = 2.7 at one sigma), the other
+  parameters keep the published fit's widths, so that a few runs of one kind cannot drag them far.
+* Measured memory is Megatron's peak *allocated* memory (TSV ``peak_allocated_gib``, the study's
+  ``peak_memory_gib``); the offset :attr:`Params.memory_offset_gib` absorbs what the stack keeps outside the
+  model's count (or that the model's reserve counts but the allocator does not see).
+* A failed trial whose reason says out-of-memory is evidence that the layout did not fit: a prediction
+  below the GPU's memory for it is penalised like a miss of the measured peak.
+* A calibration is for one GPU: runs of several GPUs, or of another GPU than ``--gpu``, are refused, and so
+  is a calibration file used for another GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import statistics
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from dse.errors import UserError
+from dse.perfmodel.fit import PRIORS, Prior, nelder_mead
+from dse.perfmodel.model import predict
+from dse.perfmodel.timing import DEFAULT_PARAMS, Params
+
+D = DEFAULT_PARAMS
+# Stack parameters: wide priors centred on the shipped values (see the module docstring).
+STACK_PRIORS: dict[str, Prior] = {
+    "elementwise_scale": Prior(D.elementwise_scale, 1.0, "log"),  # unfused norms, SwiGLU, RoPE, casts
+    "gemm_eff_bf16": Prior(D.gemm_eff_bf16, 1.0),  # another GEMM library / tile set
+    "layer_overhead_s": Prior(D.layer_overhead_s, 1.5, "log"),  # launches and small kernels per layer
+    "step_overhead_s": Prior(D.step_overhead_s, 1.5, "log"),
+    "memory_offset_gib": Prior(D.memory_offset_gib, 8.0, "linear"),  # GiB
+    "memory_fragmentation": Prior(D.memory_fragmentation, 1.5),
+}
+CALIBRATION_PRIORS: dict[str, Prior] = {
+    **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()}, **STACK_PRIORS}
+STACK_TIME = ("elementwise_scale", "gemm_eff_bf16", "layer_overhead_s", "attn_eff", "step_overhead_s")
+MEMORY = ("memory_offset_gib", "memory_fragmentation")
+TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
+MEM_SIGMA = 0.03
+OOM_WORDS = ("oom", "out of memory")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: the resolved trial, measured step time (s) and peak allocated memory (GiB)."""
+
+    name: str
+    trial: object
+    step_time_s: float | None
+    peak_memory_gib: float | None
+    oom: bool = False
+
+
+# ---- sources -------------------------------------------------------------------------------------------
+
+def trial_from_row(row: dict, gpu: str):
+    """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
+    recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``."""
+    from dse import knobs
+    from dse.space import load_system
+    from dse.trial import TrialConfig
+    from recipes.models import ModelArch, Recipe
+
+    arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
+                     int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
+                     str(row["gated"]) == "True")
+    recipe = Recipe(arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]),
+                    num_gpus_default=1)
+    n = int(row.get("num_gpus") or 1)
+    system = load_system({"gpu": gpu, "gpus_per_node": n, "nvlink_domain": n})
+    values = {name: k.default for name, k in knobs.CATALOGUE.items()}
+    values.update(tp=int(row["tp"]), pp=int(row["pp"]), mbs=int(row["mbs"]), gbs=int(row["gbs"]),
+                  seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1,
+                  precision=row.get("precision") or "bf16", attention_backend=row.get("attention_backend") or "local")
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values))
+
+
+_TSV_NEEDS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+              "vocab_size", "gated", "tp", "pp", "mbs", "gbs", "seq_length", "recompute", "step_time_ms")
+
+
+def _float(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh, delimiter="\t")
+        missing = [c for c in _TSV_NEEDS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"missing column(s) {', '.join(missing)}; the format is that of "
+                            "bench/data/h200_real_runs.tsv", file=str(path), field="header")
+        rows = list(reader)
+    gpus = {r["gpu"] for r in rows if r.get("gpu")}
+    if len(gpus) > 1:
+        raise UserError(f"runs of several GPUs ({', '.join(sorted(gpus))}); calibrate one GPU at a time",
+                        file=str(path), field="gpu")
+    file_gpu = next(iter(gpus), None)
+    if gpu and file_gpu and file_gpu != gpu:
+        raise UserError(f"runs are on {file_gpu}, not {gpu} as --gpu says", file=str(path), field="gpu")
+    use = gpu or file_gpu
+    if use is None:
+        raise UserError("no gpu column; say which GPU the runs are on with --gpu", file=str(path), field="gpu")
+    runs = []
+    for i, r in enumerate(rows):
+        st = _float(r.get("step_time_ms"))
+        if st is None:
+            continue
+        mem = _float(r.get("peak_allocated_gib"))
+        runs.append(Run(r.get("name") or f"row {i + 2}", trial_from_row(r, use), st / 1e3, mem))
+    return runs, use
+
+
+def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
+    """``ok`` trials of a study directory (dse.json + leaderboard.csv) and its out-of-memory failures."""
+    from dse import knobs
+    from dse.space import load_space
+    from dse.trial import resolve
+
+    meta_p, board_p = path / "dse.json", path / "leaderboard.csv"
+    for p in (meta_p, board_p):
+        if not p.is_file():
+            raise UserError("not a study directory (needs dse.json and leaderboard.csv) nor a TSV", file=str(p))
+    meta = json.loads(meta_p.read_text())
+    space_ref = Path(meta.get("space", ""))
+    cands = [space_ref, path / space_ref, path / space_ref.name]
+    space_p = next((c for c in cands if c.is_file()), None)
+    if space_p is None:
+        raise UserError(f"the study's space file {space_ref} is not found (from the working directory or the study)",
+                        file=str(meta_p), field="space")
+    space = load_space(space_p)
+    study_gpu = space.system.gpu
+    if gpu and study_gpu != gpu:
+        raise UserError(f"the study ran on {study_gpu}, not {gpu} as --gpu says", file=str(meta_p), field="gpu")
+    runs = []
+    with open(board_p, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row.get("gpu") and row["gpu"] != study_gpu:
+                raise UserError(f"trial {row.get('trial')} ran on {row['gpu']}, the study's system is {study_gpu}",
+                                file=str(board_p), field="gpu")
+            point = {}
+            for name, values in space.knobs.items():
+                raw = row.get(name, "")
+                match = [v for v in values if str(v) == raw or str(knobs.CATALOGUE[name].coerce(v)) == raw]
+                if not match:
+                    raise UserError(f"value {raw!r} is not one of the space's {values!r}", file=str(board_p),
+                                    field=name)
+                point[name] = match[0]
+            trial = resolve(space, point)
+            status = row.get("status", "")
+            if status == "ok":
+                st = _float(row.get("step_time_s"))
+                if st is not None:
+                    runs.append(Run(f"trial {row.get('trial')}", trial, st, _float(row.get("peak_memory_gib"))))
+            elif any(w in (row.get("reason") or "").lower() for w in OOM_WORDS):
+                runs.append(Run(f"trial {row.get('trial')}", trial, None, None, oom=True))
+    return runs, study_gpu
+
+
+def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[list[Run], str]:
+    """Every usable run of ``sources`` (study directories or TSVs), all on one GPU (returned)."""
+    runs: list[Run] = []
+    seen: dict[str, str] = {}
+    for src in sources:
+        p = Path(src)
+        if p.is_dir():
+            got, g = runs_from_study(p, gpu)
+        elif p.is_file():
+            got, g = runs_from_tsv(p, gpu)
+        else:
+            raise UserError("no such file or directory", file=str(p))
+        if g is not None:
+            seen[str(p)] = g
+        runs += got
+    if len(set(seen.values())) > 1:
+        raise UserError("sources are of several GPUs (" + ", ".join(f"{k}: {v}" for k, v in seen.items())
+                        + "); calibrate one GPU at a time", field="SOURCE")
+    if not any(r.step_time_s for r in runs):
+        raise UserError("no usable runs (an ok trial or a TSV row with a step time)", field="SOURCE",
+                        file=", ".join(map(str, sources)))
+    return runs, next(iter(seen.values()))
+
+
+# ---- the fit -------------------------------------------------------------------------------------------
+
+def _map_fit(names: Sequence[str], loss_of, base: Params, restarts: int = 2) -> Params:
+    priors = [CALIBRATION_PRIORS[n] for n in names]
+    centre = np.array([p.to_z(getattr(base, n)) if p.kind != "linear" else p.centre for n, p in zip(names, priors)])
+    centre_prior = np.array([p.to_z(p.centre) for p in priors])
+    width = np.array([p.width for p in priors])
+
+    def to_params(z) -> Params:
+        return base.with_values(**{n: p.from_z(float(v)) for n, p, v in zip(names, priors, z)})
+
+    def loss(z: np.ndarray) -> float:
+        return loss_of(to_params(z)) + float(np.sum(((z - centre_prior) / width) ** 2))
+
+    z = centre.copy()
+    for _ in range(restarts + 1):
+        z = nelder_mead(loss, z, step=0.3)
+    return to_params(z)
+
+
+def time_loss(runs: Sequence[Run]):
+    timed = [(r.trial, math.log(r.step_time_s)) for r in runs if r.step_time_s]
+
+    def loss(P: Params) -> float:
+        return sum((math.log(predict(t, params=P).step_time_s) - ls) ** 2 for t, ls in timed) / TIME_SIGMA**2
+    return loss
+
+
+def memory_loss(runs: Sequence[Run]):
+    measured = [(r.trial, math.log(r.peak_memory_gib)) for r in runs if r.peak_memory_gib]
+    ooms = [r.trial for r in runs if r.oom]
+
+    def loss(P: Params) -> float:
+        err = 0.0
+        for t, lm in measured:
+            pm = predict(t, params=P).peak_memory_gib
+            err += (math.log(pm) - lm) ** 2 if pm > 0 else 100.0
+        for t in ooms:  # did not fit: a prediction under the GPU's memory is a miss
+            pr = predict(t, params=P)
+            if pr.peak_memory_gib < pr.gpu_memory_gib:
+                err += (math.log(pr.gpu_memory_gib / max(pr.peak_memory_gib, 1e-3))) ** 2
+        return err / MEM_SIGMA**2
+    return loss
+
+
+def identifiable(runs: Sequence[Run], names: Sequence[str], base: Params = DEFAULT_PARAMS,
+                 threshold: float = 0.005) -> list[str]:
+    """Those of ``names`` that move some run's predicted step time by more than ``threshold`` (log) when
+    the parameter moves by one prior width."""
+    timed = [r.trial for r in runs if r.step_time_s]
+    ref = [math.log(predict(t, params=base).step_time_s) for t in timed]
+    out = []
+    for n in names:
+        pr = CALIBRATION_PRIORS[n]
+        moved = base.with_values(**{n: pr.from_z(pr.to_z(getattr(base, n)) + pr.width)})
+        if max(abs(math.log(predict(t, params=moved).step_time_s) - r0) for t, r0 in zip(timed, ref)) > threshold:
+            out.append(n)
+    return out
+
+
+def choose_params(runs: Sequence[Run], requested: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """(time parameters, memory parameters) to fit; refuses unknown names and more than there are runs."""
+    n_time = sum(1 for r in runs if r.step_time_s)
+    n_mem = sum(1 for r in runs if r.peak_memory_gib or r.oom)
+    if requested:
+        unknown = [n for n in requested if n not in CALIBRATION_PRIORS]
+        if unknown:
+            raise UserError(f"unknown parameter(s) {', '.join(unknown)}; calibratable: "
+                            f"{', '.join(CALIBRATION_PRIORS)}", field="--params")
+        t = [n for n in requested if n not in MEMORY]
+        m = [n for n in requested if n in MEMORY]
+        if len(t) > n_time or len(m) > n_mem:
+            raise UserError(f"{len(requested)} parameters asked for but only {n_time} runs with a step time and "
+                            f"{n_mem} with a memory figure; ask for at most as many as there are runs",
+                            field="--params")
+        return t, m
+    t = identifiable(runs, STACK_TIME)[:n_time]
+    m = list(MEMORY[:n_mem])
+    return t, m
+
+
+def fit_runs(runs: Sequence[Run], time_names: Sequence[str], mem_names: Sequence[str],
+             base: Params = DEFAULT_PARAMS) -> Params:
+    P = base
+    if time_names:
+        P = _map_fit(time_names, time_loss(runs), P)
+    if mem_names:
+        P = _map_fit(mem_names, memory_loss(runs), P)
+    return P
+
+
+def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
+    """Step-time and memory MAPE (%) of ``P`` on ``runs``."""
+    st, mem = [], []
+    for r in runs:
+        if not (r.step_time_s or r.peak_memory_gib):
+            continue
+        pr = predict(r.trial, params=P)
+        if r.step_time_s:
+            st.append(abs(pr.step_time_s - r.step_time_s) / r.step_time_s)
+        if r.peak_memory_gib:
+            mem.append(abs(pr.peak_memory_gib - r.peak_memory_gib) / r.peak_memory_gib)
+    return {"step_time_mape": 100 * statistics.fmean(st) if st else None,
+            "memory_mape": 100 * statistics.fmean(mem) if mem else None}
+
+
+def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEFAULT_PARAMS) -> dict:
+    """MAPE on each measured run of a fit on the others (the same parameters, fewer if fewer runs remain)."""
+    st, mem = [], []
+    measured = [i for i, r in enumerate(runs) if r.step_time_s]
+    if len(measured) < 2:
+        return {"step_time_mape": None, "memory_mape": None}
+    for i in measured:
+        rest = [r for j, r in enumerate(runs) if j != i]
+        n_t = sum(1 for r in rest if r.step_time_s)
+        n_m = sum(1 for r in rest if r.peak_memory_gib or r.oom)
+        P = fit_runs(rest, list(time_names)[:n_t], list(mem_names)[:n_m], base)
+        e = errors([runs[i]], P)
+        st.append(e["step_time_mape"])
+        if e["memory_mape"] is not None:
+            mem.append(e["memory_mape"])
+    return {"step_time_mape": statistics.fmean(st), "memory_mape": statistics.fmean(mem) if mem else None}
+
+
+@dataclass
+class Calibration:
+    gpu: str
+    params: dict[str, float]
+    sources: list[str]
+    runs: int
+    date: str = ""
+    fit: dict | None = None
+    loo: dict | None = None
+    shipped: dict | None = None
+
+    def apply(self, base: Params = DEFAULT_PARAMS) -> Params:
+        return base.with_values(**self.params)
+
+
+def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = None, gpu: str | None = None,
+              loo: bool = True) -> tuple[Calibration, list[dict]]:
+    """Fit, and the per-parameter report rows (name, old, new, moved)."""
+    runs, g = load_runs(sources, gpu)
+    t_names, m_names = choose_params(runs, params)
+    P = fit_runs(runs, t_names, m_names)
+    report = []
+    for n in (*t_names, *m_names):
+        old, new = getattr(DEFAULT_PARAMS, n), getattr(P, n)
+        pr = CALIBRATION_PRIORS[n]
+        shift = abs(pr.to_z(new) - pr.to_z(old)) / pr.width  # in prior widths
+        report.append({"name": n, "old": old, "new": new, "moved": bool(shift > 0.1), "shift_sigma": shift})
+    cal = Calibration(gpu=g, params={n: getattr(P, n) for n in (*t_names, *m_names)},
+                      sources=[str(s) for s in sources], runs=len(runs),
+                      date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      fit={"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)},
+                      loo=leave_one_out(runs, t_names, m_names) if loo else None)
+    return cal, report
+
+
+# ---- the file ------------------------------------------------------------------------------------------
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(float(v)) if isinstance(v, float) else str(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def dumps(cal: Calibration) -> str:
+    """Plain TOML, written by hand: flat tables of numbers and strings only, so a writer library
+    (tomli-w) would be a dependency for a dozen lines; :func:`loads` reads it back with tomllib."""
+    lines = ["# dse calibration: parameters of the performance model refitted to measured runs (dse calibrate)",
+             "[params]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in cal.params.items()]
+    lines += ["", "[provenance]", f"gpu = {_toml_value(cal.gpu)}", f"sources = {_toml_value(cal.sources)}",
+              f"date = {_toml_value(cal.date)}", f"runs = {cal.runs}"]
+    for title, block in (("fit_before", (cal.fit or {}).get("before")), ("fit_after", (cal.fit or {}).get("after")),
+                         ("leave_one_out", cal.loo)):
+        for k, v in (block or {}).items():
+            if v is not None:
+                lines.append(f"{title}_{k} = {_toml_value(round(v, 3))}")
+    return "\n".join(lines) + "\n"
+
+
+_PARAM_NAMES = {f.name for f in fields(Params)}
+
+
+def loads(text: str, *, file: str = "<calibration>") -> Calibration:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"not valid TOML: {e}", file=file) from None
+    params = doc.get("params")
+    if not isinstance(params, dict) or not params:
+        raise UserError("no [params] table; a calibration file has [params] name = value", file=file, field="params")
+    out = {}
+    for k, v in params.items():
+        if k not in _PARAM_NAMES:
+            raise UserError(f"unknown parameter; allowed: {', '.join(sorted(_PARAM_NAMES))}", file=file,
+                            field=f"params.{k}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise UserError(f"{v!r} is not a number", file=file, field=f"params.{k}")
+        out[k] = float(v)
+    prov = doc.get("provenance") or {}
+    gpu = prov.get("gpu")
+    if not isinstance(gpu, str):
+        raise UserError("missing provenance.gpu (the GPU the runs were on)", file=file, field="provenance.gpu")
+    return Calibration(gpu=gpu, params=out, sources=list(prov.get("sources", [])), runs=int(prov.get("runs", 0)),
+                       date=str(prov.get("date", "")))
+
+
+def load_calibration(path: str | Path, gpu: str | None = None) -> Calibration:
+    """Read a calibration file; ``gpu`` given, refuse one made on another GPU."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("calibration file not found", file=str(p))
+    cal = loads(p.read_text(), file=str(p))
+    if gpu is not None and cal.gpu != gpu:
+        raise UserError(f"calibrated on {cal.gpu}, not on {gpu}", file=str(p), field="provenance.gpu")
+    return cal
