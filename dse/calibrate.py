@@ -28,6 +28,7 @@ Decisions where the issue is silent:
 from __future__ import annotations
 
 import csv
+import functools
 import datetime as _dt
 import json
 import math
@@ -434,3 +435,10 @@ def load_calibration(path: str | Path, gpu: str | None = None) -> Calibration:
     if gpu is not None and cal.gpu != gpu:
         raise UserError(f"calibrated on {cal.gpu}, not on {gpu}", file=str(p), field="provenance.gpu")
     return cal
+
+
+@functools.lru_cache(maxsize=8)
+def calibrated_params(path: str | None) -> Params:
+    """The parameters of a space's ``[backend] calibration`` (checked when the space was loaded), read once
+    per process; the shipped ones without a file."""
+    return DEFAULT_PARAMS if path is None else load_calibration(path).apply()

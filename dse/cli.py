@@ -292,7 +292,8 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 def predict_cmd(
     model: Optional[str] = None, model_file: Optional[str] = None, gpu: Optional[str] = None,
     system_ref: Optional[str] = None, gpus_per_node: Optional[int] = None, num_gpus: Optional[int] = None,
-    set_: Optional[list[str]] = None, flops_convention: str = "causal", as_json: bool = False, **knob_flags: Any,
+    set_: Optional[list[str]] = None, flops_convention: str = "causal", as_json: bool = False,
+    calibration: Optional[str] = None, **knob_flags: Any,
 ) -> None:
     """Predict step time, throughput and memory of one layout with the analytical performance model.
 
@@ -356,11 +357,16 @@ def predict_cmd(
     rejection = check(trial)
     if rejection is not None:
         raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}")
-    pred = predict(trial, flops_convention=flops_convention)
+    params = None
+    if calibration is not None:
+        from dse.calibrate import load_calibration
+
+        params = load_calibration(calibration, gpu=system.gpu).apply()
+    pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
     if as_json:
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
         out = {"model": recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
-               "flops_convention": flops_convention, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
+               "flops_convention": flops_convention, "calibration": calibration, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
                **pred.as_dict()}
         typer.echo(json.dumps(out, indent=2))
         return
@@ -398,6 +404,8 @@ def _install_predict() -> None:
         ("set_", Optional[list[str]], typer.Option(None, "--set", help="knob=value, any catalogue knob (repeatable)")),
         ("flops_convention", str, typer.Option("causal", "--flops-convention", help="causal or noncausal")),
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object")),
+        ("calibration", Optional[str], typer.Option(None, "--calibration", help="a calibration file from "
+                                                    "'dse calibrate' (parameters refitted to your runs)")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in fixed]
     fn = user_errors(predict_cmd)
@@ -406,6 +414,53 @@ def _install_predict() -> None:
 
 
 _install_predict()
+
+
+@app.command("calibrate")
+@user_errors
+def calibrate_cmd(
+    sources: list[str] = typer.Argument(..., help="study directories (dse.json + leaderboard.csv) or TSVs in the "
+                                        "format of bench/data/h200_real_runs.tsv"),
+    out: Path = typer.Option(..., "--out", help="calibration file to write (TOML)"),
+    params: Optional[str] = typer.Option(None, "--params", help="comma-separated parameters to refit (default: "
+                                         "the stack parameters the runs identify, and the memory offset)"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="the GPU the runs are on (required for a TSV without a "
+                                      "gpu column; checked against the sources otherwise)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Refit the performance model to your own runs and write a calibration file for --calibration."""
+    import json
+
+    from dse.calibrate import calibrate, dumps
+    from dse.perfmodel import HARDWARE
+
+    if gpu is not None and gpu not in HARDWARE:
+        raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
+    names = [n.strip() for n in params.split(",") if n.strip()] if params else None
+    cal, report = calibrate(sources, params=names, gpu=gpu)
+    text = dumps(cal)
+    tmp = out.with_name(out.name + ".tmp")  # never a half-written file
+    tmp.write_text(text)
+    tmp.replace(out)
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "gpu": cal.gpu, "runs": cal.runs, "sources": cal.sources,
+                               "params": report, "fit": cal.fit, "leave_one_out": cal.loo}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("parameter", "shipped", "calibrated", "moved", title=f"dse calibrate: {cal.runs} runs on {cal.gpu}")
+    for r in report:
+        table.add_row(r["name"], f"{r['old']:.4g}", f"{r['new']:.4g}",
+                      f"yes ({r['shift_sigma']:.1f} prior widths)" if r["moved"] else "no")
+    console.print(table)
+
+    def pct(v):
+        return "-" if v is None else f"{v:.1f}%"
+    b, a, lo = cal.fit["before"], cal.fit["after"], cal.loo or {}
+    console.print(f"step-time MAPE {pct(b['step_time_mape'])} shipped -> {pct(a['step_time_mape'])} fitted, "
+                  f"{pct(lo.get('step_time_mape'))} leave-one-out; peak memory {pct(b['memory_mape'])} -> "
+                  f"{pct(a['memory_mape'])}, {pct(lo.get('memory_mape'))} leave-one-out", highlight=False)
+    console.print(f"wrote {out}", highlight=False)
 
 
 @app.command("dry-run")

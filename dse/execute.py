@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dse.backends.base import Backend
+from dse.calibrate import calibrated_params
 from dse.errors import UserError
 from dse.launch import build_plan
 from dse.parse import ParseContext, RunMetrics, parse_log
@@ -52,7 +53,7 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
     prepare_run_dir(run_dir)
     try:
         plan = build_plan(trial, payload=settings.payload, seed=seed, flops_convention=settings.flops_convention,
-                          simulated=backend.simulated)
+                          simulated=backend.simulated, params=calibrated_params(settings.calibration))
     except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
         return RunMetrics("failed", f"launch plan: {e}")
     try:

@@ -24,6 +24,7 @@ from dse.errors import UserError
 from dse.hardware import HARDWARE
 from dse.trial import TrialConfig
 from dse.perfmodel.simulate import simulate
+from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 from recipes import contract
 from recipes.sim.logwriter import SimRun
 
@@ -129,7 +130,8 @@ def _sim_env(run: SimRun) -> dict[str, str]:
 
 
 def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | None = None, seed: int = 0,
-               flops_convention: str = "causal", simulated: bool = False, sim_run: SimRun | None = None) -> LaunchPlan:
+               flops_convention: str = "causal", simulated: bool = False, sim_run: SimRun | None = None,
+               params: Params = DEFAULT_PARAMS) -> LaunchPlan:
     """The launch plan of ``trial`` for a payload flavour.
 
     ``container`` is the container version (default: the system's); it gates the FLOPs callback.
@@ -159,7 +161,7 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
         key = knobs.ENV_PREFIX + name
         env[name] = knobs.get(key, field=key).coerce(value, field=key)
     if (payload == "sim" or simulated) and sim_run is None:
-        sim_run = simulate(trial, seed, flops_convention=flops_convention)
+        sim_run = simulate(trial, seed, flops_convention=flops_convention, params=params)
     if payload == "sim":
         env.update(_sim_env(sim_run))
 

@@ -95,6 +95,9 @@ class BackendSettings(_Strict):
     payload: str = "nemo2"  # one of recipes.contract.PAYLOADS
     flops_convention: Literal["causal", "noncausal"] = "causal"
     timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
+    # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
+    # relative path is relative to the space file
+    calibration: str | None = None
 
     @field_validator("payload")
     @classmethod
@@ -128,6 +131,17 @@ class Space(_Strict):
     backend: BackendSettings = Field(default_factory=BackendSettings)
     source: str = ""  # the file it was read from (for error messages)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _calibration_path(cls, data: Any) -> Any:
+        """A relative ``[backend] calibration`` path is relative to the space file (as the README says)."""
+        if isinstance(data, dict) and isinstance(data.get("backend"), dict) and data.get("source"):
+            cal = data["backend"].get("calibration")
+            src = Path(str(data["source"]))
+            if isinstance(cal, str) and not Path(cal).is_absolute() and src.is_file():
+                data = {**data, "backend": {**data["backend"], "calibration": str(src.parent / cal)}}
+        return data
+
     @field_validator("recipe")
     @classmethod
     def _known_recipe(cls, v: str) -> str:
@@ -150,6 +164,14 @@ class Space(_Strict):
             if name in self.settings:
                 raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
                                 file=f, field=f"knobs.{name}")
+        if self.backend.calibration is not None:
+            from dse.calibrate import load_calibration
+
+            # refused here (missing, malformed, made on another GPU), not at the first trial
+            try:
+                load_calibration(self.backend.calibration, gpu=self.system.gpu)
+            except UserError as e:
+                raise UserError(str(e), file=f, field="backend.calibration") from None
         if "num_nodes" in self.settings:
             raise UserError("set num_nodes at the top level of the space, not in [settings]",
                             file=f, field="settings.num_nodes")
