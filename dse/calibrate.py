@@ -50,6 +50,7 @@ D = DEFAULT_PARAMS
 # Stack parameters: wide priors centred on the shipped values (see the module docstring).
 STACK_PRIORS: dict[str, Prior] = {
     "elementwise_scale": Prior(D.elementwise_scale, 1.0, "log"),  # unfused norms, SwiGLU, RoPE, casts
+    "unfused_scores_scale": Prior(D.unfused_scores_scale, 1.0, "log"),  # unfused attention's softmax traffic
     "gemm_eff_bf16": Prior(D.gemm_eff_bf16, 1.0),  # another GEMM library / tile set
     "layer_overhead_s": Prior(D.layer_overhead_s, 1.5, "log"),  # launches and small kernels per layer
     "step_overhead_s": Prior(D.step_overhead_s, 1.5, "log"),
@@ -58,7 +59,8 @@ STACK_PRIORS: dict[str, Prior] = {
 }
 CALIBRATION_PRIORS: dict[str, Prior] = {
     **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()}, **STACK_PRIORS}
-STACK_TIME = ("elementwise_scale", "gemm_eff_bf16", "layer_overhead_s", "attn_eff", "step_overhead_s")
+STACK_TIME = ("elementwise_scale", "unfused_scores_scale", "gemm_eff_bf16", "layer_overhead_s", "attn_eff",
+              "step_overhead_s")
 MEMORY = ("memory_offset_gib", "memory_fragmentation")
 TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
 MEM_SIGMA = 0.03

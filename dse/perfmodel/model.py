@@ -208,8 +208,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         scores = b * (a / t) * s * s / c  # score elements per micro-batch on this GPU
         attn_gemm = 4.0 * T * s * (a / t) * d / (bf16_peak * P.gemm_eff_bf16)
         fwd_b, bwd_b = unfused_score_bytes(attention_dropout)
-        attn_fwd = attn_gemm + scores * fwd_b / hbm_Bps
-        attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) / hbm_Bps
+        attn_fwd = attn_gemm + scores * fwd_b * P.unfused_scores_scale / hbm_Bps
+        attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / hbm_Bps
     else:
         attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
         attn_fb = 3.5 * attn_fwd  # flash-attention backward: 2.5x the forward (recomputes the scores)

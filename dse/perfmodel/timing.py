@@ -30,6 +30,9 @@ class Params:
     # causal attention toward the low-middle of that range
     attn_eff_ampere: float = 0.56
     elementwise_scale: float = 1.41  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
+    # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
+    # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
+    unfused_scores_scale: float = 1.0
     nvlink_eff: float = 0.804  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
     scaleout_eff: float = 0.772  # fitted: NCCL bus bandwidth / NIC line rate
     tp_overlap: float = 0.742  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
