@@ -1,0 +1,193 @@
+"""dse calibrate: the calibration file, the refusals, and recovery of known parameters from synthetic runs.
+
+The synthetic runs are the model's own predictions with altered parameters (``Params.with_values``) on the
+layouts of the real H200 runs; the search issue's twin (dse/perfmodel/twin.py) is written concurrently, so
+these tests generate their own "known machine" the same way a twin would.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dse.calibrate import (CALIBRATION_PRIORS, Calibration, calibrate, dumps, load_calibration, loads, runs_from_tsv)
+from dse.cli import app
+from dse.errors import UserError
+from dse.perfmodel import DEFAULT_PARAMS, predict
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = ROOT / "bench" / "data" / "h200_real_runs.tsv"
+runner = CliRunner()
+
+KNOWN = {"elementwise_scale": 4.0, "unfused_scores_scale": 3.0, "gemm_eff_bf16": 0.62, "memory_offset_gib": -2.0}
+
+
+def _rows() -> list[dict]:
+    with open(REAL, newline="") as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, list(rows[0]), delimiter="\t", lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def synthetic_tsv(path: Path, known: dict, n: int | None = None, gpu: str | None = None) -> Path:
+    """The real runs' layouts with the step time and memory the model predicts under ``known`` parameters."""
+    truth = DEFAULT_PARAMS.with_values(**known)
+    runs, _ = runs_from_tsv(REAL, "h200")
+    rows = []
+    for row, run in list(zip(_rows(), runs))[:n]:
+        p = predict(run.trial, params=truth)
+        rows.append({**row, "step_time_ms": p.step_time_s * 1e3, "peak_allocated_gib": p.peak_memory_gib,
+                     **({"gpu": gpu} if gpu else {})})
+    return _write(path, rows)
+
+
+def test_recovers_known_parameters_from_synthetic_runs(tmp_path):
+    src = synthetic_tsv(tmp_path / "runs.tsv", KNOWN)
+    cal, report = calibrate([src], gpu="h200", params=list(KNOWN), loo=False)
+    for name, value in KNOWN.items():
+        got = cal.params[name]
+        prior = CALIBRATION_PRIORS[name]
+        # within a tenth of the prior's width (in its own scale) of the truth; the prior is far wider
+        assert abs(prior.to_z(got) - prior.to_z(value)) < 0.1 * prior.width, (name, got, value)
+    assert cal.fit["after"]["step_time_mape"] < 1.0 < cal.fit["before"]["step_time_mape"]
+    assert all(r["moved"] for r in report)
+
+
+def test_unaltered_runs_leave_the_shipped_values(tmp_path):
+    src = synthetic_tsv(tmp_path / "runs.tsv", {})
+    cal, report = calibrate([src], gpu="h200", params=list(KNOWN), loo=False)
+    assert not any(r["moved"] for r in report), report
+
+
+def test_calibration_file_round_trip(tmp_path):
+    src = synthetic_tsv(tmp_path / "runs.tsv", KNOWN, n=6)
+    cal, _ = calibrate([src], gpu="h200")
+    back = loads(dumps(cal))
+    assert back.params == cal.params and back.gpu == "h200" and back.sources == [str(src)] and back.runs == 6
+    assert back.apply() == cal.apply() != DEFAULT_PARAMS
+    doc = __import__("tomllib").loads(dumps(cal))
+    assert doc["provenance"]["fit_after_step_time_mape"] == pytest.approx(cal.fit["after"]["step_time_mape"], abs=1e-3)
+    assert "leave_one_out_step_time_mape" in doc["provenance"]
+
+
+def _cli(*args):
+    r = runner.invoke(app, list(map(str, args)))
+    return r.exit_code, r.output + (r.stderr if r.stderr_bytes is not None else "")
+
+
+def test_cli_writes_the_file_and_predict_uses_it(tmp_path):
+    src = synthetic_tsv(tmp_path / "runs.tsv", KNOWN)
+    out = tmp_path / "cal.toml"
+    code, text = _cli("calibrate", src, "--gpu", "h200", "--out", out, "--json")
+    assert code == 0, text
+    rep = json.loads(text)
+    assert {r["name"] for r in rep["params"]} >= {"elementwise_scale", "unfused_scores_scale"}
+    assert rep["leave_one_out"]["step_time_mape"] < 5.0
+    base = ["predict", "--model", "llama3_8b_4l", "--gpu", "h200", "--gpus-per-node", "1", "--num-gpus", "1",
+            "--set", "attention_backend=local", "--mbs", "1", "--gbs", "8", "--seq-length", "2048", "--tp", "1",
+            "--recompute", "none", "--json"]
+    code0, shipped = _cli(*base)
+    code1, calibrated = _cli(*base, "--calibration", out)
+    assert code0 == code1 == 0, calibrated
+    s0, s1 = json.loads(shipped)["step_time_s"], json.loads(calibrated)["step_time_s"]
+    with open(src, newline="") as fh:  # the known machine's step time for this layout
+        truth = next(float(r["step_time_ms"]) / 1e3 for r in csv.DictReader(fh, delimiter="\t")
+                     if r["name"] == "llama8b4l_mbs1_s2048_none")
+    assert abs(s1 - truth) / truth < 0.02 < abs(s0 - truth) / truth
+    assert json.loads(calibrated)["calibration"] == str(out)
+
+
+@pytest.mark.parametrize("case", ["no_runs", "other_gpu", "too_many_params", "unknown_param", "no_gpu", "missing"])
+def test_refusals(tmp_path, case):
+    rows = _rows()
+    out = tmp_path / "cal.toml"
+    args: list = []
+    if case == "no_runs":
+        src = _write(tmp_path / "r.tsv", [{**r, "step_time_ms": ""} for r in rows])
+        args, want = [src, "--gpu", "h200"], "no usable runs"
+    elif case == "other_gpu":
+        src = _write(tmp_path / "r.tsv", [{**r, "gpu": "h100"} for r in rows])
+        args, want = [src, "--gpu", "h200"], "not h200"
+    elif case == "too_many_params":
+        src = _write(tmp_path / "r.tsv", rows[:2])
+        args, want = [src, "--gpu", "h200", "--params", "elementwise_scale,gemm_eff_bf16,layer_overhead_s"], "at most"
+    elif case == "unknown_param":
+        args, want = [REAL, "--gpu", "h200", "--params", "warp_speed"], "unknown parameter"
+    elif case == "no_gpu":
+        args, want = [REAL], "--gpu"
+    else:
+        args, want = [tmp_path / "nowhere"], "no such file"
+    code, text = _cli("calibrate", *args, "--out", out)
+    assert code == 2, text
+    assert want in text and "Traceback" not in text
+    assert not out.exists()
+
+
+def test_several_gpus_refused(tmp_path):
+    rows = _rows()
+    src = _write(tmp_path / "r.tsv", [{**r, "gpu": "h200" if i % 2 else "h100"} for i, r in enumerate(rows)])
+    with pytest.raises(UserError, match="several GPUs"):
+        calibrate([src], loo=False)
+
+
+def test_calibration_file_refusals(tmp_path):
+    good = dumps(Calibration(gpu="h200", params={"elementwise_scale": 2.0}, sources=["x"], runs=3))
+    p = tmp_path / "c.toml"
+    p.write_text(good)
+    with pytest.raises(UserError, match="not on h100"):
+        load_calibration(p, gpu="h100")
+    p.write_text(good.replace("elementwise_scale", "warp_speed"))
+    with pytest.raises(UserError, match="params.warp_speed"):
+        load_calibration(p)
+    p.write_text(good.replace("2.0", '"fast"'))
+    with pytest.raises(UserError, match="not a number"):
+        load_calibration(p)
+    p.write_text("[params\n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_calibration(p)
+
+
+def test_local_study_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the study names its space file relative to where it ran
+    out = tmp_path / "cal.toml"
+    code, text = _cli("calibrate", "bench/data/h200_local_study", "--out", out, "--json")
+    assert code == 0, text
+    rep = json.loads(text)
+    assert rep["runs"] == 6 and rep["gpu"] == "h200"
+    assert rep["fit"]["after"]["step_time_mape"] < rep["fit"]["before"]["step_time_mape"]
+    assert load_calibration(out, gpu="h200").runs == 6
+
+
+def test_space_calibration_for_the_sim_backend(tmp_path):
+    from dse.space import load_space
+
+    cal = tmp_path / "cal.toml"
+    cal.write_text(dumps(Calibration(gpu="h200", params={"elementwise_scale": 3.0}, sources=["x"], runs=3)))
+    text = (ROOT / "conf/spaces/llama3_8b_4l_h200_local_space.toml").read_text()
+    text = text.replace('kind = "local"', 'kind = "sim"\ncalibration = "cal.toml"').replace('"mcore"', '"nemo2"')
+    space_p = tmp_path / "space.toml"
+    space_p.write_text(text)
+    sp = load_space(space_p)
+    assert Path(sp.backend.calibration) == cal  # relative to the space file
+    from dse.calibrate import calibrated_params
+    from dse.launch import build_plan
+    from dse.trial import resolve
+
+    trial = resolve(sp, {"mbs": 1, "recompute": "none"})
+    plan = build_plan(trial, simulated=True, params=calibrated_params(sp.backend.calibration))
+    assert plan.sim_run.step_time_s == pytest.approx(
+        predict(trial, params=DEFAULT_PARAMS.with_values(elementwise_scale=3.0)).step_time_s)
+    assert plan.sim_run.step_time_s > predict(trial).step_time_s
+    cal.write_text(cal.read_text().replace('"h200"', '"b200"'))
+    with pytest.raises(UserError, match="backend.calibration"):
+        load_space(space_p)
