@@ -33,18 +33,20 @@ import datetime as _dt
 import json
 import math
 import statistics
-import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 
+from dse.calibration_file import Calibration, dumps
+from dse.calibration_file import load_calibration as _load
+from dse.calibration_file import loads as _loads
 from dse.errors import UserError
 from dse.perfmodel.fit import PRIORS, Prior, nelder_mead
 from dse.perfmodel.model import predict
-from dse.perfmodel.timing import DEFAULT_PARAMS, Params
+from dse.perfmodel.timing import DEFAULT_PARAMS, PARAM_NAMES, Params
 
 D = DEFAULT_PARAMS
 # Stack parameters: wide priors centred on the shipped values (see the module docstring).
@@ -336,21 +338,6 @@ def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEF
     return {"step_time_mape": statistics.fmean(st), "memory_mape": statistics.fmean(mem) if mem else None}
 
 
-@dataclass
-class Calibration:
-    gpu: str
-    params: dict[str, float]
-    sources: list[str]
-    runs: int
-    date: str = ""
-    fit: dict | None = None
-    loo: dict | None = None
-    shipped: dict | None = None
-
-    def apply(self, base: Params = DEFAULT_PARAMS) -> Params:
-        return base.with_values(**self.params)
-
-
 def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = None, gpu: str | None = None,
               loo: bool = True) -> tuple[Calibration, list[dict]]:
     """Fit, and the per-parameter report rows (name, old, new, moved)."""
@@ -371,76 +358,25 @@ def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = N
     return cal, report
 
 
-# ---- the file ------------------------------------------------------------------------------------------
+# ---- the file (dse.calibration_file, which dse.space can import) --------------------------------------
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(float(v)) if isinstance(v, float) else str(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(v)
-
-
-def dumps(cal: Calibration) -> str:
-    """Plain TOML, written by hand: flat tables of numbers and strings only, so a writer library
-    (tomli-w) would be a dependency for a dozen lines; :func:`loads` reads it back with tomllib."""
-    lines = ["# dse calibration: parameters of the performance model refitted to measured runs (dse calibrate)",
-             "[params]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in cal.params.items()]
-    lines += ["", "[provenance]", f"gpu = {_toml_value(cal.gpu)}", f"sources = {_toml_value(cal.sources)}",
-              f"date = {_toml_value(cal.date)}", f"runs = {cal.runs}"]
-    for title, block in (("fit_before", (cal.fit or {}).get("before")), ("fit_after", (cal.fit or {}).get("after")),
-                         ("leave_one_out", cal.loo)):
-        for k, v in (block or {}).items():
-            if v is not None:
-                lines.append(f"{title}_{k} = {_toml_value(round(v, 3))}")
-    return "\n".join(lines) + "\n"
-
-
-_PARAM_NAMES = {f.name for f in fields(Params)}
+def apply(cal: Calibration, base: Params = DEFAULT_PARAMS) -> Params:
+    """``base`` with the calibration's values."""
+    return base.with_values(**cal.params)
 
 
 def loads(text: str, *, file: str = "<calibration>") -> Calibration:
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"not valid TOML: {e}", file=file) from None
-    params = doc.get("params")
-    if not isinstance(params, dict) or not params:
-        raise UserError("no [params] table; a calibration file has [params] name = value", file=file, field="params")
-    out = {}
-    for k, v in params.items():
-        if k not in _PARAM_NAMES:
-            raise UserError(f"unknown parameter; allowed: {', '.join(sorted(_PARAM_NAMES))}", file=file,
-                            field=f"params.{k}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise UserError(f"{v!r} is not a number", file=file, field=f"params.{k}")
-        out[k] = float(v)
-    prov = doc.get("provenance") or {}
-    gpu = prov.get("gpu")
-    if not isinstance(gpu, str):
-        raise UserError("missing provenance.gpu (the GPU the runs were on)", file=file, field="provenance.gpu")
-    return Calibration(gpu=gpu, params=out, sources=list(prov.get("sources", [])), runs=int(prov.get("runs", 0)),
-                       date=str(prov.get("date", "")))
+    """A calibration file's text, its parameter names checked against :class:`Params`."""
+    return _loads(text, file=file, names=PARAM_NAMES)
 
 
 def load_calibration(path: str | Path, gpu: str | None = None) -> Calibration:
-    """Read a calibration file; ``gpu`` given, refuse one made on another GPU."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError("calibration file not found", file=str(p))
-    cal = loads(p.read_text(), file=str(p))
-    if gpu is not None and cal.gpu != gpu:
-        raise UserError(f"calibrated on {cal.gpu}, not on {gpu}", file=str(p), field="provenance.gpu")
-    return cal
+    """Read a calibration file (names checked); ``gpu`` given, refuse one made on another GPU."""
+    return _load(path, gpu, names=PARAM_NAMES)
 
 
 @functools.lru_cache(maxsize=8)
 def calibrated_params(path: str | None) -> Params:
     """The parameters of a space's ``[backend] calibration`` (checked when the space was loaded), read once
     per process; the shipped ones without a file."""
-    return DEFAULT_PARAMS if path is None else load_calibration(path).apply()
+    return DEFAULT_PARAMS if path is None else DEFAULT_PARAMS.with_values(**load_calibration(path).params)

@@ -359,9 +359,9 @@ def predict_cmd(
         raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}")
     params = None
     if calibration is not None:
-        from dse.calibrate import load_calibration
+        from dse.calibrate import apply, load_calibration
 
-        params = load_calibration(calibration, gpu=system.gpu).apply()
+        params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
     if as_json:
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}

@@ -165,7 +165,7 @@ class Space(_Strict):
                 raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
                                 file=f, field=f"knobs.{name}")
         if self.backend.calibration is not None:
-            from dse.calibrate import load_calibration
+            from dse.calibration_file import load_calibration
 
             # refused here (missing, malformed, made on another GPU), not at the first trial
             try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse.calibrate import (CALIBRATION_PRIORS, Calibration, calibrate, dumps, load_calibration, loads, runs_from_tsv)
+from dse.calibrate import (CALIBRATION_PRIORS, Calibration, apply, calibrate, dumps, load_calibration, loads, runs_from_tsv)
 from dse.cli import app
 from dse.errors import UserError
 from dse.perfmodel import DEFAULT_PARAMS, predict
@@ -74,7 +74,7 @@ def test_calibration_file_round_trip(tmp_path):
     cal, _ = calibrate([src], gpu="h200")
     back = loads(dumps(cal))
     assert back.params == cal.params and back.gpu == "h200" and back.sources == [str(src)] and back.runs == 6
-    assert back.apply() == cal.apply() != DEFAULT_PARAMS
+    assert apply(back) == apply(cal) != DEFAULT_PARAMS
     doc = __import__("tomllib").loads(dumps(cal))
     assert doc["provenance"]["fit_after_step_time_mape"] == pytest.approx(cal.fit["after"]["step_time_mape"], abs=1e-3)
     assert "leave_one_out_step_time_mape" in doc["provenance"]

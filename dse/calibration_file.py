@@ -1,0 +1,99 @@
+"""The calibration file of ``dse calibrate``: plain TOML, ``[params]`` name = value and ``[provenance]``.
+
+Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.space` can check a space's
+``[backend] calibration`` when the space is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from dse.errors import UserError
+
+
+@dataclass
+class Calibration:
+    """A calibration: the GPU it was made on, parameter values, provenance (see :mod:`dse.calibrate`)."""
+
+    gpu: str
+    params: dict[str, float]
+    sources: list[str]
+    runs: int
+    date: str = ""
+    fit: dict | None = None
+    loo: dict | None = None
+    shipped: dict | None = None
+
+
+# ------------------------------------------------------------------------------------------
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(float(v)) if isinstance(v, float) else str(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def dumps(cal: Calibration) -> str:
+    """Plain TOML, written by hand: flat tables of numbers and strings only, so a writer library
+    (tomli-w) would be a dependency for a dozen lines; :func:`loads` reads it back with tomllib."""
+    lines = ["# dse calibration: parameters of the performance model refitted to measured runs (dse calibrate)",
+             "[params]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in cal.params.items()]
+    lines += ["", "[provenance]", f"gpu = {_toml_value(cal.gpu)}", f"sources = {_toml_value(cal.sources)}",
+              f"date = {_toml_value(cal.date)}", f"runs = {cal.runs}"]
+    for title, block in (("fit_before", (cal.fit or {}).get("before")), ("fit_after", (cal.fit or {}).get("after")),
+                         ("leave_one_out", cal.loo)):
+        for k, v in (block or {}).items():
+            if v is not None:
+                lines.append(f"{title}_{k} = {_toml_value(round(v, 3))}")
+    return "\n".join(lines) + "\n"
+
+
+def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | None = None) -> Calibration:
+    """Parse a calibration file; ``names`` given, a parameter outside them is refused (dse.calibrate passes
+    the model's; dse.space, below the model, checks the rest of the file when a space is read)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"not valid TOML: {e}", file=file) from None
+    params = doc.get("params")
+    if not isinstance(params, dict) or not params:
+        raise UserError("no [params] table; a calibration file has [params] name = value", file=file, field="params")
+    out = {}
+    for k, v in params.items():
+        if names is not None and k not in names:
+            raise UserError(f"unknown parameter; allowed: {', '.join(sorted(names))}", file=file,
+                            field=f"params.{k}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise UserError(f"{v!r} is not a number", file=file, field=f"params.{k}")
+        out[k] = float(v)
+    prov = doc.get("provenance") or {}
+    gpu = prov.get("gpu")
+    if not isinstance(gpu, str):
+        raise UserError("missing provenance.gpu (the GPU the runs were on)", file=file, field="provenance.gpu")
+    return Calibration(gpu=gpu, params=out, sources=list(prov.get("sources", [])), runs=int(prov.get("runs", 0)),
+                       date=str(prov.get("date", "")))
+
+
+def load_calibration(path: str | Path, gpu: str | None = None, names: Collection[str] | None = None) -> Calibration:
+    """Read a calibration file; ``gpu`` given, refuse one made on another GPU."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("calibration file not found", file=str(p))
+    cal = loads(p.read_text(), file=str(p), names=names)
+    if gpu is not None and cal.gpu != gpu:
+        raise UserError(f"calibrated on {cal.gpu}, not on {gpu}", file=str(p), field="provenance.gpu")
+    return cal
+
+
