@@ -40,7 +40,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from dse.calibration_file import Calibration, dumps
+from dse.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-exported for the CLI)
 from dse.calibration_file import load_calibration as _load
 from dse.calibration_file import loads as _loads
 from dse.errors import UserError

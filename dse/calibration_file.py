@@ -27,7 +27,6 @@ class Calibration:
     date: str = ""
     fit: dict | None = None
     loo: dict | None = None
-    shipped: dict | None = None
 
 
 # ------------------------------------------------------------------------------------------
