@@ -73,7 +73,8 @@ class Store:
         self.url, self.study_name, self.batch_size, self.max_delay_s = url, study_name, batch_size, max_delay_s
         self.storage = _open_storage(url)
         self.distributions = {k: CategoricalDistribution(list(v)) for k, v in knob_values.items()}
-        exists = study_name in {s.study_name for s in optuna.get_all_study_summaries(self.storage)}
+        # get_all_studies, not get_all_study_summaries: the summaries read every trial for the best one
+        exists = study_name in {s.study_name for s in self.storage.get_all_studies()}
         if exists and create and not resume:
             raise UserError(f"study {study_name!r} already has trials here; pass --resume to continue it or "
                             "--out another directory", field="--out")
@@ -83,7 +84,21 @@ class Store:
                                          load_if_exists=True)
         self._pending: list[TrialRecord] = []
         self._flushed_at = time.monotonic()
-        self._count = len(self.storage.get_all_trials(self.study._study_id, deepcopy=False))
+        self._count = self._stored_count()
+
+    def _stored_count(self) -> int:
+        """Trials in the storage: a COUNT for RDB storages (reading them all to count them took most of the
+        time of opening a large study), ``get_n_trials`` otherwise."""
+        if isinstance(self.storage, optuna.storages.RDBStorage):
+            from optuna.storages._rdb import models
+
+            session = self.storage.scoped_session()
+            try:
+                return session.query(models.TrialModel).filter(
+                    models.TrialModel.study_id == self.study._study_id).count()
+            finally:
+                session.close()
+        return self.storage.get_n_trials(self.study._study_id)
 
     # -- writing -------------------------------------------------------------------------------------
     def next_number(self) -> int:
@@ -140,14 +155,15 @@ class Store:
                 raise RuntimeError(f"another writer added trials to {self.study_name!r} (expected {recs[0].number}, "
                                    f"found {start})")
             for rec in recs:
-                frozen = self._frozen(rec)
-                t = models.TrialModel(number=rec.number, study_id=study_id, state=frozen.state,
+                # the state and attributes _frozen() would give, without building a FrozenTrial per record
+                state = TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
+                t = models.TrialModel(number=rec.number, study_id=study_id, state=state,
                                       datetime_start=now, datetime_complete=now)
                 t.params = [models.TrialParamModel(param_name=k, param_value=self.distributions[k].to_internal_repr(v),
                                                    distribution_json=dist_json[k]) for k, v in rec.knobs.items()]
                 t.user_attributes = [models.TrialUserAttributeModel(key=k, value_json=json.dumps(v))
-                                     for k, v in frozen.user_attrs.items()]
-                if frozen.state == TrialState.COMPLETE:
+                                     for k, v in self._attrs(rec).items()]
+                if state == TrialState.COMPLETE:
                     value, vtype = models.TrialValueModel.value_to_stored_repr(rec.reward)
                     t.values = [models.TrialValueModel(objective=0, value=value, value_type=vtype)]
                 session.add(t)
@@ -160,15 +176,55 @@ class Store:
     def records(self) -> list[TrialRecord]:
         """Every trial in number order (pending ones included)."""
         self.flush()
+        if isinstance(self.storage, optuna.storages.RDBStorage):
+            return self._records_rdb()
         trials = self.storage.get_all_trials(self.study._study_id, deepcopy=False)
         return [record_from_trial(t) for t in sorted(trials, key=lambda t: t.number)]
 
+    def _records_rdb(self) -> list[TrialRecord]:
+        """The records straight from Optuna's tables, four queries in all. Why not ``get_all_trials``: it builds
+        a FrozenTrial per trial and parses each parameter's distribution JSON (the whole choice list) once per
+        trial, which made reading a 200k-trial study take minutes and gigabytes; here each distinct
+        distribution is parsed once. What is read is what ``record_from_trial`` would make of the same trial
+        (a test checks the two agree)."""
+        from optuna.distributions import json_to_distribution
+        from optuna.storages._rdb import models
+
+        T, P, A, V = models.TrialModel, models.TrialParamModel, models.TrialUserAttributeModel, models.TrialValueModel
+        session = self.storage.scoped_session()
+        try:
+            sid = self.study._study_id
+            rows = session.query(T.trial_id, T.number, T.state).filter(T.study_id == sid).order_by(T.number).all()
+            params: dict[int, dict[str, Any]] = {}
+            dists: dict[str, Any] = {}
+            for tid, name, value, djson in session.query(P.trial_id, P.param_name, P.param_value,
+                                                         P.distribution_json).join(T, T.trial_id == P.trial_id
+                                                                                   ).filter(T.study_id == sid):
+                d = dists.get(djson)
+                if d is None:
+                    d = dists[djson] = json_to_distribution(djson)
+                params.setdefault(tid, {})[name] = d.to_external_repr(value)
+            attrs: dict[int, dict[str, Any]] = {}
+            for tid, key, vjson in session.query(A.trial_id, A.key, A.value_json).join(
+                    T, T.trial_id == A.trial_id).filter(T.study_id == sid):
+                attrs.setdefault(tid, {})[key] = json.loads(vjson)
+            values = {tid: V.stored_repr_to_value(v, vt) for tid, v, vt in session.query(
+                V.trial_id, V.value, V.value_type).join(T, T.trial_id == V.trial_id).filter(
+                    T.study_id == sid, V.objective == 0)}
+        finally:
+            session.close()
+        return [_record(number, TrialState(state) if not isinstance(state, TrialState) else state,
+                        params.get(tid, {}), attrs.get(tid, {}), values.get(tid)) for tid, number, state in rows]
+
 
 def record_from_trial(t: FrozenTrial) -> TrialRecord:
-    a = t.user_attrs
-    status = a.get("status") or ("ok" if t.state == TrialState.COMPLETE else "failed")
-    reward = a.get("reward", t.value if t.value is not None else float("nan"))
-    return TrialRecord(number=t.number, knobs=dict(t.params), status=status, reward=reward,
-                       reason=a.get("reason") or (None if status == "ok" else f"optuna state {t.state.name}"),
+    return _record(t.number, t.state, dict(t.params), t.user_attrs, t.value)
+
+
+def _record(number: int, state: TrialState, params: dict[str, Any], a: dict[str, Any], value: float | None) -> TrialRecord:
+    status = a.get("status") or ("ok" if state == TrialState.COMPLETE else "failed")
+    reward = a.get("reward", value if value is not None else float("nan"))
+    return TrialRecord(number=number, knobs=params, status=status, reward=reward,
+                       reason=a.get("reason") or (None if status == "ok" else f"optuna state {state.name}"),
                        metrics=a.get("metrics") or {}, run_dir=a.get("run_dir"), gpu=a.get("gpu"),
                        num_gpus=a.get("num_gpus"))
