@@ -98,6 +98,11 @@ class BackendSettings(_Strict):
     # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
     # relative path is relative to the space file
     calibration: str | None = None
+    # simulated backend only: "exact" writes the shipped model's figures; "twin" a seeded machine that differs
+    # from the model (dse.perfmodel.twin, drawn around the shipped parameters; a calibration is not used),
+    # so that a search is judged against a truth that is not its model
+    truth: Literal["exact", "twin"] = "exact"
+    twin_seed: int = Field(0, ge=0)
 
     @field_validator("payload")
     @classmethod
