@@ -58,7 +58,7 @@ def recipes_cmd() -> None:
 @user_errors
 def run_cmd(
     space_file: Path = typer.Option(..., "--space", help="the space file (TOML)"),
-    agent: Optional[str] = typer.Option(None, help="grid | random | optuna (default: the space's [search].agent)"),
+    agent: Optional[str] = typer.Option(None, help="grid | random | optuna | guided (default: the space's [search].agent)"),
     sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
     trials: Optional[int] = typer.Option(None, min=1, help="trial budget (default: the space's; grid: every valid point)"),
     seed: Optional[int] = typer.Option(None, help="seed for the agent and the simulated jitter"),
@@ -92,6 +92,8 @@ def run_cmd(
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
                            backend=backend, resume=resume, storage=storage, on_trial=on_trial)
     _print_summary(result.records, list(space.knobs), top=10)
+    if result.stop_reason:
+        console.print(result.stop_reason, highlight=False)
     console.print(f"{result.new_trials} new trials, {len(result.records)} in the study; "
                   f"leaderboard: {result.leaderboard}")
 

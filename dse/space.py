@@ -85,6 +85,7 @@ class Objective(_Strict):
 class Search(_Strict):
     agent: str = "optuna"
     sampler: str = "tpe"
+    warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
     trials: int | None = Field(None, ge=1)
     seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")

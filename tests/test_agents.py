@@ -36,7 +36,7 @@ def drive(agent, n, *, valid=mask):
     return seen
 
 
-@pytest.fixture(params=["grid", "random", "optuna"])
+@pytest.fixture(params=["grid", "random", "optuna", "guided"])
 def agent_name(request):
     return request.param
 
