@@ -55,6 +55,8 @@ class System(_Strict):
     nvlink_domain: int = Field(8, ge=1, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
     scaleout_gbps: float = Field(400.0, gt=0, description="scale-out network bandwidth per GPU, Gb/s")
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
+    startup_s: float = Field(300.0, ge=0, description="a job's start-up before its first step (container, "
+                             "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it")
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
     @field_validator("gpu")

@@ -46,7 +46,15 @@ def record_of(number: int, info: dict[str, Any], reward: float, out_dir: Path) -
     return TrialRecord(number=number, knobs=info["knobs"], status=info["status"], reward=reward,
                        reason=info["reason"], metrics=info["metrics"],
                        run_dir=str(trial_dir(out_dir, number)) if info["launched"] else None,
-                       gpu=info["gpu"], num_gpus=info["num_gpus"])
+                       gpu=info["gpu"], num_gpus=info["num_gpus"], gpu_hours=gpu_hours(info))
+
+
+def gpu_hours(info: dict[str, Any]) -> float | None:
+    """GPUs x the run's wall time in hours (0 for a point never launched; None when the time is unknown)."""
+    if not info["launched"]:
+        return 0.0
+    wall = info["metrics"].get("wall_s")
+    return info["num_gpus"] * wall / 3600.0 if wall is not None else None
 
 
 def storage_url(out_dir: Path) -> str:

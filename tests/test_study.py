@@ -159,3 +159,28 @@ def test_a_slow_trial_is_written_at_once(tmp_path):
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # batched
     fast.close()
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 2
+
+
+def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
+    from dse.leaderboard import gpu_hours
+    from dse.perfmodel import predict
+    from dse.trial import resolve
+
+    space = load_space(write_space(tmp_path))
+    start = space.system.startup_s
+    assert start > 0
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=8)
+    for r in res.records:
+        if r.status == "rejected":
+            assert r.gpu_hours == 0.0
+        elif r.ok:  # simulated wall time: start-up plus max_steps at the simulated step time
+            step = predict(resolve(space, r.knobs)).step_time_s
+            assert r.gpu_hours == pytest.approx(16 * (start + 20 * step) / 3600)
+        else:  # an OOM dies at start-up
+            assert r.gpu_hours == pytest.approx(16 * start / 3600)
+    spent, to_best = gpu_hours(res.records)
+    assert spent == pytest.approx(sum(r.gpu_hours for r in res.records))
+    best = max((r for r in res.records if r.ok), key=lambda r: r.reward)
+    assert to_best == pytest.approx(sum(r.gpu_hours for r in res.records if r.number <= best.number))
+    lb = pd.read_csv(res.leaderboard)
+    assert lb["gpu_hours"].sum() == pytest.approx(spent)

@@ -24,18 +24,18 @@ class SimBackend(Backend):
     name = "sim"
     simulated = True
 
-    def __init__(self, *, seed: int = 0, flops_convention: str = "causal", twin: Twin | None = None):
-        self.seed, self.flops_convention, self.twin = seed, flops_convention, twin
+    def __init__(self, *, seed: int = 0, flops_convention: str = "causal", twin: Twin | None = None,
+                 startup_s: float = 300.0):
+        self.seed, self.flops_convention, self.twin, self.startup_s = seed, flops_convention, twin, startup_s
 
     @classmethod
     def from_space(cls, space, *, seed: int = 0) -> "SimBackend":
         b = space.backend
         twin = make_twin(space, b.twin_seed) if b.truth == "twin" else None  # [backend] truth = "twin"
-        return cls(seed=seed, flops_convention=b.flops_convention, twin=twin)
+        return cls(seed=seed, flops_convention=b.flops_convention, twin=twin, startup_s=space.system.startup_s)
 
     def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         # A plan built for this backend carries its figures; one built elsewhere (a test, a script) gets them
-        # from the same call here.
         # from the same call here. A twin truth replaces the model's figures with the twin's.
         if self.twin is not None:
             sim = simulate(plan.trial, self.seed, flops_convention=self.flops_convention, twin=self.twin)
@@ -44,4 +44,6 @@ class SimBackend(Backend):
         log = run_dir / LOG_NAME
         with open(log, "w") as fh:
             code = write_log(sim, fh)
-        return RunResult(run_dir=run_dir, log_path=log, exit_code=code)
+        steps = sim.oom_after if sim.oom else sim.max_steps
+        return RunResult(run_dir=run_dir, log_path=log, exit_code=code,
+                         wall_s=self.startup_s + steps * sim.step_time_s)
