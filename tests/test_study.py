@@ -184,3 +184,14 @@ def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
     assert to_best == pytest.approx(sum(r.gpu_hours for r in res.records if r.number <= best.number))
     lb = pd.read_csv(res.leaderboard)
     assert lb["gpu_hours"].sum() == pytest.approx(spent)
+
+
+def test_optuna_gets_the_spaces_ordinal_knobs_and_warm_start(tmp_path):
+    space = load_space("conf/spaces/llama3_405b_space.toml")
+    opts = study_mod.agent_options(space, "optuna", "tpe")
+    assert opts["ordinal"] == ["tp", "pp", "vp", "cp", "mbs"] and opts["warm_start"] == "none"
+    from tests.helpers import SMALL_SPACE
+
+    unsorted = load_space(write_space(tmp_path, SMALL_SPACE.replace("tp = [1, 2, 4, 8]", "tp = [8, 1, 2, 4]")))
+    assert "tp" not in study_mod.agent_options(unsorted, "optuna", "tpe")["ordinal"]  # no order to use
+    assert study_mod.agent_options(space, "grid", "tpe") == {}
