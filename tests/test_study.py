@@ -188,10 +188,13 @@ def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
 
 def test_optuna_gets_the_spaces_ordinal_knobs_and_warm_start(tmp_path):
     space = load_space("conf/spaces/llama3_405b_space.toml")
-    opts = study_mod.agent_options(space, "optuna", "tpe")
+    from agents.base import load_agents
+
+    reg = load_agents()
+    opts = study_mod.agent_settings(space, "optuna", None, reg)
     assert opts["ordinal"] == ["tp", "pp", "vp", "cp", "mbs"] and opts["warm_start"] == "none"
     from tests.helpers import SMALL_SPACE
 
     unsorted = load_space(write_space(tmp_path, SMALL_SPACE.replace("tp = [1, 2, 4, 8]", "tp = [8, 1, 2, 4]")))
-    assert "tp" not in study_mod.agent_options(unsorted, "optuna", "tpe")["ordinal"]  # no order to use
-    assert study_mod.agent_options(space, "grid", "tpe") == {}
+    assert "tp" not in study_mod.agent_settings(unsorted, "optuna", None, reg)["ordinal"]  # no order to use
+    assert study_mod.agent_settings(space, "grid", None, reg) == {}
