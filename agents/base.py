@@ -2,7 +2,8 @@
 
 An agent proposes actions (dicts of knob -> index into the knob's values) and is told each outcome. It
 never sees a backend, a log or the store; on resume it is warm-started from the history of
-(action, reward, ok) triples.
+(action, reward, ok, status, metrics). An agent that ``uses_model`` is also handed the shipped performance
+model's :class:`Forecast` of each action (never the backend's truth).
 """
 
 from __future__ import annotations
