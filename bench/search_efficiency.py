@@ -30,7 +30,7 @@ from agents.base import load_agents, make_agent
 from dse.forecast import model_forecaster
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
-from dse.study import agent_settings
+from dse.study import agent_settings, space_options
 
 SPACES = ("conf/spaces/llama3_405b_space.toml", "conf/spaces/llama3_70b_space.toml",
           "conf/spaces/llama3_8b_space.toml")
@@ -43,7 +43,7 @@ def search(space, agent_key, twin_table, seed, budget, forecast):
     name, extra = AGENTS[agent_key]
     act = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     registry = load_agents()
-    opts = agent_settings(space, name, None, registry)
+    opts = space_options(space, name, agent_settings(space, name, None, registry), registry)
     opts.update(extra)
     names = space.knob_names
 

@@ -79,21 +79,27 @@ def ordinal_knobs(space: Space) -> list[str]:
 
 def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> dict[str, Any]:
     """The agent's options: ``[search.options]``, with the sampler (``--sampler`` over
-    ``[search.options].sampler`` over ``[search].sampler``) for an agent that declares one, and for an agent
-    that declares them the ordinal knobs and the warm start (``[search] warm_start`` unless
-    ``[search.options]`` sets it)."""
+    ``[search.options].sampler`` over ``[search].sampler``) for an agent that declares one."""
     options = dict(space.search.options)
     cls = agent_class(agent, registry)
-    fields = cls.Options.model_fields
-    if "sampler" in fields:
+    if "sampler" in cls.Options.model_fields:
         options["sampler"] = sampler or options.get("sampler") or space.search.sampler
     elif sampler is not None:
         raise UserError(f"agent {agent!r} takes no sampler (only agents with a sampler option do)", field="--sampler")
-    if "ordinal" in fields:
-        options.setdefault("ordinal", ordinal_knobs(space))
-    if "warm_start" in fields:
-        options.setdefault("warm_start", space.search.warm_start)
     return options
+
+
+def space_options(space: Space, agent: str, options: dict[str, Any], registry) -> dict[str, Any]:
+    """``options`` plus what the study derives from the space for an agent that declares it: the ordinal knobs,
+    and the warm start (``[search] warm_start`` unless ``[search.options]`` sets it). Not recorded in
+    ``dse.json`` (the space file says it)."""
+    fields = agent_class(agent, registry).Options.model_fields
+    derived: dict[str, Any] = {}
+    if "ordinal" in fields:
+        derived["ordinal"] = ordinal_knobs(space)
+    if "warm_start" in fields:
+        derived["warm_start"] = space.search.warm_start
+    return {**derived, **options}
 
 
 @dataclass
@@ -136,7 +142,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     # anything is written.
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     options = agent_settings(space, agent, sampler, registry)
-    make_agent(agent, registry, probe, seed=seed, **options)
+    make_agent(agent, registry, probe, seed=seed, **space_options(space, agent, options, registry))
     make_backend(backend_name, space, seed)
     if out.exists() and (out / META).exists() and not resume:
         raise UserError(f"already holds a study; pass --resume to continue it, or choose another --out",
@@ -178,7 +184,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
     env.reset(seed=seed)
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask,
-                       forecast=model_forecaster(space), **options)
+                       forecast=model_forecaster(space), **space_options(space, agent_name, options, registry))
     history = [r for r in store.records() if not r.interrupted]
     agent.warm_start((env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics) for r in history)
     # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:

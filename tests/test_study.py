@@ -191,10 +191,27 @@ def test_optuna_gets_the_spaces_ordinal_knobs_and_warm_start(tmp_path):
     from agents.base import load_agents
 
     reg = load_agents()
-    opts = study_mod.agent_settings(space, "optuna", None, reg)
+    def opts_of(sp, agent):
+        return study_mod.space_options(sp, agent, study_mod.agent_settings(sp, agent, None, reg), reg)
+
+    opts = opts_of(space, "optuna")
     assert opts["ordinal"] == ["tp", "pp", "vp", "cp", "mbs"] and opts["warm_start"] == "none"
     from tests.helpers import SMALL_SPACE
 
     unsorted = load_space(write_space(tmp_path, SMALL_SPACE.replace("tp = [1, 2, 4, 8]", "tp = [8, 1, 2, 4]")))
-    assert "tp" not in study_mod.agent_settings(unsorted, "optuna", None, reg)["ordinal"]  # no order to use
-    assert study_mod.agent_settings(space, "grid", None, reg) == {}
+    assert "tp" not in opts_of(unsorted, "optuna")["ordinal"]  # no order to use
+    assert opts_of(space, "grid") == {}
+
+
+def test_search_warm_start_model_launches_the_models_best_point_first(tmp_path):
+    from dse.forecast import model_forecaster
+    from tests.helpers import SMALL_SPACE
+
+    space = load_space(write_space(tmp_path, SMALL_SPACE.replace('agent = "grid"', 'agent = "optuna"\nwarm_start = "model"')))
+    f = model_forecaster(space)
+    actions = [dict(zip(space.knob_names, k)) for k in __import__("itertools").product(
+        *(range(len(v)) for v in space.knobs.values()))]
+    fits = [(f(a).reward, a) for a in actions if f(a) is not None and f(a).peak_memory_gib <= f(a).memory_gib]
+    best = max(fits, key=lambda x: x[0])[1]
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", trials=2)
+    assert res.records[0].knobs == {n: space.knobs[n][i] for n, i in best.items()}
