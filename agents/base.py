@@ -2,7 +2,8 @@
 
 An agent proposes actions (dicts of knob -> index into the knob's values) and is told each outcome. It
 never sees a backend, a log or the store; on resume it is warm-started from the history of
-(action, reward, ok) triples.
+(action, reward, ok, status, metrics). An agent that ``uses_model`` is also handed the shipped performance
+model's :class:`Forecast` of each action (never the backend's truth).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import abc
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gymnasium import spaces
@@ -20,6 +22,21 @@ from dse.errors import UserError
 
 Action = dict[str, int]
 ActionMask = Callable[[Action], bool]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What a model predicts for one valid point, in the agent's terms: the reward (signed as the
+    environment's: higher is better), the peak memory per GPU and the GPU's memory (GiB)."""
+
+    reward: float
+    peak_memory_gib: float
+    memory_gib: float
+
+
+# The model's forecast of an action, or None when the environment would reject the point. Built by the study
+# from the shipped performance model (never from a backend's truth), handed to agents with ``uses_model``.
+Forecaster = Callable[[Action], "Forecast | None"]
 
 
 class NoOptions(BaseModel):
@@ -39,6 +56,8 @@ class Agent(abc.ABC):
 
     name = "base"
     uses_mask = False
+    uses_model = False  # True: the constructor takes ``forecast`` (a Forecaster, or None where there is no model)
+    stop_reason: str | None = None  # why propose() returned None, when the agent decided to stop by itself
     Options: type[BaseModel] = NoOptions  # what ``[search.options]`` may set; validated by make_agent
 
     def __init__(self, action_space: spaces.Dict, *, seed: int = 0, action_mask: ActionMask | None = None,
@@ -70,14 +89,17 @@ class Agent(abc.ABC):
     def propose(self) -> Action | None:
         """The next action, or None when the agent has nothing left to try."""
 
-    def observe(self, action: Action, reward: float, ok: bool) -> None:
-        """The outcome of ``action``. The default remembers that it was tried."""
+    def observe(self, action: Action, reward: float, ok: bool, *, status: str | None = None,
+                metrics: Mapping[str, Any] | None = None) -> None:
+        """The outcome of ``action``: its reward, whether the run succeeded, and (when known) the run's status
+        (``ok``, ``oom``, ``rejected``...) and parsed metrics. The default remembers that it was tried."""
         self.seen.add(self.key(action))
 
-    def warm_start(self, history: Iterable[tuple[Action, float, bool]]) -> None:
-        """Replay finished trials (resume)."""
-        for action, reward, ok in history:
-            self.observe(action, reward, ok)
+    def warm_start(self, history: Iterable[tuple]) -> None:
+        """Replay finished trials (resume): ``(action, reward, ok)`` or ``(action, reward, ok, status, metrics)``."""
+        for action, reward, ok, *rest in history:
+            status, metrics = (list(rest) + [None, None])[:2]
+            self.observe(action, reward, ok, status=status, metrics=metrics)
 
 
 def load_agents() -> dict[str, Callable[[], object]]:
@@ -105,8 +127,11 @@ def agent_options(cls: type["Agent"], options: Mapping[str, Any]) -> dict[str, A
 
 
 def make_agent(name: str, registry: Mapping[str, Callable[[], object]], action_space: spaces.Dict, *,
-               seed: int = 0, action_mask: ActionMask | None = None, **options: Any) -> Agent:
-    """The agent called ``name``, built with its validated options."""
+               seed: int = 0, action_mask: ActionMask | None = None, forecast: Forecaster | None = None,
+               **options: Any) -> Agent:
+    """The agent called ``name``, built with its validated options (and the model's ``forecast`` for an agent
+    that ``uses_model``)."""
     cls = agent_class(name, registry)
+    extra = {"forecast": forecast} if cls.uses_model else {}
     return cls(action_space, seed=seed, action_mask=action_mask if cls.uses_mask else None,
-               **agent_options(cls, options))
+               **agent_options(cls, options), **extra)

@@ -9,6 +9,11 @@ Failures reach the sampler as PRUNED trials, never as a sentinel value. Why not 
 FAIL trials altogether, so a sampler told FAIL keeps proposing out-of-memory layouts (measured on the 405B
 space: 87 of 150 trials OOM). TPE ranks a pruned trial without intermediate values below every completed
 one, so it learns to avoid the region without being given a made-up number.
+
+Ordinal knobs (``ordinal``: names whose values the space lists in ascending order, such as tp, pp, mbs)
+reach the sampler as integer distributions over the value's index, so TPE and GP can use the order; the
+others stay categorical. ``warm_start = "model"`` enqueues the ``WARM_START_POINTS`` points with the best
+forecast reward (the shipped performance model, among those it predicts to fit) before the sampler's own.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import warnings
 
 import numpy as np
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from agents.base import Action, Agent, NoOptions
@@ -37,16 +42,23 @@ def _samplers(seed: int) -> dict[str, object]:
 
 class OptunaOptions(NoOptions):
     sampler: str = "tpe"  # checked against the samplers below, with the closest name suggested
+    warm_start: str = "none"  # "model": the model's top points first ([search] warm_start sets it)
+    ordinal: list[str] = []  # knobs to hand the sampler as ordered integers (the study fills it in)
 
 
 class OptunaAgent(Agent):
     name = "optuna"
     Options = OptunaOptions
     uses_mask = False  # rejected points are recorded as failed trials, so the sampler learns them
+    uses_model = True  # for warm_start = "model" only
     MAX_REPEATS = 20  # asks in a row that repeat a tried point before a random untried point is taken
+    WARM_START_POINTS = 5
 
-    def __init__(self, action_space, *, sampler: str = "tpe", **kw):
+    def __init__(self, action_space, *, sampler: str = "tpe", warm_start: str = "none", ordinal=(),
+                 forecast=None, **kw):
         super().__init__(action_space, **kw)
+        if warm_start not in ("none", "model"):
+            raise UserError(f"unknown warm start {warm_start!r}; use none or model", field="search.warm_start")
         makers = _samplers(self.seed)
         if sampler not in makers:
             raise UserError(f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",
@@ -55,7 +67,16 @@ class OptunaAgent(Agent):
         with warnings.catch_warnings():  # some samplers are marked experimental; that is not the user's error
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study = optuna.create_study(direction="maximize", sampler=makers[sampler]())
-        self.dists = {n: CategoricalDistribution(list(range(k))) for n, k in zip(self.names, self.sizes)}
+        self.dists = {n: IntDistribution(0, k - 1) if (n in ordinal and k > 1) else CategoricalDistribution(list(range(k)))
+                      for n, k in zip(self.names, self.sizes)}
+        if warm_start == "model" and forecast is not None:
+            ranked = []
+            for key in self.all_keys():
+                f = forecast(self.to_action(key))
+                if f is not None and f.peak_memory_gib <= f.memory_gib:
+                    ranked.append((-f.reward, key))
+            for _, key in sorted(ranked)[: self.WARM_START_POINTS]:
+                self.study.enqueue_trial(self.to_action(key))
         self.outcomes: dict[tuple[int, ...], tuple[float, bool]] = {}
         self._total = 1
         for k in self.sizes:
@@ -90,8 +111,8 @@ class OptunaAgent(Agent):
         else:
             self.study.tell(trial, state=TrialState.PRUNED)
 
-    def observe(self, action: Action, reward: float, ok: bool) -> None:
-        super().observe(action, reward, ok)
+    def observe(self, action: Action, reward: float, ok: bool, **kw) -> None:
+        super().observe(action, reward, ok, **kw)
         key = self.key(action)
         self.outcomes[key] = (reward, ok)
         trial = self._pending.pop(key, None)

@@ -58,7 +58,7 @@ def recipes_cmd() -> None:
 @user_errors
 def run_cmd(
     space_file: Path = typer.Option(..., "--space", help="the space file (TOML)"),
-    agent: Optional[str] = typer.Option(None, help="grid | random | optuna (default: the space's [search].agent)"),
+    agent: Optional[str] = typer.Option(None, help="grid | random | optuna | guided (default: the space's [search].agent)"),
     sampler: Optional[str] = typer.Option(None, help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
     trials: Optional[int] = typer.Option(None, min=1, help="trial budget (default: the space's; grid: every valid point)"),
     seed: Optional[int] = typer.Option(None, help="seed for the agent and the simulated jitter"),
@@ -66,6 +66,9 @@ def run_cmd(
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/<space name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: sqlite file in --out)"),
+    twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0,
+                                            help="simulated backend: measure on the twin truth of this seed "
+                                                 "(sets [backend] truth = \"twin\", twin_seed = N)"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -73,7 +76,7 @@ def run_cmd(
     from dse.space import load_space
     from dse.study import run_study
 
-    space = load_space(space_file)
+    space = with_twin(load_space(space_file), twin_seed)
     out_dir = out or Path("runs") / space.name
     best = {"reward": None}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -89,8 +92,18 @@ def run_cmd(
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
                            backend=backend, resume=resume, storage=storage, on_trial=on_trial)
     _print_summary(result.records, list(space.knobs), top=10)
+    if result.stop_reason:
+        console.print(result.stop_reason, highlight=False)
     console.print(f"{result.new_trials} new trials, {len(result.records)} in the study; "
                   f"leaderboard: {result.leaderboard}")
+
+
+def with_twin(space, twin_seed: int | None):
+    """``space`` with ``[backend] truth = "twin"`` and ``twin_seed`` set, when ``--twin-seed`` is given."""
+    if twin_seed is None:
+        return space
+    return space.model_copy(update={"backend": space.backend.model_copy(update={"truth": "twin",
+                                                                                "twin_seed": twin_seed})})
 
 
 def _print_summary(records, knob_names, top: int) -> None:
@@ -103,7 +116,7 @@ def _print_summary(records, knob_names, top: int) -> None:
     df = frame(records, knob_names).head(top)
     table = Table(title=f"top {len(df)} trials", show_lines=False)
     cols = ["trial", "status", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu",
-            "peak_memory_gib", *knob_names]
+            "peak_memory_gib", *knob_names, "gpu_hours"]
     for c in cols:
         table.add_column(c, justify="right" if c not in ("status",) else "left")
     for _, row in df.iterrows():
@@ -111,6 +124,12 @@ def _print_summary(records, knob_names, top: int) -> None:
     console.print(table)
     counts = Counter(r.status for r in records)
     console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    from dse.leaderboard import gpu_hours
+
+    spent, to_best = gpu_hours(records)
+    launched = sum(r.status != "rejected" for r in records)
+    console.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
+                  + (f", {to_best:,.1f} to the best" if to_best is not None else ""), highlight=False)
 
 
 def _fmt(v) -> str:
@@ -161,6 +180,9 @@ def validate_cmd(files: list[Path] = typer.Argument(..., help="space files")) ->
 def space_cmd(
     space_file: Path = typer.Argument(..., help="a space file"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0,
+                                            help="also print the twin truth of this seed: its step-time MAPE "
+                                                 "against the model over the valid points"),
 ) -> None:
     """Count a space's raw and valid points, and the rejections by rule."""
     import json
@@ -182,6 +204,16 @@ def space_cmd(
     data = {"space": s.name, "recipe": s.recipe, "gpu": s.system.gpu,
             "num_gpus": s.num_nodes * s.system.gpus_per_node, "knobs": {k: list(v) for k, v in s.knobs.items()},
             "raw": s.size, "valid": valid, "rejected_by_rule": dict(by_rule.most_common())}
+    if twin_seed is not None:
+        from dse.perfmodel import predict
+        from dse.perfmodel.twin import make_twin, mape, valid_trials
+
+        trials = valid_trials(s)
+        twin = make_twin(s, twin_seed, trials=trials)
+        fits = [t for t in trials if twin.predict(t).fits]
+        data["twin"] = {"seed": twin_seed, "step_time_mape": mape(twin, trials), "layout_scale": twin.scale,
+                        "memory_reserve_gib": twin.params.memory_reserve_gib,
+                        "fit_on_twin": len(fits), "fit_in_model": sum(predict(t).fits for t in trials)}
     if as_json:
         print(json.dumps(data))
         return
@@ -193,6 +225,11 @@ def space_cmd(
     for rule, n in by_rule.most_common():
         table.add_row(rule, str(n))
     console.print(table)
+    if "twin" in data:
+        tw = data["twin"]
+        console.print(f"twin seed {tw['seed']}: step-time MAPE {100 * tw['step_time_mape']:.1f}% against the model "
+                      f"over the {valid} valid points; memory reserve {tw['memory_reserve_gib']:.1f} GiB; "
+                      f"{tw['fit_on_twin']} points fit on the twin, {tw['fit_in_model']} in the model")
 
 
 @app.command("report")

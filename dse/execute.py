@@ -8,6 +8,8 @@ after the run directory has what the backend left.
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from dse.backends.base import Backend
@@ -56,16 +58,21 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
                           simulated=backend.simulated, params=calibrated_params(settings.calibration))
     except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
         return RunMetrics("failed", f"launch plan: {e}")
+    t0 = time.monotonic()
     try:
         result = backend.run(plan, run_dir)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # a failed trial is data: record it, keep the study going
-        return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}")
+        return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}",
+                          wall_s=time.monotonic() - t0)
+    wall = result.wall_s if result.wall_s is not None else time.monotonic() - t0
     log = Path(result.log_path)
     if not log.resolve().is_relative_to(run_dir.resolve()):
-        return RunMetrics("failed", f"backend {backend.name} returned a log outside the run directory: {log}")
+        return RunMetrics("failed", f"backend {backend.name} returned a log outside the run directory: {log}",
+                          wall_s=wall)
     if not log.exists():
-        return RunMetrics("failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})")
-    return parse_log(log, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
-                     context=parse_context(trial, settings))
+        return RunMetrics("failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})",
+                          wall_s=wall)
+    return replace(parse_log(log, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
+                             context=parse_context(trial, settings)), wall_s=wall)

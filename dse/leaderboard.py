@@ -1,7 +1,8 @@
 """The leaderboard: one row per trial, ranked by reward with failures last; CSV export.
 
 Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_gpu, peak_memory_gib``,
-one column per varying knob named as in the space file, ``gpu, num_gpus, run_dir, reason``. Metrics of a
+one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, run_dir, reason``
+(``gpu_hours``: GPUs x the run's wall time, simulated runs: start-up plus steps; 0 for rejected points). Metrics of a
 failed trial are left empty (a failed run's partial metrics stay in the store, flagged, never ranked).
 """
 
@@ -16,7 +17,7 @@ from dse.store import TrialRecord
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
-TAIL = ("gpu", "num_gpus", "run_dir", "reason")
+TAIL = ("gpu", "num_gpus", "gpu_hours", "run_dir", "reason")
 
 
 def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataFrame:
@@ -25,7 +26,7 @@ def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataF
         row = {"trial": r.number, "status": r.status, "reward": r.reward}
         row.update({m: (r.metrics.get(m) if r.ok else None) for m in METRIC_COLUMNS})
         row.update({k: r.knobs.get(k) for k in knob_names})
-        row.update(gpu=r.gpu, num_gpus=r.num_gpus, run_dir=r.run_dir, reason=r.reason)
+        row.update(gpu=r.gpu, num_gpus=r.num_gpus, gpu_hours=r.gpu_hours, run_dir=r.run_dir, reason=r.reason)
         rows.append(row)
     df = pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
     if df.empty:
@@ -42,3 +43,16 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
     df.to_csv(tmp, index=False)
     tmp.replace(path)
     return path
+
+
+def gpu_hours(records: Sequence[TrialRecord]) -> tuple[float, float | None]:
+    """GPU-hours spent by the study, and spent up to and including its best ``ok`` trial (None: no ok trial).
+
+    Trials without a figure (recorded before GPU-hours were) count as 0."""
+    ordered = sorted(records, key=lambda r: r.number)
+    spent = sum(r.gpu_hours or 0.0 for r in ordered)
+    ok = [r for r in ordered if r.ok]
+    if not ok:
+        return spent, None
+    best = max(ok, key=lambda r: (r.reward, -r.number))
+    return spent, sum(r.gpu_hours or 0.0 for r in ordered if r.number <= best.number)

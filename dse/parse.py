@@ -192,6 +192,9 @@ class RunMetrics:
     peak_memory_reserved_gib: float | None = None
     tflops_source: str | None = None  # "log" (as printed) or "model" (context.model_flops_per_step)
     exit_code: int | None = None
+    # the run's wall time (set by dse.execute.run_trial, not by the parser): the backend's own figure where it
+    # simulates one, else the clock around the run; the trial's GPU-hours come from it
+    wall_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

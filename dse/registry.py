@@ -19,7 +19,7 @@ BACKENDS = "dse.backends"
 # Built-ins, used when the package's entry points are not installed (running from a source tree).
 BUILTIN: dict[str, dict[str, str]] = {
     AGENTS: {"grid": "agents.grid:GridAgent", "random": "agents.random:RandomAgent",
-             "optuna": "agents.optuna_agent:OptunaAgent"},
+             "optuna": "agents.optuna_agent:OptunaAgent", "guided": "agents.guided:GuidedAgent"},
     BACKENDS: {"sim": "dse.backends.sim:SimBackend", "local": "dse.backends.local:LocalBackend",
                "slurm": "dse.backends.slurm:SlurmBackend"},
 }

@@ -55,6 +55,8 @@ class System(_Strict):
     nvlink_domain: int = Field(8, ge=1, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
     scaleout_gbps: float = Field(400.0, gt=0, description="scale-out network bandwidth per GPU, Gb/s")
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
+    startup_s: float = Field(300.0, ge=0, description="a job's start-up before its first step (container, "
+                             "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it")
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
     @field_validator("gpu")
@@ -85,6 +87,7 @@ class Objective(_Strict):
 class Search(_Strict):
     agent: str = "optuna"
     sampler: str = "tpe"
+    warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
     trials: int | None = Field(None, ge=1)
     seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
@@ -98,6 +101,11 @@ class BackendSettings(_Strict):
     # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
     # relative path is relative to the space file
     calibration: str | None = None
+    # simulated backend only: "exact" writes the shipped model's figures; "twin" a seeded machine that differs
+    # from the model (dse.perfmodel.twin, drawn around the shipped parameters; a calibration is not used),
+    # so that a search is judged against a truth that is not its model
+    truth: Literal["exact", "twin"] = "exact"
+    twin_seed: int = Field(0, ge=0)
 
     @field_validator("payload")
     @classmethod

@@ -3,8 +3,8 @@
 Each trial is one Optuna trial: the varying knobs are its params (categorical over the space's values), the
 reward is its value (state COMPLETE) when the run succeeded and the trial is FAIL otherwise (a failure is
 never a sentinel value in Optuna; the reward the agent saw is kept in the user attribute ``reward``).
-User attributes carry ``status``, ``reason``, ``reward``, ``run_dir``, ``gpu``, ``num_gpus`` and the parsed
-``metrics``. The trial number, which names the run directory, is assigned here and only here.
+User attributes carry ``status``, ``reason``, ``reward``, ``run_dir``, ``gpu``, ``num_gpus``, ``gpu_hours`` and
+the parsed ``metrics``. The trial number, which names the run directory, is assigned here and only here.
 
 Write path: completed trials are buffered (at most ``batch_size`` of them, for at most ``max_delay_s``) and
 written in one transaction per batch through Optuna's own
@@ -46,6 +46,7 @@ class TrialRecord:
     run_dir: str | None = None
     gpu: str | None = None
     num_gpus: int | None = None
+    gpu_hours: float | None = None  # GPUs x wall time of the run (0 for a rejected point; None when unknown)
 
     @property
     def ok(self) -> bool:
@@ -134,7 +135,7 @@ class Store:
 
     def _attrs(self, rec: TrialRecord) -> dict[str, Any]:
         return {"status": rec.status, "reason": rec.reason, "reward": rec.reward, "run_dir": rec.run_dir,
-                "gpu": rec.gpu, "num_gpus": rec.num_gpus, "metrics": rec.metrics}
+                "gpu": rec.gpu, "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours, "metrics": rec.metrics}
 
     def _frozen(self, rec: TrialRecord) -> FrozenTrial:
         state = TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
@@ -227,4 +228,4 @@ def _record(number: int, state: TrialState, params: dict[str, Any], a: dict[str,
     return TrialRecord(number=number, knobs=params, status=status, reward=reward,
                        reason=a.get("reason") or (None if status == "ok" else f"optuna state {state.name}"),
                        metrics=a.get("metrics") or {}, run_dir=a.get("run_dir"), gpu=a.get("gpu"),
-                       num_gpus=a.get("num_gpus"))
+                       num_gpus=a.get("num_gpus"), gpu_hours=a.get("gpu_hours"))

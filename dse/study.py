@@ -24,6 +24,7 @@ from dse import registry as reg
 from dse.backends import Backend, load_backends
 from dse.best import write_best
 from dse.errors import UserError, did_you_mean
+from dse.forecast import model_forecaster
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
 from dse.store import INTERRUPTED, Store, TrialRecord
@@ -45,7 +46,15 @@ def record_of(number: int, info: dict[str, Any], reward: float, out_dir: Path) -
     return TrialRecord(number=number, knobs=info["knobs"], status=info["status"], reward=reward,
                        reason=info["reason"], metrics=info["metrics"],
                        run_dir=str(trial_dir(out_dir, number)) if info["launched"] else None,
-                       gpu=info["gpu"], num_gpus=info["num_gpus"])
+                       gpu=info["gpu"], num_gpus=info["num_gpus"], gpu_hours=gpu_hours(info))
+
+
+def gpu_hours(info: dict[str, Any]) -> float | None:
+    """GPUs x the run's wall time in hours (0 for a point never launched; None when the time is unknown)."""
+    if not info["launched"]:
+        return 0.0
+    wall = info["metrics"].get("wall_s")
+    return info["num_gpus"] * wall / 3600.0 if wall is not None else None
 
 
 def storage_url(out_dir: Path) -> str:
@@ -56,6 +65,16 @@ def make_backend(name: str, space: Space, seed: int) -> Backend:
     """The backend called ``name`` from the ``dse.backends`` registry, built for ``space``."""
     cls = reg.get(load_backends(), name, Backend, group=reg.BACKENDS, field="--backend")
     return cls.from_space(space, seed=seed)
+
+
+# Knobs whose values have an order the sampler can use (when the space lists them ascending).
+ORDINAL = ("tp", "pp", "vp", "cp", "mbs", "gbs", "seq_length", "recompute_num_layers", "num_nodes", "ep",
+           "cpu_offload_layers")
+
+
+def ordinal_knobs(space: Space) -> list[str]:
+    """The space's ordinal knobs whose values it lists in ascending order (unsorted lists have no order to use)."""
+    return [n for n, v in space.knobs.items() if n in ORDINAL and list(v) == sorted(v)]
 
 
 def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> dict[str, Any]:
@@ -70,12 +89,26 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
     return options
 
 
+def space_options(space: Space, agent: str, options: dict[str, Any], registry) -> dict[str, Any]:
+    """``options`` plus what the study derives from the space for an agent that declares it: the ordinal knobs,
+    and the warm start (``[search] warm_start`` unless ``[search.options]`` sets it). Not recorded in
+    ``dse.json`` (the space file says it)."""
+    fields = agent_class(agent, registry).Options.model_fields
+    derived: dict[str, Any] = {}
+    if "ordinal" in fields:
+        derived["ordinal"] = ordinal_knobs(space)
+    if "warm_start" in fields:
+        derived["warm_start"] = space.search.warm_start
+    return {**derived, **options}
+
+
 @dataclass
 class StudyResult:
     out_dir: Path
     records: list[TrialRecord]
     new_trials: int
     leaderboard: Path
+    stop_reason: str | None = None  # the agent's own word on why it stopped, when it stopped by itself
 
 
 def read_meta(out_dir: Path) -> dict[str, Any]:
@@ -109,7 +142,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     # anything is written.
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     options = agent_settings(space, agent, sampler, registry)
-    make_agent(agent, registry, probe, seed=seed, **options)
+    make_agent(agent, registry, probe, seed=seed, **space_options(space, agent, options, registry))
     make_backend(backend_name, space, seed)
     if out.exists() and (out / META).exists() and not resume:
         raise UserError(f"already holds a study; pass --resume to continue it, or choose another --out",
@@ -150,20 +183,24 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     be = make_backend(backend_name, space, seed)
     env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
     env.reset(seed=seed)
-    agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask, **options)
+    agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask,
+                       forecast=model_forecaster(space), **space_options(space, agent_name, options, registry))
     history = [r for r in store.records() if not r.interrupted]
-    agent.warm_start((env.encode(r.knobs), r.reward, r.ok) for r in history)
+    agent.warm_start((env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics) for r in history)
     # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:
     # the agent runs until it has nothing left (grid: every valid point once).
     budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
     total = budget
     if total is None and agent_name == "grid" and space.size <= 1_000_000:  # for the progress bar only
         total = sum(constraints.check(resolve(space, p)) is None for p in space.points())
-    done, new = len(history), 0
+    # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
+    done, new = sum(r.status != "rejected" for r in history), 0
+    stop_reason = None
     try:
         while budget is None or done < budget:
             action = agent.propose()
             if action is None:
+                stop_reason = agent.stop_reason
                 break
             number = store.next_number()
             try:
@@ -178,8 +215,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 raise
             rec = record_of(number, info, reward, out)
             store.record(rec)
-            agent.observe(action, reward, info["status"] == "ok")
-            done += 1
+            agent.observe(action, reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"])
+            done += info["status"] != "rejected"
             new += 1
             if on_trial:
                 on_trial(rec, done, total)
@@ -189,4 +226,4 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
         store.close()
         lb = write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
     write_best(space, records, out)  # only when the loop ended normally
-    return StudyResult(out, records, new, lb)
+    return StudyResult(out, records, new, lb, stop_reason)

@@ -36,7 +36,7 @@ def drive(agent, n, *, valid=mask):
     return seen
 
 
-@pytest.fixture(params=["grid", "random", "optuna"])
+@pytest.fixture(params=["grid", "random", "optuna", "guided"])
 def agent_name(request):
     return request.param
 
@@ -99,3 +99,35 @@ def test_optuna_unknown_sampler_is_a_user_error():
 def test_unknown_agent_is_a_user_error():
     with pytest.raises(UserError, match="did you mean 'grid'"):
         new("gird")
+
+
+def test_optuna_ordinal_knobs_are_integer_distributions():
+    agent = new("optuna", ordinal=["b", "c"])
+    assert type(agent.dists["b"]).__name__ == "IntDistribution" and agent.dists["b"].high == 3
+    assert type(agent.dists["a"]).__name__ == "CategoricalDistribution"
+    seen = drive(agent, len(ALL))
+    assert sorted(seen) == sorted(ALL)  # still every point once
+
+
+def test_optuna_model_warm_start_proposes_the_models_top_points_first():
+    from agents.base import Forecast
+
+    def forecast(action):  # the model's ranking: objective(); points with c = 0 predicted not to fit
+        if not mask(action):
+            return None
+        return Forecast(float(objective(action)), 90.0 if action["c"] == 0 else 70.0, 80.0)
+
+    agent = new("optuna", warm_start="model", forecast=forecast)
+    ranked = sorted((k for k in ALL if mask(dict(zip("abc", k))) and k[2] == 1),
+                    key=lambda k: -objective(dict(zip("abc", k))))
+    n = agent.WARM_START_POINTS
+    first = drive(agent, n)
+    cut = objective(dict(zip("abc", ranked[n - 1])))  # ties at the cut may go either way
+    assert first[0] == ranked[0] and all(k[2] == 1 and objective(dict(zip("abc", k))) >= cut for k in first)
+    plain = drive(new("optuna"), n)
+    assert not all(k[2] == 1 and objective(dict(zip("abc", k))) >= cut for k in plain)
+
+
+def test_optuna_unknown_warm_start_is_a_user_error():
+    with pytest.raises(UserError, match="warm start"):
+        new("optuna", warm_start="modle")

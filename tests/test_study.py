@@ -88,11 +88,14 @@ def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
 def test_resume_with_a_budget_continues_to_it(tmp_path):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    study_mod.run_study(space, out_dir=out, agent="optuna", trials=6, seed=1)
+    first = study_mod.run_study(space, out_dir=out, agent="optuna", trials=6, seed=1)
     res = study_mod.run_study(space, out_dir=out, agent="optuna", trials=10, seed=1, resume=True)
-    assert len(res.records) == 10 and res.new_trials == 4
+    # the budget is launched runs: rejected points are recorded but count for nothing
+    launched = [r for r in res.records if r.status != "rejected"]
+    assert sum(r.status != "rejected" for r in first.records) == 6 and len(launched) == 10
+    assert any(r.status == "rejected" for r in res.records)
     keys = [tuple(r.knobs.values()) for r in res.records]
-    assert len(set(keys)) == 10
+    assert len(set(keys)) == len(keys)
 
 
 def test_second_run_into_the_same_directory_needs_resume(tmp_path):
@@ -111,9 +114,9 @@ def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch)
 
     original = GridAgent.observe
 
-    def spy(self, action, reward, ok):
+    def spy(self, action, reward, ok, **kw):
         seen.append((dict(action), reward))
-        return original(self, action, reward, ok)
+        return original(self, action, reward, ok, **kw)
 
     monkeypatch.setattr(GridAgent, "observe", spy)
     res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
@@ -156,3 +159,59 @@ def test_a_slow_trial_is_written_at_once(tmp_path):
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # batched
     fast.close()
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 2
+
+
+def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
+    from dse.leaderboard import gpu_hours
+    from dse.perfmodel import predict
+    from dse.trial import resolve
+
+    space = load_space(write_space(tmp_path))
+    start = space.system.startup_s
+    assert start > 0
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=8)
+    for r in res.records:
+        if r.status == "rejected":
+            assert r.gpu_hours == 0.0
+        elif r.ok:  # simulated wall time: start-up plus max_steps at the simulated step time
+            step = predict(resolve(space, r.knobs)).step_time_s
+            assert r.gpu_hours == pytest.approx(16 * (start + 20 * step) / 3600)
+        else:  # an OOM dies at start-up
+            assert r.gpu_hours == pytest.approx(16 * start / 3600)
+    spent, to_best = gpu_hours(res.records)
+    assert spent == pytest.approx(sum(r.gpu_hours for r in res.records))
+    best = max((r for r in res.records if r.ok), key=lambda r: r.reward)
+    assert to_best == pytest.approx(sum(r.gpu_hours for r in res.records if r.number <= best.number))
+    lb = pd.read_csv(res.leaderboard)
+    assert lb["gpu_hours"].sum() == pytest.approx(spent)
+
+
+def test_optuna_gets_the_spaces_ordinal_knobs_and_warm_start(tmp_path):
+    space = load_space("conf/spaces/llama3_405b_space.toml")
+    from agents.base import load_agents
+
+    reg = load_agents()
+    def opts_of(sp, agent):
+        return study_mod.space_options(sp, agent, study_mod.agent_settings(sp, agent, None, reg), reg)
+
+    opts = opts_of(space, "optuna")
+    assert opts["ordinal"] == ["tp", "pp", "vp", "cp", "mbs"] and opts["warm_start"] == "none"
+    from tests.helpers import SMALL_SPACE
+
+    unsorted = load_space(write_space(tmp_path, SMALL_SPACE.replace("tp = [1, 2, 4, 8]", "tp = [8, 1, 2, 4]")))
+    assert "tp" not in opts_of(unsorted, "optuna")["ordinal"]  # no order to use
+    assert opts_of(space, "grid") == {}
+
+
+def test_search_warm_start_model_launches_the_models_best_point_first(tmp_path):
+    from dse.forecast import model_forecaster
+    from tests.helpers import SMALL_SPACE
+
+    space = load_space(write_space(tmp_path, SMALL_SPACE.replace('agent = "grid"', 'agent = "optuna"\nwarm_start = "model"')))
+    f = model_forecaster(space)
+    actions = [dict(zip(space.knob_names, k)) for k in __import__("itertools").product(
+        *(range(len(v)) for v in space.knobs.values()))]
+    fits = [(f(a).reward, a) for a in actions if f(a) is not None and f(a).peak_memory_gib <= f(a).memory_gib]
+    best = max(fits, key=lambda x: x[0])[1]
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", trials=2)
+    assert res.records[0].knobs == {n: space.knobs[n][i] for n, i in best.items()}

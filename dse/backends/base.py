@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class RunResult:
     """What a backend hands back: where the run lives and how it ended (as the scheduler saw it).
 
-    ``exit_code`` is None when the process never reported one (killed, lost). ``scheduler_state`` is the
+    ``wall_s`` (see below) feeds the trial's GPU-hours. ``exit_code`` is None when the process never reported one (killed, lost). ``scheduler_state`` is the
     scheduler's word for the end (Slurm's ``COMPLETED``, ``TIMEOUT``, ``OUT_OF_MEMORY``, ``CANCELLED``...),
     None for backends without a scheduler. The parser turns these plus the log into a status.
     """
@@ -27,6 +27,9 @@ class RunResult:
     exit_code: int | None
     scheduler_state: str | None = None
     job_id: str | None = None
+    # the run's wall time when the backend knows it better than the caller's clock (the simulated backend:
+    # start-up plus simulated steps); None: the environment times backend.run itself
+    wall_s: float | None = None
 
 
 class Backend(abc.ABC):

@@ -14,6 +14,7 @@ from dse.backends.base import Backend, RunResult
 from dse.backends.scripts import LOG_NAME
 from dse.launch import LaunchPlan
 from dse.perfmodel.simulate import simulate
+from dse.perfmodel.twin import Twin, make_twin
 from recipes.sim.logwriter import write_log
 
 
@@ -23,18 +24,26 @@ class SimBackend(Backend):
     name = "sim"
     simulated = True
 
-    def __init__(self, *, seed: int = 0, flops_convention: str = "causal"):
-        self.seed, self.flops_convention = seed, flops_convention
+    def __init__(self, *, seed: int = 0, flops_convention: str = "causal", twin: Twin | None = None,
+                 startup_s: float = 300.0):
+        self.seed, self.flops_convention, self.twin, self.startup_s = seed, flops_convention, twin, startup_s
 
     @classmethod
     def from_space(cls, space, *, seed: int = 0) -> "SimBackend":
-        return cls(seed=seed, flops_convention=space.backend.flops_convention)
+        b = space.backend
+        twin = make_twin(space, b.twin_seed) if b.truth == "twin" else None  # [backend] truth = "twin"
+        return cls(seed=seed, flops_convention=b.flops_convention, twin=twin, startup_s=space.system.startup_s)
 
     def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         # A plan built for this backend carries its figures; one built elsewhere (a test, a script) gets them
-        # from the same call here.
-        sim = plan.sim_run or simulate(plan.trial, self.seed, flops_convention=self.flops_convention)
+        # from the same call here. A twin truth replaces the model's figures with the twin's.
+        if self.twin is not None:
+            sim = simulate(plan.trial, self.seed, flops_convention=self.flops_convention, twin=self.twin)
+        else:
+            sim = plan.sim_run or simulate(plan.trial, self.seed, flops_convention=self.flops_convention)
         log = run_dir / LOG_NAME
         with open(log, "w") as fh:
             code = write_log(sim, fh)
-        return RunResult(run_dir=run_dir, log_path=log, exit_code=code)
+        steps = sim.oom_after if sim.oom else sim.max_steps
+        return RunResult(run_dir=run_dir, log_path=log, exit_code=code,
+                         wall_s=self.startup_s + steps * sim.step_time_s)

@@ -1,0 +1,149 @@
+"""Search efficiency against the twin truth: launched runs until the best found is >= 99% of the twin's best.
+
+For each space and twin seed, the twin's true best is the exhaustive grid on that twin (every valid point,
+the twin's figures). Each agent then searches with a budget of ``--budget`` launched runs (rejected points
+cost nothing and count for nothing; the guided agent may stop earlier by itself). Printed per space and
+agent: launched runs to 99% (median and 90th percentile over twin seeds; a seed that never gets there
+counts as more than the budget, shown ">B"), GPU-hours spent up to that run, the best found after 10 and
+25 launched runs (fraction of the twin's best, median), and the share of launched runs that ran out of memory.
+
+The outcomes come straight from the twin (``dse.perfmodel.twin``: the figures the simulated backend
+writes into its logs), without the log / parser / store round trip of ``dse run`` (the same numbers up to
+the 1% per-step jitter that the parser averages away), so that the table takes minutes, not hours.
+GPU-hours per run: GPUs x (step time x max_steps + the system's start-up time) / 3600, as ``dse run``
+records them.
+
+    python bench/search_efficiency.py [--seeds 20] [--budget 150] [--spaces a.toml b.toml ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import OrderedDict
+
+import numpy as np
+from gymnasium import spaces
+
+from agents.base import load_agents, make_agent
+from dse.forecast import model_forecaster
+from dse.perfmodel.twin import make_twin, valid_trials
+from dse.space import load_space
+from dse.study import agent_settings, space_options
+
+SPACES = ("conf/spaces/llama3_405b_space.toml", "conf/spaces/llama3_70b_space.toml",
+          "conf/spaces/llama3_8b_space.toml")
+AGENTS = {"grid": ("grid", {}), "random": ("random", {}), "tpe": ("optuna", {"warm_start": "none"}),
+          "tpe+warm": ("optuna", {"warm_start": "model"}), "guided": ("guided", {})}
+
+
+def search(space, agent_key, twin_table, seed, budget, forecast):
+    """Run one agent against a twin; the list of (reward-or-None, gpu_hours, oom) per launched run."""
+    name, extra = AGENTS[agent_key]
+    act = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
+    registry = load_agents()
+    opts = space_options(space, name, agent_settings(space, name, None, registry), registry)
+    opts.update(extra)
+    names = space.knob_names
+
+    def mask(action):
+        return tuple(int(action[n]) for n in names) in twin_table
+
+    agent = make_agent(name, registry, act, seed=seed, action_mask=mask, forecast=forecast, **opts)
+    runs = []
+    fail = space.objective.failed_reward
+    sense = space.objective.sense
+    metric = space.objective.metric
+    while len(runs) < budget:
+        action = agent.propose()
+        if action is None:
+            break
+        key = tuple(int(action[n]) for n in names)
+        row = twin_table.get(key)
+        if row is None:
+            agent.observe(action, fail, False, status="rejected", metrics={})
+            continue
+        pred, gpu_hours = row
+        if pred.fits:
+            value = getattr(pred, metric)
+            reward = value if sense == "maximize" else -value
+            agent.observe(action, reward, True, status="ok", metrics={"peak_memory_gib": pred.peak_memory_gib,
+                                                                      metric: value})
+            runs.append((reward, gpu_hours, False))
+        else:
+            agent.observe(action, fail, False, status="oom", metrics={})
+            runs.append((None, gpu_hours, True))
+    return runs, getattr(agent, "stop_reason", None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spaces", nargs="+", default=list(SPACES))
+    ap.add_argument("--seeds", type=int, default=20, help="twin seeds per space (0..N-1)")
+    ap.add_argument("--budget", type=int, default=150, help="launched runs per search")
+    ap.add_argument("--agents", nargs="+", default=list(AGENTS), choices=list(AGENTS))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    print(f"| space | agent | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
+          f" guided stopped after (median) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for path in args.spaces:
+        space = load_space(path)
+        trials = valid_trials(space)
+        names = space.knob_names
+        keys = [tuple(space.knobs[n].index(t.values[n]) for n in names) for t in trials]
+        forecast = model_forecaster(space)
+        startup = space.system.startup_s
+        results = {a: [] for a in args.agents}
+        for tseed in range(args.seeds):
+            twin = make_twin(space, tseed, trials=trials)
+            table = {}
+            for k, t in zip(keys, trials):
+                p = twin.predict(t, flops_convention=space.backend.flops_convention)
+                steps = t.values["max_steps"] if p.fits else 0
+                table[k] = (p, t.num_gpus * (p.step_time_s * steps + startup) / 3600.0)
+            sense = space.objective.sense
+            rewards = [(getattr(p, space.objective.metric) * (1 if sense == "maximize" else -1))
+                       for p, _ in table.values() if p.fits]
+            best = max(rewards)
+            for a in args.agents:
+                runs, stop = search(space, a, table, tseed, args.budget, forecast)
+                results[a].append((runs, best, stop))
+        for a in args.agents:
+            to99, gpuh, at10, at25, ooms, stops = [], [], [], [], [], []
+            for runs, best, stop in results[a]:
+                # fraction of the best: rewards are positive rates, or negated step times
+                def frac(r):
+                    return r / best if best > 0 else best / r
+                found, n99, h, hsum = -math.inf, None, None, 0.0
+                curve = []
+                for i, (r, gh, _) in enumerate(runs, 1):
+                    hsum += gh
+                    if r is not None:
+                        found = max(found, r)
+                    curve.append(frac(found) if found > -math.inf else 0.0)
+                    if n99 is None and found > -math.inf and frac(found) >= 0.99:
+                        n99, h = i, hsum
+                to99.append(n99 if n99 is not None else math.inf)
+                gpuh.append(h if h is not None else math.inf)
+                at10.append(curve[min(9, len(curve) - 1)] if curve else 0.0)
+                at25.append(curve[min(24, len(curve) - 1)] if curve else 0.0)
+                ooms.append(sum(o for *_, o in runs) / max(len(runs), 1))
+                stops.append(len(runs))
+
+            def show(x, fmt="{:.0f}"):
+                return (f">{args.budget}" if fmt == "{:.0f}" else "n/a") if math.isinf(x) else fmt.format(x)
+
+            med = float(np.median(to99))
+            p90 = float(np.percentile(to99, 90, method="higher"))
+            print(f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
+                  f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | "
+                  f"{np.median(stops):.0f} |" if a == "guided" else
+                  f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
+                  f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | |", flush=True)
+    print(f"\n{args.seeds} twin seeds per space, budget {args.budget} launched runs; {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
