@@ -191,3 +191,27 @@ def test_space_calibration_for_the_sim_backend(tmp_path):
     cal.write_text(cal.read_text().replace('"h200"', '"b200"'))
     with pytest.raises(UserError, match="backend.calibration"):
         load_space(space_p)
+
+
+def test_the_guided_agents_forecast_starts_from_the_spaces_calibration(tmp_path):
+    """A space naming a calibration: the model-guided agent is told the calibrated model, not the shipped one."""
+    from dse.forecast import model_forecaster
+    from dse.space import load_space
+    from dse.trial import resolve
+
+    cal = tmp_path / "cal.toml"
+    cal.write_text(dumps(Calibration(gpu="h200", params={"elementwise_scale": 3.0}, sources=["x"], runs=3)))
+    text = (ROOT / "conf/spaces/llama3_8b_4l_h200_local_space.toml").read_text()
+    plain_p, cal_p = tmp_path / "plain.toml", tmp_path / "cal_space.toml"
+    plain_p.write_text(text)
+    cal_p.write_text(text.replace('kind = "local"', 'kind = "local"\ncalibration = "cal.toml"'))
+    plain, calibrated = load_space(plain_p), load_space(cal_p)
+    point = {k: v[0] for k, v in plain.knobs.items()}
+    action = {k: 0 for k in plain.knobs}
+    trial = resolve(plain, point)
+    metric = plain.objective.metric
+    expected = getattr(predict(trial, params=DEFAULT_PARAMS.with_values(elementwise_scale=3.0)), metric)
+    shipped = getattr(predict(trial), metric)
+    sign = 1 if plain.objective.sense == "maximize" else -1
+    assert model_forecaster(calibrated)(action).reward == pytest.approx(sign * expected)
+    assert model_forecaster(plain)(action).reward == pytest.approx(sign * shipped) != pytest.approx(sign * expected)
