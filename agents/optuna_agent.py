@@ -33,11 +33,31 @@ def _samplers(seed: int) -> dict[str, object]:
     return {
         "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
-        "qmc": lambda: optuna.samplers.QMCSampler(seed=seed),
+        # scrambled, so that the seed chooses the sequence (an unscrambled Sobol sequence is the same for all)
+        "qmc": lambda: optuna.samplers.QMCSampler(seed=seed, scramble=True),
         "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
         "gp": lambda: optuna.samplers.GPSampler(seed=seed),
         "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False),
     }
+
+
+# What a sampler needs beyond a plain install, as (module, the extra that brings it): Optuna imports these
+# lazily and fails mid-study; dse checks them before anything is written.
+SAMPLER_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "qmc": (("scipy", "qmc"),),
+    "gp": (("torch", "gp"), ("scipy", "gp")),
+    "cmaes": (("cmaes", "cmaes"),),
+}
+
+
+def check_sampler_available(sampler: str) -> None:
+    """A one-line :class:`UserError` naming the extra to install when a sampler's dependency is missing."""
+    import importlib.util
+
+    for module, extra in SAMPLER_NEEDS.get(sampler, ()):
+        if importlib.util.find_spec(module) is None:
+            raise UserError(f"sampler {sampler!r} needs {module}, which is not installed: pip install 'dse[{extra}]'",
+                            field="search.sampler")
 
 
 class OptunaOptions(NoOptions):
@@ -63,6 +83,13 @@ class OptunaAgent(Agent):
         if sampler not in makers:
             raise UserError(f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",
                             field="search.sampler")
+        check_sampler_available(sampler)
+        categorical = [n for n, k in zip(self.names, self.sizes) if k > 1 and n not in ordinal]
+        if sampler == "cmaes" and categorical:
+            # CMA-ES samples only numeric parameters: Optuna hands categorical ones to a random sampler, so a
+            # space of categorical knobs gets exactly the random sampler's trials (measured: 15 of 15 runs).
+            raise UserError(f"cmaes samples only ordered knobs (values listed ascending); {', '.join(categorical)} "
+                            "would be sampled at random: use tpe, or vary only ordered knobs", field="search.sampler")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with warnings.catch_warnings():  # some samplers are marked experimental; that is not the user's error
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
