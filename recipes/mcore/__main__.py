@@ -7,7 +7,22 @@ import os
 import sys
 from typing import Sequence
 
-from recipes.mcore.config import ConfigError, check, config_from_argv, model_flops_per_step
+from recipes.mcore.config import (
+    BLACKWELL_FP8_RECIPES,
+    ConfigError,
+    check,
+    config_from_argv,
+    model_flops_per_step,
+)
+
+
+def _gpu_capability() -> tuple[int, int] | None:
+    """This process's GPU's compute capability (torch imported only for the FP8 recipes that depend on it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -15,7 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg, ns = config_from_argv(argv)
-        cfg = check(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        cfg = check(cfg, world)
+        if not ns.check_only and cfg.precision == "fp8" and cfg.fp8_recipe in BLACKWELL_FP8_RECIPES:
+            cfg = check(cfg, world, gpu_capability=_gpu_capability())
     except ConfigError as e:
         print(f"recipes.mcore: error: {e}", file=sys.stderr)
         return 2

@@ -66,6 +66,10 @@ class RunConfig:
     cpu_offloading_num_layers: int = 0
     # Megatron-Core AttnBackend: the local layer spec IS the local (unfused) attention; auto means the same here
     attention_backend: str = "local"
+    # Which layer spec builds the transformer layers: "auto" (Transformer Engine's when it imports, else the
+    # local one), "te" (get_gpt_layer_with_transformer_engine_spec), "local" (get_gpt_layer_local_spec).
+    # check() resolves auto, so a checked config always names the spec that runs.
+    layer_spec: str = "auto"
     # Megatron's uneven pipeline split (embedding / loss counted as a layer); dse spells both always, off
     # unless pp*vp misses the layers by two. Only the even split is wired here (check() refuses the other).
     account_for_embedding_in_pipeline_split: bool = False
@@ -109,11 +113,26 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
         raise ConfigError(str(e)) from None
 
 
-def check(cfg: RunConfig, world_size: int) -> RunConfig:
+def te_importable() -> bool:
+    """Whether Transformer Engine's PyTorch package is installed (found, not imported: no torch import here)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("transformer_engine.pytorch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check(cfg: RunConfig, world_size: int, *, te_available: bool | None = None,
+          gpu_capability: tuple[int, int] | None = None) -> RunConfig:
     """Validate ``cfg`` for ``world_size`` processes; return it with derived defaults filled in.
 
-    Raises :class:`ConfigError` naming the setting for what this payload cannot run: the local layer spec
-    (no Transformer Engine, no Apex) has no sequence parallelism, no context parallelism and no FP8.
+    ``te_available`` (default: :func:`te_importable`) resolves ``layer_spec=auto``. ``gpu_capability`` is the
+    GPU's compute capability where known (the trainer passes it; ``None`` on a machine without a GPU).
+    Raises :class:`ConfigError` naming the setting for what this payload cannot run. The local layer spec (no
+    Transformer Engine, no Apex) has no sequence parallelism, no FP8, no flash/fused attention and no
+    activation offloading; the TE spec has them, but MXFP8 and blockwise FP8 need a Blackwell GPU
+    (compute capability 10.x; Hopper is 9.0). Context parallelism and TP comm overlap are wired in neither.
     """
     def need(cond: bool, msg: str) -> None:
         if not cond:
@@ -137,20 +156,39 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
     need(cfg.num_layers % (cfg.pp * cfg.vp) == 0,
          f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}")
     need(cfg.vp == 1 or cfg.pp > 1, f"vp={cfg.vp} needs pp > 1")
-    need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism needs Transformer Engine's attention; "
-                      "the local layer spec has cp=1 only")
+    if te_available is None:
+        te_available = te_importable()
+    need(cfg.layer_spec in LAYER_SPECS, f"layer_spec={cfg.layer_spec!r}; one of {', '.join(LAYER_SPECS)}")
+    spec = cfg.layer_spec if cfg.layer_spec != "auto" else ("te" if te_available else "local")
+    need(spec != "te" or te_available,
+         "layer_spec=te: Transformer Engine (transformer_engine.pytorch) is not installed; use layer_spec=local")
+    te = spec == "te"
+    need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism is not wired into this payload; cp=1 only")
     need(cfg.ep == 1, f"ep={cfg.ep}: this payload builds dense models only")
-    need(cfg.precision == "bf16", f"precision={cfg.precision}: FP8 needs Transformer Engine; bf16 only")
+    need(cfg.precision in ("bf16", "fp8"), f"precision={cfg.precision!r}; one of bf16, fp8")
+    need(cfg.precision == "bf16" or te,
+         f"precision={cfg.precision}: FP8 needs Transformer Engine's layer spec; the local spec runs bf16 only")
+    need(cfg.fp8_recipe in (None, *FP8_RECIPES), f"fp8_recipe={cfg.fp8_recipe!r}; one of {', '.join(FP8_RECIPES)}")
+    if cfg.precision == "fp8" and cfg.fp8_recipe in BLACKWELL_FP8_RECIPES and gpu_capability is not None:
+        need(gpu_capability[0] >= 10,
+             f"fp8_recipe={cfg.fp8_recipe}: needs a Blackwell GPU (compute capability 10.x); this GPU is "
+             f"{gpu_capability[0]}.{gpu_capability[1]} (Hopper: use fp8_recipe=delayed or tensorwise)")
     need(not cfg.fsdp, "fsdp=true: Megatron FSDP is not wired into this payload; use the distributed optimizer")
     need(not cfg.tp_comm_overlap, "tp_comm_overlap=true needs Transformer Engine's userbuffers")
-    need(not cfg.cpu_offloading, "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
-                                 "Engine's offload context; the local layer spec has none")
+    need(not cfg.cpu_offloading or te, "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
+                                       "Engine's offload context; the local layer spec has none")
+    if cfg.cpu_offloading:
+        # Megatron-Core's TransformerConfig: 0 < cpu_offloading_num_layers < num_layers (one layer stays on)
+        need(0 < cfg.cpu_offloading_num_layers < cfg.num_layers,
+             f"cpu_offloading_num_layers={cfg.cpu_offloading_num_layers} must be between 1 and num_layers-1 "
+             f"({cfg.num_layers - 1})")
     need(cfg.attention_backend in LOCAL_ATTENTION or cfg.attention_backend in TE_ATTENTION,
          f"attention_backend={cfg.attention_backend!r}; one of {', '.join(LOCAL_ATTENTION + TE_ATTENTION)}")
-    need(cfg.attention_backend not in TE_ATTENTION,
+    need(cfg.attention_backend not in TE_ATTENTION or te,
          f"attention_backend={cfg.attention_backend}: flash and fused attention come from Transformer Engine; the "
          f"local layer spec computes attention unfused (attention_backend=local, unfused or auto)")
-    need(not cfg.sp, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
+    need(not cfg.sp or te, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
+    need(not cfg.sp or cfg.tp > 1, "sp=true needs tp > 1")
     need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
     need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
          f"recompute_method={cfg.recompute_method!r}; one of {', '.join(RECOMPUTE_METHODS)}")
@@ -168,9 +206,13 @@ def check(cfg: RunConfig, world_size: int) -> RunConfig:
     if cfg.pp > 1 and cfg.vp > 1:
         m = cfg.gbs // (cfg.mbs * dp)
         need(m % cfg.pp == 0, f"interleaved pipeline: micro-batches per step ({m}) must be a multiple of pp={cfg.pp}")
-    out = cfg
+    out = replace(cfg, layer_spec=spec)
+    if cfg.precision == "fp8" and cfg.fp8_recipe is None:
+        out = replace(out, fp8_recipe="delayed")  # Megatron-Core's default Fp8Recipe
+    if cfg.precision != "fp8" and cfg.fp8_recipe is not None:
+        out = replace(out, fp8_recipe=None)  # dse always spells a recipe; it means nothing in bf16
     if cfg.sp is None:
-        out = replace(out, sp=False)
+        out = replace(out, sp=te and cfg.tp > 1)  # Megatron's rule where the spec can (TE norms)
     if cfg.overlap_grad_reduce is None:
         out = replace(out, overlap_grad_reduce=dp > 1)
     if cfg.recompute == "full":
@@ -208,6 +250,7 @@ _OVERRIDES: dict[str, str] = {
     "model.cpu_offloading": "cpu_offloading",
     "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "model.attention_backend": "attention_backend",
+    "model.transformer_impl": "layer_spec",
     "model.account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
     "model.account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
     "train.train_iters": "train_iters",
@@ -241,6 +284,11 @@ _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
 _PRECISIONS = {"bf16": "bf16", "bf16_mixed": "bf16", "bf16-mixed": "bf16"}
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+BLACKWELL_FP8_RECIPES = ("mxfp8", "blockwise")  # MXFP8 and 1x128/128x128 block scaling: sm_100 kernels only
+# Megatron-Bridge's mixed-precision recipe names (what dse's mbridge spelling sends) -> FP8 recipe
+_BRIDGE_FP8 = {"bf16_with_fp8_delayed_scaling_mixed": "delayed", "bf16_with_fp8_current_scaling_mixed": "tensorwise",
+               "bf16_with_mxfp8_mixed": "mxfp8", "bf16_with_fp8_subchannel_scaling_mixed": "blockwise"}
+LAYER_SPECS = ("auto", "te", "local")
 # Megatron-Core AttnBackend names: what the local layer spec runs, and what needs Transformer Engine
 LOCAL_ATTENTION = ("local", "unfused", "auto")
 TE_ATTENTION = ("flash", "fused")
@@ -281,6 +329,8 @@ def _convert(name: str, text: str, where: str) -> Any:
         if not math.isfinite(value):
             raise ConfigError(f"{where}: {text!r} is not a finite number")
         return value
+    if name == "layer_spec":
+        return {"transformer_engine": "te"}.get(text, text)  # Bridge's transformer_impl spelling
     if name == "precision":
         if "fp8" in text.lower():
             return "fp8"  # check() explains why FP8 cannot run here
@@ -308,6 +358,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             # dse spells both the precision and the FP8 scaling recipe as mixed_precision=...
             out["fp8_recipe"] = text
             continue
+        if name == "precision" and text in _BRIDGE_FP8:
+            out["fp8_recipe"] = _BRIDGE_FP8[text]
         out[name] = _convert(name, text, path)
     return out
 
@@ -348,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--no-distributed-optimizer", dest="distributed_optimizer", action="store_false",
                      default=None, help="plain Megatron mixed-precision Adam instead of the distributed optimizer")
+    run.add_argument("--layer-spec", choices=LAYER_SPECS, default=None,
+                     help="transformer layer spec: te (Transformer Engine), local (megatron-core's torch modules) "
+                          "or auto (te when Transformer Engine imports; the default)")
+    run.add_argument("--attention-backend", choices=LOCAL_ATTENTION + TE_ATTENTION, default=None,
+                     help="Megatron-Core AttnBackend (flash and fused need the TE spec)")
+    run.add_argument("--fp8", dest="fp8_recipe", choices=FP8_RECIPES, default=None,
+                     help="FP8 (hybrid) with this scaling recipe; needs the TE spec")
     run.add_argument("--check-only", action="store_true",
                      help="print the resolved configuration and the FLOPs per step as JSON and exit")
     p.add_argument("overrides", nargs="*", metavar="path=value")
@@ -373,8 +432,10 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
     flag_names = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                   "vocab_size", "gated", "tp", "pp", "vp", "mbs", "gbs", "seq_length", "recompute",
                   "recompute_method", "recompute_num_layers", "train_iters", "log_interval", "lr", "seed",
-                  "distributed_optimizer"}
+                  "distributed_optimizer", "layer_spec", "attention_backend", "fp8_recipe"}
     values.update({k: v for k, v in vars(ns).items() if k in flag_names and v is not None})
+    if ns.fp8_recipe is not None:
+        values["precision"] = "fp8"
     values.update(parse_overrides(ns.overrides))
     preset = dict(num_layers=arch.num_layers, hidden_size=arch.hidden_size,
                   num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,

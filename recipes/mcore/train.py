@@ -67,7 +67,21 @@ def _transformer_config(cfg: RunConfig):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron.core.transformer.enums import AttnBackend
+
     recompute = None if cfg.recompute == "none" else cfg.recompute
+    te = cfg.layer_spec == "te"
+    fp8 = cfg.precision == "fp8"
+    extra = {}
+    if fp8:
+        # NeMo's bf16_with_fp8_*_mixed recipes: hybrid (E4M3 forward, E5M2 gradients); delayed scaling with
+        # their amax history (1024, max), tensorwise = TE's current scaling.
+        extra.update(fp8="hybrid", fp8_recipe=cfg.fp8_recipe, fp8_margin=0)
+        if cfg.fp8_recipe == "delayed":
+            extra.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
+    if cfg.cpu_offloading:
+        extra.update(cpu_offloading=True, cpu_offloading_num_layers=cfg.cpu_offloading_num_layers,
+                     cpu_offloading_activations=True, cpu_offloading_weights=False)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -92,16 +106,39 @@ def _transformer_config(cfg: RunConfig):
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
         autocast_dtype=torch.bfloat16,
-        # Fusions that need Apex or Transformer Engine kernels stay off on the local spec.
-        masked_softmax_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
+        # The fusions NeMo's Llama recipes turn on (masked softmax, bias+SwiGLU/GeLU, bias+dropout+add, RoPE)
+        # on the TE spec; off on the local spec, whose kernels would need Apex or TE. Gradient-accumulation
+        # fusion stays off on both: Megatron's output layer needs Apex's fused_weight_gradient_mlp_cuda for it.
+        masked_softmax_fusion=te,
+        bias_activation_fusion=te,
+        bias_dropout_fusion=te,
+        apply_rope_fusion=te,
         gradient_accumulation_fusion=False,
+        attention_backend=AttnBackend[cfg.attention_backend],
         recompute_granularity=recompute,
         recompute_method=cfg.recompute_method if recompute == "full" else None,
         recompute_num_layers=cfg.recompute_num_layers if recompute == "full" else None,
+        **extra,
     )
+
+
+def layer_spec(cfg: RunConfig):
+    """The layer spec ``cfg.layer_spec`` names: TE's (core attention: TEDotProductAttention, whose kernel
+    Megatron-Core picks from ``config.attention_backend``; megatron's unfused DotProductAttention for
+    attention_backend=local, as Megatron-LM's model builder swaps it in), or the local one."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if cfg.layer_spec != "te":
+        return get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_with_transformer_engine_spec()
+    if cfg.attention_backend == "local":
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = DotProductAttention
+    return spec
 
 
 def _build_model(cfg: RunConfig, config):
@@ -110,10 +147,9 @@ def _build_model(cfg: RunConfig, config):
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.module import Float16Module
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = layer_spec(cfg)
     vp = cfg.vp if cfg.vp > 1 else None
     chunks = []
     for i in range(vp or 1):
@@ -230,6 +266,10 @@ def train(cfg: RunConfig) -> int:
         _print(f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
                f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
                f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}")
+        _print(f"> recipes.mcore: layer spec {cfg.layer_spec}")
+        fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
+        _print(f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
+               f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}")
         _print(f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
                f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
                f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "

@@ -1,0 +1,105 @@
+"""Real H200 runs of ``recipes.mcore`` with Transformer Engine's layer spec, against the performance model.
+
+    python bench/h200_te_runs.py                     # table: measured vs predicted, per run
+    python bench/h200_te_runs.py --write-tsv LOGDIR  # rebuild bench/data/h200_te_runs.tsv from logs
+
+Same columns as ``bench/data/h200_real_runs.tsv`` plus ``layer_spec``, ``precision``, ``fp8_recipe`` and
+``attention_backend``, read from the payload's header lines (``> recipes.mcore: layer spec te``). Logs:
+tests/fixtures/logs/real_h200_te/. The prediction is ``dse.perfmodel.predict`` for the same point on an h200
+system of one GPU with the run's precision, FP8 recipe and attention backend. Needs no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+import h200_real_runs as base  # noqa: E402
+
+TSV = ROOT / "bench" / "data" / "h200_te_runs.tsv"
+LOGS = ROOT / "tests" / "fixtures" / "logs" / "real_h200_te"
+EXTRA = ("layer_spec", "precision", "fp8_recipe", "attention_backend")
+COLUMNS = base.COLUMNS[:-1] + EXTRA + ("log",)
+_SPEC = re.compile(r"> recipes\.mcore: layer spec (\w+)")
+_PREC = re.compile(r"> recipes\.mcore: precision (bf16|fp8 hybrid (\w+)), attention backend (\w+)")
+
+
+def measure(log: Path) -> dict:
+    row = base.measure(log)
+    row.update(layer_spec="local", precision="bf16", fp8_recipe="", attention_backend="local")
+    for line in log.read_text(errors="replace").splitlines():
+        if m := _SPEC.search(line):
+            row["layer_spec"] = m.group(1)
+        elif m := _PREC.search(line):
+            row.update(precision="fp8" if m.group(2) else "bf16", fp8_recipe=m.group(2) or "",
+                       attention_backend=m.group(3))
+    return row
+
+
+def write_tsv(logdir: Path, out: Path = TSV) -> list[dict]:
+    rows = [measure(p) for p in sorted(logdir.glob("*.log"))]
+    rows = [r for r in rows if r.get("step_time_ms") is not None and r["steps"] > base.warmup_steps(r["steps"])]
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, COLUMNS, delimiter="\t", extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def trial(row: dict):
+    """The dse TrialConfig of a row: as bench/h200_real_runs.py's, with the run's precision and attention."""
+    t = base._trial(row)
+    values = dict(t.values)
+    values.update(precision=row["precision"], attention_backend=row["attention_backend"])
+    if row["precision"] == "fp8":
+        values["fp8_recipe"] = row["fp8_recipe"]
+    return replace(t, values=MappingProxyType(values))
+
+
+def report(rows: list[dict]) -> list[dict]:
+    from dse.perfmodel import predict
+
+    out = []
+    head = (f"{'run':30} {'spec':5} {'prec':14} {'attn':8} {'step ms':>8} {'pred':>7} {'err':>7} | "
+            f"{'TF/s':>6} {'pred':>6} | {'mem GiB':>7} {'pred':>6} {'err':>7}")
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        st, tf, mem = float(row["step_time_ms"]), float(row["tflops_per_gpu"]), float(row["peak_allocated_gib"])
+        p = predict(trial(row))
+        pst, ptf, pmem = p.step_time_s * 1e3, p.tflops_per_gpu, p.peak_memory_gib
+        prec = row["precision"] + (f" {row['fp8_recipe']}" if row["fp8_recipe"] else "")
+        print(f"{row['name']:30} {row['layer_spec']:5} {prec:14} {row['attention_backend']:8} {st:8.1f} {pst:7.1f} "
+              f"{base._err(pst, st):>7} | {tf:6.1f} {ptf:6.1f} | {mem:7.2f} {pmem:6.2f} {base._err(pmem, mem):>7}")
+        out.append({"name": row["name"], "step_time_ms": st, "pred_step_time_ms": pst, "peak_allocated_gib": mem,
+                    "pred_peak_memory_gib": pmem})
+    errs = [abs(r["pred_step_time_ms"] - r["step_time_ms"]) / r["step_time_ms"] for r in out]
+    merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
+    print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
+          f"over {len(out)} runs (1 H200)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write-tsv", metavar="LOGDIR", type=Path, help="rebuild the TSV from recipes.mcore logs")
+    ap.add_argument("--tsv", type=Path, default=TSV)
+    args = ap.parse_args(argv)
+    if args.write_tsv:
+        rows = write_tsv(args.write_tsv, args.tsv)
+        print(f"wrote {len(rows)} rows to {args.tsv}")
+    report(base.read_tsv(args.tsv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
