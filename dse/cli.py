@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from dse.errors import UserError
+from dse.errors import InfrastructureError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Design-space exploration for NeMo / Megatron training recipes.")
@@ -32,6 +32,10 @@ def user_errors(fn: Callable) -> Callable:
         except UserError as e:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
+            err_console.print(f"[bold red]error:[/] {e}; nothing was recorded for the trial in flight "
+                              "(dse run --resume runs it again)", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 

@@ -28,7 +28,15 @@ import optuna
 from optuna.distributions import CategoricalDistribution, distribution_to_json
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from dse.errors import UserError
+from sqlalchemy.exc import SQLAlchemyError
+
+from dse.errors import InfrastructureError, UserError
+
+
+def _one_line(e: BaseException) -> str:
+    """The first line of an exception's message (SQLAlchemy's carry the SQL and a link on further lines)."""
+    text = str(getattr(e, "orig", None) or e)
+    return text.splitlines()[0] if text else type(e).__name__
 
 INTERRUPTED = "interrupted"
 
@@ -84,6 +92,7 @@ class Store:
         self.study = optuna.create_study(storage=self.storage, study_name=study_name, direction="maximize",
                                          load_if_exists=True)
         self._pending: list[TrialRecord] = []
+        self.closed = False
         self._flushed_at = time.monotonic()
         self._count = self._stored_count()
 
@@ -118,20 +127,31 @@ class Store:
     def flush(self) -> None:
         if not self._pending:
             return
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            self._flush_rdb(self._pending)
-        else:
-            for rec in self._pending:
-                self.study.add_trial(self._frozen(rec))
+        try:
+            if isinstance(self.storage, optuna.storages.RDBStorage):
+                self._flush_rdb(self._pending)
+            else:
+                for rec in self._pending:
+                    self.study.add_trial(self._frozen(rec))
+        except (OSError, SQLAlchemyError) as e:
+            # the store cannot be written (disk full, read-only, database gone): dse's failure, not a trial's;
+            # these trials are not recorded and --resume runs them again
+            self._pending = []
+            raise InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}") from None
         self._count += len(self._pending)
         self._pending = []
         self._flushed_at = time.monotonic()
 
     def close(self) -> None:
-        self.flush()
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            self.storage.remove_session()
-            self.storage.engine.dispose()
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.flush()
+        finally:
+            if isinstance(self.storage, optuna.storages.RDBStorage):
+                self.storage.remove_session()
+                self.storage.engine.dispose()
 
     def _attrs(self, rec: TrialRecord) -> dict[str, Any]:
         return {"status": rec.status, "reason": rec.reason, "reward": rec.reward, "run_dir": rec.run_dir,

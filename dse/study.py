@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from gymnasium import spaces
+from sqlalchemy.exc import SQLAlchemyError
 
 from agents.base import agent_class, load_agents, make_agent
 from dse import constraints
 from dse import registry as reg
 from dse.backends import Backend, load_backends
 from dse.best import write_best
-from dse.errors import UserError, did_you_mean
+from dse.errors import InfrastructureError, UserError, did_you_mean, infrastructure
 from dse.forecast import model_forecaster
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
@@ -220,10 +221,27 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             new += 1
             if on_trial:
                 on_trial(rec, done, total)
+    except InfrastructureError:
+        # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again);
+        # what finished before it is kept if the store still can be written, and nothing else is attempted
+        try:
+            store.close()
+        except (InfrastructureError, OSError, SQLAlchemyError):
+            pass
+        raise
     finally:
-        store.flush()
-        records = store.records()
-        store.close()
-        lb = write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
+        if not store.closed:
+            store.flush()
+            records = store.records()
+            store.close()
+            lb = _write_leaderboard(records, space, out)
     write_best(space, records, out)  # only when the loop ended normally
     return StudyResult(out, records, new, lb, stop_reason)
+
+
+def _write_leaderboard(records, space: Space, out: Path) -> Path:
+    try:
+        return write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
+    except OSError as e:
+        raise infrastructure(e, f"cannot write {out / LEADERBOARD}") or InfrastructureError(
+            f"cannot write {out / LEADERBOARD}: {e}") from None

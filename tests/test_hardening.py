@@ -203,3 +203,64 @@ def test_a_system_path_is_spelled_with_a_slash_or_toml(tmp_path):
     (tmp_path / "mine.toml").write_text('gpu = "h200"\n')
     assert load_system(tmp_path / "mine.toml").gpu == "h200"
     assert load_system("h100").gpu == "h100"
+
+
+# -- 5. dse's own I/O errors stop the study; nothing is recorded for that trial; --resume runs it -----------
+def _full_disk_after(monkeypatch, n):
+    """Fault injection at the simulated backend's log write: the (n+1)-th log write finds the disk full."""
+    import errno
+
+    import dse.backends.sim as sim
+
+    real, calls = sim.write_log, {"n": 0}
+
+    def write_log(run, fh):
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise OSError(errno.ENOSPC, "No space left on device", fh.name)
+        return real(run, fh)
+
+    monkeypatch.setattr(sim, "write_log", write_log)
+
+
+def test_a_full_disk_stops_the_study_and_resume_reruns_the_trial(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+    from dse.study import open_store
+
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    _full_disk_after(monkeypatch, 5)
+    r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "--resume" in lines[0], r.output
+    store, _ = open_store(out)
+    records = store.records()
+    store.close()
+    assert len(records) == 5 and not any("OSError" in (x.reason or "") for x in records)
+    monkeypatch.undo()
+    r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(out), "--resume"])
+    assert r.exit_code == 0, r.output
+    store, _ = open_store(out)
+    records = store.records()
+    store.close()
+    fresh = tmp_path / "fresh"
+    assert CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(fresh)]).exit_code == 0
+    ref, _ = open_store(fresh)
+    expected = ref.records()
+    ref.close()
+    assert [(x.knobs, x.status) for x in records] == [(x.knobs, x.status) for x in expected]
+    assert not any("OSError" in (x.reason or "") for x in records)
+
+
+def test_an_unwritable_store_is_infrastructure_not_a_trial(tmp_path):
+    from dse.errors import InfrastructureError
+    from dse.store import Store, TrialRecord
+
+    store = Store(f"sqlite:///{tmp_path / 'x.db'}", "s", {"tp": [1, 2]}, batch_size=1)
+    (tmp_path / "x.db").unlink()  # the database is gone under the running study
+    with pytest.raises(InfrastructureError, match="cannot write the study"):
+        store.record(TrialRecord(number=0, knobs={"tp": 1}, status="ok", reward=1.0))
+    store.close()
