@@ -102,9 +102,9 @@ class System(_Strict):
 
     name: str
     gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
-    gpus_per_node: int = Field(8, ge=1)
-    nvlink_domain: int = Field(8, ge=1, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
-    scaleout_gbps: float = Field(400.0, gt=0, description="scale-out network bandwidth per GPU, Gb/s")
+    gpus_per_node: int = Field(8, ge=1, le=1024)
+    nvlink_domain: int = Field(8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
+    scaleout_gbps: float = Field(400.0, gt=0, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s")
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
     startup_s: float = Field(300.0, ge=0, description="a job's start-up before its first step (container, "
                              "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it")
@@ -122,7 +122,7 @@ class System(_Strict):
 class Objective(_Strict):
     metric: Literal["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s"] = "tflops_per_gpu"
     direction: Literal["maximize", "minimize"] | None = None
-    failure_reward: float | None = None
+    failure_reward: float | None = Field(None, allow_inf_nan=False)  # finite: a reward the agents can rank
 
     @property
     def sense(self) -> str:
@@ -140,8 +140,8 @@ class Search(_Strict):
     agent: str = "optuna"
     sampler: str = "tpe"
     warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
-    trials: int | None = Field(None, ge=1)
-    seed: int = 0
+    trials: int | None = Field(None, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and Optuna's seeds are unsigned 32-bit
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
 
 
@@ -149,7 +149,7 @@ class BackendSettings(_Strict):
     kind: str = "sim"  # a name in the dse.backends registry (checked without importing the backend)
     payload: str = "nemo2"  # one of recipes.contract.PAYLOADS
     flops_convention: Literal["causal", "noncausal"] = "causal"
-    timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
+    timeout_s: float = Field(1800.0, gt=0, le=30 * 86400, allow_inf_nan=False, description="no-progress time after which a run is a timeout")
     # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
     # relative path is relative to the space file
     calibration: str | None = None
@@ -185,7 +185,7 @@ class Space(_Strict):
     name: str
     recipe: str
     system: System
-    num_nodes: int = Field(ge=1)
+    num_nodes: int = Field(ge=1, le=knobs.NODES_MAX)
     settings: dict[str, Any] = Field(default_factory=dict)
     knobs: dict[str, list[Any]] = Field(default_factory=dict)
     objective: Objective = Field(default_factory=Objective)

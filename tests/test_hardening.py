@@ -174,11 +174,14 @@ def test_job_dir_is_refused_before_any_directory_is_made(tmp_path):
 
 
 # -- 4. a name cannot leave its directory -----------------------------------------------------------------
-@pytest.mark.parametrize("name", ["/abs/x", "../../x", "a/b", ".."])
+@pytest.mark.parametrize("name", ["{tmp}/abs", "../../x", "a/b", ".."])
 def test_space_name_cannot_leave_runs(tmp_path, name):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    name = name.format(tmp=tmp_path)
     path = write_space(tmp_path, space_text(**{'name = "small"': f'name = "{name}"'}))
-    one_line_error(dse("run", "--space", path, cwd=tmp_path), "name", "is not a name")
-    assert not (tmp_path / "runs").exists() and not Path("/abs").exists()
+    one_line_error(dse("run", "--space", path, cwd=work), "name", "is not a name")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "space.toml"]
 
 
 @pytest.mark.parametrize("ref", ["..", ".", "h100\n", "h100 "])
@@ -264,3 +267,174 @@ def test_an_unwritable_store_is_infrastructure_not_a_trial(tmp_path):
     with pytest.raises(InfrastructureError, match="cannot write the study"):
         store.record(TrialRecord(number=0, knobs={"tp": 1}, status="ok", reward=1.0))
     store.close()
+
+
+# -- 6-8. resume and storage safety -----------------------------------------------------------------------
+def _run(path, out, *extra):
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    return CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(out), "--agent", "random",
+                                    "--trials", "4", *map(str, extra)])
+
+
+@pytest.mark.parametrize("how", ["deleted", "emptied"])
+def test_resume_without_the_study_database_refuses(tmp_path, how):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    assert _run(path, out).exit_code == 0
+    board = (out / "leaderboard.csv").read_text()
+    if how == "deleted":
+        (out / "study.db").unlink()
+    else:
+        (out / "study.db").write_bytes(b"")
+    r = dse("run", "--space", path, "--out", out, "--resume", "--agent", "random", "--trials", "8")
+    one_line_error(r, "holds no study 'small'", "4 trials ran", "--rebuild")
+    assert (out / "leaderboard.csv").read_text() == board
+    assert not list((out / "trials").glob("*.orphan*"))
+    r = _run(path, out, "--resume", "--rebuild")
+    assert r.exit_code == 0, r.output
+    assert len(list((out / "trials").glob("*.orphan*"))) == 4
+
+
+def test_a_moved_study_reads_and_resumes_its_own_database(tmp_path):
+    from dse.study import open_store
+
+    path = write_space(tmp_path)
+    first = tmp_path / "first"
+    assert _run(path, first).exit_code == 0
+    assert json.loads((first / "dse.json").read_text())["storage"] == "study.db"
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(first, copy)
+    shutil.move(str(first), tmp_path / "moved")
+    r = dse("leaderboard", tmp_path / "moved")
+    assert r.returncode == 0, r.stderr
+    assert _run(path, copy, "--resume", "--trials", "6").exit_code == 0
+    store, _ = open_store(tmp_path / "moved")
+    assert len(store.records()) == 4  # the copy wrote into its own database, not the original's
+    store.close()
+
+
+def test_an_explicit_relative_storage_is_made_absolute_when_given(tmp_path, monkeypatch):
+    path = write_space(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert _run(path, tmp_path / "out", "--storage", "sqlite:///elsewhere.db").exit_code == 0
+    meta = json.loads((tmp_path / "out" / "dse.json").read_text())
+    assert meta["storage"] == f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    monkeypatch.chdir(tmp_path / "out")
+    r = dse("leaderboard", tmp_path / "out", cwd=tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+
+
+def test_reading_a_directory_without_a_database_creates_nothing(tmp_path):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    assert _run(path, out).exit_code == 0
+    (out / "study.db").unlink()
+    for cmd in (["leaderboard", out], ["report", out]):
+        one_line_error(dse(*cmd), "holds no study")
+        assert not (out / "study.db").exists()
+
+
+# -- 11. every number is range-checked --------------------------------------------------------------------
+@pytest.mark.parametrize("repl, field", [
+    (("max_steps = 20", "max_steps = 9223372036854775807"), "settings.max_steps"),
+    (("gbs = 32", "gbs = 1208925819614629174706176"), "settings.gbs"),
+    (("[search]", "[objective.x]\n[search]"), "objective"),
+    (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = nan'), "objective.failure_reward"),
+    (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = inf'), "objective.failure_reward"),
+    (("seed = 0", "seed = -1"), "search.seed"),
+    (("num_nodes = 2", "num_nodes = 10000000"), "num_nodes"),
+    (("[search]", "[backend]\ntimeout_s = inf\n\n[search]"), "backend.timeout_s"),
+])
+def test_numbers_out_of_range_are_one_line_errors(tmp_path, repl, field):
+    path = write_space(tmp_path, SMALL_SPACE.replace(*repl))
+    out = tmp_path / "out"
+    r = dse("run", "--space", path, "--out", out)
+    one_line_error(r, field)
+    assert not out.exists()
+
+
+# -- 12. a huge line costs bounded memory -----------------------------------------------------------------
+def test_a_log_without_newlines_is_parsed_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    from dse.parse import parse_log
+
+    log = tmp_path / "log.txt"
+    line = "Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_timing in s: 2.5 | TFLOPS_per_GPU: 400\n"
+    with open(log, "w") as fh:
+        fh.write("x" * (48 << 20))  # 48 MiB with no newline
+        fh.write("\n")
+        for i in range(10):
+            fh.write(line.format(i=i))
+    tracemalloc.start()
+    m = parse_log(log, exit_code=0)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    assert m.status == "ok" and m.step_time_s == 2.5
+
+
+# -- 13. one line, exit 2, nothing left behind ------------------------------------------------------------
+@pytest.mark.parametrize("agent", ["grid", "random"])
+def test_a_negative_seed_is_a_one_line_error(tmp_path, agent):
+    path = write_space(tmp_path)
+    one_line_error(dse("run", "--space", path, "--out", tmp_path / "o", "--agent", agent, "--seed", "-5"), "--seed")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_seed_error_in_the_space_leaves_no_dse_json(tmp_path):
+    path = write_space(tmp_path, SMALL_SPACE.replace("seed = 0", "seed = -1"))
+    one_line_error(dse("run", "--space", path, "--out", tmp_path / "o"), "search.seed")
+    path = write_space(tmp_path)
+    r = dse("run", "--space", path, "--out", tmp_path / "o", "--agent", "random", "--trials", "2")
+    assert r.returncode == 0, r.stderr
+
+
+def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
+    path = write_space(tmp_path)
+    (tmp_path / "f").write_text("x")
+    one_line_error(dse("run", "--space", path, "--out", tmp_path / "f"), "--out")
+
+
+@pytest.mark.parametrize("url, needle", [
+    ("postgresql://nohost/db", "--storage"),  # no driver installed
+    ("notaurl", "--storage"),
+    ("mysql+nosuchdriver://x/y", "--storage"),
+])
+def test_bad_storage_urls_are_one_line_errors_and_leave_nothing(tmp_path, url, needle):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    one_line_error(dse("run", "--space", path, "--out", out, "--storage", url), needle)
+    assert not out.exists()
+
+
+def test_a_corrupt_database_is_a_one_line_error(tmp_path):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    assert _run(path, out).exit_code == 0
+    (out / "study.db").write_bytes(b"this is not a database" * 100)
+    one_line_error(dse("leaderboard", out), "study.db")
+    one_line_error(dse("run", "--space", path, "--out", out, "--resume"), "study.db")
+
+
+@pytest.mark.parametrize("cmd, flag", [("leaderboard", "--csv"), ("report", "--html")])
+def test_exports_to_a_directory_are_one_line_errors_and_leave_no_tmp(tmp_path, cmd, flag):
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    assert _run(path, out).exit_code == 0
+    target = tmp_path / "dir"
+    target.mkdir()
+    one_line_error(dse(cmd, out, flag, target), flag, "is a directory")
+    assert list(tmp_path.glob(".*.tmp")) == [] and list(target.iterdir()) == []
+
+
+def test_an_out_that_a_script_cannot_carry_fails_before_the_study(tmp_path):
+    path = write_space(tmp_path)
+    out = tmp_path / "a b"
+    one_line_error(dse("run", "--space", path, "--out", out), "--out")
+    assert not out.exists()
