@@ -33,8 +33,8 @@ def user_errors(fn: Callable) -> Callable:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
-            err_console.print(f"[bold red]error:[/] {e}; nothing was recorded for the trial in flight "
-                              "(dse run --resume runs it again)", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {e} (dse run --resume continues the study; a trial in flight "
+                              "was not recorded and runs again)", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper

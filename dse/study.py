@@ -242,8 +242,12 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
     if not resume:
         tmp = out / f".{META}.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, out / META)
+        try:
+            tmp.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp, out / META)
+        except OSError as e:
+            store.close()
+            raise _io_error(e, f"cannot write {out / META}") from None
     be = make_backend(backend_name, space, seed)
     env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
     env.reset(seed=seed)
@@ -298,13 +302,20 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             records = store.records()
             store.close()
             lb = _write_leaderboard(records, space, out)
-    write_best(space, records, out)  # only when the loop ended normally
+    try:
+        write_best(space, records, out)  # only when the loop ended normally
+    except OSError as e:
+        raise _io_error(e, f"cannot write {out / 'best'}") from None
     return StudyResult(out, records, new, lb, stop_reason)
+
+
+def _io_error(e: OSError, what: str) -> InfrastructureError:
+    """dse could not write its own output: never a traceback, never a trial outcome."""
+    return infrastructure(e, what) or InfrastructureError(f"{what}: {e.strerror or e}")
 
 
 def _write_leaderboard(records, space: Space, out: Path) -> Path:
     try:
         return write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
     except OSError as e:
-        raise infrastructure(e, f"cannot write {out / LEADERBOARD}") or InfrastructureError(
-            f"cannot write {out / LEADERBOARD}: {e}") from None
+        raise _io_error(e, f"cannot write {out / LEADERBOARD}") from None

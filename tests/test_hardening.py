@@ -438,3 +438,21 @@ def test_an_out_that_a_script_cannot_carry_fails_before_the_study(tmp_path):
     out = tmp_path / "a b"
     one_line_error(dse("run", "--space", path, "--out", out), "--out")
     assert not out.exists()
+
+
+def test_a_full_disk_when_writing_best_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from typer.testing import CliRunner
+
+    import dse.study as study
+    from dse.cli import app
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(study, "write_best", full)
+    path = write_space(tmp_path)
+    r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "random",
+                                 "--trials", "2"])
+    assert r.exit_code == 1 and "No space left on device" in r.output and "Traceback" not in r.output, r.output
