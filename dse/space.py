@@ -28,6 +28,11 @@ METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 PAYLOADS = contract.PAYLOADS
 
 
+# Values one knob may list. The store keeps each trial's params with Optuna's distributions, which carry the
+# whole list, so a knob of 10^6 values costs megabytes per trial; no real knob has more than a few dozen.
+MAX_VALUES_PER_KNOB = 1024
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -221,6 +226,9 @@ class Space(_Strict):
             knob = knobs.get(name, file=f, field=f"knobs.{name}")
             if not values:
                 raise UserError("empty list; give at least one value", file=f, field=f"knobs.{name}")
+            if len(values) > MAX_VALUES_PER_KNOB:
+                raise UserError(f"{len(values)} values; a knob takes at most {MAX_VALUES_PER_KNOB} (each stored "
+                                "trial carries its knobs' value lists)", file=f, field=f"knobs.{name}")
             seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
             if len(set(map(repr, seen))) != len(seen):
                 raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")

@@ -456,3 +456,15 @@ def test_a_full_disk_when_writing_best_is_one_line(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "random",
                                  "--trials", "2"])
     assert r.exit_code == 1 and "No space left on device" in r.output and "Traceback" not in r.output, r.output
+
+
+# -- 9. a knob's value list is bounded ---------------------------------------------------------------------
+def test_a_knob_with_too_many_values_is_refused(tmp_path):
+    from dse.space import MAX_VALUES_PER_KNOB
+
+    values = ", ".join(str(i) for i in range(1, MAX_VALUES_PER_KNOB + 2))
+    path = write_space(tmp_path, SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{values}]"))
+    one_line_error(dse("validate", path), "knobs.mbs", f"at most {MAX_VALUES_PER_KNOB}")
+    ok = write_space(tmp_path, SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{', '.join(str(i) for i in range(1, 65))}]"),
+                     name="ok.toml")
+    assert dse("validate", ok).returncode == 0
