@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from dse.errors import UserError
+from dse.errors import InfrastructureError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Design-space exploration for NeMo / Megatron training recipes.")
@@ -32,6 +32,10 @@ def user_errors(fn: Callable) -> Callable:
         except UserError as e:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
+            err_console.print(f"[bold red]error:[/] {e} (dse run --resume continues the study; a trial in flight "
+                              "was not recorded and runs again)", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -69,6 +73,8 @@ def run_cmd(
     twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0,
                                             help="simulated backend: measure on the twin truth of this seed "
                                                  "(sets [backend] truth = \"twin\", twin_seed = N)"),
+    rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
+                                 "is empty or gone (the old run directories are set aside)"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -78,19 +84,27 @@ def run_cmd(
 
     space = with_twin(load_space(space_file), twin_seed)
     out_dir = out or Path("runs") / space.name
+    if seed is not None and not 0 <= seed < 2**32:
+        raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
     best = {"reward": None}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[best]}"), console=err_console, transient=False) as progress:
-        task = progress.add_task(f"{space.name}", total=None, best="")
+    # The bar starts with the first trial, so that an error before the study starts is the only line printed.
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("{task.fields[best]}"), console=err_console, transient=False)
+    task = progress.add_task(f"{space.name}", total=None, best="")
 
-        def on_trial(rec, done, budget):
-            if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):
-                best["reward"] = rec.reward
-            progress.update(task, completed=done, total=budget,
-                            best=f"best {space.objective.metric}: {abs(best['reward']):.4g}" if best["reward"] is not None else "")
+    def on_trial(rec, done, budget):
+        if not progress.live.is_started:
+            progress.start()
+        if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):
+            best["reward"] = rec.reward
+        progress.update(task, completed=done, total=budget,
+                        best=f"best {space.objective.metric}: {abs(best['reward']):.4g}" if best["reward"] is not None else "")
 
+    try:
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
-                           backend=backend, resume=resume, storage=storage, on_trial=on_trial)
+                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial)
+    finally:
+        progress.stop()
     _print_summary(result.records, list(space.knobs), top=10)
     if result.stop_reason:
         console.print(result.stop_reason, highlight=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Iterable
 
 
@@ -13,6 +14,28 @@ class UserError(Exception):
         self.file, self.field, self.message = file, field, message
         where = ": ".join(p for p in (file, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class InfrastructureError(Exception):
+    """dse's own machinery failed (writing a run directory, a log, the store: a full disk, a read-only file
+    system), not the trial. It is never recorded as a trial outcome: the study stops with one line, nothing
+    is recorded for the trial in flight, and ``--resume`` runs that trial again. Backends and the trial
+    executor raise it (or let :func:`infrastructure` classify an ``OSError``); the environment re-raises it."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+
+
+# errno values that mean "the machine cannot write", whatever the trial: disk full, quota, read-only, I/O.
+_INFRA_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def infrastructure(e: OSError, what: str) -> InfrastructureError | None:
+    """An :class:`InfrastructureError` for ``e`` when its errno says the machine cannot write; else None."""
+    if e.errno in _INFRA_ERRNOS:
+        return InfrastructureError(f"{what}: {e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)}"
+                                   f"{', ' + str(e.filename) if e.filename else ''})")
+    return None
 
 
 def did_you_mean(value: str, candidates: Iterable[str]) -> str:

@@ -3,7 +3,8 @@
 The one path every caller uses (the Gymnasium environment, and through it the study). It neither numbers
 nor records trials: the caller gives the run directory and keeps the result. A failed run is data (a
 ``RunMetrics`` with a status and a reason), never an exception; only a ``KeyboardInterrupt`` passes through,
-after the run directory has what the backend left.
+after the run directory has what the backend left, and an :class:`dse.errors.InfrastructureError` (dse
+could not write: disk full, read-only), which is no outcome of the trial and must not be recorded as one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from dse.backends.base import Backend
 from dse.calibrate import calibrated_params
-from dse.errors import UserError
+from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
 from dse.parse import ParseContext, RunMetrics, parse_log
 from dse.perfmodel import model_flops_per_step
@@ -52,7 +53,11 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
     study's (the simulated jitter depends on it). Metrics come from this trial's own run directory and
     nowhere else: a reward read from another trial's log stays plausible and silently wrong.
     """
-    prepare_run_dir(run_dir)
+    try:
+        prepare_run_dir(run_dir)
+    except OSError as e:  # the study cannot make run directories: dse's failure, not the trial's
+        raise infrastructure(e, f"cannot make the run directory {run_dir}") or InfrastructureError(
+            f"cannot make the run directory {run_dir}: {e}") from None
     try:
         plan = build_plan(trial, payload=settings.payload, seed=seed, flops_convention=settings.flops_convention,
                           simulated=backend.simulated, params=calibrated_params(settings.calibration))
@@ -61,8 +66,13 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
     t0 = time.monotonic()
     try:
         result = backend.run(plan, run_dir)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, InfrastructureError):
         raise
+    except OSError as e:  # disk full, read-only: dse's machinery failed, not the trial
+        infra = infrastructure(e, f"backend {backend.name} could not write in {run_dir}")
+        if infra is not None:
+            raise infra from None
+        return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}")
     except Exception as e:  # a failed trial is data: record it, keep the study going
         return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}",
                           wall_s=time.monotonic() - t0)

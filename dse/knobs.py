@@ -19,9 +19,38 @@ from recipes.models import Recipe
 from recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
 
 ENV_PREFIX = "env."
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # full match: "FOO\n" is not a name
 # Values that reach a shell are validated against this before quoting (belt and braces).
-_ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+\-]*$")
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=/+\-]*")
+
+# Environment variables that decide which program, library or startup code runs (the dynamic loader's,
+# the shells', Python's and a few runtimes'), so a space that sets one could run anything. A space may set
+# one only when it lists it in ``[backend] allow_env``.
+_PROTECTED_ENV = {
+    "PATH": "selects which programs run",
+    "BASH_ENV": "bash runs that file at start", "ENV": "sh runs that file at start",
+    "SHELLOPTS": "changes how bash runs scripts", "BASHOPTS": "changes how bash runs scripts",
+    "IFS": "changes how the shell splits words", "PS4": "bash expands it for each traced line",
+    "PROMPT_COMMAND": "bash runs it", "CDPATH": "changes where cd goes", "GLOBIGNORE": "changes shell globbing",
+    "PYTHONPATH": "selects which Python modules are imported", "PYTHONHOME": "selects the Python installation",
+    "PYTHONSTARTUP": "Python runs that file", "PYTHONUSERBASE": "selects which Python modules are imported",
+    "PYTHONSAFEPATH": "changes which Python modules are imported", "PYTHONINSPECT": "changes what Python runs",
+    "PYTHONEXECUTABLE": "changes which Python runs", "PYTHONBREAKPOINT": "selects code Python runs",
+    "PYTHONWARNINGS": "imports the warning categories it names",
+    "PERL5LIB": "selects which Perl modules load", "PERL5OPT": "adds Perl options",
+    "NODE_OPTIONS": "adds Node.js options", "RUBYOPT": "adds Ruby options",
+    "LD_PRELOAD": "loads that library into every program", "LD_LIBRARY_PATH": "selects which libraries load",
+    "LD_AUDIT": "loads that library into every program", "HOME": "changes where startup files are read",
+}
+_PROTECTED_PREFIXES = {"LD_": "configures the dynamic loader", "DYLD_": "configures the dynamic loader",
+                       "BASH_FUNC_": "defines a bash function", "GCONV_": "selects which libraries load"}
+
+
+def protected_env(name: str) -> str | None:
+    """Why setting environment variable ``name`` could change which program or library runs, or None."""
+    if name in _PROTECTED_ENV:
+        return _PROTECTED_ENV[name]
+    return next((why for p, why in _PROTECTED_PREFIXES.items() if name.startswith(p)), None)
 
 
 @dataclass(frozen=True)
@@ -41,6 +70,7 @@ class Knob:
     help: str
     default: Any = None
     minimum: int | None = None
+    maximum: int | None = None  # every int knob has one: a value past it only makes a trial absurdly long
     choices: tuple[str, ...] = ()
     nemo2: tuple[str, ...] = ()
     mbridge: tuple[str, ...] = ()
@@ -57,6 +87,9 @@ class Knob:
             if self.minimum is not None and value < self.minimum:
                 raise UserError(f"{value} is out of range; {self.name} must be >= {self.minimum}",
                                 file=file, field=field)
+            if self.maximum is not None and value > self.maximum:
+                raise UserError(f"{value} is out of range; {self.name} must be <= {self.maximum}",
+                                file=file, field=field)
             return value
         if self.kind == "bool":
             if not isinstance(value, bool):
@@ -69,15 +102,25 @@ class Knob:
             return value
         # str (environment values): the characters that can never start a shell expansion
         text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-        if not isinstance(text, str) or not _ENV_VALUE.match(text):
+        if not isinstance(text, str) or not _ENV_VALUE.fullmatch(text):
             raise UserError(f"{value!r} is not allowed; {self.name} takes letters, digits and _.,:=/+-",
                             file=file, field=field)
         return text
 
 
-def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge=(), layout=True) -> Knob:
-    return Knob(name, "int", help, default, minimum=minimum, nemo2=tuple(nemo2), mbridge=tuple(mbridge),
-                layout=layout)
+# Upper bounds of the int knobs: far beyond any real job (the largest runs have ~10^5 GPUs, ~10^3 layers,
+# contexts of ~10^6 tokens), low enough that no value makes a simulated log or a step time unbounded.
+PARALLEL_MAX = 2**16
+BATCH_MAX = 2**24
+LAYERS_MAX = 10_000
+NODES_MAX = 100_000
+STEPS_MAX = 1_000_000
+
+
+def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge=(), layout=True,
+         maximum: int = PARALLEL_MAX) -> Knob:
+    return Knob(name, "int", help, default, minimum=minimum, maximum=maximum, nemo2=tuple(nemo2),
+                mbridge=tuple(mbridge), layout=layout)
 
 
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -98,12 +141,13 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     Knob("sp", "bool", "sequence parallelism (default: on when tp > 1)", None,
          nemo2=(_S + "sequence_parallel",), mbridge=("model.sequence_parallel",)),
     _int("mbs", "micro-batch size", 1, nemo2=["data.micro_batch_size"], mbridge=["train.micro_batch_size"]),
-    _int("gbs", "global batch size", 128, nemo2=["data.global_batch_size"], mbridge=["train.global_batch_size"]),
-    _int("seq_length", "sequence length", 8192, minimum=2, nemo2=["data.seq_length", "model.config.seq_length"],
+    _int("gbs", "global batch size", 128, maximum=BATCH_MAX, nemo2=["data.global_batch_size"], mbridge=["train.global_batch_size"]),
+    _int("seq_length", "sequence length", 8192, minimum=2, maximum=BATCH_MAX, nemo2=["data.seq_length", "model.config.seq_length"],
          mbridge=["model.seq_length", "dataset.sequence_length"]),
     Knob("recompute", "choice", "activation recompute", "none", choices=("none", "selective", "full"),
          nemo2=("model.config.recompute_granularity",), mbridge=("model.recompute_granularity",)),
     _int("recompute_num_layers", "layers per stage recomputed under full recompute (0 = all)", 0, minimum=0,
+         maximum=LAYERS_MAX,
          nemo2=["model.config.recompute_num_layers"], mbridge=["model.recompute_num_layers"]),
     Knob("precision", "choice", "training precision", "bf16", choices=("bf16", "fp8"),
          nemo2=("trainer.plugins",), mbridge=("mixed_precision",)),
@@ -116,7 +160,7 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
          "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes", None,
          nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap"),
     _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
-         minimum=0, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD]),
+         minimum=0, maximum=LAYERS_MAX, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD]),
     # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
     # or cuDNN fused), unfused is TE's unfused DotProductAttention, local Megatron's own (no TE). NeMo 2: a factory
     # argument, because nemo-run's CLI cannot parse an enum-typed field (model.config.attention_backend=flash
@@ -124,8 +168,8 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     Knob("attention_backend", "choice", "attention kernel (Megatron-Core AttnBackend)", "auto",
          choices=ATTENTION_BACKENDS, nemo2=(), mbridge=("model.attention_backend",),
          nemo2_factory="attention_backend"),
-    _int("num_nodes", "nodes in the job", 1, nemo2=["trainer.num_nodes"], mbridge=[], layout=True),
-    _int("max_steps", "training steps per trial", 50, nemo2=["trainer.max_steps"], mbridge=["train.train_iters"],
+    _int("num_nodes", "nodes in the job", 1, maximum=NODES_MAX, nemo2=["trainer.num_nodes"], mbridge=[], layout=True),
+    _int("max_steps", "training steps per trial", 50, maximum=STEPS_MAX, nemo2=["trainer.max_steps"], mbridge=["train.train_iters"],
          layout=False),
 )}
 
@@ -140,7 +184,7 @@ def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob
     """The knob called ``name`` (``env.NAME`` for environment knobs); unknown names are a :class:`UserError`."""
     if is_env(name):
         var = name[len(ENV_PREFIX):]
-        if not _ENV_NAME.match(var):
+        if not _ENV_NAME.fullmatch(var):
             raise UserError(f"{var!r} is not an environment variable name (A-Z, 0-9, _)", file=file, field=field or name)
         return Knob(name, "str", ENV_KNOB.help, layout=False)
     try:

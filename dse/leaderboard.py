@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dse.errors import UserError, infrastructure
 from dse.store import TrialRecord
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
@@ -39,9 +40,13 @@ def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataF
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
     """Write atomically (a temp file renamed into place), so a reader never sees half a table."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(path)
+    tmp = checked_output(path, "--csv")
+    try:
+        df.to_csv(tmp, index=False)
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise output_error(e, path, "--csv") from None
     return path
 
 
@@ -56,3 +61,19 @@ def gpu_hours(records: Sequence[TrialRecord]) -> tuple[float, float | None]:
         return spent, None
     best = max(ok, key=lambda r: (r.reward, -r.number))
     return spent, sum(r.gpu_hours or 0.0 for r in ordered if r.number <= best.number)
+
+
+def checked_output(path: Path, field: str) -> Path:
+    """The temporary file beside ``path`` that an atomic write goes through; a :class:`UserError` when
+    ``path`` is a directory or its folder does not exist (nothing is written then)."""
+    if path.is_dir():
+        raise UserError("is a directory; give a file name", file=str(path), field=field)
+    if not path.parent.is_dir():
+        raise UserError("its folder does not exist", file=str(path), field=field)
+    return path.with_name(f".{path.name}.tmp")
+
+
+def output_error(e: OSError, path: Path, field: str) -> Exception:
+    """A full disk is dse's trouble (:class:`InfrastructureError`); anything else the user's choice of path."""
+    return infrastructure(e, f"cannot write {path}") or UserError(f"cannot write: {e.strerror or e}",
+                                                                  file=str(path), field=field)

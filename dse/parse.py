@@ -276,9 +276,19 @@ def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterator[str], st
     return _split_cr(source), None
 
 
+MAX_LINE = 1 << 20  # characters of one line that are read; the rest of a longer line is skipped unread
+
+
 def _iter_file(fh) -> Iterator[str]:
+    """The file's lines, each at most :data:`MAX_LINE` characters: a log with no newline (a binary dump,
+    a runaway progress bar) is read in bounded chunks, so memory stays bounded whatever the file."""
     with fh:
-        yield from fh
+        readline = fh.readline
+        while line := readline(MAX_LINE):
+            yield line
+            if len(line) == MAX_LINE and not line.endswith("\n"):
+                while (rest := readline(MAX_LINE)) and not rest.endswith("\n"):
+                    pass  # the tail of an overlong line: no progress record is that long
 
 
 def _split_cr(lines: Iterable[str]) -> Iterator[str]:

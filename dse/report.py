@@ -81,8 +81,15 @@ def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_
 
 
 def write(records: Sequence[TrialRecord], meta: dict, path: str | Path, *, metric: str = "tflops_per_gpu") -> Path:
+    from dse.leaderboard import checked_output, output_error
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(records, meta, metric=metric), encoding="utf-8")
-    tmp.replace(path)
+    tmp = checked_output(path, "--html")
+    text = render(records, meta, metric=metric)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise output_error(e, path, "--html") from None
     return path

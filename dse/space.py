@@ -8,6 +8,7 @@ node, NVLink domain, scale-out bandwidth, and the Slurm fields used to launch th
 from __future__ import annotations
 
 import itertools
+import re
 import math
 import tomllib
 from pathlib import Path
@@ -27,8 +28,44 @@ METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 PAYLOADS = contract.PAYLOADS
 
 
+# Values one knob may list. The store keeps each trial's params with Optuna's distributions, which carry the
+# whole list, so a knob of 10^6 values costs megabytes per trial; no real knob has more than a few dozen.
+MAX_VALUES_PER_KNOB = 1024
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# A name (of a space, a system) is a name: it becomes a directory under runs/ and words in generated
+# scripts' comments, so it may not carry a path separator, a newline or shell syntax. Full match.
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+NAME_RULE = "letters, digits and _.- (not only dots)"
+
+
+def check_name(v: str) -> str:
+    if not isinstance(v, str) or not NAME_RE.fullmatch(v) or set(v) == {"."}:
+        raise ValueError(f"{v!r} is not a name; use {NAME_RULE}")
+    return v
+
+
+# What a system file may put into an sbatch script (checked when the file is read, so `dse validate` and
+# `dse run` refuse the same values before anything is written; the script writers quote them as well).
+SLURM_NAME = r"[A-Za-z0-9_.,\-]*"
+SLURM_TIME = r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE"
+SLURM_IMAGE = r"[A-Za-z0-9][A-Za-z0-9_.:/#@+\-]*"  # never a leading '#': that would comment the srun line out
+SLURM_MOUNT = r"[A-Za-z0-9_.:/+@=,\-]+"
+SLURM_SRUN_ARG = r"--?[A-Za-z][A-Za-z0-9_\-]*(=[A-Za-z0-9_.,:/+@=\-]*)?"
+SLURM_PATH = r"/?[A-Za-z0-9_.,:+@=\-]+(/[A-Za-z0-9_.,:+@=\-]+)*/?"  # no '%': Slurm expands %j, %u, ...
+_SLURM_RULES = {
+    "partition": (SLURM_NAME, "letters, digits and _.,-"),
+    "account": (SLURM_NAME, "letters, digits and _.,-"),
+    "time_limit": (SLURM_TIME, "a Slurm time: MM, HH:MM:SS or D-HH:MM:SS"),
+    "container_image": (SLURM_IMAGE + "|", "an image reference such as nvcr.io#nvidia/nemo:25.09 (not starting with #)"),
+    "container_mounts": (SLURM_MOUNT, "src:dst[:flags] paths"),
+    "srun_args": (SLURM_SRUN_ARG, "options such as --mpi=pmix"),
+    "job_dir": (SLURM_PATH + "|", "a path of letters, digits and _.,:+@=- (no % patterns)"),
+}
 
 
 class SlurmSettings(_Strict):
@@ -45,15 +82,34 @@ class SlurmSettings(_Strict):
     srun_args: list[str] = Field(default_factory=list)
     job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
 
+    @field_validator("partition", "account", "time_limit", "container_image", "container_mounts", "srun_args",
+                     "job_dir")
+    @classmethod
+    def _safe_fields(cls, v: Any, info) -> Any:
+        pattern, what = _SLURM_RULES[info.field_name]
+        for item in (v if isinstance(v, list) else [v]):
+            if not re.fullmatch(pattern, item):
+                raise ValueError(f"{item!r} is not allowed; use {what}")
+        return v
+
+    def exported_names(self) -> list[str]:
+        """Environment names that ``srun_args``' ``--export=...`` would set (``ALL``/``NONE`` aside)."""
+        names = []
+        for a in self.srun_args:
+            opt, eq, val = a.partition("=")
+            if opt == "--export" and eq:
+                names += [item.partition("=")[0] for item in val.split(",") if item not in ("ALL", "NONE", "NIL")]
+        return names
+
 
 class System(_Strict):
     """A cluster: one GPU generation, uniform nodes."""
 
     name: str
     gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
-    gpus_per_node: int = Field(8, ge=1)
-    nvlink_domain: int = Field(8, ge=1, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
-    scaleout_gbps: float = Field(400.0, gt=0, description="scale-out network bandwidth per GPU, Gb/s")
+    gpus_per_node: int = Field(8, ge=1, le=1024)
+    nvlink_domain: int = Field(8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
+    scaleout_gbps: float = Field(400.0, gt=0, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s")
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
     startup_s: float = Field(300.0, ge=0, description="a job's start-up before its first step (container, "
                              "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it")
@@ -65,12 +121,13 @@ class System(_Strict):
         if v not in GPU_NAMES:
             raise ValueError(f"unknown GPU generation {v!r}{did_you_mean(str(v), GPU_NAMES)}; known: {', '.join(GPU_NAMES)}")
         return v
+    _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
 
 
 class Objective(_Strict):
     metric: Literal["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s"] = "tflops_per_gpu"
     direction: Literal["maximize", "minimize"] | None = None
-    failure_reward: float | None = None
+    failure_reward: float | None = Field(None, allow_inf_nan=False)  # finite: a reward the agents can rank
 
     @property
     def sense(self) -> str:
@@ -88,8 +145,8 @@ class Search(_Strict):
     agent: str = "optuna"
     sampler: str = "tpe"
     warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
-    trials: int | None = Field(None, ge=1)
-    seed: int = 0
+    trials: int | None = Field(None, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and Optuna's seeds are unsigned 32-bit
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
 
 
@@ -97,7 +154,7 @@ class BackendSettings(_Strict):
     kind: str = "sim"  # a name in the dse.backends registry (checked without importing the backend)
     payload: str = "nemo2"  # one of recipes.contract.PAYLOADS
     flops_convention: Literal["causal", "noncausal"] = "causal"
-    timeout_s: float = Field(1800.0, gt=0, description="no-progress time after which a run is a timeout")
+    timeout_s: float = Field(1800.0, gt=0, le=30 * 86400, allow_inf_nan=False, description="no-progress time after which a run is a timeout")
     # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
     # relative path is relative to the space file
     calibration: str | None = None
@@ -106,6 +163,8 @@ class BackendSettings(_Strict):
     # so that a search is judged against a truth that is not its model
     truth: Literal["exact", "twin"] = "exact"
     twin_seed: int = Field(0, ge=0)
+    allow_env: list[str] = Field(default_factory=list, description="protected environment names the space may "
+                                 "set (LD_PRELOAD, PATH, PYTHONPATH...): an explicit opt-in")
 
     @field_validator("payload")
     @classmethod
@@ -131,7 +190,7 @@ class Space(_Strict):
     name: str
     recipe: str
     system: System
-    num_nodes: int = Field(ge=1)
+    num_nodes: int = Field(ge=1, le=knobs.NODES_MAX)
     settings: dict[str, Any] = Field(default_factory=dict)
     knobs: dict[str, list[Any]] = Field(default_factory=dict)
     objective: Objective = Field(default_factory=Objective)
@@ -149,6 +208,7 @@ class Space(_Strict):
             if isinstance(cal, str) and not Path(cal).is_absolute() and src.is_file():
                 data = {**data, "backend": {**data["backend"], "calibration": str(src.parent / cal)}}
         return data
+    _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
 
     @field_validator("recipe")
     @classmethod
@@ -166,6 +226,9 @@ class Space(_Strict):
             knob = knobs.get(name, file=f, field=f"knobs.{name}")
             if not values:
                 raise UserError("empty list; give at least one value", file=f, field=f"knobs.{name}")
+            if len(values) > MAX_VALUES_PER_KNOB:
+                raise UserError(f"{len(values)} values; a knob takes at most {MAX_VALUES_PER_KNOB} (each stored "
+                                "trial carries its knobs' value lists)", file=f, field=f"knobs.{name}")
             seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
             if len(set(map(repr, seen))) != len(seen):
                 raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")
@@ -180,6 +243,15 @@ class Space(_Strict):
                 load_calibration(self.backend.calibration, gpu=self.system.gpu)
             except UserError as e:
                 raise UserError(str(e), file=f, field="backend.calibration") from None
+        allowed = set(self.backend.allow_env)
+        env_names = [(f"{part}.{n}", n[len(knobs.ENV_PREFIX):]) for part, names in
+                     (("settings", self.settings), ("knobs", self.knobs)) for n in names if knobs.is_env(n)]
+        env_names += [("system.slurm.srun_args", n) for n in self.system.slurm.exported_names()]
+        for field, var in env_names:
+            why = knobs.protected_env(var)
+            if why and var not in allowed:
+                raise UserError(f"{var} {why}, so a space may set it only by opting in: "
+                                f'[backend] allow_env = ["{var}"]', file=f, field=field)
         if "num_nodes" in self.settings:
             raise UserError("set num_nodes at the top level of the space, not in [settings]",
                             file=f, field="settings.num_nodes")
@@ -245,13 +317,17 @@ def load_system(ref: str | Path | dict[str, Any], *, file: str | None = None) ->
             return System.model_validate({"name": "inline", **ref})
         except ValidationError as e:
             raise _first_error(e, file or "<inline>", "system.") from None
-    path = Path(ref)
-    if not path.suffix:
+    # A path is a path (spelled with '/' or ending in .toml); anything else is a name in conf/systems/, and
+    # a name cannot climb out of it ("../../x" is neither).
+    ref = str(ref)
+    if "/" in ref or ref.endswith(".toml"):
+        path = Path(ref)
+    else:
+        known = sorted(p.stem for p in SYSTEMS_DIR.glob("*.toml"))
         path = SYSTEMS_DIR / f"{ref}.toml"
-        if not path.exists():
-            known = sorted(p.stem for p in SYSTEMS_DIR.glob("*.toml"))
-            raise UserError(f"unknown system {str(ref)!r}{did_you_mean(str(ref), known)}; known: {', '.join(known)}",
-                            file=file, field="system")
+        if not NAME_RE.fullmatch(ref) or set(ref) == {"."} or not path.is_file():
+            raise UserError(f"unknown system {ref!r}{did_you_mean(ref, known)}; known: {', '.join(known)} "
+                            "(or a path to a system file, with / or .toml)", file=file, field="system")
     data = _read_toml(path)
     data.setdefault("name", path.stem)
     try:

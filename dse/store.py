@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import math
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,15 @@ import optuna
 from optuna.distributions import CategoricalDistribution, distribution_to_json
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from dse.errors import UserError
+from sqlalchemy.exc import SQLAlchemyError
+
+from dse.errors import InfrastructureError, UserError
+
+
+def _one_line(e: BaseException) -> str:
+    """The first line of an exception's message (SQLAlchemy's carry the SQL and a link on further lines)."""
+    text = str(getattr(e, "orig", None) or e)
+    return text.splitlines()[0] if text else type(e).__name__
 
 INTERRUPTED = "interrupted"
 
@@ -57,12 +66,59 @@ class TrialRecord:
         return self.status == "failed" and self.reason == INTERRUPTED
 
 
-def _open_storage(url: str) -> optuna.storages.BaseStorage:
-    if url.endswith(".log") and "://" not in url:
-        from optuna.storages.journal import JournalFileBackend
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///FILE`` URL (None for other URLs and in-memory SQLite)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    rest = url[len("sqlite:///"):].partition("?")[0]
+    return Path(rest) if rest and rest != ":memory:" else None
 
-        return optuna.storages.JournalStorage(JournalFileBackend(url))
-    return optuna.storages.RDBStorage(url)
+
+def check_url(url: str, *, field: str = "--storage") -> str:
+    """``url`` if it names a storage dse can open (a journal file ``*.log`` or a SQLAlchemy URL whose driver
+    is installed), else a one-line :class:`UserError`. Connects to nothing and writes nothing."""
+    if "://" not in url:
+        if url.endswith(".log"):
+            return url
+        raise UserError(f"{url!r} is not a storage URL (e.g. sqlite:///study.db, postgresql://host/db, or a "
+                        "journal file NAME.log)", field=field)
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(url).get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
+    except Exception as e:  # ArgumentError, NoSuchModuleError, ImportError: all mean "cannot use this URL"
+        raise UserError(f"cannot use storage {url!r}: {_one_line(e)}", field=field) from None
+    return url
+
+
+def exists(url: str, study_name: str) -> bool:
+    """Whether ``url`` holds the study ``study_name``; reading only: a missing SQLite file is not created."""
+    path = sqlite_path(url)
+    if path is not None and (not path.is_file() or path.stat().st_size == 0):
+        return False
+    if "://" not in url and not Path(url).is_file():
+        return False
+    storage = _open_storage(url)
+    try:
+        return study_name in {s.study_name for s in storage.get_all_studies()}
+    except (SQLAlchemyError, OSError, ValueError) as e:
+        raise UserError(f"cannot read the study database: {_one_line(e)}", file=str(path or url)) from None
+    finally:
+        if isinstance(storage, optuna.storages.RDBStorage):
+            storage.remove_session()
+            storage.engine.dispose()
+
+
+def _open_storage(url: str) -> optuna.storages.BaseStorage:
+    try:
+        if url.endswith(".log") and "://" not in url:
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(url))
+        return optuna.storages.RDBStorage(url)
+    except (ImportError, SQLAlchemyError, ValueError, OSError) as e:
+        # a corrupt file ("file is not a database"), an unreachable server, a missing driver
+        raise UserError(f"cannot open storage {url}: {_one_line(e)}", field="--storage") from None
 
 
 class Store:
@@ -75,7 +131,10 @@ class Store:
         self.storage = _open_storage(url)
         self.distributions = {k: CategoricalDistribution(list(v)) for k, v in knob_values.items()}
         # get_all_studies, not get_all_study_summaries: the summaries read every trial for the best one
-        exists = study_name in {s.study_name for s in self.storage.get_all_studies()}
+        try:
+            exists = study_name in {s.study_name for s in self.storage.get_all_studies()}
+        except (SQLAlchemyError, ValueError) as e:
+            raise UserError(f"cannot read the study database: {_one_line(e)}", file=url) from None
         if exists and create and not resume:
             raise UserError(f"study {study_name!r} already has trials here; pass --resume to continue it or "
                             "--out another directory", field="--out")
@@ -84,6 +143,7 @@ class Store:
         self.study = optuna.create_study(storage=self.storage, study_name=study_name, direction="maximize",
                                          load_if_exists=True)
         self._pending: list[TrialRecord] = []
+        self.closed = False
         self._flushed_at = time.monotonic()
         self._count = self._stored_count()
 
@@ -118,20 +178,31 @@ class Store:
     def flush(self) -> None:
         if not self._pending:
             return
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            self._flush_rdb(self._pending)
-        else:
-            for rec in self._pending:
-                self.study.add_trial(self._frozen(rec))
+        try:
+            if isinstance(self.storage, optuna.storages.RDBStorage):
+                self._flush_rdb(self._pending)
+            else:
+                for rec in self._pending:
+                    self.study.add_trial(self._frozen(rec))
+        except (OSError, SQLAlchemyError) as e:
+            # the store cannot be written (disk full, read-only, database gone): dse's failure, not a trial's;
+            # these trials are not recorded and --resume runs them again
+            self._pending = []
+            raise InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}") from None
         self._count += len(self._pending)
         self._pending = []
         self._flushed_at = time.monotonic()
 
     def close(self) -> None:
-        self.flush()
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            self.storage.remove_session()
-            self.storage.engine.dispose()
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.flush()
+        finally:
+            if isinstance(self.storage, optuna.storages.RDBStorage):
+                self.storage.remove_session()
+                self.storage.engine.dispose()
 
     def _attrs(self, rec: TrialRecord) -> dict[str, Any]:
         return {"status": rec.status, "reason": rec.reason, "reward": rec.reward, "run_dir": rec.run_dir,

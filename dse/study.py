@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,17 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from gymnasium import spaces
+from sqlalchemy.exc import SQLAlchemyError
 
 from agents.base import agent_class, load_agents, make_agent
 from dse import constraints
 from dse import registry as reg
 from dse.backends import Backend, load_backends
+from dse.backends.scripts import check_path
 from dse.best import write_best
-from dse.errors import UserError, did_you_mean
+from dse.errors import InfrastructureError, UserError, did_you_mean, infrastructure
 from dse.forecast import model_forecaster
 from dse.leaderboard import frame, write_csv
 from dse.space import Space
-from dse.store import INTERRUPTED, Store, TrialRecord
+from dse.store import INTERRUPTED, Store, TrialRecord, check_url, sqlite_path
+from dse.store import exists as study_exists
 from dse.trial import resolve
 from envs.recipe_env import RecipeEnv
 
@@ -58,7 +62,29 @@ def gpu_hours(info: dict[str, Any]) -> float | None:
 
 
 def storage_url(out_dir: Path) -> str:
-    return f"sqlite:///{(out_dir / DB).resolve()}"
+    """The default storage of a study in ``out_dir``: its ``study.db``, wherever the directory is now."""
+    return f"sqlite:///{(Path(out_dir) / DB).resolve()}"
+
+
+def stored_storage(meta_storage: str, out_dir: Path) -> str:
+    """The storage URL that ``dse.json``'s ``storage`` names. The default is written as the bare file name
+    ``study.db`` (relative to the study directory), so a moved or copied study uses its own database; an
+    explicit ``--storage`` was made absolute when it was given and is used as written."""
+    if meta_storage == DB:
+        return storage_url(out_dir)
+    return meta_storage
+
+
+def absolute_storage(url: str) -> str:
+    """``--storage`` as given, with a relative SQLite or journal file made absolute now (a relative path
+    would otherwise name a different file from every other working directory)."""
+    check_url(url)
+    path = sqlite_path(url)
+    if path is not None and not path.is_absolute():
+        return "sqlite:///" + str(path.resolve()) + (("?" + url.partition("?")[2]) if "?" in url else "")
+    if "://" not in url:
+        return str(Path(url).resolve())
+    return url
 
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:
@@ -122,17 +148,29 @@ def read_meta(out_dir: Path) -> dict[str, Any]:
 
 
 def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
+    """The study of ``out_dir`` for reading (leaderboard, report); never creates a database."""
     meta = read_meta(out_dir)
-    store = Store(meta["storage"], meta["study_name"], meta["knobs"], create=False)
+    url = stored_storage(meta["storage"], Path(out_dir))
+    if not study_exists(url, meta["study_name"]):
+        raise UserError(f"holds no study {meta['study_name']!r} ({_ran(Path(out_dir))} run directories)",
+                        file=str(sqlite_path(url) or url))
+    store = Store(url, meta["study_name"], meta["knobs"], create=False)
     return store, meta
+
+
+def _ran(out_dir: Path) -> int:
+    """How many trials' run directories ``out_dir`` holds."""
+    d = Path(out_dir) / "trials"
+    return sum(1 for p in d.iterdir() if p.is_dir() and p.name.isdigit()) if d.is_dir() else 0
 
 
 def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sampler: str | None = None,
               trials: int | None = None, seed: int | None = None, backend: str | None = None,
-              resume: bool = False, storage: str | None = None,
+              resume: bool = False, storage: str | None = None, rebuild: bool = False,
               on_trial: Callable[[TrialRecord, int, int | None], None] | None = None) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports progress (total: the budget, or for a grid without one the
-    number of valid points; None when unknown)."""
+    number of valid points; None when unknown). ``rebuild`` (with ``resume``): when the storage holds no
+    study although run directories say trials ran, start it anew instead of refusing."""
     out = Path(out_dir)
     agent = agent or space.search.agent
     seed = space.search.seed if seed is None else seed
@@ -149,37 +187,67 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
                         file=str(out), field="--out")
     if resume and not (out / META).exists():
         raise UserError(f"nothing to resume (no {META})", file=str(out), field="--resume")
-    out.mkdir(parents=True, exist_ok=True)
-    lock = open(out / ".lock", "w")
+    if rebuild and not resume:
+        raise UserError("--rebuild goes with --resume", field="--rebuild")
+    # Everything the study will write must be writable before the first trial: the output directory's path
+    # goes into best/'s scripts, so it must be one a script can carry; a storage URL must be usable.
+    check_path(out.absolute(), field="--out")
+    if storage is not None:
+        storage = absolute_storage(storage)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "w")
+    except OSError as e:
+        raise UserError(f"cannot write there: {e.strerror or e}", file=str(out), field="--out") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
         raise UserError("is in use by another dse run", file=str(out), field="--out") from None
     try:
-        return _run_locked(space, out, agent, options, trials, seed, backend_name, resume, storage, registry, on_trial)
+        return _run_locked(space, out, agent, options, trials, seed, backend_name, resume, storage, registry,
+                           on_trial, rebuild)
+    except UserError:
+        if created and not (out / META).exists():  # refused before the study started: leave nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
 
 
-def _run_locked(space, out, agent_name, options, trials, seed, backend_name, resume, storage, registry, on_trial):
+def _run_locked(space, out, agent_name, options, trials, seed, backend_name, resume, storage, registry, on_trial,
+                rebuild=False):
     if resume:
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != {k: list(v) for k, v in space.knobs.items()}:
             raise UserError("the space differs from the one this study ran; resume with the same space file",
                             file=space.source, field="knobs")
-        url = meta["storage"]
+        url = stored_storage(meta["storage"], out)
+        ran = _ran(out)
+        if ran and not rebuild and not study_exists(url, meta["study_name"]):
+            # an emptied or deleted database: starting afresh would overwrite the leaderboard and set the
+            # run directories aside, so only an explicit --rebuild does that
+            raise UserError(f"holds no study {meta['study_name']!r}; the run directories say {ran} trials ran "
+                            "(pass --rebuild with --resume to start the study anew)",
+                            file=str(sqlite_path(url) or url), field="--resume")
     else:
         url = storage or storage_url(out)
-        meta = {"space": space.source, "space_name": space.name, "study_name": space.name, "storage": url,
+        meta = {"space": space.source, "space_name": space.name, "study_name": space.name,
+                "storage": storage or DB,
                 "knobs": {k: list(v) for k, v in space.knobs.items()}, "recipe": space.recipe,
                 "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
                 "agent": agent_name, "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend_name}
     store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
     if not resume:
         tmp = out / f".{META}.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, out / META)
+        try:
+            tmp.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp, out / META)
+        except OSError as e:
+            store.close()
+            raise _io_error(e, f"cannot write {out / META}") from None
     be = make_backend(backend_name, space, seed)
     env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
     env.reset(seed=seed)
@@ -220,10 +288,34 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             new += 1
             if on_trial:
                 on_trial(rec, done, total)
+    except InfrastructureError:
+        # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again);
+        # what finished before it is kept if the store still can be written, and nothing else is attempted
+        try:
+            store.close()
+        except (InfrastructureError, OSError, SQLAlchemyError):
+            pass
+        raise
     finally:
-        store.flush()
-        records = store.records()
-        store.close()
-        lb = write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
-    write_best(space, records, out)  # only when the loop ended normally
+        if not store.closed:
+            store.flush()
+            records = store.records()
+            store.close()
+            lb = _write_leaderboard(records, space, out)
+    try:
+        write_best(space, records, out)  # only when the loop ended normally
+    except OSError as e:
+        raise _io_error(e, f"cannot write {out / 'best'}") from None
     return StudyResult(out, records, new, lb, stop_reason)
+
+
+def _io_error(e: OSError, what: str) -> InfrastructureError:
+    """dse could not write its own output: never a traceback, never a trial outcome."""
+    return infrastructure(e, what) or InfrastructureError(f"{what}: {e.strerror or e}")
+
+
+def _write_leaderboard(records, space: Space, out: Path) -> Path:
+    try:
+        return write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
+    except OSError as e:
+        raise _io_error(e, f"cannot write {out / LEADERBOARD}") from None

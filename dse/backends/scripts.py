@@ -19,9 +19,10 @@ from recipes import contract
 LOG_NAME = contract.LOG_NAME  # the trainer's output in every run directory (as the simulated backend writes it)
 CODE_DIR = "code"  # the payload package, staged beside the script (the container's working directory)
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# paths that a script names without quotes of its own (nemo-run leaves srun's --output unquoted)
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.,:/+@%=\-]+$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match only ("FOO\n" is not a name)
+# paths that a script names without quotes of its own (nemo-run leaves srun's --output unquoted); no '%',
+# which Slurm expands in --output/--chdir (%j, %u...)
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_.,:/+@=\-]+")
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -29,7 +30,7 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
     content here, so that a value reaches the process literally)."""
     out = {}
     for name, value in env.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise UserError(f"{name!r} is not an environment variable name (letters, digits, _)", field=f"env.{name}")
         if not isinstance(value, str) or "\0" in value:
             raise UserError(f"{value!r} is not a string value", field=f"env.{name}")
@@ -46,10 +47,16 @@ def check_field(value: str, pattern: str, *, field: str, file: str | None = None
 
 def check_path(path: Path, *, field: str = "run directory") -> Path:
     """A path that goes into a script unquoted by a library: letters, digits and ``_.,:/+@%=-`` only."""
-    if not _SAFE_PATH.match(str(path)):
+    if not _SAFE_PATH.fullmatch(str(path)):
         raise UserError(f"{str(path)!r} has characters a job script cannot carry safely; use letters, digits "
                         f"and _.-/ in the path", field=field)
     return path
+
+
+def comment(text: str) -> str:
+    """A ``#`` comment line of a script saying ``text``: anything but letters, digits, space and ``_.,:/+@=()-``
+    becomes ``_`` (a newline in a comment would end it and start a command)."""
+    return "# " + re.sub(r"[^A-Za-z0-9_.,:/+@=() \-]", "_", text)
 
 
 def quoted_command(argv: Iterable[str]) -> str:

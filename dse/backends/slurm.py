@@ -34,7 +34,9 @@ from dse.backends.scripts import (
 )
 from dse.errors import UserError
 from dse.launch import LaunchPlan
-from dse.space import SlurmSettings, Space
+from dse.space import (
+    SLURM_IMAGE, SLURM_MOUNT, SLURM_NAME, SLURM_PATH, SLURM_SRUN_ARG, SLURM_TIME, SlurmSettings, Space,
+)
 from recipes import contract
 
 SCRIPT_NAME = "launch.sbatch"
@@ -51,12 +53,9 @@ SLURM_STATE_STATUS: dict[str, str | None] = {
 }
 TERMINAL = frozenset(SLURM_STATE_STATUS) - {SUBMIT_FAILED, UNKNOWN}
 
-# What the system file may put into a script (checked before quoting; see dse.backends.scripts).
-_NAME = r"[A-Za-z0-9_.,\-]*"
-_TIME = r"(\d+-)?\d+(:\d{1,2}){0,2}|(\d+-)?\d+|UNLIMITED|INFINITE"
-_IMAGE = r"[A-Za-z0-9_.:/#@+\-]+"
-_MOUNT = r"[A-Za-z0-9_.:/+@=,\-]+"
-_SRUN_ARG = r"--?[A-Za-z][A-Za-z0-9_\-]*(=[A-Za-z0-9_.,:/+@=\-]*)?"
+# What the system file may put into a script: the rules the system file is read with (dse.space), checked
+# again here before quoting, for a SlurmSettings built in code.
+_NAME, _TIME, _IMAGE, _MOUNT, _SRUN_ARG = SLURM_NAME, SLURM_TIME, SLURM_IMAGE, SLURM_MOUNT, SLURM_SRUN_ARG
 # pyxis jobs as NeMo's performance scripts launch them (scripts/performance/executors.py)
 CONTAINER_SRUN_ARGS = ("--mpi=pmix", "--no-container-mount-home")
 
@@ -78,6 +77,8 @@ def _check_settings(s: SlurmSettings, file: str | None) -> None:
         check_field(m, _MOUNT, field="slurm.container_mounts", file=file, what="src:dst[:flags] paths")
     for a in s.srun_args:
         check_field(a, _SRUN_ARG, field="slurm.srun_args", file=file, what="options such as --mpi=pmix")
+    if s.job_dir:
+        check_field(s.job_dir, SLURM_PATH, field="slurm.job_dir", file=file, what="a path without % patterns")
 
 
 def cluster_dir(run_dir: Path, settings: SlurmSettings) -> Path:
@@ -236,6 +237,7 @@ class SlurmBackend(Backend):
 
     def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         settings = plan.trial.system.slurm
+        _check_settings(settings, None)  # before any directory is made
         job_dir = cluster_dir(run_dir, settings)
         job_dir.mkdir(parents=True, exist_ok=True)
         stage_code(job_dir)
