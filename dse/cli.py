@@ -529,12 +529,13 @@ def import_cloudai_cmd(
     system: Optional[Path] = typer.Option(None, "--system", help="CloudAI Slurm system TOML"),
     out: Path = typer.Option(..., "--out", help="the dse space to write (a system file goes beside it)"),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU generation (CloudAI's files do not name it)"),
+    test: Optional[str] = typer.Option(None, "--test", help="the [[Tests]] id to import from a scenario of several"),
 ) -> None:
     """Write a dse space (and with --system a dse system file) from CloudAI's NeMoRun test and Slurm system."""
     from dse.importers.cloudai import import_cloudai
     from dse.space import load_space
 
-    imported = import_cloudai(test_file, system_path=system, gpu=gpu, out=out)
+    imported = import_cloudai(test_file, system_path=system, gpu=gpu, out=out, test_id=test)
     # everything is built and validated before the first byte is written
     files = {out: imported.space_text}
     if imported.system_text is not None and imported.system_file:
@@ -545,7 +546,12 @@ def import_cloudai_cmd(
             path.write_text(text)
     except OSError as e:
         raise UserError(f"cannot write: {e}", file=str(out)) from None
-    space = load_space(out)  # the written file itself must load
+    try:
+        space = load_space(out)  # the written file itself must load; if not, leave nothing behind
+    except UserError:
+        for path in files:
+            path.unlink(missing_ok=True)
+        raise
     for note in imported.not_imported:
         console.print(note.line(), highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(map(str, files))}: {space.recipe} on {space.num_nodes} x "

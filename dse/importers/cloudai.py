@@ -12,8 +12,8 @@ comments into the space, never dropped silently.
 
 Decisions where the issue is silent:
 
-* A scenario with several ``[[Tests]]`` is refused (one dse space is one test); so is a list of node
-  counts (a dse space has one ``num_nodes``: import once per node count).
+* A scenario with several ``[[Tests]]`` is refused unless ``--test ID`` picks one (one dse space is one
+  test); so is a list of node counts (a dse space has one ``num_nodes``: import once per node count).
 * ``task`` other than ``pretrain`` and a test template other than ``NeMoRun`` are refused: dse runs
   pretraining only.
 * ``fp8 = "hybrid"`` without ``fp8_recipe`` is NeMo's default recipe, ``delayed``; plugin fields that
@@ -222,17 +222,25 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
     return values
 
 
-def _test_entry(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[dict[str, Any], dict[str, Any], str]:
     """(test definition, scenario entry or {}, prefix of cmd_args in the file) from a test or a scenario."""
     f = str(path)
     if "Tests" not in data:
+        if test_id is not None:
+            raise UserError("--test picks one [[Tests]] entry of a scenario; this is a test file", file=f,
+                            field="--test")
         return data, {}, "cmd_args"
     tests = data["Tests"]
-    if not isinstance(tests, list) or not tests:
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
         raise UserError("expected [[Tests]] entries", file=f, field="Tests")
-    if len(tests) > 1:
-        ids = ", ".join(str(t.get("id")) for t in tests)
-        raise UserError(f"{len(tests)} tests ({ids}); a dse space holds one: split the scenario, one test each",
+    ids = [str(t.get("id")) for t in tests]
+    if test_id is not None:
+        if test_id not in ids:
+            raise UserError(f"no test {test_id!r}{did_you_mean(test_id, ids)}; the scenario has {', '.join(ids)}",
+                            file=f, field="--test")
+        tests = [tests[ids.index(test_id)]]
+    elif len(tests) > 1:
+        raise UserError(f"{len(tests)} tests ({', '.join(ids)}); a dse space holds one: pick it with --test ID",
                         file=f, field="Tests")
     entry = tests[0]
     if "cmd_args" in entry:
@@ -250,6 +258,15 @@ def _test_entry(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[
             return test, entry, "cmd_args"
     raise UserError(f"test {name!r} not found in {path.parent.parent / 'test'}; import the test file itself",
                     file=f, field="Tests[0].test_name")
+
+
+def _summary(v: Any) -> Any:
+    """A table or a list of tables, shortened for a one-line note: the names of the entries, or the keys."""
+    if isinstance(v, list) and all(isinstance(x, dict) for x in v):
+        return [str(x.get("name", "?")) for x in v]
+    if isinstance(v, dict):
+        return "{" + ", ".join(v) + "}"
+    return v
 
 
 def _system(path: Path, notes: list[NotImported], gpu: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -283,14 +300,14 @@ def _system(path: Path, notes: list[NotImported], gpu: str) -> tuple[dict[str, A
                "supports_gpu_directives", "global_env_vars"}
     for k, v in data.items():
         if k not in handled:
-            notes.append(NotImported(f"system.{k}", v if not isinstance(v, (dict, list)) else f"<{type(v).__name__}>",
+            notes.append(NotImported(f"system.{k}", _summary(v),
                                      _SYSTEM_SKIPPED.get(k, "no dse counterpart")))
     return {"name": str(data.get("name", path.stem)), "gpu": gpu, "gpus_per_node": gpn,
             "nvlink_domain": min(gpn, 8), "slurm": slurm}, {str(k): v for k, v in env.items()}
 
 
 def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = None, gpu: str | None = None,
-                   out: str | Path = "space.toml") -> Imported:
+                   out: str | Path = "space.toml", test_id: str | None = None) -> Imported:
     """Read CloudAI's files and return the dse space (validated) and, with ``system_path``, its system file."""
     path = Path(test_path)
     f = str(path)
@@ -301,7 +318,7 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         raise UserError(f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
                         field="--gpu")
     data = _read(path)
-    test, entry, where = _test_entry(data, path)
+    test, entry, where = _test_entry(data, path, test_id)
     template = test.get("test_template_name")
     if template != "NeMoRun":
         raise UserError(f"test template {template!r} is not supported; dse imports NeMoRun tests", file=f,
@@ -357,6 +374,10 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     system_table: dict[str, Any] | None = None
     if system_path is not None:
         system_table, sys_env = _system(Path(system_path), notes, gpu)
+        for k, v in sys_env.items():
+            if k in env and env[k] != v:
+                notes.append(NotImported(f"system.global_env_vars.{k}", v,
+                                         f"the test's extra_env_vars sets it to {_toml_value(env[k])}"))
         env = {**sys_env, **env}  # the test's own variables win, as in CloudAI
     for k, v in env.items():
         values[f"env.{k}"] = v
@@ -384,7 +405,7 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
                "extra_env_vars", "agent", "agent_steps"}
     for k, v in entry.items():
         if k not in handled:
-            notes.append(NotImported(k, v if not isinstance(v, (dict, list)) else f"<{type(v).__name__}>",
+            notes.append(NotImported(k, _summary(v),
                                      _TEST_FIELDS_SKIPPED.get(k, "no dse counterpart")))
     settings = {k: v for k, v in values.items() if not isinstance(v, list)}
     varied = {k: v for k, v in values.items() if isinstance(v, list)}
