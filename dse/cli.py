@@ -552,6 +552,8 @@ def import_cloudai_cmd(
         for path in files:
             path.unlink(missing_ok=True)
         raise
+    for line in imported.defaults:
+        console.print(f"CloudAI's default (the file leaves it out): {line}", highlight=False, soft_wrap=True)
     for note in imported.not_imported:
         console.print(note.line(), highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(map(str, files))}: {space.recipe} on {space.num_nodes} x "

@@ -154,6 +154,20 @@ def test_list_that_cannot_be_imported_is_reported_and_counted(tmp_path):
                for n in imp.not_imported)
 
 
+def test_cloudai_defaults_fill_what_the_file_leaves_out(tmp_path):
+    """CloudAI passes its models' defaults to NeMo (context_parallel_size = 2): the import does the same, and says so."""
+    p = tmp_path / "t.toml"
+    p.write_text(TEST.read_text().replace("    context_parallel_size = 1\n", ""))
+    out = tmp_path / "s.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(p), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert load_space(out).settings["cp"] == 2
+    assert "cmd_args.trainer.strategy.context_parallel_size = 2" in r.output
+    assert "# CloudAI's NeMoRun default (the file leaves it out): cmd_args.trainer.strategy.context_parallel_size = 2" \
+        in out.read_text()
+    assert import_cloudai(TEST, gpu="h100").defaults == []
+
+
 def test_reverse_table_is_the_catalogue():
     table = nemo2_paths()
     assert table["trainer.strategy.tensor_model_parallel_size"] == "tp"

@@ -18,6 +18,11 @@ Decisions where the issue is silent:
   pretraining only.
 * ``fp8 = "hybrid"`` without ``fp8_recipe`` is NeMo's default recipe, ``delayed``; plugin fields that
   recipe's dse spelling sets to the same value are carried over by it, other plugin fields are reported.
+* Fields CloudAI's NeMoRun models default (``context_parallel_size = 2``, ``global_batch_size = 1``, ...)
+  take CloudAI's default when the file leaves them out, as CloudAI passes them to NeMo
+  (:data:`CLOUDAI_DEFAULTS`); each one applied is listed.
+* ``recipe_name = "cloudai_llama3_8b_recipe"`` is dse's ``llama3_8b`` (NeMo's recipe of that model); CloudAI's
+  wrapper recipes may set more than NeMo's, which dse does not reproduce.
 * The container version is the ``YY.MM`` of the image tag (``nemo:25.11.01`` -> ``25.11``).
 * Without ``--system`` the space holds an inline system (``gpu`` from ``--gpu``, 8 GPUs per node, the
   image and time limit); with it, a system file named after CloudAI's system is written beside the space.
@@ -59,6 +64,7 @@ class Imported:
     system_file: str | None = None
     not_imported: list[NotImported] = field(default_factory=list)
     cloudai_points: int = 1  # raw points of CloudAI's list product over the test's list-valued fields
+    defaults: list[str] = field(default_factory=list)  # CloudAI's defaults applied, "path = value"
 
 
 def nemo2_paths() -> dict[str, str]:
@@ -114,6 +120,15 @@ _SYSTEM_SKIPPED = {
     "container_mount_home": "no dse counterpart",
     "extra_sbatch_args": "no dse counterpart",
     "reports": "dse writes its own report",
+}
+# CloudAI passes its NeMoRun models' defaults to NeMo for fields a test leaves out (its command generation
+# spells ``cmd_args.model_dump()``): these defaults of src/cloudai/workloads/nemo_run/nemo_run.py, for the fields
+# the catalogue maps, so that the imported space runs what CloudAI would (cp = 2 when the test is silent on it).
+# Each one applied is listed in the output and the space.
+CLOUDAI_DEFAULTS = {
+    "data.seq_length": 8192, "data.micro_batch_size": 1, "data.global_batch_size": 1,
+    "trainer.max_steps": 100, "trainer.strategy.tensor_model_parallel_size": 1,
+    "trainer.strategy.pipeline_model_parallel_size": 1, "trainer.strategy.context_parallel_size": 2,
 }
 _FP8_SPELLED_BY_DSE = {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_param_gather",
                        "first_last_layers_bf16", "reuse_grad_buf_for_mxfp8_param_ag"}
@@ -343,8 +358,10 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     table = nemo2_paths() | _BY_VALUE
     num_nodes: Any = None
     points = 1
-    for dotted, value in _flatten({k: v for k, v in cmd.items()
-                                   if k not in ("docker_image_url", "task", "recipe_name", "num_layers")}):
+    given = _flatten({k: v for k, v in cmd.items() if k not in ("docker_image_url", "task", "recipe_name", "num_layers")})
+    present = {d for d, _ in given}
+    defaults = [(d, v) for d, v in CLOUDAI_DEFAULTS.items() if d not in present]
+    for dotted, value in given + defaults:
         full = f"{where}.{dotted}"
         if isinstance(value, list):
             points *= max(len(value), 1)
@@ -444,16 +461,19 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         from dse.space import _first_error
 
         raise _first_error(e, f) from None
-    text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test)
-    return Imported(text, space, system_text, system_file, notes, points)
+    applied = [f"{where}.{d} = {_toml_value(v)}" for d, v in defaults]
+    text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied)
+    return Imported(text, space, system_text, system_file, notes, points, applied)
 
 
 def _space_text(src: Path, recipe: Recipe, name: str, system_ref: Any, num_nodes: int, settings: dict,
-                varied: dict, search: dict, notes: list[NotImported], test: dict) -> str:
+                varied: dict, search: dict, notes: list[NotImported], test: dict, applied: list[str]) -> str:
     lines = [f"# Imported by `dse import cloudai` from {src.name} (CloudAI NeMoRun test).",
              *(["# " + str(test["description"])] if test.get("description") else []),
              f"name = {_toml_value(name)}", f"recipe = {_toml_value(recipe.name)}",
              f"system = {_toml_value(system_ref)}", f"num_nodes = {num_nodes}", "", "[settings]"]
+    if applied:
+        lines += [f"# CloudAI's NeMoRun default (the file leaves it out): {a}" for a in applied]
     lines += [f"{_key(k)} = {_toml_value(v)}" for k, v in settings.items()]
     lines += ["", "[knobs]"] + [f"{_key(k)} = {_toml_value(v)}" for k, v in varied.items()]
     lines += ["", "[search]"] + [f"{k} = {_toml_value(v)}" for k, v in search.items()]
