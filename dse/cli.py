@@ -74,7 +74,6 @@ def run_cmd(
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dse.space import load_space
     from dse.study import run_study
 
     space = with_twin(_load_space_arg(space_file, gpu), twin_seed)
