@@ -75,14 +75,14 @@ def run_cmd(
                                                  "(sets [backend] truth = \"twin\", twin_seed = N)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
                                  "is empty or gone (the old run directories are set aside)"),
+    gpu: Optional[str] = typer.Option(None, help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dse.space import load_space
     from dse.study import run_study
 
-    space = with_twin(load_space(space_file), twin_seed)
+    space = with_twin(_load_space_arg(space_file, gpu), twin_seed)
     out_dir = out or Path("runs") / space.name
     if seed is not None and not 0 <= seed < 2**32:
         raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
@@ -118,6 +118,23 @@ def with_twin(space, twin_seed: int | None):
         return space
     return space.model_copy(update={"backend": space.backend.model_copy(update={"truth": "twin",
                                                                                 "twin_seed": twin_seed})})
+
+
+def _load_space_arg(space_file: Path, gpu: Optional[str]):
+    """A space file, or ``cloudai:FILE.toml``: a CloudAI NeMoRun test imported on the fly (nothing written)."""
+    from dse.space import load_space
+
+    text = str(space_file)
+    if text.startswith("cloudai:"):
+        from dse.importers.cloudai import import_cloudai
+
+        imported = import_cloudai(text.removeprefix("cloudai:"), gpu=gpu)
+        for note in imported.not_imported:
+            err_console.print(note.line(), highlight=False, soft_wrap=True)
+        return imported.space
+    if gpu is not None:
+        raise UserError("--gpu is only for --space cloudai:FILE; a dse space names its system", field="--gpu")
+    return load_space(space_file)
 
 
 def _print_summary(records, knob_names, top: int) -> None:
@@ -512,6 +529,49 @@ def calibrate_cmd(
                   f"{pct(lo.get('step_time_mape'))} leave-one-out; peak memory {pct(b['memory_mape'])} -> "
                   f"{pct(a['memory_mape'])}, {pct(lo.get('memory_mape'))} leave-one-out", highlight=False)
     console.print(f"wrote {out}", highlight=False)
+
+
+import_app = typer.Typer(no_args_is_help=True, help="Convert another tool's files into a dse space.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("cloudai")
+@user_errors
+def import_cloudai_cmd(
+    test_file: Path = typer.Argument(..., help="CloudAI NeMoRun test or test-scenario TOML"),
+    system: Optional[Path] = typer.Option(None, "--system", help="CloudAI Slurm system TOML"),
+    out: Path = typer.Option(..., "--out", help="the dse space to write (a system file goes beside it)"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU generation (CloudAI's files do not name it)"),
+    test: Optional[str] = typer.Option(None, "--test", help="the [[Tests]] id to import from a scenario of several"),
+) -> None:
+    """Write a dse space (and with --system a dse system file) from CloudAI's NeMoRun test and Slurm system."""
+    from dse.importers.cloudai import import_cloudai
+    from dse.space import load_space
+
+    imported = import_cloudai(test_file, system_path=system, gpu=gpu, out=out, test_id=test)
+    # everything is built and validated before the first byte is written
+    files = {out: imported.space_text}
+    if imported.system_text is not None and imported.system_file:
+        files[out.parent / imported.system_file] = imported.system_text
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for path, text in files.items():
+            path.write_text(text)
+    except OSError as e:
+        raise UserError(f"cannot write: {e}", file=str(out)) from None
+    try:
+        space = load_space(out)  # the written file itself must load; if not, leave nothing behind
+    except UserError:
+        for path in files:
+            path.unlink(missing_ok=True)
+        raise
+    for line in imported.defaults:
+        console.print(f"CloudAI's default (the file leaves it out): {line}", highlight=False, soft_wrap=True)
+    for note in imported.not_imported:
+        console.print(note.line(), highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(map(str, files))}: {space.recipe} on {space.num_nodes} x "
+                  f"{space.system.gpus_per_node} {space.system.gpu}, {len(space.knobs)} knobs, {space.size} points "
+                  f"(CloudAI's list product: {imported.cloudai_points}); {len(imported.not_imported)} field(s) not imported")
 
 
 @app.command("dry-run")

@@ -1,0 +1,1 @@
+"""Importers of other tools' files as dse spaces."""

@@ -1,0 +1,494 @@
+"""``dse import cloudai``: a CloudAI NeMoRun test or test scenario (and a Slurm system) as a dse space.
+
+CloudAI (github.com/NVIDIA/cloudai) describes a NeMoRun DSE run as a test whose ``cmd_args`` are NeMo 2 config
+paths, some of them lists (``[cmd_args.trainer.strategy] tensor_model_parallel_size = [1, 2, 4]``), a test
+scenario (``[[Tests]]`` with ``num_nodes``, ``time_limit`` and an inline test), and a Slurm system file.
+
+The mapping is the knob catalogue's NeMo 2 spelling read in reverse (:func:`nemo2_paths`, built from
+``dse.knobs.CATALOGUE``: no second list): a list-valued field becomes a ``[knobs]`` entry, a scalar a
+``[settings]`` entry. Fields the catalogue spells by value (the FP8 plugin, activation offloading) are read by
+the few rules below. Everything else is *not imported*, with the reason, listed in the output and written as
+comments into the space, never dropped silently.
+
+Decisions where the issue is silent:
+
+* A scenario with several ``[[Tests]]`` is refused unless ``--test ID`` picks one (one dse space is one
+  test); so is a list of node counts (a dse space has one ``num_nodes``: import once per node count).
+* ``task`` other than ``pretrain`` and a test template other than ``NeMoRun`` are refused: dse runs
+  pretraining only.
+* ``fp8 = "hybrid"`` without ``fp8_recipe`` is NeMo's default recipe, ``delayed``; plugin fields that
+  recipe's dse spelling sets to the same value are carried over by it, other plugin fields are reported.
+* Fields CloudAI's NeMoRun models default (``context_parallel_size = 2``, ``global_batch_size = 1``, ...)
+  take CloudAI's default when the file leaves them out, as CloudAI passes them to NeMo
+  (:data:`CLOUDAI_DEFAULTS`); each one applied is listed.
+* ``recipe_name = "cloudai_llama3_8b_recipe"`` is dse's ``llama3_8b`` (NeMo's recipe of that model); CloudAI's
+  wrapper recipes may set more than NeMo's, which dse does not reproduce.
+* The container version is the ``YY.MM`` of the image tag (``nemo:25.11.01`` -> ``25.11``).
+* Without ``--system`` the space holds an inline system (``gpu`` from ``--gpu``, 8 GPUs per node, the
+  image and time limit); with it, a system file named after CloudAI's system is written beside the space.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dse import knobs
+from dse.errors import UserError, did_you_mean
+from dse.hardware import GPU_NAMES
+from dse.space import Space, System
+from recipes.models import RECIPES, Recipe
+
+
+@dataclass(frozen=True)
+class NotImported:
+    field: str  # CloudAI's dotted name, e.g. cmd_args.log.ckpt.save_last
+    value: Any
+    reason: str
+
+    def line(self) -> str:
+        return f"not imported: {self.field} = {_toml_value(self.value)} ({self.reason})"
+
+
+@dataclass
+class Imported:
+    """The result of one import: the space file's text, the system file's (with ``--system``), and what was left."""
+
+    space_text: str
+    space: Space
+    system_text: str | None = None
+    system_file: str | None = None
+    not_imported: list[NotImported] = field(default_factory=list)
+    cloudai_points: int = 1  # raw points of CloudAI's list product over the test's list-valued fields
+    defaults: list[str] = field(default_factory=list)  # CloudAI's defaults applied, "path = value"
+
+
+def nemo2_paths() -> dict[str, str]:
+    """NeMo 2 config path -> canonical knob name: the catalogue's ``nemo2`` spellings, reversed.
+
+    Knobs spelled by value (precision and fp8_recipe both write ``trainer.plugins``; the offloading knob writes
+    four ``cpu_offloading*`` fields) are left out here and read by :func:`_plugins` / :data:`_BY_VALUE`.
+    """
+    out: dict[str, str] = {}
+    for knob in knobs.CATALOGUE.values():
+        if knob.name in ("precision", "fp8_recipe", "cpu_offload_layers"):
+            continue
+        for path in knob.nemo2:
+            out[path] = knob.name
+    return out
+
+
+# The one field of the offloading knob's spelling that carries its value (dse.knobs._cpu_offload).
+_BY_VALUE = {"model.config.cpu_offloading_num_layers": "cpu_offload_layers"}
+
+# Why a known CloudAI field has no dse counterpart (the reason printed beside "not imported").
+_REASONS = {
+    "trainer.val_check_interval": "dse trials do not validate",
+    "trainer.log_every_n_steps": "dse logs every step to read the step time",
+    "trainer.callbacks": "dse sets its own callbacks (FLOPs measurement)",
+    "data.num_train_samples": "dse trials run on mock data for max_steps steps",
+    "log": "dse sets logging itself; checkpointing is off in dse trials",
+    "optim": "no dse knob for the optimizer",
+    "trainer.plugins.grad_reduce_in_fp32": "dse keeps the recipe's gradient-reduction precision",
+}
+_TEST_FIELDS_SKIPPED = {
+    "description": "kept as a comment only",
+    "extra_container_mounts": "container mounts belong to the dse system ([slurm] container_mounts)",
+    "git_repos": "dse runs its own payload",
+    "nsys": "dse does not profile trials",
+    "dse_excluded_args": "dse varies only [knobs]",
+    "agent_metrics": "dse's objective is one metric: set [objective] metric",
+    "agent_reward_function": "dse's reward is the objective metric",
+    "agent_config": "agent options differ: set [search.options]",
+    "weight": "no dse counterpart", "iterations": "a dse trial runs once", "sol": "no dse counterpart",
+    "ideal_perf": "no dse counterpart", "dependencies": "dse trials are independent",
+    "nodes": "dse leaves node choice to Slurm", "exclude_nodes": "dse leaves node choice to Slurm",
+    "extra_srun_args": "set [slurm] srun_args in the dse system",
+}
+_SYSTEM_SKIPPED = {
+    "install_path": "dse installs nothing on the cluster",
+    "output_path": "dse writes to its --out directory",
+    "partitions": "dse submits to one partition (default_partition)",
+    "data_repository": "dse keeps results in its own store",
+    "ntasks_per_node": "dse starts one task per GPU",
+    "cache_docker_images_locally": "no dse counterpart",
+    "monitor_interval": "no dse counterpart",
+    "container_mount_home": "no dse counterpart",
+    "extra_sbatch_args": "no dse counterpart",
+    "reports": "dse writes its own report",
+}
+# CloudAI passes its NeMoRun models' defaults to NeMo for fields a test leaves out (its command generation
+# spells ``cmd_args.model_dump()``): these defaults of src/cloudai/workloads/nemo_run/nemo_run.py, for the fields
+# the catalogue maps, so that the imported space runs what CloudAI would (cp = 2 when the test is silent on it).
+# Each one applied is listed in the output and the space.
+CLOUDAI_DEFAULTS = {
+    "data.seq_length": 8192, "data.micro_batch_size": 1, "data.global_batch_size": 1,
+    "trainer.max_steps": 100, "trainer.strategy.tensor_model_parallel_size": 1,
+    "trainer.strategy.pipeline_model_parallel_size": 1, "trainer.strategy.context_parallel_size": 2,
+}
+_FP8_SPELLED_BY_DSE = {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_param_gather",
+                       "first_last_layers_bf16", "reuse_grad_buf_for_mxfp8_param_ag"}
+_IMAGE_VERSION = re.compile(r":(\d\d)\.(\d\d)(?:[.\-].*)?$")
+
+
+def _toml_value(v: Any) -> str:
+    """One value in TOML syntax. Hand-written (tomli_w is not a dependency and cannot write the comments the
+    space carries): values here are bools, ints, floats, strings and flat lists of them; JSON's string
+    escapes are valid TOML basic strings."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(str(v))
+
+
+def _key(k: str) -> str:
+    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError("no such file", file=str(path)) from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"malformed TOML: {e}", file=str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read: {e}", file=str(path)) from None
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.extend(_flatten(v, f"{prefix}{k}."))
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _find_recipe(name: Any, num_layers: Any, f: str, where: str) -> Recipe:
+    """CloudAI's ``cloudai_llama3_8b_recipe`` (or NeMo's ``llama3_8b``) -> the dse recipe; a different
+    ``num_layers`` picks the scaled reproducer of that many layers, else is refused naming both."""
+    if not isinstance(name, str):
+        raise UserError(f"{name!r} is not a recipe name", file=f, field=f"{where}.recipe_name")
+    base = name.removeprefix("cloudai_").removesuffix("_recipe").removesuffix("_pretrain")
+    full = [r for r in RECIPES.values() if not r.scaled_from and base in (r.nemo2_recipe, r.name)]
+    if not full:
+        known = [r.name for r in RECIPES.values() if not r.scaled_from]
+        raise UserError(f"no dse recipe for {name!r}{did_you_mean(base, known)}; dse knows {', '.join(known)}",
+                        file=f, field=f"{where}.recipe_name")
+    recipe = full[0]
+    if num_layers is None or num_layers == recipe.arch.num_layers:
+        return recipe
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+        raise UserError(f"{num_layers!r} is not an integer", file=f, field=f"{where}.num_layers")
+    for r in RECIPES.values():
+        if r.scaled_from == recipe.name and r.arch.num_layers == num_layers:
+            return r
+    scaled = [f"{r.name} ({r.arch.num_layers} layers)" for r in RECIPES.values() if r.scaled_from == recipe.name]
+    raise UserError(f"num_layers = {num_layers} differs from {recipe.name}'s {recipe.arch.num_layers} and dse has "
+                    f"no {num_layers}-layer variant of it" + (f" (it has {', '.join(scaled)})" if scaled else ""),
+                    file=f, field=f"{where}.num_layers")
+
+
+def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImported]) -> dict[str, Any]:
+    """``trainer.plugins`` -> precision and fp8_recipe, as the catalogue's NeMo 2 precision table spells them."""
+    fp8 = plugins.get("fp8")
+    if fp8 in (None, False):
+        values: dict[str, Any] = {"precision": "bf16"} if "fp8" in plugins else {}
+        spelled: set[str] = set()
+    elif fp8 in ("hybrid", "e4m3"):
+        recipe = plugins.get("fp8_recipe", "mxfp8" if fp8 == "e4m3" else "delayed")
+        if recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
+            choices = [k for k in knobs.NEMO2_PRECISION if k != "bf16"]
+            raise UserError(f"{recipe!r} is not an FP8 recipe dse knows; one of {', '.join(choices)}",
+                            file=f, field=f"{where}.trainer.plugins.fp8_recipe")
+        values = {"precision": "fp8", "fp8_recipe": recipe}
+        spelled = {s.split("=", 1)[0].removeprefix("trainer.plugins."): s.split("=", 1)[1]
+                   for s in knobs.NEMO2_PRECISION[recipe]}
+    else:
+        raise UserError(f"{fp8!r} is not an FP8 mode dse knows; hybrid or e4m3 (or leave it out for bf16)",
+                        file=f, field=f"{where}.trainer.plugins.fp8")
+    for name, value in plugins.items():
+        if name in ("fp8", "fp8_recipe"):
+            continue
+        full = f"{where}.trainer.plugins.{name}"
+        if name in spelled and str(spelled[name]) == knobs._spell_value(value):  # type: ignore[index]
+            continue  # dse's spelling of this FP8 recipe sets the same value
+        if name in spelled:
+            reason = f"dse's {values['fp8_recipe']} recipe sets {name}={spelled[name]}"  # type: ignore[index]
+        elif name == "fp8_params":
+            reason = "dse's FP8 recipes set fp8_param_gather themselves"
+        else:
+            reason = _REASONS.get(f"trainer.plugins.{name}",
+                                  "dse's precision recipes set this field" if name in _FP8_SPELLED_BY_DSE
+                                  else "no dse knob for this precision field")
+        notes.append(NotImported(full, value, reason))
+    return values
+
+
+def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(test definition, scenario entry or {}, prefix of cmd_args in the file) from a test or a scenario."""
+    f = str(path)
+    if "Tests" not in data:
+        if test_id is not None:
+            raise UserError("--test picks one [[Tests]] entry of a scenario; this is a test file", file=f,
+                            field="--test")
+        return data, {}, "cmd_args"
+    tests = data["Tests"]
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
+        raise UserError("expected [[Tests]] entries", file=f, field="Tests")
+    ids = [str(t.get("id")) for t in tests]
+    if test_id is not None:
+        if test_id not in ids:
+            raise UserError(f"no test {test_id!r}{did_you_mean(test_id, ids)}; the scenario has {', '.join(ids)}",
+                            file=f, field="--test")
+        tests = [tests[ids.index(test_id)]]
+    elif len(tests) > 1:
+        raise UserError(f"{len(tests)} tests ({', '.join(ids)}); a dse space holds one: pick it with --test ID",
+                        file=f, field="Tests")
+    entry = tests[0]
+    if "cmd_args" in entry:
+        return entry, entry, "Tests.cmd_args"
+    name = entry.get("test_name")
+    if not name:
+        raise UserError("neither an inline test (cmd_args) nor test_name", file=f, field="Tests[0]")
+    # CloudAI keeps tests in a sibling test/ directory (conf/common/test_scenario -> conf/common/test)
+    for cand in sorted((path.parent.parent / "test").glob("*.toml")):
+        try:
+            test = _read(cand)
+        except UserError:
+            continue
+        if test.get("name") == name:
+            return test, entry, "cmd_args"
+    raise UserError(f"test {name!r} not found in {path.parent.parent / 'test'}; import the test file itself",
+                    file=f, field="Tests[0].test_name")
+
+
+def _summary(v: Any) -> Any:
+    """A table or a list of tables, shortened for a one-line note: the names of the entries, or the keys."""
+    if isinstance(v, list) and all(isinstance(x, dict) for x in v):
+        return [str(x.get("name", "?")) for x in v]
+    if isinstance(v, dict):
+        return "{" + ", ".join(v) + "}"
+    return v
+
+
+def _system(path: Path, notes: list[NotImported], gpu: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """CloudAI's Slurm system -> (dse system table, env from global_env_vars)."""
+    data = _read(path)
+    f = str(path)
+    if data.get("scheduler") != "slurm":
+        raise UserError(f"scheduler {data.get('scheduler')!r} is not supported; dse imports Slurm systems",
+                        file=f, field="scheduler")
+    gpn = data.get("gpus_per_node", 8)
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise UserError(f"{gpn!r} is not a GPU count (an integer >= 1)", file=f, field="gpus_per_node")
+    slurm: dict[str, Any] = {}
+    if data.get("default_partition"):
+        slurm["partition"] = str(data["default_partition"])
+    if data.get("account"):
+        slurm["account"] = str(data["account"])
+    srun: list[str] = []
+    if data.get("mpi"):
+        srun.append(f"--mpi={data['mpi']}")
+    if data.get("extra_srun_args"):
+        srun.extend(str(data["extra_srun_args"]).split())
+    if srun:
+        slurm["srun_args"] = srun
+    if data.get("supports_gpu_directives") is False:
+        slurm["gpus_per_node_flag"] = False
+    env = data.get("global_env_vars") or {}
+    if not isinstance(env, dict):
+        raise UserError("expected a table of NAME = value", file=f, field="global_env_vars")
+    handled = {"name", "scheduler", "gpus_per_node", "default_partition", "account", "mpi", "extra_srun_args",
+               "supports_gpu_directives", "global_env_vars"}
+    for k, v in data.items():
+        if k not in handled:
+            notes.append(NotImported(f"system.{k}", _summary(v),
+                                     _SYSTEM_SKIPPED.get(k, "no dse counterpart")))
+    return {"name": str(data.get("name", path.stem)), "gpu": gpu, "gpus_per_node": gpn,
+            "nvlink_domain": min(gpn, 8), "slurm": slurm}, {str(k): v for k, v in env.items()}
+
+
+def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = None, gpu: str | None = None,
+                   out: str | Path = "space.toml", test_id: str | None = None) -> Imported:
+    """Read CloudAI's files and return the dse space (validated) and, with ``system_path``, its system file."""
+    path = Path(test_path)
+    f = str(path)
+    if gpu is None:
+        raise UserError(f"CloudAI's files do not name the GPU generation; give --gpu, one of {', '.join(GPU_NAMES)}",
+                        field="--gpu")
+    if gpu not in GPU_NAMES:
+        raise UserError(f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
+                        field="--gpu")
+    data = _read(path)
+    test, entry, where = _test_entry(data, path, test_id)
+    template = test.get("test_template_name")
+    if template != "NeMoRun":
+        raise UserError(f"test template {template!r} is not supported; dse imports NeMoRun tests", file=f,
+                        field=where.replace("cmd_args", "test_template_name"))
+    cmd = test.get("cmd_args")
+    if not isinstance(cmd, dict):
+        raise UserError("required table is missing", file=f, field=where)
+    if cmd.get("task", "pretrain") != "pretrain":
+        raise UserError(f"task {cmd['task']!r} is not supported; dse runs pretrain", file=f, field=f"{where}.task")
+    recipe = _find_recipe(cmd.get("recipe_name"), cmd.get("num_layers"), f, where)
+    notes: list[NotImported] = []
+    values: dict[str, Any] = {}  # canonical knob -> value or list of values
+    image = cmd.get("docker_image_url")
+    container = None
+    if isinstance(image, str) and image:
+        m = _IMAGE_VERSION.search(image)
+        if m:
+            container = f"{m.group(1)}.{m.group(2)}"
+        else:
+            notes.append(NotImported(f"{where}.docker_image_url (version)", image,
+                                     "no YY.MM tag; the container gate keeps the system's version"))
+    table = nemo2_paths() | _BY_VALUE
+    num_nodes: Any = None
+    points = 1
+    given = _flatten({k: v for k, v in cmd.items() if k not in ("docker_image_url", "task", "recipe_name", "num_layers")})
+    present = {d for d, _ in given}
+    defaults = [(d, v) for d, v in CLOUDAI_DEFAULTS.items() if d not in present]
+    for dotted, value in given + defaults:
+        full = f"{where}.{dotted}"
+        if isinstance(value, list):
+            points *= max(len(value), 1)
+        if dotted.startswith("trainer.plugins."):
+            continue  # read as a whole below
+        if dotted == "trainer.num_nodes":
+            num_nodes = value
+            continue
+        name = table.get(dotted)
+        if name is None:
+            top = next((k for k in _REASONS if dotted == k or dotted.startswith(k + ".")), None)
+            notes.append(NotImported(full, value, _REASONS[top] if top else "no dse knob for this NeMo 2 field"))
+            continue
+        if name in values and values[name] != value:
+            raise UserError(f"{value!r} disagrees with the other spelling of {name} ({values[name]!r})",
+                            file=f, field=full)
+        values[name] = value
+    plugins = (cmd.get("trainer") or {}).get("plugins")
+    if isinstance(plugins, dict):
+        values.update(_plugins(plugins, f, where, notes))
+    env = test.get("extra_env_vars") or {}
+    if not isinstance(env, dict):
+        raise UserError("expected a table of NAME = value", file=f, field="extra_env_vars")
+    for k, v in env.items():
+        if isinstance(v, list):
+            points *= max(len(v), 1)
+    system_table: dict[str, Any] | None = None
+    if system_path is not None:
+        system_table, sys_env = _system(Path(system_path), notes, gpu)
+        for k, v in sys_env.items():
+            if k in env and env[k] != v:
+                notes.append(NotImported(f"system.global_env_vars.{k}", v,
+                                         f"the test's extra_env_vars sets it to {_toml_value(env[k])}"))
+        env = {**sys_env, **env}  # the test's own variables win, as in CloudAI
+    for k, v in env.items():
+        values[f"env.{k}"] = v
+    # node count: the scenario's, else trainer.num_nodes; one per space
+    if entry.get("num_nodes") is not None:
+        num_nodes = entry["num_nodes"]
+    if isinstance(num_nodes, str) and num_nodes.isdigit():
+        num_nodes = int(num_nodes)  # CloudAI's release scenarios write num_nodes = "1"
+    if isinstance(num_nodes, list):
+        raise UserError(f"{num_nodes!r}: a dse space has one node count; import once per count",
+                        file=f, field="num_nodes")
+    num_nodes = 1 if num_nodes is None else num_nodes
+    # Slurm fields of the scenario entry and the test
+    slurm: dict[str, Any] = dict((system_table or {}).get("slurm", {}))
+    if entry.get("time_limit"):
+        slurm["time_limit"] = str(entry["time_limit"])
+    if image:
+        slurm["container_image"] = str(image)
+    search: dict[str, Any] = {"agent": "grid"}
+    if entry.get("agent") not in (None, "grid_search"):
+        notes.append(NotImported("agent", entry["agent"], "dse has grid, random and optuna; the space uses grid"))
+    if entry.get("agent_steps") is not None:
+        search["trials"] = entry["agent_steps"]
+    handled = {"id", "test_name", "num_nodes", "time_limit", "name", "test_template_name", "cmd_args",
+               "extra_env_vars", "agent", "agent_steps"}
+    for k, v in entry.items():
+        if k not in handled:
+            notes.append(NotImported(k, _summary(v),
+                                     _TEST_FIELDS_SKIPPED.get(k, "no dse counterpart")))
+    settings = {k: v for k, v in values.items() if not isinstance(v, list)}
+    varied = {k: v for k, v in values.items() if isinstance(v, list)}
+    for k, v in list(varied.items()):
+        if len(v) == 1:
+            settings[k] = v[0]
+            del varied[k]
+    name = str(entry.get("id") or test.get("name") or path.stem)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+    out_path = Path(out)
+    system_text = system_file = None
+    if system_table is not None:
+        system_table = {**system_table, "slurm": slurm}
+        if container:
+            system_table["container"] = container
+        system_file = re.sub(r"[^A-Za-z0-9_.-]+", "_", system_table["name"]) + ".toml"
+        system_text = _system_text(system_table, Path(system_path))  # type: ignore[arg-type]
+        system_ref: Any = system_file
+        system_obj = System.model_validate(system_table)
+    else:
+        system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}),
+                      "slurm": slurm}
+        system_obj = System.model_validate({"name": "inline", **system_ref})
+    space_dict = {"name": name, "recipe": recipe.name, "system": system_obj, "num_nodes": num_nodes,
+                  "settings": settings, "knobs": varied, "search": search, "source": str(out_path)}
+    try:
+        space = Space.model_validate(space_dict)
+    except UserError as e:
+        raise UserError(f"{e.message} (imported from {f})", file=e.file, field=e.field) from None
+    except Exception as e:  # pydantic's ValidationError: the first error, one line
+        from pydantic import ValidationError
+
+        if not isinstance(e, ValidationError):
+            raise
+        from dse.space import _first_error
+
+        raise _first_error(e, f) from None
+    applied = [f"{where}.{d} = {_toml_value(v)}" for d, v in defaults]
+    text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied)
+    return Imported(text, space, system_text, system_file, notes, points, applied)
+
+
+def _space_text(src: Path, recipe: Recipe, name: str, system_ref: Any, num_nodes: int, settings: dict,
+                varied: dict, search: dict, notes: list[NotImported], test: dict, applied: list[str]) -> str:
+    lines = [f"# Imported by `dse import cloudai` from {src.name} (CloudAI NeMoRun test).",
+             *(["# " + str(test["description"])] if test.get("description") else []),
+             f"name = {_toml_value(name)}", f"recipe = {_toml_value(recipe.name)}",
+             f"system = {_toml_value(system_ref)}", f"num_nodes = {num_nodes}", "", "[settings]"]
+    if applied:
+        lines += [f"# CloudAI's NeMoRun default (the file leaves it out): {a}" for a in applied]
+    lines += [f"{_key(k)} = {_toml_value(v)}" for k, v in settings.items()]
+    lines += ["", "[knobs]"] + [f"{_key(k)} = {_toml_value(v)}" for k, v in varied.items()]
+    lines += ["", "[search]"] + [f"{k} = {_toml_value(v)}" for k, v in search.items()]
+    lines += ["", "[backend]", 'kind = "sim"', 'payload = "nemo2"']
+    if notes:
+        lines += ["", f"# {len(notes)} field(s) of the CloudAI files were not imported:"]
+        lines += [f"# {n.line()}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _system_text(table: dict[str, Any], src: Path) -> str:
+    lines = [f"# Imported by `dse import cloudai` from {src.name} (CloudAI Slurm system)."]
+    for k, v in table.items():
+        if k != "slurm":
+            lines.append(f"{_key(k)} = {_toml_value(v)}")
+    lines += ["", "[slurm]"] + [f"{_key(k)} = {_toml_value(v)}" for k, v in table["slurm"].items()]
+    return "\n".join(lines) + "\n"
+

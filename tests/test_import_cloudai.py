@@ -1,0 +1,243 @@
+"""`dse import cloudai`: CloudAI NeMoRun tests, scenarios and Slurm systems as dse spaces."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dse import knobs
+from dse.cli import app
+from dse.errors import UserError
+from dse.importers.cloudai import import_cloudai, nemo2_paths
+from dse.space import load_space
+from dse.study import run_study
+
+runner = CliRunner()
+FIX = Path(__file__).parent / "fixtures" / "cloudai"
+SYSTEM = FIX / "system" / "slurm_cluster.toml"
+TEST = FIX / "test" / "llama3_8b_dse.toml"
+SCENARIO = FIX / "test_scenario" / "dse_llama3_8b_fp8.toml"
+BY_NAME = FIX / "test_scenario" / "llama3_8b_by_name.toml"
+
+
+def _list_product(table) -> int:
+    """CloudAI's raw point count: the product of the lengths of every list-valued field of a test."""
+    if isinstance(table, dict):
+        return math.prod(_list_product(v) for v in table.values())
+    return len(table) if isinstance(table, list) else 1
+
+
+def _cloudai_test(path: Path) -> dict:
+    data = tomllib.loads(path.read_text())
+    test = data["Tests"][0] if "Tests" in data else data
+    return {"cmd_args": test.get("cmd_args") or tomllib.loads(TEST.read_text())["cmd_args"],
+            "extra_env_vars": test.get("extra_env_vars") or tomllib.loads(TEST.read_text())["extra_env_vars"]}
+
+
+@pytest.mark.parametrize("src, extra", [(TEST, []), (SCENARIO, []), (BY_NAME, ["--test", "llama3_8b.2nodes"])])
+def test_imports_validates_counts_and_runs_on_sim(tmp_path, src, extra):
+    out = tmp_path / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(src), "--system", str(SYSTEM), "--gpu", "h100",
+                            "--out", str(out), *extra])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "lab-cluster.toml").is_file()
+    r = runner.invoke(app, ["validate", str(out)])
+    assert r.exit_code == 0, r.output
+    space = load_space(out)
+    assert space.size == _list_product(_cloudai_test(src))
+    result = run_study(space, out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0)
+    # the grid visits every raw point once (invalid ones are recorded as rejected), and some train
+    assert sorted(tuple(sorted(r.knobs.items())) for r in result.records) == sorted(
+        tuple(sorted(p.items())) for p in space.points())
+    assert any(rec.ok for rec in result.records)
+
+
+def test_test_file_mapping_and_not_imported_are_listed(tmp_path):
+    out = tmp_path / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    space = load_space(out)
+    assert space.recipe == "llama3_8b" and space.num_nodes == 1
+    assert space.knobs == {"mbs": [1, 2], "gbs": [128, 256], "tp": [1, 2, 4], "pp": [1, 2],
+                           "env.NCCL_NVLS_ENABLE": ["0", "1"]}
+    assert space.settings["seq_length"] == 8192 and space.settings["max_steps"] == 20 and space.settings["cp"] == 1
+    # the test's variable wins over the system's, which is reported
+    assert space.settings["env.CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert space.settings["env.NCCL_IB_TIMEOUT"] == "20"
+    assert space.system.gpu == "h100" and space.system.container == "25.09"
+    assert space.system.slurm.partition == "batch" and space.system.slurm.account == "research"
+    assert space.system.slurm.srun_args == ["--mpi=pmix"]
+    assert space.system.slurm.container_image == "nvcr.io#nvidia/nemo:25.09"
+    text = out.read_text()
+    for field in ("cmd_args.log.ckpt.save_last = false", "cmd_args.trainer.val_check_interval = 20",
+                  "cmd_args.data.num_train_samples = 100000", "system.partitions", "system.install_path",
+                  'system.global_env_vars.CUDA_DEVICE_MAX_CONNECTIONS = "32"'):
+        assert f"# not imported: {field}" in text
+        assert f"not imported: {field}" in r.output
+
+
+def test_scenario_precision_nodes_time_limit_and_agent(tmp_path):
+    imp = import_cloudai(SCENARIO, gpu="h200", out=tmp_path / "s.toml")
+    s = imp.space
+    assert s.num_nodes == 2 and s.system.gpu == "h200" and s.system.container == "25.11"
+    assert s.system.slurm.time_limit == "01:00:00"
+    assert s.settings["precision"] == "fp8" and s.settings["fp8_recipe"] == "delayed"
+    assert s.knobs == {"mbs": [1, 2], "tp": [2, 4], "cp": [1, 2]}
+    assert s.search.agent == "grid" and s.search.trials == 12
+    fields = {n.field for n in imp.not_imported}
+    # the delayed recipe's own fields (margin, history, algorithm) are carried by dse's spelling of it
+    assert "Tests.cmd_args.trainer.plugins.fp8_margin" not in fields
+    assert {"Tests.cmd_args.trainer.plugins.fp8_params", "Tests.cmd_args.trainer.plugins.grad_reduce_in_fp32",
+            "Tests.cmd_args.trainer.val_check_interval"} <= fields
+    # written text is the same space
+    path = tmp_path / "s.toml"
+    path.write_text(imp.space_text)
+    assert load_space(path).knobs == s.knobs
+
+
+def _nest(overrides: list[str]) -> dict:
+    """`a.b.c=v` overrides as nested CloudAI cmd_args tables (values as TOML would type them)."""
+    out: dict = {}
+    for item in overrides:
+        path, value = item.split("=", 1)
+        v = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+def _toml(table: dict, prefix: str = "") -> str:
+    scalars = "".join(f"{k} = {_val(v)}\n" for k, v in table.items() if not isinstance(v, dict))
+    subs = "".join(f"\n[{prefix}{k}]\n" + _toml(v, f"{prefix}{k}.") for k, v in table.items() if isinstance(v, dict))
+    return scalars + subs
+
+
+def _val(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_val(x) for x in v) + "]"
+    return str(v) if isinstance(v, int) else f'"{v}"'
+
+
+@pytest.mark.parametrize("fp8_recipe", ["delayed", "tensorwise", "blockwise"])
+def test_catalogue_spelling_round_trips(tmp_path, fp8_recipe):
+    """A test written in the catalogue's own NeMo 2 spelling imports back to the same knob values, silently."""
+    values = {"tp": 2, "pp": 2, "cp": 2, "ep": 1, "mbs": 2, "gbs": 256, "seq_length": 4096, "max_steps": 20,
+              "precision": "fp8", "fp8_recipe": fp8_recipe}
+    cmd = {"docker_image_url": "nvcr.io#nvidia/nemo:25.09", "task": "pretrain", "recipe_name": "llama3_70b",
+           **_nest(knobs.overrides(values, "nemo2"))}
+    cmd["trainer"]["strategy"]["pipeline_model_parallel_size"] = [1, 2]  # one list: a [knobs] entry
+    path = tmp_path / "t.toml"
+    path.write_text('name = "rt"\ntest_template_name = "NeMoRun"\n' + _toml({"cmd_args": cmd}))
+    imp = import_cloudai(path, gpu="h100", out=tmp_path / "s.toml")
+    assert imp.not_imported == []
+    expect = {k: v for k, v in values.items() if k != "pp"}
+    assert imp.space.settings == expect and imp.space.knobs == {"pp": [1, 2]}
+    assert imp.space.recipe == "llama3_70b"
+
+
+def test_list_that_cannot_be_imported_is_reported_and_counted(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_text(TEST.read_text() + "\n[cmd_args.optim.config]\nuse_precision_aware_optimizer = [true, false]\n")
+    imp = import_cloudai(p, gpu="h100")
+    assert imp.cloudai_points == 2 * imp.space.size
+    assert any(n.field == "cmd_args.optim.config.use_precision_aware_optimizer" and n.value == [True, False]
+               for n in imp.not_imported)
+
+
+def test_cloudai_defaults_fill_what_the_file_leaves_out(tmp_path):
+    """CloudAI passes its models' defaults to NeMo (context_parallel_size = 2): the import does the same, and says so."""
+    p = tmp_path / "t.toml"
+    p.write_text(TEST.read_text().replace("    context_parallel_size = 1\n", ""))
+    out = tmp_path / "s.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(p), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert load_space(out).settings["cp"] == 2
+    assert "cmd_args.trainer.strategy.context_parallel_size = 2" in r.output
+    assert "# CloudAI's NeMoRun default (the file leaves it out): cmd_args.trainer.strategy.context_parallel_size = 2" \
+        in out.read_text()
+    assert import_cloudai(TEST, gpu="h100").defaults == []
+
+
+def test_reverse_table_is_the_catalogue():
+    table = nemo2_paths()
+    assert table["trainer.strategy.tensor_model_parallel_size"] == "tp"
+    assert table["data.seq_length"] == table["model.config.seq_length"] == "seq_length"
+    for path, name in table.items():
+        assert path in knobs.CATALOGUE[name].nemo2
+
+
+def test_scaled_variant_and_refusal_naming_both(tmp_path):
+    text = TEST.read_text().replace('recipe_name = "cloudai_llama3_8b_recipe"',
+                                    'recipe_name = "cloudai_llama3_8b_recipe"\nnum_layers = 4')
+    p = tmp_path / "t.toml"
+    p.write_text(text)
+    assert import_cloudai(p, gpu="h100").space.recipe == "llama3_8b_4l"
+    p.write_text(text.replace("num_layers = 4", "num_layers = 7"))
+    with pytest.raises(UserError, match=r"num_layers = 7 differs from llama3_8b's 32.*llama3_8b_4l"):
+        import_cloudai(p, gpu="h100")
+
+
+def test_on_the_fly_import_runs(tmp_path):
+    r = runner.invoke(app, ["run", "--space", f"cloudai:{SCENARIO}", "--gpu", "h100", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "not imported: Tests.cmd_args.trainer.plugins.fp8_params" in r.output
+    assert (tmp_path / "o" / "leaderboard.csv").is_file()
+
+
+BAD = [
+    ([str(TEST), "--gpu", "h900"], "unknown GPU generation 'h900'"),
+    ([str(TEST)], "give --gpu, one of"),
+    ([str(BY_NAME), "--gpu", "h100"], "2 tests (llama3_8b.1node, llama3_8b.2nodes)"),
+    ([str(BY_NAME), "--gpu", "h100", "--test", "nope"], "no test 'nope'"),
+    ([str(TEST), "--gpu", "h100", "--system", str(FIX / "missing.toml")], "no such file"),
+]
+
+
+@pytest.mark.parametrize("args, msg", BAD)
+def test_bad_arguments_one_line_exit_2_nothing_written(tmp_path, args, msg):
+    out = tmp_path / "o" / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", *args, "--out", str(out)])
+    assert r.exit_code == 2 and msg in r.output and r.output.strip().count("\n") == 0, r.output
+    assert not (tmp_path / "o").exists()
+
+
+EDITS = [
+    (('test_template_name = "NeMoRun"', 'test_template_name = "NcclTest"'), "dse imports NeMoRun tests"),
+    (('task = "pretrain"', 'task = "finetune"'), "task 'finetune' is not supported"),
+    (('recipe_name = "cloudai_llama3_8b_recipe"', 'recipe_name = "cloudai_gpt5_recipe"'), "no dse recipe for"),
+    (("NVTE_FUSED_ATTN", "nvte_fused_attn"), "is not an environment variable name"),
+    (('NVTE_FUSED_ATTN = "1"', 'NVTE_FUSED_ATTN = "$(reboot)"'), "takes letters, digits"),
+    (("tensor_model_parallel_size = [1, 2, 4]", "tensor_model_parallel_size = [1, 0]"), "must be >= 1"),
+    (("num_nodes = 1", "num_nodes = [1, 2]"), "a dse space has one node count"),
+    (("[cmd_args]", "[cmd_args"), "malformed TOML"),
+]
+
+
+@pytest.mark.parametrize("edit, msg", EDITS)
+def test_bad_files_one_line_exit_2_nothing_written(tmp_path, edit, msg):
+    src = tmp_path / "t.toml"
+    text = TEST.read_text()
+    assert edit[0] in text
+    src.write_text(text.replace(edit[0], edit[1], 1))
+    out = tmp_path / "o" / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(src), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 2 and msg in r.output and r.output.strip().count("\n") == 0, r.output
+    assert str(src) in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_slurm_system_refused(tmp_path):
+    sysf = tmp_path / "k8s.toml"
+    sysf.write_text('name = "k8s"\nscheduler = "kubernetes"\n')
+    with pytest.raises(UserError, match="dse imports Slurm systems"):
+        import_cloudai(TEST, system_path=sysf, gpu="h100")
