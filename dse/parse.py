@@ -195,6 +195,11 @@ class RunMetrics:
     # the run's wall time (set by dse.execute.run_trial, not by the parser): the backend's own figure where it
     # simulates one, else the clock around the run; the trial's GPU-hours come from it
     wall_s: float | None = None
+    # early stop (dse.steady, set by dse.execute.run_trial): the run was stopped once its steady-state step
+    # time had converged; ``steps`` is then the steps it ran, and ``gpu_hours_saved`` what running on to
+    # ``max_steps`` at the measured step time would have cost more
+    early_stopped: bool = False
+    gpu_hours_saved: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -487,6 +492,67 @@ class _Scan:
                 self.ignore_next_trace = True
 
 
+# ------------------------------------------------------------------------------------------ following a live log
+def steady_split(values: list[float | None]) -> tuple[int, list[float]]:
+    """The parser's warm-up rule (public for :mod:`dse.steady`): (steps dropped, valid steady values)."""
+    return _steady(values)
+
+
+def _series(scan: _Scan) -> tuple[list[tuple], str | None]:
+    """The step series the log's result is computed from: per-iteration formats first (the longest wins),
+    then the fallbacks in order."""
+    series: list[tuple] = []
+    fmt: str | None = None
+    for f in LOG_FORMATS:
+        recs = scan.steps[f.name]
+        if recs and (len(recs) > len(series) if f.primary else not series):
+            series = [recs[k] for k in sorted(recs)]
+            fmt = f.name
+    return series, fmt
+
+
+class LogFollower:
+    """Follows a log that is still being written with the scan :func:`parse_log` uses, incrementally.
+
+    Each :meth:`poll` reads only the bytes appended since the last one and feeds the complete lines to the
+    same scanner (an unfinished last line waits for its newline, kept to :data:`MAX_LINE` characters), so
+    the cost of following a run is one read of its log in all, not one per poll. :meth:`metrics` concludes
+    on what has been read so far, as :func:`parse_log` would on the log cut at that point.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, want_ts: bool = False):
+        self.path = os.fspath(path)
+        self.scan = _Scan(want_ts=want_ts)
+        self._offset = 0
+        self._tail = ""
+
+    def poll(self) -> bool:
+        """Read what was appended; True if anything was (a missing log is not an error: not started yet)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return False
+        if not data:
+            return False
+        self._offset += len(data)
+        text = self._tail + data.decode("utf-8", errors="replace")
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self._tail = lines.pop()[:MAX_LINE]
+        self.scan.feed(iter([ln[:MAX_LINE] + "\n" for ln in lines]))
+        return True
+
+    def step_times(self) -> list[float | None]:
+        """The step times logged so far (None where a progress line gave none), in step order."""
+        return [r[0] for r in _series(self.scan)[0]]
+
+    def metrics(self, *, exit_code: int | None = 0, scheduler_state: str | None = None,
+                context: ParseContext = ParseContext()) -> RunMetrics:
+        """The result of the lines read so far (by default as a run that ended cleanly there)."""
+        return _conclude(self.scan, self.path, exit_code, scheduler_state, context)
+
+
 # ------------------------------------------------------------------------------------------ entry point
 def parse_log(
     source: str | os.PathLike | Iterable[str],
@@ -516,13 +582,7 @@ def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:
 def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None,
               ctx: ParseContext) -> RunMetrics:
     # ---- the step series: per-iteration formats first (the longest wins), then the fallbacks in order
-    series: list[tuple] = []
-    fmt: str | None = None
-    for f in LOG_FORMATS:
-        recs = scan.steps[f.name]
-        if recs and (len(recs) > len(series) if f.primary else not series):
-            series = [recs[k] for k in sorted(recs)]
-            fmt = f.name
+    series, fmt = _series(scan)
     summary = [tf for _, tf, *_ in scan.steps["megatron_bridge_summary"].values()]
 
     warm, times = _steady([r[0] for r in series])
