@@ -150,6 +150,22 @@ class Search(_Strict):
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
 
 
+class EarlyStopSettings(_Strict):
+    """``[backend.early_stop]``: stop a trial once its steady-state step time has converged (dse.steady).
+
+    Defaults from the recorded real H200 logs (``bench/early_stop.py``; README "Early stop"). Off unless
+    ``enabled = true``: turning it on changes every study's steps and GPU-hours, so a space asks for it.
+    ``poll_s``: how often the local and Slurm backends look at the growing log.
+    """
+
+    enabled: bool = False
+    min_steps: int = Field(5, ge=1, le=100_000, description="steady steps (after the warm-up) before a stop")
+    window: int = Field(5, ge=1, le=10_000, description="steps over which the median must hold still")
+    tolerance: float = Field(0.01, gt=0, lt=1, allow_inf_nan=False,
+                             description="relative move of the median allowed over the window")
+    poll_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between looks at the log")
+
+
 class BackendSettings(_Strict):
     kind: str = "sim"  # a name in the dse.backends registry (checked without importing the backend)
     payload: str = "nemo2"  # one of recipes.contract.PAYLOADS
@@ -165,6 +181,7 @@ class BackendSettings(_Strict):
     twin_seed: int = Field(0, ge=0)
     allow_env: list[str] = Field(default_factory=list, description="protected environment names the space may "
                                  "set (LD_PRELOAD, PATH, PYTHONPATH...): an explicit opt-in")
+    early_stop: EarlyStopSettings = Field(default_factory=EarlyStopSettings)
 
     @field_validator("payload")
     @classmethod

@@ -1,0 +1,81 @@
+"""Steady-state early stop on the recorded real logs: steps each log needed, and the error of the estimate.
+
+For every real log in the repository (H200 runs: tests/fixtures/logs/real_h200*, bench/data/h200_local_study),
+the rule of :mod:`dse.steady` is replayed step by step on the log's step times; printed per log: the steps
+logged, the steps the rule needed, the early estimate and its error against the full-run median (what
+``dse parse`` reports for the whole log). Then a sweep of (min_steps, window, tolerance) with, for each,
+the mean share of steps saved and the worst error, to show why the defaults are what they are.
+
+    python bench/early_stop.py            # the defaults, per log, then the sweep
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dse.parse import LogFollower, parse_log  # noqa: E402
+from dse.space import EarlyStopSettings  # noqa: E402
+from dse.steady import Rule, estimate, steps_needed  # noqa: E402
+
+
+def real_logs() -> list[Path]:
+    logs = sorted((ROOT / "tests" / "fixtures" / "logs").glob("real_h200*/*.log"))
+    logs += sorted((ROOT / "bench" / "data" / "h200_local_study" / "trials").glob("*/log.txt"))
+    return logs
+
+
+def series(log: Path) -> list[float | None]:
+    f = LogFollower(log)
+    f.poll()
+    return f.step_times()
+
+
+def replay(times: list[float | None], full: float, rule: Rule) -> tuple[int | None, float | None]:
+    """(steps needed, relative error of the estimate then) for one log."""
+    n = steps_needed(times, rule)
+    if n is None:
+        return None, None
+    est = estimate(times[:n])
+    return n, abs(est / full - 1.0)
+
+
+def main() -> None:
+    d = EarlyStopSettings()
+    rule = Rule(d.min_steps, d.window, d.tolerance)
+    data = []
+    for log in real_logs():
+        m = parse_log(log)
+        if m.status != "ok" or m.step_time_s is None:
+            continue
+        data.append((log.relative_to(ROOT), series(log), m.step_time_s))
+    print(f"defaults: min_steps={rule.min_steps} window={rule.window} tolerance={rule.tolerance:g}; "
+          f"{len(data)} real logs with an ok result")
+    print(f"{'log':62} {'steps':>5} {'needed':>6} {'full median s':>13} {'error %':>8}")
+    needed_share = []
+    for name, times, full in data:
+        n, err = replay(times, full, rule)
+        needed_share.append((n or len(times)) / len(times))
+        print(f"{str(name):62} {len(times):5d} {n if n else '-':>6} {full:13.4f} "
+              f"{(f'{100 * err:8.2f}' if err is not None else '       -')}")
+    print(f"steps run with early stop: {100 * statistics.fmean(needed_share):.0f}% of the logged steps on average")
+    print()
+    print("sweep: min_steps window tolerance | logs stopped | mean steps run % | worst error %")
+    for ms, w, tol in itertools.product((3, 5, 8), (2, 3, 5), (0.005, 0.01, 0.02)):
+        r = Rule(ms, w, tol)
+        res = [replay(t, f, r) for _, t, f in data]
+        stopped = [x for x in res if x[0] is not None]
+        share = statistics.fmean((n or len(t)) / len(t) for (n, _), (_, t, _) in zip(res, data))
+        worst = max((e for _, e in stopped), default=float("nan"))
+        mark = "  <- defaults" if (ms, w, tol) == (rule.min_steps, rule.window, rule.tolerance) else ""
+        print(f"  {ms:9d} {w:6d} {tol:9.3f} | {len(stopped):2d}/{len(data):2d} | {100 * share:6.0f} | "
+              f"{100 * worst:6.2f}{mark}")
+
+
+if __name__ == "__main__":
+    main()
