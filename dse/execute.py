@@ -20,6 +20,7 @@ from dse.launch import build_plan
 from dse.parse import ParseContext, RunMetrics, parse_log
 from dse.perfmodel import model_flops_per_step
 from dse.space import BackendSettings
+from dse.steady import Monitor, Rule
 from dse.trial import TrialConfig
 
 
@@ -63,9 +64,11 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
                           simulated=backend.simulated, params=calibrated_params(settings.calibration))
     except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
         return RunMetrics("failed", f"launch plan: {e}")
+    es = settings.early_stop
+    monitor = Monitor(Rule(es.min_steps, es.window, es.tolerance), poll_s=es.poll_s) if es.enabled else None
     t0 = time.monotonic()
     try:
-        result = backend.run(plan, run_dir)
+        result = backend.run(plan, run_dir) if monitor is None else backend.run(plan, run_dir, stop=monitor)
     except (KeyboardInterrupt, InfrastructureError):
         raise
     except OSError as e:  # disk full, read-only: dse's machinery failed, not the trial
@@ -84,5 +87,18 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
     if not log.exists():
         return RunMetrics("failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})",
                           wall_s=wall)
+    if result.stopped and monitor is not None and monitor.decided:
+        return early_stopped(trial, monitor.metrics(parse_context(trial, settings)), wall)
     return replace(parse_log(log, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
                              context=parse_context(trial, settings)), wall_s=wall)
+
+
+def early_stopped(trial: TrialConfig, metrics: RunMetrics, wall_s: float) -> RunMetrics:
+    """The result of a run stopped once its steady state had converged: the metrics of the log as read at
+    the stop (whatever the stop itself printed is not the trial's), flagged, with the GPU-hours that running
+    on to ``max_steps`` at the measured step time would have cost (one logged line per step, as the
+    payloads log)."""
+    saved = None
+    if metrics.step_time_s is not None:
+        saved = max(0, int(trial.max_steps) - metrics.steps) * metrics.step_time_s * trial.num_gpus / 3600.0
+    return replace(metrics, early_stopped=True, gpu_hours_saved=saved, wall_s=wall_s)

@@ -5,12 +5,23 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dse.launch import LaunchPlan
 
 if TYPE_CHECKING:
     from dse.space import Space
+
+
+class StopCheck(Protocol):
+    """What a backend is handed to stop a run early (dse.steady.Monitor): called with the path of the log
+    the run is writing, it answers True once the run should stop. A backend calls it every ``poll_s``
+    seconds while the run lasts (the simulated backend after each step it writes) and then stops the job
+    the way a user would; it neither parses the log nor knows the rule."""
+
+    poll_s: float
+
+    def __call__(self, log_path: Path) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,8 @@ class RunResult:
     # the run's wall time when the backend knows it better than the caller's clock (the simulated backend:
     # start-up plus simulated steps); None: the environment times backend.run itself
     wall_s: float | None = None
+    # True when the backend stopped the run because its StopCheck said so (not when it ended by itself)
+    stopped: bool = False
 
 
 class Backend(abc.ABC):
@@ -54,5 +67,7 @@ class Backend(abc.ABC):
         raise UserError(f"backend {cls.name!r} writes no launch script", field="--backend")
 
     @abc.abstractmethod
-    def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
-        """Run ``plan`` with ``run_dir`` as its run directory (created by the caller, empty)."""
+    def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
+        """Run ``plan`` with ``run_dir`` as its run directory (created by the caller, empty). With ``stop``,
+        stop the run once ``stop(log)`` answers True and return ``RunResult(stopped=True)``; a backend
+        that cannot stop a run early may ignore it (the trial then runs to its end)."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 
-from dse.backends.base import Backend, RunResult
+from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
     CODE_DIR, LOG_NAME, check_env, check_path, comment, import_nemo_run, job_name, quoted_command, stage_code,
 )
@@ -85,14 +86,52 @@ class LocalBackend(Backend):
     def __init__(self, space: Space | None = None):
         self.space = space
 
-    def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
+    def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
+        """Run the plan; with ``stop``, the simulated trainer's script runs in its own process group, which
+        is stopped as a user would (SIGTERM, then SIGKILL after ``grace_s``) once ``stop`` says so. The
+        nemo-run path (torchrun) does not stop early yet: it runs to ``max_steps``."""
         run_dir.mkdir(parents=True, exist_ok=True)
         stage_code(run_dir)
         script = write_local_script(plan, run_dir)
         if plan.payload == "sim":
-            proc = subprocess.run(["bash", str(script)], stdin=subprocess.DEVNULL)
-            return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=proc.returncode)
+            if stop is None:
+                proc = subprocess.run(["bash", str(script)], stdin=subprocess.DEVNULL)
+                return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=proc.returncode)
+            return self._run_stoppable(["bash", str(script)], run_dir, stop)
         return self._run_nemo_run(plan, run_dir)
+
+    grace_s: float = 10.0  # SIGTERM to SIGKILL
+
+    def _run_stoppable(self, argv: list[str], run_dir: Path, stop: StopCheck) -> RunResult:
+        """Run ``argv`` in a new session (its own process group), asking ``stop`` every ``stop.poll_s``."""
+        log = run_dir / LOG_NAME
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=stop.poll_s)
+                    return RunResult(run_dir=run_dir, log_path=log, exit_code=code)
+                except subprocess.TimeoutExpired:
+                    pass
+                if stop(log):
+                    self._stop_group(proc)
+                    return RunResult(run_dir=run_dir, log_path=log, exit_code=proc.returncode, stopped=True)
+        except BaseException:  # Ctrl-C (or anything else): the job must not outlive dse
+            self._stop_group(proc)
+            raise
+
+    def _stop_group(self, proc: subprocess.Popen) -> None:
+        """SIGTERM to the run's process group, SIGKILL if it is still there after ``grace_s``."""
+        for sig, wait_s in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # the group is gone already
+                pass
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
     def _run_nemo_run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
         """Launch through ``run.Experiment`` + ``LocalExecutor``; copy torchrun's combined output to ``log.txt``."""

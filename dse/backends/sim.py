@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dse.backends.base import Backend, RunResult
+from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import LOG_NAME
 from dse.launch import LaunchPlan
 from dse.perfmodel.simulate import simulate
@@ -34,7 +34,7 @@ class SimBackend(Backend):
         twin = make_twin(space, b.twin_seed) if b.truth == "twin" else None  # [backend] truth = "twin"
         return cls(seed=seed, flops_convention=b.flops_convention, twin=twin, startup_s=space.system.startup_s)
 
-    def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
+    def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
         # A plan built for this backend carries its figures; one built elsewhere (a test, a script) gets them
         # from the same call here. A twin truth replaces the model's figures with the twin's.
         if self.twin is not None:
@@ -42,8 +42,17 @@ class SimBackend(Backend):
         else:
             sim = plan.sim_run or simulate(plan.trial, self.seed, flops_convention=self.flops_convention)
         log = run_dir / LOG_NAME
+        written = [0]  # steps written so far
+
+        def after_step(i: int) -> bool:
+            # the early stop, simulated from the step series: the log ends where the stop was decided
+            written[0] = i + 1
+            fh.flush()
+            return stop(log)
+
         with open(log, "w") as fh:
-            code = write_log(sim, fh)
-        steps = sim.oom_after if sim.oom else sim.max_steps
-        return RunResult(run_dir=run_dir, log_path=log, exit_code=code,
+            code = write_log(sim, fh) if stop is None else write_log(sim, fh, after_step=after_step)
+        stopped = code is None
+        steps = written[0] if stopped else (sim.oom_after if sim.oom else sim.max_steps)
+        return RunResult(run_dir=run_dir, log_path=log, exit_code=None if stopped else code, stopped=stopped,
                          wall_s=self.startup_s + steps * sim.step_time_s)

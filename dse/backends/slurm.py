@@ -28,7 +28,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dse.backends.base import Backend, RunResult
+from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
     LOG_NAME, check_env, check_field, check_path, import_nemo_run, job_name, quoted_command, stage_code,
 )
@@ -235,7 +235,10 @@ class SlurmBackend(Backend):
     def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
 
-    def run(self, plan: LaunchPlan, run_dir: Path) -> RunResult:
+    def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
+        """Submit, wait, collect. With ``stop``: asked at each poll while the job runs (with the log in the
+        job directory, where srun writes it); when it says so the job is cancelled (``scancel``), as a user
+        would, and the result is ``stopped`` whatever end state Slurm then records (``CANCELLED``)."""
         settings = plan.trial.system.slurm
         _check_settings(settings, None)  # before any directory is made
         job_dir = cluster_dir(run_dir, settings)
@@ -250,8 +253,12 @@ class SlurmBackend(Backend):
             err.write_text(f"sbatch: {error}\n")
             return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED)
         (run_dir / "job_id").write_text(job_id + "\n")
+        stopped = False
         try:
-            end = self.wait(job_id)
+            if stop is not None:
+                end, stopped = self.wait_or_stop(job_id, job_dir / LOG_NAME, stop)
+            else:
+                end = self.wait(job_id)
         except KeyboardInterrupt:
             cancel(job_id)
             self.wait(job_id, limit_s=15)
@@ -261,7 +268,30 @@ class SlurmBackend(Backend):
                 if (job_dir / name).exists():
                     shutil.copy2(job_dir / name, run_dir / name)
         return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=end.exit_code,
-                         scheduler_state=end.state, job_id=job_id)
+                         scheduler_state=end.state, job_id=job_id, stopped=stopped)
+
+    def wait_or_stop(self, job_id: str, log: Path, stop: StopCheck) -> tuple[JobState, bool]:
+        """Poll until the job ends by itself (state, False), or ``stop(log)`` says so while it runs: then
+        ``scancel`` and wait for its end state (state, True). The log is looked at every ``stop.poll_s``."""
+        gone_since: float | None = None
+        last_look = float("-inf")
+        while True:
+            st = query_state(job_id)
+            now = time.monotonic()
+            if st is not None:
+                if st.state in TERMINAL:
+                    return st, False
+                gone_since = None
+            else:
+                gone_since = gone_since or now
+                if now - gone_since > self.settle_s:
+                    return JobState(UNKNOWN, None), False
+            if now - last_look >= stop.poll_s:
+                last_look = now
+                if stop(log):
+                    cancel(job_id)
+                    return self.wait(job_id, limit_s=max(self.settle_s, 15.0)), True
+            time.sleep(min(self.poll_s, stop.poll_s))
 
     def wait(self, job_id: str, *, limit_s: float | None = None) -> JobState:
         """Poll until the job reaches an end state (or ``limit_s`` passes); the last state seen."""

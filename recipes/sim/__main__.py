@@ -10,6 +10,7 @@ The figures arrive in the environment (``DSE_SIM_*``, set by ``dse.launch.build_
 does; the other ranks check the command line the same way and exit with the same code.
 
 Test hooks: ``DSE_SIM_SLEEP_S`` sleeps that long before training (a job that hangs, for time-limit tests);
+``DSE_SIM_STEP_S`` sleeps that long after each step (a long-running trial, for early-stop tests);
 ``DSE_SIM_ECHO_ENV`` (comma-separated names) prints those variables as the process received them.
 """
 
@@ -191,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         out.write(f"[NeMo I] env {name}={os.environ.get(name, '<unset>')}\n")
     out.flush()
     time.sleep(_env_num("DSE_SIM_SLEEP_S", float, 0.0))
-    code = write_log(run, out)
+    step_s = _env_num("DSE_SIM_STEP_S", float, 0.0)
+
+    def pace(_: int) -> bool:  # a run that takes real time per step (early-stop tests): flush, then wait
+        out.flush()
+        time.sleep(step_s)
+        return False
+
+    code = write_log(run, out, after_step=pace if step_s > 0 else None)
     out.flush()
     if code:
         # A failed rank takes a moment to tear down (CUDA, NCCL) after printing its error, and the other ranks

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TextIO
 
 OOM_EXIT_CODE = 1
@@ -39,8 +40,11 @@ def _fmt(x: float) -> str:
     return f"{float(x):.4}"
 
 
-def write_log(run: SimRun, out: TextIO) -> int:
-    """Write the log of ``run`` to ``out``; return the exit code the process would have."""
+def write_log(run: SimRun, out: TextIO, after_step: Callable[[int], bool] | None = None) -> int | None:
+    """Write the log of ``run`` to ``out``; return the exit code the process would have.
+
+    ``after_step(i)`` is called after step ``i``'s line (pacing, an early stop); when it returns True the
+    log ends there and None is returned (the run was stopped from outside: no exit code of its own)."""
     rng = random.Random(run.seed)
     out.write("GPU available: True (cuda), used: True\n")
     out.write("[NeMo I] Using the simulated trainer (dse); figures come from the performance model\n")
@@ -61,6 +65,8 @@ def write_log(run: SimRun, out: TextIO) -> int:
             f"max_memory_reserved: {_fmt(run.peak_memory_gib * 1.05 * 2**30)} | "
             f"max_memory_allocated: {_fmt(run.peak_memory_gib * 2**30)} | consumed_samples: {consumed}\n"
         )
+        if after_step is not None and after_step(i):
+            return None
     if run.oom:
         need = max(0.5, run.peak_memory_gib - run.gpu_memory_gib + 1.0)
         out.write(
