@@ -147,7 +147,7 @@ def _print_summary(records, knob_names, top: int) -> None:
     df = frame(records, knob_names).head(top)
     table = Table(title=f"top {len(df)} trials", show_lines=False)
     cols = ["trial", "status", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu",
-            "peak_memory_gib", *knob_names, "gpu_hours"]
+            "peak_memory_gib", *knob_names, "gpu_hours", "steps", "early_stopped"]
     for c in cols:
         table.add_column(c, justify="right" if c not in ("status",) else "left")
     for _, row in df.iterrows():
@@ -155,12 +155,13 @@ def _print_summary(records, knob_names, top: int) -> None:
     console.print(table)
     counts = Counter(r.status for r in records)
     console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    from dse.leaderboard import gpu_hours
+    from dse.leaderboard import gpu_hours, savings_line
 
     spent, to_best = gpu_hours(records)
     launched = sum(r.status != "rejected" for r in records)
     console.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
-                  + (f", {to_best:,.1f} to the best" if to_best is not None else ""), highlight=False)
+                  + (f", {to_best:,.1f} to the best" if to_best is not None else "") + savings_line(records),
+                  highlight=False)
 
 
 def _fmt(v) -> str:

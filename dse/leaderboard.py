@@ -1,8 +1,10 @@
 """The leaderboard: one row per trial, ranked by reward with failures last; CSV export.
 
 Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_gpu, peak_memory_gib``,
-one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, run_dir, reason``
-(``gpu_hours``: GPUs x the run's wall time, simulated runs: start-up plus steps; 0 for rejected points). Metrics of a
+one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, steps, early_stopped,
+gpu_hours_saved, run_dir, reason`` (``gpu_hours``: GPUs x the run's wall time, simulated runs: start-up plus
+steps; 0 for rejected points; ``steps``: logged steps the run ran; ``early_stopped``: stopped once its steady
+state had converged, ``gpu_hours_saved`` then what running on to ``max_steps`` would have cost more). Metrics of a
 failed trial are left empty (a failed run's partial metrics stay in the store, flagged, never ranked).
 """
 
@@ -18,7 +20,7 @@ from dse.store import TrialRecord
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
-TAIL = ("gpu", "num_gpus", "gpu_hours", "run_dir", "reason")
+TAIL = ("gpu", "num_gpus", "gpu_hours", "steps", "early_stopped", "gpu_hours_saved", "run_dir", "reason")
 
 
 def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataFrame:
@@ -27,7 +29,10 @@ def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataF
         row = {"trial": r.number, "status": r.status, "reward": r.reward}
         row.update({m: (r.metrics.get(m) if r.ok else None) for m in METRIC_COLUMNS})
         row.update({k: r.knobs.get(k) for k in knob_names})
-        row.update(gpu=r.gpu, num_gpus=r.num_gpus, gpu_hours=r.gpu_hours, run_dir=r.run_dir, reason=r.reason)
+        row.update(gpu=r.gpu, num_gpus=r.num_gpus, gpu_hours=r.gpu_hours,
+                   steps=r.metrics.get("steps") if r.status != "rejected" else None,
+                   early_stopped=bool(r.metrics.get("early_stopped", False)),
+                   gpu_hours_saved=r.metrics.get("gpu_hours_saved"), run_dir=r.run_dir, reason=r.reason)
         rows.append(row)
     df = pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
     if df.empty:
@@ -61,6 +66,18 @@ def gpu_hours(records: Sequence[TrialRecord]) -> tuple[float, float | None]:
         return spent, None
     best = max(ok, key=lambda r: (r.reward, -r.number))
     return spent, sum(r.gpu_hours or 0.0 for r in ordered if r.number <= best.number)
+
+
+def early_stop_savings(records: Sequence[TrialRecord]) -> tuple[int, float]:
+    """(trials stopped early, GPU-hours they saved against running every trial to ``max_steps``)."""
+    stopped = [r for r in records if r.metrics.get("early_stopped")]
+    return len(stopped), sum(r.metrics.get("gpu_hours_saved") or 0.0 for r in stopped)
+
+
+def savings_line(records: Sequence[TrialRecord]) -> str:
+    """The summary's early-stop sentence ('' when no trial was stopped early)."""
+    n, saved = early_stop_savings(records)
+    return f"; early stop: {n} trials, {saved:,.1f} GPU-hours saved" if n else ""
 
 
 def checked_output(path: Path, field: str) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dse.leaderboard import frame, gpu_hours
+from dse.leaderboard import frame, gpu_hours, savings_line
 from dse.store import TrialRecord
 
 
@@ -56,7 +56,8 @@ def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_
     spent, to_best = gpu_hours(records)
     launched = sum(r.status != "rejected" for r in records)
     parts.append("<p>" + html.escape(f"{launched} launched runs; GPU-hours: {spent:,.1f} spent"
-                                     + (f", {to_best:,.1f} to the best" if to_best is not None else "")) + "</p>")
+                                     + (f", {to_best:,.1f} to the best" if to_best is not None else "")
+                                     + savings_line(records)) + "</p>")
     ok = df[df.status == "ok"]
     if not ok.empty:
         best = ok.iloc[0]
