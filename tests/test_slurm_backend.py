@@ -189,3 +189,22 @@ def test_time_limit_kill_is_timeout(time_limit_job):
     r = time_limit_job.result(timeout=240)
     assert r.scheduler_state == "TIMEOUT"
     assert status_for(r.scheduler_state) == "timeout"
+
+
+def test_a_long_trial_is_stopped_early_by_scancel(tmp_path):
+    """Issue 19 on a real Slurm: a simulated trial of 300 steps at 0.2 s (a minute to run out) is cancelled by
+    the early stop once its steady state has converged, and its result reads ok, stopped early."""
+    from dse.execute import early_stopped, parse_context
+    from dse.space import BackendSettings
+    from dse.steady import Monitor, Rule
+
+    t = trial("llama3_70b_16l", sys=local_system(), num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=300,
+              env_DSE_SIM_STEP_S="0.2")
+    mon = Monitor(Rule(), poll_s=0.5)
+    t0 = time.monotonic()
+    r = backend().run(sim_plan(t), tmp_path, stop=mon)
+    assert r.stopped and mon.decided and r.scheduler_state == "CANCELLED"
+    assert time.monotonic() - t0 < 50
+    m = early_stopped(t, mon.metrics(parse_context(t, BackendSettings(payload="sim"))), time.monotonic() - t0)
+    assert m.status == "ok" and m.early_stopped and m.steps < 300 and m.gpu_hours_saved > 0
+    assert len(step_times(r.log_path)) < 300
