@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -40,7 +39,7 @@ from typing import Any, Mapping
 from dse import knobs
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
-from dse.space import Space, System
+from dse.space import Space, System, _read_toml
 from recipes.models import RECIPES, Recipe
 
 
@@ -154,18 +153,6 @@ def _key(k: str) -> str:
     return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError("no such file", file=str(path)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"malformed TOML: {e}", file=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read: {e}", file=str(path)) from None
-
-
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, v in table.items():
@@ -266,7 +253,7 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
     # CloudAI keeps tests in a sibling test/ directory (conf/common/test_scenario -> conf/common/test)
     for cand in sorted((path.parent.parent / "test").glob("*.toml")):
         try:
-            test = _read(cand)
+            test = _read_toml(cand)
         except UserError:
             continue
         if test.get("name") == name:
@@ -286,7 +273,7 @@ def _summary(v: Any) -> Any:
 
 def _system(path: Path, notes: list[NotImported], gpu: str) -> tuple[dict[str, Any], dict[str, str]]:
     """CloudAI's Slurm system -> (dse system table, env from global_env_vars)."""
-    data = _read(path)
+    data = _read_toml(path)
     f = str(path)
     if data.get("scheduler") != "slurm":
         raise UserError(f"scheduler {data.get('scheduler')!r} is not supported; dse imports Slurm systems",
@@ -332,7 +319,7 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     if gpu not in GPU_NAMES:
         raise UserError(f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
                         field="--gpu")
-    data = _read(path)
+    data = _read_toml(path)
     test, entry, where = _test_entry(data, path, test_id)
     template = test.get("test_template_name")
     if template != "NeMoRun":
