@@ -105,7 +105,7 @@ def run_cmd(
                            backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial)
     finally:
         progress.stop()
-    _print_summary(result.records, list(space.knobs), top=10)
+    _print_summary(result.records, list(space.knobs), top=10, objective=space.objective.metric)
     if result.stop_reason:
         console.print(result.stop_reason, highlight=False)
     console.print(f"{result.new_trials} new trials, {len(result.records)} in the study; "
@@ -137,31 +137,90 @@ def _load_space_arg(space_file: Path, gpu: Optional[str]):
     return load_space(space_file)
 
 
-def _print_summary(records, knob_names, top: int) -> None:
+# The summary's columns: (leaderboard column, short header used when the full names do not fit).
+_SUMMARY_COLUMNS = {"trial": "#", "status": "status", "reward": "reward", "step_time_s": "step s",
+                    "tflops_per_gpu": "TFLOP/s", "tokens_per_s_per_gpu": "tok/s/GPU", "peak_memory_gib": "mem GiB",
+                    "gpu_hours": "GPU-h", "steps": "steps", "early_stopped": "early"}
+# Dropped first when even short headers do not fit (the space's objective metric is never dropped).
+_DROP_ORDER = ("early_stopped", "steps", "gpu_hours", "tokens_per_s_per_gpu", "peak_memory_gib", "step_time_s", "tflops_per_gpu")
+_REASON_MIN = 16  # the reason column's narrowest useful width; the full reason is in leaderboard.csv
+
+
+def _print_summary(records, knob_names, top: int, *, objective: str | None = None,
+                   out: Console | None = None) -> None:
+    """The top trials as a table fitted to the terminal's width, then the statuses counted.
+
+    Values are never cut: when the table is too wide, headers are abbreviated first, then metric columns
+    are dropped (early-stopped, steps, GPU-hours, tokens/s, memory, step time, TFLOP/s; never ``objective``), then knob columns from the
+    last; a line names what is not shown. The reason column (why a trial failed) takes what width is
+    left and is shortened with an ellipsis, the whole text being in ``leaderboard.csv``.
+    """
     from collections import Counter
 
+    from rich.cells import cell_len
     from rich.table import Table
 
     from dse.leaderboard import frame
 
+    out = out or console
     df = frame(records, knob_names).head(top)
-    table = Table(title=f"top {len(df)} trials", show_lines=False)
-    cols = ["trial", "status", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu",
-            "peak_memory_gib", *knob_names, "gpu_hours", "steps", "early_stopped"]
-    for c in cols:
-        table.add_column(c, justify="right" if c not in ("status",) else "left")
-    for _, row in df.iterrows():
-        table.add_row(*[_fmt(row[c]) for c in cols])
-    console.print(table)
+    rows = [{c: _fmt(row[c]) for c in df.columns} for _, row in df.iterrows()]
+    for r in rows:
+        r["reason"] = _short_reason(r["reason"])
+    shown_reason = any(r.get("reason") for r in rows)
+    width = out.width
+
+    def build(cols, short, reason_w):
+        table = Table(title=f"top {len(df)} trials", show_lines=False)
+        for c in cols:
+            table.add_column(_SUMMARY_COLUMNS.get(c, c) if short else c, no_wrap=True,
+                             justify="left" if c == "status" else "right")
+        if shown_reason:
+            table.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=reason_w)
+        for r in rows:
+            table.add_row(*[r[c] for c in cols], *([r["reason"]] if shown_reason else []))
+        return table
+
+    def spare(cols, short):
+        # rich squeezes a table that is too wide by cutting cells, whatever no_wrap says, so the
+        # natural width is computed here: each cell's text, one space of padding each side, one rule
+        # between columns and at both edges (the default box).
+        heads = [_SUMMARY_COLUMNS.get(c, c) if short else c for c in cols]
+        widths = [max([cell_len(h)] + [cell_len(r[c]) for r in rows]) for h, c in zip(heads, cols)]
+        return width - (sum(widths) + 3 * len(widths) + 1) - (3 if shown_reason else 0)
+
+    tail = ("gpu_hours", "steps", "early_stopped")
+    cols = [*(c for c in _SUMMARY_COLUMNS if c not in tail), *knob_names, *tail]
+    droppable = [c for c in _DROP_ORDER if c != objective and c in cols] + list(reversed(knob_names))
+    dropped: list[str] = []
+    short = False
+    while spare(cols, short) < (_REASON_MIN if shown_reason else 0):
+        if not short:
+            short = True
+        elif droppable:
+            c = droppable.pop(0)
+            cols.remove(c)
+            dropped.append(c)
+        else:
+            break  # trial, status, reward and the objective: shown even when they overflow
+    out.print(build(cols, short, max(spare(cols, short), _REASON_MIN)))
+    if dropped:
+        out.print(f"not shown: {', '.join(dropped)} (every column is in leaderboard.csv)", highlight=False)
     counts = Counter(r.status for r in records)
-    console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     from dse.leaderboard import gpu_hours, savings_line
 
     spent, to_best = gpu_hours(records)
     launched = sum(r.status != "rejected" for r in records)
-    console.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
-                  + (f", {to_best:,.1f} to the best" if to_best is not None else "") + savings_line(records),
-                  highlight=False)
+    out.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
+              + (f", {to_best:,.1f} to the best" if to_best is not None else "") + savings_line(records),
+              highlight=False)
+
+
+def _short_reason(reason: str) -> str:
+    """A rejection's rule name ("layers_divisible: pp*vp = ..." -> "layers_divisible"); else the reason."""
+    head, sep, _ = reason.partition(": ")
+    return head if sep and head.isidentifier() else reason
 
 
 def _fmt(v) -> str:
@@ -170,7 +229,7 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:.0f}" if abs(v) >= 1e4 else f"{v:.4g}"  # 12345.6 as 12346, not 1.235e+04
     return str(v)
 
 
