@@ -204,13 +204,42 @@ def query_state(job_id: str) -> JobState | None:
     return None
 
 
+_SBATCH_PREFIXES = ("sbatch:", "error:", "Batch job submission failed:")
+REFUSALS_TO_STOP = 3  # the same refusal this many times in a row ends the study (the cluster is misconfigured)
+
+
+def sbatch_message(output: str) -> str:
+    """sbatch's complaint in its own words, without its ``sbatch: error:`` prefixes, on one line.
+
+    ``sbatch: error: invalid partition specified: x`` and ``sbatch: error: Batch job submission failed:
+    Invalid partition name specified`` become ``invalid partition specified: x; Invalid partition name
+    specified``. Error lines win over warnings; a repeated line is kept once.
+    """
+    lines = []
+    for raw in output.splitlines():
+        line, kind = raw.strip(), "other"
+        changed = True
+        while changed:
+            changed = False
+            for p in _SBATCH_PREFIXES:
+                if line.startswith(p):
+                    kind = "error" if p == "error:" or kind == "error" else kind
+                    line, changed = line[len(p):].strip(), True
+        if line.lower().startswith("warning:"):
+            kind = "warning"
+        if line and line.lower() not in (seen.lower() for _, seen in lines):
+            lines.append((kind, line))
+    errors = [text for kind, text in lines if kind == "error"]
+    return "; ".join(errors or [text for _, text in lines])
+
+
 def submit(script: Path) -> tuple[str | None, str]:
-    """``sbatch --parsable script``: (job id, '') or (None, sbatch's complaint)."""
+    """``sbatch --parsable script``: (job id, '') or (None, sbatch's output as it printed it)."""
     r = _run(["sbatch", "--parsable", str(script)], timeout=60)
     if r is None:
         return None, "sbatch could not be run (is Slurm installed and on PATH?)"
     if r.returncode != 0 or not r.stdout.strip():
-        return None, (r.stderr or r.stdout).strip() or f"sbatch exited with {r.returncode}"
+        return None, "\n".join(t.strip() for t in (r.stderr, r.stdout) if t.strip()) or f"sbatch exited with {r.returncode}"
     return r.stdout.strip().split(";")[0], ""
 
 
@@ -234,6 +263,16 @@ class SlurmBackend(Backend):
 
     def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
+        self._refusal: tuple[str, int] = ("", 0)  # the last sbatch refusal and how many times in a row
+
+    def stop_reason(self) -> str | None:
+        """Set once sbatch refused :data:`REFUSALS_TO_STOP` submissions in a row with the same message: a
+        misconfigured partition, account or GRES fails every trial, and the study should not go on."""
+        message, n = self._refusal
+        if n < REFUSALS_TO_STOP:
+            return None
+        return (f"sbatch refused {n} jobs in a row: {message} (check the system file's [slurm] table: "
+                f"partition, account, gpus_per_node_flag, time_limit)")
 
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
         """Submit, wait, collect. With ``stop``: asked at each poll while the job runs (with the log in the
@@ -250,8 +289,13 @@ class SlurmBackend(Backend):
         job_id, error = submit(script)
         if job_id is None:
             err = run_dir / SBATCH_OUT
-            err.write_text(f"sbatch: {error}\n")
-            return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED)
+            err.write_text(error.rstrip("\n") + "\n")  # as sbatch printed it (its own "sbatch: error:" prefix)
+            message = sbatch_message(error)
+            last, n = self._refusal
+            self._refusal = (message, n + 1 if message == last else 1)
+            return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED,
+                             reason=f"sbatch refused the job: {message}")
+        self._refusal = ("", 0)
         (run_dir / "job_id").write_text(job_id + "\n")
         stopped = False
         try:
