@@ -24,6 +24,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from dse.backends.slurm import slurm_seconds
 from dse.launch import build_plan
 from dse.space import Space
 from dse.store import TrialRecord
@@ -43,20 +44,6 @@ def slurm_time(seconds: float) -> str:
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
-
-
-def slurm_seconds(text: str) -> float | None:
-    """Slurm's time formats (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None: unlimited."""
-    text = text.strip().upper()
-    if text in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        h, m, sec = (parts + [0, 0])[:3]
-    else:  # MM, MM:SS, HH:MM:SS
-        h, m, sec = parts if len(parts) == 3 else (0, *(parts + [0])[:2])
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
 
 
 def time_limit(trial, metrics: dict) -> tuple[str, str]:

@@ -81,6 +81,7 @@ class SlurmSettings(_Strict):
     exclusive: bool = True
     srun_args: list[str] = Field(default_factory=list)
     job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
+    max_pending: str = ""  # a Slurm time; a job pending longer is cancelled and failed with Slurm's reason ("": wait)
 
     @field_validator("partition", "account", "time_limit", "container_image", "container_mounts", "srun_args",
                      "job_dir")
