@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -378,6 +379,10 @@ def parse_cmd(
 _PREDICT_SKIP = ("num_nodes", "max_steps")
 
 
+# The knobs a recipe's default layout sets (dse.trial.resolve), beyond the catalogue's defaults.
+_RECIPE_LAYOUT = ("tp", "pp", "cp", "vp", "mbs", "gbs", "fsdp", "recompute", "seq_length", "cpu_offload_layers")
+
+
 def _predict_options() -> list[inspect.Parameter]:
     """One option per catalogue knob (``--tp``, ``--fsdp/--no-fsdp``...), generated so that a new knob is a
     new flag with nothing else to write. Every default is None: unset knobs resolve as in a space."""
@@ -472,7 +477,9 @@ def predict_cmd(
         if "seq_length" not in settings or num_gpus is None:
             raise UserError("--seq-length and --num-gpus are required with --model-file", field="--model-file")
         recipe = Recipe(arch.name, arch, "", None, settings["seq_length"], num_gpus)
-    world = num_gpus or recipe.num_gpus_default
+    if num_gpus is not None and num_gpus < 1:
+        raise UserError(f"{num_gpus} is out of range; give at least 1", field="--num-gpus")
+    world = num_gpus if num_gpus is not None else recipe.num_gpus_default
     if world < 1 or world % system.gpus_per_node:
         raise UserError(f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
                         field="--num-gpus")
@@ -482,9 +489,15 @@ def predict_cmd(
                                   "system": system, "num_nodes": world // system.gpus_per_node,
                                   "settings": settings, "source": "command line"})
     trial = resolve(space, {}, recipe=recipe)
+    # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
+    # the output, and in an error whose reason mentions them, so a refusal points at the flag to pass.
+    from_recipe = {k: trial.values[k] for k in _RECIPE_LAYOUT
+                   if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default}
     rejection = check(trial)
     if rejection is not None:
-        raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}")
+        named = [k for k in from_recipe if re.search(rf"\b{k}\b", rejection.reason)]
+        hint = "".join(f"; {k} = {from_recipe[k]} (the recipe's default; pass --{k.replace('_', '-')})" for k in named)
+        raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}{hint}")
     params = None
     if calibration is not None:
         from dse.calibrate import apply, load_calibration
@@ -495,7 +508,7 @@ def predict_cmd(
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
         out = {"model": recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
                "flops_convention": flops_convention, "calibration": calibration, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
-               **pred.as_dict()}
+               "recipe_defaults": sorted(from_recipe), **pred.as_dict()}
         typer.echo(json.dumps(out, indent=2))
         return
     from rich.table import Table
@@ -512,6 +525,9 @@ def predict_cmd(
     for key, value in pred.breakdown.items():
         table.add_row(f"  {key}", f"{value:.4g}")
     console.print(table)
+    if from_recipe:
+        console.print("not passed, the recipe's default: " + ", ".join(f"{k} = {v}" for k, v in from_recipe.items()),
+                      highlight=False)
 
 
 def _install_predict() -> None:
