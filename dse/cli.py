@@ -686,3 +686,61 @@ def dry_run_cmd(
 
 def main() -> None:  # pragma: no cover - console entry
     sys.exit(app())
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"dse {version('dse')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print dse's version and exit"),
+) -> None:
+    """Design-space exploration for NeMo / Megatron training recipes."""
+
+
+def _tidy_help() -> None:
+    """Help that reads as written: Typer (0.29) shows ``<bool>`` for a flag and ``<list[Path]>`` for a list,
+    and rich eats ``[search]`` in a help text as markup. Each option without a metavar gets one from its type
+    (a flag none), each argument its name in capitals (Typer braces a required one in the usage line:
+    ``{OUT_DIR}``), and brackets in help texts are escaped. Done once here over every command, so a new
+    option gets it too."""
+    import typing
+    from pathlib import Path as _Path
+
+    from rich.markup import escape
+    from typer.models import ArgumentInfo, OptionInfo
+
+    def name_of(ann) -> str:
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if typing.get_origin(ann) in (list, tuple) and args:
+            return name_of(args[0]) + "..."
+        if args and typing.get_origin(ann) is not None:  # Optional[X], X | None
+            return name_of(args[0])
+        return {bool: "", int: "N", float: "X", _Path: "PATH", str: "TEXT"}.get(ann, "VALUE")
+
+    for cmd in app.registered_commands:
+        try:
+            hints = typing.get_type_hints(cmd.callback)
+        except Exception:  # noqa: BLE001 - a signature Typer reads but get_type_hints cannot: leave it
+            hints = {}
+        for p in inspect.signature(cmd.callback).parameters.values():
+            info = p.default
+            if not isinstance(info, (OptionInfo, ArgumentInfo)):
+                continue
+            ann = hints.get(p.name, p.annotation)
+            if info.metavar is None:
+                if isinstance(info, ArgumentInfo):  # Typer adds "..." to a list and braces a required one
+                    info.metavar = p.name.upper()
+                else:
+                    info.metavar = name_of(ann)
+            if info.help:
+                info.help = escape(info.help)
+
+
+_tidy_help()
