@@ -58,8 +58,18 @@ def test_wait_reports_the_pending_reason_while_it_waits(pending_cluster):
     assert st.state == "PENDING" and be.pending == REASON
 
 
-def test_max_pending_is_checked_as_a_slurm_time():
+def test_max_pending_is_checked_as_a_slurm_time(tmp_path):
+    bad = SlurmSettings(use_container=False).model_copy(update={"max_pending": "soon; rm -rf /"})
     with pytest.raises(UserError, match="slurm.max_pending"):
-        _check_settings(SlurmSettings(max_pending="soon; rm -rf /", use_container=False), "sys.toml")
+        _check_settings(bad, "sys.toml")  # the script path checks again what it writes
     _check_settings(SlurmSettings(max_pending="1-00:00:00", use_container=False), "sys.toml")
     assert slurm_seconds("1-00:00:00") == 86400
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    text = (DATA / "spaces" / "llama3_70b_16l_local_slurm.toml").read_text()
+    space = tmp_path / "s.toml"
+    space.write_text(text.replace('time_limit = "00:05:00"', 'time_limit = "00:05:00", max_pending = "1h"'))
+    r = CliRunner().invoke(app, ["validate", str(space)])
+    assert r.exit_code == 2 and "max_pending" in r.output and "Traceback" not in r.output
