@@ -73,3 +73,19 @@ def test_max_pending_is_checked_as_a_slurm_time(tmp_path):
     space.write_text(text.replace('time_limit = "00:05:00"', 'time_limit = "00:05:00", max_pending = "1h"'))
     r = CliRunner().invoke(app, ["validate", str(space)])
     assert r.exit_code == 2 and "max_pending" in r.output and "Traceback" not in r.output
+
+
+class _NeverStop:
+    poll_s = 0.05
+
+    def __call__(self, log_path):
+        return False
+
+
+def test_the_early_stop_path_honours_the_pending_limit_too(tmp_path, pending_cluster):
+    from dse.launch import build_plan
+
+    be = SlurmBackend(poll_s=0.05)
+    r = be.run(build_plan(_trial(max_pending="00:01"), payload="nemo2"), tmp_path / "t", stop=_NeverStop())
+    assert r.scheduler_state == "PENDING" and not r.stopped
+    assert r.reason == f"pending longer than slurm.max_pending 00:01 ({REASON}); job 4242 cancelled"

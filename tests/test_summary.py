@@ -55,7 +55,7 @@ def test_failed_rows_show_a_short_reason():
 
 
 def test_narrow_console_drops_columns_and_says_which():
-    wide, narrow = render(200), render(80)
+    wide, narrow = render(300), render(80)
     assert "not shown" not in wide and "tokens_per_s_per_gpu" in wide  # full headers when they fit
     assert "12346" in wide  # 12345.6, not 1.235e+04
     shown_narrow = narrow.split("not shown:")[0]
