@@ -2,24 +2,75 @@
 
 ``best.json`` holds the winning trial's every resolved knob, its measured (or simulated) metrics and the
 trainer command line and environment; ``launch.sbatch`` is the Slurm script for the space's system
-(rendered as ``dse dry-run`` renders it, with the payload package staged beside it under ``code/``) and
-``launch.sh`` the single-node torchrun script. A study on the simulated payload gets scripts for the NeMo 2
-payload: the point of the file is to run the layout for real.
+(rendered as ``dse dry-run`` renders it, with the payload package staged beside it under ``code/``);
+``launch.sh``, the torchrun script for one machine, is written only when the best fits one node (a
+multi-node layout under ``torchrun --nnodes 1`` cannot start); ``README`` says which file launches it and
+where the time limit comes from. A study on the simulated payload gets scripts for the NeMo 2 payload: the
+point of the file is to run the layout for real.
+
+The time limit (decided here; the issue left the margin open). The estimate is the trial's run time
+(``max_steps`` x its step time: measured, or the model's prediction when no step time was parsed), doubled,
+plus :data:`START_UP_S` for the image import, NCCL set-up and the first (compiling) steps, rounded up to
+whole :data:`ROUND_S`. The system file's ``slurm.time_limit`` (what each trial ran under) is kept when it is
+longer; ``README`` says which one was used and why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from dse.backends.slurm import slurm_seconds
 from dse.launch import build_plan
 from dse.space import Space
 from dse.store import TrialRecord
 from dse.trial import resolve
 
 BEST_DIR = "best"
+README_NAME = "README"
+START_UP_S = 15 * 60  # container import + distributed init + first steps, at 1-128 nodes (a generous guess)
+RUN_MARGIN = 2.0  # the measured (or predicted) run time, doubled: step time varies run to run and node to node
+ROUND_S = 5 * 60
+
+
+def slurm_time(seconds: float) -> str:
+    """``seconds`` as Slurm's ``D-HH:MM:SS`` (``HH:MM:SS`` under a day)."""
+    s = int(math.ceil(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def time_limit(trial, metrics: dict) -> tuple[str, str]:
+    """The best's Slurm time limit and where it comes from (one sentence for ``best/README``)."""
+    configured = trial.system.slurm.time_limit
+    step = metrics.get("step_time_s")
+    source = "the trial's"
+    if not isinstance(step, (int, float)) or not step > 0:
+        from dse.perfmodel import predict
+
+        step, source = predict(trial).step_time_s, "predicted by the performance model"
+    run_s = trial.max_steps * step
+    estimate = math.ceil((RUN_MARGIN * run_s + START_UP_S) / ROUND_S) * ROUND_S
+    how = (f"{trial.max_steps} steps x {step:.3g} s ({source}) = {run_s:.0f} s, x {RUN_MARGIN:g}, "
+           f"+ {START_UP_S // 60} min start-up (image import, NCCL set-up), rounded up to {ROUND_S // 60} min")
+    conf_s = slurm_seconds(configured)
+    if conf_s is None or conf_s >= estimate:
+        return configured, (f"the system file's slurm.time_limit ({trial.system.name}), at least the estimate "
+                            f"{slurm_time(estimate)}: {how}")
+    return slurm_time(estimate), (f"{how}; longer than the system file's slurm.time_limit {configured} "
+                                  f"(what each trial ran under)")
+
+
+def with_time_limit(trial, limit: str):
+    """``trial`` on a copy of its system whose ``slurm.time_limit`` is ``limit`` (the trial is not mutated)."""
+    system = trial.system.model_copy(update={"slurm": trial.system.slurm.model_copy(update={"time_limit": limit})})
+    return dataclasses.replace(trial, system=system)
 
 
 def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
@@ -36,6 +87,8 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     if rec is None:
         return None
     trial = resolve(space, rec.knobs)
+    limit, limit_source = time_limit(trial, rec.metrics)
+    trial = with_time_limit(trial, limit)
     payload = "nemo2" if space.backend.payload == "sim" else space.backend.payload
     plan = build_plan(trial, payload=payload)
     d = Path(out_dir) / BEST_DIR
@@ -48,6 +101,29 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     os.replace(tmp, d / "best.json")
     stage_code(d)
     registry = load_backends()
-    for name in ("slurm", "local"):  # the launch files a user takes away: both scripts
-        registry[name]().write_script(plan, d)
+    one_node = trial.num_nodes == 1
+    registry["slurm"]().write_script(plan, d)
+    local = registry["local"]()
+    stale = d / (local.script_name or "launch.sh")
+    if one_node:
+        local.write_script(plan, d)
+    elif stale.exists():  # from an earlier best of this study (resumed) that fitted one node
+        stale.unlink()
+    _write_readme(d, rec.number, trial, limit, limit_source, one_node)
     return d
+
+
+def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool) -> None:
+    n, g = trial.num_nodes, trial.system.gpus_per_node
+    lines = [f"Best trial {number}: {trial.recipe.name} on {n} x {g} {trial.system.gpu} "
+             f"(tp {trial.tp}, pp {trial.pp}, cp {trial.cp}, vp {trial.vp}, mbs {trial.mbs}, gbs {trial.gbs}).",
+             "",
+             "Launch: sbatch launch.sbatch  (the Slurm script for the space's system; payload in code/)"]
+    if one_node:
+        lines.append("    or: bash launch.sh       (torchrun on one machine with its GPUs)")
+    else:
+        lines.append(f"No launch.sh: the layout needs {n} nodes, and torchrun on one machine cannot start it;")
+        lines.append("launch.sbatch is the launch file.")
+    lines += ["", f"Time limit {limit}: {limit_source}.", "",
+              "best.json: every resolved knob, the trial's metrics, the trainer command line and environment."]
+    (d / README_NAME).write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -105,7 +106,7 @@ def run_cmd(
                            backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial)
     finally:
         progress.stop()
-    _print_summary(result.records, list(space.knobs), top=10)
+    _print_summary(result.records, list(space.knobs), top=10, objective=space.objective.metric)
     if result.stop_reason:
         console.print(result.stop_reason, highlight=False)
     console.print(f"{result.new_trials} new trials, {len(result.records)} in the study; "
@@ -137,31 +138,90 @@ def _load_space_arg(space_file: Path, gpu: Optional[str]):
     return load_space(space_file)
 
 
-def _print_summary(records, knob_names, top: int) -> None:
+# The summary's columns: (leaderboard column, short header used when the full names do not fit).
+_SUMMARY_COLUMNS = {"trial": "#", "status": "status", "reward": "reward", "step_time_s": "step s",
+                    "tflops_per_gpu": "TFLOP/s", "tokens_per_s_per_gpu": "tok/s/GPU", "peak_memory_gib": "mem GiB",
+                    "gpu_hours": "GPU-h", "steps": "steps", "early_stopped": "early"}
+# Dropped first when even short headers do not fit (the space's objective metric is never dropped).
+_DROP_ORDER = ("early_stopped", "steps", "gpu_hours", "tokens_per_s_per_gpu", "peak_memory_gib", "step_time_s", "tflops_per_gpu")
+_REASON_MIN = 16  # the reason column's narrowest useful width; the full reason is in leaderboard.csv
+
+
+def _print_summary(records, knob_names, top: int, *, objective: str | None = None,
+                   out: Console | None = None) -> None:
+    """The top trials as a table fitted to the terminal's width, then the statuses counted.
+
+    Values are never cut: when the table is too wide, headers are abbreviated first, then metric columns
+    are dropped (early-stopped, steps, GPU-hours, tokens/s, memory, step time, TFLOP/s; never ``objective``), then knob columns from the
+    last; a line names what is not shown. The reason column (why a trial failed) takes what width is
+    left and is shortened with an ellipsis, the whole text being in ``leaderboard.csv``.
+    """
     from collections import Counter
 
+    from rich.cells import cell_len
     from rich.table import Table
 
     from dse.leaderboard import frame
 
+    out = out or console
     df = frame(records, knob_names).head(top)
-    table = Table(title=f"top {len(df)} trials", show_lines=False)
-    cols = ["trial", "status", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu",
-            "peak_memory_gib", *knob_names, "gpu_hours", "steps", "early_stopped"]
-    for c in cols:
-        table.add_column(c, justify="right" if c not in ("status",) else "left")
-    for _, row in df.iterrows():
-        table.add_row(*[_fmt(row[c]) for c in cols])
-    console.print(table)
+    rows = [{c: _fmt(row[c]) for c in df.columns} for _, row in df.iterrows()]
+    for r in rows:
+        r["reason"] = _short_reason(r["reason"])
+    shown_reason = any(r.get("reason") for r in rows)
+    width = out.width
+
+    def build(cols, short, reason_w):
+        table = Table(title=f"top {len(df)} trials", show_lines=False)
+        for c in cols:
+            table.add_column(_SUMMARY_COLUMNS.get(c, c) if short else c, no_wrap=True,
+                             justify="left" if c == "status" else "right")
+        if shown_reason:
+            table.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=reason_w)
+        for r in rows:
+            table.add_row(*[r[c] for c in cols], *([r["reason"]] if shown_reason else []))
+        return table
+
+    def spare(cols, short):
+        # rich squeezes a table that is too wide by cutting cells, whatever no_wrap says, so the
+        # natural width is computed here: each cell's text, one space of padding each side, one rule
+        # between columns and at both edges (the default box).
+        heads = [_SUMMARY_COLUMNS.get(c, c) if short else c for c in cols]
+        widths = [max([cell_len(h)] + [cell_len(r[c]) for r in rows]) for h, c in zip(heads, cols)]
+        return width - (sum(widths) + 3 * len(widths) + 1) - (3 if shown_reason else 0)
+
+    tail = ("gpu_hours", "steps", "early_stopped")
+    cols = [*(c for c in _SUMMARY_COLUMNS if c not in tail), *knob_names, *tail]
+    droppable = [c for c in _DROP_ORDER if c != objective and c in cols] + list(reversed(knob_names))
+    dropped: list[str] = []
+    short = False
+    while spare(cols, short) < (_REASON_MIN if shown_reason else 0):
+        if not short:
+            short = True
+        elif droppable:
+            c = droppable.pop(0)
+            cols.remove(c)
+            dropped.append(c)
+        else:
+            break  # trial, status, reward and the objective: shown even when they overflow
+    out.print(build(cols, short, max(spare(cols, short), _REASON_MIN)))
+    if dropped:
+        out.print(f"not shown: {', '.join(dropped)} (every column is in leaderboard.csv)", highlight=False)
     counts = Counter(r.status for r in records)
-    console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     from dse.leaderboard import gpu_hours, savings_line
 
     spent, to_best = gpu_hours(records)
     launched = sum(r.status != "rejected" for r in records)
-    console.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
-                  + (f", {to_best:,.1f} to the best" if to_best is not None else "") + savings_line(records),
-                  highlight=False)
+    out.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
+              + (f", {to_best:,.1f} to the best" if to_best is not None else "") + savings_line(records),
+              highlight=False)
+
+
+def _short_reason(reason: str) -> str:
+    """A rejection's rule name ("layers_divisible: pp*vp = ..." -> "layers_divisible"); else the reason."""
+    head, sep, _ = reason.partition(": ")
+    return head if sep and head.isidentifier() else reason
 
 
 def _fmt(v) -> str:
@@ -170,7 +230,7 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:.0f}" if abs(v) >= 1e4 else f"{v:.4g}"  # 12345.6 as 12346, not 1.235e+04
     return str(v)
 
 
@@ -319,6 +379,10 @@ def parse_cmd(
 _PREDICT_SKIP = ("num_nodes", "max_steps")
 
 
+# The knobs a recipe's default layout sets (dse.trial.resolve), beyond the catalogue's defaults.
+_RECIPE_LAYOUT = ("tp", "pp", "cp", "vp", "mbs", "gbs", "fsdp", "recompute", "seq_length", "cpu_offload_layers")
+
+
 def _predict_options() -> list[inspect.Parameter]:
     """One option per catalogue knob (``--tp``, ``--fsdp/--no-fsdp``...), generated so that a new knob is a
     new flag with nothing else to write. Every default is None: unset knobs resolve as in a space."""
@@ -413,7 +477,9 @@ def predict_cmd(
         if "seq_length" not in settings or num_gpus is None:
             raise UserError("--seq-length and --num-gpus are required with --model-file", field="--model-file")
         recipe = Recipe(arch.name, arch, "", None, settings["seq_length"], num_gpus)
-    world = num_gpus or recipe.num_gpus_default
+    if num_gpus is not None and num_gpus < 1:
+        raise UserError(f"{num_gpus} is out of range; give at least 1", field="--num-gpus")
+    world = num_gpus if num_gpus is not None else recipe.num_gpus_default
     if world < 1 or world % system.gpus_per_node:
         raise UserError(f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
                         field="--num-gpus")
@@ -423,9 +489,15 @@ def predict_cmd(
                                   "system": system, "num_nodes": world // system.gpus_per_node,
                                   "settings": settings, "source": "command line"})
     trial = resolve(space, {}, recipe=recipe)
+    # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
+    # the output, and in an error whose reason mentions them, so a refusal points at the flag to pass.
+    from_recipe = {k: trial.values[k] for k in _RECIPE_LAYOUT
+                   if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default}
     rejection = check(trial)
     if rejection is not None:
-        raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}")
+        named = [k for k in from_recipe if re.search(rf"\b{k}\b", rejection.reason)]
+        hint = "".join(f"; {k} = {from_recipe[k]} (the recipe's default; pass --{k.replace('_', '-')})" for k in named)
+        raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}{hint}")
     params = None
     if calibration is not None:
         from dse.calibrate import apply, load_calibration
@@ -436,7 +508,7 @@ def predict_cmd(
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
         out = {"model": recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
                "flops_convention": flops_convention, "calibration": calibration, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
-               **pred.as_dict()}
+               "recipe_defaults": sorted(from_recipe), **pred.as_dict()}
         typer.echo(json.dumps(out, indent=2))
         return
     from rich.table import Table
@@ -453,6 +525,9 @@ def predict_cmd(
     for key, value in pred.breakdown.items():
         table.add_row(f"  {key}", f"{value:.4g}")
     console.print(table)
+    if from_recipe:
+        console.print("not passed, the recipe's default: " + ", ".join(f"{k} = {v}" for k, v in from_recipe.items()),
+                      highlight=False)
 
 
 def _install_predict() -> None:
@@ -611,3 +686,61 @@ def dry_run_cmd(
 
 def main() -> None:  # pragma: no cover - console entry
     sys.exit(app())
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"dse {version('dse')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print dse's version and exit"),
+) -> None:
+    """Design-space exploration for NeMo / Megatron training recipes."""
+
+
+def _tidy_help() -> None:
+    """Help that reads as written: Typer (0.29) shows ``<bool>`` for a flag and ``<list[Path]>`` for a list,
+    and rich eats ``[search]`` in a help text as markup. Each option without a metavar gets one from its type
+    (a flag none), each argument its name in capitals (Typer braces a required one in the usage line:
+    ``{OUT_DIR}``), and brackets in help texts are escaped. Done once here over every command, so a new
+    option gets it too."""
+    import typing
+    from pathlib import Path as _Path
+
+    from rich.markup import escape
+    from typer.models import ArgumentInfo, OptionInfo
+
+    def name_of(ann) -> str:
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if typing.get_origin(ann) in (list, tuple) and args:
+            return name_of(args[0]) + "..."
+        if args and typing.get_origin(ann) is not None:  # Optional[X], X | None
+            return name_of(args[0])
+        return {bool: "", int: "N", float: "X", _Path: "PATH", str: "TEXT"}.get(ann, "VALUE")
+
+    for cmd in app.registered_commands:
+        try:
+            hints = typing.get_type_hints(cmd.callback)
+        except Exception:  # noqa: BLE001 - a signature Typer reads but get_type_hints cannot: leave it
+            hints = {}
+        for p in inspect.signature(cmd.callback).parameters.values():
+            info = p.default
+            if not isinstance(info, (OptionInfo, ArgumentInfo)):
+                continue
+            ann = hints.get(p.name, p.annotation)
+            if info.metavar is None:
+                if isinstance(info, ArgumentInfo):  # Typer adds "..." to a list and braces a required one
+                    info.metavar = p.name.upper()
+                else:
+                    info.metavar = name_of(ann)
+            if info.help:
+                info.help = escape(info.help)
+
+
+_tidy_help()

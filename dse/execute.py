@@ -80,6 +80,8 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
         return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}",
                           wall_s=time.monotonic() - t0)
     wall = result.wall_s if result.wall_s is not None else time.monotonic() - t0
+    if result.reason is not None:  # nothing ran (sbatch refused it): the backend's words are the reason
+        return RunMetrics("failed", result.reason, wall_s=wall)
     log = Path(result.log_path)
     if not log.resolve().is_relative_to(run_dir.resolve()):
         return RunMetrics("failed", f"backend {backend.name} returned a log outside the run directory: {log}",

@@ -65,6 +65,7 @@ _SLURM_RULES = {
     "container_mounts": (SLURM_MOUNT, "src:dst[:flags] paths"),
     "srun_args": (SLURM_SRUN_ARG, "options such as --mpi=pmix"),
     "job_dir": (SLURM_PATH + "|", "a path of letters, digits and _.,:+@=- (no % patterns)"),
+    "max_pending": (SLURM_TIME + "|", "a Slurm time: MM, HH:MM:SS or D-HH:MM:SS (empty: wait)"),
 }
 
 
@@ -81,9 +82,10 @@ class SlurmSettings(_Strict):
     exclusive: bool = True
     srun_args: list[str] = Field(default_factory=list)
     job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
+    max_pending: str = ""  # a Slurm time; a job pending longer is cancelled and failed with Slurm's reason ("": wait)
 
     @field_validator("partition", "account", "time_limit", "container_image", "container_mounts", "srun_args",
-                     "job_dir")
+                     "job_dir", "max_pending")
     @classmethod
     def _safe_fields(cls, v: Any, info) -> Any:
         pattern, what = _SLURM_RULES[info.field_name]

@@ -288,6 +288,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             new += 1
             if on_trial:
                 on_trial(rec, done, total)
+            if (why := be.stop_reason()) is not None:  # e.g. sbatch refusing every job the same way
+                raise UserError(why, file=space.source or None, field=f"system {space.system.name}")
     except InfrastructureError:
         # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again);
         # what finished before it is kept if the store still can be written, and nothing else is attempted

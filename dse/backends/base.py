@@ -30,7 +30,9 @@ class RunResult:
 
     ``wall_s`` (see below) feeds the trial's GPU-hours. ``exit_code`` is None when the process never reported one (killed, lost). ``scheduler_state`` is the
     scheduler's word for the end (Slurm's ``COMPLETED``, ``TIMEOUT``, ``OUT_OF_MEMORY``, ``CANCELLED``...),
-    None for backends without a scheduler. The parser turns these plus the log into a status.
+    None for backends without a scheduler. The parser turns these plus the log into a status. ``reason`` is
+    set only when the backend knows why nothing ran (sbatch refused the script): the trial fails with it as
+    its reason, in the scheduler's own words, and no log is parsed.
     """
 
     run_dir: Path
@@ -43,6 +45,7 @@ class RunResult:
     wall_s: float | None = None
     # True when the backend stopped the run because its StopCheck said so (not when it ended by itself)
     stopped: bool = False
+    reason: str | None = None
 
 
 class Backend(abc.ABC):
@@ -65,6 +68,11 @@ class Backend(abc.ABC):
         from dse.errors import UserError
 
         raise UserError(f"backend {cls.name!r} writes no launch script", field="--backend")
+
+    def stop_reason(self) -> str | None:
+        """Why the study should end now (this backend can run nothing: a misconfigured cluster), or None.
+        The study asks after recording each trial and ends with this as a user error."""
+        return None
 
     @abc.abstractmethod
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ def _check_settings(s: SlurmSettings, file: str | None) -> None:
     check_field(s.account, _NAME, field="slurm.account", file=file, what="letters, digits and _.,-")
     check_field(s.time_limit, _TIME, field="slurm.time_limit", file=file,
                 what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS")
+    if s.max_pending:
+        check_field(s.max_pending, _TIME, field="slurm.max_pending", file=file,
+                    what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS")
     if s.use_container:
         check_field(s.container_image, _IMAGE, field="slurm.container_image", file=file,
                     what="an image reference such as nvcr.io#nvidia/nemo:25.09")
@@ -169,6 +173,29 @@ def write_sbatch(plan: LaunchPlan, run_dir: Path) -> Path:
 class JobState:
     state: str  # Slurm's state word (first word: "CANCELLED by 0" -> "CANCELLED")
     exit_code: int | None
+    reason: str = ""  # Slurm's reason while PENDING (squeue's %r: Resources, Priority, ReqNodeNotAvail...)
+
+
+def slurm_seconds(text: str) -> float | None:
+    """Slurm's time formats (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None: unlimited."""
+    text = text.strip().upper()
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, sec = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        h, m, sec = parts if len(parts) == 3 else (0, *(parts + [0])[:2])
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+def pending_reason(job_id: str) -> str:
+    """Why Slurm keeps the job pending (squeue's ``%r``), '' when squeue does not say."""
+    r = _run(["squeue", "-h", "-j", job_id, "-o", "%r"])
+    if r is None or r.returncode != 0 or not r.stdout.strip():
+        return ""
+    return r.stdout.strip().splitlines()[0].strip()
 
 
 def _parse_exit(text: str) -> int | None:
@@ -204,13 +231,42 @@ def query_state(job_id: str) -> JobState | None:
     return None
 
 
+_SBATCH_PREFIXES = ("sbatch:", "error:", "Batch job submission failed:")
+REFUSALS_TO_STOP = 3  # the same refusal this many times in a row ends the study (the cluster is misconfigured)
+
+
+def sbatch_message(output: str) -> str:
+    """sbatch's complaint in its own words, without its ``sbatch: error:`` prefixes, on one line.
+
+    ``sbatch: error: invalid partition specified: x`` and ``sbatch: error: Batch job submission failed:
+    Invalid partition name specified`` become ``invalid partition specified: x; Invalid partition name
+    specified``. Error lines win over warnings; a repeated line is kept once.
+    """
+    lines = []
+    for raw in output.splitlines():
+        line, kind = raw.strip(), "other"
+        changed = True
+        while changed:
+            changed = False
+            for p in _SBATCH_PREFIXES:
+                if line.startswith(p):
+                    kind = "error" if p == "error:" or kind == "error" else kind
+                    line, changed = line[len(p):].strip(), True
+        if line.lower().startswith("warning:"):
+            kind = "warning"
+        if line and line.lower() not in (seen.lower() for _, seen in lines):
+            lines.append((kind, line))
+    errors = [text for kind, text in lines if kind == "error"]
+    return "; ".join(errors or [text for _, text in lines])
+
+
 def submit(script: Path) -> tuple[str | None, str]:
-    """``sbatch --parsable script``: (job id, '') or (None, sbatch's complaint)."""
+    """``sbatch --parsable script``: (job id, '') or (None, sbatch's output as it printed it)."""
     r = _run(["sbatch", "--parsable", str(script)], timeout=60)
     if r is None:
         return None, "sbatch could not be run (is Slurm installed and on PATH?)"
     if r.returncode != 0 or not r.stdout.strip():
-        return None, (r.stderr or r.stdout).strip() or f"sbatch exited with {r.returncode}"
+        return None, "\n".join(t.strip() for t in (r.stderr, r.stdout) if t.strip()) or f"sbatch exited with {r.returncode}"
     return r.stdout.strip().split(";")[0], ""
 
 
@@ -234,6 +290,17 @@ class SlurmBackend(Backend):
 
     def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
+        self._refusal: tuple[str, int] = ("", 0)  # the last sbatch refusal and how many times in a row
+        self.pending = ""  # Slurm's reason while the current job pends
+
+    def stop_reason(self) -> str | None:
+        """Set once sbatch refused :data:`REFUSALS_TO_STOP` submissions in a row with the same message: a
+        misconfigured partition, account or GRES fails every trial, and the study should not go on."""
+        message, n = self._refusal
+        if n < REFUSALS_TO_STOP:
+            return None
+        return (f"sbatch refused {n} jobs in a row: {message} (check the system file's [slurm] table: "
+                f"partition, account, gpus_per_node_flag, time_limit)")
 
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
         """Submit, wait, collect. With ``stop``: asked at each poll while the job runs (with the log in the
@@ -250,15 +317,22 @@ class SlurmBackend(Backend):
         job_id, error = submit(script)
         if job_id is None:
             err = run_dir / SBATCH_OUT
-            err.write_text(f"sbatch: {error}\n")
-            return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED)
+            err.write_text(error.rstrip("\n") + "\n")  # as sbatch printed it (its own "sbatch: error:" prefix)
+            message = sbatch_message(error)
+            last, n = self._refusal
+            self._refusal = (message, n + 1 if message == last else 1)
+            return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED,
+                             reason=f"sbatch refused the job: {message}")
+        self._refusal = ("", 0)
         (run_dir / "job_id").write_text(job_id + "\n")
         stopped = False
+        limit = settings.max_pending
+        pending_limit_s = slurm_seconds(limit) if limit else None
         try:
             if stop is not None:
-                end, stopped = self.wait_or_stop(job_id, job_dir / LOG_NAME, stop)
+                end, stopped = self.wait_or_stop(job_id, job_dir / LOG_NAME, stop, pending_limit_s=pending_limit_s)
             else:
-                end = self.wait(job_id)
+                end = self.wait(job_id, pending_limit_s=pending_limit_s)
         except KeyboardInterrupt:
             cancel(job_id)
             self.wait(job_id, limit_s=15)
@@ -267,21 +341,35 @@ class SlurmBackend(Backend):
             for name in (LOG_NAME, SBATCH_OUT):
                 if (job_dir / name).exists():
                     shutil.copy2(job_dir / name, run_dir / name)
+        if end.state == "PENDING":  # pending past slurm.max_pending: cancelled, never ran
+            cancel(job_id)
+            self.wait(job_id, limit_s=15)
+            return RunResult(run_dir=run_dir, log_path=run_dir / SBATCH_OUT, exit_code=None,
+                             scheduler_state="PENDING", job_id=job_id,
+                             reason=f"pending longer than slurm.max_pending {limit} "
+                                    f"({end.reason or 'Slurm gave no reason'}); job {job_id} cancelled")
         return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=end.exit_code,
                          scheduler_state=end.state, job_id=job_id, stopped=stopped)
 
-    def wait_or_stop(self, job_id: str, log: Path, stop: StopCheck) -> tuple[JobState, bool]:
+    def wait_or_stop(self, job_id: str, log: Path, stop: StopCheck, *,
+                     pending_limit_s: float | None = None) -> tuple[JobState, bool]:
         """Poll until the job ends by itself (state, False), or ``stop(log)`` says so while it runs: then
-        ``scancel`` and wait for its end state (state, True). The log is looked at every ``stop.poll_s``."""
+        ``scancel`` and wait for its end state (state, True). The log is looked at every ``stop.poll_s``.
+        ``pending_limit_s`` as for :meth:`wait` (the state returned is then ``PENDING``, not stopped)."""
+        start = time.monotonic()
         gone_since: float | None = None
         last_look = float("-inf")
+        self.pending = ""
         while True:
             st = query_state(job_id)
             now = time.monotonic()
             if st is not None:
                 if st.state in TERMINAL:
+                    self.pending = ""
                     return st, False
                 gone_since = None
+                if (given_up := self._pending(job_id, st, now - start, pending_limit_s, quiet=False)) is not None:
+                    return given_up, False
             else:
                 gone_since = gone_since or now
                 if now - gone_since > self.settle_s:
@@ -293,19 +381,47 @@ class SlurmBackend(Backend):
                     return self.wait(job_id, limit_s=max(self.settle_s, 15.0)), True
             time.sleep(min(self.poll_s, stop.poll_s))
 
-    def wait(self, job_id: str, *, limit_s: float | None = None) -> JobState:
-        """Poll until the job reaches an end state (or ``limit_s`` passes); the last state seen."""
+    def _pending(self, job_id: str, st: JobState, waited_s: float, limit_s: float | None, *,
+                 quiet: bool) -> JobState | None:
+        """Keep :attr:`pending` (Slurm's reason while ``st`` is PENDING, else ''), print each new reason on
+        one line unless ``quiet``; a PENDING state with the reason once ``waited_s`` passes ``limit_s``."""
+        if st.state != "PENDING":
+            self.pending = ""
+            return None
+        reason = pending_reason(job_id) or "no reason given"
+        if reason != self.pending and not quiet and reason not in ("None", "no reason given"):
+            # one line per new reason, above the progress bar (rich's Progress redirects stderr); Slurm
+            # says "None" before it has looked at a new job: not worth a line
+            print(f"job {job_id} pending: {reason}", file=sys.stderr, flush=True)
+        self.pending = reason
+        if limit_s is not None and waited_s > limit_s:
+            return JobState("PENDING", None, reason)
+        return None
+
+    def wait(self, job_id: str, *, limit_s: float | None = None, pending_limit_s: float | None = None) -> JobState:
+        """Poll until the job reaches an end state (or ``limit_s`` passes); the last state seen.
+
+        ``pending_limit_s``: a job still ``PENDING`` that long after submission is given up on; the state
+        returned is then ``PENDING`` with Slurm's pending reason (the caller cancels it). While the job
+        pends, :attr:`pending` holds Slurm's reason, and each new reason is printed on one line to stderr
+        (above the progress bar: rich's Progress redirects stderr), so a wait is never silent.
+        """
         start = time.monotonic()
         gone_since: float | None = None
         last = JobState("PENDING", None)
+        self.pending = ""
         while True:
             st = query_state(job_id)
             now = time.monotonic()
             if st is not None:
                 last = st
                 if st.state in TERMINAL:
+                    self.pending = ""
                     return st
                 gone_since = None
+                if (given_up := self._pending(job_id, st, now - start, pending_limit_s,
+                                              quiet=limit_s is not None)) is not None:
+                    return given_up
             else:
                 gone_since = gone_since or now
                 if now - gone_since > self.settle_s:

@@ -1,0 +1,116 @@
+"""sbatch refusing a job, as a real cluster words it: the trial's reason is sbatch's own message, and the
+study stops after the same refusal three times in a row. A fake ``sbatch`` on PATH replays sbatch's
+stderr (``tests/data/sbatch/*.stderr``, written as sbatch prints Slurm's error strings); the real-Slurm check
+is ``tests/test_slurm_backend.py::test_submission_failure_is_data_not_an_exception``."""
+
+from __future__ import annotations
+
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dse import study as study_mod
+from dse.backends.slurm import SUBMIT_FAILED, SlurmBackend, sbatch_message
+from dse.errors import UserError
+from dse.execute import run_trial
+from dse.space import BackendSettings, load_space
+from tests.trials import DATA, system, trial
+
+SBATCH = Path(__file__).parent / "data" / "sbatch"
+SPACE = DATA / "spaces" / "llama3_70b_16l_local_slurm.toml"
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path, monkeypatch):
+    """``fake_sbatch(name)``: sbatch now prints ``tests/data/sbatch/<name>.stderr`` and exits 1; the count of
+    calls is in ``bin/calls``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def use(name: str) -> Path:
+        exe = bin_dir / "sbatch"
+        exe.write_text(textwrap.dedent(f"""\
+            #!/bin/sh
+            echo x >> {bin_dir / 'calls'}
+            cat {SBATCH / (name + '.stderr')} >&2
+            exit 1
+            """))
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+        return bin_dir / "calls"
+
+    return use
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("gres", "Invalid generic resource (gres) specification"),
+    ("partition", "invalid partition specified: gpu; Invalid partition name specified"),
+    ("nodes", "Requested node configuration is not available"),  # the warning line is left out
+])
+def test_sbatch_message_is_sbatchs_words_without_its_prefixes(name, message):
+    assert sbatch_message((SBATCH / f"{name}.stderr").read_text()) == message
+
+
+def test_sbatch_message_keeps_a_warning_when_it_is_all_there_is():
+    assert sbatch_message("sbatch: warning: something odd\n") == "warning: something odd"
+
+
+def _trial():
+    return trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=2, tp=1, pp=1,
+                 cp=1, vp=1, gbs=4, max_steps=2)
+
+
+def test_refused_trial_has_sbatchs_message_as_its_reason(tmp_path, fake_sbatch):
+    fake_sbatch("gres")
+    m = run_trial(_trial(), tmp_path / "t", SlurmBackend(poll_s=0.01), BackendSettings(kind="slurm", payload="sim"))
+    assert m.status == "failed"
+    assert m.reason == "sbatch refused the job: Invalid generic resource (gres) specification"
+    out = (tmp_path / "t" / "sbatch.out").read_text()
+    assert out.startswith("sbatch: error: Batch job") and "sbatch: sbatch:" not in out  # as printed, once
+
+
+def test_backend_asks_to_stop_after_the_same_refusal_three_times(tmp_path, fake_sbatch):
+    from dse.launch import build_plan
+
+    be = SlurmBackend(poll_s=0.01)
+    plan = build_plan(_trial(), payload="nemo2")
+    fake_sbatch("partition")
+    for i in range(2):
+        r = be.run(plan, tmp_path / f"a{i}")
+        assert r.scheduler_state == SUBMIT_FAILED and be.stop_reason() is None
+    fake_sbatch("gres")  # a different message starts the count again
+    for i in range(2):
+        be.run(plan, tmp_path / f"b{i}")
+        assert be.stop_reason() is None
+    be.run(plan, tmp_path / "b2")
+    assert "refused 3 jobs in a row: Invalid generic resource (gres) specification" in be.stop_reason()
+
+
+def test_study_stops_after_three_identical_refusals_with_a_user_error(tmp_path, fake_sbatch):
+    calls = fake_sbatch("partition")
+    space = load_space(SPACE)
+    with pytest.raises(UserError, match="sbatch refused 3 jobs in a row: invalid partition specified: gpu"):
+        study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=10)
+    assert len(calls.read_text().splitlines()) == 3  # not one submission per remaining trial
+    store, _ = study_mod.open_store(tmp_path / "out")
+    recs = store.records()
+    store.close()
+    assert len(recs) == 3 and all(r.status == "failed" for r in recs)
+    assert all(r.reason == "sbatch refused the job: invalid partition specified: gpu; Invalid partition name "
+                           "specified" for r in recs)
+    assert (tmp_path / "out" / "leaderboard.csv").exists()
+
+
+def test_cli_prints_the_refusal_on_one_line_and_exits_2(tmp_path, fake_sbatch):
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    fake_sbatch("gres")
+    r = CliRunner().invoke(app, ["run", "--space", str(SPACE), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2, r.output
+    assert "sbatch refused 3 jobs in a row: Invalid generic resource (gres) specification" in r.output
+    assert "Traceback" not in r.output
