@@ -76,8 +76,13 @@ def run_cmd(
     rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
                                  "is empty or gone (the old run directories are set aside)"),
     gpu: Optional[str] = typer.Option(None, help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
+    systems: Optional[str] = typer.Option(None, help="comma-separated systems (h100,b200,gb200): one sub-study "
+                                          "each in --out/<system>, same GPU count, then `dse compare`"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
+    if systems is not None:
+        return _run_systems(space_file, systems, agent=agent, sampler=sampler, trials=trials, seed=seed,
+                            backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dse.study import run_study
@@ -135,6 +140,54 @@ def _load_space_arg(space_file: Path, gpu: Optional[str]):
     if gpu is not None:
         raise UserError("--gpu is only for --space cloudai:FILE; a dse space names its system", field="--gpu")
     return load_space(space_file)
+
+
+def _run_systems(space_file: Path, systems: str, *, out: Optional[Path], resume: bool, storage: Optional[str],
+                 twin_seed: Optional[int], **kwargs) -> None:
+    """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
+    from dse.generations import parse_systems, run_generations
+    from dse.space import load_space
+
+    if storage is not None:
+        raise UserError("takes no --storage with --systems (each sub-study keeps its own SQLite file)", field="--storage")
+    space = with_twin(load_space(space_file), twin_seed)
+    names = parse_systems(systems)
+    out_dir = out or Path("runs") / space.name
+
+    def on_start(name, sub):
+        err_console.print(f"[bold]{name}[/]: {sub.num_nodes} nodes x {sub.system.gpus_per_node} {sub.system.gpu} "
+                          f"-> {out_dir / Path(name).stem}")
+
+    results = run_generations(space, names, out_dir=out_dir, resume=resume, on_start=on_start, **kwargs)
+    _print_comparison([r.out_dir for r in results], out_dir)
+
+
+def _print_comparison(dirs, out_dir: Path) -> None:
+    from rich.table import Table
+
+    from dse import compare
+
+    df, csv, page = compare.write(compare.gather(dirs), out_dir)
+    cols = ["system", "gpu", "num_gpus", "tflops_per_gpu", "tokens_per_s", "speedup", "gpu_hours_per_1b_tokens",
+            "cost_per_1b_tokens", "search_gpu_hours", "changed_knobs"]
+    table = Table(title="best layout per generation")
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("system", "gpu", "changed_knobs") else "right")
+    for _, row in df.iterrows():
+        table.add_row(*[_fmt(row[c]) for c in cols])
+    console.print(table)
+    console.print(f"comparison: {csv}, {page}")
+
+
+@app.command("compare")
+@user_errors
+def compare_cmd(
+    dirs: list[Path] = typer.Argument(..., help="study output directories; the first is the baseline"),
+    out: Optional[Path] = typer.Option(None, help="where compare.csv and compare.html go (default: the first "
+                                       "directory's parent)"),
+) -> None:
+    """Compare finished studies (one per GPU generation): best layouts, speed-up, GPU-hours, cost, changed knobs."""
+    _print_comparison(dirs, out or Path(dirs[0]).resolve().parent)
 
 
 def _print_summary(records, knob_names, top: int) -> None:
@@ -277,7 +330,7 @@ def report_cmd(
     store, meta = open_store(out_dir)
     records = store.records()
     store.close()
-    path = report.write(records, meta, html_file or Path(out_dir) / "report.html")
+    path = report.write(records, meta, html_file or Path(out_dir) / "report.html", best=report.read_best(out_dir))
     console.print(f"wrote {path} ({len(records)} trials)")
 @app.command("parse")
 @user_errors
