@@ -238,6 +238,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 "storage": storage or DB,
                 "knobs": {k: list(v) for k, v in space.knobs.items()}, "recipe": space.recipe,
                 "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
+                "gpus_per_node": space.system.gpus_per_node, "price_per_gpu_hour": space.system.price_per_gpu_hour,
                 "agent": agent_name, "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend_name}
     store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
     if not resume:
