@@ -170,6 +170,7 @@ def _print_comparison(dirs, out_dir: Path) -> None:
     df, csv, page = compare.write(compare.gather(dirs), out_dir)
     cols = ["system", "gpu", "num_gpus", "tflops_per_gpu", "tokens_per_s", "speedup", "gpu_hours_per_1b_tokens",
             "cost_per_1b_tokens", "search_gpu_hours", "changed_knobs"]
+    cols = [c for c in cols if df[c].notna().any()]  # no price in any system file: no cost column
     table = Table(title="best layout per generation")
     for c in cols:
         table.add_column(c, justify="left" if c in ("system", "gpu", "changed_knobs") else "right")

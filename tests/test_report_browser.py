@@ -81,3 +81,16 @@ def test_all_failed_study_report_in_chromium(tmp_path):
     found = probe(page, tmp_path)
     assert found["errors"] == [] and "No trial succeeded." in found["text"]
     assert all(p["drawn"] > 0 for p in found["plots"] if p["points"])
+
+
+def test_compare_page_in_chromium(tmp_path):
+    chromium()
+    from tests.helpers import write_space
+
+    out = tmp_path / "gen"
+    r = runner.invoke(app, ["run", "--space", str(write_space(tmp_path)), "--systems", "h100,b200,gb200",
+                            "--out", str(out), "--agent", "random", "--trials", "6"])
+    assert r.exit_code == 0, r.output
+    found = probe(out / "compare.html", tmp_path)
+    _check(found, plots=1)
+    assert "Across generations" in found["text"] and "(baseline)" in found["text"]
