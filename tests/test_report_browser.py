@@ -94,3 +94,23 @@ def test_compare_page_in_chromium(tmp_path):
     found = probe(out / "compare.html", tmp_path)
     _check(found, plots=1)
     assert "Across generations" in found["text"] and "(baseline)" in found["text"]
+
+
+@pytest.mark.slurm
+@pytest.mark.usefixtures("slurm_cluster")
+def test_slurm_study_report_and_compare_in_chromium(tmp_path):
+    """A study through the local Slurm cluster: its report in Chromium, and `dse compare` against a sim study."""
+    chromium()
+    from dse import study
+    from dse.space import load_space
+    from tests.trials import DATA
+
+    space = load_space(DATA / "spaces" / "llama3_70b_16l_local_slurm.toml")
+    slurm_out = tmp_path / "slurm"
+    study.run_study(space, out_dir=slurm_out, agent="grid", backend="slurm")
+    study.run_study(space, out_dir=tmp_path / "sim", agent="grid", backend="sim")
+    assert runner.invoke(app, ["report", str(slurm_out)]).exit_code == 0
+    _check(probe(slurm_out / "report.html", tmp_path), plots=2)
+    r = runner.invoke(app, ["compare", str(slurm_out), str(tmp_path / "sim"), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    _check(probe(tmp_path / "compare.html", tmp_path), plots=1)
