@@ -78,11 +78,14 @@ def run_cmd(
     gpu: Optional[str] = typer.Option(None, help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
     systems: Optional[str] = typer.Option(None, help="comma-separated systems (h100,b200,gb200): one sub-study "
                                           "each in --out/<system>, same GPU count, then `dse compare`"),
+    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="a finished study: its best points that "
+                                              "are valid here run first and seed the agent"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     if systems is not None:
         return _run_systems(space_file, systems, agent=agent, sampler=sampler, trials=trials, seed=seed,
-                            backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed)
+                            backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed,
+                            warm_start=warm_start)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dse.study import run_study
@@ -91,6 +94,7 @@ def run_cmd(
     out_dir = out or Path("runs") / space.name
     if seed is not None and not 0 <= seed < 2**32:
         raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
+    seeds = _warm_start_seeds(space, warm_start)
     best = {"reward": None}
     # The bar starts with the first trial, so that an error before the study starts is the only line printed.
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -107,7 +111,8 @@ def run_cmd(
 
     try:
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
-                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial)
+                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
+                           seeds=seeds)
     finally:
         progress.stop()
     _print_summary(result.records, list(space.knobs), top=10)
@@ -140,6 +145,16 @@ def _load_space_arg(space_file: Path, gpu: Optional[str]):
     if gpu is not None:
         raise UserError("--gpu is only for --space cloudai:FILE; a dse space names its system", field="--gpu")
     return load_space(space_file)
+
+
+def _warm_start_seeds(space, study_dir: Optional[Path]) -> list:
+    if study_dir is None:
+        return []
+    from dse.generations import warm_start_points
+
+    seeds = warm_start_points(space, study_dir)
+    err_console.print(f"warm start: {len(seeds)} points of {study_dir} are valid here and run first")
+    return seeds
 
 
 def _run_systems(space_file: Path, systems: str, *, out: Optional[Path], resume: bool, storage: Optional[str],

@@ -16,9 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dse import constraints
 from dse.errors import UserError
 from dse.space import Space, load_system
-from dse.study import StudyResult, run_study
+from dse.study import StudyResult, open_store, run_study
+from dse.trial import resolve
+
+WARM_START_TOP = 8  # seeds taken from a finished study: its best 8 ok points that are valid here
 
 
 def parse_systems(text: str) -> list[str]:
@@ -46,10 +50,12 @@ def space_for(space: Space, system_ref: str) -> Space:
 
 
 def run_generations(space: Space, systems: Sequence[str], *, out_dir: str | Path, resume: bool = False,
-                    on_start: Callable[[str, Space], Any] | None = None, **kwargs: Any) -> list[StudyResult]:
+                    warm_start: str | Path | None = None, on_start: Callable[[str, Space], Any] | None = None,
+                    **kwargs: Any) -> list[StudyResult]:
     """Run (or resume) one study of ``space`` per system in ``out_dir/<system>``; kwargs go to run_study.
 
-    Every system is checked before the first study starts, so a bad name costs nothing. With ``resume``, a
+    Every system is checked before the first study starts, so a bad name costs nothing. ``warm_start``: a
+    finished study whose best points (:func:`warm_start_points`) each sub-study runs first. With ``resume``, a
     system whose directory holds no study yet is started fresh (so an interrupted sweep resumes as a whole)."""
     out = Path(out_dir)
     spaces = [(name, space_for(space, name)) for name in systems]
@@ -59,5 +65,31 @@ def run_generations(space: Space, systems: Sequence[str], *, out_dir: str | Path
         if on_start:
             on_start(name, sub)
         again = resume and (sub_out / "dse.json").exists()
-        results.append(run_study(sub, out_dir=sub_out, resume=again, **kwargs))
+        seeds = warm_start_points(sub, warm_start) if warm_start is not None else ()
+        results.append(run_study(sub, out_dir=sub_out, resume=again, seeds=seeds, **kwargs))
     return results
+
+
+def warm_start_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_TOP) -> list[dict[str, Any]]:
+    """The finished study's best ``top`` ok points that are points of ``space`` and valid on its system.
+
+    A point is taken when every knob ``space`` varies has a value in the old point that ``space`` lists
+    (knobs the old study did not vary are not guessed) and no constraint rejects it on ``space``'s system;
+    best first (the old study's rewards rank them; they are not shown to the agent as outcomes here: the
+    seeds are run again, on this system)."""
+    store, _ = open_store(Path(study_dir))
+    try:
+        records = store.records()
+    finally:
+        store.close()
+    ok = sorted((r for r in records if r.ok), key=lambda r: (-r.reward, r.number))
+    points: list[dict[str, Any]] = []
+    for r in ok:
+        if len(points) >= top:
+            break
+        if not all(k in r.knobs and r.knobs[k] in vals for k, vals in space.knobs.items()):
+            continue
+        point = {k: r.knobs[k] for k in space.knobs}
+        if point not in points and constraints.check(resolve(space, point)) is None:
+            points.append(point)
+    return points

@@ -72,3 +72,43 @@ def test_run_systems_then_compare_and_resume(tmp_path):
 def test_compare_of_a_directory_without_a_study_is_one_line(tmp_path):
     r = runner.invoke(app, ["compare", str(tmp_path)])
     assert r.exit_code == 2 and "not a dse output directory" in r.output
+
+
+@pytest.mark.parametrize("agent", ["optuna", "random", "grid"])
+def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent):
+    from dse import constraints
+    from dse.generations import warm_start_points
+    from dse.trial import resolve
+
+    space = write_space(tmp_path)
+    old = tmp_path / "h100"
+    assert runner.invoke(app, ["run", "--space", str(space), "--out", str(old), "--agent", "random",
+                               "--trials", "12", "--seed", "2"]).exit_code == 0
+    on_gb = space_for(load_space(space), "gb200")
+    seeds = warm_start_points(on_gb, old, top=4)
+    lb = pd.read_csv(old / "leaderboard.csv")
+    ok = lb[lb.status == "ok"]
+    expected = [{k: int(row[k]) for k in ("tp", "pp", "vp", "mbs")} for _, row in ok.iterrows()]
+    expected = [p for p in expected if constraints.check(resolve(on_gb, p)) is None][:4]
+    assert seeds == expected and len(seeds) == 4
+    gb = tmp_path / "gen"
+    args = ["run", "--space", str(space), "--systems", "gb200", "--out", str(gb), "--agent", agent,
+            "--warm-start", str(old)]
+    r = runner.invoke(app, [*args, "--trials", "9"])
+    assert r.exit_code == 0, r.output
+    from dse.study import open_store
+
+    def knobs():
+        store, _ = open_store(gb / "gb200")
+        recs = sorted(store.records(), key=lambda x: x.number)
+        store.close()
+        return [x.knobs for x in recs]
+
+    first = knobs()
+    all_seeds = warm_start_points(on_gb, old)
+    assert len(all_seeds) >= 4 and first[:len(all_seeds)] == all_seeds  # the seeds ran first, best first
+    assert len(first) == 9 and len({tuple(sorted(k.items())) for k in first}) == 9  # and no point twice
+    r = runner.invoke(app, [*args, "--trials", "11", "--resume"])
+    assert r.exit_code == 0, r.output
+    again = knobs()
+    assert again[:9] == first and len(again) == 11  # resumed: the seeds are not run again
