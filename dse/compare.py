@@ -21,7 +21,7 @@ import pandas as pd
 from dse import report
 from dse.best import best_record
 from dse.errors import UserError
-from dse.leaderboard import write_csv
+from dse.leaderboard import gpu_hours, write_csv
 from dse.study import open_store
 
 COLUMNS = ("study", "system", "gpu", "num_gpus", "best_trial", "tflops_per_gpu", "tokens_per_s_per_gpu",
@@ -55,10 +55,11 @@ def gather(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     return studies
 
 
-def _changed(base: dict[str, Any] | None, knobs: dict[str, Any] | None) -> str:
+def _changed(base: dict[str, Any] | None, knobs: dict[str, Any] | None, order: Sequence[str] = ()) -> str:
+    """The knobs whose values differ, in the space's order (``order``), as ``tp 4->2, cp 2->1``."""
     if base is None or knobs is None:
         return ""
-    names = list(dict.fromkeys([*base, *knobs]))
+    names = list(dict.fromkeys([*(k for k in order if k in base or k in knobs), *base, *knobs]))
     diffs = [f"{k} {report.fmt(base.get(k))}->{report.fmt(knobs.get(k))}" for k in names if base.get(k) != knobs.get(k)]
     return ", ".join(diffs) if diffs else "none"
 
@@ -75,7 +76,7 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
             base_tps, base_knobs = tps, (best.knobs if best else None)
         price = _price(meta)
         gph = (1e9 / tps) * num_gpus / 3600.0 if tps else None
-        spent = report.gpu_hours(records)
+        spent = gpu_hours(records)[0]
         rows.append({
             "study": meta.get("study_name"), "system": meta.get("system"), "gpu": meta.get("gpu"),
             "num_gpus": num_gpus, "best_trial": best.number if best else None,
@@ -86,7 +87,8 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
             "cost_per_1b_tokens": gph * price if gph is not None and price else None,
             "search_gpu_hours": spent, "search_cost": spent * price if price else None,
             "trials": len(records), "ok": sum(r.ok for r in records),
-            "changed_knobs": "(baseline)" if i == 0 and best else _changed(base_knobs, best.knobs if best else None),
+            "changed_knobs": "(baseline)" if i == 0 and best else _changed(base_knobs, best.knobs if best else None,
+                                                                             list(meta.get("knobs", {}))),
         })
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
