@@ -83,9 +83,9 @@ def run_cmd(
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     if systems is not None:
-        return _run_systems(space_file, systems, agent=agent, sampler=sampler, trials=trials, seed=seed,
+        return _run_systems(space_file, systems, gpu=gpu, agent=agent, sampler=sampler, trials=trials, seed=seed,
                             backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed,
-                            warm_start=warm_start)
+                            rebuild=rebuild, warm_start=warm_start)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dse.study import run_study
@@ -157,15 +157,18 @@ def _warm_start_seeds(space, study_dir: Optional[Path]) -> list:
     return seeds
 
 
-def _run_systems(space_file: Path, systems: str, *, out: Optional[Path], resume: bool, storage: Optional[str],
-                 twin_seed: Optional[int], **kwargs) -> None:
+def _run_systems(space_file: Path, systems: str, *, gpu: Optional[str], out: Optional[Path], resume: bool,
+                 storage: Optional[str], twin_seed: Optional[int], seed: Optional[int], **kwargs) -> None:
     """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
     from dse.generations import parse_systems, run_generations
-    from dse.space import load_space
 
+    if kwargs.get("rebuild") and not resume:
+        raise UserError("--rebuild goes with --resume", field="--rebuild")
     if storage is not None:
         raise UserError("takes no --storage with --systems (each sub-study keeps its own SQLite file)", field="--storage")
-    space = with_twin(load_space(space_file), twin_seed)
+    if seed is not None and not 0 <= seed < 2**32:
+        raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
+    space = with_twin(_load_space_arg(space_file, gpu), twin_seed)
     names = parse_systems(systems)
     out_dir = out or Path("runs") / space.name
 
@@ -173,7 +176,7 @@ def _run_systems(space_file: Path, systems: str, *, out: Optional[Path], resume:
         err_console.print(f"[bold]{name}[/]: {sub.num_nodes} nodes x {sub.system.gpus_per_node} {sub.system.gpu} "
                           f"-> {out_dir / Path(name).stem}")
 
-    results = run_generations(space, names, out_dir=out_dir, resume=resume, on_start=on_start, **kwargs)
+    results = run_generations(space, names, out_dir=out_dir, resume=resume, seed=seed, on_start=on_start, **kwargs)
     _print_comparison([r.out_dir for r in results], out_dir)
 
 

@@ -50,7 +50,7 @@ def space_for(space: Space, system_ref: str) -> Space:
 
 
 def run_generations(space: Space, systems: Sequence[str], *, out_dir: str | Path, resume: bool = False,
-                    warm_start: str | Path | None = None, on_start: Callable[[str, Space], Any] | None = None,
+                    rebuild: bool = False, warm_start: str | Path | None = None, on_start: Callable[[str, Space], Any] | None = None,
                     **kwargs: Any) -> list[StudyResult]:
     """Run (or resume) one study of ``space`` per system in ``out_dir/<system>``; kwargs go to run_study.
 
@@ -66,7 +66,7 @@ def run_generations(space: Space, systems: Sequence[str], *, out_dir: str | Path
             on_start(name, sub)
         again = resume and (sub_out / "dse.json").exists()
         seeds = warm_start_points(sub, warm_start) if warm_start is not None else ()
-        results.append(run_study(sub, out_dir=sub_out, resume=again, seeds=seeds, **kwargs))
+        results.append(run_study(sub, out_dir=sub_out, resume=again, rebuild=rebuild and again, seeds=seeds, **kwargs))
     return results
 
 
