@@ -276,7 +276,14 @@ def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_
         lb = df.copy()
         lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
         lb = lb.rename(columns={"run_dir": "run"})
-        parts.append(f"<div class='scroll'>{table(lb, cut={'reason': REASON_CHARS})}</div>")
+        # A column with one value in every row (gpu, num_gpus, early_stopped when nothing stopped early, ...)
+        # is said once above the table, so the table fits the page; the CSV keeps every column.
+        keep = {"trial", "status", "reward", "reason", *knob_names}
+        same = [c for c in lb.columns if c not in keep and len(lb) > 1 and lb[c].astype(str).nunique() == 1]
+        if same:
+            parts.append("<p>" + html.escape("in every trial: " + ", ".join(
+                f"{c} {fmt(lb[c].iloc[0]) or '(empty)'}" for c in same)) + "</p>")
+        parts.append(f"<div class='scroll'>{table(lb.drop(columns=same), cut={'reason': REASON_CHARS})}</div>")
     parts.append(_COPY_JS)
     title = html.escape(str(meta.get("study_name")))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>dse {title}</title>"
