@@ -41,7 +41,9 @@ def fmt(v: Any) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return ""
-        if v.is_integer() and abs(v) < 1e15:
+        if 1e4 <= abs(v) < 1e15:  # 4 significant digits without an exponent: 103,900 rather than 1.039e+05
+            return f"{float(f'{v:.4g}'):,.0f}"
+        if v.is_integer():
             return str(int(v))
         return f"{v:.4g}"
     if hasattr(v, "item"):  # numpy scalars

@@ -26,7 +26,8 @@ def records():
 
 
 def test_fmt_rounds_to_four_significant_digits_and_never_writes_none():
-    assert report.fmt(123456.789) == "1.235e+05"
+    assert report.fmt(123456.789) == "123,500" and report.fmt(10362.0) == "10,360"
+    assert report.fmt(1.5e-5) == "1.5e-05" and report.fmt(-2345.678) == "-2346"
     assert report.fmt(3.14159265) == "3.142"
     assert report.fmt(8.0) == "8" and report.fmt(7) == "7"
     assert report.fmt(None) == "" and report.fmt(math.nan) == ""
