@@ -77,8 +77,16 @@ def run_cmd(
     rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
                                  "is empty or gone (the old run directories are set aside)"),
     gpu: Optional[str] = typer.Option(None, help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
+    systems: Optional[str] = typer.Option(None, help="comma-separated systems (h100,b200,gb200): one sub-study "
+                                          "each in --out/<system>, same GPU count, then `dse compare`"),
+    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="a finished study: its best points that "
+                                              "are valid here run first and seed the agent"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
+    if systems is not None:
+        return _run_systems(space_file, systems, gpu=gpu, agent=agent, sampler=sampler, trials=trials, seed=seed,
+                            backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed,
+                            rebuild=rebuild, warm_start=warm_start)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dse.study import run_study
@@ -87,6 +95,7 @@ def run_cmd(
     out_dir = out or Path("runs") / space.name
     if seed is not None and not 0 <= seed < 2**32:
         raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
+    seeds = _warm_start_seeds(space, warm_start)
     best = {"reward": None}
     # The bar starts with the first trial, so that an error before the study starts is the only line printed.
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -103,7 +112,8 @@ def run_cmd(
 
     try:
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
-                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial)
+                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
+                           seeds=seeds)
     finally:
         progress.stop()
     _print_summary(result.records, list(space.knobs), top=10, objective=space.objective.metric)
@@ -136,6 +146,68 @@ def _load_space_arg(space_file: Path, gpu: Optional[str]):
     if gpu is not None:
         raise UserError("--gpu is only for --space cloudai:FILE; a dse space names its system", field="--gpu")
     return load_space(space_file)
+
+
+def _warm_start_seeds(space, study_dir: Optional[Path]) -> list:
+    if study_dir is None:
+        return []
+    from dse.generations import warm_start_points
+
+    seeds = warm_start_points(space, study_dir)
+    err_console.print(f"warm start: {len(seeds)} points of {study_dir} are valid here and run first")
+    return seeds
+
+
+def _run_systems(space_file: Path, systems: str, *, gpu: Optional[str], out: Optional[Path], resume: bool,
+                 storage: Optional[str], twin_seed: Optional[int], seed: Optional[int], **kwargs) -> None:
+    """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
+    from dse.generations import parse_systems, run_generations
+
+    if kwargs.get("rebuild") and not resume:
+        raise UserError("--rebuild goes with --resume", field="--rebuild")
+    if storage is not None:
+        raise UserError("takes no --storage with --systems (each sub-study keeps its own SQLite file)", field="--storage")
+    if seed is not None and not 0 <= seed < 2**32:
+        raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
+    space = with_twin(_load_space_arg(space_file, gpu), twin_seed)
+    names = parse_systems(systems)
+    out_dir = out or Path("runs") / space.name
+
+    def on_start(name, sub):
+        err_console.print(f"[bold]{name}[/]: {sub.num_nodes} nodes x {sub.system.gpus_per_node} {sub.system.gpu} "
+                          f"-> {out_dir / Path(name).stem}")
+
+    results = run_generations(space, names, out_dir=out_dir, resume=resume, seed=seed, on_start=on_start, **kwargs)
+    _print_comparison([r.out_dir for r in results], out_dir)
+
+
+def _print_comparison(dirs, out_dir: Path) -> None:
+    from rich.table import Table
+
+    from dse import compare
+
+    df, csv, page = compare.write(compare.gather(dirs), out_dir)
+    cols = ["system", "gpu", "num_gpus", "tflops_per_gpu", "tokens_per_s", "speedup", "gpu_hours_per_1b_tokens",
+            "cost_per_1b_tokens", "search_gpu_hours", "changed_knobs"]
+    cols = [c for c in cols if df[c].notna().any()]  # no price in any system file: no cost column
+    table = Table(title="best layout per generation")
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("system", "gpu", "changed_knobs") else "right")
+    for _, row in df.iterrows():
+        table.add_row(*[_fmt(row[c]) for c in cols])
+    console.print(table)
+    console.print(f"comparison: {csv}, {page}")
+
+
+@app.command("compare")
+@user_errors
+def compare_cmd(
+    dirs: list[Path] = typer.Argument(..., help="study output directories; the first is the baseline"),
+    out: Optional[Path] = typer.Option(None, help="where compare.csv and compare.html go (default: the first "
+                                       "directory's parent)"),
+) -> None:
+    """Compare finished studies (one per GPU generation): best layouts, speed-up, GPU-hours, cost, changed knobs."""
+    _print_comparison(dirs, out or Path(dirs[0]).resolve().parent)
 
 
 # The summary's columns: (leaderboard column, short header used when the full names do not fit).
@@ -337,7 +409,7 @@ def report_cmd(
     store, meta = open_store(out_dir)
     records = store.records()
     store.close()
-    path = report.write(records, meta, html_file or Path(out_dir) / "report.html")
+    path = report.write(records, meta, html_file or Path(out_dir) / "report.html", best=report.read_best(out_dir))
     console.print(f"wrote {path} ({len(records)} trials)")
 @app.command("parse")
 @user_errors

@@ -1,92 +1,312 @@
-"""The HTML report of a study: summary, best configuration, plots and the leaderboard, in one file.
+"""The HTML report of a study, in one file: summary, best configuration with its launch command, plots
+(best so far, statuses, metric by knob, parallel coordinates, knob importance, memory), failures by class
+and the leaderboard.
 
 Plots are Plotly figures; the report embeds plotly.js once, so it opens on a machine without network
-access (clusters often have none). Everything comes from the store, as the leaderboard does.
+access (clusters often have none). Everything comes from the store (and ``best/best.json``), as the
+leaderboard does. Numbers are shown to 4 significant digits; an empty cell is empty, never ``None``;
+ordinal knobs are drawn in numeric order; the page fits 1400 px (long reasons are cut, the full text is
+on hover). ``tests/test_report_browser.py`` renders it in headless Chromium.
+
+Decisions: GPU-hours are the study's (``dse.leaderboard.gpu_hours``: GPUs x each run's wall time). Knob
+importance is Optuna's ``get_param_importances`` with the PED-ANOVA evaluator (the default fANOVA one
+needs scikit-learn, which is not a dependency) on an in-memory study of the ok trials. The Pareto front
+the issue mentions needs a two-metric objective, which spaces cannot express yet, so it is not drawn.
 """
 
 from __future__ import annotations
 
 import html
+import json
+import math
+import shlex
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from dse.leaderboard import frame, gpu_hours, savings_line
 from dse.store import TrialRecord
 
+REASON_CHARS = 48  # reason cut in tables (full text in the cell's title)
+MIN_IMPORTANCE_TRIALS = 4  # fewer ok trials than this: importance is not estimated (noise)
 
-def _figures(df: pd.DataFrame, knob_names: Sequence[str], metric: str) -> list:
-    import plotly.express as px
+
+def fmt(v: Any) -> str:
+    """A value for people: 4 significant digits for floats, empty for missing, ints as ints."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return ""
+        if 1e4 <= abs(v) < 1e15:  # 4 significant digits without an exponent: 103,900 rather than 1.039e+05
+            return f"{float(f'{v:.4g}'):,.0f}"
+        if v.is_integer():
+            return str(int(v))
+        return f"{v:.4g}"
+    if hasattr(v, "item"):  # numpy scalars
+        return fmt(v.item())
+    return str(v)
+
+
+def ordered_values(values: Sequence[Any]) -> list[Any]:
+    """A knob's values in numeric order when they are all numbers, else as the space lists them."""
+    vals = list(values)
+    if vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return sorted(vals)
+    return vals
+
+
+def importances(records: Sequence[TrialRecord], knob_values: Mapping[str, Sequence[Any]]) -> dict[str, float]:
+    """Optuna's parameter importances over the ok trials; {} when there are too few trials or nothing varies."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+
+    ok = [r for r in records if r.ok and math.isfinite(r.reward)]
+    varying = [k for k in knob_values if len({json.dumps(r.knobs.get(k), default=str) for r in ok}) > 1]
+    if len(ok) < MIN_IMPORTANCE_TRIALS or not varying or len({r.reward for r in ok}) < 2:
+        return {}
+    dists = {k: CategoricalDistribution(list(knob_values[k])) for k in varying}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")  # rewards are maximised whatever the metric
+    for r in ok:
+        if all(r.knobs.get(k) in dists[k].choices for k in varying):
+            study.add_trial(create_trial(params={k: r.knobs[k] for k in varying}, distributions=dists, value=r.reward))
+    if len(study.trials) < MIN_IMPORTANCE_TRIALS:
+        return {}
+    try:
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+    except AttributeError:  # older Optuna: the default evaluator
+        evaluator = None
+    return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
+
+
+def _int_ticks(n: int) -> dict:
+    step = max(1, math.ceil(max(n, 1) / 12))
+    return dict(tickmode="linear", tick0=0, dtick=step, tickformat="d")
+
+
+def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapping[str, Sequence[Any]],
+             metric: str) -> list:
     import plotly.graph_objects as go
 
     figs = []
+    knob_names = list(knob_values)
     by_trial = df.sort_values("trial")
     ok = by_trial[by_trial.status == "ok"]
+    failed = by_trial[by_trial.status != "ok"]
+    # Reward by trial: ok trials, the best so far as a step line over all trials, failures as marks at the
+    # bottom of the axis (one trace per status, the reason on hover).
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=ok.trial, y=ok.reward, mode="markers", name="ok trials"))
-    best = by_trial.assign(r=by_trial.reward.where(by_trial.status == "ok")).r.cummax()
-    fig.add_trace(go.Scatter(x=by_trial.trial, y=best, mode="lines", name="best so far", line_shape="hv"))
-    fig.update_layout(title="Reward by trial", xaxis_title="trial", yaxis_title="reward")
+    best = by_trial.reward.where(by_trial.status == "ok").cummax().ffill()
+    if not ok.empty:
+        lo, hi = float(ok.reward.min()), float(ok.reward.max())
+        floor = lo - 0.06 * ((hi - lo) or abs(hi) or 1.0)
+    else:
+        floor = 0.0
+    fig.add_trace(go.Scatter(x=ok.trial, y=ok.reward, mode="markers", name="ok",
+                             hovertemplate="trial %{x}<br>reward %{y:.4g}<extra></extra>"))
+    if best.notna().any():
+        fig.add_trace(go.Scatter(x=by_trial.trial, y=best, mode="lines", name="best so far", line_shape="hv",
+                                 connectgaps=False, hovertemplate="trial %{x}<br>best %{y:.4g}<extra></extra>"))
+    for status, grp in failed.groupby("status", sort=True):
+        fig.add_trace(go.Scatter(x=grp.trial, y=[floor] * len(grp), mode="markers", name=str(status),
+                                 marker=dict(symbol="x", size=8), customdata=grp.reason.fillna("").str.slice(0, 200),
+                                 hovertemplate=f"trial %{{x}}: {html.escape(str(status))}<br>%{{customdata}}<extra></extra>"))
+    fig.update_layout(title="Reward by trial (failures marked at the bottom)", xaxis_title="trial",
+                      yaxis_title="reward", yaxis_tickformat=".4~g",
+                      xaxis=_int_ticks(int(by_trial.trial.max()) if len(by_trial) else 1))
     figs.append(fig)
     counts = Counter(df.status)
-    figs.append(px.bar(x=list(counts), y=list(counts.values()), labels={"x": "status", "y": "trials"},
-                       title="Trials by status"))
+    figs.append(go.Figure(go.Bar(x=list(counts), y=list(counts.values()), hovertemplate="%{x}: %{y}<extra></extra>"),
+                          layout=dict(title="Trials by status", xaxis_title="status", yaxis_title="trials",
+                                      yaxis=dict(tickformat="d", rangemode="tozero"))))
+    if ok.empty:
+        return figs
+    y = metric if metric in ok and ok[metric].notna().any() else "reward"
     for knob in knob_names:
-        if ok.empty:
-            break
-        fig = px.box(ok.astype({knob: str}), x=knob, y=metric if metric in ok else "reward", points="all",
-                     title=f"{metric} by {knob} (ok trials)")
+        order = [str(v) for v in ordered_values(knob_values[knob])]
+        fig = go.Figure(go.Box(x=ok[knob].astype(str), y=ok[y], boxpoints="all", name=knob,
+                               hovertemplate=f"{knob}=%{{x}}<br>{y} %{{y:.4g}}<extra></extra>"))
+        fig.update_layout(title=f"{y} by {knob} (ok trials)", xaxis_title=knob, yaxis_title=y, yaxis_tickformat=".4~g",
+                          xaxis=dict(type="category", categoryorder="array", categoryarray=order), showlegend=False)
         figs.append(fig)
-    if not ok.empty and "peak_memory_gib" in ok:
-        figs.append(px.scatter(ok, x="peak_memory_gib", y=metric if metric in ok else "reward",
-                               hover_data=list(knob_names), title=f"{metric} against peak memory"))
+    if knob_names:
+        dims = []
+        for knob in knob_names:
+            order = ordered_values(knob_values[knob])
+            index = {json.dumps(v, default=str): i for i, v in enumerate(order)}
+            codes = [index.get(json.dumps(v, default=str), -1) for v in ok[knob]]
+            dims.append(dict(label=knob, values=codes, tickvals=list(range(len(order))),
+                             ticktext=[fmt(v) for v in order], range=[0, max(len(order) - 1, 1)]))
+        dims.append(dict(label=y, values=list(ok[y]), tickformat=".4~g"))
+        figs.append(go.Figure(go.Parcoords(line=dict(color=list(ok[y]), colorscale="Viridis", showscale=True),
+                                           dimensions=dims),
+                              layout=dict(title=f"Parallel coordinates: knobs against {y} (ok trials)")))
+    imp = importances(records, knob_values)
+    if imp:
+        names = list(imp)[::-1]
+        figs.append(go.Figure(go.Bar(x=[imp[k] for k in names], y=names, orientation="h",
+                                     hovertemplate="%{y}: %{x:.3g}<extra></extra>"),
+                              layout=dict(title=f"Knob importance (Optuna PED-ANOVA, {len(ok)} ok trials)",
+                                          xaxis_title="importance", xaxis_tickformat=".2~g")))
+    if "peak_memory_gib" in ok and ok.peak_memory_gib.notna().any():
+        text = ok[knob_names].apply(lambda row: ", ".join(f"{k}={fmt(row[k])}" for k in knob_names), axis=1) \
+            if knob_names else None
+        figs.append(go.Figure(go.Scatter(x=ok.peak_memory_gib, y=ok[y], mode="markers", text=text,
+                                         hovertemplate="%{text}<br>%{x:.4g} GiB<br>" + y + " %{y:.4g}<extra></extra>"),
+                              layout=dict(title=f"{y} against peak memory (ok trials)", xaxis_title="peak memory, GiB",
+                                          yaxis_title=y, xaxis_tickformat=".4~g", yaxis_tickformat=".4~g")))
     return figs
 
 
-def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_per_gpu") -> str:
-    knob_names = list(meta.get("knobs", {}))
+def _cell(v: Any, *, limit: int | None = None) -> str:
+    text = fmt(v)
+    if limit is not None and len(text) > limit:
+        return f"<td class='cut' title='{html.escape(text, quote=True)}'>{html.escape(text[:limit - 1])}&hellip;</td>"
+    return f"<td>{html.escape(text)}</td>"
+
+
+def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = "tbl") -> str:
+    """An HTML table of ``df`` with values as :func:`fmt` writes them; columns in ``cut`` are truncated."""
+    cut = dict(cut or {})
+    # headers break after underscores (tokens_per_s_per_gpu), so a wide table still fits the page
+    head = "".join(f"<th>{html.escape(str(c)).replace('_', '_<wbr>')}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(_cell(v, limit=cut.get(c)) for c, v in zip(df.columns, row)) + "</tr>"
+                   for row in df.itertuples(index=False, name=None))
+    return f"<table class='{css}'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def failures_table(df: pd.DataFrame) -> str:
+    """Failures grouped by class: count, trials and one short reason (the most common one)."""
+    bad = df[df.status != "ok"]
+    if bad.empty:
+        return "<p>No failed trials.</p>"
+    rows = []
+    for status, grp in bad.groupby("status", sort=False):
+        reasons = grp.reason.dropna()
+        reason = reasons.value_counts().index[0] if not reasons.empty else ""
+        trials = sorted(int(t) for t in grp.trial)
+        shown = ", ".join(map(str, trials[:12])) + (", ..." if len(trials) > 12 else "")
+        rows.append({"status": status, "trials": len(grp), "which": shown, "reason (most common)": reason})
+    out = pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable")
+    return table(out, cut={"reason (most common)": 110})
+
+
+def launch_command(best: Mapping[str, Any]) -> str:
+    """The best trial's trainer command, with its environment, as one shell line a user can paste."""
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted((best.get("env") or {}).items()))
+    argv = shlex.join(str(a) for a in best.get("argv") or [])
+    return f"env {env} {argv}" if env else argv
+
+
+def _best_section(df: pd.DataFrame, knob_names: Sequence[str], best: Mapping[str, Any] | None) -> str:
+    ok = df[df.status == "ok"]
+    if ok.empty:
+        return "<h2>Best configuration</h2><p>No trial succeeded.</p>"
+    row = ok.iloc[0]
+    cols = ["trial", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", *knob_names]
+    parts = ["<h2>Best configuration</h2>", table(pd.DataFrame([{c: row[c] for c in cols}]))]
+    if isinstance(row.run_dir, str):
+        parts.append(f"<p>run directory: <code>{html.escape(str(row.run_dir))}</code></p>")
+    if best and best.get("argv"):
+        cmd = launch_command(best)
+        parts.append("<p>launch command (from <code>best/best.json</code>; <code>best/launch.sbatch</code> is the "
+                     "Slurm script) <button type='button' id='copy-cmd'>copy</button></p>"
+                     f"<pre id='launch-cmd' class='cmd'>{html.escape(cmd)}</pre>")
+    return "".join(parts)
+
+
+_COPY_JS = """
+<script>
+document.getElementById('copy-cmd')?.addEventListener('click', function () {
+  var text = document.getElementById('launch-cmd').textContent;
+  if (navigator.clipboard) { navigator.clipboard.writeText(text).catch(function () {}); }
+});
+</script>
+"""
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 12px;box-sizing:border-box}"
+    "table.tbl{border-collapse:collapse;font-size:13px;margin:0.5em 0}"
+    "table.tbl td,table.tbl th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
+    "table.tbl th{white-space:normal;vertical-align:bottom;max-width:7em}"
+    "table.tbl td.cut{text-align:left;max-width:30em;overflow:hidden;text-overflow:ellipsis;cursor:help}"
+    ".scroll{max-width:100%;overflow-x:auto}"
+    "pre.cmd{white-space:pre-wrap;word-break:break-all;background:#f4f4f4;padding:8px;font-size:12px;max-width:100%}"
+    ".plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(640px,1fr));gap:8px}"
+    ".plots .wide{grid-column:1/-1}"
+)
+
+
+def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_per_gpu",
+           best: Mapping[str, Any] | None = None, extra_html: str = "") -> str:
+    """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one."""
+    knob_values = {k: list(v) for k, v in meta.get("knobs", {}).items()}
+    knob_names = list(knob_values)
     df = frame(records, knob_names)
-    parts = [f"<h1>dse study {html.escape(str(meta.get('study_name', '')))}</h1>",
-             "<p>" + html.escape(f"recipe {meta.get('recipe')} on {meta.get('num_nodes')} nodes of "
-                                 f"{meta.get('gpu')} ({meta.get('system')}); agent {meta.get('agent')}, "
-                                 f"backend {meta.get('backend')}; {len(df)} trials; space {meta.get('space')}")
-             + "</p>"]
+    counts = Counter(df.status) if len(df) else Counter()
+    g = {k: fmt(meta.get(k)) or "?" for k in ("recipe", "num_nodes", "gpu", "system", "agent", "backend", "space")}
+    summary = (f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); agent {g['agent']}, "
+               f"backend {g['backend']}; space {g['space']}")
     spent, to_best = gpu_hours(records)
     launched = sum(r.status != "rejected" for r in records)
-    parts.append("<p>" + html.escape(f"{launched} launched runs; GPU-hours: {spent:,.1f} spent"
-                                     + (f", {to_best:,.1f} to the best" if to_best is not None else "")
-                                     + savings_line(records)) + "</p>")
-    ok = df[df.status == "ok"]
-    if not ok.empty:
-        best = ok.iloc[0]
-        cfg = ", ".join(f"{k}={best[k]}" for k in knob_names)
-        parts.append(f"<h2>Best configuration</h2><p><b>{html.escape(cfg)}</b>: reward {best.reward:.4g}, "
-                     f"step time {best.step_time_s:.4g} s, {best.tflops_per_gpu:.4g} TFLOP/s/GPU, "
-                     f"{best.tokens_per_s_per_gpu:.4g} tokens/s/GPU (trial {int(best.trial)}, "
-                     f"{html.escape(str(best.run_dir))})</p>")
-    else:
-        parts.append("<h2>Best configuration</h2><p>No trial succeeded.</p>")
-    figs = _figures(df, knob_names, metric) if len(df) else []
-    for i, fig in enumerate(figs):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    stats = (f"{len(df)} trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+             + f"; {launched} launched runs; GPU-hours: {fmt(spent)} spent"
+             + (f", {fmt(to_best)} to the best" if to_best is not None else "")
+             + savings_line(records)) if len(df) else "no trials yet"
+    parts = [f"<h1>dse study {html.escape(str(meta.get('study_name', '')))}</h1>",
+             f"<p>{html.escape(summary)}</p><p>{html.escape(stats)}</p>",
+             _best_section(df, knob_names, best)]
+    figs = _figures(df, records, knob_values, metric) if len(df) else []
+    if figs:
+        parts.append("<h2>Plots</h2><div class='plots'>")
+        for i, fig in enumerate(figs):
+            fig.update_layout(height=420, margin=dict(l=60, r=30, t=60, b=50), template="plotly_white")
+            wide = "Parcoords" in type(fig.data[0]).__name__ or i == 0
+            div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True})
+            parts.append(f"<div class='plot{' wide' if wide else ''}'>{div}</div>")
+        parts.append("</div>")
+    parts.append("<h2>Failures by class</h2>")
+    parts.append(failures_table(df) if len(df) else "<p>No trials.</p>")
+    parts.append(extra_html)
     parts.append("<h2>Leaderboard</h2>")
-    parts.append(df.to_html(index=False, na_rep="", float_format=lambda x: f"{x:.4g}", border=0,
-                            classes="leaderboard"))
-    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}"
-             "table.leaderboard{border-collapse:collapse;font-size:13px}"
-             "table.leaderboard td,table.leaderboard th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>dse {html.escape(str(meta.get('study_name')))}"
-            f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    if len(df):
+        lb = df.copy()
+        lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
+        lb = lb.rename(columns={"run_dir": "run"})
+        # A column with one value in every row (gpu, num_gpus, early_stopped when nothing stopped early, ...)
+        # is said once above the table, so the table fits the page; the CSV keeps every column.
+        keep = {"trial", "status", "reward", "reason", *knob_names}
+        same = [c for c in lb.columns if c not in keep and len(lb) > 1 and lb[c].astype(str).nunique() == 1]
+        if same:
+            parts.append("<p>" + html.escape("in every trial: " + ", ".join(
+                f"{c} {fmt(lb[c].iloc[0]) or '(empty)'}" for c in same)) + "</p>")
+        parts.append(f"<div class='scroll'>{table(lb.drop(columns=same), cut={'reason': REASON_CHARS})}</div>")
+    parts.append(_COPY_JS)
+    title = html.escape(str(meta.get("study_name")))
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>dse {title}</title>"
+            f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>")
 
 
-def write(records: Sequence[TrialRecord], meta: dict, path: str | Path, *, metric: str = "tflops_per_gpu") -> Path:
+def read_best(out_dir: str | Path) -> dict | None:
+    """``DIR/best/best.json``, or None when the study has none (or it cannot be read)."""
+    try:
+        return json.loads((Path(out_dir) / "best" / "best.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write(records: Sequence[TrialRecord], meta: dict, path: str | Path, *, metric: str = "tflops_per_gpu",
+          best: Mapping[str, Any] | None = None, extra_html: str = "") -> Path:
     from dse.leaderboard import checked_output, output_error
 
     path = Path(path)
     tmp = checked_output(path, "--html")
-    text = render(records, meta, metric=metric)
+    text = render(records, meta, metric=metric, best=best, extra_html=extra_html)
     try:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)

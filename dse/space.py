@@ -115,6 +115,8 @@ class System(_Strict):
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
     startup_s: float = Field(300.0, ge=0, description="a job's start-up before its first step (container, "
                              "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it")
+    price_per_gpu_hour: float | None = Field(None, gt=0, description="what one GPU-hour costs (any currency); "
+                                             "`dse compare` prices GPU-hours with it")
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
     @field_validator("gpu")

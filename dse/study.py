@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,10 +167,13 @@ def _ran(out_dir: Path) -> int:
 def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sampler: str | None = None,
               trials: int | None = None, seed: int | None = None, backend: str | None = None,
               resume: bool = False, storage: str | None = None, rebuild: bool = False,
-              on_trial: Callable[[TrialRecord, int, int | None], None] | None = None) -> StudyResult:
+              on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
+              seeds: Sequence[dict[str, Any]] = ()) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports progress (total: the budget, or for a grid without one the
     number of valid points; None when unknown). ``rebuild`` (with ``resume``): when the storage holds no
-    study although run directories say trials ran, start it anew instead of refusing."""
+    study although run directories say trials ran, start it anew instead of refusing. ``seeds`` are points
+    (knob values) run first, before the agent proposes, and shown to it as its own outcomes (warm start); a
+    seed the study already ran is skipped, so a resumed study does not run them again."""
     out = Path(out_dir)
     agent = agent or space.search.agent
     seed = space.search.seed if seed is None else seed
@@ -207,7 +210,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
         raise UserError("is in use by another dse run", file=str(out), field="--out") from None
     try:
         return _run_locked(space, out, agent, options, trials, seed, backend_name, resume, storage, registry,
-                           on_trial, rebuild)
+                           on_trial, rebuild, seeds)
     except UserError:
         if created and not (out / META).exists():  # refused before the study started: leave nothing behind
             shutil.rmtree(out, ignore_errors=True)
@@ -218,7 +221,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
 
 
 def _run_locked(space, out, agent_name, options, trials, seed, backend_name, resume, storage, registry, on_trial,
-                rebuild=False):
+                rebuild=False, seeds=()):
     if resume:
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != {k: list(v) for k, v in space.knobs.items()}:
@@ -238,6 +241,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 "storage": storage or DB,
                 "knobs": {k: list(v) for k, v in space.knobs.items()}, "recipe": space.recipe,
                 "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
+                "gpus_per_node": space.system.gpus_per_node, "price_per_gpu_hour": space.system.price_per_gpu_hour,
                 "agent": agent_name, "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend_name}
     store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
     if not resume:
@@ -255,6 +259,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                        forecast=model_forecaster(space), **space_options(space, agent_name, options, registry))
     history = [r for r in store.records() if not r.interrupted]
     agent.warm_start((env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics) for r in history)
+    ran = [r.knobs for r in history]
+    queued = [env.encode(p) for i, p in enumerate(seeds) if p not in ran and p not in list(seeds)[:i]]
     # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:
     # the agent runs until it has nothing left (grid: every valid point once).
     budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
@@ -266,7 +272,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     stop_reason = None
     try:
         while budget is None or done < budget:
-            action = agent.propose()
+            action = queued.pop(0) if queued else agent.propose()
             if action is None:
                 stop_reason = agent.stop_reason
                 break

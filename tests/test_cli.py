@@ -98,11 +98,13 @@ def test_report_is_self_contained_html_with_the_best_configuration(tmp_path):
     r = runner.invoke(app, ["report", str(out)])
     assert r.exit_code == 0, r.output
     text = (out / "report.html").read_text()
-    best = pd.read_csv(out / "leaderboard.csv").iloc[0]
-    cfg = ", ".join(f"{k}={best[k]}" for k in ("tp", "pp", "vp", "mbs"))
-    assert f"<b>{cfg}</b>" in text
+    lb = pd.read_csv(out / "leaderboard.csv")
+    best_section = text.split("<h2>Best configuration</h2>")[1].split("<h2>")[0]
+    cells = "".join(f"<td>{lb.iloc[0][k]}</td>" for k in ("tp", "pp", "vp", "mbs"))
+    assert cells in best_section and json.loads((out / "best" / "best.json").read_text())["argv"][0] in best_section
     assert text.count("<script>/**") == 1  # plotly.js embedded once, so it opens offline
-    assert text.count("<tr") == len(pd.read_csv(out / "leaderboard.csv")) + 1  # header + one row per trial
+    board = text.split("<h2>Leaderboard</h2>")[1]
+    assert board.count("<tr") == len(lb) + 1  # header + one row per trial
 
 
 def test_unknown_backend_is_one_line_and_writes_nothing(tmp_path):

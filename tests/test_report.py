@@ -1,0 +1,87 @@
+"""The HTML report's content, checked on the figures and tables it builds (the browser test sees it drawn)."""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+import pytest
+
+from dse import report
+from dse.store import TrialRecord
+
+META = {"study_name": "s", "knobs": {"tp": [8, 4, 2], "recompute": ["none", "full"]}}
+
+
+def rec(n, tp, status="ok", reward=None, recompute="none", reason=None):
+    ok = status == "ok"
+    reward = (100.0 + 10 * tp + n) if reward is None and ok else (reward or 0.0)
+    metrics = {"tflops_per_gpu": reward, "step_time_s": 2.0, "steps": 10, "peak_memory_gib": 40.0 + tp} if ok else {}
+    return TrialRecord(n, {"tp": tp, "recompute": recompute}, status, reward, reason, metrics, f"/r/{n:05d}", "h100", 16)
+
+
+def records():
+    return [rec(0, 2, "oom", reason="CUDA out of memory. " * 20), rec(1, 8), rec(2, 4, "nccl_error", reason="NCCL timeout"),
+            rec(3, 2), rec(4, 4, recompute="full"), rec(5, 8, "oom", reason="CUDA out of memory. " * 20), rec(6, 2)]
+
+
+def test_fmt_rounds_to_four_significant_digits_and_never_writes_none():
+    assert report.fmt(123456.789) == "123,500" and report.fmt(10362.0) == "10,360"
+    assert report.fmt(1.5e-5) == "1.5e-05" and report.fmt(-2345.678) == "-2346"
+    assert report.fmt(3.14159265) == "3.142"
+    assert report.fmt(8.0) == "8" and report.fmt(7) == "7"
+    assert report.fmt(None) == "" and report.fmt(math.nan) == ""
+
+
+def test_best_so_far_is_a_step_line_over_every_trial_after_the_first_success():
+    fig = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], "tflops_per_gpu")[0]
+    best = next(t for t in fig.data if t.name == "best so far")
+    assert best.line.shape == "hv"
+    assert list(best.x) == list(range(7))
+    ys = list(best.y)
+    assert math.isnan(ys[0]) and all(not math.isnan(y) for y in ys[1:])  # no gap at the failures (trials 2, 5)
+    assert ys[-1] == max(r.reward for r in records() if r.ok)
+    assert all(b >= a for a, b in zip(ys[1:], ys[2:]))
+    marks = {t.name: list(t.x) for t in fig.data if t.name not in ("ok", "best so far")}
+    assert marks == {"nccl_error": [2], "oom": [0, 5]}  # failed trials are visible, by status
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.tickformat == "d"  # integer trial ticks
+
+
+def test_ordinal_knobs_are_drawn_in_numeric_order():
+    figs = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], "tflops_per_gpu")
+    by_tp = next(f for f in figs if f.layout.title.text.endswith("by tp (ok trials)"))
+    assert list(by_tp.layout.xaxis.categoryarray) == ["2", "4", "8"]
+    by_rc = next(f for f in figs if f.layout.title.text.endswith("by recompute (ok trials)"))
+    assert list(by_rc.layout.xaxis.categoryarray) == ["none", "full"]  # not numbers: the space's order
+    par = next(f for f in figs if type(f.data[0]).__name__ == "Parcoords")
+    assert list(par.data[0].dimensions[0].ticktext) == ["2", "4", "8"]
+
+
+def test_importance_is_estimated_on_ok_trials_and_skipped_with_too_few():
+    assert report.importances(records()[:3], META["knobs"]) == {}
+    many = [rec(n, tp, recompute=rc, reward=float(10 * tp + (5 if rc == "full" else 0) + n % 2))
+            for n, (tp, rc) in enumerate([(t, r) for t in (2, 4, 8) for r in ("none", "full")] * 2)]
+    imp = report.importances(many, META["knobs"])
+    assert set(imp) == {"tp", "recompute"} and imp["tp"] > imp["recompute"]
+
+
+def test_failures_are_grouped_by_class_with_one_short_reason():
+    text = report.failures_table(report.frame(records(), ["tp", "recompute"]))
+    assert text.count("<tr>") == 3  # header, oom, nccl_error
+    assert "CUDA out of memory. " * 20 not in text.split("title=")[0]  # cut in the cell, whole on hover
+    assert text.index("oom") < text.index("nccl_error")  # most frequent first
+
+
+def test_report_has_no_literal_none_and_a_launch_command_that_parses_back():
+    best = {"argv": ["python", "-m", "recipes.nemo2", "--factory", "f(a='x y')"], "env": {"A": "1 2", "B": "x"}}
+    page = report.render([r for r in records() if r.ok], META, best=best)
+    assert "None" not in page.split("<script")[0] + page.split("</script>")[-1]
+    assert "No failed trials." in page
+    cmd = report.launch_command(best)
+    assert shlex.split(cmd) == ["env", "A=1 2", "B=x", *best["argv"]]
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_report_of_a_study_with_no_success_renders(n):
+    page = report.render([rec(i, 2, "oom", reason="oom") for i in range(n)], META)
+    assert "No trial succeeded" in page or n == 0
