@@ -89,6 +89,11 @@ def report(rows: list[dict]) -> list[dict]:
     merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
     print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
           f"over {len(out)} runs (1 H200)")
+    import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
+
+    df = pd.DataFrame(out)
+    print(f"Spearman step time {df.step_time_ms.corr(df.pred_step_time_ms, method='spearman'):.2f} · "
+          f"peak memory {df.peak_allocated_gib.corr(df.pred_peak_memory_gib, method='spearman'):.2f}")
     return out
 
 
