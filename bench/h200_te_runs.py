@@ -27,21 +27,22 @@ import h200_real_runs as base  # noqa: E402
 
 TSV = ROOT / "bench" / "data" / "h200_te_runs.tsv"
 LOGS = ROOT / "tests" / "fixtures" / "logs" / "real_h200_te"
-EXTRA = ("layer_spec", "precision", "fp8_recipe", "attention_backend")
+EXTRA = ("layer_spec", "precision", "fp8_recipe", "attention_backend", "cpu_offload_layers")
 COLUMNS = base.COLUMNS[:-1] + EXTRA + ("log",)
 _SPEC = re.compile(r"> recipes\.mcore: layer spec (\w+)")
-_PREC = re.compile(r"> recipes\.mcore: precision (bf16|fp8 hybrid (\w+)), attention backend (\w+)")
+_PREC = re.compile(r"> recipes\.mcore: precision (bf16|fp8 hybrid (\w+)), attention backend (\w+)"
+                   r"(?:, cpu offload layers (\d+))?")
 
 
 def measure(log: Path) -> dict:
     row = base.measure(log)
-    row.update(layer_spec="local", precision="bf16", fp8_recipe="", attention_backend="local")
+    row.update(layer_spec="local", precision="bf16", fp8_recipe="", attention_backend="local", cpu_offload_layers=0)
     for line in log.read_text(errors="replace").splitlines():
         if m := _SPEC.search(line):
             row["layer_spec"] = m.group(1)
         elif m := _PREC.search(line):
             row.update(precision="fp8" if m.group(2) else "bf16", fp8_recipe=m.group(2) or "",
-                       attention_backend=m.group(3))
+                       attention_backend=m.group(3), cpu_offload_layers=int(m.group(4) or 0))
     return row
 
 
@@ -56,10 +57,12 @@ def write_tsv(logdir: Path, out: Path = TSV) -> list[dict]:
 
 
 def trial(row: dict):
-    """The dse TrialConfig of a row: as bench/h200_real_runs.py's, with the run's precision and attention."""
+    """The dse TrialConfig of a row: as bench/h200_real_runs.py's, with the run's precision, attention and
+    activation offloading (a TSV without the offload column counts as none)."""
     t = base._trial(row)
     values = dict(t.values)
-    values.update(precision=row["precision"], attention_backend=row["attention_backend"])
+    values.update(precision=row["precision"], attention_backend=row["attention_backend"],
+                  cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))
     if row["precision"] == "fp8":
         values["fp8_recipe"] = row["fp8_recipe"]
     return replace(t, values=MappingProxyType(values))
@@ -86,6 +89,11 @@ def report(rows: list[dict]) -> list[dict]:
     merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
     print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
           f"over {len(out)} runs (1 H200)")
+    import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
+
+    df = pd.DataFrame(out)
+    print(f"Spearman step time {df.step_time_ms.corr(df.pred_step_time_ms, method='spearman'):.2f} · "
+          f"peak memory {df.peak_allocated_gib.corr(df.pred_peak_memory_gib, method='spearman'):.2f}")
     return out
 
 

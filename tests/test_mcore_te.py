@@ -117,3 +117,5 @@ def test_recorded_te_runs_reparse():
         assert rec["layer_spec"] == row["layer_spec"] and rec["precision"] == row["precision"]
         assert rec["attention_backend"] == row["attention_backend"] and rec["fp8_recipe"] == row["fp8_recipe"]
         assert log.stem.startswith(row["layer_spec"]) and (row["precision"] in log.stem)
+        assert rec["recompute"] == row["recompute"] and int(rec["cpu_offload_layers"]) == row["cpu_offload_layers"]
+        assert ("offload" in log.stem) == (row["cpu_offload_layers"] > 0)
