@@ -171,3 +171,11 @@ def test_dry_run_limit_on_a_space_invalid_for_its_first_points_stops_at_the_walk
     assert f"stopped after the first {WALK_LIMIT:,} of {2 * 10**12:,} raw points" in text
     assert f"0 local script(s) written under {out}; {WALK_LIMIT} rejected" in text
     assert not list(out.glob("*/launch.sh"))
+
+
+def test_twin_truth_of_a_trillion_point_space_is_calibrated_on_a_sample(runner, tmp_path):
+    f = write_space(tmp_path / "big.toml", CORE, env_knobs=11, env_values=10)
+    r = runner.invoke(app, ["run", "--space", str(f), "--agent", "random", "--trials", "2", "--twin-seed", "3",
+                            "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "2 new trials" in r.stdout
