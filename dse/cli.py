@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dse.errors import InfrastructureError, UserError
 
@@ -30,10 +31,11 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            # escaped: messages quote TOML tables ("[search] trials"), which rich would take for markup
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
-            err_console.print(f"[bold red]error:[/] {e} (dse run --resume continues the study; a trial in flight "
+            err_console.print(f"[bold red]error:[/] {escape(str(e))} (dse run --resume continues the study; a trial in flight "
                               "was not recorded and runs again)", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
