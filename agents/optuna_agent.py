@@ -18,6 +18,7 @@ forecast reward (the shipped performance model, among those it predicts to fit) 
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -27,6 +28,7 @@ from optuna.trial import TrialState, create_trial
 
 from agents.base import Action, Agent, NoOptions
 from dse.errors import UserError, did_you_mean
+from dse.space import WALK_LIMIT
 
 
 def _samplers(seed: int) -> dict[str, object]:
@@ -96,6 +98,10 @@ class OptunaAgent(Agent):
             self.study = optuna.create_study(direction="maximize", sampler=makers[sampler]())
         self.dists = {n: IntDistribution(0, k - 1) if (n in ordinal and k > 1) else CategoricalDistribution(list(range(k)))
                       for n, k in zip(self.names, self.sizes)}
+        total = math.prod(self.sizes)  # a Python int: exact however large
+        if warm_start == "model" and total > WALK_LIMIT:
+            raise UserError(f"warm_start = \"model\" ranks every point; this space has {total:,} raw points "
+                            f"(at most {WALK_LIMIT:,})", field="search.warm_start")
         if warm_start == "model" and forecast is not None:
             ranked = []
             for key in self.all_keys():
@@ -105,9 +111,7 @@ class OptunaAgent(Agent):
             for _, key in sorted(ranked)[: self.WARM_START_POINTS]:
                 self.study.enqueue_trial(self.to_action(key))
         self.outcomes: dict[tuple[int, ...], tuple[float, bool]] = {}
-        self._total = 1
-        for k in self.sizes:
-            self._total *= k
+        self._total = total
         self._pending: dict[tuple[int, ...], optuna.trial.Trial | None] = {}
         self._rng = np.random.default_rng(self.seed)
 
@@ -125,7 +129,15 @@ class OptunaAgent(Agent):
                 continue
             self._pending[key] = trial
             return action
-        untried = [k for k in self.all_keys() if k not in self.outcomes]  # the sampler keeps repeating itself
+        # the sampler keeps repeating itself: a uniform untried point (drawn, in a space too large to list)
+        if self._total > WALK_LIMIT:
+            for _ in range(WALK_LIMIT):
+                key = tuple(int(self._rng.integers(n)) for n in self.sizes)
+                if key not in self.outcomes and key not in self._pending:
+                    self._pending[key] = None
+                    return self.to_action(key)
+            return None
+        untried = [k for k in self.all_keys() if k not in self.outcomes]
         if not untried:
             return None
         key = untried[int(self._rng.integers(len(untried)))]

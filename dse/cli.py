@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dse.errors import InfrastructureError, UserError
 
@@ -31,10 +32,11 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            # escaped: messages quote TOML tables ("[search] trials"), which rich would take for markup
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
-            err_console.print(f"[bold red]error:[/] {e} (dse run --resume continues the study; a trial in flight "
+            err_console.print(f"[bold red]error:[/] {escape(str(e))} (dse run --resume continues the study; a trial in flight "
                               "was not recorded and runs again)", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
@@ -348,26 +350,35 @@ def space_cmd(
                                             help="also print the twin truth of this seed: its step-time MAPE "
                                                  "against the model over the valid points"),
 ) -> None:
-    """Count a space's raw and valid points, and the rejections by rule."""
+    """Count a space's raw and valid points, and the rejections by rule: exactly up to 100,000 raw points,
+    estimated from 20,000 seeded uniform draws above (the output says which)."""
     import json
-    from collections import Counter
 
-    from dse import constraints
-    from dse.space import load_space
-    from dse.trial import resolve
+    from dse.counting import SAMPLES, count_valid
+    from dse.space import WALK_LIMIT, load_space
 
     s = load_space(space_file)
-    by_rule: Counter[str] = Counter()
-    valid = 0
-    for point in s.points():
-        rej = constraints.check(resolve(s, point))
-        if rej is None:
-            valid += 1
-        else:
-            by_rule[rej.rule] += 1
+    if twin_seed is not None and s.size > WALK_LIMIT:
+        raise UserError(f"the twin is measured over every valid point; this space has {s.size:,} raw points "
+                        f"(at most {WALK_LIMIT:,})", field="--twin-seed")
+    if s.size > 10_000 and s.size <= WALK_LIMIT and not as_json:
+        from rich.progress import Progress
+
+        with Progress(console=err_console, transient=True) as bar:
+            task = bar.add_task("counting valid points", total=s.size)
+            count = count_valid(s, on_progress=lambda done, raw: bar.update(task, completed=done))
+    else:
+        if s.size > WALK_LIMIT and not as_json:
+            err_console.print(f"{s.size:,} raw points (more than {WALK_LIMIT:,}): estimating the valid ones "
+                              f"from {SAMPLES:,} seeded draws", highlight=False)
+        count = count_valid(s)
+    valid, by_rule = count.valid, count.by_rule
     data = {"space": s.name, "recipe": s.recipe, "gpu": s.system.gpu,
             "num_gpus": s.num_nodes * s.system.gpus_per_node, "knobs": {k: list(v) for k, v in s.knobs.items()},
-            "raw": s.size, "valid": valid, "rejected_by_rule": dict(by_rule.most_common())}
+            "raw": s.size, "valid": valid, "exact": count.exact, "rejected_by_rule": by_rule}
+    if not count.exact:
+        # JSON numbers are exact integers in Python's json; other readers may round them above 2^53
+        data.update({"samples": count.samples, "valid_ci95": [count.valid_low, count.valid_high]})
     if twin_seed is not None:
         from dse.perfmodel import predict
         from dse.perfmodel.twin import make_twin, mape, valid_trials
@@ -383,10 +394,16 @@ def space_cmd(
         return
     from rich.table import Table
 
-    console.print(f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; "
-                  f"{s.size} raw points, [bold]{valid} valid[/]")
-    table = Table("rule (first broken)", "rejected")
-    for rule, n in by_rule.most_common():
+    if count.exact:
+        console.print(f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; "
+                      f"{s.size} raw points, [bold]{valid} valid[/]")
+        table = Table("rule (first broken)", "rejected")
+    else:
+        console.print(f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; {s.size:,} raw points, "
+                      f"[bold]about {valid:,} valid[/] (estimated from {count.samples:,} seeded uniform draws; "
+                      f"95% interval {count.valid_low:,} to {count.valid_high:,})", highlight=False)
+        table = Table("rule (first broken)", f"rejected (of {count.samples:,} draws)")
+    for rule, n in by_rule.items():
         table.add_row(rule, str(n))
     console.print(table)
     if "twin" in data:
@@ -739,21 +756,19 @@ def dry_run_cmd(
     from dse.space import load_space
 
     sp = load_space(space)
-    rows = dry_run(sp, backend, Path(out), limit)
+    result = dry_run(sp, backend, Path(out), limit)
     table = Table("trial", *sp.knob_names, "nodes x GPUs", "script", title=f"dse dry-run: {sp.name} ({backend})")
-    for r in rows:
-        if r.script:
-            table.add_row(f"{r.index:05d}", *(str(r.knobs.get(k)) for k in sp.knob_names),
-                          f"{sp.num_nodes} x {sp.system.gpus_per_node}", str(r.script))
+    for r in result.rows:
+        table.add_row(f"{r.index:05d}", *(str(r.knobs.get(k)) for k in sp.knob_names),
+                      f"{sp.num_nodes} x {sp.system.gpus_per_node}", str(r.script))
     console.print(table)
-    rejected: dict[str, int] = {}
-    for r in rows:
-        if r.script is None:
-            rejected[r.reason or "?"] = rejected.get(r.reason or "?", 0) + 1
-    for reason, count in sorted(rejected.items(), key=lambda kv: -kv[1]):
+    for reason, count in result.rejected.most_common():
         console.print(f"[yellow]rejected[/] {count} x {reason}", highlight=False, soft_wrap=True)
-    n = sum(1 for r in rows if r.script)
-    console.print(f"{n} {backend} script(s) written under {out}; {len(rows) - n} rejected; nothing submitted.")
+    if result.stopped:
+        console.print(result.stopped, highlight=False)
+    n = len(result.rows)
+    console.print(f"{n} {backend} script(s) written under {out}; {sum(result.rejected.values())} rejected; "
+                  "nothing submitted.")
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -6,7 +6,8 @@ tp_comm_overlap without a userbuffer config) is counted and skipped, with its re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from dse.backends.base import Backend
 from dse.constraints import check
 from dse.errors import UserError
 from dse.launch import build_plan
-from dse.space import Space
+from dse.space import WALK_LIMIT, Space
 from dse.trial import resolve
 
 
@@ -24,13 +25,28 @@ from dse.trial import resolve
 class DryRunRow:
     index: int
     knobs: dict[str, Any]
-    script: Path | None  # None when rejected
-    reason: str | None = None
+    script: Path
 
 
-def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> list[DryRunRow]:
+@dataclass
+class DryRun:
+    """What a dry run wrote (``rows``), what it rejected (reason -> count) and how many raw points it examined;
+    ``stopped`` says why it ended before the space's end (the walk limit), or is None."""
+
+    rows: list[DryRunRow] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    examined: int = 0
+    stopped: str | None = None
+
+
+def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> DryRun:
     """Write each valid point's launch script (``Backend.write_script``: ``launch.sbatch`` for slurm,
-    ``launch.sh`` for local) under ``out/NNNNN/``; the rows."""
+    ``launch.sh`` for local) under ``out/NNNNN/``.
+
+    The points are walked lazily in grid order and only the written ones are kept, so memory follows the
+    scripts, not the space. Without ``limit`` a space of more than ``WALK_LIMIT`` raw points is refused (it
+    would be that many scripts); with one, the walk ends after ``limit`` scripts or ``WALK_LIMIT`` raw points,
+    whichever comes first, and says so."""
     registry = load_backends()
     cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, field="--backend")
     if cls.script_name is None:
@@ -39,11 +55,18 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
                         field="--backend")
     if limit is not None and limit < 1:
         raise UserError(f"{limit} is not a positive number of trials", field="--limit")
-    rows: list[DryRunRow] = []
-    written = 0
+    if limit is None and space.size > WALK_LIMIT:
+        raise UserError(f"a dry run writes every valid point's script; this space has {space.size:,} raw points "
+                        f"(at most {WALK_LIMIT:,} without a limit): pass --limit N", field="--limit")
+    result = DryRun()
     for index, point in enumerate(space.points()):
-        if limit is not None and written >= limit:
+        if limit is not None and len(result.rows) >= limit:
             break
+        if index >= WALK_LIMIT:
+            result.stopped = (f"stopped after the first {WALK_LIMIT:,} of {space.size:,} raw points "
+                              f"(grid order) with {len(result.rows)} of --limit {limit} written")
+            break
+        result.examined = index + 1
         trial = resolve(space, point)
         rej = check(trial)  # tp_comm_overlap without a userbuffer config is one of the rules
         reason = f"{rej.rule}: {rej.reason}" if rej else None
@@ -53,9 +76,8 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
             except UserError as e:
                 reason = e.message
         if reason is not None:
-            rows.append(DryRunRow(index, dict(point), None, reason))
+            result.rejected[reason] += 1
             continue
         script = cls.write_script(plan, (out / f"{index:05d}").absolute())
-        rows.append(DryRunRow(index, dict(point), script))
-        written += 1
-    return rows
+        result.rows.append(DryRunRow(index, dict(point), script))
+    return result

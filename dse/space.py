@@ -32,6 +32,13 @@ PAYLOADS = contract.PAYLOADS
 # whole list, so a knob of 10^6 values costs megabytes per trial; no real knob has more than a few dozen.
 MAX_VALUES_PER_KNOB = 1024
 
+# Raw points that any walk over a whole space examines one by one (`dse space`'s exact count, the grid, `dse
+# dry-run`, the grid's progress bar, the twin's screen). Checking a point's rules costs 18-34 us (measured by
+# bench/space_size.py), so a walk of this many takes a few seconds; a space of more points (a dozen knobs of a
+# dozen values is 10^12) is counted by seeded sampling, and what would walk it refuses with the count. A grid of
+# 10^5 points is also 10^5 launched jobs: far beyond any study on real GPUs.
+WALK_LIMIT = 100_000
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -288,7 +295,12 @@ class Space(_Strict):
 
     @property
     def size(self) -> int:
+        """Raw points: a Python int, exact however large (10^19 and more)."""
         return math.prod(len(v) for v in self.knobs.values())
+
+    def point_at(self, index: tuple[int, ...]) -> dict[str, Any]:
+        """The raw point of one index per knob (in knob order)."""
+        return {n: self.knobs[n][i] for n, i in zip(self.knobs, index)}
 
     def points(self):
         """Every raw point of the space (valid or not), as dicts of varying knobs, in grid order."""

@@ -21,18 +21,17 @@ from gymnasium import spaces
 from sqlalchemy.exc import SQLAlchemyError
 
 from agents.base import agent_class, load_agents, make_agent
-from dse import constraints
 from dse import registry as reg
 from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
+from dse.counting import count_valid
 from dse.best import write_best
 from dse.errors import InfrastructureError, UserError, did_you_mean, infrastructure
 from dse.forecast import model_forecaster
 from dse.leaderboard import frame, write_csv
-from dse.space import Space
+from dse.space import WALK_LIMIT, Space
 from dse.store import INTERRUPTED, Store, TrialRecord, check_url, sqlite_path
 from dse.store import exists as study_exists
-from dse.trial import resolve
 from envs.recipe_env import RecipeEnv
 
 META = "dse.json"
@@ -265,8 +264,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     # the agent runs until it has nothing left (grid: every valid point once).
     budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
     total = budget
-    if total is None and agent_name == "grid" and space.size <= 1_000_000:  # for the progress bar only
-        total = sum(constraints.check(resolve(space, p)) is None for p in space.points())
+    if total is None and agent_name == "grid" and space.size <= WALK_LIMIT:  # for the progress bar only
+        total = count_valid(space).valid  # exact at this size (the grid refuses a larger space)
     # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
     done, new = sum(r.status != "rejected" for r in history), 0
     stop_reason = None

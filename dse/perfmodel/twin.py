@@ -36,6 +36,7 @@ import numpy as np
 from dse.perfmodel.fit import PRIORS
 from dse.perfmodel.model import Prediction, predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, FITTED, Params
+from dse.space import WALK_LIMIT
 
 PARAM_SPREAD = 0.3
 RESERVE_SD_GIB = 1.5
@@ -108,6 +109,9 @@ class Twin:
                        tflops_per_gpu=p.tflops_per_gpu / f)
 
 
+CALIBRATION_DRAWS = 5_000  # raw points drawn to calibrate the twin of a space too large to walk (a second or two)
+
+
 def valid_trials(space) -> list:
     """Every point of ``space`` that passes the validity rules, resolved."""
     from dse import constraints
@@ -121,6 +125,22 @@ def valid_trials(space) -> list:
     return out
 
 
+def sampled_valid_trials(space, seed: int, draws: int = CALIBRATION_DRAWS) -> list:
+    """The valid ones among ``draws`` seeded uniform raw points of ``space`` (one index per knob, so a space of
+    10^12 points and more is never enumerated): what the twin of such a space is calibrated on."""
+    from dse import constraints
+    from dse.trial import resolve
+
+    sizes = np.asarray([len(v) for v in space.knobs.values()], dtype=np.int64)
+    rows = np.random.default_rng(seed).integers(0, sizes, size=(draws, len(sizes)))
+    out = []
+    for key in sorted({tuple(int(i) for i in r) for r in rows}):
+        t = resolve(space, space.point_at(key))
+        if constraints.check(t) is None:
+            out.append(t)
+    return out
+
+
 def _mape(model: np.ndarray, base: np.ndarray, layout: np.ndarray, noise: np.ndarray, scale: float) -> float:
     return float(np.mean(np.abs(base * np.exp(scale * layout + noise) / model - 1.0)))
 
@@ -128,7 +148,8 @@ def _mape(model: np.ndarray, base: np.ndarray, layout: np.ndarray, noise: np.nda
 def make_twin(space, seed: int, *, trials: Sequence | None = None, target_mape: float = TARGET_MAPE) -> Twin:
     """The twin of ``space`` for ``seed``: parameters drawn, layout scale calibrated to ``target_mape``."""
     twin = Twin(seed=seed, params=draw_params(seed))
-    trials = valid_trials(space) if trials is None else trials
+    if trials is None:
+        trials = valid_trials(space) if space.size <= WALK_LIMIT else sampled_valid_trials(space, seed)
     if not trials:
         return twin
     model = np.array([predict(t).step_time_s for t in trials])
