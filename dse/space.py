@@ -50,6 +50,14 @@ NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 NAME_RULE = "letters, digits and _.- (not only dots)"
 
 
+def one_of(v: str, allowed, what: str) -> str:
+    """``v`` when it is one of ``allowed``; else a ValueError naming the closest and every allowed name (the
+    field validators' one rule for a name that must come from a table: GPUs, payloads, backends, recipes)."""
+    if v not in allowed:
+        raise ValueError(f"unknown {what} {v!r}{did_you_mean(str(v), allowed)}; known: {', '.join(allowed)}")
+    return v
+
+
 def check_name(v: str) -> str:
     if not isinstance(v, str) or not NAME_RE.fullmatch(v) or set(v) == {"."}:
         raise ValueError(f"{v!r} is not a name; use {NAME_RULE}")
@@ -129,9 +137,7 @@ class System(_Strict):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v: str) -> str:
-        if v not in GPU_NAMES:
-            raise ValueError(f"unknown GPU generation {v!r}{did_you_mean(str(v), GPU_NAMES)}; known: {', '.join(GPU_NAMES)}")
-        return v
+        return one_of(v, GPU_NAMES, "GPU generation")
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
 
 
@@ -197,19 +203,14 @@ class BackendSettings(_Strict):
     @field_validator("payload")
     @classmethod
     def _known_payload(cls, v: str) -> str:
-        if v not in PAYLOADS:
-            raise ValueError(f"unknown payload {v!r}{did_you_mean(str(v), PAYLOADS)}; known: {', '.join(PAYLOADS)}")
-        return v
+        return one_of(v, PAYLOADS, "payload")
 
     @field_validator("kind")
     @classmethod
     def _known_backend(cls, v: str) -> str:
         from dse import registry
 
-        known = registry.names(registry.BACKENDS)
-        if v not in known:
-            raise ValueError(f"unknown backend {v!r}{did_you_mean(v, known)}; known: {', '.join(known)}")
-        return v
+        return one_of(v, registry.names(registry.BACKENDS), "backend")
 
 
 class Space(_Strict):
@@ -241,9 +242,7 @@ class Space(_Strict):
     @field_validator("recipe")
     @classmethod
     def _known_recipe(cls, v: str) -> str:
-        if v not in RECIPES:
-            raise ValueError(f"unknown recipe {v!r}{did_you_mean(v, RECIPES)}; known: {', '.join(RECIPES)}")
-        return v
+        return one_of(v, list(RECIPES), "recipe")
 
     @model_validator(mode="after")
     def _check_knobs(self) -> "Space":
