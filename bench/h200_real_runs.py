@@ -155,23 +155,33 @@ def report(rows: list[dict]) -> list[dict]:
     if predict is None:
         print("(dse.perfmodel.predict not found: measured figures only)")
     else:
-        errs = [abs(r["pred_step_time_ms"] - r["step_time_ms"]) / r["step_time_ms"] for r in out]
-        merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
-        print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
-              f"over {len(out)} runs (1 H200, bf16, local layer spec without Transformer Engine)")
+        print_mape(out, "1 H200, bf16, local layer spec without Transformer Engine")
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def print_mape(out: list[dict], what: str) -> None:
+    """The step-time and peak-memory MAPE of ``report``'s rows, in one line."""
+    errs = [abs(r["pred_step_time_ms"] - r["step_time_ms"]) / r["step_time_ms"] for r in out]
+    merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
+    print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
+          f"over {len(out)} runs ({what})")
+
+
+def run_cli(argv, *, doc: str, tsv: Path, write, show) -> int:
+    """The command line both H200 benches share: ``--write-tsv LOGDIR`` rebuilds the TSV, then ``show`` it."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--write-tsv", metavar="LOGDIR", type=Path, help="rebuild the TSV from recipes.mcore logs")
-    ap.add_argument("--tsv", type=Path, default=TSV)
+    ap.add_argument("--tsv", type=Path, default=tsv)
     args = ap.parse_args(argv)
     if args.write_tsv:
-        rows = write_tsv(args.write_tsv, args.tsv)
+        rows = write(args.write_tsv, args.tsv)
         print(f"wrote {len(rows)} rows to {args.tsv}")
-    report(read_tsv(args.tsv))
+    show(read_tsv(args.tsv))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(argv, doc=__doc__, tsv=TSV, write=write_tsv, show=report)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,8 @@ system of one GPU with the run's precision, FP8 recipe and attention backend. Ne
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -85,10 +83,7 @@ def report(rows: list[dict]) -> list[dict]:
               f"{base._err(pst, st):>7} | {tf:6.1f} {ptf:6.1f} | {mem:7.2f} {pmem:6.2f} {base._err(pmem, mem):>7}")
         out.append({"name": row["name"], "step_time_ms": st, "pred_step_time_ms": pst, "peak_allocated_gib": mem,
                     "pred_peak_memory_gib": pmem})
-    errs = [abs(r["pred_step_time_ms"] - r["step_time_ms"]) / r["step_time_ms"] for r in out]
-    merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
-    print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
-          f"over {len(out)} runs (1 H200)")
+    base.print_mape(out, "1 H200")
     import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
 
     df = pd.DataFrame(out)
@@ -98,15 +93,7 @@ def report(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write-tsv", metavar="LOGDIR", type=Path, help="rebuild the TSV from recipes.mcore logs")
-    ap.add_argument("--tsv", type=Path, default=TSV)
-    args = ap.parse_args(argv)
-    if args.write_tsv:
-        rows = write_tsv(args.write_tsv, args.tsv)
-        print(f"wrote {len(rows)} rows to {args.tsv}")
-    report(base.read_tsv(args.tsv))
-    return 0
+    return base.run_cli(argv, doc=__doc__, tsv=TSV, write=write_tsv, show=report)
 
 
 if __name__ == "__main__":
