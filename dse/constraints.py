@@ -170,11 +170,22 @@ def cp_needs_te_attention(t: TrialConfig) -> str | None:
     return None
 
 
+def fp8_recipe_needs_fp8(t: TrialConfig) -> str | None:
+    """A space that varies both ``precision`` and ``fp8_recipe`` would otherwise run each bf16 point once per
+    recipe: the recipe has no effect without FP8. The bf16 point is kept once, with the first recipe the space
+    lists; the others are rejected as duplicates (free: a rejected point costs no budget)."""
+    first = t.first_listed.get("fp8_recipe")
+    if t.precision != "fp8" and "fp8_recipe" in t.varied and t.fp8_recipe != first:
+        return (f"fp8_recipe={t.fp8_recipe} has no effect with precision={t.precision}: the same run as "
+                f"fp8_recipe={first}")
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], str | None], ...] = (
     world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
     seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
     recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp, cpu_offload_supported,
-    cp_needs_te_attention, tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
+    cp_needs_te_attention, fp8_recipe_needs_fp8, tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 
 

@@ -23,6 +23,8 @@ class TrialConfig:
     values: Mapping[str, Any]  # canonical knob name -> value, every catalogue knob present
     env: Mapping[str, str] = field(default_factory=dict)  # NAME -> value from env.NAME knobs
     varied: tuple[str, ...] = ()  # the knobs the space varies (in space order), incl. env.NAME
+    # the first value the space lists for each varied knob: the one a knob that has no effect is pinned to
+    first_listed: Mapping[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         # knob values read as attributes: cfg.tp, cfg.gbs, ... (only for catalogue names)
@@ -126,4 +128,5 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
                 values[name] = value
     resolve_auto(values, recipe, space.system)
     return TrialConfig(recipe=recipe, system=space.system, values=MappingProxyType(values),
-                       env=MappingProxyType(env), varied=tuple(space.knobs))
+                       env=MappingProxyType(env), varied=tuple(space.knobs),
+                       first_listed=MappingProxyType({k: v[0] for k, v in space.knobs.items() if v}))

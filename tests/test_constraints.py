@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -16,9 +17,10 @@ def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
     values.update(tp=4, pp=4, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, num_nodes=8, precision="bf16")
     system_kw = kw.pop("system", {})
+    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed") if k in kw}
     values.update(kw)
     system = load_system(gpu).model_copy(update=system_kw)
-    return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values))
+    return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values), **space_kw)
 
 
 def test_baseline_is_valid():
@@ -49,7 +51,27 @@ CASES = {
     "cp_needs_te_attention": (dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="unfused"),
                               dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="flash")),
     "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
+    # a space varying precision and fp8_recipe: a bf16 point is kept once, with the first recipe listed
+    "fp8_recipe_needs_fp8": (dict(precision="bf16", fp8_recipe="tensorwise", varied=("precision", "fp8_recipe"),
+                                  first_listed={"precision": "bf16", "fp8_recipe": "delayed"}),
+                             dict(precision="bf16", fp8_recipe="delayed", varied=("precision", "fp8_recipe"),
+                                  first_listed={"precision": "bf16", "fp8_recipe": "delayed"})),
 }
+
+
+def test_a_space_varying_precision_and_fp8_recipe_runs_each_bf16_point_once(tmp_path):
+    from dse.counting import count_valid
+    from dse.space import load_space
+
+    space = load_space(Path(__file__).parents[1] / "conf/spaces/llama3_8b_4l_h200_te_space.toml")
+    assert space.size == 32
+    # 2 mbs x 2 recompute x 2 attention x (bf16 once + fp8 with each of the two recipes)
+    assert count_valid(space).valid == 24
+    # an fp8 point keeps every recipe; a recipe the space does not vary is never a reason to reject
+    assert constraints.check(make(precision="fp8", fp8_recipe="tensorwise", varied=("precision", "fp8_recipe"),
+                                  first_listed={"precision": "bf16", "fp8_recipe": "delayed"})) is None
+    assert constraints.check(make(precision="bf16", fp8_recipe="tensorwise", varied=("precision",),
+                                  first_listed={"precision": "bf16"})) is None
 
 
 def test_every_rule_has_a_case():
