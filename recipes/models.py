@@ -114,6 +114,13 @@ def _recipes() -> dict[str, Recipe]:
     # Its default layout is no parallelism at all (the 8-GPU recipe's cp=2 does not fit one GPU).
     out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=1, scaled_from="llama3_8b",
                              defaults={"h100/bf16": Layout(gbs=8)})
+    # 1-GPU memory-border reproducer: Llama 3 70B's width (8192 hidden, 28672 FFN, GQA 64/8) with 4 of its 80
+    # layers, ~5.5 B parameters: weights, fp32 gradients and Adam state alone take ~92 GiB of one H200's
+    # 141 GiB, so the micro-batch and recompute choices decide whether it fits (issue 16's "wider model").
+    r = out["llama3_70b"]
+    arch = r.arch.scaled(4)
+    out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=1, scaled_from="llama3_70b",
+                             defaults={"h100/bf16": Layout(gbs=4)})
     return out
 
 
