@@ -118,8 +118,9 @@ def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:
     the stop, the optimistic bound and the best it lost to, and the GPU-hours saved (as for an early stop)."""
     m = monitor.metrics(monitor.context)
     unit = monitor.prune.metric
-    reason = (f"pruned after {m.steps} steps: {unit} at best {monitor.bound:.4g} (95% bound) is more than "
-              f"{monitor.prune.margin:.0%} worse than the best measured, {monitor.best:.4g}")
+    # "prune_margin: ..." names the setting that stopped it (the summary shows the name alone)
+    reason = (f"prune_margin: after {m.steps} steps, {unit} at best {monitor.bound:.4g} (95% bound) is more "
+              f"than {monitor.prune.margin:.0%} worse than the best measured, {monitor.best:.4g}")
     return replace(m, status="pruned", reason=reason, partial=True, prune_bound=monitor.bound,
                    prune_best=monitor.best, gpu_hours_saved=saved_gpu_hours(trial, m), wall_s=wall_s)
 
