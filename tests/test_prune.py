@@ -252,3 +252,38 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+# ------------------------------------------------------------------------------- Slurm, with fake commands
+def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(tmp_path, monkeypatch):
+    from dse.backends.slurm import SlurmBackend
+    from tests.test_early_stop import FAKE
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in FAKE.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("FAKE_SCANCEL", str(tmp_path / "scancel.calls"))
+    monkeypatch.setenv("FAKE_LOG", str(REAL_LOG))
+    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=1, tp=1, pp=1,
+              cp=1, vp=1, gbs=4, max_steps=20)
+    # a window longer than the log: the convergence rule cannot hold, only the pruning can stop it
+    es = EarlyStopSettings(enabled=True, poll_s=0.01, window=100, prune_margin=0.1)
+    settings = BackendSettings(kind="slurm", payload="sim", early_stop=es)
+    full = parse_log(REAL_LOG)
+    asked = []
+
+    def best():
+        asked.append(1)
+        return full.tflops_per_gpu * 1.5
+
+    m = run_trial(t, tmp_path / "run", SlurmBackend(poll_s=0.01, settle_s=1), settings,
+                  objective=Objective(metric="tflops_per_gpu"), best=best)
+    assert (tmp_path / "scancel.calls").read_text().split() == ["4242"]
+    assert m.status == "pruned" and not m.early_stopped and m.partial and asked, m
+    assert m.prune_best == full.tflops_per_gpu * 1.5 and m.prune_bound < m.prune_best * 0.9
+    assert m.reason.startswith("prune_margin: after ")
+    assert m.step_time_s == full.step_time_s  # the whole log was there at the first look
