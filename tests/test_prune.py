@@ -287,3 +287,22 @@ def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(tmp_path, monkey
     assert m.prune_best == full.tflops_per_gpu * 1.5 and m.prune_bound < m.prune_best * 0.9
     assert m.reason.startswith("prune_margin: after ")
     assert m.step_time_s == full.step_time_s  # the whole log was there at the first look
+
+
+def test_the_environment_alone_prunes_against_the_best_of_its_own_steps(tmp_path):
+    from dse.backends.sim import SimBackend
+    from envs.recipe_env import RecipeEnv
+
+    space = prune_space(tmp_path, 0.05)
+    env = RecipeEnv(space, SimBackend.from_space(space), tmp_path / "out")
+    env.reset(seed=0)
+    best, seen_pruned = None, 0
+    for tp in range(4):
+        for pp in range(3):
+            _, r, _, _, info = env.step({"tp": tp, "pp": pp, "vp": 0, "mbs": 1})
+            if info["status"] == "pruned":
+                seen_pruned += 1
+                assert info["metrics"]["prune_best"] == best and r == info["metrics"]["prune_bound"]
+            elif info["status"] == "ok":
+                best = max(best or 0.0, info["metrics"]["tflops_per_gpu"])
+    assert seen_pruned
