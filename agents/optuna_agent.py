@@ -8,7 +8,10 @@ trial and the sampler is asked again.
 Failures reach the sampler as PRUNED trials, never as a sentinel value. Why not FAIL: Optuna's TPE ignores
 FAIL trials altogether, so a sampler told FAIL keeps proposing out-of-memory layouts (measured on the 405B
 space: 87 of 150 trials OOM). TPE ranks a pruned trial without intermediate values below every completed
-one, so it learns to avoid the region without being given a made-up number.
+one, so it learns to avoid the region without being given a made-up number. A ``pruned`` trial (a loser
+stopped early, dse.steady) is PRUNED too, with its reward (the optimistic bound it lost with) as its one
+intermediate value: TPE ranks pruned trials with an intermediate value by it, above those without, so a
+pruned layout counts as a loser that ran, not as a failure.
 
 Ordinal knobs (``ordinal``: names whose values the space lists in ascending order, such as tp, pp, mbs)
 reach the sampler as integer distributions over the value's index, so TPE and GP can use the order; the
@@ -110,7 +113,7 @@ class OptunaAgent(Agent):
                     ranked.append((-f.reward, key))
             for _, key in sorted(ranked)[: self.WARM_START_POINTS]:
                 self.study.enqueue_trial(self.to_action(key))
-        self.outcomes: dict[tuple[int, ...], tuple[float, bool]] = {}
+        self.outcomes: dict[tuple[int, ...], tuple[float, bool, bool]] = {}  # reward, ok, pruned
         self._total = total
         self._pending: dict[tuple[int, ...], optuna.trial.Trial | None] = {}
         self._rng = np.random.default_rng(self.seed)
@@ -144,20 +147,24 @@ class OptunaAgent(Agent):
         self._pending[key] = None  # told through add_trial in observe()
         return self.to_action(key)
 
-    def _tell(self, trial, reward: float, ok: bool) -> None:
+    def _tell(self, trial, reward: float, ok: bool, pruned: bool = False) -> None:
         if ok:
             self.study.tell(trial, reward)
         else:
+            if pruned and math.isfinite(reward):
+                trial.report(reward, step=0)
             self.study.tell(trial, state=TrialState.PRUNED)
 
     def observe(self, action: Action, reward: float, ok: bool, **kw) -> None:
         super().observe(action, reward, ok, **kw)
         key = self.key(action)
-        self.outcomes[key] = (reward, ok)
+        pruned = kw.get("status") == "pruned" and math.isfinite(reward)
+        self.outcomes[key] = (reward, ok, pruned)
         trial = self._pending.pop(key, None)
         if trial is not None:
-            self._tell(trial, reward, ok)
+            self._tell(trial, reward, ok, pruned)
         else:  # warm start, or a point chosen outside the sampler
             self.study.add_trial(create_trial(
-                params=dict(action), distributions=self.dists,
-                value=reward if ok else None, state=TrialState.COMPLETE if ok else TrialState.PRUNED))
+                params=dict(action), distributions=self.dists, value=reward if ok else None,
+                intermediate_values={0: reward} if pruned else None,
+                state=TrialState.COMPLETE if ok else TrialState.PRUNED))

@@ -10,6 +10,7 @@ could not write: disk full, read-only), which is no outcome of the trial and mus
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
 from dse.parse import ParseContext, RunMetrics, parse_log
 from dse.perfmodel import model_flops_per_step
-from dse.space import BackendSettings
-from dse.steady import Monitor, Rule
+from dse.space import BackendSettings, Objective
+from dse.steady import Monitor, Prune, Rule
 from dse.trial import TrialConfig
 
 
@@ -47,12 +48,16 @@ def parse_context(trial: TrialConfig, settings: BackendSettings) -> ParseContext
 
 
 def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: BackendSettings, *,
-              seed: int = 0) -> RunMetrics:
+              seed: int = 0, objective: Objective | None = None,
+              best: Callable[[], float | None] | None = None) -> RunMetrics:
     """Run ``trial`` in ``run_dir`` (made fresh here) on ``backend`` and parse its log.
 
     ``settings`` is the space's ``[backend]`` table (payload, FLOPs convention, stall limit); ``seed`` the
     study's (the simulated jitter depends on it). Metrics come from this trial's own run directory and
-    nowhere else: a reward read from another trial's log stays plausible and silently wrong.
+    nowhere else: a reward read from another trial's log stays plausible and silently wrong. Pruning
+    (``[backend.early_stop] prune_margin``) needs the space's ``objective`` and ``best``: the caller's
+    callable giving the best value of the objective's metric measured so far (asked while the run goes on,
+    since it may change meanwhile); without them no trial is pruned.
     """
     try:
         prepare_run_dir(run_dir)
@@ -65,7 +70,11 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
     except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
         return RunMetrics("failed", f"launch plan: {e}")
     es = settings.early_stop
-    monitor = Monitor(Rule(es.min_steps, es.window, es.tolerance), poll_s=es.poll_s) if es.enabled else None
+    prune = None
+    if es.prune_margin is not None and objective is not None and best is not None:
+        prune = Prune(es.prune_margin, objective.metric, objective.sense == "maximize", best)
+    monitor = Monitor(Rule(es.min_steps, es.window, es.tolerance), poll_s=es.poll_s, prune=prune,
+                      context=parse_context(trial, settings)) if es.enabled else None
     t0 = time.monotonic()
     try:
         result = backend.run(plan, run_dir) if monitor is None else backend.run(plan, run_dir, stop=monitor)
@@ -90,9 +99,30 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
         return RunMetrics("failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})",
                           wall_s=wall)
     if result.stopped and monitor is not None and monitor.decided:
+        if monitor.outcome == "pruned":
+            return pruned(trial, monitor, wall)
         return early_stopped(trial, monitor.metrics(parse_context(trial, settings)), wall)
     return replace(parse_log(log, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
                              context=parse_context(trial, settings)), wall_s=wall)
+
+
+def saved_gpu_hours(trial: TrialConfig, metrics: RunMetrics) -> float | None:
+    """What running on from ``metrics.steps`` to ``max_steps`` at the measured step time would have cost."""
+    if metrics.step_time_s is None:
+        return None
+    return max(0, int(trial.max_steps) - metrics.steps) * metrics.step_time_s * trial.num_gpus / 3600.0
+
+
+def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:
+    """The result of a run stopped as a loser: status ``pruned``, the partial metrics of the log as read at
+    the stop, the optimistic bound and the best it lost to, and the GPU-hours saved (as for an early stop)."""
+    m = monitor.metrics(monitor.context)
+    unit = monitor.prune.metric
+    # "prune_margin: ..." names the setting that stopped it (the summary shows the name alone)
+    reason = (f"prune_margin: after {m.steps} steps, {unit} at best {monitor.bound:.4g} (95% bound) is more "
+              f"than {monitor.prune.margin:.0%} worse than the best measured, {monitor.best:.4g}")
+    return replace(m, status="pruned", reason=reason, partial=True, prune_bound=monitor.bound,
+                   prune_best=monitor.best, gpu_hours_saved=saved_gpu_hours(trial, m), wall_s=wall_s)
 
 
 def early_stopped(trial: TrialConfig, metrics: RunMetrics, wall_s: float) -> RunMetrics:
@@ -100,7 +130,4 @@ def early_stopped(trial: TrialConfig, metrics: RunMetrics, wall_s: float) -> Run
     the stop (whatever the stop itself printed is not the trial's), flagged, with the GPU-hours that running
     on to ``max_steps`` at the measured step time would have cost (one logged line per step, as the
     payloads log)."""
-    saved = None
-    if metrics.step_time_s is not None:
-        saved = max(0, int(trial.max_steps) - metrics.steps) * metrics.step_time_s * trial.num_gpus / 3600.0
-    return replace(metrics, early_stopped=True, gpu_hours_saved=saved, wall_s=wall_s)
+    return replace(metrics, early_stopped=True, gpu_hours_saved=saved_gpu_hours(trial, metrics), wall_s=wall_s)

@@ -4,8 +4,9 @@ Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_
 one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, steps, early_stopped,
 gpu_hours_saved, run_dir, reason`` (``gpu_hours``: GPUs x the run's wall time, simulated runs: start-up plus
 steps; 0 for rejected points; ``steps``: logged steps the run ran; ``early_stopped``: stopped once its steady
-state had converged, ``gpu_hours_saved`` then what running on to ``max_steps`` would have cost more). Metrics of a
-failed trial are left empty (a failed run's partial metrics stay in the store, flagged, never ranked).
+state had converged, ``gpu_hours_saved`` then what running on to ``max_steps`` would have cost more, also for a
+``pruned`` trial). Metrics of a failed or pruned trial are left empty (its partial metrics stay in the store,
+flagged, never ranked); a pruned trial ranks after the ``ok`` ones, by the reward of its optimistic bound.
 """
 
 from __future__ import annotations
@@ -68,16 +69,20 @@ def gpu_hours(records: Sequence[TrialRecord]) -> tuple[float, float | None]:
     return spent, sum(r.gpu_hours or 0.0 for r in ordered if r.number <= best.number)
 
 
-def early_stop_savings(records: Sequence[TrialRecord]) -> tuple[int, float]:
-    """(trials stopped early, GPU-hours they saved against running every trial to ``max_steps``)."""
+def early_stop_savings(records: Sequence[TrialRecord]) -> tuple[int, int, float]:
+    """(trials stopped early once converged, trials pruned, GPU-hours both saved against running every trial
+    to ``max_steps``)."""
     stopped = [r for r in records if r.metrics.get("early_stopped")]
-    return len(stopped), sum(r.metrics.get("gpu_hours_saved") or 0.0 for r in stopped)
+    pruned = [r for r in records if r.status == "pruned"]
+    return len(stopped), len(pruned), sum(r.metrics.get("gpu_hours_saved") or 0.0 for r in stopped + pruned)
 
 
 def savings_line(records: Sequence[TrialRecord]) -> str:
-    """The summary's early-stop sentence ('' when no trial was stopped early)."""
-    n, saved = early_stop_savings(records)
-    return f"; early stop: {n} trials, {saved:,.1f} GPU-hours saved" if n else ""
+    """The summary's early-stop sentence ('' when no trial was stopped early or pruned)."""
+    n, p, saved = early_stop_savings(records)
+    if not (n or p):
+        return ""
+    return f"; early stop: {n} trials" + (f", {p} pruned" if p else "") + f", {saved:,.1f} GPU-hours saved"
 
 
 def checked_output(path: Path, field: str) -> Path:

@@ -71,7 +71,7 @@ from datetime import datetime
 
 from recipes import contract
 
-STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected")
+STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned")
 
 #: Statuses of runs that ended badly; their metrics are partial and never a reward.
 FAILURE_STATUSES = ("oom", "timeout", "nccl_error", "failed")
@@ -171,7 +171,7 @@ class ParseContext:
 @dataclass(frozen=True)
 class RunMetrics:
     """The outcome of one run. Invariants: ``status`` is one of :data:`STATUSES`; a metric the log did
-    not give is None (never 0); ``partial`` is True exactly when a failed run printed some steps."""
+    not give is None (never 0); ``partial`` is True exactly when a failed or pruned run printed some steps."""
 
     status: str
     reason: str | None = None
@@ -200,6 +200,11 @@ class RunMetrics:
     # ``max_steps`` at the measured step time would have cost more
     early_stopped: bool = False
     gpu_hours_saved: float | None = None
+    # pruned runs (status "pruned", dse.steady.Prune): the objective's metric at the bound on the median step
+    # time that is best for the trial, worse than the study's best (``prune_best``) by more than the margin;
+    # the agents' reward comes from it (dse.reward), never from the partial estimate as if it were complete
+    prune_bound: float | None = None
+    prune_best: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -97,9 +97,11 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
     knob_names = list(knob_values)
     by_trial = df.sort_values("trial")
     ok = by_trial[by_trial.status == "ok"]
-    failed = by_trial[by_trial.status != "ok"]
-    # Reward by trial: ok trials, the best so far as a step line over all trials, failures as marks at the
-    # bottom of the axis (one trace per status, the reason on hover).
+    pruned = by_trial[by_trial.status == "pruned"]
+    failed = by_trial[~by_trial.status.isin(("ok", "pruned"))]
+    # Reward by trial: ok trials, the best so far as a step line over all trials, pruned trials at their
+    # reward (the optimistic bound they lost with), failures as marks at the bottom of the axis (one trace
+    # per status, the reason on hover).
     fig = go.Figure()
     best = by_trial.reward.where(by_trial.status == "ok").cummax().ffill()
     if not ok.empty:
@@ -112,6 +114,11 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
     if best.notna().any():
         fig.add_trace(go.Scatter(x=by_trial.trial, y=best, mode="lines", name="best so far", line_shape="hv",
                                  connectgaps=False, hovertemplate="trial %{x}<br>best %{y:.4g}<extra></extra>"))
+    if not pruned.empty:
+        fig.add_trace(go.Scatter(x=pruned.trial, y=pruned.reward, mode="markers", name="pruned (bound)",
+                                 marker=dict(symbol="triangle-down", size=8),
+                                 customdata=pruned.reason.fillna("").str.slice(0, 200),
+                                 hovertemplate="trial %{x}: pruned<br>%{customdata}<extra></extra>"))
     for status, grp in failed.groupby("status", sort=True):
         fig.add_trace(go.Scatter(x=grp.trial, y=[floor] * len(grp), mode="markers", name=str(status),
                                  marker=dict(symbol="x", size=8), customdata=grp.reason.fillna("").str.slice(0, 200),
@@ -181,8 +188,9 @@ def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = 
 
 
 def failures_table(df: pd.DataFrame) -> str:
-    """Failures grouped by class: count, trials and one short reason (the most common one)."""
-    bad = df[df.status != "ok"]
+    """Failures grouped by class: count, trials and one short reason (the most common one). Pruned trials
+    are no failures (they ran, and lost): the summary line counts them."""
+    bad = df[~df.status.isin(("ok", "pruned"))]
     if bad.empty:
         return "<p>No failed trials.</p>"
     rows = []

@@ -172,7 +172,9 @@ class EarlyStopSettings(_Strict):
 
     Defaults from the recorded real H200 logs (``bench/early_stop.py``; README "Early stop"). Off unless
     ``enabled = true``: turning it on changes every study's steps and GPU-hours, so a space asks for it.
-    ``poll_s``: how often the local and Slurm backends look at the growing log.
+    ``poll_s``: how often the local and Slurm backends look at the growing log. ``prune_margin`` (off unless
+    set; needs ``enabled``): stop a trial as ``pruned`` once even its optimistic figure (a 95 % bound,
+    dse.steady.median_lower_bound) is worse than the study's best by more than this share of the best.
     """
 
     enabled: bool = False
@@ -181,6 +183,8 @@ class EarlyStopSettings(_Strict):
     tolerance: float = Field(0.01, gt=0, lt=1, allow_inf_nan=False,
                              description="relative move of the median allowed over the window")
     poll_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between looks at the log")
+    prune_margin: float | None = Field(None, gt=0, le=10, allow_inf_nan=False,
+                                       description="relative margin below the study's best at which a trial is pruned")
 
 
 class BackendSettings(_Strict):
@@ -262,6 +266,9 @@ class Space(_Strict):
             if name in self.settings:
                 raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
                                 file=f, field=f"knobs.{name}")
+        if self.backend.early_stop.prune_margin is not None and not self.backend.early_stop.enabled:
+            raise UserError("pruning follows the log as the early stop does: set enabled = true with it, or "
+                            "remove prune_margin", file=f, field="backend.early_stop.prune_margin")
         if self.backend.calibration is not None:
             from dse.calibration_file import load_calibration
 

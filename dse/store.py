@@ -209,7 +209,7 @@ class Store:
                 "gpu": rec.gpu, "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours, "metrics": rec.metrics}
 
     def _frozen(self, rec: TrialRecord) -> FrozenTrial:
-        state = TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
+        state = trial_state(rec)
         return create_trial(state=state, value=rec.reward if state == TrialState.COMPLETE else None,
                             params=dict(rec.knobs), distributions=self.distributions, user_attrs=self._attrs(rec))
 
@@ -228,7 +228,7 @@ class Store:
                                    f"found {start})")
             for rec in recs:
                 # the state and attributes _frozen() would give, without building a FrozenTrial per record
-                state = TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
+                state = trial_state(rec)
                 t = models.TrialModel(number=rec.number, study_id=study_id, state=state,
                                       datetime_start=now, datetime_complete=now)
                 t.params = [models.TrialParamModel(param_name=k, param_value=self.distributions[k].to_internal_repr(v),
@@ -287,6 +287,14 @@ class Store:
             session.close()
         return [_record(number, TrialState(state) if not isinstance(state, TrialState) else state,
                         params.get(tid, {}), attrs.get(tid, {}), values.get(tid)) for tid, number, state in rows]
+
+
+def trial_state(rec: TrialRecord) -> TrialState:
+    """COMPLETE for an ok trial with a finite reward, PRUNED for a pruned one (a loser stopped early, which
+    is what Optuna's PRUNED means; it has no value), FAIL for the rest."""
+    if rec.status == "pruned":
+        return TrialState.PRUNED
+    return TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
 
 
 def record_from_trial(t: FrozenTrial) -> TrialRecord:

@@ -32,7 +32,7 @@ from dse.leaderboard import frame, write_csv
 from dse.space import WALK_LIMIT, Space
 from dse.store import INTERRUPTED, Store, TrialRecord, check_url, sqlite_path
 from dse.store import exists as study_exists
-from envs.recipe_env import RecipeEnv
+from envs.recipe_env import RecipeEnv, better
 
 META = "dse.json"
 DB = "study.db"
@@ -252,11 +252,14 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             store.close()
             raise _io_error(e, f"cannot write {out / META}") from None
     be = make_backend(backend_name, space, seed)
-    env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()))
+    best: list[float | None] = [None]  # the best metric measured in this study (resumed trials too), for pruning
+    env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()), best=lambda: best[0])
     env.reset(seed=seed)
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask,
                        forecast=model_forecaster(space), **space_options(space, agent_name, options, registry))
     history = [r for r in store.records() if not r.interrupted]
+    for r in history:
+        best[0] = better(best[0], r.metrics, space.objective, ok=r.ok)
     agent.warm_start((env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics) for r in history)
     ran = [r.knobs for r in history]
     queued = [env.encode(p) for i, p in enumerate(seeds) if p not in ran and p not in list(seeds)[:i]]
@@ -288,6 +291,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 raise
             rec = record_of(number, info, reward, out)
             store.record(rec)
+            best[0] = better(best[0], rec.metrics, space.objective, ok=rec.ok)
             agent.observe(action, reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"])
             done += info["status"] != "rejected"
             new += 1

@@ -9,6 +9,10 @@ reward and never launched; a valid one runs through :func:`dse.execute.run_trial
 ``run_dirs()`` names. The outcome is in ``info`` (status, reason, knobs, metrics, whether it launched). The
 environment records nothing and numbers nothing of its own but run directories: the study (``dse.study``)
 numbers and records trials, so the environment works from any RL library without a store.
+
+Pruning (``[backend.early_stop] prune_margin``) compares a running trial with ``best()``, the best value of the
+objective's metric measured so far: the study passes its own (it knows the trials of a resumed study, and
+of other workers); without one the environment uses the best of its own ``ok`` steps.
 """
 
 from __future__ import annotations
@@ -28,11 +32,26 @@ from dse.backends.base import Backend
 from dse.execute import run_trial
 from dse.parse import STATUSES, RunMetrics
 from dse.reward import reward as compute_reward
-from dse.space import Space
+from dse.space import Objective, Space
 from dse.trial import TrialConfig, resolve
 
 METRIC_KEYS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no trial yet
+
+
+def better(best: float | None, metrics: RunMetrics | dict[str, Any], objective: Objective, *,
+           ok: bool | None = None) -> float | None:
+    """``best`` updated with one trial's metrics (a RunMetrics, or a stored metrics dict with ``ok``): only
+    an ``ok`` trial with a finite value of the objective's metric counts."""
+    if isinstance(metrics, RunMetrics):
+        ok, value = metrics.ok, getattr(metrics, objective.metric)
+    else:
+        value = metrics.get(objective.metric)
+    if not ok or value is None or not math.isfinite(value):
+        return best
+    if best is None:
+        return float(value)
+    return max(best, value) if objective.sense == "maximize" else min(best, value)
 
 
 class RecipeEnv(gym.Env):
@@ -42,7 +61,7 @@ class RecipeEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, space: Space, backend: Backend, out_dir: str | Path,
-                 run_dirs: Callable[[], Path] | None = None):
+                 run_dirs: Callable[[], Path] | None = None, best: Callable[[], float | None] | None = None):
         self.space, self.backend = space, backend
         self.out_dir = Path(out_dir)
         self._names = space.knob_names
@@ -55,6 +74,8 @@ class RecipeEnv(gym.Env):
         self._launched = 0
         self.run_dirs = run_dirs or (lambda: self.out_dir / "trials" / f"{self._launched:05d}")
         self._seed = 0  # the study's seed (from reset): the simulated jitter of a trial depends on it
+        self._best: float | None = None  # the best metric of this environment's own ok steps
+        self.best = best or (lambda: self._best)
 
     # -- helpers -------------------------------------------------------------------------------------
     def decode(self, action: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +122,9 @@ class RecipeEnv(gym.Env):
         else:
             run_dir = self.run_dirs()
             self._launched += 1
-            metrics = run_trial(trial, run_dir, self.backend, self.space.backend, seed=self._seed)
+            metrics = run_trial(trial, run_dir, self.backend, self.space.backend, seed=self._seed,
+                                objective=self.space.objective, best=self.best)
+            self._best = better(self._best, metrics, self.space.objective)
         r = compute_reward(metrics, self.space.objective)
         values = {k: v for k, v in metrics.to_dict().items() if k not in ("status", "reason")}
         # info holds what the action determined (deterministic, as gymnasium's checker demands): the run

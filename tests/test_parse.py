@@ -314,7 +314,7 @@ def test_oom_scheduler_state_with_clean_log():
 
 
 def test_statuses_and_rejected():
-    assert STATUSES == ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected")
+    assert STATUSES == ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned")
     r = RunMetrics.rejected("tp * pp * cp does not divide the GPU count")
     assert (r.status, r.step_time_s, r.steps, r.ok) == ("rejected", None, 0, False)
     with pytest.raises(ValueError, match="unknown status"):

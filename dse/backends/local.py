@@ -87,17 +87,24 @@ class LocalBackend(Backend):
         self.space = space
 
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
-        """Run the plan; with ``stop``, the simulated trainer's script runs in its own process group, which
-        is stopped as a user would (SIGTERM, then SIGKILL after ``grace_s``) once ``stop`` says so. The
-        nemo-run path (torchrun) does not stop early yet: it runs to ``max_steps``."""
+        """Run the plan; with ``stop``, ``launch.sh`` (the simulated trainer, or torchrun) runs in its own
+        process group, which is stopped as a user would (SIGTERM, then SIGKILL after ``grace_s``) once
+        ``stop`` says so.
+
+        Why ``launch.sh`` and not nemo-run when a run may be stopped (decision): nemo-run's ``LocalExecutor``
+        cannot detach (``Experiment.run(detach=True)`` is for Slurm and SkyPilot only), so ``exp.run`` holds
+        the caller until torchrun ends and gives no handle on the job to signal. ``launch.sh`` runs the same
+        torchrun command (:func:`torchrun_argv`, as nemo-run's Torchrun launcher forms it), the same
+        environment and pre-steps, and is the script ``dse dry-run`` shows. Without ``stop`` the torchrun
+        path goes through nemo-run as before."""
         run_dir.mkdir(parents=True, exist_ok=True)
         stage_code(run_dir)
         script = write_local_script(plan, run_dir)
-        if plan.payload == "sim":
-            if stop is None:
-                proc = subprocess.run(["bash", str(script)], stdin=subprocess.DEVNULL)
-                return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=proc.returncode)
+        if stop is not None:
             return self._run_stoppable(["bash", str(script)], run_dir, stop)
+        if plan.payload == "sim":
+            proc = subprocess.run(["bash", str(script)], stdin=subprocess.DEVNULL)
+            return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=proc.returncode)
         return self._run_nemo_run(plan, run_dir)
 
     grace_s: float = 10.0  # SIGTERM to SIGKILL
