@@ -89,6 +89,26 @@ def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
     return 8.0 + drop, 14.0 + drop
 
 
+# Bytes per logit element on the last stage at its peak. Megatron-Bridge's Llama 3 / 3.1 providers set
+# ``cross_entropy_fusion_impl="te"``: Transformer Engine's parallel cross entropy reads the bf16 logits and
+# writes their gradient in place (2 B per element, fp32 row statistics only); Megatron's native fused loss
+# would keep an fp32 copy of the softmax as well (6 B).
+LOGITS_BYTES = 2.0
+
+
+def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: float, grad_b: float) -> float:
+    """Megatron FSDP's unsharded buffers per GPU, as NVIDIA's FSDP recipes set them up.
+
+    ``fsdp_double_buffer=True`` with a communication unit of about one layer
+    (``suggested_communication_unit_size`` 800M elements): two layers' gathered weights (one in use, one
+    prefetched) and two layers' gradients (one being reduce-scattered, one accumulating).
+    ``gradient_accumulation_fusion=False`` (those recipes turn it off for FSDP): each weight gradient is
+    first written as its own bf16 tensor and then added to the gradient buffer, so one extra weight-sized
+    tensor (the largest weight of a layer) is live during the backward pass.
+    """
+    return 2.0 * layer_params * (weight_b + grad_b) + 2.0 * largest_weight
+
+
 def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bps: float) -> float:
     """Bus bandwidth of a ring collective over ``members`` ranks ``stride`` apart.
 
@@ -327,12 +347,16 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         last_layers = first_layers
     first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * 6.0  # bf16 logits and the fp32 softmax of the loss
-    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b)
-    fsdp_buf = 2.0 * lp / t * (2.0 + grad_b) if fsdp else 0.0  # two unsharded layers: weights, grads
+    logits_mem = T * V / t * LOGITS_BYTES
+    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
+    weight_b = 1.0 if fp8 else 2.0
+    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
+    fsdp_buf = fsdp_buffer_bytes(lp / t, h * fc1_n, weight_b, grad_b) if fsdp else 0.0
     work = act_layer  # the backward pass of one layer needs its full activations and their gradients
+    # The logits live at the end of the forward pass and are gone (the loss's backward) before the first
+    # layer's backward needs its working set: the last stage peaks at the larger of the two.
     act_first = first_layers * act_kept + work
-    act_last = last_layers * act_kept + work + logits_mem
+    act_last = last_layers * act_kept + max(work, logits_mem)
     mem_first = first_params / t * states_b + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
     mem_last = last_params / t * states_b + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
     peak_b = max(mem_first, mem_last)
