@@ -231,8 +231,13 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         attn_fwd = attn_gemm + scores * fwd_b * P.unfused_scores_scale / hbm_Bps
         attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / hbm_Bps
     else:
-        attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
-        attn_fb = 3.5 * attn_fwd  # flash-attention backward: 2.5x the forward (recomputes the scores)
+        attn_tc = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
+        # the softmax's exponentials on the special function units, in series with the tensor cores where the
+        # GPU table gives their rate: one per causal score element (T·s·a/2t) forward, one more backward
+        sfu = hw.sfu_exp_tera_per_s
+        attn_exp = 0.5 * T * s * (a / t) / (sfu * 1e12) if sfu else 0.0
+        attn_fwd = attn_tc + attn_exp
+        attn_fb = 3.5 * attn_tc + 2.0 * attn_exp  # backward: 2.5x the forward's GEMMs (recomputes the scores)
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if fp8:
         elem_bytes += fp8_quant_bytes(fp8_recipe) * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
