@@ -89,13 +89,6 @@ def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
     return 8.0 + drop, 14.0 + drop
 
 
-# Bytes per logit element on the last stage at its peak. Megatron-Bridge's Llama 3 / 3.1 providers set
-# ``cross_entropy_fusion_impl="te"``: Transformer Engine's parallel cross entropy reads the bf16 logits and
-# writes their gradient in place (2 B per element, fp32 row statistics only); Megatron's native fused loss
-# would keep an fp32 copy of the softmax as well (6 B).
-LOGITS_BYTES = 2.0
-
-
 def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: float, grad_b: float) -> float:
     """Megatron FSDP's unsharded buffers per GPU, as NVIDIA's FSDP recipes set them up.
 
@@ -352,12 +345,14 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         last_layers = first_layers
     first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * LOGITS_BYTES
+    logits_mem = T * V / t * P.logits_bytes
     # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
     weight_b = 1.0 if fp8 else 2.0
     states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
     fsdp_buf = fsdp_buffer_bytes(lp / t, h * fc1_n, weight_b, grad_b) if fsdp else 0.0
-    work = act_layer  # the backward pass of one layer needs its full activations and their gradients
+    # the backward pass of one layer needs its full activations and their gradients; unfused attention's
+    # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
+    work = act_layer + (4.0 * b * (a / t) * s_loc * s_loc if unfused else 0.0)
     # The logits live at the end of the forward pass and are gone (the loss's backward) before the first
     # layer's backward needs its working set: the last stage peaks at the larger of the two.
     act_first = first_layers * act_kept + work
