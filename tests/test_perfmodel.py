@@ -334,3 +334,19 @@ def test_predict_reads_the_trials_fp8_recipe():
     kw = dict(tp=1, pp=1, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, precision="fp8")
     t = {r: predict(make_trial(rec, "b200", 8, fp8_recipe=r, **kw)).step_time_s for r in ("tensorwise", "mxfp8")}
     assert t["mxfp8"] > t["tensorwise"]
+
+
+def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
+    """GB300 and GB200 share dense peaks, HBM bandwidth and NVLink; without data parallelism and with the same
+    NIC the step differs only by the softmax exponentials: one per causal score element forward, one backward,
+    at each GPU's special-function-unit rate (dse.hardware)."""
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=4, tp=4, pp=1, mbs=1, gbs=16, seq_length=16384, precision="fp8", scaleout_gbps=400.0)
+    gb200, gb300 = (predict_layout(arch, g, **kw) for g in ("gb200", "gb300"))
+    T, s, a = 16384, 16384, arch.num_attention_heads / 4  # heads per GPU at tp=4 (no data parallelism)
+    per_layer = T * s * a * (1 / HARDWARE["gb200"].sfu_exp_tera_per_s - 1 / HARDWARE["gb300"].sfu_exp_tera_per_s) / 1e12
+    m = 16
+    assert HARDWARE["gb300"].sfu_exp_tera_per_s > HARDWARE["gb200"].sfu_exp_tera_per_s
+    assert gb200.step_time_s - gb300.step_time_s == pytest.approx(m * arch.num_layers * per_layer, rel=1e-6)
+    # Hopper has no SFU figure in the table: its attention efficiency covers the softmax
+    assert HARDWARE["h100"].sfu_exp_tera_per_s is None
