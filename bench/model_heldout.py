@@ -1,7 +1,8 @@
 """Accuracy of the shipped performance model on published results it was NOT fitted on; prints figures,
 asserts nothing.
 
-    PYTHONPATH=. python bench/model_heldout.py            # per-row errors, MAPE by group, memory, ranking
+    PYTHONPATH=. python bench/model_heldout.py            # per-row errors, MAPE by group, within-group Spearman,
+                                                          # OOM classification, ranking
     PYTHONPATH=. python bench/model_heldout.py --no-rank  # skip the layout ranking
 
 Data: ``bench/data/published_perf_heldout.tsv`` — NeMo 24.03/24.07/25.02/25.04/25.07 and Megatron-Bridge
