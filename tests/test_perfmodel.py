@@ -145,7 +145,8 @@ def calibration_rows():
 def row_trial(r, **override):
     knobs = dict(tp=int(r["tp"]), pp=int(r["pp"]), cp=int(r["cp"]), vp=int(r["vp"]), mbs=int(r["mbs"]),
                  gbs=int(r["gbs"]), seq_length=int(r["seq_length"]), precision=r["precision"],
-                 fsdp=r["fsdp"] == "1", tp_comm_overlap=int(r["tp"]) > 1)
+                 fsdp=r["fsdp"] == "1", tp_comm_overlap=int(r["tp"]) > 1,
+                 cpu_offload_layers=int(r.get("cpu_offload_layers") or 0))
     knobs.update(override)
     return make_trial(RECIPES[r["model"]], r["gpu"], int(r["num_gpus"]), **knobs)
 
@@ -157,13 +158,37 @@ def test_405b_without_model_parallelism_does_not_fit_on_h100():
     assert p.peak_memory_gib > 80
 
 
-# The GB200 70B row offloads 40 layers' activations (its cpu_offload_layers column); even so the model puts
-# it at ~198 of 186 GiB, a known gap (README, model limits).
-@pytest.mark.parametrize("row", [r for r in calibration_rows() if r["id"] != "mb2511_gb200_70b"],
-                         ids=lambda r: r["id"])
+# Every calibration row, the GB200 70B FSDP row with its 40 offloaded layers included (cpu_offload_layers column).
+@pytest.mark.parametrize("row", calibration_rows(), ids=lambda r: r["id"])
 def test_published_layouts_fit(row):
     p = predict(row_trial(row))
     assert p.fits, f"{p.peak_memory_gib:.1f} GiB > {p.gpu_memory_gib} GiB"
+
+
+def test_logits_and_the_backward_working_layer_do_not_add_up():
+    """The last stage peaks at the larger of the logits (end of the forward pass) and the first layer
+    backward's working set, not at their sum: a vocabulary too small to matter leaves the peak unchanged."""
+    from dataclasses import replace
+
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=8, tp=1, pp=1, mbs=2, gbs=128, seq_length=8192, precision="fp8")
+    big = predict_layout(arch, "b200", **kw).breakdown
+    small_vocab = replace(arch, vocab_size=1024)
+    small = predict_layout(small_vocab, "b200", **kw).breakdown
+    # 128k vocabulary: the logits (3.9 GiB at 2 bytes each) exceed one layer's activations and set the peak
+    assert big["mem.logits_gib"] > big["mem.activations_gib"] / arch.num_layers
+    assert small["mem.logits_gib"] < small["mem.activations_gib"] / arch.num_layers
+
+
+def test_fsdp_buffers_double_buffer_two_layers_and_one_unfused_weight_gradient():
+    from dse.perfmodel.model import fsdp_buffer_bytes
+
+    assert fsdp_buffer_bytes(100.0, 30.0, 1.0, 2.0) == pytest.approx(2 * 100 * 3 + 2 * 30)
+    arch = RECIPES["llama3_70b"].arch
+    kw = dict(num_gpus=64, tp=1, pp=1, mbs=1, gbs=128, seq_length=8192, fsdp=True)
+    fp8 = predict_layout(arch, "gb200", precision="fp8", **kw).breakdown["mem.fsdp_buffers_gib"]
+    bf16 = predict_layout(arch, "gb200", precision="bf16", **kw).breakdown["mem.fsdp_buffers_gib"]
+    assert fp8 < bf16  # FP8 weights are gathered in one byte and gradients reduced in bf16
 
 
 def test_offload_memory_follows_the_closed_form():
@@ -309,3 +334,19 @@ def test_predict_reads_the_trials_fp8_recipe():
     kw = dict(tp=1, pp=1, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, precision="fp8")
     t = {r: predict(make_trial(rec, "b200", 8, fp8_recipe=r, **kw)).step_time_s for r in ("tensorwise", "mxfp8")}
     assert t["mxfp8"] > t["tensorwise"]
+
+
+def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
+    """GB300 and GB200 share dense peaks, HBM bandwidth and NVLink; without data parallelism and with the same
+    NIC the step differs only by the softmax exponentials: one per causal score element forward, one backward,
+    at each GPU's special-function-unit rate (dse.hardware)."""
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=4, tp=4, pp=1, mbs=1, gbs=16, seq_length=16384, precision="fp8", scaleout_gbps=400.0)
+    gb200, gb300 = (predict_layout(arch, g, **kw) for g in ("gb200", "gb300"))
+    T, s, a = 16384, 16384, arch.num_attention_heads / 4  # heads per GPU at tp=4 (no data parallelism)
+    per_layer = T * s * a * (1 / HARDWARE["gb200"].sfu_exp_tera_per_s - 1 / HARDWARE["gb300"].sfu_exp_tera_per_s) / 1e12
+    m = 16
+    assert HARDWARE["gb300"].sfu_exp_tera_per_s > HARDWARE["gb200"].sfu_exp_tera_per_s
+    assert gb200.step_time_s - gb300.step_time_s == pytest.approx(m * arch.num_layers * per_layer, rel=1e-6)
+    # Hopper has no SFU figure in the table: its attention efficiency covers the softmax
+    assert HARDWARE["h100"].sfu_exp_tera_per_s is None

@@ -51,15 +51,16 @@ def layer_activation_bytes(s: float, b: float, h: int, a: int, t: int = 1, *, sp
     return (rep / (t if sp else 1)) + (split + scores) / t
 
 
-def state_bytes_per_param(d: int, *, fsdp: bool = False, grad_bytes: int = 4) -> float:
+def state_bytes_per_param(d: int, *, fsdp: bool = False, grad_bytes: float = 4, weight_bytes: float = 2) -> float:
     """Bytes per parameter of weights, gradients and Adam state with bf16 weights and fp32 gradients.
 
-    Distributed optimizer (Megatron docs, "distributed optimizer"): 2 (bf16 weight) + 4 (fp32 gradient)
-    + 12/d (fp32 master weight, Adam m and v sharded over the d data-parallel ranks) = 6 + 12/d.
-    Megatron FSDP shards weights and gradients too: (2 + 4 + 12)/d.
+    Distributed optimizer (Megatron docs, "distributed optimizer"; Megatron-Bridge's memory estimator uses
+    the same byte model): 2 (bf16 weight) + 4 (fp32 gradient) + 12/d (fp32 master weight, Adam m and v
+    sharded over the d data-parallel ranks) = 6 + 12/d. Megatron FSDP shards weights and gradients too:
+    (2 + 4 + 12)/d, with ``weight_bytes`` 1 when the model keeps FP8 weights (``fp8_param_gather``).
     """
     if fsdp:
-        return (2.0 + grad_bytes + 12.0) / d
+        return (weight_bytes + grad_bytes + 12.0) / d
     return 2.0 + grad_bytes + 12.0 / d
 
 

@@ -89,6 +89,19 @@ def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
     return 8.0 + drop, 14.0 + drop
 
 
+def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: float, grad_b: float) -> float:
+    """Megatron FSDP's unsharded buffers per GPU, as NVIDIA's FSDP recipes set them up.
+
+    ``fsdp_double_buffer=True`` with a communication unit of about one layer
+    (``suggested_communication_unit_size`` 800M elements): two layers' gathered weights (one in use, one
+    prefetched) and two layers' gradients (one being reduce-scattered, one accumulating).
+    ``gradient_accumulation_fusion=False`` (those recipes turn it off for FSDP): each weight gradient is
+    first written as its own bf16 tensor and then added to the gradient buffer, so one extra weight-sized
+    tensor (the largest weight of a layer) is live during the backward pass.
+    """
+    return 2.0 * layer_params * (weight_b + grad_b) + 2.0 * largest_weight
+
+
 def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bps: float) -> float:
     """Bus bandwidth of a ring collective over ``members`` ranks ``stride`` apart.
 
@@ -211,8 +224,13 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         attn_fwd = attn_gemm + scores * fwd_b * P.unfused_scores_scale / hbm_Bps
         attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / hbm_Bps
     else:
-        attn_fwd = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
-        attn_fb = 3.5 * attn_fwd  # flash-attention backward: 2.5x the forward (recomputes the scores)
+        attn_tc = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
+        # the softmax's exponentials on the special function units, in series with the tensor cores where the
+        # GPU table gives their rate: one per causal score element (T·s·a/2t) forward, one more backward
+        sfu = hw.sfu_exp_tera_per_s
+        attn_exp = 0.5 * T * s * (a / t) / (sfu * 1e12) if sfu else 0.0
+        attn_fwd = attn_tc + attn_exp
+        attn_fb = 3.5 * attn_tc + 2.0 * attn_exp  # backward: 2.5x the forward's GEMMs (recomputes the scores)
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if fp8:
         elem_bytes += fp8_quant_bytes(fp8_recipe) * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
@@ -327,12 +345,18 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         last_layers = first_layers
     first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * 6.0  # bf16 logits and the fp32 softmax of the loss
-    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b)
-    fsdp_buf = 2.0 * lp / t * (2.0 + grad_b) if fsdp else 0.0  # two unsharded layers: weights, grads
-    work = act_layer  # the backward pass of one layer needs its full activations and their gradients
+    logits_mem = T * V / t * P.logits_bytes
+    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
+    weight_b = 1.0 if fp8 else 2.0
+    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
+    fsdp_buf = fsdp_buffer_bytes(lp / t, h * fc1_n, weight_b, grad_b) if fsdp else 0.0
+    # the backward pass of one layer needs its full activations and their gradients; unfused attention's
+    # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
+    work = act_layer + (4.0 * b * (a / t) * s_loc * s_loc if unfused else 0.0)
+    # The logits live at the end of the forward pass and are gone (the loss's backward) before the first
+    # layer's backward needs its working set: the last stage peaks at the larger of the two.
     act_first = first_layers * act_kept + work
-    act_last = last_layers * act_kept + work + logits_mem
+    act_last = last_layers * act_kept + max(work, logits_mem)
     mem_first = first_params / t * states_b + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
     mem_last = last_params / t * states_b + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
     peak_b = max(mem_first, mem_last)
