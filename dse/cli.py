@@ -811,6 +811,20 @@ def _tidy_help() -> None:
             return name_of(args[0])
         return {bool: "", int: "N", float: "X", _Path: "PATH", str: "TEXT"}.get(ann, "VALUE")
 
+    # Typer's own --help and the app's --version are flags built outside the commands' signatures: a flag takes
+    # no value, so its help shows no type (Typer 0.29 shows "<bool>"; this is display only, nothing is parsed
+    # differently).
+    from typer.core import TyperOption
+
+    if not getattr(TyperOption.display_type_rich, "_dse_flag_aware", False):
+        shown = TyperOption.display_type_rich
+
+        def display_type_rich(self, ctx):
+            return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+        display_type_rich._dse_flag_aware = True
+        TyperOption.display_type_rich = display_type_rich
+
     for cmd in app.registered_commands:
         try:
             hints = typing.get_type_hints(cmd.callback)
