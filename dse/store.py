@@ -6,13 +6,22 @@ never a sentinel value in Optuna; the reward the agent saw is kept in the user a
 User attributes carry ``status``, ``reason``, ``reward``, ``run_dir``, ``gpu``, ``num_gpus``, ``gpu_hours`` and
 the parsed ``metrics``. The trial number, which names the run directory, is assigned here and only here.
 
-Write path: completed trials are buffered (at most ``batch_size`` of them, for at most ``max_delay_s``) and
-written in one transaction per batch through Optuna's own
-ORM models. Why not ``Study.add_trial``: in Optuna's RDBStorage it costs about 15 ms of CPU per trial
-(one ORM round trip per parameter, measured), which caps a simulated grid at ~90 trials/s; a batch costs
-well under 1 ms per trial. Reads go through Optuna's public storage API, so what we write is exactly what
-``optuna.load_study`` (and optuna-dashboard) see; a test checks the round trip. Storages other than RDB
-(e.g. ``JournalStorage``) take the plain ``add_trial`` path.
+Where the store uses its own SQL on Optuna's tables, and why (an RDB storage only; any other storage, e.g.
+``JournalStorage``, goes through the public API, ``Study.add_trial`` and ``get_all_trials``):
+
+- Writing (:meth:`Store._flush_rdb`): completed trials are buffered (at most ``batch_size`` of them, for at
+  most ``max_delay_s``) and written in one transaction per batch as four multi-row INSERTs (SQLAlchemy Core
+  ``executemany``) into Optuna's ``trials``, ``trial_params``, ``trial_user_attributes`` and ``trial_values``.
+  ``Study.add_trial`` costs about 15 ms of CPU per trial in RDBStorage (one ORM round trip per parameter),
+  which caps a simulated grid at ~90 trials/s; ORM objects per row cost ~1 ms per trial; the Core batch
+  well under that (bench/big_grid.py). A killed process loses at most the batch not yet committed; those
+  trials have no row, so ``--resume`` runs exactly them again (their run directories are set aside).
+- Reading (:meth:`Store.iter_records`): batches of ``READ_BATCH`` trials by ``trial_id`` (the primary
+  key), four queries per batch, each distinct distribution JSON parsed once. ``get_all_trials`` builds every
+  FrozenTrial of the study at once and parses each parameter's distribution JSON (the whole choice list)
+  once per trial: reading a 200k-trial study that way took minutes and gigabytes. What is read is what
+  :func:`record_from_trial` makes of the same trial through Optuna's API (a test checks the two agree), and
+  ``optuna.load_study`` (and optuna-dashboard) see what we write.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import time
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
+from collections.abc import Iterator
 
 import optuna
 from optuna.distributions import CategoricalDistribution, distribution_to_json
@@ -40,6 +50,7 @@ def _one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 INTERRUPTED = "interrupted"
+READ_BATCH = 5_000  # trials per read query batch: what a reader holds at once, whatever the study's size
 
 
 @dataclass(frozen=True)
@@ -125,11 +136,12 @@ class Store:
     """The study of one space in one storage. Single writer: ``dse run`` holds a lock on the output dir."""
 
     def __init__(self, url: str, study_name: str, knob_values: dict[str, list[Any]], *, resume: bool = False,
-                 create: bool = True, batch_size: int = 64, max_delay_s: float = 1.0):
+                 create: bool = True, batch_size: int = 256, max_delay_s: float = 1.0):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.url, self.study_name, self.batch_size, self.max_delay_s = url, study_name, batch_size, max_delay_s
         self.storage = _open_storage(url)
         self.distributions = {k: CategoricalDistribution(list(v)) for k, v in knob_values.items()}
+        self._dist_json = {k: distribution_to_json(d) for k, d in self.distributions.items()}
         # get_all_studies, not get_all_study_summaries: the summaries read every trial for the best one
         try:
             exists = study_name in {s.study_name for s in self.storage.get_all_studies()}
@@ -144,6 +156,7 @@ class Store:
                                          load_if_exists=True)
         self._pending: list[TrialRecord] = []
         self.closed = False
+        self.batches_read = 0  # read batches so far (tests check that a reader streams)
         self._flushed_at = time.monotonic()
         self._count = self._stored_count()
 
@@ -214,31 +227,42 @@ class Store:
                             params=dict(rec.knobs), distributions=self.distributions, user_attrs=self._attrs(rec))
 
     def _flush_rdb(self, recs: list[TrialRecord]) -> None:
+        from sqlalchemy import func, insert, select
         from optuna.storages._rdb import models
 
+        T, P, A, V = models.TrialModel, models.TrialParamModel, models.TrialUserAttributeModel, models.TrialValueModel
         storage: optuna.storages.RDBStorage = self.storage
         study_id = self.study._study_id
         now = dt.datetime.now()
-        dist_json = {k: distribution_to_json(d) for k, d in self.distributions.items()}
+        dist_json = self._dist_json
         session = storage.scoped_session()  # one transaction for the whole batch
         try:
-            start = session.query(models.TrialModel).filter(models.TrialModel.study_id == study_id).count()
+            start = session.query(T).filter(T.study_id == study_id).count()
             if start != recs[0].number:
                 raise RuntimeError(f"another writer added trials to {self.study_name!r} (expected {recs[0].number}, "
                                    f"found {start})")
-            for rec in recs:
-                # the state and attributes _frozen() would give, without building a FrozenTrial per record
-                state = trial_state(rec)
-                t = models.TrialModel(number=rec.number, study_id=study_id, state=state,
-                                      datetime_start=now, datetime_complete=now)
-                t.params = [models.TrialParamModel(param_name=k, param_value=self.distributions[k].to_internal_repr(v),
-                                                   distribution_json=dist_json[k]) for k, v in rec.knobs.items()]
-                t.user_attributes = [models.TrialUserAttributeModel(key=k, value_json=json.dumps(v))
-                                     for k, v in self._attrs(rec).items()]
-                if state == TrialState.COMPLETE:
-                    value, vtype = models.TrialValueModel.value_to_stored_repr(rec.reward)
-                    t.values = [models.TrialValueModel(objective=0, value=value, value_type=vtype)]
-                session.add(t)
+            before = session.execute(select(func.max(T.trial_id))).scalar() or 0
+            states = [trial_state(r) for r in recs]  # COMPLETE, PRUNED or FAIL
+            session.execute(insert(T.__table__), [
+                {"number": r.number, "study_id": study_id, "state": st, "datetime_start": now,
+                 "datetime_complete": now} for r, st in zip(recs, states)])
+            ids = dict(session.execute(select(T.number, T.trial_id).where(
+                T.trial_id > before, T.study_id == study_id, T.number >= recs[0].number,
+                T.number <= recs[-1].number)).all())
+            params, attrs, values = [], [], []
+            for r, st in zip(recs, states):
+                tid = ids[r.number]
+                params += [{"trial_id": tid, "param_name": k, "distribution_json": dist_json[k],
+                            "param_value": self.distributions[k].to_internal_repr(v)} for k, v in r.knobs.items()]
+                attrs += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in self._attrs(r).items()]
+                if st == TrialState.COMPLETE:
+                    value, vtype = V.value_to_stored_repr(r.reward)
+                    values.append({"trial_id": tid, "objective": 0, "value": value, "value_type": vtype})
+            if params:
+                session.execute(insert(P.__table__), params)
+            session.execute(insert(A.__table__), attrs)
+            if values:
+                session.execute(insert(V.__table__), values)
             session.commit()
         except BaseException:
             session.rollback()
@@ -246,47 +270,62 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------------------
     def records(self) -> list[TrialRecord]:
-        """Every trial in number order (pending ones included)."""
+        """Every trial in number order (pending ones included), as one list: for small studies and tests;
+        readers of a whole study (leaderboard, report, resume, best) use :meth:`iter_records`."""
+        return sorted(self.iter_records(), key=lambda r: r.number)
+
+    def iter_records(self, batch_size: int = READ_BATCH) -> Iterator[TrialRecord]:
+        """Every trial once (pending ones flushed first), in the order they were written (number order for
+        this store's writes), read ``batch_size`` at a time: a reader holds one batch, not the study."""
         self.flush()
         if isinstance(self.storage, optuna.storages.RDBStorage):
-            return self._records_rdb()
+            yield from self._iter_rdb(batch_size)
+            return
+        # other storages (journal) keep every trial in memory anyway: the public API, sorted
         trials = self.storage.get_all_trials(self.study._study_id, deepcopy=False)
-        return [record_from_trial(t) for t in sorted(trials, key=lambda t: t.number)]
+        for t in sorted(trials, key=lambda t: t.number):
+            yield record_from_trial(t)
 
-    def _records_rdb(self) -> list[TrialRecord]:
-        """The records straight from Optuna's tables, four queries in all. Why not ``get_all_trials``: it builds
-        a FrozenTrial per trial and parses each parameter's distribution JSON (the whole choice list) once per
-        trial, which made reading a 200k-trial study take minutes and gigabytes; here each distinct
-        distribution is parsed once. What is read is what ``record_from_trial`` would make of the same trial
-        (a test checks the two agree)."""
+    def _iter_rdb(self, batch_size: int) -> Iterator[TrialRecord]:
+        """Batches by ``trial_id`` (the primary key, so each batch is an index range, never a sort of the
+        study); four queries per batch (see the module docstring for why not ``get_all_trials``)."""
+        from sqlalchemy import select
         from optuna.distributions import json_to_distribution
         from optuna.storages._rdb import models
 
         T, P, A, V = models.TrialModel, models.TrialParamModel, models.TrialUserAttributeModel, models.TrialValueModel
-        session = self.storage.scoped_session()
-        try:
-            sid = self.study._study_id
-            rows = session.query(T.trial_id, T.number, T.state).filter(T.study_id == sid).order_by(T.number).all()
-            params: dict[int, dict[str, Any]] = {}
-            dists: dict[str, Any] = {}
-            for tid, name, value, djson in session.query(P.trial_id, P.param_name, P.param_value,
-                                                         P.distribution_json).join(T, T.trial_id == P.trial_id
-                                                                                   ).filter(T.study_id == sid):
-                d = dists.get(djson)
-                if d is None:
-                    d = dists[djson] = json_to_distribution(djson)
-                params.setdefault(tid, {})[name] = d.to_external_repr(value)
-            attrs: dict[int, dict[str, Any]] = {}
-            for tid, key, vjson in session.query(A.trial_id, A.key, A.value_json).join(
-                    T, T.trial_id == A.trial_id).filter(T.study_id == sid):
-                attrs.setdefault(tid, {})[key] = json.loads(vjson)
-            values = {tid: V.stored_repr_to_value(v, vt) for tid, v, vt in session.query(
-                V.trial_id, V.value, V.value_type).join(T, T.trial_id == V.trial_id).filter(
-                    T.study_id == sid, V.objective == 0)}
-        finally:
-            session.close()
-        return [_record(number, TrialState(state) if not isinstance(state, TrialState) else state,
-                        params.get(tid, {}), attrs.get(tid, {}), values.get(tid)) for tid, number, state in rows]
+        sid = self.study._study_id
+        dists: dict[str, Any] = {}  # distribution JSON -> distribution, parsed once per distinct JSON
+        last = -1
+        while True:
+            session = self.storage.scoped_session()
+            try:
+                rows = session.execute(select(T.trial_id, T.number, T.state).where(
+                    T.study_id == sid, T.trial_id > last).order_by(T.trial_id).limit(batch_size)).all()
+                if not rows:
+                    return
+                ids = [r[0] for r in rows]
+                params: dict[int, dict[str, Any]] = {}
+                for tid, name, value, djson in session.execute(select(
+                        P.trial_id, P.param_name, P.param_value, P.distribution_json).where(P.trial_id.in_(ids))):
+                    d = dists.get(djson)
+                    if d is None:
+                        d = dists[djson] = json_to_distribution(djson)
+                    params.setdefault(tid, {})[name] = d.to_external_repr(value)
+                attrs: dict[int, dict[str, Any]] = {}
+                for tid, key, vjson in session.execute(select(A.trial_id, A.key, A.value_json).where(
+                        A.trial_id.in_(ids))):
+                    attrs.setdefault(tid, {})[key] = json.loads(vjson)
+                values = {tid: V.stored_repr_to_value(v, vt) for tid, v, vt in session.execute(select(
+                    V.trial_id, V.value, V.value_type).where(V.trial_id.in_(ids), V.objective == 0))}
+            finally:
+                session.close()
+            self.batches_read += 1
+            for tid, number, state in rows:
+                yield _record(number, TrialState(state) if not isinstance(state, TrialState) else state,
+                              params.get(tid, {}), attrs.get(tid, {}), values.get(tid))
+            last = ids[-1]
+            del rows, params, attrs, values
 
 
 def trial_state(rec: TrialRecord) -> TrialState:
