@@ -118,10 +118,10 @@ def run_cmd(
                            seeds=seeds)
     finally:
         progress.stop()
-    _print_summary(result.records, list(space.knobs), top=10, objective=space.objective.metric)
+    _print_summary(result.summary, list(space.knobs), top=10, objective=space.objective.metric)
     if result.stop_reason:
         console.print(result.stop_reason, highlight=False)
-    console.print(f"{result.new_trials} new trials, {len(result.records)} in the study; "
+    console.print(f"{result.new_trials} new trials, {result.summary.n} in the study; "
                   f"leaderboard: {result.leaderboard}")
 
 
@@ -230,15 +230,17 @@ def _print_summary(records, knob_names, top: int, *, objective: str | None = Non
     last; a line names what is not shown. The reason column (why a trial failed) takes what width is
     left and is shortened with an ellipsis, the whole text being in ``leaderboard.csv``.
     """
-    from collections import Counter
 
     from rich.cells import cell_len
     from rich.table import Table
 
     from dse.leaderboard import frame
 
+    from dse.leaderboard import Summary
+
     out = out or console
-    df = frame(records, knob_names).head(top)
+    summary = records if isinstance(records, Summary) else Summary.of(records, top)
+    df = frame(summary.rows, knob_names).head(top)
     rows = [{c: _fmt(row[c]) for c in df.columns} for _, row in df.iterrows()]
     for r in rows:
         r["reason"] = _short_reason(r["reason"])
@@ -281,14 +283,10 @@ def _print_summary(records, knob_names, top: int, *, objective: str | None = Non
     out.print(build(cols, short, max(spare(cols, short), _REASON_MIN)))
     if dropped:
         out.print(f"not shown: {', '.join(dropped)} (every column is in leaderboard.csv)", highlight=False)
-    counts = Counter(r.status for r in records)
-    out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    from dse.leaderboard import gpu_hours, savings_line
-
-    spent, to_best = gpu_hours(records)
-    launched = sum(r.status != "rejected" for r in records)
-    out.print(f"launched runs: {launched}; GPU-hours: {spent:,.1f} spent"
-              + (f", {to_best:,.1f} to the best" if to_best is not None else "") + savings_line(records),
+    out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
+    spent, to_best = summary.spent, summary.to_best
+    out.print(f"launched runs: {summary.launched}; GPU-hours: {spent:,.1f} spent"
+              + (f", {to_best:,.1f} to the best" if to_best is not None else "") + summary.savings_line(),
               highlight=False)
 
 
@@ -316,17 +314,26 @@ def leaderboard_cmd(
     top: int = typer.Option(20, min=1, help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
-    from dse.leaderboard import frame, write_csv
+    from dse.leaderboard import Summary, checked_output, frame, write_csv
+    from dse.store import READ_BATCH
     from dse.study import open_store
 
-    store, meta = open_store(out_dir)
-    records = store.records()
-    store.close()
-    knob_names = list(meta["knobs"])
     if csv is not None:
-        write_csv(frame(records, knob_names), csv)
-        console.print(f"wrote {len(records)} rows to {csv}")
-    _print_summary(records, knob_names, top=top)
+        checked_output(csv, "--csv")  # a bad --csv is refused before the study is read
+    store, meta = open_store(out_dir)
+    knob_names = list(meta["knobs"])
+    summary = Summary(top)
+    try:  # one pass over the study, in batches: the summary keeps the top rows, the CSV its compact table
+        if csv is not None:
+            write_csv(frame(summary.feed(store.iter_records()), knob_names, batch=READ_BATCH), csv)
+        else:
+            for r in store.iter_records():
+                summary.add(r)
+    finally:
+        store.close()
+    if csv is not None:
+        console.print(f"wrote {summary.n} rows to {csv}")
+    _print_summary(summary, knob_names, top=top)
 
 
 @app.command("validate")
@@ -423,11 +430,18 @@ def report_cmd(
     from dse import report
     from dse.study import open_store
 
+    from dse.leaderboard import checked_output
+
+    path = html_file or Path(out_dir) / "report.html"
     store, meta = open_store(out_dir)
-    records = store.records()
-    store.close()
-    path = report.write(records, meta, html_file or Path(out_dir) / "report.html", best=report.read_best(out_dir))
-    console.print(f"wrote {path} ({len(records)} trials)")
+    try:
+        checked_output(path, "--html")  # a bad --html is refused before the study is read
+        total = store.next_number()
+        # one streamed pass; the page holds what it shows (report.render says what that is)
+        path = report.write(store.iter_records(), meta, path, best=report.read_best(out_dir), total=total)
+    finally:
+        store.close()
+    console.print(f"wrote {path} ({total} trials)")
 @app.command("parse")
 @user_errors
 def parse_cmd(

@@ -11,8 +11,11 @@ flagged, never ranked); a pruned trial ranks after the ``ok`` ones, by the rewar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+import math
 
 import pandas as pd
 
@@ -24,7 +27,30 @@ HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
 TAIL = ("gpu", "num_gpus", "gpu_hours", "steps", "early_stopped", "gpu_hours_saved", "run_dir", "reason")
 
 
-def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataFrame:
+def frame(records: Iterable[TrialRecord], knob_names: Sequence[str], *, batch: int | None = None) -> pd.DataFrame:
+    """The leaderboard table of ``records``, ranked. ``batch``: build it ``batch`` records at a time from a
+    stream (a frame per batch, concatenated), so no list of records is held: the table of a 200k-trial study
+    is ~25 cells a row, far less than its records with their metric dicts (bench/big_grid.py)."""
+    if batch is not None:
+        parts, chunk = [], []
+        for r in records:
+            chunk.append(r)
+            if len(chunk) >= batch:
+                parts.append(_unranked(chunk, knob_names))
+                chunk = []
+        if chunk or not parts:
+            parts.append(_unranked(chunk, knob_names))
+        return _ranked(pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0])
+    return _ranked(_unranked(records, knob_names))
+
+
+def rank_key(r: TrialRecord) -> tuple:
+    """A record's place in the leaderboard: ok first, then by reward (highest first, NaN last), then trial."""
+    nan = isinstance(r.reward, float) and math.isnan(r.reward)
+    return (not r.ok, nan, 0.0 if nan else -r.reward, r.number)
+
+
+def _unranked(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataFrame:
     rows = []
     for r in records:
         row = {"trial": r.number, "status": r.status, "reward": r.reward}
@@ -35,12 +61,84 @@ def frame(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.DataF
                    early_stopped=bool(r.metrics.get("early_stopped", False)),
                    gpu_hours_saved=r.metrics.get("gpu_hours_saved"), run_dir=r.run_dir, reason=r.reason)
         rows.append(row)
-    df = pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
+    return pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
+
+
+def _ranked(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     df["_failed"] = df["status"] != "ok"
     df = df.sort_values(["_failed", "reward", "trial"], ascending=[True, False, True], kind="stable")
     return df.drop(columns="_failed").reset_index(drop=True)
+
+
+class Summary:
+    """What a study's summary shows, from one pass over its trials: the ``top`` rows in leaderboard order,
+    the statuses counted, launched runs, GPU-hours (spent, and up to the best), early stops, the best ``ok``
+    trial. Holds ``top`` records (at most twice that while adding) and one (number, GPU-hours) pair per trial,
+    16 bytes, for the GPU-hours up to the best, which is known only at the end; never the study's records."""
+
+    def __init__(self, top: int = 20):
+        self.top = max(0, int(top))
+        self._rows: list[TrialRecord] = []
+        self.counts: Counter = Counter()
+        self.n = self.launched = self.stopped = 0
+        self.spent = self.saved = 0.0
+        self.best: TrialRecord | None = None
+        self._numbers, self._hours = array("q"), array("d")
+
+    @classmethod
+    def of(cls, records: Iterable[TrialRecord], top: int = 20) -> "Summary":
+        s = cls(top)
+        for r in records:
+            s.add(r)
+        return s
+
+    def feed(self, records: Iterable[TrialRecord]) -> Iterator[TrialRecord]:
+        """``records`` passed through, each added on the way (one pass feeds the summary and a writer)."""
+        for r in records:
+            self.add(r)
+            yield r
+
+    def add(self, r: TrialRecord) -> None:
+        self.n += 1
+        self.counts[r.status] += 1
+        self.launched += r.status != "rejected"
+        h = r.gpu_hours or 0.0  # trials without a figure (recorded before GPU-hours were) count as 0
+        self.spent += h
+        self._numbers.append(r.number)
+        self._hours.append(h)
+        if r.metrics.get("early_stopped"):
+            self.stopped += 1
+            self.saved += r.metrics.get("gpu_hours_saved") or 0.0
+        if r.ok and (self.best is None or (r.reward, -r.number) > (self.best.reward, -self.best.number)):
+            self.best = r
+        if self.top:
+            self._rows.append(r)
+            if len(self._rows) >= 2 * self.top + 64:
+                self._rows = sorted(self._rows, key=rank_key)[:self.top]
+
+    @property
+    def rows(self) -> list[TrialRecord]:
+        """The top records, in leaderboard order."""
+        self._rows = sorted(self._rows, key=rank_key)[:self.top]
+        return list(self._rows)
+
+    @property
+    def rows_held(self) -> int:
+        """Records held now (tests check that this stays bounded by ``top``, not by the study)."""
+        return len(self._rows)
+
+    @property
+    def to_best(self) -> float | None:
+        """GPU-hours spent up to and including the best ``ok`` trial (None: no ok trial)."""
+        if self.best is None:
+            return None
+        b = self.best.number
+        return sum(h for n, h in zip(self._numbers, self._hours) if n <= b)
+
+    def savings_line(self) -> str:
+        return f"; early stop: {self.stopped} trials, {self.saved:,.1f} GPU-hours saved" if self.stopped else ""
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:

@@ -21,16 +21,18 @@ import json
 import math
 import shlex
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from dse.leaderboard import frame, gpu_hours, savings_line
+from dse.leaderboard import frame
 from dse.store import TrialRecord
 
 REASON_CHARS = 48  # reason cut in tables (full text in the cell's title)
+PLOT_TRIALS = 5_000  # at most this many trials (every k-th one, plus the top rows) in the plots of a large study
+REPORT_ROWS = 500  # leaderboard rows in the page (leaderboard.csv has every row)
 MIN_IMPORTANCE_TRIALS = 4  # fewer ok trials than this: importance is not estimated (noise)
 
 
@@ -90,7 +92,10 @@ def _int_ticks(n: int) -> dict:
 
 
 def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapping[str, Sequence[Any]],
-             metric: str) -> list:
+             metric: str, *, counts: Mapping[str, int] | None = None, best_line: pd.Series | None = None,
+             note: str = "") -> list:
+    """The plots of ``df`` (every trial, or a sample of a large study: ``counts`` and ``best_line``, the
+    best-so-far step line by trial, then come from the whole study, and ``note`` says what is shown)."""
     import plotly.graph_objects as go
 
     figs = []
@@ -103,7 +108,7 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
     # reward (the optimistic bound they lost with), failures as marks at the bottom of the axis (one trace
     # per status, the reason on hover).
     fig = go.Figure()
-    best = by_trial.reward.where(by_trial.status == "ok").cummax().ffill()
+    best = by_trial.reward.where(by_trial.status == "ok").cummax().ffill() if best_line is None else best_line
     if not ok.empty:
         lo, hi = float(ok.reward.min()), float(ok.reward.max())
         floor = lo - 0.06 * ((hi - lo) or abs(hi) or 1.0)
@@ -112,7 +117,8 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
     fig.add_trace(go.Scatter(x=ok.trial, y=ok.reward, mode="markers", name="ok",
                              hovertemplate="trial %{x}<br>reward %{y:.4g}<extra></extra>"))
     if best.notna().any():
-        fig.add_trace(go.Scatter(x=by_trial.trial, y=best, mode="lines", name="best so far", line_shape="hv",
+        fig.add_trace(go.Scatter(x=by_trial.trial if best_line is None else best.index, y=best, mode="lines",
+                                 name="best so far", line_shape="hv",
                                  connectgaps=False, hovertemplate="trial %{x}<br>best %{y:.4g}<extra></extra>"))
     if not pruned.empty:
         fig.add_trace(go.Scatter(x=pruned.trial, y=pruned.reward, mode="markers", name="pruned (bound)",
@@ -123,11 +129,11 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
         fig.add_trace(go.Scatter(x=grp.trial, y=[floor] * len(grp), mode="markers", name=str(status),
                                  marker=dict(symbol="x", size=8), customdata=grp.reason.fillna("").str.slice(0, 200),
                                  hovertemplate=f"trial %{{x}}: {html.escape(str(status))}<br>%{{customdata}}<extra></extra>"))
-    fig.update_layout(title="Reward by trial (failures marked at the bottom)", xaxis_title="trial",
+    fig.update_layout(title="Reward by trial (failures marked at the bottom)" + note, xaxis_title="trial",
                       yaxis_title="reward", yaxis_tickformat=".4~g",
                       xaxis=_int_ticks(int(by_trial.trial.max()) if len(by_trial) else 1))
     figs.append(fig)
-    counts = Counter(df.status)
+    counts = Counter(df.status) if counts is None else counts
     figs.append(go.Figure(go.Bar(x=list(counts), y=list(counts.values()), hovertemplate="%{x}: %{y}<extra></extra>"),
                           layout=dict(title="Trials by status", xaxis_title="status", yaxis_title="trials",
                                       yaxis=dict(tickformat="d", rangemode="tozero"))))
@@ -138,7 +144,7 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
         order = [str(v) for v in ordered_values(knob_values[knob])]
         fig = go.Figure(go.Box(x=ok[knob].astype(str), y=ok[y], boxpoints="all", name=knob,
                                hovertemplate=f"{knob}=%{{x}}<br>{y} %{{y:.4g}}<extra></extra>"))
-        fig.update_layout(title=f"{y} by {knob} (ok trials)", xaxis_title=knob, yaxis_title=y, yaxis_tickformat=".4~g",
+        fig.update_layout(title=f"{y} by {knob} (ok trials{note})", xaxis_title=knob, yaxis_title=y, yaxis_tickformat=".4~g",
                           xaxis=dict(type="category", categoryorder="array", categoryarray=order), showlegend=False)
         figs.append(fig)
     if knob_names:
@@ -187,21 +193,49 @@ def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = 
     return f"<table class='{css}'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
+class Failures:
+    """Failures by class from a stream of trials: per status the count, the first trials and the reasons
+    counted (distinct reasons only, never the trials). Pruned trials are not failures."""
+
+    SHOWN = 12
+
+    def __init__(self):
+        self._by: dict[str, tuple[list[int], Counter]] = {}
+        self._n: Counter = Counter()
+
+    def add(self, number: int, status: str, reason: str | None) -> None:
+        if status in ("ok", "pruned"):  # pruned trials ran and lost: no failures
+            return
+        trials, reasons = self._by.setdefault(status, ([], Counter()))
+        self._n[status] += 1
+        if len(trials) < self.SHOWN + 1:
+            trials.append(int(number))
+        elif number < trials[-1]:  # streams come in number order; this keeps the first ones whatever the order
+            trials[-1] = int(number)
+            trials.sort()
+        if reason is not None and reason == reason:  # NaN from a frame is no reason
+            reasons[reason] += 1
+
+    def html(self) -> str:
+        if not self._by:
+            return "<p>No failed trials.</p>"
+        rows = []
+        for status, (trials, reasons) in self._by.items():
+            trials = sorted(trials)
+            reason = reasons.most_common(1)[0][0] if reasons else ""
+            shown = ", ".join(map(str, trials[:self.SHOWN])) + (", ..." if self._n[status] > self.SHOWN else "")
+            rows.append({"status": status, "trials": self._n[status], "which": shown, "reason (most common)": reason})
+        out = pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable")
+        return table(out, cut={"reason (most common)": 110})
+
+
 def failures_table(df: pd.DataFrame) -> str:
     """Failures grouped by class: count, trials and one short reason (the most common one). Pruned trials
     are no failures (they ran, and lost): the summary line counts them."""
-    bad = df[~df.status.isin(("ok", "pruned"))]
-    if bad.empty:
-        return "<p>No failed trials.</p>"
-    rows = []
-    for status, grp in bad.groupby("status", sort=False):
-        reasons = grp.reason.dropna()
-        reason = reasons.value_counts().index[0] if not reasons.empty else ""
-        trials = sorted(int(t) for t in grp.trial)
-        shown = ", ".join(map(str, trials[:12])) + (", ..." if len(trials) > 12 else "")
-        rows.append({"status": status, "trials": len(grp), "which": shown, "reason (most common)": reason})
-    out = pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable")
-    return table(out, cut={"reason (most common)": 110})
+    f = Failures()
+    for number, status, reason in zip(df.trial, df.status, df.reason):
+        f.add(number, status, reason)
+    return f.html()
 
 
 def launch_command(best: Mapping[str, Any]) -> str:
@@ -250,26 +284,58 @@ _STYLE = (
 )
 
 
-def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_per_gpu",
-           best: Mapping[str, Any] | None = None, extra_html: str = "") -> str:
-    """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one."""
+def render(records: Iterable[TrialRecord], meta: dict, *, metric: str = "tflops_per_gpu",
+           best: Mapping[str, Any] | None = None, extra_html: str = "", total: int | None = None) -> str:
+    """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one.
+
+    ``records`` is read once, as a stream (``Store.iter_records``); ``total``, the number of trials, when the
+    stream cannot say (a list can). What is held is bounded by what the page shows: the top
+    :data:`REPORT_ROWS` rows (the leaderboard table), at most :data:`PLOT_TRIALS` trials for the plots (every
+    k-th trial of a larger study, plus the top rows; the titles say so), the best-so-far line where it
+    changes, and the failures' distinct reasons. Counts and GPU-hours are over every trial."""
+    from dse.leaderboard import Summary
+
     knob_values = {k: list(v) for k, v in meta.get("knobs", {}).items()}
     knob_names = list(knob_values)
-    df = frame(records, knob_names)
-    counts = Counter(df.status) if len(df) else Counter()
+    if total is None:
+        records = records if isinstance(records, Sequence) else list(records)
+        total = len(records)
+    stride = max(1, math.ceil(total / PLOT_TRIALS))
+    summary, failures = Summary(REPORT_ROWS), Failures()
+    sample: list[TrialRecord] = []
+    best_x: list[int] = []
+    best_y: list[float] = []
+    for r in records:
+        summary.add(r)
+        failures.add(r.number, r.status, r.reason)
+        if r.number % stride == 0:
+            sample.append(r)
+        if r.ok and (not best_y or r.reward > best_y[-1]):
+            best_x.append(r.number)
+            best_y.append(r.reward)
+    top = summary.rows
+    in_sample = {r.number for r in sample}
+    df = frame(sample + [r for r in top if r.number not in in_sample], knob_names)
+    lb_df = frame(top, knob_names)
+    counts = summary.counts
     g = {k: fmt(meta.get(k)) or "?" for k in ("recipe", "num_nodes", "gpu", "system", "agent", "backend", "space")}
-    summary = (f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); agent {g['agent']}, "
-               f"backend {g['backend']}; space {g['space']}")
-    spent, to_best = gpu_hours(records)
-    launched = sum(r.status != "rejected" for r in records)
-    stats = (f"{len(df)} trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-             + f"; {launched} launched runs; GPU-hours: {fmt(spent)} spent"
+    summary_line = (f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); "
+                    f"agent {g['agent']}, backend {g['backend']}; space {g['space']}")
+    spent, to_best = summary.spent, summary.to_best
+    stats = (f"{summary.n} trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+             + f"; {summary.launched} launched runs; GPU-hours: {fmt(spent)} spent"
              + (f", {fmt(to_best)} to the best" if to_best is not None else "")
-             + savings_line(records)) if len(df) else "no trials yet"
+             + summary.savings_line()) if summary.n else "no trials yet"
+    note = f"; every {stride}th of {summary.n:,} trials and the top {len(top)}" if stride > 1 else ""
+    line = None
+    if stride > 1 and best_x:  # the best-so-far line of the whole study, at the trials where it changed
+        last = max(summary._numbers) if summary.n else best_x[-1]
+        line = pd.Series(best_y + [best_y[-1]], index=best_x + [last])
     parts = [f"<h1>dse study {html.escape(str(meta.get('study_name', '')))}</h1>",
-             f"<p>{html.escape(summary)}</p><p>{html.escape(stats)}</p>",
+             f"<p>{html.escape(summary_line)}</p><p>{html.escape(stats)}</p>",
              _best_section(df, knob_names, best)]
-    figs = _figures(df, records, knob_values, metric) if len(df) else []
+    ok_sample = [r for r in sample if r.ok] if stride > 1 else sample
+    figs = _figures(df, ok_sample, knob_values, metric, counts=counts, best_line=line, note=note) if len(df) else []
     if figs:
         parts.append("<h2>Plots</h2><div class='plots'>")
         for i, fig in enumerate(figs):
@@ -279,11 +345,14 @@ def render(records: Sequence[TrialRecord], meta: dict, *, metric: str = "tflops_
             parts.append(f"<div class='plot{' wide' if wide else ''}'>{div}</div>")
         parts.append("</div>")
     parts.append("<h2>Failures by class</h2>")
-    parts.append(failures_table(df) if len(df) else "<p>No trials.</p>")
+    parts.append(failures.html() if len(df) else "<p>No trials.</p>")
     parts.append(extra_html)
     parts.append("<h2>Leaderboard</h2>")
-    if len(df):
-        lb = df.copy()
+    if len(lb_df):
+        if len(lb_df) < total:
+            parts.append(f"<p>The top {len(lb_df):,} of {total:,} trials; <code>leaderboard.csv</code> (or "
+                         "<code>dse leaderboard DIR --csv FILE</code>) has every row.</p>")
+        lb = lb_df.copy()
         lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
         lb = lb.rename(columns={"run_dir": "run"})
         # A column with one value in every row (gpu, num_gpus, early_stopped when nothing stopped early, ...)
@@ -308,13 +377,13 @@ def read_best(out_dir: str | Path) -> dict | None:
         return None
 
 
-def write(records: Sequence[TrialRecord], meta: dict, path: str | Path, *, metric: str = "tflops_per_gpu",
-          best: Mapping[str, Any] | None = None, extra_html: str = "") -> Path:
+def write(records: Iterable[TrialRecord], meta: dict, path: str | Path, *, metric: str = "tflops_per_gpu",
+          best: Mapping[str, Any] | None = None, extra_html: str = "", total: int | None = None) -> Path:
     from dse.leaderboard import checked_output, output_error
 
     path = Path(path)
     tmp = checked_output(path, "--html")
-    text = render(records, meta, metric=metric, best=best, extra_html=extra_html)
+    text = render(records, meta, metric=metric, best=best, extra_html=extra_html, total=total)
     try:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)

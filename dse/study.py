@@ -28,9 +28,9 @@ from dse.counting import count_valid
 from dse.best import write_best
 from dse.errors import InfrastructureError, UserError, did_you_mean, infrastructure
 from dse.forecast import model_forecaster
-from dse.leaderboard import frame, write_csv
+from dse.leaderboard import Summary, frame, write_csv
 from dse.space import WALK_LIMIT, Space
-from dse.store import INTERRUPTED, Store, TrialRecord, check_url, sqlite_path
+from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord, check_url, sqlite_path
 from dse.store import exists as study_exists
 from envs.recipe_env import RecipeEnv, better
 
@@ -127,13 +127,34 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry) -
     return {**derived, **options}
 
 
+SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
+
+
 @dataclass
 class StudyResult:
+    """What ``run_study`` returns. ``summary`` (top rows, counts, GPU-hours, the best) is computed in the
+    study's final streamed read; ``records``, every trial as a list as it was when the study ended, is read
+    from the store only when asked for (tests, small studies), so a 200k-trial study never holds them."""
+
     out_dir: Path
-    records: list[TrialRecord]
+    _records: list[TrialRecord] | None
     new_trials: int
     leaderboard: Path
     stop_reason: str | None = None  # the agent's own word on why it stopped, when it stopped by itself
+    summary: Summary | None = None
+    _source: tuple | None = None  # (storage URL, study name, knobs) to read the records from on demand
+
+    @property
+    def records(self) -> list[TrialRecord]:
+        if self._records is None:
+            url, name, knobs = self._source
+            store = Store(url, name, knobs, create=False)
+            try:
+                # the trials as they were when the study ended (a later resume adds more to the store)
+                self._records = [r for r in store.records() if r.number < self.summary.n]
+            finally:
+                store.close()
+        return self._records
 
 
 def read_meta(out_dir: Path) -> dict[str, Any]:
@@ -257,12 +278,25 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     env.reset(seed=seed)
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask,
                        forecast=model_forecaster(space), **space_options(space, agent_name, options, registry))
-    history = [r for r in store.records() if not r.interrupted]
-    for r in history:
-        best[0] = better(best[0], r.metrics, space.objective, ok=r.ok)
-    agent.warm_start((env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics) for r in history)
-    ran = [r.knobs for r in history]
-    queued = [env.encode(p) for i, p in enumerate(seeds) if p not in ran and p not in list(seeds)[:i]]
+    # Resume: the stored trials replayed to the agent in one streamed pass (no list of the study's records);
+    # only the knobs of the stored trials are kept, and only when seed points must be checked against them.
+    seeds = list(seeds)
+    ran: list[dict[str, Any]] = []
+    done = 0
+
+    def history():
+        nonlocal done
+        for r in store.iter_records():
+            if r.interrupted:
+                continue
+            done += r.status != "rejected"
+            best[0] = better(best[0], r.metrics, space.objective, ok=r.ok)  # for pruning
+            if seeds:
+                ran.append(r.knobs)
+            yield env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics
+
+    agent.warm_start(history())
+    queued = [env.encode(p) for i, p in enumerate(seeds) if p not in ran and p not in seeds[:i]]
     # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:
     # the agent runs until it has nothing left (grid: every valid point once).
     budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
@@ -270,7 +304,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     if total is None and agent_name == "grid" and space.size <= WALK_LIMIT:  # for the progress bar only
         total = count_valid(space).valid  # exact at this size (the grid refuses a larger space)
     # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
-    done, new = sum(r.status != "rejected" for r in history), 0
+    new = 0
     stop_reason = None
     try:
         while budget is None or done < budget:
@@ -310,14 +344,18 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     finally:
         if not store.closed:
             store.flush()
-            records = store.records()
-            store.close()
-            lb = _write_leaderboard(records, space, out)
+            summary = Summary(SUMMARY_ROWS)
+            try:  # one streamed pass: the leaderboard's table and the summary (top rows, counts, the best)
+                df = frame(summary.feed(store.iter_records()), list(space.knobs), batch=READ_BATCH)
+            finally:
+                store.close()
+            lb = _write_leaderboard(df, out)
+            del df
     try:
-        write_best(space, records, out)  # only when the loop ended normally
+        write_best(space, [summary.best] if summary.best else [], out)  # only when the loop ended normally
     except OSError as e:
         raise _io_error(e, f"cannot write {out / 'best'}") from None
-    return StudyResult(out, records, new, lb, stop_reason)
+    return StudyResult(out, None, new, lb, stop_reason, summary=summary, _source=(url, meta["study_name"], meta["knobs"]))
 
 
 def _io_error(e: OSError, what: str) -> InfrastructureError:
@@ -325,8 +363,8 @@ def _io_error(e: OSError, what: str) -> InfrastructureError:
     return infrastructure(e, what) or InfrastructureError(f"{what}: {e.strerror or e}")
 
 
-def _write_leaderboard(records, space: Space, out: Path) -> Path:
+def _write_leaderboard(df, out: Path) -> Path:
     try:
-        return write_csv(frame(records, list(space.knobs)), out / LEADERBOARD)
+        return write_csv(df, out / LEADERBOARD)
     except OSError as e:
         raise _io_error(e, f"cannot write {out / LEADERBOARD}") from None
