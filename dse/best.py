@@ -1,6 +1,6 @@
 """The best configuration of a study, ready to launch: ``DIR/best/`` with its knobs, metrics and scripts.
 
-``best.json`` holds the winning trial's every resolved knob, its measured (or simulated) metrics and the
+``best.json`` holds the winning trial's run directory (relative to the study directory), every resolved knob, its measured (or simulated) metrics and the
 trainer command line and environment; ``launch.sbatch`` is the Slurm script for the space's system
 (rendered as ``dse dry-run`` renders it, with the payload package staged beside it under ``code/``);
 ``launch.sh``, the torchrun script for one machine, is written only when the best fits one node (a
@@ -94,7 +94,7 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     d = Path(out_dir) / BEST_DIR
     d.mkdir(parents=True, exist_ok=True)
     info = {"trial": rec.number, "reward": rec.reward, "objective": space.objective.metric,
-            "run_dir": rec.run_dir, "knobs": trial.as_dict(), "varied": rec.knobs, "metrics": rec.metrics,
+            "run_dir": _relative(rec.run_dir, Path(out_dir)), "knobs": trial.as_dict(), "varied": rec.knobs, "metrics": rec.metrics,
             "payload": payload, "argv": list(plan.argv), "env": dict(plan.env)}
     tmp = d / ".best.json.tmp"
     tmp.write_text(json.dumps(info, indent=2, default=str))
@@ -111,6 +111,17 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
         stale.unlink()
     _write_readme(d, rec.number, trial, limit, limit_source, one_node)
     return d
+
+
+def _relative(run_dir: str | None, out_dir: Path) -> str | None:
+    """``run_dir`` relative to the study directory when it is inside it (as the store keeps it), so a moved
+    or copied study's ``best.json`` still names its own run."""
+    if run_dir is None:
+        return None
+    try:
+        return Path(run_dir).absolute().relative_to(out_dir.absolute()).as_posix()
+    except ValueError:
+        return run_dir
 
 
 def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool) -> None:

@@ -115,7 +115,7 @@ def run_cmd(
     try:
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
                            backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
-                           seeds=seeds)
+                           seeds=seeds, default_out=out is None)
     finally:
         progress.stop()
     _print_summary(result.summary, list(space.knobs), top=10, objective=space.objective.metric)

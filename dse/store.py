@@ -136,9 +136,10 @@ class Store:
     """The study of one space in one storage. Single writer: ``dse run`` holds a lock on the output dir."""
 
     def __init__(self, url: str, study_name: str, knob_values: dict[str, list[Any]], *, resume: bool = False,
-                 create: bool = True, batch_size: int = 256, max_delay_s: float = 1.0):
+                 create: bool = True, batch_size: int = 256, max_delay_s: float = 1.0, base: Path | None = None):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.url, self.study_name, self.batch_size, self.max_delay_s = url, study_name, batch_size, max_delay_s
+        self.base = base  # the study directory: relative run_dirs are read relative to it (resolve_run_dir)
         self.storage = _open_storage(url)
         self.distributions = {k: CategoricalDistribution(list(v)) for k, v in knob_values.items()}
         self._dist_json = {k: distribution_to_json(d) for k, d in self.distributions.items()}
@@ -284,7 +285,7 @@ class Store:
         # other storages (journal) keep every trial in memory anyway: the public API, sorted
         trials = self.storage.get_all_trials(self.study._study_id, deepcopy=False)
         for t in sorted(trials, key=lambda t: t.number):
-            yield record_from_trial(t)
+            yield record_from_trial(t, self.base)
 
     def _iter_rdb(self, batch_size: int) -> Iterator[TrialRecord]:
         """Batches by ``trial_id`` (the primary key, so each batch is an index range, never a sort of the
@@ -323,7 +324,7 @@ class Store:
             self.batches_read += 1
             for tid, number, state in rows:
                 yield _record(number, TrialState(state) if not isinstance(state, TrialState) else state,
-                              params.get(tid, {}), attrs.get(tid, {}), values.get(tid))
+                              params.get(tid, {}), attrs.get(tid, {}), values.get(tid), self.base)
             last = ids[-1]
             del rows, params, attrs, values
 
@@ -336,14 +337,32 @@ def trial_state(rec: TrialRecord) -> TrialState:
     return TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
 
 
-def record_from_trial(t: FrozenTrial) -> TrialRecord:
-    return _record(t.number, t.state, dict(t.params), t.user_attrs, t.value)
+def resolve_run_dir(run_dir: str | None, base: Path | None) -> str | None:
+    """A stored ``run_dir`` as a path a reader can open. Decision: the study writes it relative to the study
+    directory (``trials/00003``), so a moved or copied study directory still finds its runs; it is resolved
+    here against ``base``, the study directory as it is now. Absolute paths (an older study, or a run
+    directory outside the study) are kept; an older relative one (written relative to the working
+    directory, ``runs/x/trials/00003``) is resolved from its ``trials/`` component on."""
+    if run_dir is None or base is None:
+        return run_dir
+    p = Path(run_dir)
+    if p.is_absolute():
+        return run_dir
+    parts = p.parts
+    if "trials" in parts:
+        parts = parts[len(parts) - 1 - parts[::-1].index("trials"):]
+    return str(Path(base).absolute().joinpath(*parts))
 
 
-def _record(number: int, state: TrialState, params: dict[str, Any], a: dict[str, Any], value: float | None) -> TrialRecord:
+def record_from_trial(t: FrozenTrial, base: Path | None = None) -> TrialRecord:
+    return _record(t.number, t.state, dict(t.params), t.user_attrs, t.value, base)
+
+
+def _record(number: int, state: TrialState, params: dict[str, Any], a: dict[str, Any], value: float | None,
+            base: Path | None = None) -> TrialRecord:
     status = a.get("status") or ("ok" if state == TrialState.COMPLETE else "failed")
     reward = a.get("reward", value if value is not None else float("nan"))
     return TrialRecord(number=number, knobs=params, status=status, reward=reward,
                        reason=a.get("reason") or (None if status == "ok" else f"optuna state {state.name}"),
-                       metrics=a.get("metrics") or {}, run_dir=a.get("run_dir"), gpu=a.get("gpu"),
+                       metrics=a.get("metrics") or {}, run_dir=resolve_run_dir(a.get("run_dir"), base), gpu=a.get("gpu"),
                        num_gpus=a.get("num_gpus"), gpu_hours=a.get("gpu_hours"))

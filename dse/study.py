@@ -48,8 +48,14 @@ def record_of(number: int, info: dict[str, Any], reward: float, out_dir: Path) -
     """The store's record of one environment step."""
     return TrialRecord(number=number, knobs=info["knobs"], status=info["status"], reward=reward,
                        reason=info["reason"], metrics=info["metrics"],
-                       run_dir=str(trial_dir(out_dir, number)) if info["launched"] else None,
+                       run_dir=stored_run_dir(number) if info["launched"] else None,
                        gpu=info["gpu"], num_gpus=info["num_gpus"], gpu_hours=gpu_hours(info))
+
+
+def stored_run_dir(number: int) -> str:
+    """The run directory as the store keeps it: relative to the study directory (``trials/00003``), so a
+    moved or copied study still finds it; readers get it resolved (``dse.store.resolve_run_dir``)."""
+    return trial_dir(Path("."), number).as_posix()
 
 
 def gpu_hours(info: dict[str, Any]) -> float | None:
@@ -148,7 +154,7 @@ class StudyResult:
     def records(self) -> list[TrialRecord]:
         if self._records is None:
             url, name, knobs = self._source
-            store = Store(url, name, knobs, create=False)
+            store = Store(url, name, knobs, create=False, base=self.out_dir)
             try:
                 # the trials as they were when the study ended (a later resume adds more to the store)
                 self._records = [r for r in store.records() if r.number < self.summary.n]
@@ -174,7 +180,7 @@ def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
     if not study_exists(url, meta["study_name"]):
         raise UserError(f"holds no study {meta['study_name']!r} ({_ran(Path(out_dir))} run directories)",
                         file=str(sqlite_path(url) or url))
-    store = Store(url, meta["study_name"], meta["knobs"], create=False)
+    store = Store(url, meta["study_name"], meta["knobs"], create=False, base=Path(out_dir))
     return store, meta
 
 
@@ -188,12 +194,13 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
               trials: int | None = None, seed: int | None = None, backend: str | None = None,
               resume: bool = False, storage: str | None = None, rebuild: bool = False,
               on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
-              seeds: Sequence[dict[str, Any]] = ()) -> StudyResult:
+              seeds: Sequence[dict[str, Any]] = (), default_out: bool = False) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports progress (total: the budget, or for a grid without one the
     number of valid points; None when unknown). ``rebuild`` (with ``resume``): when the storage holds no
     study although run directories say trials ran, start it anew instead of refusing. ``seeds`` are points
     (knob values) run first, before the agent proposes, and shown to it as its own outcomes (warm start); a
-    seed the study already ran is skipped, so a resumed study does not run them again."""
+    seed the study already ran is skipped, so a resumed study does not run them again. ``default_out``: the
+    user gave no ``--out`` (``out_dir`` is the default), so an error names the default, not the flag."""
     out = Path(out_dir)
     agent = agent or space.search.agent
     seed = space.search.seed if seed is None else seed
@@ -206,7 +213,10 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     make_agent(agent, registry, probe, seed=seed, **space_options(space, agent, options, registry))
     make_backend(backend_name, space, seed)
     if out.exists() and (out / META).exists() and not resume:
-        raise UserError(f"already holds a study; pass --resume to continue it, or choose another --out",
+        if default_out:  # the user gave no --out: name the default, never a flag they did not pass
+            raise UserError("(the default output directory, runs/<space name>) already holds a study; pass "
+                            "--resume to continue it, or --out DIR for a fresh study", file=str(out))
+        raise UserError("already holds a study; pass --resume to continue it, or a fresh --out DIR",
                         file=str(out), field="--out")
     if resume and not (out / META).exists():
         raise UserError(f"nothing to resume (no {META})", file=str(out), field="--resume")
@@ -263,7 +273,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
                 "gpus_per_node": space.system.gpus_per_node, "price_per_gpu_hour": space.system.price_per_gpu_hour,
                 "agent": agent_name, "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend_name}
-    store = Store(url, meta["study_name"], meta["knobs"], resume=resume)
+    store = Store(url, meta["study_name"], meta["knobs"], resume=resume, base=out)
     if not resume:
         tmp = out / f".{META}.tmp"
         try:
@@ -320,7 +330,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 trial = env.trial(action)
                 store.record(TrialRecord(number=number, knobs=trial.varied_values(), status="failed",
                                          reward=space.objective.failed_reward, reason=INTERRUPTED,
-                                         run_dir=str(trial_dir(out, number)), gpu=trial.system.gpu,
+                                         run_dir=stored_run_dir(number), gpu=trial.system.gpu,
                                          num_gpus=trial.num_gpus))
                 raise
             rec = record_of(number, info, reward, out)
