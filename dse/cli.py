@@ -445,7 +445,8 @@ def report_cmd(
 @app.command("parse")
 @user_errors
 def parse_cmd(
-    log: str = typer.Argument(..., help="the training log to read", show_default=False),
+    log: str = typer.Argument(..., help="the training log to read (log.txt, log.txt.gz), or a run directory",
+                              show_default=False),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of lines"),
     gbs: int | None = typer.Option(None, "--gbs", help="global batch size (for tokens/s/GPU)"),
     seq_length: int | None = typer.Option(None, "--seq-length", help="sequence length (for tokens/s/GPU)"),
@@ -460,7 +461,14 @@ def parse_cmd(
 
     from dse.parse import ParseContext, parse_log
 
+    from dse.backends.scripts import run_log
+
     path = Path(log)
+    if path.is_dir():  # a run directory: its log (a simulated trial's is log.txt.gz)
+        found = run_log(path)
+        if found is None:
+            raise UserError("holds no log.txt or log.txt.gz (give a run directory or a training log)", file=log)
+        path = found
     if not path.is_file():
         raise UserError("no such log file (give the path of a training log)", file=log)
     m = parse_log(path, exit_code=exit_code, scheduler_state=scheduler_state,

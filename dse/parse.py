@@ -281,7 +281,12 @@ def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterator[str], st
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         # Universal newlines turn each tqdm '\r' refresh into its own line; bad bytes never stop a parse.
-        fh = open(path, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed in _iter_file
+        if path.endswith(".gz"):  # a compressed log (the simulated backend keeps its run directories small)
+            import gzip
+
+            fh = gzip.open(path, "rt", encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115
+        else:
+            fh = open(path, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed in _iter_file
         return _iter_file(fh), path
     return _split_cr(source), None
 
@@ -568,7 +573,7 @@ def parse_log(
 ) -> RunMetrics:
     """Parse a training log (a path, or an iterable of lines) into :class:`RunMetrics`.
 
-    A ``str`` is a path; pass ``text.splitlines()`` to parse text. A missing file raises
+    A ``str`` is a path (a ``.gz`` one is read decompressed); pass ``text.splitlines()`` to parse text. A missing file raises
     ``FileNotFoundError`` rather than reading as a failed run, so a wrong run directory cannot pass
     unnoticed. ``exit_code`` and ``scheduler_state`` are what the backend saw (None when unknown).
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium.utils.env_checker import check_env
 
+from dse.backends.scripts import run_log
 from dse.backends.sim import SimBackend
 from dse.space import load_space
 from envs.recipe_env import RecipeEnv
@@ -29,7 +30,7 @@ def test_step_launches_a_valid_point_and_rewards_its_metric(tmp_path):
     assert info["status"] == "ok" and not terminated and not truncated
     assert reward == info["metrics"]["tflops_per_gpu"] > 0
     assert obs["tflops_per_gpu"][0] == np.float64(reward)
-    assert (tmp_path / "out" / "trials" / "00000" / "log.txt").exists()
+    assert run_log(tmp_path / "out" / "trials" / "00000") is not None  # the simulated log, compressed
 
 
 def test_rejected_point_is_never_launched(tmp_path):
@@ -57,8 +58,8 @@ def test_a_log_outside_the_run_directory_is_never_read(tmp_path):
     class Stray(SimBackend):
         def run(self, plan, run_dir):
             res = super().run(plan, run_dir)
-            stray = tmp_path / "elsewhere.log"
-            stray.write_text(res.log_path.read_text())
+            stray = tmp_path / "elsewhere.log.gz"
+            stray.write_bytes(res.log_path.read_bytes())
             return RunResult(run_dir=run_dir, log_path=stray, exit_code=0)
 
     space = load_space(write_space(tmp_path))
@@ -76,5 +77,5 @@ def test_a_run_directory_left_by_a_killed_run_is_set_aside(tmp_path):
     (stale / "log.txt").write_text("Training epoch 0, iteration 0/9 | train_step_timing in s: 99.0\n")
     _, reward, *_, info = env.step(env.encode({"tp": 4, "pp": 2, "vp": 1, "mbs": 1}))
     assert info["status"] == "ok" and reward > 0
-    assert "99.0" not in (stale / "log.txt").read_text()  # this trial's own log, not the stale one
+    assert not (stale / "log.txt").exists() and run_log(stale)  # this trial's own log, not the stale one
     assert "99.0" in (tmp_path / "out" / "trials" / "00000.orphan0" / "log.txt").read_text()

@@ -192,3 +192,25 @@ def test_an_occupied_default_directory_is_named_not_a_flag_never_passed(tmp_path
     assert "0/?" not in r.output and len(line.splitlines()) == 1  # no stray progress bar before the error
     r = runner.invoke(app, [*args, "--out", "runs/small"])
     assert r.exit_code == 2 and "--out: already holds a study" in r.output and "default" not in r.output
+
+
+def test_a_simulated_run_directory_is_compact_and_parses_again(tmp_path):
+    space = load_space(write_space(tmp_path))
+    res = run_study(space, out_dir=tmp_path / "out", agent="random", trials=3, seed=2)
+    rec = next(r for r in res.records if r.ok)
+    run_dir = Path(rec.run_dir)
+    assert [p.name for p in run_dir.iterdir()] == ["log.txt.gz"]
+    size = (run_dir / "log.txt.gz").stat().st_size
+    import gzip
+
+    plain = len(gzip.decompress((run_dir / "log.txt.gz").read_bytes()))
+    assert size < plain / 3  # compressed, not a copy
+    r = runner.invoke(app, ["parse", str(run_dir), "--json"])
+    assert r.exit_code == 0, r.output
+    parsed = json.loads(r.output)
+    assert parsed["status"] == "ok" and parsed["tflops_per_gpu"] == pytest.approx(rec.metrics["tflops_per_gpu"])
+    assert parsed["steps"] == rec.metrics["steps"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = runner.invoke(app, ["parse", str(empty)])
+    assert r.exit_code == 2 and "holds no log.txt" in r.output

@@ -125,11 +125,12 @@ def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch)
     assert [r.reward for r in res.records] == rewards
     lb = pd.read_csv(res.leaderboard).set_index("trial").sort_index()
     assert list(lb["reward"]) == pytest.approx(rewards)
+    from dse.backends.scripts import run_log
     from dse.parse import ParseContext, parse_log
 
     for rec in res.records:
         if rec.ok:
-            m = parse_log(f"{rec.run_dir}/log.txt", exit_code=0, context=ParseContext())
+            m = parse_log(run_log(rec.run_dir), exit_code=0, context=ParseContext())
             assert m.tflops_per_gpu == pytest.approx(rec.reward)  # read from its own run directory
 
 

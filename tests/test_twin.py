@@ -83,7 +83,7 @@ def test_a_twin_study_goes_through_the_ordinary_log_parser_store_path(tmp_path):
     twin = make_twin(space, 3)
     res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
     ok = [r for r in res.records if r.ok]
-    assert ok and all((tmp_path / "out" / "trials" / f"{r.number:05d}" / "log.txt").exists() for r in ok)
+    assert ok and all((tmp_path / "out" / "trials" / f"{r.number:05d}" / "log.txt.gz").exists() for r in ok)
     off_model = 0
     for r in ok:
         trial = resolve(space, r.knobs)

@@ -17,6 +17,15 @@ from dse.errors import UserError
 from recipes import contract
 
 LOG_NAME = contract.LOG_NAME  # the trainer's output in every run directory (as the simulated backend writes it)
+COMPRESSED_LOG = LOG_NAME + ".gz"  # the simulated backend's log, gzip-compressed (a run directory of ~3 KB, not 13)
+
+
+def run_log(run_dir: Path) -> Path | None:
+    """The trainer's log in ``run_dir``: ``log.txt``, or the simulated backend's ``log.txt.gz``; None if neither."""
+    for name in (LOG_NAME, COMPRESSED_LOG):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
 CODE_DIR = "code"  # the payload package, staged beside the script (the container's working directory)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match only ("FOO\n" is not a name)
