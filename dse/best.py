@@ -1,8 +1,8 @@
 """The best configuration of a study, ready to launch: ``DIR/best/`` with its knobs, metrics and scripts.
 
-``best.json`` holds the winning trial's run directory (relative to the study directory), every resolved knob, its measured (or simulated) metrics and the
-trainer command line and environment; ``launch.sbatch`` is the Slurm script for the space's system
-(rendered as ``dse dry-run`` renders it, with the payload package staged beside it under ``code/``);
+``best.json`` holds the winning trial's run directory (relative to the study directory), every resolved knob,
+its measured (or simulated) metrics and the trainer command line and environment; ``launch.sbatch`` is the
+Slurm script for the space's system (rendered as ``dse dry-run`` renders it, with the payload package staged beside it under ``code/``);
 ``launch.sh``, the torchrun script for one machine, is written only when the best fits one node (a
 multi-node layout under ``torchrun --nnodes 1`` cannot start); ``README`` says which file launches it and
 where the time limit comes from. A study on the simulated payload gets scripts for the NeMo 2 payload: the
