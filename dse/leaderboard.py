@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 import math
 
+import numpy as np
 import pandas as pd
 
 from dse.errors import UserError, infrastructure
@@ -36,12 +37,42 @@ def frame(records: Iterable[TrialRecord], knob_names: Sequence[str], *, batch: i
         for r in records:
             chunk.append(r)
             if len(chunk) >= batch:
-                parts.append(_unranked(chunk, knob_names))
+                parts.append(_compact(_unranked(chunk, knob_names)))
                 chunk = []
         if chunk or not parts:
-            parts.append(_unranked(chunk, knob_names))
-        return _ranked(pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0])
+            parts.append(_compact(_unranked(chunk, knob_names)))
+        _same_categories(parts)
+        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        del parts, chunk
+        return _ranked(df)
     return _ranked(_unranked(records, knob_names))
+
+
+_FREE_TEXT = ("reason", "run_dir")  # one value per trial: categories would not save anything
+
+
+def _compact(df: pd.DataFrame) -> pd.DataFrame:
+    """Text columns with few distinct values (status, gpu, string knobs) as categories: a code per row instead
+    of a Python string object per row (what the CSV says is the same)."""
+    for c in df.columns:
+        if c not in _FREE_TEXT and (df[c].dtype == object or pd.api.types.is_string_dtype(df[c].dtype)) \
+                and df[c].map(type).isin((str, type(None))).all():
+            df[c] = df[c].astype("category")
+    return df
+
+
+def _same_categories(parts: list[pd.DataFrame]) -> None:
+    """One set of categories per column over every batch, so that concatenating keeps them categorical (a
+    column categorical in one batch only goes back to plain values)."""
+    for c in parts[0].columns:
+        if all(isinstance(p[c].dtype, pd.CategoricalDtype) for p in parts):
+            cats = sorted(set().union(*(p[c].cat.categories for p in parts)), key=str)
+            for p in parts:
+                p[c] = p[c].cat.set_categories(cats)
+        elif any(isinstance(p[c].dtype, pd.CategoricalDtype) for p in parts):
+            for p in parts:
+                if isinstance(p[c].dtype, pd.CategoricalDtype):
+                    p[c] = p[c].astype(object)
 
 
 def rank_key(r: TrialRecord) -> tuple:
@@ -65,11 +96,14 @@ def _unranked(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.D
 
 
 def _ranked(df: pd.DataFrame) -> pd.DataFrame:
-    if df.empty:
+    """Ok trials first, by reward (highest first, NaN last), then by trial: one stable index sort and one
+    ``take``, so a large table is copied once, not once per step."""
+    if len(df) <= 1:
         return df
-    df["_failed"] = df["status"] != "ok"
-    df = df.sort_values(["_failed", "reward", "trial"], ascending=[True, False, True], kind="stable")
-    return df.drop(columns="_failed").reset_index(drop=True)
+    reward = pd.to_numeric(df["reward"], errors="coerce").to_numpy(dtype=float)
+    nan = np.isnan(reward)
+    order = np.lexsort((df["trial"].to_numpy(), np.where(nan, 0.0, -reward), nan, (df["status"] != "ok").to_numpy()))
+    return df.take(order).reset_index(drop=True)  # pandas' copy-on-write: the new index copies no column
 
 
 class Summary:
