@@ -116,7 +116,7 @@ class Summary:
         self.top = max(0, int(top))
         self._rows: list[TrialRecord] = []
         self.counts: Counter = Counter()
-        self.n = self.launched = self.stopped = 0
+        self.n = self.launched = self.stopped = self.pruned = 0
         self.spent = self.saved = 0.0
         self.best: TrialRecord | None = None
         self._numbers, self._hours = array("q"), array("d")
@@ -142,8 +142,9 @@ class Summary:
         self.spent += h
         self._numbers.append(r.number)
         self._hours.append(h)
-        if r.metrics.get("early_stopped"):
-            self.stopped += 1
+        if r.metrics.get("early_stopped") or r.status == "pruned":  # as early_stop_savings counts them
+            self.stopped += bool(r.metrics.get("early_stopped"))
+            self.pruned += r.status == "pruned"
             self.saved += r.metrics.get("gpu_hours_saved") or 0.0
         if r.ok and (self.best is None or (r.reward, -r.number) > (self.best.reward, -self.best.number)):
             self.best = r
@@ -172,7 +173,11 @@ class Summary:
         return sum(h for n, h in zip(self._numbers, self._hours) if n <= b)
 
     def savings_line(self) -> str:
-        return f"; early stop: {self.stopped} trials, {self.saved:,.1f} GPU-hours saved" if self.stopped else ""
+        """:func:`savings_line` of the trials added."""
+        if not (self.stopped or self.pruned):
+            return ""
+        return (f"; early stop: {self.stopped} trials" + (f", {self.pruned} pruned" if self.pruned else "")
+                + f", {self.saved:,.1f} GPU-hours saved")
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:

@@ -215,3 +215,14 @@ def test_a_simulated_run_directory_is_compact_and_parses_again(tmp_path):
     empty.mkdir()
     r = runner.invoke(app, ["parse", str(empty)])
     assert r.exit_code == 2 and "holds no log.txt" in r.output
+
+
+def test_the_streamed_summary_says_what_the_list_functions_say():
+    from dse.leaderboard import gpu_hours, savings_line
+
+    recs = [TrialRecord(number=n, knobs={}, status=["ok", "pruned", "oom", "ok"][n % 4], reward=float(n % 7),
+                        metrics={"early_stopped": n % 4 == 3, "gpu_hours_saved": 0.25 if n % 4 in (1, 3) else None},
+                        gpu_hours=1.0 + n % 2) for n in range(40)]
+    s = Summary.of(recs, top=5)
+    assert s.savings_line() == savings_line(recs) and "pruned" in s.savings_line()
+    assert (s.spent, s.to_best) == gpu_hours(recs)
