@@ -271,6 +271,41 @@ class Store:
             session.rollback()
             raise
 
+    def replace(self, rec: TrialRecord) -> None:
+        """Write ``rec`` over the stored trial of the same number (its params are the same point): the rerun of
+        an interrupted trial, or the result of a trial whose placeholder was recorded at launch
+        (``dse.parallel``). One transaction through Optuna's ORM models, as :meth:`flush` writes (Optuna's
+        public API refuses to change a finished trial). Storages other than RDB cannot be rewritten: the
+        record is added as a new trial there (the interrupted row stays beside it)."""
+        self.flush()
+        if not isinstance(self.storage, optuna.storages.RDBStorage):
+            self.record(TrialRecord(**{**rec.__dict__, "number": self.next_number()}))
+            return
+        from optuna.storages._rdb import models
+
+        state = TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
+        session = self.storage.scoped_session()
+        try:
+            t = session.query(models.TrialModel).filter(models.TrialModel.study_id == self.study._study_id,
+                                                        models.TrialModel.number == rec.number).one()
+            t.state, t.datetime_complete = state, dt.datetime.now()
+            for old in list(t.user_attributes) + list(t.values):
+                session.delete(old)
+            session.flush()  # the old rows go first: (trial, key) is unique
+            session.expire(t, ["user_attributes", "values"])
+            t.user_attributes = [models.TrialUserAttributeModel(key=k, value_json=json.dumps(v))
+                                 for k, v in self._attrs(rec).items()]
+            if state == TrialState.COMPLETE:
+                value, vtype = models.TrialValueModel.value_to_stored_repr(rec.reward)
+                t.values = [models.TrialValueModel(objective=0, value=value, value_type=vtype)]
+            session.commit()
+        except (OSError, SQLAlchemyError) as e:
+            session.rollback()
+            raise InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}") from None
+        except BaseException:
+            session.rollback()
+            raise
+
     # -- reading -------------------------------------------------------------------------------------
     def records(self) -> list[TrialRecord]:
         """Every trial in number order (pending ones included), as one list: for small studies and tests;
