@@ -22,6 +22,15 @@ What it keeps (all refitted after every observation, in well under a second on t
 Without a forecast (a space with no model, or the agent contract tests) the same machinery runs on the
 rewards themselves (standardised), with a flat prior and the action mask for validity.
 Rejected points are never proposed (the forecast, or the mask, says which they are).
+
+Several trials in flight (``dse run --parallel N``): a batch is chosen by the *kriging believer*: each point
+proposed and not yet observed is fitted as if it had measured its posterior mean at the time it was proposed.
+That leaves the mean where it was but shrinks the uncertainty of the point and of its neighbours (points
+sharing its knob values), so the next proposal's expected improvement goes elsewhere, to points the
+agent is unsure about that the batch does not already cover. A point in flight is never proposed again, and
+the stop rule waits: while trials are in flight it only declines to propose (the study asks again after the
+next result); it stops for good when nothing is in flight. Why this and not q-EI: it is the same posterior update the agent makes for a real result, in a few
+lines, and needs no Monte-Carlo integration.
 """
 
 from __future__ import annotations
@@ -118,6 +127,7 @@ class GuidedAgent(Agent):
         self.oom_rows: list[int] = []
         self.runs = 0
         self._post: tuple[np.ndarray, np.ndarray] | None = None
+        self.pending: dict[int, float] = {}  # row in flight -> the u believed for it (its mean when proposed)
 
     # -- features --------------------------------------------------------------------------------------
     def _features(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,8 +164,9 @@ class GuidedAgent(Agent):
         sigma2 = (self.sigma * (scale if self.forecast is None else 1.0)) ** 2
         if self.forecast is None:  # no model: effects of the order of the rewards' own scatter
             prior_var = prior_var / self.tau[1] ** 2
-        X = self.phi[self.obs_rows]
-        y = np.array(self.obs_u) - self.base[self.obs_rows]
+        rows = self.obs_rows + list(self.pending)  # in flight: believed at their mean (kriging believer)
+        X = self.phi[rows]
+        y = np.array(self.obs_u + list(self.pending.values()), dtype=float) - self.base[rows]
         A = X.T @ X / sigma2 + np.diag(1.0 / prior_var)
         cov = np.linalg.inv(A)
         w = cov @ (X.T @ y) / sigma2 if len(y) else np.zeros(len(prior_var))
@@ -201,6 +212,7 @@ class GuidedAgent(Agent):
         if i is None:
             return
         self.tried[i] = True
+        self.pending.pop(i, None)
         self._post = None
         if ok and math.isfinite(reward) and (reward != 0 or self.forecast is None):
             self.obs_rows.append(i)
@@ -226,9 +238,12 @@ class GuidedAgent(Agent):
         return mean, sd, fit, ei
 
     def propose(self) -> Action | None:
-        untried = ~self.tried
+        in_flight = np.zeros(len(self.keys), dtype=bool)
+        in_flight[list(self.pending)] = True
+        untried = ~self.tried & ~in_flight
         if not untried.any():
-            self.stop_reason = f"stopped: every valid point tried, after {self.runs} runs"
+            if not self.pending:
+                self.stop_reason = f"stopped: every valid point tried, after {self.runs} runs"
             return None
         mean, sd, fit, ei = self.scores()
         if self.obs_u:
@@ -236,6 +251,8 @@ class GuidedAgent(Agent):
             gain = math.log1p(self.min_gain) * (self._scale() if self.forecast is None else 1.0)
             p_beat = fit * (1.0 - _cdf((best + gain - mean) / sd))
             if p_beat[untried].max() < self.stop_prob:
+                if self.pending:  # not yet: a result in flight may change the picture (the study asks again)
+                    return None
                 likely = untried & (fit >= 0.5)
                 if self.forecast is not None and likely.any():
                     gap = 100.0 * (1.0 - math.exp(float(mean[likely].max()) - best))
@@ -247,4 +264,6 @@ class GuidedAgent(Agent):
                 return None
         score = np.where(untried, ei, -np.inf) + self._rng.random(len(ei)) * 1e-12
         i = int(np.argmax(score))
+        self.pending[i] = float(mean[i])
+        self._post = None
         return self.to_action(self.keys[i])

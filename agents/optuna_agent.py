@@ -17,6 +17,13 @@ Ordinal knobs (``ordinal``: names whose values the space lists in ascending orde
 reach the sampler as integer distributions over the value's index, so TPE and GP can use the order; the
 others stay categorical. ``warm_start = "model"`` enqueues the ``WARM_START_POINTS`` points with the best
 forecast reward (the shipped performance model, among those it predicts to fit) before the sampler's own.
+
+Several trials in flight (``dse run --parallel N``: ``parallel`` > 1, filled in by the study): TPE asks with
+the constant liar (``TPESampler(constant_liar=True)``), which treats running trials as poor results so that
+concurrent asks spread out. The other samplers have no such option: random and qmc draw independently of
+running trials anyway (qmc's sequence never repeats), GP, NSGA-II and CMA-ES ignore running trials (they
+see only finished ones), so their concurrent asks may cluster. Whatever the sampler, a point already in flight
+is never handed out twice: such an ask is told FAIL (which every sampler ignores) and the sampler asked again.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from dse.errors import UserError, did_you_mean
 from dse.space import WALK_LIMIT
 
 
-def _samplers(seed: int) -> dict[str, object]:
+def _samplers(seed: int, parallel: int = 1) -> dict[str, object]:
     return {
-        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        # several trials in flight: the constant liar scores running trials as bad ones, so parallel asks spread
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed, constant_liar=parallel > 1),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
         # scrambled, so that the seed chooses the sequence (an unscrambled Sobol sequence is the same for all)
         "qmc": lambda: optuna.samplers.QMCSampler(seed=seed, scramble=True),
@@ -69,6 +77,7 @@ class OptunaOptions(NoOptions):
     sampler: str = "tpe"  # checked against the samplers below, with the closest name suggested
     warm_start: str = "none"  # "model": the model's top points first ([search] warm_start sets it)
     ordinal: list[str] = []  # knobs to hand the sampler as ordered integers (the study fills it in)
+    parallel: int = 1  # trials in flight at once (the study fills it in from --parallel)
 
 
 class OptunaAgent(Agent):
@@ -80,11 +89,11 @@ class OptunaAgent(Agent):
     WARM_START_POINTS = 5
 
     def __init__(self, action_space, *, sampler: str = "tpe", warm_start: str = "none", ordinal=(),
-                 forecast=None, **kw):
+                 forecast=None, parallel: int = 1, **kw):
         super().__init__(action_space, **kw)
         if warm_start not in ("none", "model"):
             raise UserError(f"unknown warm start {warm_start!r}; use none or model", field="search.warm_start")
-        makers = _samplers(self.seed)
+        makers = _samplers(self.seed, parallel)
         if sampler not in makers:
             raise UserError(f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",
                             field="search.sampler")
@@ -119,7 +128,7 @@ class OptunaAgent(Agent):
         self._rng = np.random.default_rng(self.seed)
 
     def propose(self) -> Action | None:
-        if len(self.outcomes) >= self._total:
+        if len(self.outcomes) + len(self._pending) >= self._total:
             return None
         for _ in range(self.MAX_REPEATS):
             with warnings.catch_warnings():
@@ -129,6 +138,9 @@ class OptunaAgent(Agent):
             key = self.key(action)
             if key in self.outcomes:  # already measured: tell the known outcome, ask again
                 self._tell(trial, *self.outcomes[key])
+                continue
+            if key in self._pending:  # in flight (parallel trials): never twice; FAIL is ignored by samplers
+                self.study.tell(trial, state=TrialState.FAIL)
                 continue
             self._pending[key] = trial
             return action
@@ -140,7 +152,7 @@ class OptunaAgent(Agent):
                     self._pending[key] = None
                     return self.to_action(key)
             return None
-        untried = [k for k in self.all_keys() if k not in self.outcomes]
+        untried = [k for k in self.all_keys() if k not in self.outcomes and k not in self._pending]
         if not untried:
             return None
         key = untried[int(self._rng.integers(len(untried)))]
