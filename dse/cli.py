@@ -83,6 +83,8 @@ def run_cmd(
                                           "each in --out/<system>, same GPU count, then `dse compare`"),
     warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="a finished study: its best points that "
                                               "are valid here run first and seed the agent"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", min=1, max=1024,
+                                           help="trials in flight at once (default: the space's [search] parallel, 1)"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     if systems is not None:
@@ -112,10 +114,18 @@ def run_cmd(
         progress.update(task, completed=done, total=budget,
                         best=f"best {space.objective.metric}: {abs(best['reward']):.4g}" if best["reward"] is not None else "")
 
+    from dse.study import Interrupted
+
     try:
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
                            backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
-                           seeds=seeds, default_out=out is None)
+                           seeds=seeds, default_out=out is None, parallel=parallel)
+    except Interrupted as e:
+        progress.stop()
+        err_console.print(f"interrupted: {e.saved} trials saved in {e.out_dir} ({e.interrupted} interrupted, run "
+                          f"again by --resume); continue with: {resume_command(out_dir)}", highlight=False,
+                          soft_wrap=True, markup=False)
+        raise typer.Exit(130) from None
     finally:
         progress.stop()
     _print_summary(result.summary, list(space.knobs), top=10, objective=space.objective.metric)
@@ -123,6 +133,18 @@ def run_cmd(
         console.print(result.stop_reason, highlight=False)
     console.print(f"{result.new_trials} new trials, {result.summary.n} in the study; "
                   f"leaderboard: {result.leaderboard}")
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command line that continues this ``dse run``: as typed, with ``--out`` and ``--resume``."""
+    import shlex
+
+    args = list(sys.argv[1:])
+    if "--out" not in args and not any(a.startswith("--out=") for a in args):
+        args += ["--out", str(out_dir)]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["dse", *args])
 
 
 def with_twin(space, twin_seed: int | None):

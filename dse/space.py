@@ -164,6 +164,7 @@ class Search(_Strict):
     warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
     trials: int | None = Field(None, ge=1, le=10_000_000)
     seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and Optuna's seeds are unsigned 32-bit
+    parallel: int = Field(1, ge=1, le=1024, description="trials in flight at once (dse run --parallel)")
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
 
 

@@ -11,9 +11,10 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ from dse.counting import count_valid
 from dse.best import write_best
 from dse.errors import InfrastructureError, UserError, did_you_mean, infrastructure
 from dse.forecast import model_forecaster
+from dse.execute import parse_context
 from dse.leaderboard import Summary, frame, write_csv
+from dse.parallel import Pool
+from dse.parse import parse_log
 from dse.space import WALK_LIMIT, Space
 from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord, check_url, sqlite_path
 from dse.store import exists as study_exists
@@ -120,12 +124,14 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
     return options
 
 
-def space_options(space: Space, agent: str, options: dict[str, Any], registry) -> dict[str, Any]:
+def space_options(space: Space, agent: str, options: dict[str, Any], registry, *, parallel: int = 1) -> dict[str, Any]:
     """``options`` plus what the study derives from the space for an agent that declares it: the ordinal knobs,
-    and the warm start (``[search] warm_start`` unless ``[search.options]`` sets it). Not recorded in
-    ``dse.json`` (the space file says it)."""
+    the warm start (``[search] warm_start`` unless ``[search.options]`` sets it) and the trials in flight at
+    once (``parallel``). Not recorded in ``dse.json`` (the space file and the command line say them)."""
     fields = agent_class(agent, registry).Options.model_fields
     derived: dict[str, Any] = {}
+    if "parallel" in fields:
+        derived["parallel"] = parallel
     if "ordinal" in fields:
         derived["ordinal"] = ordinal_knobs(space)
     if "warm_start" in fields:
@@ -163,6 +169,31 @@ class StudyResult:
         return self._records
 
 
+class Interrupted(KeyboardInterrupt):
+    """A study stopped by Ctrl-C, after what it had was written: ``saved`` trials in the store, ``interrupted``
+    of them stopped mid-run (``--resume`` runs those again)."""
+
+    def __init__(self, out_dir: Path, saved: int, interrupted: int):
+        super().__init__(f"{saved} trials saved in {out_dir} ({interrupted} interrupted)")
+        self.out_dir, self.saved, self.interrupted = out_dir, saved, interrupted
+
+
+def _saved(out: Path) -> tuple[int, int]:
+    """Trials in the study of ``out``, and how many of them are interrupted (0, 0 when none can be read)."""
+    try:
+        store, _ = open_store(out)
+    except (UserError, InfrastructureError, OSError, SQLAlchemyError):
+        return 0, 0
+    saved = interrupted = 0
+    try:
+        for r in store.iter_records():  # streamed: a large study is never held whole
+            saved += 1
+            interrupted += r.interrupted
+    finally:
+        store.close()
+    return saved, interrupted
+
+
 def read_meta(out_dir: Path) -> dict[str, Any]:
     path = Path(out_dir) / META
     try:
@@ -194,14 +225,26 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
               trials: int | None = None, seed: int | None = None, backend: str | None = None,
               resume: bool = False, storage: str | None = None, rebuild: bool = False,
               on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
-              seeds: Sequence[dict[str, Any]] = (), default_out: bool = False) -> StudyResult:
+              seeds: Sequence[dict[str, Any]] = (), default_out: bool = False,
+              parallel: int | None = None) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports progress (total: the budget, or for a grid without one the
     number of valid points; None when unknown). ``rebuild`` (with ``resume``): when the storage holds no
     study although run directories say trials ran, start it anew instead of refusing. ``seeds`` are points
     (knob values) run first, before the agent proposes, and shown to it as its own outcomes (warm start); a
     seed the study already ran is skipped, so a resumed study does not run them again. ``default_out``: the
-    user gave no ``--out`` (``out_dir`` is the default), so an error names the default, not the flag."""
+    user gave no ``--out`` (``out_dir`` is the default), so an error names the default, not the flag.
+    ``parallel``: trials in flight at once (``--parallel``, default ``[search] parallel``; see
+    :mod:`dse.parallel`): results are recorded as they finish, in any order, each under the number it was
+    given at its launch.
+
+    A Ctrl-C stops every running trial (each backend's own way: ``scancel``, the process group) and raises
+    :class:`Interrupted` (a ``KeyboardInterrupt``) once the store and the leaderboard are written: the trials
+    it stopped are recorded ``failed``/``interrupted``, and ``--resume`` runs them again in place (a Slurm job
+    that had COMPLETED is parsed as it finished instead)."""
     out = Path(out_dir)
+    parallel = space.search.parallel if parallel is None else parallel
+    if parallel < 1:
+        raise UserError(f"{parallel} trials at once; --parallel is at least 1", field="--parallel")
     agent = agent or space.search.agent
     seed = space.search.seed if seed is None else seed
     backend_name = backend or space.backend.kind
@@ -210,7 +253,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     # anything is written.
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     options = agent_settings(space, agent, sampler, registry)
-    make_agent(agent, registry, probe, seed=seed, **space_options(space, agent, options, registry))
+    make_agent(agent, registry, probe, seed=seed, **space_options(space, agent, options, registry, parallel=parallel))
     make_backend(backend_name, space, seed)
     if out.exists() and (out / META).exists() and not resume:
         if default_out:  # the user gave no --out: name the default, never a flag they did not pass
@@ -240,7 +283,9 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
         raise UserError("is in use by another dse run", file=str(out), field="--out") from None
     try:
         return _run_locked(space, out, agent, options, trials, seed, backend_name, resume, storage, registry,
-                           on_trial, rebuild, seeds)
+                           on_trial, rebuild, seeds, parallel)
+    except KeyboardInterrupt:
+        raise Interrupted(out, *_saved(out)) from None
     except UserError:
         if created and not (out / META).exists():  # refused before the study started: leave nothing behind
             shutil.rmtree(out, ignore_errors=True)
@@ -251,7 +296,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
 
 
 def _run_locked(space, out, agent_name, options, trials, seed, backend_name, resume, storage, registry, on_trial,
-                rebuild=False, seeds=()):
+                rebuild=False, seeds=(), parallel=1):
     if resume:
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != {k: list(v) for k, v in space.knobs.items()}:
@@ -283,21 +328,27 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             store.close()
             raise _io_error(e, f"cannot write {out / META}") from None
     be = make_backend(backend_name, space, seed)
+    current = threading.local()  # the number of the trial this thread runs (its run directory)
     best: list[float | None] = [None]  # the best metric measured in this study (resumed trials too), for pruning
-    env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, store.next_number()), best=lambda: best[0])
+    env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, current.number), best=lambda: best[0])
     env.reset(seed=seed)
     agent = make_agent(agent_name, registry, env.action_space, seed=seed, action_mask=env.action_mask,
-                       forecast=model_forecaster(space), **space_options(space, agent_name, options, registry))
+                       forecast=model_forecaster(space),
+                       **space_options(space, agent_name, options, registry, parallel=parallel))
     # Resume: the stored trials replayed to the agent in one streamed pass (no list of the study's records);
     # only the knobs of the stored trials are kept, and only when seed points must be checked against them.
+    # Interrupted rows (few) are kept aside: each runs again first, under its own number and in its own run
+    # directory, and its result replaces the interrupted row (Store.replace).
     seeds = list(seeds)
     ran: list[dict[str, Any]] = []
+    interrupted: list[TrialRecord] = []
     done = 0
 
     def history():
         nonlocal done
         for r in store.iter_records():
             if r.interrupted:
+                interrupted.append(r)
                 continue
             done += r.status != "rejected"
             best[0] = better(best[0], r.metrics, space.objective, ok=r.ok)  # for pruning
@@ -306,7 +357,23 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             yield env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics
 
     agent.warm_start(history())
-    queued = [env.encode(p) for i, p in enumerate(seeds) if p not in ran and p not in seeds[:i]]
+
+    def point(knobs: dict[str, Any]) -> tuple:
+        return tuple(sorted(knobs.items()))
+
+    # An interrupted row whose point ran again later anyway (a study from a dse that appended reruns) is left
+    # as it is: rerunning it would run the point twice (a second streamed pass, only when there are such rows).
+    reruns: list[TrialRecord] = []
+    if interrupted:
+        wanted = {point(r.knobs) for r in interrupted}
+        finished = {point(r.knobs) for r in store.iter_records() if not r.interrupted and point(r.knobs) in wanted}
+        for r in interrupted:
+            if point(r.knobs) not in finished and all(r.knobs != q.knobs for q in reruns):
+                reruns.append(r)
+    rerun_points = [r.knobs for r in reruns]
+    queued: list[tuple[int | None, dict[str, int]]] = [(r.number, env.encode(r.knobs)) for r in reruns]
+    queued += [(None, env.encode(p)) for i, p in enumerate(seeds)
+               if p not in ran and p not in rerun_points and p not in seeds[:i]]
     # --trials wins; the space's [search].trials belongs to the space's own agent; otherwise no budget:
     # the agent runs until it has nothing left (grid: every valid point once).
     budget = trials if trials is not None else (space.search.trials if agent_name == space.search.agent else None)
@@ -316,33 +383,136 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
     new = 0
     stop_reason = None
-    try:
-        while budget is None or done < budget:
-            action = queued.pop(0) if queued else agent.propose()
-            if action is None:
-                stop_reason = agent.stop_reason
-                break
-            number = store.next_number()
-            try:
-                _, reward, _, _, info = env.step(action)
-            except KeyboardInterrupt:
-                # recorded as interrupted (not a result): --resume runs the point again
-                trial = env.trial(action)
-                store.record(TrialRecord(number=number, knobs=trial.varied_values(), status="failed",
-                                         reward=space.objective.failed_reward, reason=INTERRUPTED,
-                                         run_dir=stored_run_dir(number), gpu=trial.system.gpu,
-                                         num_gpus=trial.num_gpus))
-                raise
-            rec = record_of(number, info, reward, out)
+    pool = Pool(parallel) if parallel > 1 else None
+    in_flight: dict[int, dict[str, int]] = {}  # number -> action, while its trial runs in the pool
+
+    def placeholder(number: int, action: dict[str, int]) -> TrialRecord:
+        """The row of a launched trial until its result replaces it: interrupted (what a Ctrl-C or a killed
+        dse leaves, and what --resume runs again)."""
+        trial = env.trial(action)
+        return TrialRecord(number=number, knobs=trial.varied_values(), status="failed",
+                           reward=space.objective.failed_reward, reason=INTERRUPTED,
+                           run_dir=stored_run_dir(number), gpu=trial.system.gpu, num_gpus=trial.num_gpus)
+
+    def finish(number: int, action, reward: float, info: dict[str, Any], *, over: bool, check: bool = True):
+        """Record a result (``over``: in place of the trial's stored row) and show it to the agent."""
+        nonlocal done, new
+        rec = record_of(number, info, reward, out)
+        if over:
+            store.replace(rec)
+        else:
             store.record(rec)
-            best[0] = better(best[0], rec.metrics, space.objective, ok=rec.ok)
-            agent.observe(action, reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"])
-            done += info["status"] != "rejected"
-            new += 1
-            if on_trial:
-                on_trial(rec, done, total)
-            if (why := be.stop_reason()) is not None:  # e.g. sbatch refusing every job the same way
-                raise UserError(why, file=space.source or None, field=f"system {space.system.name}")
+        best[0] = better(best[0], rec.metrics, space.objective, ok=rec.ok)
+        agent.observe(action, reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"])
+        done += info["status"] != "rejected"
+        new += 1
+        if on_trial:
+            on_trial(rec, done, total)
+        if check and (why := be.stop_reason()) is not None:  # e.g. sbatch refusing every job the same way
+            raise UserError(why, file=space.source or None, field=f"system {space.system.name}")
+
+    def finished_anyway(number: int, action) -> tuple | None:
+        """After a Ctrl-C: the step result of a trial whose run had in fact ended by itself (a Slurm job that
+        COMPLETED), parsed as it finished; None when it was interrupted."""
+        trial = env.trial(action)
+        run_dir = trial_dir(out, number)
+        result = be.finished_after_interrupt(trial, run_dir)
+        if result is None or not Path(result.log_path).exists():
+            return None
+        metrics = parse_log(Path(result.log_path), exit_code=result.exit_code,
+                            scheduler_state=result.scheduler_state, context=parse_context(trial, space.backend))
+        return env.outcome(action, replace(metrics, wall_s=result.wall_s), trial=trial)
+
+    def run_here(number: int, action, rerun: bool) -> None:
+        """One trial in this thread (``--parallel 1``, and points rejected without a launch)."""
+        current.number = number
+        try:
+            _, reward, _, _, info = env.step(action)
+        except KeyboardInterrupt:
+            got = finished_anyway(number, action)
+            if got is not None:
+                finish(number, action, got[1], got[4], over=rerun, check=False)
+            elif not rerun:  # recorded as interrupted (not a result): --resume runs the point again
+                store.record(placeholder(number, action))
+            raise
+        finish(number, action, reward, info, over=rerun)
+
+    def launch(number: int | None, action) -> None:
+        """One trial into the pool: its number is taken now (an interrupted row until its result comes)."""
+        if number is None:
+            if env.rejection(action) is not None:  # never launched: recorded at once
+                run_here(store.next_number(), action, False)
+                return
+            number = store.next_number()
+            store.record(placeholder(number, action))
+            store.flush()  # in the storage before the run starts: a killed dse leaves it interrupted
+
+        def work(number=number, action=action):
+            current.number = number
+            return env.step(action)
+
+        in_flight[number] = action
+        pool.submit(number, work)
+
+    def collect(results, *, check: bool = True) -> None:
+        """Record finished pool jobs; an error or a Ctrl-C that one of them raised is raised once all are."""
+        raised: BaseException | None = None
+        for d in results:
+            action = in_flight.pop(d.key)
+            if d.error is not None:
+                raised = raised or d.error
+                continue
+            if d.interrupted:
+                raised = raised or KeyboardInterrupt()
+                got = finished_anyway(d.key, action)
+                if got is None:
+                    continue  # its placeholder stays: interrupted
+                d.value = got
+            _, reward, _, _, info = d.value
+            finish(d.key, action, reward, info, over=True, check=check)
+        if raised is not None and check:
+            raise raised
+
+    try:
+        try:
+            seeding = bool(queued)  # reruns and seeds first, all of them ended before the agent proposes
+            idle = False  # the agent had nothing to propose while trials ran: ask again after the next result
+            while True:
+                while (pool is None or pool.free > 0) and (budget is None or done + len(in_flight) < budget):
+                    if queued:
+                        number, action = queued.pop(0)
+                    elif seeding and in_flight:
+                        break
+                    else:
+                        seeding = False
+                        if idle:
+                            break
+                        action, number = agent.propose(), None
+                        if action is None:
+                            if in_flight:
+                                idle = True
+                            else:
+                                stop_reason = agent.stop_reason
+                            break
+                    if pool is None:
+                        run_here(store.next_number() if number is None else number, action, number is not None)
+                    else:
+                        launch(number, action)
+                if not in_flight:
+                    break
+                collect(pool.wait())
+                idle = False
+        except BaseException:
+            # Ctrl-C, or an error: every trial still running is stopped (its backend's Ctrl-C path: scancel,
+            # the process group killed) and recorded as it ended, interrupted unless it had finished
+            if pool is not None and in_flight:
+                left = pool.cancel()
+                for d in left:
+                    try:
+                        collect([d], check=False)
+                    except Exception:  # the first error is the one reported
+                        pass
+            raise
     except InfrastructureError:
         # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again);
         # what finished before it is kept if the store still can be written, and nothing else is attempted

@@ -125,10 +125,17 @@ class RecipeEnv(gym.Env):
             metrics = run_trial(trial, run_dir, self.backend, self.space.backend, seed=self._seed,
                                 objective=self.space.objective, best=self.best)
             self._best = better(self._best, metrics, self.space.objective)
+        return self.outcome(action, metrics, launched=not rejected, trial=trial)
+
+    def outcome(self, action: dict[str, Any], metrics: RunMetrics, *, launched: bool = True,
+                trial: TrialConfig | None = None):
+        """``step``'s return for ``action`` given its run's ``metrics`` (also for a run parsed outside ``step``:
+        a Slurm job found finished after a Ctrl-C)."""
+        trial = trial or self.trial(action)
         r = compute_reward(metrics, self.space.objective)
         values = {k: v for k, v in metrics.to_dict().items() if k not in ("status", "reason")}
         # info holds what the action determined (deterministic, as gymnasium's checker demands): the run
         # directory is the caller's (``run_dirs``), not part of the outcome.
-        info = {"status": metrics.status, "reason": metrics.reason, "knobs": point, "metrics": values,
-                "launched": not rejected, "gpu": trial.system.gpu, "num_gpus": trial.num_gpus}
+        info = {"status": metrics.status, "reason": metrics.reason, "knobs": self.decode(action), "metrics": values,
+                "launched": launched, "gpu": trial.system.gpu, "num_gpus": trial.num_gpus}
         return self._obs(metrics.status, values), r, False, False, info

@@ -79,10 +79,16 @@ def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
     assert len(before) == 5 and before[-1].reason == "interrupted" and before[-1].status == "failed"
     assert (out / "leaderboard.csv").exists()  # written even when interrupted
     res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True)
-    done = [tuple(r.knobs.values()) for r in res.records if not r.interrupted]
-    assert len(done) == len(set(done)) == valid_count(space)  # nothing twice, nothing lost
-    assert res.records[:5] == before  # history kept as it was
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(keys) == len(set(keys)) == valid_count(space)  # nothing twice, nothing lost, no stale row
+    assert not any(r.interrupted for r in res.records)
+    assert res.records[:4] == before[:4]  # history kept as it was
+    # the interrupted trial is replaced by its rerun: same number, same point, same run directory
+    assert res.records[4].knobs == before[4].knobs and res.records[4].run_dir == before[4].run_dir
+    assert res.records[4].status == "ok"
     assert res.new_trials == valid_count(space) - 4
+    lb = pd.read_csv(out / "leaderboard.csv")
+    assert len(lb) == valid_count(space) and "interrupted" not in set(lb["reason"].dropna())
 
 
 def test_resume_with_a_budget_continues_to_it(tmp_path):

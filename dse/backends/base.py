@@ -11,6 +11,7 @@ from dse.launch import LaunchPlan
 
 if TYPE_CHECKING:
     from dse.space import Space
+    from dse.trial import TrialConfig
 
 
 class StopCheck(Protocol):
@@ -79,3 +80,9 @@ class Backend(abc.ABC):
         """Run ``plan`` with ``run_dir`` as its run directory (created by the caller, empty). With ``stop``,
         stop the run once ``stop(log)`` answers True and return ``RunResult(stopped=True)``; a backend
         that cannot stop a run early may ignore it (the trial then runs to its end)."""
+
+    def finished_after_interrupt(self, trial: "TrialConfig", run_dir: Path) -> RunResult | None:
+        """After a Ctrl-C stopped the wait for ``trial``'s run in ``run_dir``: its result when the run had in
+        fact ended by itself (a Slurm job that COMPLETED before the cancel came), to be parsed as if the wait
+        had seen it end; None (the default) when it was interrupted."""
+        return None

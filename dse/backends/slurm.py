@@ -351,6 +351,24 @@ class SlurmBackend(Backend):
         return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=end.exit_code,
                          scheduler_state=end.state, job_id=job_id, stopped=stopped)
 
+    def finished_after_interrupt(self, trial, run_dir: Path) -> RunResult | None:
+        """The job's result when ``sacct`` says it COMPLETED although a Ctrl-C stopped the wait (the cancel came
+        after its end): its log is collected as :meth:`run` would have. None for any other state."""
+        id_file = run_dir / "job_id"
+        if not id_file.is_file():
+            return None
+        job_id = id_file.read_text().strip()
+        st = query_state(job_id)
+        if st is None or st.state != "COMPLETED":
+            return None
+        job_dir = cluster_dir(run_dir, trial.system.slurm)
+        if job_dir != run_dir:
+            for name in (LOG_NAME, SBATCH_OUT):
+                if (job_dir / name).exists():
+                    shutil.copy2(job_dir / name, run_dir / name)
+        return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=st.exit_code,
+                         scheduler_state=st.state, job_id=job_id)
+
     def wait_or_stop(self, job_id: str, log: Path, stop: StopCheck, *,
                      pending_limit_s: float | None = None) -> tuple[JobState, bool]:
         """Poll until the job ends by itself (state, False), or ``stop(log)`` says so while it runs: then

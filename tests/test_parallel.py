@@ -1,0 +1,287 @@
+"""``--parallel N``: trials in flight at once, recorded as they finish, Ctrl-C, and the interrupted row replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from gymnasium import spaces
+
+from agents.guided import GuidedAgent
+from agents.optuna_agent import OptunaAgent
+from dse import study as study_mod
+from dse.backends.base import RunResult
+from dse.backends.sim import SimBackend
+from dse.space import load_space
+from tests.helpers import write_space
+from tests.test_study import valid_count
+
+
+class Slow(SimBackend):
+    """The simulated backend, taking ``delay(point)`` seconds a trial; counts how many run at once and which
+    were cancelled (reached by the Ctrl-C while running)."""
+
+    def __init__(self, delay=lambda trial: 0.05, hold: threading.Event | None = None):
+        super().__init__()
+        self.delay, self.hold = delay, hold
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+        self.cancelled: list[Path] = []
+        self.spans: list[tuple[float, float]] = []
+
+    def run(self, plan, run_dir, stop=None):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        t0 = time.monotonic()
+        try:
+            end = t0 + self.delay(plan.trial)
+            while time.monotonic() < end or (self.hold is not None and not self.hold.is_set()):
+                time.sleep(0.01)  # a backend's poll loop
+            return super().run(plan, run_dir, stop)
+        except KeyboardInterrupt:
+            with self.lock:
+                self.cancelled.append(run_dir)
+            raise
+        finally:
+            with self.lock:
+                self.now -= 1
+                self.spans.append((t0, time.monotonic()))
+
+
+def jitter(trial):
+    """Different durations per point, so that trials finish in another order than they started."""
+    return 0.02 + 0.08 * ((trial.tp * 7 + trial.pp * 3 + trial.mbs) % 5) / 4
+
+
+def by_point(records):
+    return {tuple(r.knobs.values()): (r.status, r.reward) for r in records}
+
+
+def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(tmp_path, monkeypatch):
+    space = load_space(write_space(tmp_path))
+    serial = study_mod.run_study(space, out_dir=tmp_path / "serial", agent="grid")
+    backend = Slow(jitter)
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    finished: list[int] = []
+    res = study_mod.run_study(space, out_dir=tmp_path / "par", agent="grid", parallel=3,
+                              on_trial=lambda rec, done, total: finished.append(rec.number))
+    assert backend.most == 3  # three at once, never more
+    assert finished != sorted(finished)  # recorded as they finished, not in launch order
+    assert [r.number for r in res.records] == list(range(valid_count(space)))
+    assert by_point(res.records) == by_point(serial.records)  # the same point, the same result
+    for r in res.records:  # each trial's metrics from its own run directory, under its own number
+        assert Path(r.run_dir) == study_mod.trial_dir(tmp_path / "par", r.number)
+        assert any((Path(r.run_dir) / name).exists() for name in ("log.txt", "log.txt.gz"))
+    a = pd.read_csv(serial.leaderboard).drop(columns=["trial", "run_dir"], errors="ignore")
+    b = pd.read_csv(res.leaderboard).drop(columns=["trial", "run_dir"], errors="ignore")
+    pd.testing.assert_frame_equal(a.sort_values(list(space.knobs)).reset_index(drop=True),
+                                  b.sort_values(list(space.knobs)).reset_index(drop=True))
+
+
+@pytest.mark.parametrize("agent", ["grid", "random", "optuna", "guided"])
+def test_every_agent_hands_out_distinct_points_in_parallel(tmp_path, monkeypatch, agent):
+    space = load_space(write_space(tmp_path))
+    backend = Slow(jitter)
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent=agent, trials=10, parallel=4, seed=3)
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(keys) == len(set(keys))
+    assert backend.most >= 2
+    launched = [r for r in res.records if r.status != "rejected"]
+    assert len(launched) == min(10, valid_count(space)) or (agent == "guided" and res.stop_reason)
+    assert not any(r.interrupted for r in res.records)
+
+
+def test_optuna_asks_with_the_constant_liar_only_when_parallel():
+    space = spaces.Dict({"a": spaces.Discrete(4), "b": spaces.Discrete(3)})
+    assert OptunaAgent(space, parallel=2).study.sampler._constant_liar
+    assert not OptunaAgent(space).study.sampler._constant_liar
+    agent = OptunaAgent(space, parallel=12, sampler="random", seed=1)
+    keys = {tuple(agent.propose().values()) for _ in range(12)}  # nothing observed yet: all in flight
+    assert len(keys) == 12 and agent.propose() is None
+
+
+def test_guided_batch_is_diverse_under_its_own_uncertainty():
+    space = spaces.Dict({"a": spaces.Discrete(5), "b": spaces.Discrete(5)})
+    agent = GuidedAgent(space, seed=0)
+    for a, b, r in [(0, 0, 10.0), (4, 4, 12.0), (2, 2, 11.0)]:
+        agent.observe({"a": a, "b": b}, r, True, status="ok")
+    _, sd0, _, _ = agent.scores()
+    first = agent.propose()
+    i = agent.index[agent.key(first)]
+    _, sd1, _, _ = agent.scores()
+    assert sd1[i] < sd0[i]  # believed at its mean: its uncertainty (and its neighbours') shrinks
+    shares = [j for j, k in enumerate(agent.keys) if k[0] == first["a"] and j != i]
+    assert (sd1[shares] < sd0[shares]).all()
+    batch = [first] + [agent.propose() for _ in range(3)]
+    assert len({agent.key(a) for a in batch}) == 4
+    agent.observe(first, 11.5, True, status="ok")
+    assert i not in agent.pending and agent.key(agent.propose()) not in {agent.key(a) for a in batch}
+
+
+def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, monkeypatch):
+    space = load_space(write_space(tmp_path))
+    out = tmp_path / "out"
+    backend = Slow(lambda t: 0.0, hold=threading.Event())  # held: no trial ends by itself...
+    calls = {"n": 0}
+    held = backend.run
+
+    def run(plan, run_dir, stop=None):
+        calls["n"] += 1
+        if calls["n"] == 1:  # ...but the first, whose result arrives while the three others run
+            return SimBackend.run(backend, plan, run_dir, stop)
+        return held(plan, run_dir, stop)
+
+    backend.run = run
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+
+    def on_trial(rec, done, total):
+        while backend.now < 3:  # the three other slots are running
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as e:
+        study_mod.run_study(space, out_dir=out, agent="grid", parallel=4, on_trial=on_trial)
+    assert isinstance(e.value, study_mod.Interrupted) and (e.value.saved, e.value.interrupted) == (4, 3)
+    assert len(backend.cancelled) == 3 and backend.now == 0  # each running trial got the Ctrl-C, none left
+    store, _ = study_mod.open_store(out)
+    before = store.records()
+    store.close()
+    assert [r.status for r in before][1:] == ["failed", "failed", "failed"]
+    assert [r.interrupted for r in before] == [False, True, True, True]
+    assert sorted(Path(p) for p in backend.cancelled) == [Path(r.run_dir) for r in before[1:]]
+    monkeypatch.undo()
+    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=2)
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(keys) == len(set(keys)) == valid_count(space)  # the interrupted rows were replaced
+    assert [r.knobs for r in res.records[:4]] == [r.knobs for r in before]
+    assert res.records[0] == before[0] and not any(r.interrupted for r in res.records)
+    lb = pd.read_csv(out / "leaderboard.csv")
+    assert len(lb) == valid_count(space)
+
+
+class FinishedJob(SimBackend):
+    """A backend whose job ends by itself, but whose wait is cut by a Ctrl-C (a Slurm job that COMPLETED just
+    before the cancel): the log is complete in the run directory, and the backend says so afterwards."""
+
+    def run(self, plan, run_dir, stop=None):
+        self.logs = getattr(self, "logs", {})
+        self.logs[run_dir] = super().run(plan, run_dir, stop)
+        raise KeyboardInterrupt
+
+    def finished_after_interrupt(self, trial, run_dir):
+        r = self.logs[run_dir]
+        return RunResult(run_dir=run_dir, log_path=r.log_path, exit_code=r.exit_code, scheduler_state="COMPLETED",
+                         wall_s=12.0)
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_job_that_completed_before_the_ctrl_c_is_parsed_as_it_finished(tmp_path, monkeypatch, parallel):
+    space = load_space(write_space(tmp_path))
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: FinishedJob())
+    with pytest.raises(KeyboardInterrupt):
+        study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", parallel=parallel)
+    store, _ = study_mod.open_store(tmp_path / "out")
+    recs = store.records()
+    store.close()
+    assert recs and not any(r.interrupted for r in recs)
+    monkeypatch.undo()
+    plain = by_point(study_mod.run_study(space, out_dir=tmp_path / "plain", agent="grid").records)
+    for r in recs:  # the same outcome as the run that was not interrupted
+        assert (r.status, r.reward) == plain[tuple(r.knobs.values())] and r.metrics["wall_s"] == 12.0
+
+
+def test_parallel_is_a_search_setting_and_at_least_one(tmp_path, monkeypatch):
+    text = write_space(tmp_path).read_text().replace('agent = "grid"', 'agent = "grid"\nparallel = 2')
+    space = load_space(write_space(tmp_path, text, "p.toml"))
+    assert space.search.parallel == 2
+    backend = Slow(jitter)
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    study_mod.run_study(space, out_dir=tmp_path / "out", trials=4)
+    assert backend.most == 2
+    from dse.errors import UserError
+
+    with pytest.raises(UserError, match="parallel"):
+        load_space(write_space(tmp_path, text.replace("parallel = 2", "parallel = 0"), "q.toml"))
+
+
+# ---------------------------------------------------------------------- a real dse process and Ctrl-C
+LOCAL_SPACE = """
+name = "local_par"
+recipe = "llama3_8b"
+system = { gpu = "h100", gpus_per_node = 2, slurm = { use_container = false } }
+num_nodes = 1
+
+[settings]
+seq_length = 1024
+gbs = 8
+max_steps = 100
+cp = 1
+vp = 1
+pp = 1
+recompute = "full"
+"env.DSE_SIM_STEP_S" = "0.05"
+
+[knobs]
+tp = [1, 2]
+mbs = [1, 2]
+
+[backend]
+kind = "local"
+payload = "sim"
+
+[search]
+agent = "grid"
+"""
+
+
+def _alive(pattern: str) -> list[str]:
+    r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return r.stdout.split()
+
+
+def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resume_command(tmp_path):
+    space = write_space(tmp_path, LOCAL_SPACE)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out), "--parallel", "2"]
+    # its own process group, as a terminal gives a job: Ctrl-C is SIGINT to the whole group
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # both trials running: their logs are growing
+        logs = list(out.glob("trials/*/log.txt"))
+        if len(logs) == 2 and all(p.stat().st_size > 0 for p in logs):
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("the two trials did not start")
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and "━" not in ln]
+    assert len(lines) == 1, stderr
+    assert "2 trials saved" in lines[0] and "2 interrupted" in lines[0]
+    assert f"--out {out}" in lines[0] and lines[0].endswith("--resume")
+    assert "Traceback" not in stderr
+    assert not _alive(str(out / "trials"))  # no trial outlives dse
+    resume = lines[0].split("continue with: ", 1)[1]
+    assert resume.startswith("dse run ")
+    r = subprocess.run([sys.executable, "-m", "dse", *resume.split()[1:]], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    store, _ = study_mod.open_store(out)
+    recs = store.records()
+    store.close()
+    assert len(recs) == 4 and not any(r.interrupted for r in recs)
+    assert len({tuple(r.knobs.values()) for r in recs}) == 4
