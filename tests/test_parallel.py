@@ -254,9 +254,11 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     cmd = [sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out), "--parallel", "2"]
-    # its own process group, as a terminal gives a job: Ctrl-C is SIGINT to the whole group
+    # its own process group, as a terminal gives a job: Ctrl-C is SIGINT to the whole group. SIGINT at its
+    # default, whatever this pytest inherited (a background job of a non-interactive shell ignores it).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # both trials running: their logs are growing
         logs = list(out.glob("trials/*/log.txt"))
