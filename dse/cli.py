@@ -85,6 +85,8 @@ def run_cmd(
                                               "are valid here run first and seed the agent"),
     parallel: Optional[int] = typer.Option(None, "--parallel", min=1, max=1024,
                                            help="trials in flight at once (default: the space's [search] parallel, 1)"),
+    worker: bool = typer.Option(False, "--worker", help="one of several dse run processes on this study (same --out "
+                                "or --storage): each point is claimed in the storage before it runs"),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     if systems is not None:
@@ -119,7 +121,7 @@ def run_cmd(
     try:
         result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
                            backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
-                           seeds=seeds, default_out=out is None, parallel=parallel)
+                           seeds=seeds, default_out=out is None, parallel=parallel, worker=worker)
     except Interrupted as e:
         progress.stop()
         err_console.print(f"interrupted: {e.saved} trials saved in {e.out_dir} ({e.interrupted} interrupted, run "

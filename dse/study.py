@@ -7,11 +7,13 @@ keeps a second ``dse run`` out of a directory in use.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +29,7 @@ from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
 from dse.counting import count_valid
 from dse.best import write_best
+from dse.claims import LEASE_S, Claims, add_trial
 from dse.errors import InfrastructureError, UserError, did_you_mean, infrastructure
 from dse.forecast import model_forecaster
 from dse.execute import parse_context
@@ -226,7 +229,7 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
               resume: bool = False, storage: str | None = None, rebuild: bool = False,
               on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
               seeds: Sequence[dict[str, Any]] = (), default_out: bool = False,
-              parallel: int | None = None) -> StudyResult:
+              parallel: int | None = None, worker: bool = False, lease_s: float = LEASE_S) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports progress (total: the budget, or for a grid without one the
     number of valid points; None when unknown). ``rebuild`` (with ``resume``): when the storage holds no
     study although run directories say trials ran, start it anew instead of refusing. ``seeds`` are points
@@ -240,7 +243,14 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     A Ctrl-C stops every running trial (each backend's own way: ``scancel``, the process group) and raises
     :class:`Interrupted` (a ``KeyboardInterrupt``) once the store and the leaderboard are written: the trials
     it stopped are recorded ``failed``/``interrupted``, and ``--resume`` runs them again in place (a Slurm job
-    that had COMPLETED is parsed as it finished instead)."""
+    that had COMPLETED is parsed as it finished instead).
+
+    ``worker``: one of several processes on the same study (same ``out_dir``, or the same ``storage``): the
+    directory is shared instead of locked, each point is claimed in the storage before it runs
+    (:mod:`dse.claims`; a dead worker's claims expire after ``lease_s``), trial numbers come from the
+    storage, and each worker's agent is shown the others' results as they come. A worker starts the study
+    when there is none yet, and joins it otherwise (``--resume`` is implied). ``trials`` is the study's
+    budget; the workers may overshoot it by the trials the others have in flight."""
     out = Path(out_dir)
     parallel = space.search.parallel if parallel is None else parallel
     if parallel < 1:
@@ -255,6 +265,8 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     options = agent_settings(space, agent, sampler, registry)
     make_agent(agent, registry, probe, seed=seed, **space_options(space, agent, options, registry, parallel=parallel))
     make_backend(backend_name, space, seed)
+    if worker and (out / META).exists():
+        resume = True  # a worker joins the study there
     if out.exists() and (out / META).exists() and not resume:
         if default_out:  # the user gave no --out: name the default, never a flag they did not pass
             raise UserError("(the default output directory, runs/<space name>) already holds a study; pass "
@@ -270,20 +282,32 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
     check_path(out.absolute(), field="--out")
     if storage is not None:
         storage = absolute_storage(storage)
-    created = not out.exists()
+    created = not out.exists() and not worker  # a worker never removes what another one may be starting
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "w")
     except OSError as e:
         raise UserError(f"cannot write there: {e.strerror or e}", file=str(out), field="--out") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:  # workers share the directory; a plain dse run has it to itself
+        fcntl.flock(lock, (fcntl.LOCK_SH if worker else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise UserError("is in use by another dse run", file=str(out), field="--out") from None
+        raise UserError("is in use by another dse run" + ("" if worker else " (several processes on one study: "
+                        "--worker each)"), file=str(out), field="--out") from None
+    starting = None
+    if worker:  # one worker at a time sets the study up (the first creates it, the others join it)
+        starting = open(out / ".start.lock", "w")
+        fcntl.flock(starting, fcntl.LOCK_EX)
+        resume = resume or (out / META).exists()
+
+    def ready() -> None:
+        if starting is not None and not starting.closed:
+            fcntl.flock(starting, fcntl.LOCK_UN)
+            starting.close()
+
     try:
         return _run_locked(space, out, agent, options, trials, seed, backend_name, resume, storage, registry,
-                           on_trial, rebuild, seeds, parallel)
+                           on_trial, rebuild, seeds, parallel, worker, lease_s, ready)
     except KeyboardInterrupt:
         raise Interrupted(out, *_saved(out)) from None
     except UserError:
@@ -291,12 +315,13 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
+        ready()
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
 
 
 def _run_locked(space, out, agent_name, options, trials, seed, backend_name, resume, storage, registry, on_trial,
-                rebuild=False, seeds=(), parallel=1):
+                rebuild=False, seeds=(), parallel=1, worker=False, lease_s=LEASE_S, ready=lambda: None):
     if resume:
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != {k: list(v) for k, v in space.knobs.items()}:
@@ -318,7 +343,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                 "system": space.system.name, "gpu": space.system.gpu, "num_nodes": space.num_nodes,
                 "gpus_per_node": space.system.gpus_per_node, "price_per_gpu_hour": space.system.price_per_gpu_hour,
                 "agent": agent_name, "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend_name}
-    store = Store(url, meta["study_name"], meta["knobs"], resume=resume, base=out)
+    store = _open(url, meta, resume, worker, out)
     if not resume:
         tmp = out / f".{META}.tmp"
         try:
@@ -327,6 +352,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
         except OSError as e:
             store.close()
             raise _io_error(e, f"cannot write {out / META}") from None
+    ready()  # the study is there: other workers may join
     be = make_backend(backend_name, space, seed)
     current = threading.local()  # the number of the trial this thread runs (its run directory)
     best: list[float | None] = [None]  # the best metric measured in this study (resumed trials too), for pruning
@@ -342,6 +368,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     seeds = list(seeds)
     ran: list[dict[str, Any]] = []
     interrupted: list[TrialRecord] = []
+    known: set[int] = set()  # --worker: the trials the agent has been shown (the others' are shown as they come)
     done = 0
 
     def history():
@@ -350,6 +377,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             if r.interrupted:
                 interrupted.append(r)
                 continue
+            if worker:
+                known.add(r.number)
             done += r.status != "rejected"
             best[0] = better(best[0], r.metrics, space.objective, ok=r.ok)  # for pruning
             if seeds:
@@ -383,7 +412,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
     new = 0
     stop_reason = None
-    pool = Pool(parallel) if parallel > 1 else None
+    claims = Claims(store, lease_s=lease_s) if worker else None
+    pool = Pool(parallel) if parallel > 1 or claims is not None else None
     in_flight: dict[int, dict[str, int]] = {}  # number -> action, while its trial runs in the pool
 
     def placeholder(number: int, action: dict[str, int]) -> TrialRecord:
@@ -403,6 +433,9 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
         else:
             store.record(rec)
         best[0] = better(best[0], rec.metrics, space.objective, ok=rec.ok)
+        if claims is not None:
+            claims.done(info["knobs"])
+            known.add(number)
         agent.observe(action, reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"])
         done += info["status"] != "rejected"
         new += 1
@@ -437,12 +470,23 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             raise
         finish(number, action, reward, info, over=rerun)
 
-    def launch(number: int | None, action) -> None:
-        """One trial into the pool: its number is taken now (an interrupted row until its result comes)."""
-        if number is None:
+    def launch(number: int | None, action) -> bool:
+        """One trial into the pool: its number is taken now (an interrupted row until its result comes).
+        With ``--worker`` the point is claimed first; False when another worker has it (or had it)."""
+        if claims is not None:
+            point = env.decode(action)
+            if not claims.claim(point):
+                return False
+            if number is None:
+                number = add_trial(store, placeholder(0, action))  # numbered by the storage
+            claims.numbered(point, number)
+            if env.rejection(action) is not None:
+                run_here(number, action, True)
+                return True
+        elif number is None:
             if env.rejection(action) is not None:  # never launched: recorded at once
                 run_here(store.next_number(), action, False)
-                return
+                return True
             number = store.next_number()
             store.record(placeholder(number, action))
             store.flush()  # in the storage before the run starts: a killed dse leaves it interrupted
@@ -453,6 +497,22 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
 
         in_flight[number] = action
         pool.submit(number, work)
+        return True
+
+    synced = [time.monotonic()]
+
+    def sync(force: bool = False) -> None:
+        """``--worker``: show the agent what the other workers finished since (at most once a second)."""
+        nonlocal done
+        if claims is None or (not force and time.monotonic() - synced[0] < 1.0):
+            return
+        synced[0] = time.monotonic()
+        for r in store.iter_records():
+            if r.number in known or r.interrupted:
+                continue
+            known.add(r.number)
+            agent.observe(env.encode(r.knobs), r.reward, r.ok, status=r.status, metrics=r.metrics)
+            done += r.status != "rejected"
 
     def collect(results, *, check: bool = True) -> None:
         """Record finished pool jobs; an error or a Ctrl-C that one of them raised is raised once all are."""
@@ -487,6 +547,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                         seeding = False
                         if idle:
                             break
+                        sync()
                         action, number = agent.propose(), None
                         if action is None:
                             if in_flight:
@@ -496,8 +557,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                             break
                     if pool is None:
                         run_here(store.next_number() if number is None else number, action, number is not None)
-                    else:
-                        launch(number, action)
+                    elif not launch(number, action):
+                        sync(force=True)  # another worker has the point: learn what the others found
                 if not in_flight:
                     break
                 collect(pool.wait())
@@ -513,6 +574,9 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                     except Exception:  # the first error is the one reported
                         pass
             raise
+        finally:
+            if claims is not None:
+                claims.close()  # what it still holds (interrupted trials) is free for --resume at once
     except InfrastructureError:
         # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again);
         # what finished before it is kept if the store still can be written, and nothing else is attempted
@@ -523,19 +587,49 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
         raise
     finally:
         if not store.closed:
-            store.flush()
-            summary = Summary(SUMMARY_ROWS)
-            try:  # one streamed pass: the leaderboard's table and the summary (top rows, counts, the best)
-                df = frame(summary.feed(store.iter_records()), list(space.knobs), batch=READ_BATCH)
-            finally:
-                store.close()
-            lb = _write_leaderboard(df, out)
-            del df
+            with _serialized(out, worker):  # workers: the last to read the store is the last to write
+                store.flush()
+                summary = Summary(SUMMARY_ROWS)
+                try:  # one streamed pass: the leaderboard's table and the summary (top rows, counts, the best)
+                    df = frame(summary.feed(store.iter_records()), list(space.knobs), batch=READ_BATCH)
+                finally:
+                    store.close()
+                lb = _write_leaderboard(df, out)
+                del df
     try:
         write_best(space, [summary.best] if summary.best else [], out)  # only when the loop ended normally
     except OSError as e:
         raise _io_error(e, f"cannot write {out / 'best'}") from None
     return StudyResult(out, None, new, lb, stop_reason, summary=summary, _source=(url, meta["study_name"], meta["knobs"]))
+
+
+def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path) -> Store:
+    """The study's store. Workers starting at once on an empty database race to create Optuna's tables (on
+    PostgreSQL the loser fails: "type ... already exists"); a worker tries again a few times, by which time
+    the winner has made them."""
+    for attempt in range(6):
+        try:
+            return Store(url, meta["study_name"], meta["knobs"], resume=resume or worker, base=out)
+        except UserError:
+            if not worker or attempt == 5:
+                raise
+            time.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _serialized(out: Path, worker: bool):
+    """With ``worker``: one worker at a time reads the store and writes the leaderboard (a lock file), so a
+    worker that read the store earlier never overwrites the leaderboard of one that read it later."""
+    if not worker:
+        yield
+        return
+    with open(out / ".leaderboard.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _io_error(e: OSError, what: str) -> InfrastructureError:
