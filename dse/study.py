@@ -501,10 +501,10 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
 
     synced = [time.monotonic()]
 
-    def sync(force: bool = False) -> None:
+    def sync() -> None:
         """``--worker``: show the agent what the other workers finished since (at most once a second)."""
         nonlocal done
-        if claims is None or (not force and time.monotonic() - synced[0] < 1.0):
+        if claims is None or time.monotonic() - synced[0] < 1.0:
             return
         synced[0] = time.monotonic()
         for r in store.iter_records():
@@ -558,7 +558,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                     if pool is None:
                         run_here(store.next_number() if number is None else number, action, number is not None)
                     elif not launch(number, action):
-                        sync(force=True)  # another worker has the point: learn what the others found
+                        sync()  # another worker has the point: learn what the others found (once a second)
                 if not in_flight:
                     break
                 collect(pool.wait())

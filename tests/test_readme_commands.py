@@ -23,6 +23,8 @@ NOT_RUN = {
     "dse calibrate runs/my_study": "a placeholder: the user's own study directory",
     "dse dry-run --space my_space.toml": "a placeholder: the user's own space file",
     "dse run --space my_space.toml": "a placeholder: the user's own space file, on their cluster",
+    "dse run --space conf/spaces/llama3_70b_2node_space.toml --out runs/w1 --storage postgresql":
+        "needs a PostgreSQL server (.ci/postgres/up.sh); tests/test_workers.py runs workers on one",
     "dse run --space tests/data/spaces/llama3_70b_16l_local_slurm.toml --backend slurm":
         "needs the local Slurm cluster (.ci/slurm/up.sh); tests/test_slurm_backend.py runs this space",
 }
