@@ -90,9 +90,12 @@ def run_cmd(
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     if systems is not None:
+        if worker:
+            raise UserError("--worker shares one study between processes; --systems runs one study per system",
+                            field="--worker")
         return _run_systems(space_file, systems, gpu=gpu, agent=agent, sampler=sampler, trials=trials, seed=seed,
                             backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed,
-                            rebuild=rebuild, warm_start=warm_start)
+                            rebuild=rebuild, warm_start=warm_start, parallel=parallel)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dse.study import run_study

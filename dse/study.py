@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import optuna
 from gymnasium import spaces
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -412,6 +413,10 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
     new = 0
     stop_reason = None
+    if (parallel > 1 or worker) and not isinstance(store.storage, optuna.storages.RDBStorage):
+        store.close()  # a journal file cannot have a row rewritten: a trial's result would sit beside its placeholder
+        raise UserError("--parallel and --worker need an SQL storage (sqlite:///..., postgresql+psycopg://...), "
+                        "not a journal file", field="--storage")
     claims = Claims(store, lease_s=lease_s) if worker else None
     pool = Pool(parallel) if parallel > 1 or claims is not None else None
     in_flight: dict[int, dict[str, int]] = {}  # number -> action, while its trial runs in the pool

@@ -215,3 +215,18 @@ def test_workers_on_one_postgresql_study_never_run_a_point_twice(tmp_path, refer
     check_workers(records, ref, list(space.knobs), valid_count(space))
     ran = [len(list((tmp_path / f"w{i}" / "trials").iterdir())) for i in range(workers)]
     assert sum(ran) == valid_count(space) and sum(n > 0 for n in ran) >= 2  # the work was shared
+
+
+def test_a_claim_is_renewed_while_its_worker_lives(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 's.db'}", "s", {"tp": [1, 2]})
+    alive, other = Claims(store, lease_s=0.3), Claims(store, lease_s=0.3)
+    assert alive.claim({"tp": 1})
+    time.sleep(1.0)  # three leases: the heartbeat (a thread of its own) kept it
+    assert not other.claim({"tp": 1})
+    alive._stop.set()  # the heartbeat stops, as when the worker dies
+    alive._beat.join()
+    time.sleep(0.5)
+    assert other.claim({"tp": 1})
+    alive.engine.dispose()
+    other.close()
+    store.close()
