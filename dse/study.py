@@ -2,7 +2,8 @@
 
 An output directory holds one study: ``dse.json`` (what ran: space file, study name, storage URL, knob
 names), the store (``study.db``), ``trials/NNNNN/`` run directories and ``leaderboard.csv``. A lock file
-keeps a second ``dse run`` out of a directory in use.
+keeps a second ``dse run`` out of a directory in use, unless each is a ``--worker`` (they then claim points
+in the storage: :mod:`dse.claims`). ``--parallel N`` keeps N trials in flight (:mod:`dse.parallel`).
 """
 
 from __future__ import annotations

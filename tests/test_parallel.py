@@ -287,3 +287,11 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     store.close()
     assert len(recs) == 4 and not any(r.interrupted for r in recs)
     assert len({tuple(r.knobs.values()) for r in recs}) == 4
+
+
+def test_parallel_needs_an_sql_storage(tmp_path):
+    from dse.errors import UserError
+
+    space = load_space(write_space(tmp_path))
+    with pytest.raises(UserError, match="SQL storage"):
+        study_mod.run_study(space, out_dir=tmp_path / "out", parallel=2, storage=str(tmp_path / "j.log"))
