@@ -295,3 +295,21 @@ def test_parallel_needs_an_sql_storage(tmp_path):
     space = load_space(write_space(tmp_path))
     with pytest.raises(UserError, match="SQL storage"):
         study_mod.run_study(space, out_dir=tmp_path / "out", parallel=2, storage=str(tmp_path / "j.log"))
+
+
+def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
+    import optuna
+
+    from dse.store import Store, TrialRecord
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    store = Store(url, "s", {"tp": [1, 2]})
+    store.record(TrialRecord(0, {"tp": 1}, "failed", 0.0, "interrupted", run_dir="/r/0"))
+    store.record(TrialRecord(1, {"tp": 2}, "ok", 3.0, None, {"step_time_s": 1.0}, "/r/1"))
+    new = TrialRecord(0, {"tp": 1}, "ok", 7.5, None, {"step_time_s": 2.0}, "/r/0", "h100", 8, 0.1)
+    store.replace(new)
+    assert store.records()[0] == new and len(store.records()) == 2
+    store.close()
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and trials[0].value == 7.5
+    assert trials[0].user_attrs["reason"] is None and trials[0].params == {"tp": 1}
