@@ -5,10 +5,15 @@ A simulated grid (``conf/spaces/llama3_70b_2node_space.toml`` by default) is run
 with its own output directory (as on N machines), all given the same ``--storage postgresql+psycopg://...``
 (a fresh database per N on the server of ``.ci/postgres/up.sh``). Timed from the first start to the last end;
 trials/s counts every trial in the study. Checked each time: no point twice, every valid point once, and the
-leaderboard (without trial numbers and run directories) identical to the one-worker run's.
+leaderboard (without trial numbers and run directories; with ``--trial-s`` without the GPU-hours too, which
+come from each run's measured wall time) identical to the one-worker run's.
+
+With ``--trial-s S`` the trials take time, as real ones do: a 12-point grid of one-node Llama 3 8B layouts
+on the local backend with the simulated payload (a real subprocess per trial, 10 steps of S/10 seconds).
 
     bash .ci/postgres/up.sh             # as root, once
     python bench/workers_speed.py       # --space FILE, --workers 1,2,4, --url URL of the server's admin db
+    python bench/workers_speed.py --trial-s 2
 """
 
 from __future__ import annotations
@@ -28,6 +33,35 @@ sys.path.insert(0, str(ROOT))
 from dse.leaderboard import frame  # noqa: E402
 from dse.space import load_space  # noqa: E402
 from dse.store import Store  # noqa: E402
+
+
+TIMED = """
+name = "workers_timed"
+recipe = "llama3_8b"
+system = {{ gpu = "h100", gpus_per_node = 2, slurm = {{ use_container = false }} }}
+num_nodes = 1
+
+[settings]
+seq_length = 1024
+gbs = 8
+max_steps = 10
+cp = 1
+vp = 1
+pp = 1
+"env.DSE_SIM_STEP_S" = "{step_s}"
+
+[knobs]
+tp = [1, 2]
+mbs = [1, 2]
+recompute = ["none", "selective", "full"]
+
+[backend]
+kind = "local"
+payload = "sim"
+
+[search]
+agent = "grid"
+"""
 
 
 def fresh_db(admin_url: str) -> tuple[str, str]:
@@ -63,12 +97,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--space", type=Path, default=ROOT / "conf" / "spaces" / "llama3_70b_2node_space.toml")
     ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--trial-s", type=float, default=None, help="trials of about this many seconds (local backend)")
     ap.add_argument("--url", default=os.environ.get("DSE_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:55432/dse"))
     args = ap.parse_args()
+    tmp_space = None
+    if args.trial_s is not None:
+        tmp_space = Path(tempfile.mkdtemp()) / "workers_timed.toml"
+        tmp_space.write_text(TIMED.format(step_s=args.trial_s / 10))
+        args.space = tmp_space
+        os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the payload's python
     space = load_space(args.space)
     knobs = list(space.knobs)
     reference = None
-    print(f"{args.space.name}: simulated grid, workers on one PostgreSQL study ({os.cpu_count()} CPU cores here)")
+    what = (f"local backend, trials of ~{args.trial_s:g} s" if args.trial_s is not None else "simulated grid")
+    print(f"{args.space.name}: {what}, workers on one PostgreSQL study ({os.cpu_count()} CPU cores here)")
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(w) for w in args.workers.split(",")):
             name, url = fresh_db(args.url)
@@ -80,12 +122,14 @@ def main() -> None:
             finally:
                 drop_db(args.url, name)
             keys = [tuple(r.knobs.values()) for r in records]
-            lb = frame(records, knobs).drop(columns=["trial", "run_dir"]).sort_values(knobs).reset_index(drop=True)
+            # timed trials: GPU-hours come from each run's measured wall time, which no two runs share
+            drop = ["trial", "run_dir"] + (["gpu_hours"] if args.trial_s is not None else [])
+            lb = frame(records, knobs).drop(columns=drop).sort_values(knobs).reset_index(drop=True)
             if reference is None:
                 reference = lb
             same = lb.equals(reference)
             ok = len(keys) == len(set(keys)) and not any(r.interrupted for r in records) and same
-            print(f"  {n} worker(s): {len(records)} trials in {wall:6.1f} s = {len(records) / wall:6.1f} trials/s; "
+            print(f"  {n} worker(s): {len(records)} trials in {wall:6.1f} s = {len(records) / wall:6.2f} trials/s; "
                   f"no point twice: {len(keys) == len(set(keys))}; leaderboard as with 1 worker: {same}"
                   + ("" if ok else "  <-- WRONG"))
 
