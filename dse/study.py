@@ -462,6 +462,15 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                             scheduler_state=result.scheduler_state, context=parse_context(trial, space.backend))
         return env.outcome(action, replace(metrics, wall_s=result.wall_s), trial=trial)
 
+    def ended_meanwhile(number: int, action) -> bool:
+        """A rerun whose earlier run had in fact finished (a Slurm job that COMPLETED after the dse that
+        launched it was gone) is parsed and recorded in place instead of run again."""
+        got = finished_anyway(number, action)
+        if got is None:
+            return False
+        finish(number, action, got[1], got[4], over=True)
+        return True
+
     def run_here(number: int, action, rerun: bool) -> None:
         """One trial in this thread (``--parallel 1``, and points rejected without a launch)."""
         current.number = number
@@ -483,12 +492,16 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             point = env.decode(action)
             if not claims.claim(point):
                 return False
+            if number is not None and ended_meanwhile(number, action):
+                return True
             if number is None:
                 number = add_trial(store, placeholder(0, action))  # numbered by the storage
             claims.numbered(point, number)
             if env.rejection(action) is not None:
                 run_here(number, action, True)
                 return True
+        elif number is not None and ended_meanwhile(number, action):
+            return True
         elif number is None:
             if env.rejection(action) is not None:  # never launched: recorded at once
                 run_here(store.next_number(), action, False)
@@ -562,7 +575,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                                 stop_reason = agent.stop_reason
                             break
                     if pool is None:
-                        run_here(store.next_number() if number is None else number, action, number is not None)
+                        if number is None or not ended_meanwhile(number, action):
+                            run_here(store.next_number() if number is None else number, action, number is not None)
                     elif not launch(number, action):
                         sync()  # another worker has the point: learn what the others found (once a second)
                 if not in_flight:

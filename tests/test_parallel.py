@@ -313,3 +313,49 @@ def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
     trials = optuna.load_study(study_name="s", storage=url).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and trials[0].value == 7.5
     assert trials[0].user_attrs["reason"] is None and trials[0].params == {"tp": 1}
+
+
+class EndedMeanwhile(SimBackend):
+    """On --resume: the interrupted trial's job had gone on and COMPLETED after its dse was gone (its log is
+    complete); every run is counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.ran: list[Path] = []
+
+    def run(self, plan, run_dir, stop=None):
+        self.ran.append(run_dir)
+        return super().run(plan, run_dir, stop)
+
+    def finished_after_interrupt(self, trial, run_dir):
+        if not (run_dir / "job_id").exists():
+            return None
+        from dse.launch import build_plan
+
+        r = super().run(build_plan(trial, payload="sim", simulated=True), run_dir)
+        return RunResult(run_dir=run_dir, log_path=r.log_path, exit_code=r.exit_code, scheduler_state="COMPLETED",
+                         wall_s=r.wall_s)
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_resume_parses_a_job_that_completed_after_its_dse_was_gone(tmp_path, monkeypatch, parallel):
+    from tests.test_study import Interrupting
+
+    space = load_space(write_space(tmp_path))
+    out = tmp_path / "out"
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: Interrupting(3))
+    with pytest.raises(KeyboardInterrupt):
+        study_mod.run_study(space, out_dir=out, agent="grid")
+    store, _ = study_mod.open_store(out)
+    stale = store.records()[-1]
+    store.close()
+    assert stale.interrupted
+    (Path(stale.run_dir) / "job_id").write_text("1234\n")  # its job went on without dse
+    backend = EndedMeanwhile()
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=parallel)
+    assert Path(stale.run_dir) not in backend.ran  # parsed, not run again
+    row = res.records[stale.number]
+    assert row.knobs == stale.knobs and not row.interrupted and row.metrics.get("steps")
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(keys) == len(set(keys)) == valid_count(space)

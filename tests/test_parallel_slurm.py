@@ -102,7 +102,7 @@ def test_ctrl_c_scancels_every_running_job_and_records_them_interrupted(tmp_path
     assert len(recs) == 2 and all(r.interrupted for r in recs)
 
 
-def test_a_completed_job_is_collected_after_an_interrupt_and_a_cancelled_one_is_not(tmp_path):
+def test_a_completed_job_is_collected_after_an_interrupt_and_a_running_one_is_cancelled(tmp_path):
     import threading
 
     from dse.backends.slurm import SlurmBackend
@@ -126,14 +126,18 @@ def test_a_completed_job_is_collected_after_an_interrupt_and_a_cancelled_one_is_
                      daemon=True).start()
     import time
 
-    from dse.backends.slurm import cancel, query_state
+    from dse.backends.slurm import query_state
 
     deadline = time.monotonic() + 60
     while not (cancel_dir / "job_id").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     job = (cancel_dir / "job_id").read_text().strip()
-    cancel(job)
-    while (st := query_state(job)) is None or st.state not in ("CANCELLED",):
+    while (st := query_state(job)) is None or st.state != "RUNNING":
         assert time.monotonic() < deadline
+        time.sleep(0.3)
+    # a job still running with nobody waiting for it (its dse gone): cancelled, since the trial runs again
+    assert be.finished_after_interrupt(slow, cancel_dir) is None
+    while (st := query_state(job)) is None or st.state != "CANCELLED":
+        assert time.monotonic() < deadline, st
         time.sleep(0.5)
     assert be.finished_after_interrupt(slow, cancel_dir) is None

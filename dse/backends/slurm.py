@@ -353,12 +353,19 @@ class SlurmBackend(Backend):
 
     def finished_after_interrupt(self, trial, run_dir: Path) -> RunResult | None:
         """The job's result when ``sacct`` says it COMPLETED although a Ctrl-C stopped the wait (the cancel came
-        after its end): its log is collected as :meth:`run` would have. None for any other state."""
+        after its end), or although the dse that waited for it is gone (asked on --resume): its log is
+        collected as :meth:`run` would have. None for any other state; a job still queued or running then
+        is cancelled (nobody waits for it, and the trial runs again)."""
         id_file = run_dir / "job_id"
         if not id_file.is_file():
             return None
         job_id = id_file.read_text().strip()
         st = query_state(job_id)
+        if st is not None and st.state not in TERMINAL:
+            # still queued or running with no dse waiting for it (the one that launched it is gone): cancelled,
+            # since the trial now runs again
+            cancel(job_id)
+            return None
         if st is None or st.state != "COMPLETED":
             return None
         job_dir = cluster_dir(run_dir, trial.system.slurm)
