@@ -24,6 +24,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -145,10 +146,10 @@ class Claims:
                 continue
 
 
-def add_trial(store: Store, rec: TrialRecord) -> int:
+def add_trial(store: Store, rec: TrialRecord, run_dir: Callable[[int], Any] | None = None) -> int:
     """Add ``rec`` (its number ignored) as a new RUNNING trial numbered by the storage; its number. The row
     says ``failed``/``interrupted`` until its result replaces it (:meth:`dse.store.Store.replace`), which is
-    what a worker killed mid-trial leaves behind."""
+    what a worker killed mid-trial leaves behind; ``run_dir(number)`` is recorded in it once numbered."""
     dists = {k: CategoricalDistribution(list(v.choices)) for k, v in store.distributions.items()}
     attrs = {"status": rec.status, "reason": rec.reason, "reward": rec.reward, "run_dir": None,
              "gpu": rec.gpu, "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours, "metrics": rec.metrics}
@@ -156,6 +157,9 @@ def add_trial(store: Store, rec: TrialRecord) -> int:
                             user_attrs=attrs)
     try:
         tid = store.storage.create_new_trial(store.study._study_id, template_trial=template)
-        return store.storage.get_trial_number_from_id(tid)
+        number = store.storage.get_trial_number_from_id(tid)
+        if run_dir is not None:
+            store.storage.set_trial_user_attr(tid, "run_dir", str(run_dir(number)))
+        return number
     except SQLAlchemyError as e:
         raise InfrastructureError(f"cannot write the study to {store.url}: {e}") from None

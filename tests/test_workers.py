@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import sqlalchemy as sa
 
 from dse import study as study_mod
-from dse.claims import Claims, add_trial
+from dse.claims import CLAIMS, Claims, add_trial
 from dse.leaderboard import frame
 from dse.space import load_space
 from dse.store import Store, TrialRecord
@@ -230,3 +231,28 @@ def test_a_claim_is_renewed_while_its_worker_lives(tmp_path):
     alive.engine.dispose()
     other.close()
     store.close()
+
+
+def test_a_killed_workers_row_says_interrupted_with_its_run_directory(tmp_path):
+    path = write_space(tmp_path, SPACE.replace("max_steps = 20", 'max_steps = 2000\n"env.DSE_SIM_STEP_S" = "1"')
+                       .replace('system = "h100"', 'system = { gpu = "h100", gpus_per_node = 2, slurm = { use_container = false } }')
+                       .replace("num_nodes = 2", "num_nodes = 1") + '\n[backend]\nkind = "local"\npayload = "sim"\n')
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "dse", "run", "--space", str(path), "--out", str(out), "--worker"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("trials/*/log.txt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, 9)  # the worker dies outright: no Ctrl-C path, nothing given up
+    proc.wait()
+    recs = records_of(out)
+    running = [r for r in recs if r.interrupted]
+    assert len(running) == 1 and running[0].run_dir == str(study_mod.trial_dir(out, running[0].number))
+    engine = sa.create_engine(study_mod.storage_url(out))
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(CLAIMS.c.number, CLAIMS.c.done, CLAIMS.c.expires)).all()
+    engine.dispose()
+    claim = [r for r in rows if r.number == running[0].number]
+    assert len(claim) == 1 and not claim[0].done and claim[0].expires > time.time()  # held until its lease ends
