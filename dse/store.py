@@ -283,7 +283,7 @@ class Store:
             return
         from optuna.storages._rdb import models
 
-        state = TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
+        state = trial_state(rec)
         session = self.storage.scoped_session()
         try:
             t = session.query(models.TrialModel).filter(models.TrialModel.study_id == self.study._study_id,

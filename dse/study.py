@@ -530,6 +530,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             if r.number in known or r.interrupted:
                 continue
             known.add(r.number)
+            best[0] = better(best[0], r.metrics, space.objective, ok=r.ok)  # pruning against every worker's best
             agent.observe(env.encode(r.knobs), r.reward, r.ok, status=r.status, metrics=r.metrics)
             done += r.status != "rejected"
 
