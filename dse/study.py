@@ -495,7 +495,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             if number is not None and ended_meanwhile(number, action):
                 return True
             if number is None:
-                number = add_trial(store, placeholder(0, action), lambda n: trial_dir(out, n))  # numbered there
+                number = add_trial(store, placeholder(0, action), stored_run_dir)  # numbered by the storage
             claims.numbered(point, number)
             if env.rejection(action) is not None:
                 run_here(number, action, True)
