@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from dse.perfmodel import flops as _flops
 from dse.hardware import HARDWARE
 from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
+from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, fp8_weight_cache_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
 
@@ -159,7 +160,8 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
         tp_comm_overlap=v["tp_comm_overlap"], cpu_offload_layers=v.get("cpu_offload_layers", 0),
         attention_backend=v.get("attention_backend", "auto"),
         nvlink_domain=sysm.nvlink_domain,
-        scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params)
+        scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params,
+        stack=payload_stack(getattr(trial, "payload", None)))
 
 
 def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, vp: int = 1,
@@ -169,8 +171,9 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
                    attention_backend: str = "auto", attention_dropout: bool = False,
                    nvlink_domain: int | None = None,
                    scaleout_gbps: float | None = None, flops_convention: str = "causal",
-                   params: Params = DEFAULT_PARAMS) -> Prediction:
-    """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names."""
+                   params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
+    """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names;
+    ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`)."""
     P = params
     hw = HARDWARE[gpu]
     if sp is None:
@@ -182,8 +185,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     lat = P.collective_latency_s
     fp8 = precision == "fp8" and hw.fp8_tflops is not None
     # NVIDIA's FP8 performance recipes reduce gradients in bf16 (grad_reduce_in_fp32=False); Megatron's
-    # bf16 default accumulates and reduces them in fp32.
-    grad_b = 2.0 if precision == "fp8" else 4.0
+    # bf16 default accumulates and reduces them in fp32, and so does recipes.mcore in FP8 (dse.perfmodel.stack).
+    grad_b = 2.0 if precision == "fp8" and not stack.fp8_grad_reduce_in_fp32 else 4.0
     bf16_peak = hw.bf16_tflops * 1e12
     attn_eff = {"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(hw.arch, P.attn_eff)
     if fp8:
@@ -345,9 +348,15 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         last_layers = first_layers
     first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * P.logits_bytes
+    logits_mem = T * V / t * (P.logits_bytes if stack.cross_entropy == "te" else P.logits_bytes_native)
     # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
-    weight_b = 1.0 if fp8 else 2.0
+    weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
+    # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
+    # stage's layers, kept for the whole step (dse.perfmodel.stack)
+    lin_layer = h * (qkv_n + a * d / t + fc1_n + F / t)  # linear weight elements of one layer on this GPU
+    cache_b = fp8_weight_cache_bytes(fp8, stack) * lin_layer
+    cache_first = (L if p == 1 else first_l) * cache_b
+    cache_last = (L if p == 1 else last_l) * cache_b
     states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
     fsdp_buf = fsdp_buffer_bytes(lp / t, h * fc1_n, weight_b, grad_b) if fsdp else 0.0
     # the backward pass of one layer needs its full activations and their gradients; unfused attention's
@@ -357,8 +366,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # layer's backward needs its working set: the last stage peaks at the larger of the two.
     act_first = first_layers * act_kept + work
     act_last = last_layers * act_kept + max(work, logits_mem)
-    mem_first = first_params / t * states_b + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
-    mem_last = last_params / t * states_b + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
+    mem_first = first_params / t * states_b + cache_first + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
+    mem_last = last_params / t * states_b + cache_last + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
     peak_b = max(mem_first, mem_last)
     peak = peak_b / GIB + P.memory_reserve_gib + P.memory_offset_gib
     cap = hw.memory_gib
@@ -381,6 +390,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         "mem.activations_gib": max(act_first, act_last - logits_mem) / GIB,
         "mem.logits_gib": logits_mem / GIB,
         "mem.fsdp_buffers_gib": fsdp_buf / GIB,
+        "mem.fp8_weight_cache_gib": max(cache_first, cache_last) / GIB,
         "mem.reserve_gib": P.memory_reserve_gib + P.memory_offset_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
         "time.per_microbatch_s": t_mb,
         "microbatches": m,

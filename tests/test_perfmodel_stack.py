@@ -1,0 +1,74 @@
+"""What the model knows about each payload's code (dse.perfmodel.stack): the table matches recipes/mcore's source,
+the trial carries its space's payload, and its facts move the prediction as their byte counts say."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dse.perfmodel import predict
+from dse.perfmodel.memory import GIB
+from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, payload_stack
+from dse.perfmodel.timing import DEFAULT_PARAMS
+from dse.space import load_space
+from dse.trial import resolve
+from recipes.contract import PAYLOADS
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = (ROOT / "recipes/mcore/train.py").read_text()
+SPACE = ROOT / "conf/spaces/llama3_8b_4l_h200_te_space.toml"
+
+
+def test_every_payload_has_a_stack():
+    assert set(STACKS) == set(PAYLOADS)
+    assert payload_stack("no-such-payload") == NVIDIA_RECIPES == payload_stack(None)
+
+
+def test_the_mcore_entry_is_what_recipes_mcore_runs():
+    """recipes/mcore/train.py keeps fp32 gradient buffers, never sets fp8_param_gather, and leaves Megatron's loss
+    fusion off (so the native fp32 cross entropy runs): change the payload and this test says to change the table."""
+    s = STACKS["mcore"]
+    assert ("grad_reduce_in_fp32=True" in TRAIN) == s.fp8_grad_reduce_in_fp32
+    assert ("fp8_param_gather" in TRAIN) == s.fp8_param_gather
+    assert ("cross_entropy_loss_fusion" in TRAIN) == (s.cross_entropy == "te")
+
+
+def test_the_trial_carries_its_spaces_payload():
+    space = load_space(SPACE)
+    assert space.backend.payload == "mcore"
+    point = next(iter(space.points()))
+    assert resolve(space, point).payload == "mcore"
+    other = space.model_copy(update={"backend": space.backend.model_copy(update={"payload": "mbridge"})})
+    assert resolve(other, point).payload == "mbridge"
+
+
+def _pair(**values):
+    space = load_space(SPACE)
+    t = resolve(space, {"mbs": 1, "recompute": "full", "precision": "bf16", "fp8_recipe": "delayed",
+                        "attention_backend": "fused", **values})
+    return predict(t), predict(replace(t, payload="mbridge")), t
+
+
+def test_fp8_without_param_gather_keeps_a_weight_cache_and_fp32_gradients():
+    mcore, bridge, t = _pair(precision="fp8")
+    a = t.arch
+    lin = a.num_layers * a.hidden_size * ((a.num_attention_heads + 2 * a.num_query_groups) * a.hidden_size
+                                          // a.num_attention_heads + a.hidden_size + 3 * a.ffn_hidden_size)
+    assert mcore.breakdown["mem.fp8_weight_cache_gib"] == pytest.approx(2 * lin / GIB)
+    assert bridge.breakdown["mem.fp8_weight_cache_gib"] == 0.0
+    # bf16 gradients (2 bytes) for Bridge's FP8 recipes, fp32 (4) for recipes.mcore
+    params = mcore.breakdown["mem.states_gib"] * GIB / (2 + 4 + 12)
+    assert bridge.breakdown["mem.states_gib"] == pytest.approx(params * (2 + 2 + 12) / GIB)
+    assert fp8_weight_cache_bytes(False, STACKS["mcore"]) == 0.0
+
+
+def test_the_native_loss_keeps_six_bytes_per_logit():
+    mcore, bridge, t = _pair()
+    assert mcore.breakdown["mem.logits_gib"] / bridge.breakdown["mem.logits_gib"] == pytest.approx(
+        DEFAULT_PARAMS.logits_bytes_native / DEFAULT_PARAMS.logits_bytes)
+    assert DEFAULT_PARAMS.logits_bytes_native == 6.0
+    tuned = predict(t, params=DEFAULT_PARAMS.with_values(logits_bytes_native=4.0))
+    assert tuned.breakdown["mem.logits_gib"] == pytest.approx(mcore.breakdown["mem.logits_gib"] * 4 / 6)
+
