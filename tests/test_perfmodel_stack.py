@@ -1,5 +1,5 @@
 """What the model knows about each payload's code (dse.perfmodel.stack): the table matches recipes/mcore's source,
-the trial carries its space's payload, and its facts move the prediction as their byte counts say."""
+the trial carries its space's payload, and the three facts move the prediction as their byte counts say."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dse.perfmodel import predict
-from dse.perfmodel.memory import GIB
+from dse.perfmodel.memory import GIB, layer_activation_bytes
 from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS
 from dse.space import load_space
@@ -72,3 +72,11 @@ def test_the_native_loss_keeps_six_bytes_per_logit():
     tuned = predict(t, params=DEFAULT_PARAMS.with_values(logits_bytes_native=4.0))
     assert tuned.breakdown["mem.logits_gib"] == pytest.approx(mcore.breakdown["mem.logits_gib"] * 4 / 6)
 
+
+def test_a_fused_softmax_keeps_two_bytes_per_score_without_dropout():
+    kw = dict(s=2048, b=1, h=4096, a=32, g=8, ffn=14336, gated=True)
+    korthikanti = layer_activation_bytes(**kw, dropout=False)
+    fused = layer_activation_bytes(**kw, dropout=False, fused_softmax=True)
+    assert korthikanti - fused == pytest.approx(3 * 32 * 2048 * 2048)
+    # with dropout the mask and the dropout output come back: Korthikanti's 5 bytes
+    assert layer_activation_bytes(**kw, dropout=True, fused_softmax=True) == layer_activation_bytes(**kw, dropout=True)

@@ -269,7 +269,10 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # activation offloading (Megatron-Core cpu_offloading; pp=1 and no recompute, see dse.constraints): each
     # offloaded layer's activations go to host memory during its forward and come back during its backward,
     # one layer ahead (Transformer Engine's double-buffered offload handler), behind that layer's compute
-    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=attention_dropout, fp8=fp8)
+    # attention_backend "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused
+    # kernel (memory.layer_activation_bytes, fused_softmax); "local" is Megatron's own, counted as Korthikanti does
+    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=attention_dropout, fp8=fp8,
+                  fused_softmax=attention_backend == "unfused")
     act_layer = layer_activation_bytes(s / c, b, h, a, t, recompute="none", **act_kw)
     n_off = min(cpu_offload_layers, L)
     t_copy = act_layer / (hw.host_link_gbps * 1e9 * P.host_link_eff)
