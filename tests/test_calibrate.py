@@ -95,7 +95,7 @@ def test_cli_writes_the_file_and_predict_uses_it(tmp_path):
     assert rep["leave_one_out"]["step_time_mape"] < 5.0
     base = ["predict", "--model", "llama3_8b_4l", "--gpu", "h200", "--gpus-per-node", "1", "--num-gpus", "1",
             "--set", "attention_backend=local", "--mbs", "1", "--gbs", "8", "--seq-length", "2048", "--tp", "1",
-            "--recompute", "none", "--json"]
+            "--recompute", "none", "--payload", "mcore", "--json"]  # recipes.mcore runs
     code0, shipped = _cli(*base)
     code1, calibrated = _cli(*base, "--calibration", out)
     assert code0 == code1 == 0, calibrated

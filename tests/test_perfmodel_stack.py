@@ -80,3 +80,42 @@ def test_a_fused_softmax_keeps_two_bytes_per_score_without_dropout():
     assert korthikanti - fused == pytest.approx(3 * 32 * 2048 * 2048)
     # with dropout the mask and the dropout output come back: Korthikanti's 5 bytes
     assert layer_activation_bytes(**kw, dropout=True, fused_softmax=True) == layer_activation_bytes(**kw, dropout=True)
+
+
+def test_unfused_gradient_accumulation_costs_a_pass_over_the_parameters_per_microbatch():
+    """recipes.mcore sets gradient_accumulation_fusion=False: each micro-batch's bf16 weight gradients are added to
+    the fp32 buffer afterwards (2 + 2 + 4 + 4 bytes per parameter at the Adam pass's share of HBM bandwidth)."""
+    from dse.hardware import HARDWARE
+
+    assert ("gradient_accumulation_fusion=False" in TRAIN) == (not STACKS["mcore"].grad_accumulation_fusion)
+    mcore, bridge, t = _pair()
+    assert bridge.breakdown["time.grad_accumulation_s"] == 0.0
+    params = mcore.breakdown["mem.states_gib"] * GIB / (2 + 4 + 12)  # bf16: fp32 gradients on both payloads
+    m = t.gbs // t.mbs
+    want = m * params * 12 / (HARDWARE["h200"].hbm_gbps * 1e9 * DEFAULT_PARAMS.optimizer_bw_eff)
+    assert mcore.breakdown["time.grad_accumulation_s"] == pytest.approx(want)
+    assert mcore.step_time_s - bridge.step_time_s == pytest.approx(want)
+
+
+def test_dse_predict_takes_the_payload():
+    import json
+
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    runner = CliRunner()
+    base = ["predict", "--model", "llama3_8b_4l", "--gpu", "h200", "--gpus-per-node", "1", "--num-gpus", "1",
+            "--mbs", "1", "--gbs", "8", "--seq-length", "2048", "--json"]
+    out = {}
+    for payload in ("nemo2", "mcore"):
+        r = runner.invoke(app, base + ["--payload", payload])
+        assert r.exit_code == 0, r.output
+        out[payload] = json.loads(r.output)
+        assert out[payload]["payload"] == payload
+    assert out["mcore"]["breakdown"]["mem.logits_gib"] == pytest.approx(
+        3 * out["nemo2"]["breakdown"]["mem.logits_gib"])
+    assert out["mcore"]["step_time_s"] > out["nemo2"]["step_time_s"]  # unfused gradient accumulation
+    r = runner.invoke(app, base + ["--payload", "megatron"])
+    assert r.exit_code == 2 and "--payload" in r.output and "mcore" in r.output
+    assert "Traceback" not in r.output

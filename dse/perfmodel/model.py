@@ -328,7 +328,13 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         dp_exposed = 0.0
     t_opt = p_local / d_r * 36.0 / (hbm_Bps * P.optimizer_bw_eff)
-    step = t_pipe + pp_comm + dp_exposed + t_opt + P.step_overhead_s
+    # without gradient-accumulation fusion (recipes.mcore, dse.perfmodel.stack) every weight gradient of every
+    # micro-batch is written as its own bf16 tensor (2 B) and then added to the gradient buffer by Megatron's
+    # DDP hook (param.main_grad.add_(param.grad): read 2, read and write grad_b each), memory-bound like Adam,
+    # on the slowest stage's parameters; NVIDIA's recipes fuse it into the wgrad GEMM (no term)
+    t_gacc = 0.0 if stack.grad_accumulation_fusion else \
+        m * p_local * (4.0 + 2.0 * grad_b) / (hbm_Bps * P.optimizer_bw_eff)
+    step = t_pipe + pp_comm + dp_exposed + t_opt + t_gacc + P.step_overhead_s
 
     # ---- memory -------------------------------------------------------------------------------------
     s_loc = s / c
@@ -387,6 +393,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         "time.pp_p2p_s": pp_comm,
         "time.dp_exposed_s": dp_exposed,
         "time.optimizer_s": t_opt,
+        "time.grad_accumulation_s": t_gacc,
         "time.offload_exposed_s": m * t_offload,
         "time.overhead_s": P.step_overhead_s,
         "mem.states_gib": max(first_params, last_params) / t * states_b / GIB,

@@ -29,6 +29,11 @@ the payload's own code and differ between the payloads dse drives:
 * **FP8 gradients.** NVIDIA's FP8 performance recipes reduce gradients in bf16 (``grad_reduce_in_fp32=False``,
   2 bytes per parameter); recipes.mcore's DistributedDataParallelConfig keeps ``grad_reduce_in_fp32=True``
   whatever the precision (4 bytes).
+* **gradient accumulation.** NVIDIA's recipes set ``gradient_accumulation_fusion=True``: the weight-gradient
+  GEMMs accumulate into the fp32 gradient buffer. recipes.mcore turns it off (Megatron's output layer would need
+  Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient as a bf16 tensor that
+  Megatron's DDP hook then adds to the buffer: a memory-bound pass over all parameters per micro-batch
+  (``time.grad_accumulation_s`` of the prediction).
 
 Decision: the payload is recorded on the trial (:attr:`dse.trial.TrialConfig.payload`, from the space's
 ``[backend] payload``) and this table says what each one does; no new knob, because none of these is a choice
@@ -49,6 +54,7 @@ class Stack:
     cross_entropy: Literal["te", "native"] = "te"  # TE's in-place fused loss, or Megatron's native fp32 loss
     fp8_param_gather: bool = True  # FP8 runs keep the linear weights as FP8 tensors (no bf16 weight + FP8 cache)
     fp8_grad_reduce_in_fp32: bool = False  # FP8 runs keep fp32 gradient buffers (True) or bf16 ones
+    grad_accumulation_fusion: bool = True  # the wgrad GEMMs accumulate into the gradient buffer (no extra pass)
 
 
 # NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
@@ -61,7 +67,9 @@ STACKS: dict[str, Stack] = {
     "mbridge": NVIDIA_RECIPES,
     "sim": NVIDIA_RECIPES,
     # recipes/mcore/train.py: no cross_entropy_loss_fusion, no fp8_param_gather, grad_reduce_in_fp32=True
-    "mcore": Stack(cross_entropy="native", fp8_param_gather=False, fp8_grad_reduce_in_fp32=True),
+    # and gradient_accumulation_fusion=False
+    "mcore": Stack(cross_entropy="native", fp8_param_gather=False, fp8_grad_reduce_in_fp32=True,
+                   grad_accumulation_fusion=False),
 }
 
 
