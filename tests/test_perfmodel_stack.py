@@ -94,7 +94,8 @@ def test_unfused_gradient_accumulation_costs_a_pass_over_the_parameters_per_micr
     m = t.gbs // t.mbs
     want = m * params * 12 / (HARDWARE["h200"].hbm_gbps * 1e9 * DEFAULT_PARAMS.optimizer_bw_eff)
     assert mcore.breakdown["time.grad_accumulation_s"] == pytest.approx(want)
-    assert mcore.step_time_s - bridge.step_time_s == pytest.approx(want)
+    loss = mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"]  # the native loss's extra traffic
+    assert mcore.step_time_s - bridge.step_time_s == pytest.approx(want + loss)
 
 
 def test_dse_predict_takes_the_payload():
@@ -119,3 +120,17 @@ def test_dse_predict_takes_the_payload():
     r = runner.invoke(app, base + ["--payload", "megatron"])
     assert r.exit_code == 2 and "--payload" in r.output and "mcore" in r.output
     assert "Traceback" not in r.output
+
+
+def test_the_native_loss_streams_its_fp32_copy():
+    """Megatron's native cross entropy makes 52 bytes of HBM traffic per logit, the fused one 16: the logits term
+    grows by 36 bytes per logit (at the element-wise kernels' fitted scale) per micro-batch."""
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.stack import cross_entropy_bytes
+
+    assert (cross_entropy_bytes(STACKS["mcore"]), cross_entropy_bytes(NVIDIA_RECIPES)) == (52.0, 16.0)
+    mcore, bridge, t = _pair()
+    logits = t.mbs * t.seq_length * t.arch.vocab_size
+    m = t.gbs // t.mbs
+    want = m * logits * 36 * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h200"].hbm_gbps * 1e9)
+    assert mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"] == pytest.approx(want)

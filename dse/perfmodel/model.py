@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from dse.perfmodel import flops as _flops
 from dse.hardware import HARDWARE
 from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
-from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, fp8_weight_cache_bytes, payload_stack
+from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, fp8_weight_cache_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
 
@@ -284,7 +284,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     logits_flops = 2.0 * T * h * V / t
     logits_gemm = logits_flops / (bf16_peak * P.gemm_eff_bf16) \
         + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / hbm_Bps
-    ce = T * V / t * 16.0 * P.elementwise_scale / hbm_Bps
+    ce = T * V / t * cross_entropy_bytes(stack) * P.elementwise_scale / hbm_Bps  # the payload's loss
     t_logits = 3.0 * logits_gemm + ce + (2.0 * tp_one if sp and t > 1 else 0.0)
     t_mb = max(mid_l * t_layer, last_l * t_layer + t_logits, first_l * t_layer + t_offload)
     if p == 1:

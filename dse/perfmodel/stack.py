@@ -82,3 +82,16 @@ def fp8_weight_cache_bytes(fp8: bool, stack: Stack) -> float:
     """Bytes per linear-layer weight element that Transformer Engine's FP8 weight cache adds: the FP8 copy and
     its transpose (1 + 1) when the weights are bf16 (no ``fp8_param_gather``); 0 otherwise."""
     return 2.0 if fp8 and not stack.fp8_param_gather else 0.0
+
+
+def cross_entropy_bytes(stack: Stack) -> float:
+    """HBM bytes per logit element of the loss, forward + backward (the model scales them by elementwise_scale).
+
+    ``te``: 16, the model's long-standing count for a fused loss (Transformer Engine's parallel cross entropy reads
+    the bf16 logits and writes the gradient in place). ``native``: Megatron's ``_VocabParallelCrossEntropy``
+    (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32 copy: ``.float()`` (read 2, write 4),
+    max over the vocabulary (4), in-place subtraction of the max (8), ``exp`` (8), the sum (4), the in-place
+    division into the softmax it saves (8); backward the in-place ``mul_`` by the incoming gradient (8) and the
+    cast of the gradient back to bf16 (6): 52.
+    """
+    return 16.0 if stack.cross_entropy == "te" else 52.0
