@@ -116,7 +116,8 @@ def _trial(row: dict):
     values.update(tp=int(row["tp"]), pp=int(row["pp"]), mbs=int(row["mbs"]), gbs=int(row["gbs"]),
                   seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1, precision="bf16",
                   attention_backend="local")  # recipes.mcore's local layer spec: Megatron's unfused attention
-    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values))
+    # payload mcore: Megatron's native loss and recipes.mcore's FP8 settings (dse.perfmodel.stack)
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload="mcore")
 
 
 def _predictor():

@@ -101,7 +101,9 @@ def trial_from_row(row: dict, gpu: str):
     values.update(tp=int(row["tp"]), pp=int(row["pp"]), mbs=int(row["mbs"]), gbs=int(row["gbs"]),
                   seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1,
                   precision=row.get("precision") or "bf16", attention_backend=row.get("attention_backend") or "local")
-    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values))
+    # the rows are recipes.mcore runs (bench/h200_real_runs.py, bench/h200_te_runs.py) unless they say otherwise
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values),
+                       payload=row.get("payload") or "mcore")
 
 
 _TSV_NEEDS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",

@@ -564,11 +564,12 @@ def predict_cmd(
     model: Optional[str] = None, model_file: Optional[str] = None, gpu: Optional[str] = None,
     system_ref: Optional[str] = None, gpus_per_node: Optional[int] = None, num_gpus: Optional[int] = None,
     set_: Optional[list[str]] = None, flops_convention: str = "causal", as_json: bool = False,
-    calibration: Optional[str] = None, **knob_flags: Any,
+    calibration: Optional[str] = None, payload: str = "nemo2", **knob_flags: Any,
 ) -> None:
     """Predict step time, throughput and memory of one layout with the analytical performance model.
 
-    Unset knobs resolve as in a space: catalogue defaults, then the recipe's layout for the GPU.
+    Unset knobs resolve as in a space: catalogue defaults, then the recipe's layout for the GPU. ``--payload``
+    is the space's ``[backend] payload``: what that payload's code does beyond the knobs (dse.perfmodel.stack).
     """
     # The layout resolves as a point of a one-point space does in `dse run`, is checked by the same rules and
     # predicted by the same call, so one layout has one prediction whichever command asks.
@@ -592,6 +593,11 @@ def predict_cmd(
                         field="--gpu")
     if flops_convention not in ("causal", "noncausal"):
         raise UserError(f"{flops_convention!r} is not allowed; use causal or noncausal", field="--flops-convention")
+    from recipes.contract import PAYLOADS
+
+    if payload not in PAYLOADS:
+        raise UserError(f"{payload!r} is not allowed{did_you_mean(payload, PAYLOADS)}; use one of {', '.join(PAYLOADS)}",
+                        field="--payload")
     system = default_system(gpu) if gpu is not None else load_system(system_ref)
     if gpus_per_node is not None:
         if gpus_per_node < 1:
@@ -625,7 +631,7 @@ def predict_cmd(
     # in the registry, so the space names a registered recipe and resolve() gets the architecture itself.
     space = Space.model_validate({"name": "predict", "recipe": recipe.name if model else next(iter(RECIPES)),
                                   "system": system, "num_nodes": world // system.gpus_per_node,
-                                  "settings": settings, "source": "command line"})
+                                  "settings": settings, "source": "command line", "backend": {"payload": payload}})
     trial = resolve(space, {}, recipe=recipe)
     # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
     # the output, and in an error whose reason mentions them, so a refusal points at the flag to pass.
@@ -645,7 +651,7 @@ def predict_cmd(
     if as_json:
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
         out = {"model": recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
-               "flops_convention": flops_convention, "calibration": calibration, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
+               "flops_convention": flops_convention, "calibration": calibration, "payload": payload, **shown, "sp": trial.sequence_parallel, "dp": trial.dp,
                "recipe_defaults": sorted(from_recipe), **pred.as_dict()}
         typer.echo(json.dumps(out, indent=2))
         return
@@ -688,6 +694,9 @@ def _install_predict() -> None:
         ("as_json", bool, typer.Option(False, "--json", help="print one JSON object")),
         ("calibration", Optional[str], typer.Option(None, "--calibration", help="a calibration file from "
                                                     "'dse calibrate' (parameters refitted to your runs)")),
+        ("payload", str, typer.Option("nemo2", "--payload", help="the payload that would run it (a space's [backend] "
+                                      "payload): nemo2, mbridge, mcore, sim; the model knows what its code does "
+                                      "beyond the knobs (its loss, FP8 weights, gradient accumulation)")),
     ]
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in fixed]
     fn = user_errors(predict_cmd)

@@ -25,6 +25,9 @@ class TrialConfig:
     varied: tuple[str, ...] = ()  # the knobs the space varies (in space order), incl. env.NAME
     # the first value the space lists for each varied knob: the one a knob that has no effect is pinned to
     first_listed: Mapping[str, Any] = field(default_factory=dict)
+    # the payload that runs it (the space's [backend] payload): the performance model reads what that payload's
+    # code does beyond the knobs (its loss, its FP8 weights: dse.perfmodel.stack)
+    payload: str = "nemo2"
 
     def __getattr__(self, name: str) -> Any:
         # knob values read as attributes: cfg.tp, cfg.gbs, ... (only for catalogue names)
@@ -129,4 +132,5 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
     resolve_auto(values, recipe, space.system)
     return TrialConfig(recipe=recipe, system=space.system, values=MappingProxyType(values),
                        env=MappingProxyType(env), varied=tuple(space.knobs),
-                       first_listed=MappingProxyType({k: v[0] for k, v in space.knobs.items() if v}))
+                       first_listed=MappingProxyType({k: v[0] for k, v in space.knobs.items() if v}),
+                       payload=space.backend.payload)

@@ -16,7 +16,7 @@ GIB = float(2**30)
 def layer_activation_bytes(s: float, b: float, h: int, a: int, t: int = 1, *, sp: bool = True,
                            recompute: str = "none", g: int | None = None, ffn: int | None = None,
                            gated: bool = False, flash_attention: bool = False, dropout: bool = True,
-                           fp8: bool = False) -> float:
+                           fp8: bool = False, fused_softmax: bool = False) -> float:
     """Bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
     ``s`` is the sequence length held by this GPU (divide by cp first), ``b`` the micro-batch size.
@@ -27,6 +27,15 @@ def layer_activation_bytes(s: float, b: float, h: int, a: int, t: int = 1, *, sp
     inputs that Transformer Engine keeps for the weight gradient are 1-byte copies. Without sequence
     parallelism the layer-norm, dropout and GEMM-input tensors are replicated over the tensor-parallel
     ranks (Korthikanti eq. 2: ``sbh(10 + 24/t + 5as/(ht))``).
+
+    ``fused_softmax``: unfused attention whose scale-mask-softmax is one fused kernel (Transformer Engine's
+    ``UnfusedDotProductAttention`` with ``scaled_upper_triang_masked_softmax``, Megatron's with
+    ``masked_softmax_fusion``): the kernel saves only its bf16 output, the same tensor the P·V GEMM saves, so
+    the scores cost 2 bytes per element (TE's ``scaled_upper_triang_masked_softmax_backward``,
+    transformer_engine/pytorch/csrc/extensions/softmax.cpp, reads it and works in place on the incoming
+    gradient), and the dropout mask and output (3 more) only with attention dropout
+    (PyTorch's dropout returns its input unchanged at p = 0). Without it, Korthikanti's 5 bytes stand (recipes.mcore's
+    local layer spec: an fp32 softmax output and the bf16 probabilities, about as much; bench/h200_real_runs.py).
     """
     g = a if g is None else g
     ffn = 4 * h if ffn is None else ffn
@@ -46,6 +55,8 @@ def layer_activation_bytes(s: float, b: float, h: int, a: int, t: int = 1, *, sp
     split = qkv + proj + act_in + fc2_in
     if flash_attention or recompute == "selective":
         scores = 4.0 * sb * a if flash_attention else 0.0  # fp32 log-sum-exp per row and head
+    elif fused_softmax:
+        scores = (2.0 + 3.0 * mask) * a * s * sb  # softmax output (2); with dropout its mask (1) and output (2)
     else:
         scores = 5.0 * a * s * sb  # softmax output (2), its dropout mask (1) and output (2): 5as²b
     return (rep / (t if sp else 1)) + (split + scores) / t

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from dse.perfmodel import flops as _flops
 from dse.hardware import HARDWARE
 from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
+from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, fp8_weight_cache_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
 
@@ -159,7 +160,8 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
         tp_comm_overlap=v["tp_comm_overlap"], cpu_offload_layers=v.get("cpu_offload_layers", 0),
         attention_backend=v.get("attention_backend", "auto"),
         nvlink_domain=sysm.nvlink_domain,
-        scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params)
+        scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params,
+        stack=payload_stack(getattr(trial, "payload", None)))
 
 
 def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, vp: int = 1,
@@ -169,8 +171,9 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
                    attention_backend: str = "auto", attention_dropout: bool = False,
                    nvlink_domain: int | None = None,
                    scaleout_gbps: float | None = None, flops_convention: str = "causal",
-                   params: Params = DEFAULT_PARAMS) -> Prediction:
-    """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names."""
+                   params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
+    """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names;
+    ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`)."""
     P = params
     hw = HARDWARE[gpu]
     if sp is None:
@@ -182,8 +185,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     lat = P.collective_latency_s
     fp8 = precision == "fp8" and hw.fp8_tflops is not None
     # NVIDIA's FP8 performance recipes reduce gradients in bf16 (grad_reduce_in_fp32=False); Megatron's
-    # bf16 default accumulates and reduces them in fp32.
-    grad_b = 2.0 if precision == "fp8" else 4.0
+    # bf16 default accumulates and reduces them in fp32, and so does recipes.mcore in FP8 (dse.perfmodel.stack).
+    grad_b = 2.0 if precision == "fp8" and not stack.fp8_grad_reduce_in_fp32 else 4.0
     bf16_peak = hw.bf16_tflops * 1e12
     attn_eff = {"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(hw.arch, P.attn_eff)
     if fp8:
@@ -266,7 +269,10 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # activation offloading (Megatron-Core cpu_offloading; pp=1 and no recompute, see dse.constraints): each
     # offloaded layer's activations go to host memory during its forward and come back during its backward,
     # one layer ahead (Transformer Engine's double-buffered offload handler), behind that layer's compute
-    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=attention_dropout, fp8=fp8)
+    # attention_backend "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused
+    # kernel (memory.layer_activation_bytes, fused_softmax); "local" is Megatron's own, counted as Korthikanti does
+    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=attention_dropout, fp8=fp8,
+                  fused_softmax=attention_backend == "unfused")
     act_layer = layer_activation_bytes(s / c, b, h, a, t, recompute="none", **act_kw)
     n_off = min(cpu_offload_layers, L)
     t_copy = act_layer / (hw.host_link_gbps * 1e9 * P.host_link_eff)
@@ -278,7 +284,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     logits_flops = 2.0 * T * h * V / t
     logits_gemm = logits_flops / (bf16_peak * P.gemm_eff_bf16) \
         + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / hbm_Bps
-    ce = T * V / t * 16.0 * P.elementwise_scale / hbm_Bps
+    ce = T * V / t * cross_entropy_bytes(stack) * P.elementwise_scale / hbm_Bps  # the payload's loss
     t_logits = 3.0 * logits_gemm + ce + (2.0 * tp_one if sp and t > 1 else 0.0)
     t_mb = max(mid_l * t_layer, last_l * t_layer + t_logits, first_l * t_layer + t_offload)
     if p == 1:
@@ -322,7 +328,13 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         dp_exposed = 0.0
     t_opt = p_local / d_r * 36.0 / (hbm_Bps * P.optimizer_bw_eff)
-    step = t_pipe + pp_comm + dp_exposed + t_opt + P.step_overhead_s
+    # without gradient-accumulation fusion (recipes.mcore, dse.perfmodel.stack) every weight gradient of every
+    # micro-batch is written as its own bf16 tensor (2 B) and then added to the gradient buffer by Megatron's
+    # DDP hook (param.main_grad.add_(param.grad): read 2, read and write grad_b each), memory-bound like Adam,
+    # on the slowest stage's parameters; NVIDIA's recipes fuse it into the wgrad GEMM (no term)
+    t_gacc = 0.0 if stack.grad_accumulation_fusion else \
+        m * p_local * (4.0 + 2.0 * grad_b) / (hbm_Bps * P.optimizer_bw_eff)
+    step = t_pipe + pp_comm + dp_exposed + t_opt + t_gacc + P.step_overhead_s
 
     # ---- memory -------------------------------------------------------------------------------------
     s_loc = s / c
@@ -345,9 +357,15 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         last_layers = first_layers
     first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * P.logits_bytes
+    logits_mem = T * V / t * (P.logits_bytes if stack.cross_entropy == "te" else P.logits_bytes_native)
     # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
-    weight_b = 1.0 if fp8 else 2.0
+    weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
+    # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
+    # stage's layers, kept for the whole step (dse.perfmodel.stack)
+    lin_layer = h * (qkv_n + a * d / t + fc1_n + F / t)  # linear weight elements of one layer on this GPU
+    cache_b = fp8_weight_cache_bytes(fp8, stack) * lin_layer
+    cache_first = (L if p == 1 else first_l) * cache_b
+    cache_last = (L if p == 1 else last_l) * cache_b
     states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
     fsdp_buf = fsdp_buffer_bytes(lp / t, h * fc1_n, weight_b, grad_b) if fsdp else 0.0
     # the backward pass of one layer needs its full activations and their gradients; unfused attention's
@@ -357,8 +375,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # layer's backward needs its working set: the last stage peaks at the larger of the two.
     act_first = first_layers * act_kept + work
     act_last = last_layers * act_kept + max(work, logits_mem)
-    mem_first = first_params / t * states_b + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
-    mem_last = last_params / t * states_b + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
+    mem_first = first_params / t * states_b + cache_first + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
+    mem_last = last_params / t * states_b + cache_last + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
     peak_b = max(mem_first, mem_last)
     peak = peak_b / GIB + P.memory_reserve_gib + P.memory_offset_gib
     cap = hw.memory_gib
@@ -375,12 +393,14 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         "time.pp_p2p_s": pp_comm,
         "time.dp_exposed_s": dp_exposed,
         "time.optimizer_s": t_opt,
+        "time.grad_accumulation_s": t_gacc,
         "time.offload_exposed_s": m * t_offload,
         "time.overhead_s": P.step_overhead_s,
         "mem.states_gib": max(first_params, last_params) / t * states_b / GIB,
         "mem.activations_gib": max(act_first, act_last - logits_mem) / GIB,
         "mem.logits_gib": logits_mem / GIB,
         "mem.fsdp_buffers_gib": fsdp_buf / GIB,
+        "mem.fp8_weight_cache_gib": max(cache_first, cache_last) / GIB,
         "mem.reserve_gib": P.memory_reserve_gib + P.memory_offset_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
         "time.per_microbatch_s": t_mb,
         "microbatches": m,

@@ -56,12 +56,13 @@ class Params:
     # a stack's constant memory difference (GiB, may be negative), learnt by ``dse calibrate`` from measured
     # peaks; 0 leaves the shipped model as it is
     memory_offset_gib: float = 0.0
-    # fixed: bytes per logit element on the last stage at its peak. 2: Megatron-Bridge's Llama providers set
-    # cross_entropy_fusion_impl="te" (Transformer Engine's parallel cross entropy reads the bf16 logits and writes
-    # their gradient in place); Megatron's native loss keeps an fp32 copy as well (6). A calibration file's
-    # [params] may set it; dse calibrate does not fit it (on the real H200 runs, whose recipes.mcore leaves the
-    # loss fusion off, the fit left it at 2: the backward working set is the larger term there)
+    # fixed: bytes per logit element on the last stage at its peak, by the payload's loss (dse.perfmodel.stack).
+    # 2: Megatron-Bridge's Llama providers set cross_entropy_fusion_impl="te" (Transformer Engine's parallel cross
+    # entropy reads the bf16 logits and writes their gradient in place); Megatron's native loss, which
+    # recipes.mcore runs, keeps an fp32 copy as well (2 + 4 = 6). A calibration file's [params] may set either;
+    # dse calibrate fits neither
     logits_bytes: float = 2.0
+    logits_bytes_native: float = 6.0
 
     def with_values(self, **kw) -> "Params":
         return replace(self, **kw)

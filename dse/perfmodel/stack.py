@@ -1,0 +1,97 @@
+"""What a payload's training code does that changes memory and that no knob says: its loss and its FP8 weights.
+
+The knobs say *what* runs (precision, recipe, layout); two choices that move the peak by gigabytes are made by
+the payload's own code and differ between the payloads dse drives:
+
+* **the loss.** Megatron-Bridge's Llama providers set ``cross_entropy_loss_fusion=True`` with
+  ``cross_entropy_fusion_impl="te"``: Transformer Engine's parallel cross entropy reads the bf16 logits and
+  writes their gradient in place (2 bytes per logit at the last stage's peak; ``Params.logits_bytes``).
+  ``recipes.mcore`` leaves the fusion off, so ``GPTModel.compute_language_model_loss`` calls
+  ``tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)``: an fp32 copy beside the bf16
+  logits (2 + 4 = 6 bytes; ``Params.logits_bytes_native``). The 70B-width TE study's out-of-memory trial
+  died allocating the logits, and with 6 the model calls it (README, "The first H200 studies on the TE
+  stack"). recipes.mcore could switch TE's fused loss on when TE imports (``cross_entropy_loss_fusion=True,
+  cross_entropy_fusion_impl="te"`` in its TransformerConfig, as Bridge does); that is not done here because it
+  was not measured on a GPU.
+* **FP8 weights.** NeMo's and Bridge's FP8 precision recipes (``bf16_with_fp8_*_mixed`` in
+  ``nemo.collections.llm.recipes.precision.mixed_precision`` and ``megatron.bridge.training.mixed_precision``)
+  set ``fp8_param_gather=True``: the model is built under TE's ``fp8_model_init``, each linear weight *is* an
+  FP8 tensor (1 byte, plus the 1-byte transpose TE makes for the Hopper dgrad/wgrad GEMMs, which only take
+  the TN layout), which the shipped state count of 2 bytes per weight covers. Without it (recipes.mcore) the
+  weights stay bf16 and Transformer Engine keeps a quantised copy of each linear weight for the whole step:
+  ``TransformerEngineBaseModule.get_weight_workspace(..., cache_name="weight", update_workspace=
+  is_first_microbatch)`` in ``transformer_engine/pytorch/module/{linear,layernorm_linear,layernorm_mlp}.py``
+  caches the FP8 weight with row-wise and column-wise (transposed) data, and Megatron-Core's TE wrappers
+  (``megatron/core/extensions/transformer_engine.py``: ``is_first_microbatch`` passed unless
+  ``disable_parameter_transpose_cache``, default False) ask for that cache: 2 more bytes per linear weight
+  element (:func:`fp8_weight_cache_bytes`). The output layer is Megatron's own ColumnParallelLinear, never
+  FP8, and has no cache.
+* **FP8 gradients.** NVIDIA's FP8 performance recipes reduce gradients in bf16 (``grad_reduce_in_fp32=False``,
+  2 bytes per parameter); recipes.mcore's DistributedDataParallelConfig keeps ``grad_reduce_in_fp32=True``
+  whatever the precision (4 bytes).
+* **gradient accumulation.** NVIDIA's recipes set ``gradient_accumulation_fusion=True``: the weight-gradient
+  GEMMs accumulate into the fp32 gradient buffer. recipes.mcore turns it off (Megatron's output layer would need
+  Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient as a bf16 tensor that
+  Megatron's DDP hook then adds to the buffer: a memory-bound pass over all parameters per micro-batch
+  (``time.grad_accumulation_s`` of the prediction).
+
+Decision: the payload is recorded on the trial (:attr:`dse.trial.TrialConfig.payload`, from the space's
+``[backend] payload``) and this table says what each one does; no new knob, because none of these is a choice
+dse offers: they are facts about a payload's code. ``tests/test_perfmodel_stack.py`` reads recipes/mcore's
+source so that the table cannot drift from it silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The memory-relevant choices of one payload's training code (see the module docstring)."""
+
+    cross_entropy: Literal["te", "native"] = "te"  # TE's in-place fused loss, or Megatron's native fp32 loss
+    fp8_param_gather: bool = True  # FP8 runs keep the linear weights as FP8 tensors (no bf16 weight + FP8 cache)
+    fp8_grad_reduce_in_fp32: bool = False  # FP8 runs keep fp32 gradient buffers (True) or bf16 ones
+    grad_accumulation_fusion: bool = True  # the wgrad GEMMs accumulate into the gradient buffer (no extra pass)
+
+
+# NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
+# set fp8_param_gather=true for delayed, tensorwise and mxfp8). The sim payload describes the same recipes
+# (it writes the model's own figures). Blockwise sets fp8_param_gather=false there; it runs on Blackwell only,
+# where no measurement has checked the cache, so it keeps the recipes' common value here.
+NVIDIA_RECIPES = Stack()
+STACKS: dict[str, Stack] = {
+    "nemo2": NVIDIA_RECIPES,
+    "mbridge": NVIDIA_RECIPES,
+    "sim": NVIDIA_RECIPES,
+    # recipes/mcore/train.py: no cross_entropy_loss_fusion, no fp8_param_gather, grad_reduce_in_fp32=True
+    # and gradient_accumulation_fusion=False
+    "mcore": Stack(cross_entropy="native", fp8_param_gather=False, fp8_grad_reduce_in_fp32=True,
+                   grad_accumulation_fusion=False),
+}
+
+
+def payload_stack(payload: str | None) -> Stack:
+    """The :class:`Stack` of a payload name (NVIDIA's recipes for an unknown or missing one)."""
+    return STACKS.get(payload or "", NVIDIA_RECIPES)
+
+
+def fp8_weight_cache_bytes(fp8: bool, stack: Stack) -> float:
+    """Bytes per linear-layer weight element that Transformer Engine's FP8 weight cache adds: the FP8 copy and
+    its transpose (1 + 1) when the weights are bf16 (no ``fp8_param_gather``); 0 otherwise."""
+    return 2.0 if fp8 and not stack.fp8_param_gather else 0.0
+
+
+def cross_entropy_bytes(stack: Stack) -> float:
+    """HBM bytes per logit element of the loss, forward + backward (the model scales them by elementwise_scale).
+
+    ``te``: 16, the model's long-standing count for a fused loss (Transformer Engine's parallel cross entropy reads
+    the bf16 logits and writes the gradient in place). ``native``: Megatron's ``_VocabParallelCrossEntropy``
+    (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32 copy: ``.float()`` (read 2, write 4),
+    max over the vocabulary (4), in-place subtraction of the max (8), ``exp`` (8), the sum (4), the in-place
+    division into the softmax it saves (8); backward the in-place ``mul_`` by the incoming gradient (8) and the
+    cast of the gradient back to bf16 (6): 52.
+    """
+    return 16.0 if stack.cross_entropy == "te" else 52.0

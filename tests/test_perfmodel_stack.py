@@ -1,0 +1,136 @@
+"""What the model knows about each payload's code (dse.perfmodel.stack): the table matches recipes/mcore's source,
+the trial carries its space's payload, and the three facts move the prediction as their byte counts say."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dse.perfmodel import predict
+from dse.perfmodel.memory import GIB, layer_activation_bytes
+from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, payload_stack
+from dse.perfmodel.timing import DEFAULT_PARAMS
+from dse.space import load_space
+from dse.trial import resolve
+from recipes.contract import PAYLOADS
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = (ROOT / "recipes/mcore/train.py").read_text()
+SPACE = ROOT / "conf/spaces/llama3_8b_4l_h200_te_space.toml"
+
+
+def test_every_payload_has_a_stack():
+    assert set(STACKS) == set(PAYLOADS)
+    assert payload_stack("no-such-payload") == NVIDIA_RECIPES == payload_stack(None)
+
+
+def test_the_mcore_entry_is_what_recipes_mcore_runs():
+    """recipes/mcore/train.py keeps fp32 gradient buffers, never sets fp8_param_gather, and leaves Megatron's loss
+    fusion off (so the native fp32 cross entropy runs): change the payload and this test says to change the table."""
+    s = STACKS["mcore"]
+    assert ("grad_reduce_in_fp32=True" in TRAIN) == s.fp8_grad_reduce_in_fp32
+    assert ("fp8_param_gather" in TRAIN) == s.fp8_param_gather
+    assert ("cross_entropy_loss_fusion" in TRAIN) == (s.cross_entropy == "te")
+
+
+def test_the_trial_carries_its_spaces_payload():
+    space = load_space(SPACE)
+    assert space.backend.payload == "mcore"
+    point = next(iter(space.points()))
+    assert resolve(space, point).payload == "mcore"
+    other = space.model_copy(update={"backend": space.backend.model_copy(update={"payload": "mbridge"})})
+    assert resolve(other, point).payload == "mbridge"
+
+
+def _pair(**values):
+    space = load_space(SPACE)
+    t = resolve(space, {"mbs": 1, "recompute": "full", "precision": "bf16", "fp8_recipe": "delayed",
+                        "attention_backend": "fused", **values})
+    return predict(t), predict(replace(t, payload="mbridge")), t
+
+
+def test_fp8_without_param_gather_keeps_a_weight_cache_and_fp32_gradients():
+    mcore, bridge, t = _pair(precision="fp8")
+    a = t.arch
+    lin = a.num_layers * a.hidden_size * ((a.num_attention_heads + 2 * a.num_query_groups) * a.hidden_size
+                                          // a.num_attention_heads + a.hidden_size + 3 * a.ffn_hidden_size)
+    assert mcore.breakdown["mem.fp8_weight_cache_gib"] == pytest.approx(2 * lin / GIB)
+    assert bridge.breakdown["mem.fp8_weight_cache_gib"] == 0.0
+    # bf16 gradients (2 bytes) for Bridge's FP8 recipes, fp32 (4) for recipes.mcore
+    params = mcore.breakdown["mem.states_gib"] * GIB / (2 + 4 + 12)
+    assert bridge.breakdown["mem.states_gib"] == pytest.approx(params * (2 + 2 + 12) / GIB)
+    assert fp8_weight_cache_bytes(False, STACKS["mcore"]) == 0.0
+
+
+def test_the_native_loss_keeps_six_bytes_per_logit():
+    mcore, bridge, t = _pair()
+    assert mcore.breakdown["mem.logits_gib"] / bridge.breakdown["mem.logits_gib"] == pytest.approx(
+        DEFAULT_PARAMS.logits_bytes_native / DEFAULT_PARAMS.logits_bytes)
+    assert DEFAULT_PARAMS.logits_bytes_native == 6.0
+    tuned = predict(t, params=DEFAULT_PARAMS.with_values(logits_bytes_native=4.0))
+    assert tuned.breakdown["mem.logits_gib"] == pytest.approx(mcore.breakdown["mem.logits_gib"] * 4 / 6)
+
+
+def test_a_fused_softmax_keeps_two_bytes_per_score_without_dropout():
+    kw = dict(s=2048, b=1, h=4096, a=32, g=8, ffn=14336, gated=True)
+    korthikanti = layer_activation_bytes(**kw, dropout=False)
+    fused = layer_activation_bytes(**kw, dropout=False, fused_softmax=True)
+    assert korthikanti - fused == pytest.approx(3 * 32 * 2048 * 2048)
+    # with dropout the mask and the dropout output come back: Korthikanti's 5 bytes
+    assert layer_activation_bytes(**kw, dropout=True, fused_softmax=True) == layer_activation_bytes(**kw, dropout=True)
+
+
+def test_unfused_gradient_accumulation_costs_a_pass_over_the_parameters_per_microbatch():
+    """recipes.mcore sets gradient_accumulation_fusion=False: each micro-batch's bf16 weight gradients are added to
+    the fp32 buffer afterwards (2 + 2 + 4 + 4 bytes per parameter at the Adam pass's share of HBM bandwidth)."""
+    from dse.hardware import HARDWARE
+
+    assert ("gradient_accumulation_fusion=False" in TRAIN) == (not STACKS["mcore"].grad_accumulation_fusion)
+    mcore, bridge, t = _pair()
+    assert bridge.breakdown["time.grad_accumulation_s"] == 0.0
+    params = mcore.breakdown["mem.states_gib"] * GIB / (2 + 4 + 12)  # bf16: fp32 gradients on both payloads
+    m = t.gbs // t.mbs
+    want = m * params * 12 / (HARDWARE["h200"].hbm_gbps * 1e9 * DEFAULT_PARAMS.optimizer_bw_eff)
+    assert mcore.breakdown["time.grad_accumulation_s"] == pytest.approx(want)
+    loss = mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"]  # the native loss's extra traffic
+    assert mcore.step_time_s - bridge.step_time_s == pytest.approx(want + loss)
+
+
+def test_dse_predict_takes_the_payload():
+    import json
+
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    runner = CliRunner()
+    base = ["predict", "--model", "llama3_8b_4l", "--gpu", "h200", "--gpus-per-node", "1", "--num-gpus", "1",
+            "--mbs", "1", "--gbs", "8", "--seq-length", "2048", "--json"]
+    out = {}
+    for payload in ("nemo2", "mcore"):
+        r = runner.invoke(app, base + ["--payload", payload])
+        assert r.exit_code == 0, r.output
+        out[payload] = json.loads(r.output)
+        assert out[payload]["payload"] == payload
+    assert out["mcore"]["breakdown"]["mem.logits_gib"] == pytest.approx(
+        3 * out["nemo2"]["breakdown"]["mem.logits_gib"])
+    assert out["mcore"]["step_time_s"] > out["nemo2"]["step_time_s"]  # unfused gradient accumulation
+    r = runner.invoke(app, base + ["--payload", "megatron"])
+    assert r.exit_code == 2 and "--payload" in r.output and "mcore" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_the_native_loss_streams_its_fp32_copy():
+    """Megatron's native cross entropy makes 52 bytes of HBM traffic per logit, the fused one 16: the logits term
+    grows by 36 bytes per logit (at the element-wise kernels' fitted scale) per micro-batch."""
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.stack import cross_entropy_bytes
+
+    assert (cross_entropy_bytes(STACKS["mcore"]), cross_entropy_bytes(NVIDIA_RECIPES)) == (52.0, 16.0)
+    mcore, bridge, t = _pair()
+    logits = t.mbs * t.seq_length * t.arch.vocab_size
+    m = t.gbs // t.mbs
+    want = m * logits * 36 * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h200"].hbm_gbps * 1e9)
+    assert mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"] == pytest.approx(want)
