@@ -32,9 +32,9 @@ def main() -> None:
             t0 = time.perf_counter()
             res = run_study(space, out_dir=out / "study", agent="grid")
             dt = time.perf_counter() - t0
+            n = len(res.records)  # read from the study directory (StudyResult.records is lazy): before it goes
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        n = len(res.records)
         rates.append(n / dt)
         print(f"run {i + 1}: {n} trials (every valid point of {space.size}) in {dt:.2f} s = {n / dt:.0f} trials/s")
     print(f"best {max(rates):.0f} trials/s, median {sorted(rates)[len(rates) // 2]:.0f} trials/s "
