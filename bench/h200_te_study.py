@@ -124,7 +124,7 @@ def pairs(out: list[dict], knob: str, a, b) -> None:
         for key2, r2 in ok.items():
             q = dict(key2)
             same = all(q[k] == v for k, v in p.items() if k not in (knob, "fp8_recipe"))
-            if q.get(knob) == b and same and (knob != "precision" or True):
+            if q.get(knob) == b and same:
                 label = ", ".join(f"{k}={v}" for k, v in q.items() if k != knob)
                 seen.append((label, r2["step_ms"] / r["step_ms"], r2["pred_step_ms"] / r["pred_step_ms"]))
     if not seen:

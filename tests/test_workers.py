@@ -21,39 +21,16 @@ from dse.claims import CLAIMS, Claims, add_trial
 from dse.leaderboard import frame
 from dse.space import load_space
 from dse.store import Store, TrialRecord
-from tests.helpers import write_space
+from tests.helpers import SMALL_SPACE, write_space
 from tests.test_study import valid_count
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_UP = ROOT / ".ci" / "postgres" / "up.sh"
 PG_URL = os.environ.get("DSE_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:55432/dse")
 
-# the small space with a third knob value per knob: 100+ valid points, enough for four workers to collide
-SPACE = """
-name = "workers"
-recipe = "llama3_70b_16l"
-system = "h100"
-num_nodes = 2
-
-[settings]
-seq_length = 4096
-gbs = 32
-max_steps = 20
-
-[knobs]
-tp = [1, 2, 4, 8]
-pp = [1, 2, 4]
-vp = [1, 2]
-mbs = [1, 2]
-recompute = ["none", "selective", "full"]
-
-[objective]
-metric = "tflops_per_gpu"
-
-[search]
-agent = "grid"
-seed = 0
-"""
+# the shared small space with a recompute knob besides: 100+ valid points, enough for four workers to collide
+SPACE = SMALL_SPACE.replace('name = "small"', 'name = "workers"').replace(
+    "mbs = [1, 2]\n", 'mbs = [1, 2]\nrecompute = ["none", "selective", "full"]\n')
 
 
 def dse(*args: str) -> subprocess.Popen:
