@@ -26,6 +26,7 @@ from dse.parse import ParseContext, RunMetrics, parse_log
 from dse.reward import reward
 from dse.space import BackendSettings, EarlyStopSettings, Objective, load_space
 from dse.steady import Monitor, Prune, Rule, median_lower_bound
+from tests.test_early_stop import fake_slurm  # noqa: F401 - the fake sbatch/sacct/scancel fixture
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial
 
@@ -255,18 +256,10 @@ def _alive(pid: int) -> bool:
 
 
 # ------------------------------------------------------------------------------- Slurm, with fake commands
-def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(tmp_path, monkeypatch):
+def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(fake_slurm, monkeypatch):
     from dse.backends.slurm import SlurmBackend
-    from tests.test_early_stop import FAKE
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in FAKE.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_STATE", str(tmp_path / "state"))
-    monkeypatch.setenv("FAKE_SCANCEL", str(tmp_path / "scancel.calls"))
+    tmp_path = fake_slurm
     monkeypatch.setenv("FAKE_LOG", str(REAL_LOG))
     t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=1, tp=1, pp=1,
               cp=1, vp=1, gbs=4, max_steps=20)
