@@ -46,7 +46,11 @@ class _Job:
 
 
 class Pool:
-    """Jobs in threads, at most ``size`` at once (the caller keeps to it: :attr:`free`)."""
+    """Jobs in threads, at most ``size`` at once (the caller keeps to it: :attr:`free`).
+
+    Written here rather than on ``concurrent.futures.ThreadPoolExecutor``: a cancel must reach the thread that
+    runs a given trial (its ident, for ``PyThreadState_SetAsyncExc``) and must not land once that trial has
+    recorded its end (the per-job lock), neither of which an executor's futures expose."""
 
     def __init__(self, size: int):
         self.size = size
