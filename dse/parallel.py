@@ -42,6 +42,7 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     running: bool = True
     cancelled: bool = False
+    interruptible: bool = True
     thread: threading.Thread | None = None
 
 
@@ -65,8 +66,11 @@ class Pool:
     def free(self) -> int:
         return self.size - len(self._jobs)
 
-    def submit(self, key: Any, fn: Callable[[], Any]) -> None:
-        job = _Job(key, fn)
+    def submit(self, key: Any, fn: Callable[[], Any], *, interruptible: bool = True) -> None:
+        """Run ``fn`` in a thread of its own. ``interruptible=False``: :meth:`cancel` lets it finish instead (a
+        job of moments that holds nothing outside the process: an exception landing inside its file writes
+        would only cut them)."""
+        job = _Job(key, fn, interruptible=interruptible)
         job.thread = threading.Thread(target=self._body, args=(job,), name=f"dse-trial-{key}", daemon=True)
         self._jobs[key] = job
         job.thread.start()
@@ -106,11 +110,12 @@ class Pool:
         return out
 
     def cancel(self) -> list[Done]:
-        """Interrupt every running job (see the module docstring) and wait for all of them to end; what each
-        came to (a job that finished before the interrupt reached it keeps its value)."""
+        """Interrupt every running interruptible job (see the module docstring) and wait for all of them to end;
+        what each came to (a job that finished before the interrupt reached it, or was not interruptible, keeps
+        its value)."""
         for job in self._jobs.values():
             with job.lock:
-                if job.running and not job.cancelled:
+                if job.running and not job.cancelled and job.interruptible:
                     job.cancelled = True
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(job.thread.ident),
                                                                ctypes.py_object(KeyboardInterrupt))

@@ -515,7 +515,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             return env.step(action)
 
         in_flight[number] = action
-        pool.submit(number, work)
+        pool.submit(number, work, interruptible=be.interruptible)
         return True
 
     synced = [time.monotonic()]

@@ -29,6 +29,8 @@ class Slow(SimBackend):
     """The simulated backend, taking ``delay(point)`` seconds a trial; counts how many run at once and which
     were cancelled (reached by the Ctrl-C while running)."""
 
+    interruptible = True  # it stands for a job that takes time (a poll loop), which a Ctrl-C interrupts
+
     def __init__(self, delay=lambda trial: 0.05, hold: threading.Event | None = None):
         super().__init__()
         self.delay, self.hold = delay, hold

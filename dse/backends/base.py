@@ -54,6 +54,9 @@ class Backend(abc.ABC):
 
     name: str = "base"
     simulated: bool = False  # True: the plan must carry the simulated figures (LaunchPlan.sim_run)
+    # False: a run ends in moments and holds nothing outside dse (the in-process simulated backend), so a Ctrl-C
+    # under --parallel lets it finish instead of interrupting it mid-write (dse.parallel.Pool.cancel)
+    interruptible: bool = True
 
     @classmethod
     def from_space(cls, space: "Space", *, seed: int = 0) -> "Backend":

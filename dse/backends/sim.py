@@ -23,6 +23,8 @@ from recipes.sim.logwriter import write_log
 class SimBackend(Backend):
     """Writes the simulated log into the run directory; exit code as the simulated trainer would return."""
 
+    interruptible = False  # milliseconds in-process: a Ctrl-C lets it finish (its log is never cut mid-write)
+
     name = "sim"
     simulated = True
 
