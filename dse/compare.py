@@ -19,9 +19,8 @@ from typing import Any
 import pandas as pd
 
 from dse import report
-from dse.best import best_record
 from dse.errors import UserError
-from dse.leaderboard import gpu_hours, write_csv
+from dse.leaderboard import Summary, write_csv
 from dse.study import open_store
 
 COLUMNS = ("study", "system", "gpu", "num_gpus", "best_trial", "tflops_per_gpu", "tokens_per_s_per_gpu",
@@ -41,17 +40,18 @@ def _price(meta: dict[str, Any]) -> float | None:
 
 
 def gather(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """What the comparison needs from each study directory: its meta, records and best record."""
+    """What the comparison needs from each study directory: its meta and a :class:`dse.leaderboard.Summary`
+    of its trials (best record, counts, GPU-hours), read as a stream: no study is held whole."""
     if not dirs:
         raise UserError("give one or more study directories", field="DIR")
     studies = []
     for d in dirs:
         store, meta = open_store(Path(d))
         try:
-            records = store.records()
+            summary = Summary.of(store.iter_records(), top=0)
         finally:
             store.close()
-        studies.append({"dir": Path(d), "meta": meta, "records": records, "best": best_record(records)})
+        studies.append({"dir": Path(d), "meta": meta, "summary": summary, "best": summary.best})
     return studies
 
 
@@ -67,7 +67,7 @@ def _changed(base: dict[str, Any] | None, knobs: dict[str, Any] | None, order: S
 def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
     rows, base_tps, base_knobs = [], None, None
     for i, s in enumerate(studies):
-        meta, best, records = s["meta"], s["best"], s["records"]
+        meta, best, summary = s["meta"], s["best"], s["summary"]
         m = best.metrics if best else {}
         num_gpus = best.num_gpus if best else None
         tps_gpu = m.get("tokens_per_s_per_gpu")
@@ -76,7 +76,7 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
             base_tps, base_knobs = tps, (best.knobs if best else None)
         price = _price(meta)
         gph = (1e9 / tps) * num_gpus / 3600.0 if tps else None
-        spent = gpu_hours(records)[0]
+        spent = summary.spent
         rows.append({
             "study": meta.get("study_name"), "system": meta.get("system"), "gpu": meta.get("gpu"),
             "num_gpus": num_gpus, "best_trial": best.number if best else None,
@@ -86,7 +86,7 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
             "gpu_hours_per_1b_tokens": gph, "price_per_gpu_hour": price,
             "cost_per_1b_tokens": gph * price if gph is not None and price else None,
             "search_gpu_hours": spent, "search_cost": spent * price if price else None,
-            "trials": len(records), "ok": sum(r.ok for r in records),
+            "trials": summary.n, "ok": summary.counts["ok"],
             "changed_knobs": "(baseline)" if i == 0 and best else _changed(base_knobs, best.knobs if best else None,
                                                                              list(meta.get("knobs", {}))),
         })
@@ -120,8 +120,13 @@ def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.Da
     out.mkdir(parents=True, exist_ok=True)
     df = table(studies)
     csv = write_csv(df, out / "compare.csv")
-    for s in studies:
-        report.write(s["records"], s["meta"], s["dir"] / "report.html", best=report.read_best(s["dir"]))
+    for s in studies:  # each study's report from a second stream over its store
+        store, _ = open_store(Path(s["dir"]))
+        try:
+            report.write(store.iter_records(), s["meta"], s["dir"] / "report.html", best=report.read_best(s["dir"]),
+                         total=s["summary"].n)
+        finally:
+            store.close()
     body = html_section(df, studies)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>dse compare</title>"
             f"<style>{report._STYLE}</style></head><body><h1>dse compare</h1>{body}</body></html>")

@@ -79,17 +79,16 @@ def warm_start_points(space: Space, study_dir: str | Path, *, top: int = WARM_ST
     seeds are run again, on this system)."""
     store, _ = open_store(Path(study_dir))
     try:
-        records = store.records()
+        # streamed: only the ok trials whose point is one of ``space``'s are kept, as (-reward, number, values)
+        ok = [(-r.reward, r.number, tuple(r.knobs[k] for k in space.knobs)) for r in store.iter_records()
+              if r.ok and all(k in r.knobs and r.knobs[k] in vals for k, vals in space.knobs.items())]
     finally:
         store.close()
-    ok = sorted((r for r in records if r.ok), key=lambda r: (-r.reward, r.number))
     points: list[dict[str, Any]] = []
-    for r in ok:
+    for _, _, values in sorted(ok, key=lambda t: t[:2]):
         if len(points) >= top:
             break
-        if not all(k in r.knobs and r.knobs[k] in vals for k, vals in space.knobs.items()):
-            continue
-        point = {k: r.knobs[k] for k in space.knobs}
+        point = dict(zip(space.knobs, values))
         if point not in points and constraints.check(resolve(space, point)) is None:
             points.append(point)
     return points

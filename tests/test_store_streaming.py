@@ -22,7 +22,7 @@ from dse.leaderboard import Summary, frame
 from dse.store import Store, TrialRecord
 from dse.study import open_store, run_study
 from dse.space import load_space
-from tests.helpers import write_space
+from tests.helpers import SMALL_SPACE, write_space
 
 runner = CliRunner()
 KNOBS = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "mbs": [1, 2], "recompute": ["none", "selective", "full"]}
@@ -114,6 +114,42 @@ def test_leaderboard_and_report_of_a_large_study(big_study, tmp_path, monkeypatc
     page = html_file.read_text()
     assert f"The top 50 of {N:,} trials" in page and f"every 24th of {N:,} trials" in page
     assert f"{N} trials: ok {3 * N // 4}, oom {N // 4}" in page
+
+
+def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkeypatch):
+    """`dse compare` and the warm start of `--systems` read a study as a stream: never `Store.records()`
+    (the whole study as one list); what they report is what the whole list gives."""
+    from dse import compare
+    from dse.generations import warm_start_points
+
+    everything = open_store(big_study)[0].records()
+
+    def whole(self):
+        raise AssertionError("read the whole study as one list")
+
+    monkeypatch.setattr(Store, "records", whole)
+    monkeypatch.setattr(report, "PLOT_TRIALS", 500)
+    studies = compare.gather([big_study])
+    df, _, _ = compare.write(studies, tmp_path / "cmp")
+    best = max((r for r in everything if r.ok), key=lambda r: (r.reward, -r.number))
+    row = df.iloc[0]
+    assert (row.best_trial, row.trials, row.ok) == (best.number, N, sum(r.ok for r in everything))
+    assert row.search_gpu_hours == pytest.approx(sum(r.gpu_hours for r in everything))
+    assert f"{N} trials: ok {3 * N // 4}, oom {N // 4}" in (big_study / "report.html").read_text()
+    from dse import constraints
+    from dse.trial import resolve
+
+    text = SMALL_SPACE.replace("pp = [1, 2, 4]\nvp = [1, 2]\n", "pp = [1, 2]\n").replace(
+        "max_steps = 20\n", "max_steps = 20\nvp = 1\ncp = 1\n")
+    space = load_space(write_space(tmp_path, text))
+    assert set(space.knobs) == {"tp", "pp", "mbs"}
+    expected: list[dict] = []
+    for r in sorted((r for r in everything if r.ok), key=lambda r: (-r.reward, r.number)):
+        point = {k: r.knobs[k] for k in space.knobs}
+        if (point["pp"] in (1, 2) and point not in expected and len(expected) < 3
+                and constraints.check(resolve(space, point)) is None):
+            expected.append(point)
+    assert len(expected) == 3 and warm_start_points(space, big_study, top=3) == expected
 
 
 KILLER = """
