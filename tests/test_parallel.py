@@ -314,7 +314,7 @@ def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
     store.close()
     trials = optuna.load_study(study_name="s", storage=url).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and trials[0].value == 7.5
-    assert trials[0].user_attrs["reason"] is None and trials[0].params == {"tp": 1}
+    assert "reason" not in trials[0].user_attrs and trials[0].params == {"tp": 1}
 
 
 class EndedMeanwhile(SimBackend):
