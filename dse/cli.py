@@ -488,17 +488,21 @@ def parse_cmd(
 
     from dse.parse import ParseContext, parse_log
 
+    from dse import logpack
     from dse.backends.scripts import run_log
 
     path = Path(log)
+    source: Path | list[str] = path
     if path.is_dir():  # a run directory: its log (a simulated trial's is log.txt.gz)
         found = run_log(path)
         if found is None:
             raise UserError("holds no log.txt or log.txt.gz (give a run directory or a training log)", file=log)
-        path = found
-    if not path.is_file():
+        source = found
+    elif not path.exists() and (packed := logpack.read(path)) is not None:
+        source = packed.splitlines()  # a simulated trial whose run directory was packed (trials/logs-*.tar.xz)
+    elif not path.is_file():
         raise UserError("no such log file (give the path of a training log)", file=log)
-    m = parse_log(path, exit_code=exit_code, scheduler_state=scheduler_state,
+    m = parse_log(source, exit_code=exit_code, scheduler_state=scheduler_state,
                   context=ParseContext(gbs=gbs, seq_length=seq_length, num_gpus=num_gpus))
     d = m.to_dict()
     keys = ("status", "reason", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib",

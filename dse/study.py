@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agents.base import agent_class, load_agents, make_agent
 from dse import registry as reg
+from dse import logpack
 from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
 from dse.counting import count_valid
@@ -221,9 +222,9 @@ def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
 
 
 def _ran(out_dir: Path) -> int:
-    """How many trials' run directories ``out_dir`` holds."""
+    """How many trials' run directories ``out_dir`` holds, packed ones (dse.logpack) included."""
     d = Path(out_dir) / "trials"
-    return sum(1 for p in d.iterdir() if p.is_dir() and p.name.isdigit()) if d.is_dir() else 0
+    return (sum(1 for p in d.iterdir() if p.is_dir() and p.name.isdigit()) + logpack.count(d)) if d.is_dir() else 0
 
 
 def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sampler: str | None = None,
@@ -356,6 +357,7 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             raise _io_error(e, f"cannot write {out / META}") from None
     ready()  # the study is there: other workers may join
     be = make_backend(backend_name, space, seed)
+    packer = logpack.Packer(out / "trials") if be.packs_logs else None  # simulated logs, PACK_SIZE at a time
     current = threading.local()  # the number of the trial this thread runs (its run directory)
     best: list[float | None] = [None]  # the best metric measured in this study (resumed trials too), for pruning
     env = RecipeEnv(space, be, out, run_dirs=lambda: trial_dir(out, current.number), best=lambda: best[0])
@@ -438,6 +440,11 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             store.replace(rec)
         else:
             store.record(rec)
+        if packer is not None and rec.run_dir is not None:
+            packer.add(number)
+            if packer.ready:
+                store.flush()  # a pack holds only trials the store has (dse.logpack)
+                packer.pack()
         best[0] = better(best[0], rec.metrics, space.objective, ok=rec.ok)
         if claims is not None:
             claims.done(info["knobs"])

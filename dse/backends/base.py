@@ -57,6 +57,8 @@ class Backend(abc.ABC):
     # False: a run ends in moments and holds nothing outside dse (the in-process simulated backend), so a Ctrl-C
     # under --parallel lets it finish instead of interrupting it mid-write (dse.parallel.Pool.cancel)
     interruptible: bool = True
+    # True: its run directories (exactly a compressed log, dse.logpack.packable) are packed once recorded
+    packs_logs: bool = False
 
     @classmethod
     def from_space(cls, space: "Space", *, seed: int = 0) -> "Backend":

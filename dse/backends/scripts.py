@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from dse.errors import UserError
+from dse.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
 from recipes import contract
 
 LOG_NAME = contract.LOG_NAME  # the trainer's output in every run directory (as the simulated backend writes it)
-COMPRESSED_LOG = LOG_NAME + ".gz"  # the simulated backend's log, gzip-compressed (a run directory of ~3 KB, not 13)
 
 
 def run_log(run_dir: Path) -> Path | None:
