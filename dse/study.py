@@ -666,6 +666,12 @@ def _io_error(e: OSError, what: str) -> InfrastructureError:
 
 
 def _write_leaderboard(df, out: Path) -> Path:
+    """``out/leaderboard.csv``. Decision: it names run directories relative to the study directory
+    (``trials/00003``), as the store and ``best/best.json`` do, so a moved or copied study's own table stays
+    right; ``dse leaderboard DIR --csv FILE`` writes them absolute, since FILE may be anywhere."""
+    prefix = os.path.join(os.path.abspath(out), "")
+    # string prefixes, not os.path.relpath: one row per trial (185k on the big grid)
+    df["run_dir"] = [p[len(prefix):] if isinstance(p, str) and p.startswith(prefix) else p for p in df["run_dir"]]
     try:
         return write_csv(df, out / LEADERBOARD)
     except OSError as e:
