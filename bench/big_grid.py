@@ -79,6 +79,11 @@ def main() -> None:
         db = (out / "study.db").stat().st_size / 1e6
         print(f"output: {disk:,.0f} MB on disk, {apparent:,.0f} MB apparent, {files:,} files; study.db {db:,.0f} MB; "
               f"{disk * 1e6 / max(n, 1) / 1024:.1f} KiB on disk per trial")
+        packs = list((out / "trials").glob("logs-*.tar.xz"))
+        dirs = [p for p in (out / "trials").iterdir() if p.is_dir()] if (out / "trials").is_dir() else []
+        print(f"  leaderboard.csv {(out / 'leaderboard.csv').stat().st_size / 1e6:,.0f} MB; {len(packs):,} packs of "
+              f"simulated logs {sum(p.stat().st_size for p in packs) / 1e6:,.1f} MB; {len(dirs):,} run directories "
+              f"left unpacked {sum(sizes(d)[0] for d in dirs):,.1f} MB")
         if args.quick_start:
             qs = tmp / "qs"
             wall, rss, _ = run(["run", "--space", str(ROOT / "conf/spaces/llama3_405b_space.toml"), "--out", str(qs)])
