@@ -89,6 +89,20 @@ def pack(trials_dir: Path, numbers: Iterable[int]) -> Path | None:
     return path
 
 
+def set_aside(trials_dir: str | os.PathLike) -> list[Path]:
+    """Rename every pack in ``trials_dir`` to ``logs-FIRST-LAST.orphanK.tar.xz`` (which no reader takes): for a
+    study started anew over the old one's trial numbers (``--resume --rebuild``); the new names."""
+    moved = []
+    for _, _, p in _packs(Path(trials_dir)):
+        stem = p.name[: -len(".tar.xz")]
+        k = 0
+        while (aside := p.with_name(f"{stem}.orphan{k}.tar.xz")).exists():
+            k += 1
+        p.rename(aside)
+        moved.append(aside)
+    return moved
+
+
 def _packs(trials_dir: Path) -> list[tuple[int, int, Path]]:
     if not trials_dir.is_dir():
         return []

@@ -332,12 +332,16 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
                             file=space.source, field="knobs")
         url = stored_storage(meta["storage"], out)
         ran = _ran(out)
-        if ran and not rebuild and not study_exists(url, meta["study_name"]):
-            # an emptied or deleted database: starting afresh would overwrite the leaderboard and set the
-            # run directories aside, so only an explicit --rebuild does that
-            raise UserError(f"holds no study {meta['study_name']!r}; the run directories say {ran} trials ran "
-                            "(pass --rebuild with --resume to start the study anew)",
-                            file=str(sqlite_path(url) or url), field="--resume")
+        if ran and not study_exists(url, meta["study_name"]):
+            if not rebuild:
+                # an emptied or deleted database: starting afresh would overwrite the leaderboard and set the
+                # run directories aside, so only an explicit --rebuild does that
+                raise UserError(f"holds no study {meta['study_name']!r}; the run directories say {ran} trials "
+                                "ran (pass --rebuild with --resume to start the study anew)",
+                                file=str(sqlite_path(url) or url), field="--resume")
+            # the new trials take the old numbers: their directories are set aside one by one as they run
+            # (dse.execute.prepare_run_dir), the old packs all at once, so no reader takes an old log for a new
+            logpack.set_aside(out / "trials")
     else:
         url = storage or storage_url(out)
         meta = {"space": space.source, "space_name": space.name, "study_name": space.name,

@@ -139,3 +139,19 @@ def test_a_study_whose_database_is_gone_counts_its_packed_trials(tmp_path, small
     (out / "study.db").unlink()
     r = runner.invoke(app, ["leaderboard", str(out)])
     assert r.exit_code == 2 and f"({SIZE + 2} run directories)" in r.output
+
+
+def test_a_study_started_anew_sets_the_old_packs_aside(tmp_path, small_packs):
+    space = load_space(write_space(tmp_path))
+    out = tmp_path / "out"
+    run_study(space, out_dir=out, agent="random", trials=SIZE, seed=1)
+    old = next((out / "trials").glob("logs-*.tar.xz"))
+    before = old.read_bytes()
+    (out / "study.db").unlink()
+    run_study(space, out_dir=out, agent="grid", trials=SIZE, resume=True, rebuild=True)
+    aside = out / "trials" / old.name.replace(".tar.xz", ".orphan0.tar.xz")
+    assert aside.read_bytes() == before and old.read_bytes() != before  # the new pack took the free name
+    for r in _records(out):
+        if r.run_dir is not None:  # each new trial's log is its own, not the old trial's of the same number
+            parsed = json.loads(runner.invoke(app, ["parse", r.run_dir, "--json"]).output)
+            assert (parsed["status"], parsed["step_time_s"]) == (r.status, r.metrics.get("step_time_s"))
