@@ -58,8 +58,8 @@ def test_a_sim_study_packs_its_logs_and_each_reads_back_as_it_was_parsed(tmp_pat
 
 
 def test_packs_are_standard_tar_files_that_give_the_directories_back(tmp_path, small_packs):
-    if shutil.which("tar") is None:
-        pytest.skip("no tar command")
+    if shutil.which("tar") is None or shutil.which("xz") is None:
+        pytest.skip("no tar or xz command")
     out = tmp_path / "out"
     run_study(load_space(write_space(tmp_path)), out_dir=out, agent="random", trials=SIZE)
     pack = next((out / "trials").glob("logs-*.tar.xz"))
