@@ -52,12 +52,12 @@ def _one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 INTERRUPTED = "interrupted"
+READ_BATCH = 5_000  # trials per read query batch: what a reader holds at once, whatever the study's size
 
 
 def _json(value: Any) -> str:
     """A user attribute's JSON as Optuna reads it (``json.loads``), without the spaces ``json.dumps`` puts in."""
     return json.dumps(value, separators=(",", ":"))
-READ_BATCH = 5_000  # trials per read query batch: what a reader holds at once, whatever the study's size
 
 
 @dataclass(frozen=True)

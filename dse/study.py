@@ -331,8 +331,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
             raise UserError("the space differs from the one this study ran; resume with the same space file",
                             file=space.source, field="knobs")
         url = stored_storage(meta["storage"], out)
-        ran = _ran(out)
-        if ran and not study_exists(url, meta["study_name"]):
+        # the run directories are counted only when the study is gone (a pack is read through to count it)
+        if not study_exists(url, meta["study_name"]) and (ran := _ran(out)):
             if not rebuild:
                 # an emptied or deleted database: starting afresh would overwrite the leaderboard and set the
                 # run directories aside, so only an explicit --rebuild does that
