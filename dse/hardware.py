@@ -49,6 +49,11 @@ class GpuSpec:
     # softmax runs on them, beside the tensor cores; None where no figure is published (the model then folds
     # the softmax into the attention efficiency, as for Hopper and Ampere)
     sfu_exp_tera_per_s: float | None = None
+    # Blackwell Ultra (GB300): NVIDIA quotes the same dense BF16 / FP8 peaks as GB200, but its power budget is
+    # reported at up to 1.4 kW per GPU against GB200's 1.2 kW (trade press, not the pages cited below), so its
+    # tensor cores can hold their clock under load. Its sustained rate over GB200's is a fitted parameter
+    # (timing.Params.ultra_tensor_ratio, 1.157 from one GB300 row), not a quoted figure
+    blackwell_ultra: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -93,7 +98,8 @@ HARDWARE: dict[str, GpuSpec] = {g.name: g for g in (
     # 800 Gb/s ConnectX-8 per GPU (GB300 NVL72 product page); special function units doubled for softmax
     # (NVIDIA technical blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra", 2026): 10.7 vs 5
     # tera-exponentials/s (per-GPU table of verda.com/blog/gb300-nvl72-architecture, B200 and GB200 at 5).
-    GpuSpec("gb300", "blackwell", 2500.0, 5000.0, 15000.0, 279.0, 8000.0, 1800.0, 72, 4, 800.0, 225.0, "b200", 10.7),
+    GpuSpec("gb300", "blackwell", 2500.0, 5000.0, 15000.0, 279.0, 8000.0, 1800.0, 72, 4, 800.0, 225.0, "b200", 10.7,
+            blackwell_ultra=True),
 )}
 GPU_NAMES: tuple[str, ...] = tuple(HARDWARE)
 

@@ -339,12 +339,39 @@ def test_predict_reads_the_trials_fp8_recipe():
     assert t["mxfp8"] > t["tensorwise"]
 
 
+def test_blackwell_ultra_tensor_ratio_speeds_only_gb300_tensor_work():
+    """GB300's sustained tensor-core rate over GB200's (Params.ultra_tensor_ratio) divides GB300's GEMM time and
+    leaves GB200's alone; at ratio 1 GB300 is faster only by its special-function units."""
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=8, tp=1, pp=1, mbs=2, gbs=128, seq_length=8192, precision="fp8")
+    def step(gpu, r):
+        return predict_layout(arch, gpu, params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=r), **kw).step_time_s
+    assert step("gb200", 1.0) == step("gb200", 1.3)
+    assert step("gb300", 1.3) < step("gb300", 1.0) <= step("gb200", 1.0)
+    # no more than the whole step divided by the ratio: only the tensor-core part speeds up
+    assert step("gb300", 1.3) > step("gb300", 1.0) / 1.3
+
+
+def test_mxfp8_gemm_ratio_prices_only_mxfp8_gemms():
+    """Params.mxfp8_gemm_ratio scales the FP8 GEMM rate of the mxfp8 recipe; per-tensor recipes and bf16 are
+    untouched."""
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=8, tp=1, pp=1, mbs=2, gbs=128, seq_length=8192)
+    def step(r, **k):
+        return predict_layout(arch, "b200", params=DEFAULT_PARAMS.with_values(mxfp8_gemm_ratio=r), **kw, **k).step_time_s
+    assert step(0.8, precision="fp8", fp8_recipe="tensorwise") == step(1.0, precision="fp8", fp8_recipe="tensorwise")
+    assert step(0.8, precision="bf16") == step(1.0, precision="bf16")
+    assert step(0.8, precision="fp8", fp8_recipe="mxfp8") > step(1.0, precision="fp8", fp8_recipe="mxfp8")
+
+
 def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
     """GB300 and GB200 share dense peaks, HBM bandwidth and NVLink; without data parallelism and with the same
     NIC the step differs only by the softmax exponentials: one per causal score element forward, one backward,
-    at each GPU's special-function-unit rate (dse.hardware)."""
+    at each GPU's special-function-unit rate (dse.hardware). Blackwell Ultra's sustained tensor rate is set to
+    GB200's here (ultra_tensor_ratio=1) to isolate the exponentials."""
     arch = RECIPES["llama3_8b"].arch
-    kw = dict(num_gpus=4, tp=4, pp=1, mbs=1, gbs=16, seq_length=16384, precision="fp8", scaleout_gbps=400.0)
+    kw = dict(num_gpus=4, tp=4, pp=1, mbs=1, gbs=16, seq_length=16384, precision="fp8", scaleout_gbps=400.0,
+              params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=1.0))
     gb200, gb300 = (predict_layout(arch, g, **kw) for g in ("gb200", "gb300"))
     T, s, a = 16384, 16384, arch.num_attention_heads / 4  # heads per GPU at tp=4 (no data parallelism)
     per_layer = T * s * a * (1 / HARDWARE["gb200"].sfu_exp_tera_per_s - 1 / HARDWARE["gb300"].sfu_exp_tera_per_s) / 1e12

@@ -47,6 +47,11 @@ PRIORS: dict[str, Prior] = {
     "attn_eff": Prior(0.50, 0.5),
     # Blackwell (cuDNN): no kernel benchmark in the reference set; the Hopper centre, as loose
     "attn_eff_blackwell": Prior(0.50, 0.5),
+    # Blackwell Ultra's sustained tensor rate over GB200's: the same quoted peaks, so centred on 1; the 1.4 vs
+    # 1.2 kW power budget (1.17x) bounds it loosely (log width 0.25)
+    "ultra_tensor_ratio": Prior(1.0, 0.25, "log"),
+    # MXFP8 over per-tensor FP8 GEMMs: the same tensor-core peak, so centred on 1
+    "mxfp8_gemm_ratio": Prior(1.0, 0.25, "log"),
     "elementwise_scale": Prior(1.4, 0.4, "log"),  # element-wise kernels reach ~70% of HBM bandwidth
     "nvlink_eff": Prior(0.80, 0.5),  # nccl-tests all-gather bus bandwidth ~360 of 450 GB/s (H100)
     "scaleout_eff": Prior(0.80, 0.5),  # nccl-tests across nodes: ~40 of 50 GB/s per 400 Gb/s NIC

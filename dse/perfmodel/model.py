@@ -187,11 +187,17 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # NVIDIA's FP8 performance recipes reduce gradients in bf16 (grad_reduce_in_fp32=False); Megatron's
     # bf16 default accumulates and reduces them in fp32, and so does recipes.mcore in FP8 (dse.perfmodel.stack).
     grad_b = 2.0 if precision == "fp8" and not stack.fp8_grad_reduce_in_fp32 else 4.0
-    bf16_peak = hw.bf16_tflops * 1e12
+    # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
+    # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
+    tensor_ratio = P.ultra_tensor_ratio if hw.blackwell_ultra else 1.0
+    bf16_peak = hw.bf16_tflops * 1e12 * tensor_ratio
     attn_eff = {"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(hw.arch, P.attn_eff)
     if fp8:
         eff8 = P.gemm_eff_fp8_blackwell if hw.arch == "blackwell" else P.gemm_eff_fp8
-        g_rate, g_in = hw.fp8_tflops * 1e12 * eff8, 1.0
+        # MXFP8's GEMMs apply a scale per 32-element block inside the tensor-core pipeline (a fitted rate
+        # ratio, Params.mxfp8_gemm_ratio); per-tensor recipes scale once per GEMM
+        mx = P.mxfp8_gemm_ratio if fp8_recipe == "mxfp8" else 1.0
+        g_rate, g_in = hw.fp8_tflops * 1e12 * tensor_ratio * eff8 * mx, 1.0
     else:
         g_rate, g_in = bf16_peak * P.gemm_eff_bf16, 2.0
 
