@@ -24,6 +24,11 @@ class ModelArch:
     gated_mlp: bool
     num_experts: int = 0  # 0 = dense
     max_position_embeddings: int = 8192
+    # the MLP's activation as NVIDIA's model providers define it: "fused" is the stack's fused kernel (SwiGLU
+    # when gated, GeLU otherwise); "squared_relu" is the Nemotron providers' eager ``torch.pow(relu(x), 2)``
+    # (NeMo 2 ``NemotronConfig``, Megatron-Bridge ``NemotronModelProvider``: a plain Python function, not
+    # Megatron-Core's jit-fused ``squared_relu``), priced by dse.perfmodel.model.SQUARED_RELU_EXTRA_BYTES
+    activation: str = "fused"
 
     @property
     def head_dim(self) -> int:
@@ -72,9 +77,12 @@ class Recipe:
 LLAMA3_8B = ModelArch("llama3_8b", 32, 4096, 32, 8, 14336, 128256, True)
 LLAMA3_70B = ModelArch("llama3_70b", 80, 8192, 64, 8, 28672, 128256, True)
 LLAMA3_405B = ModelArch("llama3_405b", 126, 16384, 128, 8, 53248, 128256, True)
-NEMOTRON3_8B = ModelArch("nemotron3_8b", 32, 4096, 32, 32, 16384, 256000, False, max_position_embeddings=4096)
-NEMOTRON4_15B = ModelArch("nemotron4_15b", 32, 6144, 48, 8, 24576, 256000, False, max_position_embeddings=4096)
-NEMOTRON4_340B = ModelArch("nemotron4_340b", 96, 18432, 96, 8, 73728, 256000, False, max_position_embeddings=4096)
+NEMOTRON3_8B = ModelArch("nemotron3_8b", 32, 4096, 32, 32, 16384, 256000, False,
+                         max_position_embeddings=4096, activation="squared_relu")
+NEMOTRON4_15B = ModelArch("nemotron4_15b", 32, 6144, 48, 8, 24576, 256000, False,
+                         max_position_embeddings=4096, activation="squared_relu")
+NEMOTRON4_340B = ModelArch("nemotron4_340b", 96, 18432, 96, 8, 73728, 256000, False,
+                           max_position_embeddings=4096, activation="squared_relu")
 
 
 def _recipes() -> dict[str, Recipe]:

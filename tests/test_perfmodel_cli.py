@@ -130,3 +130,24 @@ def test_predict_takes_the_attention_backend_and_fp8_recipe():
     assert mx["precision"] == "fp8" and mx["fp8_recipe"] == "mxfp8"
     bad = CliRunner().invoke(app, ["predict", "--model", "llama3_70b", "--gpu", "b200", "--attention-backend", "x"])
     assert bad.exit_code == 2 and "attention_backend takes one of" in bad.output
+
+
+def test_model_file_activation(tmp_path):
+    """A model file may say its MLP runs Nemotron's eager squared ReLU (slower on NVIDIA's stacks); any other
+    value is a one-line error naming the file and the field, exit code 2."""
+    args = ["predict", "--gpu", "h100", "--num-gpus", "64", "--seq-length", "2048", "--gbs", "64", "--tp", "8",
+            "--pp", "8", "--json"]
+    steps = {}
+    for act in ("fused", "squared_relu"):
+        f = tmp_path / f"{act}.toml"
+        f.write_text(GPT3 + f'activation = "{act}"\n')
+        res = runner.invoke(app, [*args, "--model-file", str(f)])
+        assert res.exit_code == 0, res.output
+        steps[act] = json.loads(res.stdout)["step_time_s"]
+    assert steps["squared_relu"] > steps["fused"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GPT3 + 'activation = "$(rm -rf ~)"\n')
+    res = runner.invoke(app, [*args, "--model-file", str(bad)])
+    assert res.exit_code == 2
+    assert "bad.toml" in res.output and "activation" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1

@@ -134,3 +134,32 @@ def test_the_native_loss_streams_its_fp32_copy():
     m = t.gbs // t.mbs
     want = m * logits * 36 * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h200"].hbm_gbps * 1e9)
     assert mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"] == pytest.approx(want)
+
+
+def test_the_mcore_entry_runs_its_own_activation():
+    """recipes/mcore/train.py picks F.silu or F.gelu from the gated flag alone, so a Nemotron arch there runs no
+    eager squared ReLU; NVIDIA's Nemotron providers do."""
+    assert "activation_func=F.silu if cfg.gated else F.gelu" in TRAIN
+    assert STACKS["mcore"].arch_activation is False and NVIDIA_RECIPES.arch_activation is True
+
+
+def test_eager_squared_relu_costs_its_bytes_on_nvidia_stacks_only():
+    """Nemotron's eager squared ReLU (ModelArch.activation) adds SQUARED_RELU_EXTRA_BYTES per element of the MLP
+    intermediate per token to every layer's element-wise traffic, forward + backward, on NeMo 2 / Bridge; the
+    same arch on recipes.mcore's stack, or with a fused activation, pays nothing."""
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.model import SQUARED_RELU_EXTRA_BYTES, predict_layout
+    from recipes.models import RECIPES
+
+    arch = RECIPES["nemotron4_15b"].arch
+    assert arch.activation == "squared_relu"
+    fused = replace(arch, activation="fused")
+    kw = dict(num_gpus=2, tp=2, pp=1, mbs=1, gbs=16, seq_length=4096, precision="bf16")  # no DP to overlap
+    eager, plain = (predict_layout(a, "h100", **kw) for a in (arch, fused))
+    m, T = 16, 4096  # micro-batches, tokens per micro-batch
+    extra = m * arch.num_layers * T * SQUARED_RELU_EXTRA_BYTES * arch.ffn_hidden_size / 2 \
+        * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h100"].hbm_gbps * 1e9)
+    assert eager.step_time_s - plain.step_time_s == pytest.approx(extra, rel=1e-6)
+    assert eager.peak_memory_gib == plain.peak_memory_gib
+    mc = STACKS["mcore"]
+    assert predict_layout(arch, "h100", stack=mc, **kw).step_time_s == predict_layout(fused, "h100", stack=mc, **kw).step_time_s

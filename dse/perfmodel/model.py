@@ -124,6 +124,14 @@ def _exposed(comm: float, window: float) -> float:
     return comm * comm / (comm + window) if comm > 0.0 else 0.0
 
 
+# HBM bytes per element of the MLP's intermediate (bf16, per token, forward + backward) that NVIDIA's Nemotron
+# providers' eager squared ReLU (recipes.models.ModelArch.activation) moves beyond a fused activation's 12:
+# forward relu (read 2, write 2) and pow (2, 2) = 8; backward autograd's pow_backward, grad * (2 * r.pow(1)):
+# pow (2, 2), scale (2, 2), multiply (4, 2) = 14, and relu's threshold_backward (4, 2) = 6; 28 - 12 = 16. Its
+# saved tensors (relu's output, shared by both backward functions) take the place of the fused kernel's input,
+# so the activation memory does not change.
+SQUARED_RELU_EXTRA_BYTES = 16.0
+
 MX_BLOCK = 32  # MXFP8 (OCP Microscaling spec v1.0): one E8M0 scale byte per 32 elements along K
 
 
@@ -241,6 +249,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         attn_fwd = attn_tc + attn_exp
         attn_fb = 3.5 * attn_tc + 2.0 * attn_exp  # backward: 2.5x the forward's GEMMs (recomputes the scores)
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
+    if stack.arch_activation and arch.activation == "squared_relu":
+        elem_bytes += SQUARED_RELU_EXTRA_BYTES * F / t
     if fp8:
         elem_bytes += fp8_quant_bytes(fp8_recipe) * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
     elem = T * elem_bytes * P.elementwise_scale / hbm_Bps  # forward + backward

@@ -55,6 +55,9 @@ class Stack:
     fp8_param_gather: bool = True  # FP8 runs keep the linear weights as FP8 tensors (no bf16 weight + FP8 cache)
     fp8_grad_reduce_in_fp32: bool = False  # FP8 runs keep fp32 gradient buffers (True) or bf16 ones
     grad_accumulation_fusion: bool = True  # the wgrad GEMMs accumulate into the gradient buffer (no extra pass)
+    # the payload runs the architecture's own activation (ModelArch.activation: Nemotron's eager squared ReLU
+    # in NeMo 2 and Megatron-Bridge); recipes.mcore runs F.silu when gated and F.gelu otherwise, whatever the arch
+    arch_activation: bool = True
 
 
 # NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
@@ -66,10 +69,10 @@ STACKS: dict[str, Stack] = {
     "nemo2": NVIDIA_RECIPES,
     "mbridge": NVIDIA_RECIPES,
     "sim": NVIDIA_RECIPES,
-    # recipes/mcore/train.py: no cross_entropy_loss_fusion, no fp8_param_gather, grad_reduce_in_fp32=True
-    # and gradient_accumulation_fusion=False
+    # recipes/mcore/train.py: no cross_entropy_loss_fusion, no fp8_param_gather, grad_reduce_in_fp32=True,
+    # gradient_accumulation_fusion=False, and its own activation (F.silu / F.gelu)
     "mcore": Stack(cross_entropy="native", fp8_param_gather=False, fp8_grad_reduce_in_fp32=True,
-                   grad_accumulation_fusion=False),
+                   grad_accumulation_fusion=False, arch_activation=False),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,6 +63,8 @@ class _ModelFile(BaseModel):
     ffn_hidden_size: int = Field(ge=1)
     vocab_size: int = Field(ge=1)
     gated_mlp: bool
+    activation: Literal["fused", "squared_relu"] = Field(
+        "fused", description="fused: the stack's fused SwiGLU/GeLU kernel; squared_relu: Nemotron's eager one")
 
 
 def load_model_file(path: str | Path) -> ModelArch:
@@ -81,4 +83,4 @@ def load_model_file(path: str | Path) -> ModelArch:
         raise UserError(f"num_attention_heads {m.num_attention_heads} is not divisible by num_query_groups {groups}",
                         file=f, field="num_query_groups")
     return ModelArch(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, groups, m.ffn_hidden_size,
-                     m.vocab_size, m.gated_mlp)
+                     m.vocab_size, m.gated_mlp, activation=m.activation)
