@@ -29,6 +29,11 @@ class ModelArch:
     # (NeMo 2 ``NemotronConfig``, Megatron-Bridge ``NemotronModelProvider``: a plain Python function, not
     # Megatron-Core's jit-fused ``squared_relu``), priced by dse.perfmodel.model.SQUARED_RELU_EXTRA_BYTES
     activation: str = "fused"
+    # the hidden and attention dropout probability the model trains with (Megatron's --hidden-dropout and
+    # --attention-dropout, TransformerConfig.hidden_dropout / attention_dropout): NVIDIA's Llama and Nemotron
+    # providers and NeMo 2's GPT-3 175B set 0; Megatron-LM's own default, which its 2021 GPT runs kept, is 0.1.
+    # Priced by dse.perfmodel.model (HIDDEN_DROPOUT_BYTES, unfused attention's score bytes) and the activation count
+    dropout: float = 0.0
 
     @property
     def head_dim(self) -> int:

@@ -151,3 +151,25 @@ def test_model_file_activation(tmp_path):
     assert res.exit_code == 2
     assert "bad.toml" in res.output and "activation" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_model_file_dropout(tmp_path):
+    """A model file may give the dropout it trains with (slower: the masks); outside [0, 1) is a one-line error
+    naming the file and the field, exit code 2."""
+    args = ["predict", "--gpu", "h100", "--num-gpus", "64", "--seq-length", "2048", "--gbs", "64", "--tp", "8",
+            "--pp", "8", "--json"]
+    steps = {}
+    for p in ("0.0", "0.1"):
+        f = tmp_path / f"d{p}.toml"
+        f.write_text(GPT3 + f"dropout = {p}\n")
+        res = runner.invoke(app, [*args, "--model-file", str(f)])
+        assert res.exit_code == 0, res.output
+        steps[p] = json.loads(res.stdout)["step_time_s"]
+    assert steps["0.1"] > steps["0.0"]
+    for bad_value in ("1.5", "-0.1", '"0.1; rm -rf ~"'):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(GPT3 + f"dropout = {bad_value}\n")
+        res = runner.invoke(app, [*args, "--model-file", str(bad)])
+        assert res.exit_code == 2, (bad_value, res.output)
+        assert "bad.toml" in res.output and "dropout" in res.output and "Traceback" not in res.output
+        assert len(res.output.strip().splitlines()) == 1

@@ -163,3 +163,34 @@ def test_eager_squared_relu_costs_its_bytes_on_nvidia_stacks_only():
     assert eager.peak_memory_gib == plain.peak_memory_gib
     mc = STACKS["mcore"]
     assert predict_layout(arch, "h100", stack=mc, **kw).step_time_s == predict_layout(fused, "h100", stack=mc, **kw).step_time_s
+
+
+def test_the_mcore_entry_runs_no_dropout():
+    assert "hidden_dropout=0.0" in TRAIN and "attention_dropout=0.0" in TRAIN
+    assert STACKS["mcore"].arch_dropout is False and NVIDIA_RECIPES.arch_dropout is True
+
+
+def test_dropout_costs_its_bytes_on_nvidia_stacks_only():
+    """ModelArch.dropout adds HIDDEN_DROPOUT_BYTES per hidden element per token (the bias-dropout-add masks); with
+    unfused attention also the score bytes of unfused_score_bytes(True) beyond (False), forward and backward; the
+    masks are held for the backward (memory grows). recipes.mcore's stack runs without dropout whatever the arch."""
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.model import HIDDEN_DROPOUT_BYTES, predict_layout, unfused_score_bytes
+    from recipes.models import RECIPES
+
+    arch = RECIPES["llama3_8b"].arch
+    assert arch.dropout == 0.0
+    wet = replace(arch, dropout=0.1)
+    kw = dict(num_gpus=1, tp=1, pp=1, mbs=1, gbs=8, seq_length=4096, precision="bf16")  # no DP to overlap
+    m, T, hbm = 8, 4096, HARDWARE["h100"].hbm_gbps * 1e9
+    masks = m * arch.num_layers * T * HIDDEN_DROPOUT_BYTES * arch.hidden_size * DEFAULT_PARAMS.elementwise_scale / hbm
+    dry, drop = (predict_layout(a, "h100", **kw) for a in (arch, wet))
+    assert drop.step_time_s - dry.step_time_s == pytest.approx(masks, rel=1e-6)
+    assert drop.peak_memory_gib > dry.peak_memory_gib
+    ukw = dict(kw, attention_backend="unfused")
+    dry_u, drop_u = (predict_layout(a, "h100", **ukw) for a in (arch, wet))
+    scores = m * arch.num_layers * arch.num_attention_heads * T * T  # score elements per step
+    extra_b = sum(unfused_score_bytes(True)) - sum(unfused_score_bytes(False))
+    assert drop_u.step_time_s - dry_u.step_time_s == pytest.approx(masks + scores * extra_b / hbm, rel=1e-6)
+    mc = STACKS["mcore"]
+    assert predict_layout(wet, "h100", stack=mc, **ukw).step_time_s == predict_layout(arch, "h100", stack=mc, **ukw).step_time_s

@@ -5,7 +5,8 @@ optimizer or Megatron FSDP), per GPU:
 
 * per layer and micro-batch: GEMMs (roofline sum at a fitted efficiency; FP8 speeds up GEMMs only),
   causal flash attention (bf16; backward 2.5x forward), memory-bound element-wise kernels (with FP8, the
-  quantisation of GEMM inputs: :func:`fp8_quant_bytes`, more for MXFP8), tensor-parallel
+  quantisation of GEMM inputs: :func:`fp8_quant_bytes`, more for MXFP8; with the architecture's dropout,
+  hidden dropout's masks: ``HIDDEN_DROPOUT_BYTES``), tensor-parallel
   all-gather / reduce-scatter (sequence parallel) or all-reduce over NVLink, partly hidden by userbuffers,
   context-parallel KV ring partly hidden by attention, recompute (selective: core attention; full: the
   layer's forward);
@@ -132,6 +133,12 @@ def _exposed(comm: float, window: float) -> float:
 # so the activation memory does not change.
 SQUARED_RELU_EXTRA_BYTES = 16.0
 
+# HBM bytes per hidden element per token that hidden dropout (ModelArch.dropout > 0) adds to a layer's forward +
+# backward: each of the two fused bias-dropout-add kernels writes a 1-byte mask forward and its backward reads it
+# (2 x (1 + 1)); attention dropout is priced where the scores go through HBM (unfused_score_bytes) and not inside
+# flash attention, whose kernels draw the mask in SRAM from a Philox generator
+HIDDEN_DROPOUT_BYTES = 4.0
+
 MX_BLOCK = 32  # MXFP8 (OCP Microscaling spec v1.0): one E8M0 scale byte per 32 elements along K
 
 
@@ -176,13 +183,16 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
                    mbs: int = 1, gbs: int = 128, seq_length: int = 4096, sp: bool | None = None,
                    recompute: str = "none", recompute_num_layers: int = 0, precision: str = "bf16",
                    fp8_recipe: str = "tensorwise", fsdp: bool = False, tp_comm_overlap: bool = False, cpu_offload_layers: int = 0,
-                   attention_backend: str = "auto", attention_dropout: bool = False,
+                   attention_backend: str = "auto", dropout: bool | None = None,
                    nvlink_domain: int | None = None,
                    scaleout_gbps: float | None = None, flops_convention: str = "causal",
                    params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
     """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names;
-    ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`)."""
+    ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`); ``dropout`` None
+    takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``)."""
     P = params
+    if dropout is None:
+        dropout = stack.arch_dropout and arch.dropout > 0.0
     hw = HARDWARE[gpu]
     if sp is None:
         sp = tp > 1
@@ -237,7 +247,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         # kernels: scale-mask-softmax, dropout, and their backward (bytes per score element, UNFUSED_SCORE_BYTES)
         scores = b * (a / t) * s * s / c  # score elements per micro-batch on this GPU
         attn_gemm = 4.0 * T * s * (a / t) * d / (bf16_peak * P.gemm_eff_bf16)
-        fwd_b, bwd_b = unfused_score_bytes(attention_dropout)
+        fwd_b, bwd_b = unfused_score_bytes(dropout)
         attn_fwd = attn_gemm + scores * fwd_b * P.unfused_scores_scale / hbm_Bps
         attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / hbm_Bps
     else:
@@ -251,6 +261,8 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if stack.arch_activation and arch.activation == "squared_relu":
         elem_bytes += SQUARED_RELU_EXTRA_BYTES * F / t
+    if dropout:  # hidden dropout in the two bias-dropout-add kernels: 1-byte masks (HIDDEN_DROPOUT_BYTES)
+        elem_bytes += HIDDEN_DROPOUT_BYTES * h_sp
     if fp8:
         elem_bytes += fp8_quant_bytes(fp8_recipe) * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
     elem = T * elem_bytes * P.elementwise_scale / hbm_Bps  # forward + backward
@@ -287,7 +299,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # one layer ahead (Transformer Engine's double-buffered offload handler), behind that layer's compute
     # attention_backend "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused
     # kernel (memory.layer_activation_bytes, fused_softmax); "local" is Megatron's own, counted as Korthikanti does
-    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=attention_dropout, fp8=fp8,
+    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=dropout, fp8=fp8,
                   fused_softmax=attention_backend == "unfused")
     act_layer = layer_activation_bytes(s / c, b, h, a, t, recompute="none", **act_kw)
     n_off = min(cpu_offload_layers, L)

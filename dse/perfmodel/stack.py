@@ -1,7 +1,8 @@
-"""What a payload's training code does that changes memory and that no knob says: its loss and its FP8 weights.
+"""What a payload's training code does that no knob says: its loss, its FP8 weights and gradients, its gradient
+accumulation, and whether it runs the architecture's own activation and dropout.
 
-The knobs say *what* runs (precision, recipe, layout); two choices that move the peak by gigabytes are made by
-the payload's own code and differ between the payloads dse drives:
+The knobs say *what* runs (precision, recipe, layout); these choices, which move the peak by gigabytes or the
+step time by percents, are made by the payload's own code and differ between the payloads dse drives:
 
 * **the loss.** Megatron-Bridge's Llama providers set ``cross_entropy_loss_fusion=True`` with
   ``cross_entropy_fusion_impl="te"``: Transformer Engine's parallel cross entropy reads the bf16 logits and
@@ -34,6 +35,10 @@ the payload's own code and differ between the payloads dse drives:
   Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient as a bf16 tensor that
   Megatron's DDP hook then adds to the buffer: a memory-bound pass over all parameters per micro-batch
   (``time.grad_accumulation_s`` of the prediction).
+* **the architecture's activation and dropout.** NeMo 2's and Bridge's model providers run what the architecture
+  says (``recipes.models.ModelArch.activation``: Nemotron's eager squared ReLU; ``ModelArch.dropout``), time terms
+  of dse.perfmodel.model (``SQUARED_RELU_EXTRA_BYTES``, ``HIDDEN_DROPOUT_BYTES``, unfused attention's score bytes);
+  recipes.mcore runs ``F.silu`` / ``F.gelu`` and sets both dropouts to 0 whatever the arch.
 
 Decision: the payload is recorded on the trial (:attr:`dse.trial.TrialConfig.payload`, from the space's
 ``[backend] payload``) and this table says what each one does; no new knob, because none of these is a choice
@@ -49,7 +54,7 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class Stack:
-    """The memory-relevant choices of one payload's training code (see the module docstring)."""
+    """The choices of one payload's training code that move its memory or its time (see the module docstring)."""
 
     cross_entropy: Literal["te", "native"] = "te"  # TE's in-place fused loss, or Megatron's native fp32 loss
     fp8_param_gather: bool = True  # FP8 runs keep the linear weights as FP8 tensors (no bf16 weight + FP8 cache)
@@ -58,6 +63,9 @@ class Stack:
     # the payload runs the architecture's own activation (ModelArch.activation: Nemotron's eager squared ReLU
     # in NeMo 2 and Megatron-Bridge); recipes.mcore runs F.silu when gated and F.gelu otherwise, whatever the arch
     arch_activation: bool = True
+    # the payload trains with the architecture's dropout (ModelArch.dropout); recipes.mcore sets hidden_dropout and
+    # attention_dropout to 0 whatever the arch
+    arch_dropout: bool = True
 
 
 # NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
@@ -70,9 +78,9 @@ STACKS: dict[str, Stack] = {
     "mbridge": NVIDIA_RECIPES,
     "sim": NVIDIA_RECIPES,
     # recipes/mcore/train.py: no cross_entropy_loss_fusion, no fp8_param_gather, grad_reduce_in_fp32=True,
-    # gradient_accumulation_fusion=False, and its own activation (F.silu / F.gelu)
+    # gradient_accumulation_fusion=False, its own activation (F.silu / F.gelu) and no dropout
     "mcore": Stack(cross_entropy="native", fp8_param_gather=False, fp8_grad_reduce_in_fp32=True,
-                   grad_accumulation_fusion=False, arch_activation=False),
+                   grad_accumulation_fusion=False, arch_activation=False, arch_dropout=False),
 }
 
 

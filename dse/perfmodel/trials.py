@@ -65,6 +65,7 @@ class _ModelFile(BaseModel):
     gated_mlp: bool
     activation: Literal["fused", "squared_relu"] = Field(
         "fused", description="fused: the stack's fused SwiGLU/GeLU kernel; squared_relu: Nemotron's eager one")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="hidden and attention dropout probability (0: none)")
 
 
 def load_model_file(path: str | Path) -> ModelArch:
@@ -83,4 +84,4 @@ def load_model_file(path: str | Path) -> ModelArch:
         raise UserError(f"num_attention_heads {m.num_attention_heads} is not divisible by num_query_groups {groups}",
                         file=f, field="num_query_groups")
     return ModelArch(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, groups, m.ffn_hidden_size,
-                     m.vocab_size, m.gated_mlp, activation=m.activation)
+                     m.vocab_size, m.gated_mlp, activation=m.activation, dropout=m.dropout)
