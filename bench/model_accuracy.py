@@ -173,7 +173,8 @@ def memory(rows, params) -> None:
 # GPT-3 style models (4h ungated GeLU MLP, vocab 51200, seq 2048, mbs 1, bf16), iteration times for
 # full recompute (TP without sequence parallelism) and for sequence parallelism + selective recompute.
 # Megatron-LM ran its own unfused attention then (fused scale-mask-softmax, no flash attention): predicted with
-# attention_backend=unfused.
+# attention_backend=unfused; and with Megatron-LM's default dropout (0.1, hidden and attention), which the paper's
+# activation count (34sbh + 5as²b, dropout masks included) shows was on.
 KORTHIKANTI = (
     # name, layers, hidden, heads, tp, pp, gpus, batch, full-recompute s, sp+selective s
     ("gpt_22b", 48, 6144, 64, 8, 1, 8, 4, 1.42, 1.10),
@@ -187,7 +188,7 @@ def anchors(params) -> None:
     print("Korthikanti et al. 2022, Table 4 (A100, not fitted): step time and model TFLOP/s/GPU (noncausal)")
     errs = []
     for name, L, h, a, tp, pp, n, gbs, t_full, t_sel in KORTHIKANTI:
-        arch = ModelArch(name, L, h, a, a, 4 * h, 51200, False, max_position_embeddings=2048)
+        arch = ModelArch(name, L, h, a, a, 4 * h, 51200, False, max_position_embeddings=2048, dropout=0.1)
         recipe = Recipe(name, arch, "", None, 2048, n)
         for label, rc, sp, pub in (("full recompute", "full", False, t_full), ("sp+selective", "selective", True, t_sel)):
             t = make_trial(recipe, "a100", n, tp=tp, pp=pp, gbs=gbs, mbs=1, recompute=rc, sp=sp, precision="bf16",

@@ -380,3 +380,30 @@ def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
     assert gb200.step_time_s - gb300.step_time_s == pytest.approx(m * arch.num_layers * per_layer, rel=1e-6)
     # Hopper has no SFU figure in the table: its attention efficiency covers the softmax
     assert HARDWARE["h100"].sfu_exp_tera_per_s is None
+
+
+def test_context_parallel_ring_merges_cost_their_bytes(monkeypatch):
+    """cp_merge_bytes: nothing for c = 1, 8(c-1)+4 / 14(c-1)+4 / 8(c-1)+4 bytes per Q, Q and KV element; the step
+    time of a CP layout exceeds the same prediction without the merges by exactly those bytes at HBM speed
+    (forward, backward, and the forward again under full recompute of the layer)."""
+    import dse.perfmodel.model as M
+
+    assert M.cp_merge_bytes(1) == (0.0, 0.0, 0.0)
+    assert M.cp_merge_bytes(2) == (12.0, 18.0, 12.0) and M.cp_merge_bytes(5) == (36.0, 60.0, 36.0)
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=4, tp=2, pp=1, cp=2, mbs=1, gbs=8, seq_length=16384, precision="bf16")
+    with_merge = predict_layout(arch, "h100", **kw)
+    rec = predict_layout(arch, "h100", recompute="full", **kw)
+    monkeypatch.setattr(M, "cp_merge_bytes", lambda c: (0.0, 0.0, 0.0))
+    without = predict_layout(arch, "h100", **kw)
+    rec_without = predict_layout(arch, "h100", recompute="full", **kw)
+    m, T, t, d = 8, 16384 / 2, 2, arch.head_dim  # micro-batches (dp = 1), tokens per micro-batch per GPU
+    q = T * arch.num_attention_heads / t * d
+    kv = T * 2 * max(arch.num_query_groups / t, 1) * d
+    scale = DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h100"].hbm_gbps * 1e9)
+    fwd, bwd = q * 12.0 * scale, (q * 18.0 + kv * 12.0) * scale
+    per_step = m * arch.num_layers * (fwd + bwd)
+    # rel 1e-2: the merges also lengthen the window that hides the KV ring's transfers, a little
+    assert with_merge.step_time_s - without.step_time_s == pytest.approx(per_step, rel=1e-2)
+    assert rec.step_time_s - rec_without.step_time_s == pytest.approx(per_step + m * arch.num_layers * fwd, rel=1e-2)
+    assert with_merge.step_time_s - without.step_time_s < per_step

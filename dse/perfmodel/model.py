@@ -139,6 +139,25 @@ SQUARED_RELU_EXTRA_BYTES = 16.0
 # flash attention, whose kernels draw the mask in SRAM from a Philox generator
 HIDDEN_DROPOUT_BYTES = 4.0
 
+def cp_merge_bytes(c: int) -> tuple[float, float, float]:
+    """HBM bytes that Transformer Engine's context-parallel P2P ring attention (``AttnFuncWithCPAndKVP2P``,
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py) moves beyond one flash
+    attention call, for ``c`` ring steps: (forward per element of Q / O, backward per element of Q, backward per
+    element of K and of V), bf16.
+
+    Forward: each step's kernel writes its own partial output (2 B, c - 1 more than one call); the first is
+    rescaled by its log-sum-exp into ``out`` (``flash_attn_fwd_out_correction_init``: read 2, write 2) and each
+    later one added to it (``flash_attn_fwd_out_correction``: read 2 + 2, write 2): 8(c-1) + 4. Backward: each
+    step's kernel reads Q, O and dO again (6) and writes its dQ (2), which is copied into the dQ buffer (4) and
+    then added (``dq.add_``: 6): 14(c-1) + 4; dK and dV likewise: written per step (2) and accumulated
+    (4, then 6): 8(c-1) + 4. Every step is counted at full size: the causal split makes the later steps of the
+    low ranks half-size, but the last rank's are all full, and the ring waits for it. Nothing for c = 1.
+    """
+    if c <= 1:
+        return 0.0, 0.0, 0.0
+    return 8.0 * (c - 1) + 4.0, 14.0 * (c - 1) + 4.0, 8.0 * (c - 1) + 4.0
+
+
 MX_BLOCK = 32  # MXFP8 (OCP Microscaling spec v1.0): one E8M0 scale byte per 32 elements along K
 
 
@@ -256,8 +275,13 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         # GPU table gives their rate: one per causal score element (T·s·a/2t) forward, one more backward
         sfu = hw.sfu_exp_tera_per_s
         attn_exp = 0.5 * T * s * (a / t) / (sfu * 1e12) if sfu else 0.0
-        attn_fwd = attn_tc + attn_exp
-        attn_fb = 3.5 * attn_tc + 2.0 * attn_exp  # backward: 2.5x the forward's GEMMs (recomputes the scores)
+        # context parallelism: the ring's per-step partial outputs and gradients, merged through HBM
+        q_fwd_b, q_bwd_b, kv_bwd_b = cp_merge_bytes(c)
+        merge_fwd = T * (a / t) * d * q_fwd_b * P.elementwise_scale / hbm_Bps
+        merge_bwd = T * d * ((a / t) * q_bwd_b + 2.0 * max(g / t, 1.0) * kv_bwd_b) * P.elementwise_scale / hbm_Bps
+        attn_fwd = attn_tc + attn_exp + merge_fwd
+        # backward: 2.5x the forward's GEMMs (recomputes the scores)
+        attn_fb = 3.5 * attn_tc + 2.0 * attn_exp + merge_fwd + merge_bwd
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
     if stack.arch_activation and arch.activation == "squared_relu":
         elem_bytes += SQUARED_RELU_EXTRA_BYTES * F / t
