@@ -77,6 +77,7 @@ def probe(argv: list[str]) -> dict:
         "cpu_offloading_weights": cfg.cpu_offloading_weights,
         "attention_backend": getattr(cfg.attention_backend, "name", cfg.attention_backend),
         "init_model_with_meta_device": getattr(cfg, "init_model_with_meta_device", False),
+        "cross_entropy": (cfg.cross_entropy_loss_fusion, cfg.cross_entropy_fusion_impl),
         "fp8": plug.fp8,
         "fp8_recipe": getattr(plug, "fp8_recipe", "delayed"),
         "fp8_param_gather": getattr(plug, "fp8_param_gather", None),

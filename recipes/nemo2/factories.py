@@ -138,6 +138,11 @@ def build_recipe(
         recipe.trainer.callbacks.append(run.Config(flops, model_config=recipe.model.config, data_config=recipe.data,
                                                    model_name=model.flops_name))
 
+    # Transformer Engine's fused cross entropy, as NeMo's performance scripts set it (set_perf_optimization_configs
+    # since 25.07): the recipes' GPTConfig leaves Megatron-Core's own fused loss ("native"), which streams an fp32 copy
+    # of the logits (dse.perfmodel.stack.cross_entropy_bytes: 36 bytes per logit against 16, and 6 at the peak, not 2)
+    recipe.model.config.cross_entropy_fusion_impl = "te"
+
     if attention_backend != "auto":
         from megatron.core.transformer.enums import AttnBackend
 
