@@ -47,7 +47,13 @@ def row_trial(row: dict, **override):
                  cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))
     knobs.update(override)
     knobs["tp_comm_overlap"] = knobs["tp"] > 1
-    return make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), **knobs)
+    return make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), payload=row_stack(row), **knobs)
+
+
+def row_stack(row: dict) -> str:
+    """The published stack a row's container ran (dse.perfmodel.stack.PUBLISHED_STACKS): its ``cross_entropy``
+    column, TE's fused loss where the column is empty."""
+    return f"published:{row.get('cross_entropy') or 'te'}"
 
 
 def tokens(trial, params) -> float:
@@ -173,7 +179,7 @@ def memory(rows, params) -> None:
 # GPT-3 style models (4h ungated GeLU MLP, vocab 51200, seq 2048, mbs 1, bf16), iteration times for
 # full recompute (TP without sequence parallelism) and for sequence parallelism + selective recompute.
 # Megatron-LM ran its own unfused attention then (fused scale-mask-softmax, no flash attention): predicted with
-# attention_backend=unfused; and with Megatron-LM's default dropout (0.1, hidden and attention), which the paper's
+# attention_backend=unfused and its unfused fp32 loss (published:native); and with Megatron-LM's default dropout (0.1, hidden and attention), which the paper's
 # activation count (34sbh + 5as²b, dropout masks included) shows was on.
 KORTHIKANTI = (
     # name, layers, hidden, heads, tp, pp, gpus, batch, full-recompute s, sp+selective s
@@ -192,7 +198,7 @@ def anchors(params) -> None:
         recipe = Recipe(name, arch, "", None, 2048, n)
         for label, rc, sp, pub in (("full recompute", "full", False, t_full), ("sp+selective", "selective", True, t_sel)):
             t = make_trial(recipe, "a100", n, tp=tp, pp=pp, gbs=gbs, mbs=1, recompute=rc, sp=sp, precision="bf16",
-                           attention_backend="unfused")
+                           attention_backend="unfused", payload="published:native")
             p = predict(t, flops_convention="noncausal", params=params)
             e = pub / p.step_time_s - 1  # error of throughput
             errs.append(e)

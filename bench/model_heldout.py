@@ -11,7 +11,15 @@ tables (context parallelism up to 1M tokens) and Narayanan et al. 2021, Table 1 
 Architectures outside ``recipes.models`` are ``--model-file`` TOMLs in ``bench/data/heldout_models/``.
 Columns beyond the calibration table's: ``recompute``, ``sp``, ``tp_comm_overlap`` (as the source's recipe
 ran; NVIDIA's recipes overlap TP communication whenever tp > 1, the 2021 paper predates it),
-``fp8_recipe`` (cs = per-tensor current scaling, mx = MXFP8 32x32 blocks, as stated), ``model_file``.
+``fp8_recipe`` (cs = per-tensor current scaling, mx = MXFP8 32x32 blocks, as stated), ``model_file``, and
+``cross_entropy`` (also in the calibration table): the loss the row's container ran, priced by
+dse.perfmodel.stack.cross_entropy_bytes. ``native``, Megatron's unfused fp32 loss: Megatron-LM 2021, NeMo 24.03,
+and NeMo 24.07's GPT-3 and Llama 2 launcher configs (no ``cross_entropy_loss_fusion``); ``native_fused``,
+Megatron-Core's fused loss: NeMo 24.07's Llama 3 and Nemotron configs (``cross_entropy_loss_fusion: true``; the
+Nemotron 4 340B rows assumed like their siblings) and NeMo 2 up to 25.04 (GPTConfig's
+``cross_entropy_loss_fusion=True`` with Megatron-Core's default ``cross_entropy_fusion_impl="native"``); ``te``,
+Transformer Engine's: NeMo 25.07 (its performance scripts' ``set_perf_optimization_configs`` sets
+``cross_entropy_fusion_impl="te"`` since the 25.07 refactor) and Megatron-Bridge.
 
 Tokens/s/GPU is compared (convention-free); rows whose source gives only TFLOP/s/GPU carry tokens derived
 from it (said in their ``source``). Rows with the same layout as a calibration row (another container's
@@ -70,7 +78,8 @@ def row_knobs(row: dict) -> dict:
 def row_trial(row: dict, **override):
     knobs = row_knobs(row)
     knobs.update(override)
-    return make_trial(recipe_for(row), row["gpu"], int(row["num_gpus"]), **knobs)
+    return make_trial(recipe_for(row), row["gpu"], int(row["num_gpus"]), payload=model_accuracy.row_stack(row),
+                      **knobs)
 
 
 def validity(row: dict) -> str | None:

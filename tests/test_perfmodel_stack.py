@@ -194,3 +194,31 @@ def test_dropout_costs_its_bytes_on_nvidia_stacks_only():
     assert drop_u.step_time_s - dry_u.step_time_s == pytest.approx(masks + scores * extra_b / hbm, rel=1e-6)
     mc = STACKS["mcore"]
     assert predict_layout(wet, "h100", stack=mc, **ukw).step_time_s == predict_layout(arch, "h100", stack=mc, **ukw).step_time_s
+
+
+def test_published_stacks_price_the_loss_their_containers_ran():
+    """A published row's trial names its container's loss (PUBLISHED_STACKS, the tables' cross_entropy column):
+    Megatron-Core's fused native loss costs 36 bytes per logit against TE's 16, and keeps the fp32 softmax (6
+    bytes per logit at the last stage's peak, as the unfused native one does)."""
+    import csv
+
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.stack import PUBLISHED_STACKS, cross_entropy_bytes
+    from dse.perfmodel.trials import make_trial
+    from recipes.models import RECIPES
+
+    assert {n: cross_entropy_bytes(s) for n, s in PUBLISHED_STACKS.items()} == {
+        "published:te": 16.0, "published:native_fused": 36.0, "published:native": 52.0}
+    assert payload_stack("published:native_fused").cross_entropy == "native_fused"
+    assert payload_stack("published:nonsense") == NVIDIA_RECIPES
+    rec = RECIPES["llama3_8b"]
+    kw = dict(tp=1, pp=1, mbs=1, gbs=8, seq_length=8192, precision="bf16")
+    te, fused = (predict(make_trial(rec, "h100", 8, payload=f"published:{ce}", **kw)) for ce in ("te", "native_fused"))
+    logits = 8192 * rec.arch.vocab_size
+    want = 1 * logits * 20 * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h100"].hbm_gbps * 1e9)  # m = 1 (dp 8)
+    assert fused.breakdown["time.logits_s"] - te.breakdown["time.logits_s"] == pytest.approx(want)
+    assert fused.breakdown["mem.logits_gib"] == pytest.approx(3 * te.breakdown["mem.logits_gib"])
+    for table in ("published_perf_calibration.tsv", "published_perf_heldout.tsv"):
+        with open(ROOT / "bench" / "data" / table, newline="") as fh:
+            rows = list(csv.DictReader(fh, delimiter="\t"))
+        assert {f"published:{r['cross_entropy']}" for r in rows} <= set(PUBLISHED_STACKS), table

@@ -6,7 +6,9 @@ step time by percents, are made by the payload's own code and differ between the
 
 * **the loss.** Megatron-Bridge's Llama providers set ``cross_entropy_loss_fusion=True`` with
   ``cross_entropy_fusion_impl="te"``: Transformer Engine's parallel cross entropy reads the bf16 logits and
-  writes their gradient in place (2 bytes per logit at the last stage's peak; ``Params.logits_bytes``).
+  writes their gradient in place (2 bytes per logit at the last stage's peak; ``Params.logits_bytes``);
+  recipes.nemo2 sets the same, as NeMo's performance scripts do. Without that impl, ``cross_entropy_loss_fusion``
+  runs Megatron-Core's own fused loss (``native_fused``), which older containers ran (PUBLISHED_STACKS).
   ``recipes.mcore`` leaves the fusion off, so ``GPTModel.compute_language_model_loss`` calls
   ``tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)``: an fp32 copy beside the bf16
   logits (2 + 4 = 6 bytes; ``Params.logits_bytes_native``). The 70B-width TE study's out-of-memory trial
@@ -56,7 +58,9 @@ from typing import Literal
 class Stack:
     """The choices of one payload's training code that move its memory or its time (see the module docstring)."""
 
-    cross_entropy: Literal["te", "native"] = "te"  # TE's in-place fused loss, or Megatron's native fp32 loss
+    # TE's in-place fused loss; Megatron-Core's own fused one (cross_entropy_loss_fusion with the "native" impl);
+    # or Megatron's unfused fp32 loss (cross_entropy_bytes)
+    cross_entropy: Literal["te", "native_fused", "native"] = "te"
     fp8_param_gather: bool = True  # FP8 runs keep the linear weights as FP8 tensors (no bf16 weight + FP8 cache)
     fp8_grad_reduce_in_fp32: bool = False  # FP8 runs keep fp32 gradient buffers (True) or bf16 ones
     grad_accumulation_fusion: bool = True  # the wgrad GEMMs accumulate into the gradient buffer (no extra pass)
@@ -84,9 +88,16 @@ STACKS: dict[str, Stack] = {
 }
 
 
+# The stacks of published measurements that dse does not drive (bench/model_accuracy.py, bench/model_heldout.py):
+# NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column), named
+# "published:<cross_entropy>" so that a trial's payload field can carry one
+PUBLISHED_STACKS: dict[str, Stack] = {f"published:{ce}": Stack(cross_entropy=ce) for ce in ("te", "native_fused", "native")}
+
+
 def payload_stack(payload: str | None) -> Stack:
-    """The :class:`Stack` of a payload name (NVIDIA's recipes for an unknown or missing one)."""
-    return STACKS.get(payload or "", NVIDIA_RECIPES)
+    """The :class:`Stack` of a payload name or a published stack's name (NVIDIA's recipes for an unknown or
+    missing one)."""
+    return STACKS.get(payload or "") or PUBLISHED_STACKS.get(payload or "", NVIDIA_RECIPES)
 
 
 def fp8_weight_cache_bytes(fp8: bool, stack: Stack) -> float:
@@ -99,10 +110,15 @@ def cross_entropy_bytes(stack: Stack) -> float:
     """HBM bytes per logit element of the loss, forward + backward (the model scales them by elementwise_scale).
 
     ``te``: 16, the model's long-standing count for a fused loss (Transformer Engine's parallel cross entropy reads
-    the bf16 logits and writes the gradient in place). ``native``: Megatron's ``_VocabParallelCrossEntropy``
+    the bf16 logits and writes the gradient in place). ``native_fused``: Megatron-Core's
+    ``fused_vocab_parallel_cross_entropy`` (megatron/core/fusions/fused_cross_entropy.py, what
+    ``cross_entropy_loss_fusion=True`` ran before ``cross_entropy_fusion_impl="te"`` existed, and its default since):
+    the same steps in jit-fused kernels on the fp32 copy: ``.float()`` with the max (read 2, write 4), the in-place
+    subtraction with ``exp`` and the sum (8), the division into the softmax (8); backward the in-place
+    multiplication by the incoming gradient (8) and the cast to bf16 (6): 36. ``native``: Megatron's ``_VocabParallelCrossEntropy``
     (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32 copy: ``.float()`` (read 2, write 4),
     max over the vocabulary (4), in-place subtraction of the max (8), ``exp`` (8), the sum (4), the in-place
     division into the softmax it saves (8); backward the in-place ``mul_`` by the incoming gradient (8) and the
     cast of the gradient back to bf16 (6): 52.
     """
-    return 16.0 if stack.cross_entropy == "te" else 52.0
+    return {"te": 16.0, "native_fused": 36.0, "native": 52.0}[stack.cross_entropy]

@@ -19,32 +19,32 @@ class Params:
     # GEMMs: time = FLOPs / (peak · eff) + bytes / HBM bandwidth (a roofline sum, so that small GEMMs
     # such as those of high-TP layouts run at a lower fraction of peak).
     gemm_eff_bf16: float = 0.80  # fixed: 790 TFLOP/s of 989 for a large bf16 matmul measured on one H200
-    gemm_eff_fp8: float = 0.605  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
-    gemm_eff_fp8_blackwell: float = 0.545  # fitted: the same on Blackwell (B200, GB200, GB300)
+    gemm_eff_fp8: float = 0.609  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
+    gemm_eff_fp8_blackwell: float = 0.548  # fitted: the same on Blackwell (B200, GB200, GB300)
     # flash attention (bf16): fraction of the bf16 peak over forward + backward (causal FLOPs, backward 2.5x the
     # forward), per architecture, since the kernels differ: Transformer Engine runs cuDNN's fused attention or
     # FlashAttention-3 on Hopper, cuDNN's Blackwell kernels on B200/GB200/GB300, FlashAttention-2 on Ampere
-    attn_eff: float = 0.376  # fitted: Hopper
+    attn_eff: float = 0.378  # fitted: Hopper
     # fitted: Blackwell, the tensor-core part only (the softmax exponentials are priced at the GPU table's
     # special-function-unit rate, so Blackwell Ultra's doubled SFUs speed GB300 up)
-    attn_eff_blackwell: float = 0.518
+    attn_eff_blackwell: float = 0.52
     # fixed: FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): forward + backward at 50-73% of the peak,
     # causal attention toward the low-middle of that range
     attn_eff_ampere: float = 0.56
     # fitted: Blackwell Ultra's (GB300) sustained tensor-core rate over GB200's at the same quoted dense peaks
     # (dse.hardware.GpuSpec.blackwell_ultra); fitted with one GB300 row (bench/model_accuracy.py FIT_EXTRA)
-    ultra_tensor_ratio: float = 1.159
+    ultra_tensor_ratio: float = 1.158
     # fitted: MXFP8 GEMMs' rate over per-tensor-scaled FP8 GEMMs' (Blackwell); fitted with one MXFP8 row (FIT_EXTRA)
-    mxfp8_gemm_ratio: float = 0.945
-    elementwise_scale: float = 1.489  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
+    mxfp8_gemm_ratio: float = 0.944
+    elementwise_scale: float = 1.51  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
     # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
     # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
     unfused_scores_scale: float = 1.0
     nvlink_eff: float = 0.803  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
-    scaleout_eff: float = 0.777  # fitted: NCCL bus bandwidth / NIC line rate
-    tp_overlap: float = 0.739  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
+    scaleout_eff: float = 0.779  # fitted: NCCL bus bandwidth / NIC line rate
+    tp_overlap: float = 0.738  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
     cp_overlap: float = 0.698  # fitted: share of the context-parallel KV ring hidden behind attention
-    dp_overlap: float = 0.794  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
+    dp_overlap: float = 0.796  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
     # fixed
     tp_overlap_base: float = 0.25  # Megatron overlaps the backward all-gather / dgrad reduce with wgrad
     collective_latency_s: float = 10e-6  # per NCCL collective or send/recv (NCCL tests, small messages)
@@ -64,7 +64,8 @@ class Params:
     # fixed: bytes per logit element on the last stage at its peak, by the payload's loss (dse.perfmodel.stack).
     # 2: Megatron-Bridge's Llama providers set cross_entropy_fusion_impl="te" (Transformer Engine's parallel cross
     # entropy reads the bf16 logits and writes their gradient in place); Megatron's native loss, which
-    # recipes.mcore runs, keeps an fp32 copy as well (2 + 4 = 6). A calibration file's [params] may set either;
+    # recipes.mcore runs, keeps an fp32 copy as well (2 + 4 = 6), and so does Megatron-Core's fused native one (its
+    # fp32 softmax). A calibration file's [params] may set either;
     # dse calibrate fits neither
     logits_bytes: float = 2.0
     logits_bytes_native: float = 6.0

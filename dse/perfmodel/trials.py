@@ -32,8 +32,10 @@ def default_system(gpu: str) -> System:
     return _SYSTEMS[gpu]
 
 
-def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None, **values: Any) -> TrialConfig:
-    """A trial of ``recipe`` on ``num_gpus`` GPUs of ``gpu`` with the given knob values.
+def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None, payload: str = "nemo2",
+               **values: Any) -> TrialConfig:
+    """A trial of ``recipe`` on ``num_gpus`` GPUs of ``gpu`` with the given knob values, for ``payload`` (a payload
+    name, or a published stack's: dse.perfmodel.stack.PUBLISHED_STACKS).
 
     ``num_gpus`` must be a multiple of the system's GPUs per node (a :class:`UserError` otherwise).
     """
@@ -47,7 +49,7 @@ def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None,
     out["num_nodes"] = num_gpus // system.gpus_per_node
     resolve_auto(out, recipe, system)
     return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}),
-                       varied=())
+                       varied=(), payload=payload)
 
 
 class _ModelFile(BaseModel):
