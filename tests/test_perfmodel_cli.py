@@ -132,44 +132,41 @@ def test_predict_takes_the_attention_backend_and_fp8_recipe():
     assert bad.exit_code == 2 and "attention_backend takes one of" in bad.output
 
 
+_MODEL_FILE_ARGS = ["predict", "--gpu", "h100", "--num-gpus", "64", "--seq-length", "2048", "--gbs", "64", "--tp", "8",
+                    "--pp", "8", "--json"]
+
+
+def _model_file_run(tmp_path, name: str, line: str):
+    """``dse predict --model-file`` on GPT-3 175B's file with one more line."""
+    f = tmp_path / f"{name}.toml"
+    f.write_text(GPT3 + line + "\n")
+    return runner.invoke(app, [*_MODEL_FILE_ARGS, "--model-file", str(f)])
+
+
+def _step_time(tmp_path, name: str, line: str) -> float:
+    res = _model_file_run(tmp_path, name, line)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)["step_time_s"]
+
+
+def _assert_one_line_refusal(tmp_path, line: str, field: str) -> None:
+    res = _model_file_run(tmp_path, "bad", line)
+    assert res.exit_code == 2, (line, res.output)
+    assert "bad.toml" in res.output and field in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
 def test_model_file_activation(tmp_path):
     """A model file may say its MLP runs Nemotron's eager squared ReLU (slower on NVIDIA's stacks); any other
     value is a one-line error naming the file and the field, exit code 2."""
-    args = ["predict", "--gpu", "h100", "--num-gpus", "64", "--seq-length", "2048", "--gbs", "64", "--tp", "8",
-            "--pp", "8", "--json"]
-    steps = {}
-    for act in ("fused", "squared_relu"):
-        f = tmp_path / f"{act}.toml"
-        f.write_text(GPT3 + f'activation = "{act}"\n')
-        res = runner.invoke(app, [*args, "--model-file", str(f)])
-        assert res.exit_code == 0, res.output
-        steps[act] = json.loads(res.stdout)["step_time_s"]
-    assert steps["squared_relu"] > steps["fused"]
-    bad = tmp_path / "bad.toml"
-    bad.write_text(GPT3 + 'activation = "$(rm -rf ~)"\n')
-    res = runner.invoke(app, [*args, "--model-file", str(bad)])
-    assert res.exit_code == 2
-    assert "bad.toml" in res.output and "activation" in res.output and "Traceback" not in res.output
-    assert len(res.output.strip().splitlines()) == 1
+    fused = _step_time(tmp_path, "fused", 'activation = "fused"')
+    assert _step_time(tmp_path, "squared_relu", 'activation = "squared_relu"') > fused
+    _assert_one_line_refusal(tmp_path, 'activation = "$(rm -rf ~)"', "activation")
 
 
 def test_model_file_dropout(tmp_path):
     """A model file may give the dropout it trains with (slower: the masks); outside [0, 1) is a one-line error
     naming the file and the field, exit code 2."""
-    args = ["predict", "--gpu", "h100", "--num-gpus", "64", "--seq-length", "2048", "--gbs", "64", "--tp", "8",
-            "--pp", "8", "--json"]
-    steps = {}
-    for p in ("0.0", "0.1"):
-        f = tmp_path / f"d{p}.toml"
-        f.write_text(GPT3 + f"dropout = {p}\n")
-        res = runner.invoke(app, [*args, "--model-file", str(f)])
-        assert res.exit_code == 0, res.output
-        steps[p] = json.loads(res.stdout)["step_time_s"]
-    assert steps["0.1"] > steps["0.0"]
+    assert _step_time(tmp_path, "d1", "dropout = 0.1") > _step_time(tmp_path, "d0", "dropout = 0.0")
     for bad_value in ("1.5", "-0.1", '"0.1; rm -rf ~"'):
-        bad = tmp_path / "bad.toml"
-        bad.write_text(GPT3 + f"dropout = {bad_value}\n")
-        res = runner.invoke(app, [*args, "--model-file", str(bad)])
-        assert res.exit_code == 2, (bad_value, res.output)
-        assert "bad.toml" in res.output and "dropout" in res.output and "Traceback" not in res.output
-        assert len(res.output.strip().splitlines()) == 1
+        _assert_one_line_refusal(tmp_path, f"dropout = {bad_value}", "dropout")
