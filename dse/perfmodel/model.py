@@ -276,9 +276,11 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
         sfu = hw.sfu_exp_tera_per_s
         attn_exp = 0.5 * T * s * (a / t) / (sfu * 1e12) if sfu else 0.0
         # context parallelism: the ring's per-step partial outputs and gradients, merged through HBM
-        q_fwd_b, q_bwd_b, kv_bwd_b = cp_merge_bytes(c)
-        merge_fwd = T * (a / t) * d * q_fwd_b * P.elementwise_scale / hbm_Bps
-        merge_bwd = T * d * ((a / t) * q_bwd_b + 2.0 * max(g / t, 1.0) * kv_bwd_b) * P.elementwise_scale / hbm_Bps
+        merge_fwd = merge_bwd = 0.0
+        if c > 1:
+            q_fwd_b, q_bwd_b, kv_bwd_b = cp_merge_bytes(c)
+            merge_fwd = T * (a / t) * d * q_fwd_b * P.elementwise_scale / hbm_Bps
+            merge_bwd = T * d * ((a / t) * q_bwd_b + 2.0 * max(g / t, 1.0) * kv_bwd_b) * P.elementwise_scale / hbm_Bps
         attn_fwd = attn_tc + attn_exp + merge_fwd
         # backward: 2.5x the forward's GEMMs (recomputes the scores)
         attn_fb = 3.5 * attn_tc + 2.0 * attn_exp + merge_fwd + merge_bwd
