@@ -91,7 +91,8 @@ STACKS: dict[str, Stack] = {
 # The stacks of published measurements that dse does not drive (bench/model_accuracy.py, bench/model_heldout.py):
 # NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column), named
 # "published:<cross_entropy>" so that a trial's payload field can carry one
-PUBLISHED_STACKS: dict[str, Stack] = {f"published:{ce}": Stack(cross_entropy=ce) for ce in ("te", "native_fused", "native")}
+PUBLISHED_STACKS: dict[str, Stack] = {f"published:{ce}": Stack(cross_entropy=ce)
+                                      for ce in ("te", "native_fused", "native")}
 
 
 def payload_stack(payload: str | None) -> Stack:
@@ -115,8 +116,8 @@ def cross_entropy_bytes(stack: Stack) -> float:
     ``cross_entropy_loss_fusion=True`` ran before ``cross_entropy_fusion_impl="te"`` existed, and its default since):
     the same steps in jit-fused kernels on the fp32 copy: ``.float()`` with the max (read 2, write 4), the in-place
     subtraction with ``exp`` and the sum (8), the division into the softmax (8); backward the in-place
-    multiplication by the incoming gradient (8) and the cast to bf16 (6): 36. ``native``: Megatron's ``_VocabParallelCrossEntropy``
-    (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32 copy: ``.float()`` (read 2, write 4),
+    multiplication by the incoming gradient (8) and the cast to bf16 (6): 36. ``native``: Megatron's
+    ``_VocabParallelCrossEntropy`` (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32 copy: ``.float()`` (read 2, write 4),
     max over the vocabulary (4), in-place subtraction of the max (8), ``exp`` (8), the sum (4), the in-place
     division into the softmax it saves (8); backward the in-place ``mul_`` by the incoming gradient (8) and the
     cast of the gradient back to bf16 (6): 52.
