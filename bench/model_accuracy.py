@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dse.perfmodel import DEFAULT_PARAMS, predict  # noqa: E402
 from dse.perfmodel.fit import PRIORS, fit  # noqa: E402
 from dse.perfmodel.timing import FITTED  # noqa: E402
+from dse.perfmodel.stack import published_stack_name  # noqa: E402
 from dse.perfmodel.trials import make_trial  # noqa: E402
 from recipes.models import RECIPES, ModelArch, Recipe  # noqa: E402
 
@@ -53,7 +54,7 @@ def row_trial(row: dict, **override):
 def row_stack(row: dict) -> str:
     """The published stack a row's container ran (dse.perfmodel.stack.PUBLISHED_STACKS): its ``cross_entropy``
     column, TE's fused loss where the column is empty."""
-    return f"published:{row.get('cross_entropy') or 'te'}"
+    return published_stack_name(row.get("cross_entropy") or "te")
 
 
 def tokens(trial, params) -> float:
@@ -198,7 +199,7 @@ def anchors(params) -> None:
         recipe = Recipe(name, arch, "", None, 2048, n)
         for label, rc, sp, pub in (("full recompute", "full", False, t_full), ("sp+selective", "selective", True, t_sel)):
             t = make_trial(recipe, "a100", n, tp=tp, pp=pp, gbs=gbs, mbs=1, recompute=rc, sp=sp, precision="bf16",
-                           attention_backend="unfused", payload="published:native")
+                           attention_backend="unfused", payload=published_stack_name("native"))
             p = predict(t, flops_convention="noncausal", params=params)
             e = pub / p.step_time_s - 1  # error of throughput
             errs.append(e)

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from dse.perfmodel import flops as _flops
 from dse.hardware import HARDWARE
 from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
-from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, fp8_weight_cache_bytes, payload_stack
+from dse.perfmodel.stack import (NVIDIA_RECIPES, Stack, cross_entropy_bytes, fp8_weight_cache_bytes, logits_peak_bytes,
+                                 payload_stack)
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
 
@@ -411,7 +412,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         last_layers = first_layers
     first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * (P.logits_bytes if stack.cross_entropy == "te" else P.logits_bytes_native)
+    logits_mem = T * V / t * logits_peak_bytes(stack, P)
     # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
     weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
     # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the

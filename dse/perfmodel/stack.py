@@ -91,7 +91,12 @@ STACKS: dict[str, Stack] = {
 # The stacks of published measurements that dse does not drive (bench/model_accuracy.py, bench/model_heldout.py):
 # NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column), named
 # "published:<cross_entropy>" so that a trial's payload field can carry one
-PUBLISHED_STACKS: dict[str, Stack] = {f"published:{ce}": Stack(cross_entropy=ce)
+def published_stack_name(cross_entropy: str) -> str:
+    """The name of the published stack that ran ``cross_entropy`` (a key of :data:`PUBLISHED_STACKS`)."""
+    return f"published:{cross_entropy}"
+
+
+PUBLISHED_STACKS: dict[str, Stack] = {published_stack_name(ce): Stack(cross_entropy=ce)
                                       for ce in ("te", "native_fused", "native")}
 
 
@@ -107,6 +112,13 @@ def fp8_weight_cache_bytes(fp8: bool, stack: Stack) -> float:
     return 2.0 if fp8 and not stack.fp8_param_gather else 0.0
 
 
+def logits_peak_bytes(stack: Stack, params) -> float:
+    """Bytes per logit element on the last stage at its peak (a :class:`dse.perfmodel.timing.Params` gives them):
+    TE's in-place loss keeps the bf16 logits (``logits_bytes``); Megatron's native losses, fused or not, keep an
+    fp32 copy or softmax beside them (``logits_bytes_native``)."""
+    return params.logits_bytes if stack.cross_entropy == "te" else params.logits_bytes_native
+
+
 def cross_entropy_bytes(stack: Stack) -> float:
     """HBM bytes per logit element of the loss, forward + backward (the model scales them by elementwise_scale).
 
@@ -117,8 +129,8 @@ def cross_entropy_bytes(stack: Stack) -> float:
     the same steps in jit-fused kernels on the fp32 copy: ``.float()`` with the max (read 2, write 4), the in-place
     subtraction with ``exp`` and the sum (8), the division into the softmax (8); backward the in-place
     multiplication by the incoming gradient (8) and the cast to bf16 (6): 36. ``native``: Megatron's
-    ``_VocabParallelCrossEntropy`` (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32 copy: ``.float()`` (read 2, write 4),
-    max over the vocabulary (4), in-place subtraction of the max (8), ``exp`` (8), the sum (4), the in-place
+    ``_VocabParallelCrossEntropy`` (megatron/core/tensor_parallel/cross_entropy.py) step by step on an fp32
+    copy: ``.float()`` (read 2, write 4), max over the vocabulary (4), in-place subtraction of the max (8), ``exp`` (8), the sum (4), the in-place
     division into the softmax it saves (8); backward the in-place ``mul_`` by the incoming gradient (8) and the
     cast of the gradient back to bf16 (6): 52.
     """
