@@ -180,8 +180,9 @@ def memory(rows, params) -> None:
 # GPT-3 style models (4h ungated GeLU MLP, vocab 51200, seq 2048, mbs 1, bf16), iteration times for
 # full recompute (TP without sequence parallelism) and for sequence parallelism + selective recompute.
 # Megatron-LM ran its own unfused attention then (fused scale-mask-softmax, no flash attention): predicted with
-# attention_backend=unfused and its unfused fp32 loss (published:native); and with Megatron-LM's default dropout (0.1, hidden and attention), which the paper's
-# activation count (34sbh + 5as²b, dropout masks included) shows was on.
+# attention_backend=unfused and its unfused fp32 loss (published:native); and with Megatron-LM's default dropout
+# (0.1, hidden and attention), which the paper's activation count (34sbh + 5as²b, dropout masks included) shows
+# was on.
 KORTHIKANTI = (
     # name, layers, hidden, heads, tp, pp, gpus, batch, full-recompute s, sp+selective s
     ("gpt_22b", 48, 6144, 64, 8, 1, 8, 4, 1.42, 1.10),

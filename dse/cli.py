@@ -686,7 +686,7 @@ def _install_predict() -> None:
         ("model_file", Optional[str], typer.Option(None, "--model-file", help="TOML architecture: name, num_layers, "
                                                    "hidden_size, num_attention_heads, num_query_groups, "
                                                    "ffn_hidden_size, vocab_size, gated_mlp [, activation: "
-                                                   "fused | squared_relu]")),
+                                                   "fused | squared_relu] [, dropout: 0 <= p < 1]")),
         ("gpu", Optional[str], typer.Option(None, "--gpu", help="a GPU generation's default system: "
                                             + ", ".join(GPU_NAMES))),
         ("system_ref", Optional[str], typer.Option(None, "--system", help="a system as a space names it: a name "

@@ -52,7 +52,7 @@ class GpuSpec:
     # Blackwell Ultra (GB300): NVIDIA quotes the same dense BF16 / FP8 peaks as GB200, but its power budget is
     # reported at up to 1.4 kW per GPU against GB200's 1.2 kW (trade press, not the pages cited below), so its
     # tensor cores can hold their clock under load. Its sustained rate over GB200's is a fitted parameter
-    # (timing.Params.ultra_tensor_ratio, 1.156 from one GB300 row), not a quoted figure
+    # (timing.Params.ultra_tensor_ratio, fitted with one GB300 row), not a quoted figure
     blackwell_ultra: bool = False
 
     @property

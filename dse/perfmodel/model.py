@@ -140,6 +140,7 @@ SQUARED_RELU_EXTRA_BYTES = 16.0
 # flash attention, whose kernels draw the mask in SRAM from a Philox generator
 HIDDEN_DROPOUT_BYTES = 4.0
 
+
 def cp_merge_bytes(c: int) -> tuple[float, float, float]:
     """HBM bytes that Transformer Engine's context-parallel P2P ring attention (``AttnFuncWithCPAndKVP2P``,
     transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py) moves beyond one flash

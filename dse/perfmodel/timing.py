@@ -65,8 +65,7 @@ class Params:
     # 2: Megatron-Bridge's Llama providers set cross_entropy_fusion_impl="te" (Transformer Engine's parallel cross
     # entropy reads the bf16 logits and writes their gradient in place); Megatron's native loss, which
     # recipes.mcore runs, keeps an fp32 copy as well (2 + 4 = 6), and so does Megatron-Core's fused native one (its
-    # fp32 softmax). A calibration file's [params] may set either;
-    # dse calibrate fits neither
+    # fp32 softmax). A calibration file's [params] may set either; dse calibrate fits neither
     logits_bytes: float = 2.0
     logits_bytes_native: float = 6.0
 
