@@ -207,6 +207,9 @@ def _run_systems(space_file: Path, systems: str, *, gpu: Optional[str], out: Opt
                           f"-> {out_dir / Path(name).stem}")
 
     results = run_generations(space, names, out_dir=out_dir, resume=resume, seed=seed, on_start=on_start, **kwargs)
+    for name, r in zip(names, results):
+        if r.stop_reason:  # an agent that stopped by itself says why, per system, as a single study does
+            console.print(f"{Path(name).stem}: {r.stop_reason}", highlight=False)
     _print_comparison([r.out_dir for r in results], out_dir)
 
 

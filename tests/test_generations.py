@@ -111,4 +111,6 @@ def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent)
     r = runner.invoke(app, [*args, "--trials", "11", "--resume"])
     assert r.exit_code == 0, r.output
     again = knobs()
-    assert again[:9] == first and len(again) == 11  # resumed: the seeds are not run again
+    assert again[:9] == first  # resumed: the seeds are not run again
+    # two more runs, unless the guided agent stops by itself first (its stop line, per system, says so)
+    assert len(again) == 11 or (agent == "guided" and 9 <= len(again) < 11 and "gb200: stopped:" in r.output), r.output
