@@ -53,8 +53,9 @@ def row_trial(row: dict, **override):
 
 def row_stack(row: dict) -> str:
     """The published stack a row's container ran (dse.perfmodel.stack.PUBLISHED_STACKS): its ``cross_entropy``
-    column, TE's fused loss where the column is empty."""
-    return published_stack_name(row.get("cross_entropy") or "te")
+    column, TE's fused loss where the column is empty, and its ``cuda_graphs`` column (1: graphed; 0 or empty:
+    not, as dse's own payloads)."""
+    return published_stack_name(row.get("cross_entropy") or "te", row.get("cuda_graphs") == "1")
 
 
 def tokens(trial, params) -> float:
@@ -83,10 +84,11 @@ def accuracy(rows, params) -> list[float]:
 # Held-out rows that join the fit, each for a parameter the calibration table cannot identify: it has no long
 # sequence (so it cannot tell the attention efficiencies apart from the GEMMs'): one long-context row per
 # architecture; no GB300 row (Params.ultra_tensor_ratio): the 8B one, the layout least touched by communication;
-# no MXFP8 row (Params.mxfp8_gemm_ratio): the GB200 8B one, likewise. bench/model_heldout.py reports its MAPE
-# without them as well.
+# no MXFP8 row (Params.mxfp8_gemm_ratio): the GB200 8B one, likewise; no layer short enough to wait for a
+# Grace host (Params.host_layer_s_grace): NeMo 25.04's GB200 Llama 3.1 405B row, not CUDA-graphed, per-tensor
+# FP8, 10 ms layers. bench/model_heldout.py reports its MAPE without them as well.
 FIT_EXTRA = ("nemo2403_h100_llama2_7b_32k", "nemo2504_b200_llama3_8b_128k", "mb2511_gb300_llama3_8b",
-             "mb2509_gb200_llama3_8b_mx")
+             "mb2509_gb200_llama3_8b_mx", "nemo2504_gb200_llama3_405b")
 
 
 def extra_fit_rows() -> list[tuple]:
@@ -222,7 +224,7 @@ def main(argv=None) -> None:
         params = fit(tokens, [(row_trial(r), float(r["tokens_per_s_per_gpu"])) for r in rows] + extra_fit_rows())
         print(f"fitted in {time.perf_counter() - t0:.1f} s; constants for dse/perfmodel/timing.py:")
         for name in FITTED:
-            print(f"    {name} = {getattr(params, name):.3f}  (prior {PRIORS[name].centre})")
+            print(f"    {name} = {getattr(params, name):.4g}  (prior {PRIORS[name].centre})")
     print("\n== per-row accuracy (shipped parameters)" if not args.fit else "\n== per-row accuracy (refitted)")
     accuracy(rows, params)
     if not args.no_loo:

@@ -19,7 +19,14 @@ Megatron-Core's fused loss: NeMo 24.07's Llama 3 and Nemotron configs (``cross_e
 Nemotron 4 340B rows assumed like their siblings) and NeMo 2 up to 25.04 (GPTConfig's
 ``cross_entropy_loss_fusion=True`` with Megatron-Core's default ``cross_entropy_fusion_impl="native"``); ``te``,
 Transformer Engine's: NeMo 25.07 (its performance scripts' ``set_perf_optimization_configs`` sets
-``cross_entropy_fusion_impl="te"`` since the 25.07 refactor) and Megatron-Bridge.
+``cross_entropy_fusion_impl="te"`` since the 25.07 refactor) and Megatron-Bridge. ``cuda_graphs`` (also in the
+calibration table), on the GB200 / GB300 rows, whose Grace hosts the model's host-time term prices: 1 where
+NVIDIA's preset for the row's container graphs the layers or the step, 0 where it does not, empty where no
+preset says (NeMo 25.07's alternative 70B layout); NeMo's ``scripts/performance/recommended_model_configs/
+model_configs_gb200.csv`` at 2025-04-07 (NeMo 25.04) and 2025-06-14 / 07-10 (25.07), Megatron-Bridge's
+``scripts/performance/configs`` at v0.1.0rc4 (25.09: the 8B per-tensor row not graphed, the MXFP8 one graphed),
+v0.2.0 (25.11) and df0289c18 (26.02): graphs for Llama 3 8B, NeMo's GPT-3 175B and Nemotron 4 rows, none for
+the FP8 Llama 3 70B and 3.1 405B presets. Empty on x86 rows, where the term does not apply.
 
 Tokens/s/GPU is compared (convention-free); rows whose source gives only TFLOP/s/GPU carry tokens derived
 from it (said in their ``source``). Rows with the same layout as a calibration row (another container's
@@ -164,11 +171,12 @@ def summary(results) -> None:
         for k, v in sorted(by.items()):
             print(f"  {k:14s} n={len(v):3d}  MAPE {mape(v):5.1f}%  mean signed {model_accuracy.pct(sum(v) / len(v))}")
     worst = sorted(results, key=lambda x: -abs(x["err"]))[:12]
-    print("\nworst rows (time shares of the predicted step: compute / TP / CP / bubble / PP p2p / DP / optimizer):")
+    print("\nworst rows (time shares of the predicted step: compute / host wait / TP / CP / bubble / PP p2p / DP / "
+          "optimizer):")
     for x in worst:
         b, st = x["pred"].breakdown, x["pred"].step_time_s
-        shares = [b[k] / st for k in ("time.layer_compute_s", "time.tp_exposed_s", "time.cp_exposed_s", "time.bubble_s",
-                                      "time.pp_p2p_s", "time.dp_exposed_s", "time.optimizer_s")]
+        shares = [b[k] / st for k in ("time.layer_compute_s", "time.host_wait_s", "time.tp_exposed_s", "time.cp_exposed_s",
+                                      "time.bubble_s", "time.pp_p2p_s", "time.dp_exposed_s", "time.optimizer_s")]
         print(f"  {x['row']['id']:32s} {model_accuracy.pct(x['err'])}  " + " ".join(f"{100 * s:4.0f}%" for s in shares))
 
 

@@ -292,6 +292,26 @@ def test_fit_recovers_parameters_that_generated_the_data():
     assert got.attn_eff == pytest.approx(0.45, rel=0.05)
 
 
+def test_fit_finds_a_threshold_parameter_whose_loss_is_flat_at_its_prior():
+    """The Grace host's time per layer acts only past the layers' GPU time, so at its prior's centre (3 ms) the
+    loss does not move with it; the fit's coordinate pass over the prior's range still finds the value that made
+    the data (GB200 layouts with 6-10 ms layers, one with longer layers that it must leave alone)."""
+    truth = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.012)
+    arch = RECIPES["llama3_70b"].arch
+    layouts = [dict(num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128), dict(num_gpus=64, tp=4, pp=4, vp=5, mbs=1, gbs=128),
+               dict(num_gpus=64, tp=1, pp=1, mbs=2, gbs=256, fsdp=True, cpu_offload_layers=40)]
+    rows = [(kw, predict_layout(arch, "gb200", seq_length=8192, precision="fp8", params=truth, **kw).tokens_per_s_per_gpu)
+            for kw in layouts]
+
+    def tokens(kw, params):
+        return predict_layout(arch, "gb200", seq_length=8192, precision="fp8", params=params, **kw).tokens_per_s_per_gpu
+
+    assert tokens(layouts[0], DEFAULT_PARAMS.with_values(host_layer_s_grace=0.003)) \
+        == tokens(layouts[0], DEFAULT_PARAMS.with_values(host_layer_s_grace=0.004))  # flat at the prior
+    got = fit(tokens, rows, names=("host_layer_s_grace",), obs_sigma=0.001)
+    assert got.host_layer_s_grace == pytest.approx(0.012, rel=0.02)
+
+
 def test_unfused_attention_stores_korthikantis_scores_and_costs_time_growing_with_s():
     """attention_backend=local: the 5as²b/t score term of Korthikanti comes back into the activations;
     unfused (TE's, one fused softmax kernel, no attention dropout) keeps 2as²b/t; the s×s scores through HBM make
@@ -368,10 +388,11 @@ def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
     """GB300 and GB200 share dense peaks, HBM bandwidth and NVLink; without data parallelism and with the same
     NIC the step differs only by the softmax exponentials: one per causal score element forward, one backward,
     at each GPU's special-function-unit rate (dse.hardware). Blackwell Ultra's sustained tensor rate is set to
-    GB200's here (ultra_tensor_ratio=1) to isolate the exponentials."""
+    GB200's here (ultra_tensor_ratio=1), and the Grace host's time per layer off (host_layer_s_grace=0: these
+    layers are shorter than it), to isolate the exponentials."""
     arch = RECIPES["llama3_8b"].arch
     kw = dict(num_gpus=4, tp=4, pp=1, mbs=1, gbs=16, seq_length=16384, precision="fp8", scaleout_gbps=400.0,
-              params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=1.0))
+              params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=1.0, host_layer_s_grace=0.0))
     gb200, gb300 = (predict_layout(arch, g, **kw) for g in ("gb200", "gb300"))
     T, s, a = 16384, 16384, arch.num_attention_heads / 4  # heads per GPU at tp=4 (no data parallelism)
     per_layer = T * s * a * (1 / HARDWARE["gb200"].sfu_exp_tera_per_s - 1 / HARDWARE["gb300"].sfu_exp_tera_per_s) / 1e12

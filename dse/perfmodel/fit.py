@@ -52,6 +52,11 @@ PRIORS: dict[str, Prior] = {
     "ultra_tensor_ratio": Prior(1.0, 0.25, "log"),
     # MXFP8 over per-tensor FP8 GEMMs: the same tensor-core peak, so centred on 1
     "mxfp8_gemm_ratio": Prior(1.0, 0.25, "log"),
+    # Grace's host time per layer (forward + backward): what TransformerEngine issue 2053's figures add up to, about
+    # 100 µs of CPU per TE module call and 37 µs per PyTorch op on GB200, for a layer's four TE GEMM modules, its
+    # attention and a dozen ops, forward and about twice that backward: ~3 ms; loose (log width 1), since FP8
+    # scaling, TP overlap, context parallelism and the TE version add to it
+    "host_layer_s_grace": Prior(0.003, 1.0, "log"),
     "elementwise_scale": Prior(1.4, 0.4, "log"),  # element-wise kernels reach ~70% of HBM bandwidth
     "nvlink_eff": Prior(0.80, 0.5),  # nccl-tests all-gather bus bandwidth ~360 of 450 GB/s (H100)
     "scaleout_eff": Prior(0.80, 0.5),  # nccl-tests across nodes: ~40 of 50 GB/s per 400 Gb/s NIC
@@ -123,6 +128,17 @@ def fit(predict_fn: Callable[[object, Params], float], rows: Sequence[tuple[obje
         return err / obs_sigma**2 + float(np.sum(((z - centre) / width) ** 2))
 
     z = centre.copy()
+    # one coordinate pass over each prior's range before the simplex: a term that acts only past a threshold
+    # (Params.host_layer_s_grace: a layer waits only for a host slower than its GPU time) leaves the loss flat
+    # around its prior's centre, where the simplex's first steps would not find the slope
+    best = loss(z)
+    for i in range(len(z)):
+        for k in np.arange(-2.0, 2.01, 0.25):
+            trial = z.copy()
+            trial[i] = centre[i] + k * width[i]
+            value = loss(trial)
+            if value < best:
+                z, best = trial, value
     for _ in range(restarts + 1):
         z = nelder_mead(loss, z)
     return params_from_z(z, names, base)

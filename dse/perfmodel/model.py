@@ -321,6 +321,14 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     else:
         rec = 0.0
     t_layer = compute + tp_exposed + cp_exposed + rec
+    # the host: every kernel of a layer is launched by Python (TE's modules, autograd, Megatron's hooks), and the GPU
+    # cannot run ahead of its launches, so a layer takes at least the host's time for it. Grace costs ~2.75x an x86
+    # host per PyTorch op (TransformerEngine issue 2053: 37.08 vs 13.48 µs on a Xeon 8480C); on x86 the host
+    # time stays under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6% at
+    # 3.4 ms layers), so the term applies to Grace hosts only, and not to a CUDA-graphed step (Stack.cuda_graphs)
+    host = P.host_layer_s_grace if hw.grace_host and not stack.cuda_graphs else 0.0
+    host_wait = max(0.0, host - t_layer)
+    t_layer += host_wait
 
     # activation offloading (Megatron-Core cpu_offloading; pp=1 and no recompute, see dse.constraints): each
     # offloaded layer's activations go to host memory during its forward and come back during its backward,
@@ -441,6 +449,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     mf = _flops.model_flops_per_step(arch, gbs, s, flops_convention)
     breakdown = {
         "time.layer_compute_s": m * (first_l if p == 1 else mid_l) * compute,
+        "time.host_wait_s": m * (first_l if p == 1 else mid_l) * host_wait,
         "time.tp_exposed_s": m * mid_l * tp_exposed,
         "time.cp_exposed_s": m * mid_l * cp_exposed,
         "time.recompute_s": m * mid_l * rec,

@@ -37,6 +37,10 @@ class Params:
     # fitted: MXFP8 GEMMs' rate over per-tensor-scaled FP8 GEMMs' (Blackwell); fitted with one MXFP8 row (FIT_EXTRA)
     mxfp8_gemm_ratio: float = 0.944
     elementwise_scale: float = 1.51  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
+    # fitted: the host's (CPU's) time per transformer layer and micro-batch, forward + backward, of a step that is
+    # not CUDA-graphed, on a Grace host (GB200, GB300): a layer shorter than this on the GPU waits for its
+    # launches (model.predict_layout); fitted with one GB200 row (bench/model_accuracy.py FIT_EXTRA)
+    host_layer_s_grace: float = 0.0115
     # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
     # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
     unfused_scores_scale: float = 1.0
@@ -76,6 +80,7 @@ class Params:
 DEFAULT_PARAMS = Params()
 
 FITTED = ("gemm_eff_fp8", "gemm_eff_fp8_blackwell", "attn_eff", "attn_eff_blackwell", "ultra_tensor_ratio", "mxfp8_gemm_ratio",
+          "host_layer_s_grace",
           "elementwise_scale", "nvlink_eff", "scaleout_eff", "tp_overlap",
           "cp_overlap", "dp_overlap")
 PARAM_NAMES = tuple(f.name for f in fields(Params))
