@@ -61,8 +61,9 @@ STACK_PRIORS: dict[str, Prior] = {
 }
 CALIBRATION_PRIORS: dict[str, Prior] = {
     **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()}, **STACK_PRIORS}
+# last: a Grace host's time per layer, identifiable only from GB200 / GB300 runs whose layers are short on the GPU
 STACK_TIME = ("elementwise_scale", "unfused_scores_scale", "gemm_eff_bf16", "layer_overhead_s", "attn_eff",
-              "step_overhead_s")
+              "step_overhead_s", "host_layer_s_grace")
 MEMORY = ("memory_offset_gib", "memory_fragmentation")
 TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
 MEM_SIGMA = 0.03

@@ -219,3 +219,22 @@ def test_the_guided_agents_forecast_starts_from_the_spaces_calibration(tmp_path)
     sign = 1 if plain.objective.sense == "maximize" else -1
     assert model_forecaster(calibrated)(action).reward == pytest.approx(sign * expected)
     assert model_forecaster(plain)(action).reward == pytest.approx(sign * shipped) != pytest.approx(sign * expected)
+
+
+@pytest.mark.parametrize("host", [0.006, 0.02])
+def test_a_grace_hosts_time_per_layer_is_learnt_from_gb200_runs(tmp_path, host):
+    """The real runs' small layouts on GB200 (layers of a few ms: host-bound there) with another host time per
+    layer than the shipped one: dse calibrate picks host_layer_s_grace by itself and finds the runs' value; on
+    the H200 (an x86 host) the parameter moves nothing and is not picked."""
+    from dse.calibrate import STACK_TIME, identifiable
+
+    rows = [{**r, "gpu": "gb200", "payload": "nemo2"} for r in _rows()]
+    runs, _ = runs_from_tsv(_write(tmp_path / "layouts.tsv", rows), "gb200")
+    truth = DEFAULT_PARAMS.with_values(host_layer_s_grace=host)
+    measured = [{**row, "step_time_ms": predict(run.trial, params=truth).step_time_s * 1e3,
+                 "peak_allocated_gib": predict(run.trial, params=truth).peak_memory_gib} for row, run in zip(rows, runs)]
+    cal, _ = calibrate([_write(tmp_path / "runs.tsv", measured)], gpu="gb200", loo=False)
+    assert cal.params["host_layer_s_grace"] == pytest.approx(host, rel=0.02)
+    assert cal.fit["after"]["step_time_mape"] < 0.5 < cal.fit["before"]["step_time_mape"]
+    h200, _ = runs_from_tsv(REAL, "h200")
+    assert "host_layer_s_grace" not in identifiable(h200, STACK_TIME)
