@@ -324,7 +324,7 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
     # the host: every kernel of a layer is launched by Python (TE's modules, autograd, Megatron's hooks), and the GPU
     # cannot run ahead of its launches, so a layer takes at least the host's time for it. Grace costs ~2.75x an x86
     # host per PyTorch op (TransformerEngine issue 2053: 37.08 vs 13.48 µs on a Xeon 8480C); on x86 the host
-    # time stays under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6% at
+    # time stays under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6.2% at
     # 3.4 ms layers), so the term applies to Grace hosts only, and not to a CUDA-graphed step (Stack.cuda_graphs)
     host = P.host_layer_s_grace if hw.grace_host and not stack.cuda_graphs else 0.0
     host_wait = max(0.0, host - t_layer)
