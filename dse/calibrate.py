@@ -44,7 +44,7 @@ from dse.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-expo
 from dse.calibration_file import load_calibration as _load
 from dse.calibration_file import loads as _loads
 from dse.errors import UserError
-from dse.perfmodel.fit import PRIORS, Prior, nelder_mead
+from dse.perfmodel.fit import PRIORS, Prior, minimise
 from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, PARAM_NAMES, Params
 
@@ -231,10 +231,7 @@ def _map_fit(names: Sequence[str], loss_of, base: Params, restarts: int = 2) -> 
     def loss(z: np.ndarray) -> float:
         return loss_of(to_params(z)) + float(np.sum(((z - centre_prior) / width) ** 2))
 
-    z = centre.copy()
-    for _ in range(restarts + 1):
-        z = nelder_mead(loss, z, step=0.3)
-    return to_params(z)
+    return to_params(minimise(loss, centre, width, restarts))  # from the shipped values
 
 
 def time_loss(runs: Sequence[Run]):

@@ -100,6 +100,34 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float
     return simplex[int(np.argmin(values))]
 
 
+def coordinate_pass(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The best point of one pass over each coordinate, ``start`` ± 2 ``width`` in quarter widths, the others
+    held: one of the two starts of :func:`minimise`. A term that acts only past a threshold
+    (Params.host_layer_s_grace: a layer waits only for a host slower than its GPU time) leaves the loss flat
+    around the start, where the simplex's first steps would not find the slope."""
+    z = np.array(start, dtype=float)
+    best = loss(z)
+    for i in range(len(z)):
+        for k in np.arange(-2.0, 2.01, 0.25):
+            trial = z.copy()
+            trial[i] = start[i] + k * width[i]
+            value = loss(trial)
+            if value < best:
+                z, best = trial, value
+    return z
+
+
+def minimise(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray, restarts: int = 2) -> np.ndarray:
+    """The lower of two Nelder-Mead descents, each restarted ``restarts`` times from its own optimum (the simplex
+    can stall on a face): one from ``start``, one from the best point of :func:`coordinate_pass` around it."""
+    ends = []
+    for z in (np.array(start, dtype=float), coordinate_pass(loss, start, width)):
+        for _ in range(restarts + 1):
+            z = nelder_mead(loss, z)
+        ends.append(z)
+    return min(ends, key=loss)
+
+
 def params_from_z(z: Sequence[float], names: Sequence[str], base: Params = DEFAULT_PARAMS) -> Params:
     return base.with_values(**{n: PRIORS[n].from_z(float(v)) for n, v in zip(names, z)})
 
@@ -111,8 +139,7 @@ def fit(predict_fn: Callable[[object, Params], float], rows: Sequence[tuple[obje
 
     ``predict_fn(input, params)`` returns the predicted tokens/s/GPU; ``obs_sigma`` is the scatter assumed
     for a published figure (log scale: 0.1 = 10%; runs of one recipe in different containers differ
-    by that much), which weighs the data against the priors. Starts at the priors' centres and
-    restarts the simplex from its own optimum (Nelder-Mead can stall on a face of the simplex).
+    by that much), which weighs the data against the priors. Starts at the priors' centres (:func:`minimise`).
     """
     priors = [PRIORS[n] for n in names]
     centre = np.array([p.to_z(p.centre) for p in priors])
@@ -127,18 +154,4 @@ def fit(predict_fn: Callable[[object, Params], float], rows: Sequence[tuple[obje
             err += (math.log(pred) - lp) ** 2 if pred > 0 else 100.0
         return err / obs_sigma**2 + float(np.sum(((z - centre) / width) ** 2))
 
-    z = centre.copy()
-    # one coordinate pass over each prior's range before the simplex: a term that acts only past a threshold
-    # (Params.host_layer_s_grace: a layer waits only for a host slower than its GPU time) leaves the loss flat
-    # around its prior's centre, where the simplex's first steps would not find the slope
-    best = loss(z)
-    for i in range(len(z)):
-        for k in np.arange(-2.0, 2.01, 0.25):
-            trial = z.copy()
-            trial[i] = centre[i] + k * width[i]
-            value = loss(trial)
-            if value < best:
-                z, best = trial, value
-    for _ in range(restarts + 1):
-        z = nelder_mead(loss, z)
-    return params_from_z(z, names, base)
+    return params_from_z(minimise(loss, centre, width, restarts), names, base)
