@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from dse.backends.slurm import slurm_seconds
+from dse.fsutil import write_text
 from dse.launch import build_plan
 from dse.space import Space
 from dse.store import TrialRecord
@@ -96,9 +96,7 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     info = {"trial": rec.number, "reward": rec.reward, "objective": space.objective.metric,
             "run_dir": _relative(rec.run_dir, Path(out_dir)), "knobs": trial.as_dict(), "varied": rec.knobs, "metrics": rec.metrics,
             "payload": payload, "argv": list(plan.argv), "env": dict(plan.env)}
-    tmp = d / ".best.json.tmp"
-    tmp.write_text(json.dumps(info, indent=2, default=str))
-    os.replace(tmp, d / "best.json")
+    write_text(d / "best.json", json.dumps(info, indent=2, default=str))
     stage_code(d)
     registry = load_backends()
     one_node = trial.num_nodes == 1
@@ -137,4 +135,4 @@ def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, on
         lines.append("launch.sbatch is the launch file.")
     lines += ["", f"Time limit {limit}: {limit_source}.", "",
               "best.json: every resolved knob, the trial's metrics, the trainer command line and environment."]
-    (d / README_NAME).write_text("\n".join(lines) + "\n")
+    write_text(d / README_NAME, "\n".join(lines) + "\n")

@@ -20,6 +20,7 @@ import pandas as pd
 
 from dse import report
 from dse.errors import UserError
+from dse.fsutil import write_text
 from dse.leaderboard import Summary, write_csv
 from dse.study import open_store
 
@@ -130,8 +131,4 @@ def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.Da
     body = html_section(df, studies)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>dse compare</title>"
             f"<style>{report._STYLE}</style></head><body><h1>dse compare</h1>{body}</body></html>")
-    path = out / "compare.html"
-    tmp = out / ".compare.html.tmp"
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return df, csv, path
+    return df, csv, write_text(out / "compare.html", page)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import UserError, infrastructure
+from dse.fsutil import atomic_write
 from dse.store import TrialRecord
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
@@ -182,13 +183,11 @@ class Summary:
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
     """Write atomically (a temp file renamed into place), so a reader never sees half a table."""
-    path = Path(path)
-    tmp = checked_output(path, "--csv")
+    path = checked_output(Path(path), "--csv")
     try:
-        df.to_csv(tmp, index=False)
-        tmp.replace(path)
+        with atomic_write(path, newline="") as fh:  # newline="": pandas writes its own line ends
+            df.to_csv(fh, index=False)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise output_error(e, path, "--csv") from None
     return path
 
@@ -223,13 +222,13 @@ def savings_line(records: Sequence[TrialRecord]) -> str:
 
 
 def checked_output(path: Path, field: str) -> Path:
-    """The temporary file beside ``path`` that an atomic write goes through; a :class:`UserError` when
-    ``path`` is a directory or its folder does not exist (nothing is written then)."""
+    """``path``, checked before anything is read or written: a :class:`UserError` when it is a directory or
+    its folder does not exist (nothing is written then)."""
     if path.is_dir():
         raise UserError("is a directory; give a file name", file=str(path), field=field)
     if not path.parent.is_dir():
         raise UserError("its folder does not exist", file=str(path), field=field)
-    return path.with_name(f".{path.name}.tmp")
+    return path
 
 
 def output_error(e: OSError, path: Path, field: str) -> Exception:

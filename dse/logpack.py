@@ -18,12 +18,12 @@ What is packed, and when (decisions):
 
 Format: an xz-compressed tar, members ``NNNNN/log.txt``, the plain log. Standard tools read it: ``tar -xJf
 trials/logs-00256-00511.tar.xz -C trials`` gives the directories back. A pack is written under a temporary
-name and renamed into place, so a reader finds a whole pack or none; only then are the directories removed
-(a ``dse`` killed in between leaves both: readers prefer the directory). ``dse parse trials/00300`` reads a
-packed trial's log (:func:`read`). tarfile, not a format of our own, for that reason; not zip, which
-compresses each member alone (what ``log.txt.gz`` already is: ~400 bytes for a failed run's log, ~2 KB for a
-finished one); xz (preset 1), not gzip, whose 32 KiB window sees a few logs at a time: 138 against 250 bytes
-a trial on the big grid's logs, at about the same speed (~0.2 ms a trial).
+name and renamed into place (:func:`dse.fsutil.atomic_write`), so a reader finds a whole pack or none; only
+then are the directories removed (a ``dse`` killed in between leaves both: readers prefer the directory).
+``dse parse trials/00300`` reads a packed trial's log (:func:`read`). tarfile, not a format of our own, for
+that reason; not zip, which compresses each member alone (what ``log.txt.gz`` already is: ~400 bytes for a
+failed run's log, ~2 KB for a finished one); xz (preset 1), not gzip, whose 32 KiB window sees a few logs at a
+time: 138 against 250 bytes a trial on the big grid's logs, at about the same speed (~0.2 ms a trial).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dse.errors import InfrastructureError, UserError, infrastructure
+from dse.fsutil import atomic_write
 from recipes import contract
 
 LOG_NAME = contract.LOG_NAME
@@ -69,18 +70,15 @@ def pack(trials_dir: Path, numbers: Iterable[int]) -> Path | None:
     while path.exists():  # never over another pack (trial numbers are unique, so this is defence only)
         k += 1
         path = trials_dir / f"{stem}-{k}.tar.xz"
-    tmp = trials_dir / f".{path.name}.{os.getpid()}.tmp"
     try:
-        with tarfile.open(tmp, "w:xz", preset=1) as tar:
+        with atomic_write(path, binary=True) as fh, tarfile.open(fileobj=fh, mode="w:xz", preset=1) as tar:
             for d in dirs:
                 log = d / COMPRESSED_LOG
                 data = gzip.decompress(log.read_bytes())
                 info = tarfile.TarInfo(f"{d.name}/{LOG_NAME}")
                 info.size, info.mtime, info.mode = len(data), int(log.stat().st_mtime), 0o644
                 tar.addfile(info, io.BytesIO(data))
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise infrastructure(e, f"cannot pack logs in {trials_dir}") or InfrastructureError(
             f"cannot pack logs in {trials_dir}: {e}") from None
     for d in dirs:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from dse.fsutil import write_text
 from dse.leaderboard import frame
 from dse.store import TrialRecord
 
@@ -381,13 +382,9 @@ def write(records: Iterable[TrialRecord], meta: dict, path: str | Path, *, metri
           best: Mapping[str, Any] | None = None, extra_html: str = "", total: int | None = None) -> Path:
     from dse.leaderboard import checked_output, output_error
 
-    path = Path(path)
-    tmp = checked_output(path, "--html")
+    path = checked_output(Path(path), "--html")
     text = render(records, meta, metric=metric, best=best, extra_html=extra_html, total=total)
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        return write_text(path, text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise output_error(e, path, "--html") from None
-    return path

@@ -433,6 +433,30 @@ def test_exports_to_a_directory_are_one_line_errors_and_leave_no_tmp(tmp_path, c
     assert list(tmp_path.glob(".*.tmp")) == [] and list(target.iterdir()) == []
 
 
+@pytest.mark.parametrize("cmd, flag", [("leaderboard", "--csv"), ("report", "--html")])
+def test_a_full_disk_on_an_export_keeps_the_old_file_and_leaves_no_tmp(tmp_path, monkeypatch, cmd, flag):
+    import errno
+
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    assert _run(path, out).exit_code == 0
+    target = tmp_path / "export"
+    target.write_text("the old export\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    r = CliRunner().invoke(app, [cmd, str(out), flag, str(target)])
+    assert r.exit_code == 1 and "No space left on device" in r.output and "Traceback" not in r.output, r.output
+    assert target.read_text() == "the old export\n"
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
 def test_an_out_that_a_script_cannot_carry_fails_before_the_study(tmp_path):
     path = write_space(tmp_path)
     out = tmp_path / "a b"

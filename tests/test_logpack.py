@@ -111,9 +111,9 @@ def test_a_full_disk_while_packing_leaves_every_directory_and_no_temporary_file(
         (trials / f"{n:05d}" / "log.txt.gz").write_bytes(gzip.compress(b"log\n"))
     real = tarfile.open
 
-    def full(name, mode="r", *a, **k):
+    def full(name=None, mode="r", *a, **k):
         if mode.startswith("w"):
-            raise OSError(errno.ENOSPC, "No space left on device", str(name))
+            raise OSError(errno.ENOSPC, "No space left on device", str(name or trials))
         return real(name, mode, *a, **k)
 
     monkeypatch.setattr(tarfile, "open", full)
