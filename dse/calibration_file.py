@@ -1,4 +1,5 @@
-"""The calibration file of ``dse calibrate``: plain TOML, ``[params]`` name = value and ``[provenance]``.
+"""The calibration file of ``dse calibrate``: TOML (written with tomlkit), ``[params]`` name = value and
+``[provenance]``.
 
 Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.space` can check a space's
 ``[backend] calibration`` when the space is read.
@@ -6,14 +7,16 @@ Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.s
 
 from __future__ import annotations
 
-import json
 import math
 import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomlkit
+
 from dse.errors import UserError
+from dse.fsutil import write_text
 
 
 @dataclass
@@ -31,32 +34,34 @@ class Calibration:
 
 # ------------------------------------------------------------------------------------------
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(float(v)) if isinstance(v, float) else str(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(v)
-
-
 def dumps(cal: Calibration) -> str:
-    """Plain TOML, written by hand: flat tables of numbers and strings only, so a writer library
-    (tomli-w) would be a dependency for a dozen lines; :func:`loads` reads it back with tomllib."""
-    lines = ["# dse calibration: parameters of the performance model refitted to measured runs (dse calibrate)",
-             "[params]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in cal.params.items()]
-    lines += ["", "[provenance]", f"gpu = {_toml_value(cal.gpu)}", f"sources = {_toml_value(cal.sources)}",
-              f"date = {_toml_value(cal.date)}", f"runs = {cal.runs}"]
+    """The calibration as TOML, built as a tomlkit document (values quoted and escaped by the library, the
+    header a TOML comment); :func:`loads` reads it back with tomllib."""
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("dse calibration: parameters of the performance model refitted to measured runs "
+                            "(dse calibrate)"))
+    params = tomlkit.table()
+    for k, v in cal.params.items():
+        params.add(k, float(v))
+    prov = tomlkit.table()
+    prov.add("gpu", cal.gpu)
+    prov.add("sources", [str(s) for s in cal.sources])
+    prov.add("date", cal.date)
+    prov.add("runs", int(cal.runs))
     for title, block in (("fit_before", (cal.fit or {}).get("before")), ("fit_after", (cal.fit or {}).get("after")),
                          ("leave_one_out", cal.loo)):
         for k, v in (block or {}).items():
             if v is not None:
-                lines.append(f"{title}_{k} = {_toml_value(round(v, 3))}")
-    return "\n".join(lines) + "\n"
+                prov.add(f"{title}_{k}", round(float(v), 3))
+    doc.add("params", params)
+    doc.add("provenance", prov)
+    return tomlkit.dumps(doc)
+
+
+def write(cal: Calibration, path: str | Path) -> Path:
+    """Write the calibration file atomically (:func:`dse.fsutil.write_text`): an interrupted ``dse calibrate``
+    leaves the old file, never half of one."""
+    return write_text(path, dumps(cal))
 
 
 def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | None = None) -> Calibration:

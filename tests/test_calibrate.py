@@ -84,6 +84,25 @@ def test_calibration_file_round_trip(tmp_path):
     assert "leave_one_out_step_time_mape" in doc["provenance"]
 
 
+def test_hostile_strings_in_a_calibration_file_round_trip_and_add_no_key(tmp_path):
+    """A source path or date with a newline, quotes or TOML syntax stays one value (tomlkit escapes it)."""
+    import tomllib
+
+    from dse.calibration_file import write
+
+    hostile = 'runs"\n[params]\nelementwise_scale = 99.0\n# \\'
+    cal = Calibration(gpu="h200", params={"elementwise_scale": 2.0}, sources=[hostile, "b.tsv"], runs=3,
+                      date="2026\ngpu = \"b200\"", fit={"after": {"step_time_mape": 1.5}}, loo=None)
+    path = write(cal, tmp_path / "cal.toml")
+    doc = tomllib.loads(path.read_text())
+    assert doc["params"] == {"elementwise_scale": 2.0}
+    assert set(doc["provenance"]) == {"gpu", "sources", "date", "runs", "fit_after_step_time_mape"}
+    back = load_calibration(path, gpu="h200")
+    assert back.sources == [hostile, "b.tsv"] and back.date == cal.date and back.params == cal.params
+    assert path.read_text().startswith("# dse calibration:")
+    assert [p.name for p in tmp_path.iterdir()] == ["cal.toml"]
+
+
 def _cli(*args):
     r = runner.invoke(app, list(map(str, args)))
     return r.exit_code, r.output + (r.stderr if r.stderr_bytes is not None else "")
