@@ -241,3 +241,42 @@ def test_non_slurm_system_refused(tmp_path):
     sysf.write_text('name = "k8s"\nscheduler = "kubernetes"\n')
     with pytest.raises(UserError, match="dse imports Slurm systems"):
         import_cloudai(TEST, system_path=sysf, gpu="h100")
+
+
+HOSTILE = 'x"\n[knobs]\ntp = [8]\n# \\ \r\x1b end'  # quotes, newlines, TOML syntax, a CR and an escape
+
+
+def test_hostile_strings_round_trip_and_inject_no_key(tmp_path):
+    """A newline or quote in a CloudAI description, value or key (which the import writes as comments: the
+    values it writes as TOML values are validated first) stays inside its comment: the written space reloads
+    with the imported values and no other key; a note's value reads back as the value (tomlkit spells it)."""
+    import json
+
+    from dse.importers.cloudai import _toml_value
+
+    text = TEST.read_text().replace('description = "Llama 3 8B layout sweep"', f"description = {json.dumps(HOSTILE)}")
+    text += (f"\n[cmd_args.log]\n{json.dumps(HOSTILE)} = {json.dumps(HOSTILE)}\n"
+             f"\n[cmd_args.optim]\nname = [{json.dumps(HOSTILE)}, \"adam\"]\n")
+    src = tmp_path / "hostile.toml"
+    src.write_text(text)
+    imp = import_cloudai(src, system_path=SYSTEM, gpu="h100", out=tmp_path / "space.toml")
+    notes = {n.field: n.value for n in imp.not_imported}
+    assert notes[f"cmd_args.log.{HOSTILE}"] == HOSTILE and notes["cmd_args.optim.name"] == [HOSTILE, "adam"]
+    assert all(len(n.line().splitlines()) == 1 for n in imp.not_imported)  # printed one line each, key escaped
+    for value in (HOSTILE, [HOSTILE, "adam"], {HOSTILE: [1.5, True]}):
+        assert tomllib.loads(f"v = {_toml_value(value)}")["v"] == value
+    written = imp.write(tmp_path / "space.toml")
+    assert written == [tmp_path / "space.toml", tmp_path / "lab-cluster.toml"]
+    space_text = written[0].read_text()
+    doc = tomllib.loads(space_text)
+    assert set(doc) == {"name", "recipe", "system", "num_nodes", "settings", "knobs", "search", "backend"}
+    assert doc["knobs"] == imp.space.knobs and set(doc["knobs"]) == {"mbs", "gbs", "tp", "pp", "env.NCCL_NVLS_ENABLE"}
+    assert {k: v for k, v in doc["settings"].items()} == dict(imp.space.settings)
+    assert load_space(written[0]).knobs == imp.space.knobs
+    # the description's lines are comment lines; none of its TOML reaches a line of its own
+    lines = space_text.splitlines()
+    assert lines[1:6] == ['# x"', "# [knobs]", "# tp = [8]", "# # \\ ", "# \\x1b end"]
+    assert lines.count("[knobs]") == 1 and "tp = [8]" not in lines
+    assert set(tomllib.loads(written[1].read_text())) == {"name", "gpu", "gpus_per_node", "nvlink_domain",
+                                                           "container", "slurm"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.toml", "lab-cluster.toml", "space.toml"]

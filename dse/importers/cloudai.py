@@ -30,14 +30,17 @@ Decisions where the issue is silent:
 
 from __future__ import annotations
 
-import json
+import datetime
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import tomlkit
+
 from dse import knobs
 from dse.errors import UserError, did_you_mean
+from dse.fsutil import write_text
 from dse.hardware import GPU_NAMES
 from dse.space import Space, System, _read_toml
 from recipes.models import RECIPES, Recipe
@@ -50,7 +53,8 @@ class NotImported:
     reason: str
 
     def line(self) -> str:
-        return f"not imported: {self.field} = {_toml_value(self.value)} ({self.reason})"
+        """One line (a control character in a CloudAI key is shown escaped, as ``\\x0a``)."""
+        return _escape_controls(f"not imported: {self.field} = {_toml_value(self.value)} ({self.reason})")
 
 
 @dataclass
@@ -64,6 +68,18 @@ class Imported:
     not_imported: list[NotImported] = field(default_factory=list)
     cloudai_points: int = 1  # raw points of CloudAI's list product over the test's list-valued fields
     defaults: list[str] = field(default_factory=list)  # CloudAI's defaults applied, "path = value"
+
+    def files(self, out: str | Path) -> dict[Path, str]:
+        """What to write: the space at ``out`` and, with ``--system``, the system file beside it."""
+        files = {Path(out): self.space_text}
+        if self.system_text is not None and self.system_file:
+            files[Path(out).parent / self.system_file] = self.system_text
+        return files
+
+    def write(self, out: str | Path) -> list[Path]:
+        """Write :meth:`files`, each atomically (:func:`dse.fsutil.write_text`: a full disk leaves no half
+        space); the paths written."""
+        return [write_text(path, text) for path, text in self.files(out).items()]
 
 
 def nemo2_paths() -> dict[str, str]:
@@ -132,25 +148,44 @@ CLOUDAI_DEFAULTS = {
 _FP8_SPELLED_BY_DSE = {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_param_gather",
                        "first_last_layers_bf16", "reuse_grad_buf_for_mxfp8_param_ag"}
 _IMAGE_VERSION = re.compile(r":(\d\d)\.(\d\d)(?:[.\-].*)?$")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # what a TOML comment may not hold (tab may stay)
+
+
+def _item(v: Any) -> Any:
+    """``v`` as a tomlkit item that stays on its key's line: a table becomes an inline table and a list an array,
+    at any depth; tomlkit quotes and escapes every string and key (a newline or quote in a CloudAI value or
+    key cannot start a line of its own). A value TOML has no type for is written as its text."""
+    if isinstance(v, Mapping):
+        table = tomlkit.inline_table()
+        for k, x in v.items():
+            table.append(str(k), _item(x))
+        return table
+    if isinstance(v, (list, tuple)):
+        array = tomlkit.array()
+        for x in v:
+            array.append(_item(x))
+        return array
+    if isinstance(v, (bool, int, float, str, datetime.date, datetime.time)):  # datetime is a date
+        return tomlkit.item(v)
+    return tomlkit.string(str(v))
 
 
 def _toml_value(v: Any) -> str:
-    """One value in TOML syntax. Hand-written (tomli_w is not a dependency and cannot write the comments the
-    space carries): values here are bools, ints, floats, strings and flat lists of them; JSON's string
-    escapes are valid TOML basic strings."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    return json.dumps(str(v))
+    """One value as TOML spells it, for the notes printed and written as comments."""
+    return _item(v).as_string()
 
 
-def _key(k: str) -> str:
-    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
+def _escape_controls(text: str) -> str:
+    """``text`` with control characters (newlines included, tab not) spelled ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+def _comment(container: Any, text: str) -> None:
+    """Add ``text`` to a tomlkit document or table as comment lines: one per line of ``text`` (so a newline in a
+    CloudAI description starts another comment, never a line of TOML), other control characters escaped (a
+    TOML comment may not hold them)."""
+    for line in text.splitlines() or [""]:
+        container.add(tomlkit.comment(_escape_controls(line)))
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -455,27 +490,40 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
 
 def _space_text(src: Path, recipe: Recipe, name: str, system_ref: Any, num_nodes: int, settings: dict,
                 varied: dict, search: dict, notes: list[NotImported], test: dict, applied: list[str]) -> str:
-    lines = [f"# Imported by `dse import cloudai` from {src.name} (CloudAI NeMoRun test).",
-             *(["# " + str(test["description"])] if test.get("description") else []),
-             f"name = {_toml_value(name)}", f"recipe = {_toml_value(recipe.name)}",
-             f"system = {_toml_value(system_ref)}", f"num_nodes = {num_nodes}", "", "[settings]"]
-    if applied:
-        lines += [f"# CloudAI's NeMoRun default (the file leaves it out): {a}" for a in applied]
-    lines += [f"{_key(k)} = {_toml_value(v)}" for k, v in settings.items()]
-    lines += ["", "[knobs]"] + [f"{_key(k)} = {_toml_value(v)}" for k, v in varied.items()]
-    lines += ["", "[search]"] + [f"{k} = {_toml_value(v)}" for k, v in search.items()]
-    lines += ["", "[backend]", 'kind = "sim"', 'payload = "nemo2"']
+    """The space file: a tomlkit document, so every key and value is quoted by the library and the notes
+    (CloudAI's description, defaults applied, fields not imported) are TOML comments."""
+    doc = tomlkit.document()
+    _comment(doc, f"Imported by `dse import cloudai` from {src.name} (CloudAI NeMoRun test).")
+    if test.get("description"):
+        _comment(doc, str(test["description"]))
+    for key, value in (("name", name), ("recipe", recipe.name), ("system", system_ref), ("num_nodes", num_nodes)):
+        doc.add(key, _item(value))
+    tables = {"settings": settings, "knobs": varied, "search": search, "backend": {"kind": "sim", "payload": "nemo2"}}
+    for title, entries in tables.items():
+        table = tomlkit.table()
+        if title == "settings":
+            for a in applied:
+                _comment(table, f"CloudAI's NeMoRun default (the file leaves it out): {a}")
+        for k, v in entries.items():
+            table.add(str(k), _item(v))
+        doc.add(title, table)
     if notes:
-        lines += ["", f"# {len(notes)} field(s) of the CloudAI files were not imported:"]
-        lines += [f"# {n.line()}" for n in notes]
-    return "\n".join(lines) + "\n"
+        doc.add(tomlkit.nl())
+        _comment(doc, f"{len(notes)} field(s) of the CloudAI files were not imported:")
+        for n in notes:
+            _comment(doc, n.line())
+    return tomlkit.dumps(doc)
 
 
 def _system_text(table: dict[str, Any], src: Path) -> str:
-    lines = [f"# Imported by `dse import cloudai` from {src.name} (CloudAI Slurm system)."]
+    """The system file (with ``--system``): a tomlkit document, as the space."""
+    doc = tomlkit.document()
+    _comment(doc, f"Imported by `dse import cloudai` from {src.name} (CloudAI Slurm system).")
     for k, v in table.items():
         if k != "slurm":
-            lines.append(f"{_key(k)} = {_toml_value(v)}")
-    lines += ["", "[slurm]"] + [f"{_key(k)} = {_toml_value(v)}" for k, v in table["slurm"].items()]
-    return "\n".join(lines) + "\n"
-
+            doc.add(str(k), _item(v))
+    slurm = tomlkit.table()
+    for k, v in table["slurm"].items():
+        slurm.add(str(k), _item(v))
+    doc.add("slurm", slurm)
+    return tomlkit.dumps(doc)
