@@ -11,12 +11,12 @@ that field existed, the shipped system file of the same name (if there is one). 
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from markupsafe import Markup
 
 from dse import report
 from dse.errors import UserError
@@ -94,25 +94,22 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def html_section(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
-    """The comparison as a report section: the table and the throughput of each generation's best layout."""
+def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
+    """``compare.html``: the table, the throughput of each generation's best layout and links to each study's
+    report (the ``compare.html.j2`` template, autoescaped as the report is)."""
     import plotly.graph_objects as go
 
-    parts = ["<h2>Across generations</h2>",
-             "<p>Best layout of each study; speed-up is throughput over the first study's; GPU-hours and cost are "
-             "for training 1B tokens with that layout.</p>",
-             f"<div class='scroll'>{report.table(df, cut={'changed_knobs': 80})}</div>"]
     ok = df[df.tokens_per_s.notna()]
+    plot = None
     if not ok.empty:
         fig = go.Figure(go.Bar(x=ok.system.astype(str), y=ok.tokens_per_s, text=[f"{v:.3g}x" for v in ok.speedup],
                                hovertemplate="%{x}: %{y:.4g} tokens/s<extra></extra>"))
         fig.update_layout(title="Throughput of the best layout (tokens/s, whole job)", yaxis_tickformat=".4g",
                           height=380, template="plotly_white", xaxis=dict(type="category"))
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=True))
-    links = "".join(f"<li><a href='{html.escape(str(Path(s['dir']).resolve() / 'report.html'), quote=True)}'>"
-                    f"{html.escape(str(s['meta'].get('study_name')))}</a></li>" for s in studies)
-    parts.append(f"<p>Study reports:</p><ul>{links}</ul>")
-    return "".join(parts)
+        plot = Markup(fig.to_html(full_html=False, include_plotlyjs=True))  # Plotly escapes its JSON's < > /
+    links = [(str(Path(s["dir"]).resolve() / "report.html"), str(s["meta"].get("study_name"))) for s in studies]
+    return report.page("compare.html.j2", title="dse compare", table=report.table(df, cut={"changed_knobs": 80}),
+                       plot=plot, links=links)
 
 
 def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.DataFrame, Path, Path]:
@@ -128,7 +125,4 @@ def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.Da
                          total=s["summary"].n)
         finally:
             store.close()
-    body = html_section(df, studies)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>dse compare</title>"
-            f"<style>{report._STYLE}</style></head><body><h1>dse compare</h1>{body}</body></html>")
-    return df, csv, write_text(out / "compare.html", page)
+    return df, csv, write_text(out / "compare.html", page(df, studies))

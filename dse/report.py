@@ -12,10 +12,17 @@ Decisions: GPU-hours are the study's (``dse.leaderboard.gpu_hours``: GPUs x each
 importance is Optuna's ``get_param_importances`` with the PED-ANOVA evaluator (the default fANOVA one
 needs scikit-learn, which is not a dependency) on an in-memory study of the ok trials. The Pareto front
 the issue mentions needs a two-metric objective, which spaces cannot express yet, so it is not drawn.
+
+The page is a Jinja2 template (``dse/templates/report.html.j2``, package data) with autoescaping on, rather
+than HTML assembled from f-strings: a knob value, a failure's reason or a study name reaches the page escaped
+unless the code marks it as HTML (Plotly's divs, whose JSON Plotly escapes itself; tables rendered from the
+same templates), so a forgotten ``html.escape`` cannot open a script. ``dse compare`` uses the same templates.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import html
 import json
 import math
@@ -25,7 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pandas as pd
+from markupsafe import Markup
 
 from dse.fsutil import write_text
 from dse.leaderboard import frame
@@ -177,21 +186,25 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
     return figs
 
 
-def _cell(v: Any, *, limit: int | None = None) -> str:
-    text = fmt(v)
-    if limit is not None and len(text) > limit:
-        return f"<td class='cut' title='{html.escape(text, quote=True)}'>{html.escape(text[:limit - 1])}&hellip;</td>"
-    return f"<td>{html.escape(text)}</td>"
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The page templates (package data under ``dse/templates``), autoescaped: every value is escaped unless
+    the code marks it as HTML (:class:`markupsafe.Markup`: Plotly's own divs, tables rendered here)."""
+    return jinja2.Environment(loader=jinja2.PackageLoader("dse", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined)
 
 
-def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = "tbl") -> str:
+def page(name: str, **context: Any) -> str:
+    """The page template ``name`` rendered with ``context``."""
+    return _templates().get_template(name).render(**context)
+
+
+def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = "tbl") -> Markup:
     """An HTML table of ``df`` with values as :func:`fmt` writes them; columns in ``cut`` are truncated."""
     cut = dict(cut or {})
-    # headers break after underscores (tokens_per_s_per_gpu), so a wide table still fits the page
-    head = "".join(f"<th>{html.escape(str(c)).replace('_', '_<wbr>')}</th>" for c in df.columns)
-    rows = "".join("<tr>" + "".join(_cell(v, limit=cut.get(c)) for c, v in zip(df.columns, row)) + "</tr>"
-                   for row in df.itertuples(index=False, name=None))
-    return f"<table class='{css}'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    limits = [cut.get(c) for c in df.columns]
+    rows = [[(fmt(v), limit) for v, limit in zip(row, limits)] for row in df.itertuples(index=False, name=None)]
+    return _templates().get_template("table.html.j2").module.table([str(c) for c in df.columns], rows, css)
 
 
 class Failures:
@@ -217,9 +230,9 @@ class Failures:
         if reason is not None and reason == reason:  # NaN from a frame is no reason
             reasons[reason] += 1
 
-    def html(self) -> str:
+    def html(self) -> Markup:
         if not self._by:
-            return "<p>No failed trials.</p>"
+            return Markup("<p>No failed trials.</p>")
         rows = []
         for status, (trials, reasons) in self._by.items():
             trials = sorted(trials)
@@ -230,7 +243,7 @@ class Failures:
         return table(out, cut={"reason (most common)": 110})
 
 
-def failures_table(df: pd.DataFrame) -> str:
+def failures_table(df: pd.DataFrame) -> Markup:
     """Failures grouped by class: count, trials and one short reason (the most common one). Pruned trials
     are no failures (they ran, and lost): the summary line counts them."""
     f = Failures()
@@ -246,128 +259,125 @@ def launch_command(best: Mapping[str, Any]) -> str:
     return f"env {env} {argv}" if env else argv
 
 
-def _best_section(df: pd.DataFrame, knob_names: Sequence[str], best: Mapping[str, Any] | None) -> str:
+def _best_section(df: pd.DataFrame, knob_names: Sequence[str], best: Mapping[str, Any] | None) -> dict | None:
+    """The best configuration for the page (None: no trial succeeded): its table row, run directory and, from
+    ``best/best.json``, its launch command."""
     ok = df[df.status == "ok"]
     if ok.empty:
-        return "<h2>Best configuration</h2><p>No trial succeeded.</p>"
+        return None
     row = ok.iloc[0]
     cols = ["trial", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", *knob_names]
-    parts = ["<h2>Best configuration</h2>", table(pd.DataFrame([{c: row[c] for c in cols}]))]
-    if isinstance(row.run_dir, str):
-        parts.append(f"<p>run directory: <code>{html.escape(str(row.run_dir))}</code></p>")
-    if best and best.get("argv"):
-        cmd = launch_command(best)
-        parts.append("<p>launch command (from <code>best/best.json</code>; <code>best/launch.sbatch</code> is the "
-                     "Slurm script) <button type='button' id='copy-cmd'>copy</button></p>"
-                     f"<pre id='launch-cmd' class='cmd'>{html.escape(cmd)}</pre>")
-    return "".join(parts)
+    return {"table": table(pd.DataFrame([{c: row[c] for c in cols}])),
+            "run_dir": str(row.run_dir) if isinstance(row.run_dir, str) else None,
+            "command": launch_command(best) if best and best.get("argv") else None}
 
 
-_COPY_JS = """
-<script>
-document.getElementById('copy-cmd')?.addEventListener('click', function () {
-  var text = document.getElementById('launch-cmd').textContent;
-  if (navigator.clipboard) { navigator.clipboard.writeText(text).catch(function () {}); }
-});
-</script>
-"""
+@dataclasses.dataclass
+class _Pass:
+    """What one pass over a study's trials keeps for the page: the summary (top rows, counts, GPU-hours), the
+    failures, every ``stride``-th trial for the plots and the best-so-far line where it changes."""
 
-_STYLE = (
-    "body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 12px;box-sizing:border-box}"
-    "table.tbl{border-collapse:collapse;font-size:13px;margin:0.5em 0}"
-    "table.tbl td,table.tbl th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
-    "table.tbl th{white-space:normal;vertical-align:bottom;max-width:7em}"
-    "table.tbl td.cut{text-align:left;max-width:30em;overflow:hidden;text-overflow:ellipsis;cursor:help}"
-    ".scroll{max-width:100%;overflow-x:auto}"
-    "pre.cmd{white-space:pre-wrap;word-break:break-all;background:#f4f4f4;padding:8px;font-size:12px;max-width:100%}"
-    ".plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(640px,1fr));gap:8px}"
-    ".plots .wide{grid-column:1/-1}"
-)
+    stride: int
+    summary: Any
+    failures: Failures = dataclasses.field(default_factory=Failures)
+    sample: list[TrialRecord] = dataclasses.field(default_factory=list)
+    best_x: list[int] = dataclasses.field(default_factory=list)
+    best_y: list[float] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def over(cls, records: Iterable[TrialRecord], total: int) -> _Pass:
+        from dse.leaderboard import Summary
+
+        p = cls(max(1, math.ceil(total / PLOT_TRIALS)), Summary(REPORT_ROWS))
+        for r in records:
+            p.summary.add(r)
+            p.failures.add(r.number, r.status, r.reason)
+            if r.number % p.stride == 0:
+                p.sample.append(r)
+            if r.ok and (not p.best_y or r.reward > p.best_y[-1]):
+                p.best_x.append(r.number)
+                p.best_y.append(r.reward)
+        return p
+
+    def best_line(self) -> pd.Series | None:
+        """The best-so-far line of the whole study, at the trials where it changed (None: every trial is drawn)."""
+        if self.stride == 1 or not self.best_x:
+            return None
+        last = max(self.summary._numbers) if self.summary.n else self.best_x[-1]
+        return pd.Series(self.best_y + [self.best_y[-1]], index=self.best_x + [last])
+
+
+def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
+    """The page's two summary sentences: what the study ran, and what its trials came to."""
+    g = {k: fmt(meta.get(k)) or "?" for k in ("recipe", "num_nodes", "gpu", "system", "agent", "backend", "space")}
+    what = (f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); "
+            f"agent {g['agent']}, backend {g['backend']}; space {g['space']}")
+    if not summary.n:
+        return what, "no trials yet"
+    to_best = summary.to_best
+    stats = (f"{summary.n} trials: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
+             + f"; {summary.launched} launched runs; GPU-hours: {fmt(summary.spent)} spent"
+             + (f", {fmt(to_best)} to the best" if to_best is not None else "") + summary.savings_line())
+    return what, stats
+
+
+def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]], metric: str) -> list[dict]:
+    """The plots as Plotly divs (plotly.js embedded once, in the first). Marked as HTML: Plotly writes its data
+    as JSON with ``<``, ``>`` and ``/`` escaped, so a value cannot close its script."""
+    if not len(df):
+        return []
+    note = f"; every {p.stride}th of {p.summary.n:,} trials and the top {len(p.summary.rows)}" if p.stride > 1 else ""
+    ok_sample = [r for r in p.sample if r.ok] if p.stride > 1 else p.sample
+    figs = _figures(df, ok_sample, knob_values, metric, counts=p.summary.counts, best_line=p.best_line(), note=note)
+    out = []
+    for i, fig in enumerate(figs):
+        fig.update_layout(height=420, margin=dict(l=60, r=30, t=60, b=50), template="plotly_white")
+        div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True})
+        out.append({"div": Markup(div), "wide": "Parcoords" in type(fig.data[0]).__name__ or i == 0})
+    return out
+
+
+def _leaderboard(lb_df: pd.DataFrame, knob_names: Sequence[str], total: int) -> dict | None:
+    """The leaderboard section: its table, and the columns with one value in every row (gpu, num_gpus,
+    early_stopped when nothing stopped early, ...) said once above it, so the table fits the page; the CSV
+    keeps every column."""
+    if not len(lb_df):
+        return None
+    lb = lb_df.copy()
+    lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
+    lb = lb.rename(columns={"run_dir": "run"})
+    keep = {"trial", "status", "reward", "reason", *knob_names}
+    same = [c for c in lb.columns if c not in keep and len(lb) > 1 and lb[c].astype(str).nunique() == 1]
+    return {"shown": len(lb), "total": total,
+            "same": ", ".join(f"{c} {fmt(lb[c].iloc[0]) or '(empty)'}" for c in same),
+            "table": table(lb.drop(columns=same), cut={"reason": REASON_CHARS})}
 
 
 def render(records: Iterable[TrialRecord], meta: dict, *, metric: str = "tflops_per_gpu",
            best: Mapping[str, Any] | None = None, extra_html: str = "", total: int | None = None) -> str:
-    """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one.
+    """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one;
+    ``extra_html`` is a section the caller built as HTML (inserted as it is).
 
     ``records`` is read once, as a stream (``Store.iter_records``); ``total``, the number of trials, when the
     stream cannot say (a list can). What is held is bounded by what the page shows: the top
     :data:`REPORT_ROWS` rows (the leaderboard table), at most :data:`PLOT_TRIALS` trials for the plots (every
     k-th trial of a larger study, plus the top rows; the titles say so), the best-so-far line where it
     changes, and the failures' distinct reasons. Counts and GPU-hours are over every trial."""
-    from dse.leaderboard import Summary
-
     knob_values = {k: list(v) for k, v in meta.get("knobs", {}).items()}
     knob_names = list(knob_values)
     if total is None:
         records = records if isinstance(records, Sequence) else list(records)
         total = len(records)
-    stride = max(1, math.ceil(total / PLOT_TRIALS))
-    summary, failures = Summary(REPORT_ROWS), Failures()
-    sample: list[TrialRecord] = []
-    best_x: list[int] = []
-    best_y: list[float] = []
-    for r in records:
-        summary.add(r)
-        failures.add(r.number, r.status, r.reason)
-        if r.number % stride == 0:
-            sample.append(r)
-        if r.ok and (not best_y or r.reward > best_y[-1]):
-            best_x.append(r.number)
-            best_y.append(r.reward)
-    top = summary.rows
-    in_sample = {r.number for r in sample}
-    df = frame(sample + [r for r in top if r.number not in in_sample], knob_names)
-    lb_df = frame(top, knob_names)
-    counts = summary.counts
-    g = {k: fmt(meta.get(k)) or "?" for k in ("recipe", "num_nodes", "gpu", "system", "agent", "backend", "space")}
-    summary_line = (f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); "
-                    f"agent {g['agent']}, backend {g['backend']}; space {g['space']}")
-    spent, to_best = summary.spent, summary.to_best
-    stats = (f"{summary.n} trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-             + f"; {summary.launched} launched runs; GPU-hours: {fmt(spent)} spent"
-             + (f", {fmt(to_best)} to the best" if to_best is not None else "")
-             + summary.savings_line()) if summary.n else "no trials yet"
-    note = f"; every {stride}th of {summary.n:,} trials and the top {len(top)}" if stride > 1 else ""
-    line = None
-    if stride > 1 and best_x:  # the best-so-far line of the whole study, at the trials where it changed
-        last = max(summary._numbers) if summary.n else best_x[-1]
-        line = pd.Series(best_y + [best_y[-1]], index=best_x + [last])
-    parts = [f"<h1>dse study {html.escape(str(meta.get('study_name', '')))}</h1>",
-             f"<p>{html.escape(summary_line)}</p><p>{html.escape(stats)}</p>",
-             _best_section(df, knob_names, best)]
-    ok_sample = [r for r in sample if r.ok] if stride > 1 else sample
-    figs = _figures(df, ok_sample, knob_values, metric, counts=counts, best_line=line, note=note) if len(df) else []
-    if figs:
-        parts.append("<h2>Plots</h2><div class='plots'>")
-        for i, fig in enumerate(figs):
-            fig.update_layout(height=420, margin=dict(l=60, r=30, t=60, b=50), template="plotly_white")
-            wide = "Parcoords" in type(fig.data[0]).__name__ or i == 0
-            div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True})
-            parts.append(f"<div class='plot{' wide' if wide else ''}'>{div}</div>")
-        parts.append("</div>")
-    parts.append("<h2>Failures by class</h2>")
-    parts.append(failures.html() if len(df) else "<p>No trials.</p>")
-    parts.append(extra_html)
-    parts.append("<h2>Leaderboard</h2>")
-    if len(lb_df):
-        if len(lb_df) < total:
-            parts.append(f"<p>The top {len(lb_df):,} of {total:,} trials; <code>leaderboard.csv</code> (or "
-                         "<code>dse leaderboard DIR --csv FILE</code>) has every row.</p>")
-        lb = lb_df.copy()
-        lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
-        lb = lb.rename(columns={"run_dir": "run"})
-        # A column with one value in every row (gpu, num_gpus, early_stopped when nothing stopped early, ...)
-        # is said once above the table, so the table fits the page; the CSV keeps every column.
-        keep = {"trial", "status", "reward", "reason", *knob_names}
-        same = [c for c in lb.columns if c not in keep and len(lb) > 1 and lb[c].astype(str).nunique() == 1]
-        if same:
-            parts.append("<p>" + html.escape("in every trial: " + ", ".join(
-                f"{c} {fmt(lb[c].iloc[0]) or '(empty)'}" for c in same)) + "</p>")
-        parts.append(f"<div class='scroll'>{table(lb.drop(columns=same), cut={'reason': REASON_CHARS})}</div>")
-    parts.append(_COPY_JS)
-    title = html.escape(str(meta.get("study_name")))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>dse {title}</title>"
-            f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>")
+    p = _Pass.over(records, total)
+    top = p.summary.rows
+    in_sample = {r.number for r in p.sample}
+    df = frame(p.sample + [r for r in top if r.number not in in_sample], knob_names)
+    what, stats = _headline(meta, p.summary)
+    name = str(meta.get("study_name", ""))
+    return page("report.html.j2", title=f"dse {name}", study=name, summary_line=what, stats=stats,
+                best=_best_section(df, knob_names, best), plots=_plots(df, p, knob_values, metric),
+                failures=p.failures.html() if len(df) else None, extra=Markup(extra_html),
+                leaderboard=_leaderboard(frame(top, knob_names), knob_names, total))
 
 
 def read_best(out_dir: str | Path) -> dict | None:

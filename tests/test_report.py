@@ -85,3 +85,30 @@ def test_report_has_no_literal_none_and_a_launch_command_that_parses_back():
 def test_report_of_a_study_with_no_success_renders(n):
     page = report.render([rec(i, 2, "oom", reason="oom") for i in range(n)], META)
     assert "No trial succeeded" in page or n == 0
+
+
+XSS = "</script><script>alert(1)</script>"
+
+
+def test_a_script_in_a_reason_knob_value_or_name_is_escaped_everywhere():
+    """The page is an autoescaped template: a hostile reason, knob value, study name or launch command shows as
+    text in the tables and is escaped in Plotly's data too; no value opens a script."""
+    meta = {"study_name": XSS, "knobs": {"tp": [8, 4, 2], "recompute": ["none", XSS]}}
+    recs = [rec(0, 2, "oom", reason=XSS), rec(1, 8), rec(2, 4, recompute=XSS), rec(3, 2),
+            rec(4, 4, "pruned", reward=50.0, reason=XSS), rec(5, 8, "nccl_error", reason=XSS)]
+    page = report.render(recs, meta, best={"argv": ["python", XSS], "env": {"K": XSS}})
+    assert "<script>alert" not in page and page.count("alert(1)") >= 8
+    assert "<td>&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;</td>" in page  # the failures' reason
+    assert f"<h1>dse study {XSS}" not in page and "<h1>dse study &lt;/script&gt;" in page
+
+
+def test_the_comparison_page_escapes_study_names_and_knob_values(tmp_path):
+    import pandas as pd
+
+    from dse import compare
+
+    df = pd.DataFrame([{c: None for c in compare.COLUMNS} | {"study": XSS, "changed_knobs": f"tp 8->{XSS}"}],
+                      columns=list(compare.COLUMNS))
+    page = compare.page(df, [{"dir": tmp_path / "x'y", "meta": {"study_name": XSS}}])
+    assert "<script>alert" not in page and page.count("&lt;script&gt;alert(1)") == 3
+    assert "x&#39;y" in page  # the link's quote cannot end its attribute
