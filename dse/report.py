@@ -204,7 +204,7 @@ def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = 
     cut = dict(cut or {})
     limits = [cut.get(c) for c in df.columns]
     rows = [[(fmt(v), limit) for v, limit in zip(row, limits)] for row in df.itertuples(index=False, name=None)]
-    return _templates().get_template("table.html.j2").module.table([str(c) for c in df.columns], rows, css)
+    return Markup(page("table.html.j2", columns=[str(c) for c in df.columns], rows=rows, css=css))  # escaped there
 
 
 class Failures:
