@@ -2,7 +2,9 @@
 of one micro-batch on one GPU that it gives, and the GPU's rates under the fitted parameters.
 
 Computed once per prediction, so that each term of :mod:`dse.perfmodel.model` and :mod:`dse.perfmodel.memory`
-is a small function of these three values instead of a share of one long body.
+is a small function of these three values instead of a share of one long body. They are slotted dataclasses,
+built once per prediction and never changed afterwards; not frozen, because a frozen dataclass takes about twice
+as long to build and the model's throughput is a goal (bench/model_speed.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from recipes.models import ModelArch
 UNFUSED_BACKENDS = ("unfused", "local")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ModelLayout:
     """The layout and options of one prediction: :func:`dse.perfmodel.model.predict_layout`'s keyword arguments,
     under the same names (the knob catalogue names the one each knob feeds), with ``sp`` and ``dropout``
@@ -52,7 +54,7 @@ class ModelLayout:
         return self.attention_backend in UNFUSED_BACKENDS
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Shape:
     """One micro-batch of one transformer layer on one GPU: the architecture's sizes after the layout's split.
 
@@ -104,7 +106,7 @@ class Shape:
         return max(self.arch.num_query_groups / self.tp, 1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Machine:
     """The GPU's rates under the fitted parameters, in bytes or FLOPs per second, and its NVLink domain."""
 
@@ -171,7 +173,7 @@ def stage_layers(num_layers: int, p: int, v: int) -> tuple[float, float, float, 
     return per_stage, per_stage, per_stage, False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Stages:
     """Transformer layers and parameters of the first, a middle and the last pipeline stage; ``accounted``: the
     embedding and the loss count as one layer each in the split (:func:`stage_layers`)."""

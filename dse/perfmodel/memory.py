@@ -158,7 +158,7 @@ def inflight_layers(shape: Shape, stages: Stages, offloaded: int) -> tuple[float
     return offload_kept_layers(first, offloaded), offload_kept_layers(last, offloaded)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryUse:
     """Peak memory of one GPU (GiB) at the larger of the first and the last pipeline stage, and what holds it
     (each part the larger of the two stages', so the parts need not add up to the peak)."""

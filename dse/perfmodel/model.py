@@ -46,7 +46,7 @@ from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 __all__ = ["Prediction", "Breakdown", "StepTime", "LayerTime", "predict", "predict_layout", "UNFUSED_BACKENDS"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepTime:
     """Where one step's time goes (seconds), summed over its micro-batches on the slowest pipeline stage's
     layers; ``per_microbatch_s`` is one micro-batch slot of the schedule, ``bubble_fraction`` the bubble's share
@@ -90,7 +90,7 @@ BREAKDOWN_KEYS: tuple[tuple[str, str, str], ...] = tuple(
 _BY_KEY = {key: (part, name) for key, part, name in BREAKDOWN_KEYS}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Breakdown(Mapping[str, float]):
     """The typed breakdown of a prediction (``time``, ``memory``), read also as a mapping of the flat keys
     ``time.*``, ``mem.*``, ``microbatches`` and ``bubble_fraction`` (:data:`BREAKDOWN_KEYS`)."""
@@ -339,7 +339,7 @@ def host_layer_time(machine: Machine, stack: Stack) -> float:
     return machine.params.host_layer_s_grace if machine.gpu.grace_host and not stack.cuda_graphs else 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LayerTime:
     """One transformer layer, one micro-batch, on this GPU (seconds). ``compute``: three times the forward GEMMs,
     attention, element-wise kernels and a fixed overhead; ``tp_collective``: one TP collective, of which
