@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from pydantic import Field
+from scipy.special import ndtr
 
 from agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
@@ -50,15 +51,9 @@ from dse.errors import UserError
 MAX_POINTS = 200_000  # every point is screened and kept as a feature row
 
 
-def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
-
-
-_erf = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf and SciPy is not a dependency
-
-
 def _cdf(z: np.ndarray) -> np.ndarray:
-    return np.asarray(_norm_cdf(np.asarray(z, dtype=float)), dtype=float)
+    """The standard normal CDF, element-wise (SciPy's ``ndtr``)."""
+    return ndtr(np.asarray(z, dtype=float))
 
 
 def _pdf(z: np.ndarray) -> np.ndarray:

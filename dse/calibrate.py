@@ -147,11 +147,10 @@ def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
     return runs, use
 
 
-def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
-    """``ok`` trials of a study directory (dse.json + leaderboard.csv) and its out-of-memory failures."""
-    from dse import knobs
+def _study_space(path: Path):
+    """The space of the study directory ``path`` (its dse.json names the space file, found from the working
+    directory or the study), with the paths of the study's dse.json and leaderboard.csv."""
     from dse.space import load_space
-    from dse.trial import resolve
 
     meta_p, board_p = path / "dse.json", path / "leaderboard.csv"
     for p in (meta_p, board_p):
@@ -164,7 +163,39 @@ def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]
     if space_p is None:
         raise UserError(f"the study's space file {space_ref} is not found (from the working directory or the study)",
                         file=str(meta_p), field="space")
-    space = load_space(space_p)
+    return load_space(space_p), meta_p, board_p
+
+
+def _board_point(space, row: dict, board_p: Path) -> dict:
+    """The space's point of one leaderboard row (each knob's value as the space spells it)."""
+    from dse import knobs
+
+    point = {}
+    for name, values in space.knobs.items():
+        raw = row.get(name, "")
+        match = [v for v in values if str(v) == raw or str(knobs.CATALOGUE[name].coerce(v)) == raw]
+        if not match:
+            raise UserError(f"value {raw!r} is not one of the space's {values!r}", file=str(board_p), field=name)
+        point[name] = match[0]
+    return point
+
+
+def _board_run(row: dict, trial) -> Run | None:
+    """The run of one leaderboard row: an ``ok`` trial with a step time, an out-of-memory failure, or None."""
+    name = f"trial {row.get('trial')}"
+    if row.get("status", "") == "ok":
+        st = _float(row.get("step_time_s"))
+        return None if st is None else Run(name, trial, st, _float(row.get("peak_memory_gib")))
+    if any(w in (row.get("reason") or "").lower() for w in OOM_WORDS):
+        return Run(name, trial, None, None, oom=True)
+    return None
+
+
+def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
+    """``ok`` trials of a study directory (dse.json + leaderboard.csv) and its out-of-memory failures."""
+    from dse.trial import resolve
+
+    space, meta_p, board_p = _study_space(path)
     study_gpu = space.system.gpu
     if gpu and study_gpu != gpu:
         raise UserError(f"the study ran on {study_gpu}, not {gpu} as --gpu says", file=str(meta_p), field="gpu")
@@ -174,22 +205,9 @@ def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]
             if row.get("gpu") and row["gpu"] != study_gpu:
                 raise UserError(f"trial {row.get('trial')} ran on {row['gpu']}, the study's system is {study_gpu}",
                                 file=str(board_p), field="gpu")
-            point = {}
-            for name, values in space.knobs.items():
-                raw = row.get(name, "")
-                match = [v for v in values if str(v) == raw or str(knobs.CATALOGUE[name].coerce(v)) == raw]
-                if not match:
-                    raise UserError(f"value {raw!r} is not one of the space's {values!r}", file=str(board_p),
-                                    field=name)
-                point[name] = match[0]
-            trial = resolve(space, point)
-            status = row.get("status", "")
-            if status == "ok":
-                st = _float(row.get("step_time_s"))
-                if st is not None:
-                    runs.append(Run(f"trial {row.get('trial')}", trial, st, _float(row.get("peak_memory_gib"))))
-            elif any(w in (row.get("reason") or "").lower() for w in OOM_WORDS):
-                runs.append(Run(f"trial {row.get('trial')}", trial, None, None, oom=True))
+            run = _board_run(row, resolve(space, _board_point(space, row, board_p)))
+            if run is not None:
+                runs.append(run)
     return runs, study_gpu
 
 

@@ -45,6 +45,20 @@ def runner():
     return CliRunner()
 
 
+@pytest.mark.parametrize("hits,n", [(0, 20_000), (6_667, 20_000), (20_000, 20_000), (1, 3)])
+def test_wilson_interval_is_the_score_interval(hits, n):
+    """dse.counting.wilson is Wilson's score interval at 95% (z = 1.96): centre (p + z²/2n) / (1 + z²/n), half-width
+    z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n), within [0, 1]."""
+    from dse.counting import wilson
+
+    z, p = 1.959963984540054, hits / n
+    denom = 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo, hi = wilson(hits, n)
+    assert (lo, hi) == pytest.approx((max(0.0, centre - half), min(1.0, centre + half)), rel=1e-12, abs=1e-15)
+    assert 0.0 <= lo <= p <= hi <= 1.0
+
+
 def test_space_of_a_trillion_points_is_estimated_by_sampling_and_says_so(runner, tmp_path):
     core = count_valid(load_space(write_space(tmp_path / "core.toml", CORE)))
     assert core.exact and 0 < core.valid < core.raw

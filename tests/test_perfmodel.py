@@ -78,6 +78,27 @@ def test_predicted_bubble_is_the_closed_form_of_the_microbatch_time(pp, vp):
     assert b["time.bubble_s"] == pytest.approx((pp - 1) / vp * b["time.per_microbatch_s"])
 
 
+@pytest.mark.parametrize("kw", [dict(tp=4, pp=8, vp=5, gbs=64, precision="fp8"),
+                                dict(tp=2, pp=1, cp=2, gbs=32, fsdp=True, recompute="full", seq_length=16384),
+                                dict(tp=1, pp=1, gbs=16, cpu_offload_layers=20, precision="bf16")])
+def test_step_time_is_the_sum_of_its_terms_and_the_breakdown_is_typed(kw):
+    """The typed breakdown (time and memory terms) is also the flat mapping that ``dse predict`` prints, in its
+    order; the step time is every micro-batch slot plus the per-step terms, the peak memory the memory part's."""
+    from dse.perfmodel.model import BREAKDOWN_KEYS, Breakdown
+
+    p = predict(make_trial(RECIPES["llama3_70b"], "b200", 64, **kw))
+    b = p.breakdown
+    assert isinstance(b, Breakdown)
+    assert list(b) == [key for key, _, _ in BREAKDOWN_KEYS] == list(p.as_dict()["breakdown"])
+    assert b["time.bubble_s"] == b.time.bubble_s and b["mem.logits_gib"] == b.memory.logits_gib
+    assert b["microbatches"] == b.time.microbatches and "time.nothing_s" not in b
+    t = b.time
+    assert p.step_time_s == t.step_s == pytest.approx(
+        t.microbatches * t.per_microbatch_s + t.bubble_s + t.pp_p2p_s + t.dp_exposed_s + t.optimizer_s
+        + t.grad_accumulation_s + t.overhead_s, rel=1e-15)
+    assert p.peak_memory_gib == b.memory.peak_gib and p.fits == (b.memory.peak_gib <= p.gpu_memory_gib)
+
+
 def test_interleaving_shrinks_the_bubble_of_the_step():
     base = dict(tp=4, pp=8, gbs=64, precision="fp8")
     one = predict(make_trial(RECIPES["llama3_70b"], "h100", 64, vp=1, **base))
@@ -181,7 +202,7 @@ def test_logits_and_the_backward_working_layer_do_not_add_up():
 
 
 def test_fsdp_buffers_double_buffer_two_layers_and_one_unfused_weight_gradient():
-    from dse.perfmodel.model import fsdp_buffer_bytes
+    from dse.perfmodel.memory import fsdp_buffer_bytes
 
     assert fsdp_buffer_bytes(100.0, 30.0, 1.0, 2.0) == pytest.approx(2 * 100 * 3 + 2 * 30)
     arch = RECIPES["llama3_70b"].arch

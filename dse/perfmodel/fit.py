@@ -2,8 +2,10 @@
 
 A maximum-a-posteriori fit: squared log error of tokens/s/GPU over the rows plus a Gaussian prior on each
 parameter (in log space for rates, logit space for fractions), so that a parameter the rows say little
-about stays at its physical prior instead of absorbing noise. The optimiser is a plain Nelder-Mead on
-numpy (numpy comes with pandas); SciPy's would do the same but would be a dependency for one function.
+about stays at its physical prior instead of absorbing noise. The optimisers are SciPy's: Nelder-Mead
+(:func:`scipy.optimize.minimize`) from the start and from a grid pass along each coordinate
+(:func:`scipy.optimize.brute`). Powell's coordinate-direction search in its place (a line search from the start)
+left the Grace host term at its prior on the published rows, where the loss is flat (:func:`coordinate_pass`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import brute, minimize
 
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
@@ -68,58 +71,39 @@ PRIORS: dict[str, Prior] = {
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3, iters: int = 600,
                 tol: float = 1e-7) -> np.ndarray:
-    """Minimise ``f`` from ``x0`` with the Nelder-Mead simplex (standard coefficients 1, 2, 0.5, 0.5)."""
-    n = len(x0)
-    simplex = [np.array(x0, dtype=float)] + [np.array(x0, dtype=float) + step * np.eye(n)[i] for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        if abs(values[-1] - values[0]) < tol:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        worst = simplex[-1]
-        xr = centroid + (centroid - worst)
-        fr = f(xr)
-        if fr < values[0]:
-            xe = centroid + 2.0 * (centroid - worst)
-            fe = f(xe)
-            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (worst - centroid) if fr >= values[-1] else centroid + 0.5 * (xr - centroid)
-            fc = f(xc)
-            if fc < min(fr, values[-1]):
-                simplex[-1], values[-1] = xc, fc
-            else:  # shrink towards the best vertex
-                best = simplex[0]
-                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
-                values = [values[0]] + [f(x) for x in simplex[1:]]
-    return simplex[int(np.argmin(values))]
+    """The best vertex of SciPy's Nelder-Mead from ``x0``: a first simplex of ``step`` along each coordinate, at
+    most ``iters`` iterations, stopped when the simplex's values lie within ``tol`` (no tolerance on the points)."""
+    x0 = np.asarray(x0, dtype=float)
+    simplex = np.vstack([x0, x0 + step * np.eye(len(x0))])
+    options = {"initial_simplex": simplex, "maxiter": iters, "xatol": np.inf, "fatol": tol}
+    return minimize(f, x0, method="Nelder-Mead", options=options).x
 
 
 def coordinate_pass(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """The best point of one pass over each coordinate, ``start`` ± 2 ``width`` in quarter widths, the others
-    held: one of the two starts of :func:`minimise`. A term that acts only past a threshold
-    (Params.host_layer_s_grace: a layer waits only for a host slower than its GPU time) leaves the loss flat
-    around the start, where the simplex's first steps would not find the slope."""
+    """One pass over the coordinates in turn, each set to the best of a grid of ``start`` ± 2 ``width`` in quarter
+    widths (:func:`scipy.optimize.brute`) with the others held where the pass left them: one of the two starts of
+    :func:`minimise`. A term that acts only past a threshold (Params.host_layer_s_grace: a layer waits only for a
+    host slower than its GPU time) leaves the loss flat around the start, where the simplex's first steps (and a
+    line search from the start) would not find the slope; a grid over the prior's range does."""
     z = np.array(start, dtype=float)
     best = loss(z)
     for i in range(len(z)):
-        for k in np.arange(-2.0, 2.01, 0.25):
+        def along(x: np.ndarray, i: int = i) -> float:
             trial = z.copy()
-            trial[i] = start[i] + k * width[i]
-            value = loss(trial)
-            if value < best:
-                z, best = trial, value
+            trial[i] = x[0]
+            return loss(trial)
+
+        grid = (slice(start[i] - 2.0 * width[i], start[i] + 2.01 * width[i], 0.25 * width[i]),)
+        x, value, _, _ = brute(along, grid, full_output=True, finish=None)
+        if value < best:
+            z[i], best = float(np.atleast_1d(x)[0]), value
     return z
 
 
-def minimise(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray, restarts: int = 2) -> np.ndarray:
+def minimise(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray,
+             restarts: int = 2) -> np.ndarray:
     """The lower of two Nelder-Mead descents, each restarted ``restarts`` times from its own optimum (the simplex
-    can stall on a face): one from ``start``, one from the best point of :func:`coordinate_pass` around it."""
+    can stall on a face): one from ``start``, one from the end of :func:`coordinate_pass` around it."""
     ends = []
     for z in (np.array(start, dtype=float), coordinate_pass(loss, start, width)):
         for _ in range(restarts + 1):

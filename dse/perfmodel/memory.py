@@ -10,6 +10,11 @@ closed forms for a GPT-3 layer and serves Llama and Nemotron as well.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages
+from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
+
 GIB = float(2**30)
 
 
@@ -89,3 +94,119 @@ def inflight_chunks(p: int, v: int, m: int, rank: int = 0) -> list[int]:
     n = min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
     rounds, rest = divmod(n, p * v)
     return [p * rounds + min(p, max(0, rest - c * p)) for c in range(v)]
+
+
+def offload_kept_layers(layers: float, offloaded: int) -> float:
+    """Layers' activations held on the GPU at the peak when ``offloaded`` of ``layers`` go to host memory:
+    the others, plus one layer of the offload double buffer (in flight to or from the host)."""
+    n = min(offloaded, layers)
+    return layers - n + (1.0 if n > 0 else 0.0)
+
+
+def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: float, grad_b: float) -> float:
+    """Megatron FSDP's unsharded buffers per GPU, as NVIDIA's FSDP recipes set them up.
+
+    ``fsdp_double_buffer=True`` with a communication unit of about one layer
+    (``suggested_communication_unit_size`` 800M elements): two layers' gathered weights (one in use, one
+    prefetched) and two layers' gradients (one being reduce-scattered, one accumulating).
+    ``gradient_accumulation_fusion=False`` (those recipes turn it off for FSDP): each weight gradient is
+    first written as its own bf16 tensor and then added to the gradient buffer, so one extra weight-sized
+    tensor (the largest weight of a layer) is live during the backward pass.
+    """
+    return 2.0 * layer_params * (weight_b + grad_b) + 2.0 * largest_weight
+
+
+def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none") -> float:
+    """:func:`layer_activation_bytes` of one layer of ``shape`` under ``layout``'s options. Attention backend
+    "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused kernel
+    (``fused_softmax``); "local" is Megatron's own, counted as Korthikanti does."""
+    arch = shape.arch
+    return layer_activation_bytes(shape.seq_length / shape.cp, shape.mbs, arch.hidden_size, arch.num_attention_heads,
+                                  shape.tp, recompute=recompute, sp=layout.sp, g=arch.num_query_groups,
+                                  ffn=arch.ffn_hidden_size, gated=arch.gated_mlp,
+                                  flash_attention=not layout.unfused_attention, dropout=layout.dropout, fp8=fp8,
+                                  fused_softmax=layout.attention_backend == "unfused")
+
+
+def kept_activations(shape: Shape, layout: ModelLayout, fp8: bool, full_layer: float) -> float:
+    """Bytes one layer keeps for its backward pass under the layout's recompute, averaged over a model chunk
+    (``recompute_num_layers`` of its layers fully recomputed, the others not); ``full_layer`` is one layer's
+    activations without recompute."""
+    if layout.recompute == "none":
+        return full_layer
+    if layout.recompute == "selective":
+        return layer_activations(shape, layout, fp8, "selective")
+    input_only = layer_activations(shape, layout, fp8, "full")
+    chunk_layers = shape.arch.num_layers / (shape.pp * shape.vp)
+    n = layout.recompute_num_layers
+    n_rec = min(n, chunk_layers) if n else chunk_layers
+    return (n_rec * input_only + (chunk_layers - n_rec) * full_layer) / chunk_layers
+
+
+def inflight_layers(shape: Shape, stages: Stages, offloaded: int) -> tuple[float, float]:
+    """Layers' activations held at the peak by the first and by the last pipeline stage
+    (:func:`inflight_chunks`; the embedding and loss units are not layers), less the offloaded ones."""
+    p, v, m = shape.pp, shape.vp, int(shape.microbatches)
+    chunk = (stages.first_layers + (1 if stages.accounted else 0)) / v  # layers per model chunk (units when accounted)
+    counts = inflight_chunks(p, v, m, 0)
+    first = sum(counts) * chunk - (counts[0] if stages.accounted else 0)
+    if p > 1:
+        counts_last = inflight_chunks(p, v, m, p - 1)
+        last = sum(counts_last) * chunk - (counts_last[-1] if stages.accounted else 0)
+    else:
+        last = first
+    return offload_kept_layers(first, offloaded), offload_kept_layers(last, offloaded)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """Peak memory of one GPU (GiB) at the larger of the first and the last pipeline stage, and what holds it
+    (each part the larger of the two stages', so the parts need not add up to the peak)."""
+
+    peak_gib: float
+    states_gib: float
+    activations_gib: float
+    logits_gib: float
+    fsdp_buffers_gib: float
+    fp8_weight_cache_gib: float
+    reserve_gib: float
+
+
+def peak_memory(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, stack: Stack, *,
+                full_layer: float, grad_b: float) -> MemoryUse:
+    """Model states, the FP8 weight cache, FSDP's buffers and the in-flight activations (with fragmentation) of
+    the first and the last stage, the last one's logits, plus the reserve; ``full_layer`` is one layer's
+    activations without recompute."""
+    P, arch, t, fp8 = machine.params, shape.arch, shape.tp, machine.fp8
+    h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
+    act_kept = kept_activations(shape, layout, fp8, full_layer)
+    first_layers, last_layers = inflight_layers(shape, stages, min(layout.cpu_offload_layers, L))
+    logits_mem = shape.tokens * arch.vocab_size / t * logits_peak_bytes(stack, P)
+    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
+    weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
+    # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
+    # stage's layers, kept for the whole step (dse.perfmodel.stack)
+    lin_layer = h * (shape.qkv_cols + a * shape.head_dim / t + shape.fc1_cols + arch.ffn_hidden_size / t)
+    cache_b = fp8_weight_cache_bytes(fp8, stack) * lin_layer
+    cache_first = (L if shape.pp == 1 else stages.first_layers) * cache_b
+    cache_last = (L if shape.pp == 1 else stages.last_layers) * cache_b
+    d_r = shape.data_parallel * shape.cp
+    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=layout.fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
+    fsdp_buf = fsdp_buffer_bytes(stages.layer_params / t, h * shape.fc1_cols, weight_b, grad_b) if layout.fsdp else 0.0
+    # the backward pass of one layer needs its full activations and their gradients; unfused attention's
+    # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
+    s_loc = shape.seq_length / shape.cp
+    work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
+    # The logits live at the end of the forward pass and are gone (the loss's backward) before the first
+    # layer's backward needs its working set: the last stage peaks at the larger of the two.
+    act_first = first_layers * act_kept + work
+    act_last = last_layers * act_kept + max(work, logits_mem)
+    mem_first = stages.first_params / t * states_b + cache_first + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
+    mem_last = stages.last_params / t * states_b + cache_last + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
+    return MemoryUse(
+        peak_gib=max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib,
+        states_gib=max(stages.first_params, stages.last_params) / t * states_b / GIB,
+        activations_gib=max(act_first, act_last - logits_mem) / GIB, logits_gib=logits_mem / GIB,
+        fsdp_buffers_gib=fsdp_buf / GIB, fp8_weight_cache_gib=max(cache_first, cache_last) / GIB,
+        reserve_gib=P.memory_reserve_gib + P.memory_offset_gib
+        + max(act_first, act_last) * P.memory_fragmentation / GIB)

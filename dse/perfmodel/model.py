@@ -17,9 +17,14 @@ optimizer or Megatron FSDP), per GPU:
   micro-batch all-gathers and reduce-scatter, hidden behind compute up to a fitted share, and the
   memory-bound Adam step. Collectives whose group leaves the NVLink domain use the scale-out bandwidth.
 
-Memory: model states (:func:`memory.state_bytes_per_param`), activations of the in-flight micro-batches
-of the first and last stage (:func:`memory.layer_activation_bytes`, :func:`memory.inflight_chunks`),
-logits on the last stage, FSDP's unsharded layer buffers, a fixed reserve and fragmentation.
+Memory (:func:`memory.peak_memory`): model states (:func:`memory.state_bytes_per_param`), activations of the
+in-flight micro-batches of the first and last stage (:func:`memory.layer_activation_bytes`,
+:func:`memory.inflight_chunks`), logits on the last stage, FSDP's unsharded layer buffers, a fixed reserve and
+fragmentation.
+
+Each term is one function below (:func:`layer_time` sums a layer's, :func:`step_time` a step's) of three values
+computed once (:mod:`dse.perfmodel.layout`: the layout, one micro-batch's shape on one GPU, the GPU's rates);
+a prediction carries them as a typed :class:`Breakdown`, readable by its flat ``time.*`` / ``mem.*`` keys too.
 
 Layer placement: when ``num_layers`` is not divisible by ``pp·vp`` but ``num_layers + 2`` is, the embedding
 and the loss count as one layer each (Megatron's ``account_for_embedding_in_pipeline_split`` and
@@ -28,14 +33,80 @@ and the loss count as one layer each (Megatron's ``account_for_embedding_in_pipe
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from dse.perfmodel import flops as _flops
 from dse.hardware import HARDWARE
-from dse.perfmodel.memory import GIB, inflight_chunks, layer_activation_bytes, state_bytes_per_param
-from dse.perfmodel.stack import (NVIDIA_RECIPES, Stack, cross_entropy_bytes, fp8_weight_cache_bytes, logits_peak_bytes,
-                                 payload_stack)
+from dse.perfmodel import flops as _flops
+from dse.perfmodel.layout import UNFUSED_BACKENDS, Machine, ModelLayout, Shape, Stages, grad_bytes
+from dse.perfmodel.memory import MemoryUse, layer_activations, peak_memory
+from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
+
+__all__ = ["Prediction", "Breakdown", "StepTime", "LayerTime", "predict", "predict_layout", "UNFUSED_BACKENDS"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Where one step's time goes (seconds), summed over its micro-batches on the slowest pipeline stage's
+    layers; ``per_microbatch_s`` is one micro-batch slot of the schedule, ``bubble_fraction`` the bubble's share
+    of the ideal time. The step time is ``microbatches · per_microbatch_s`` plus the per-step terms (bubble,
+    pipeline send/recv, data parallel, optimizer, gradient accumulation, overhead)."""
+
+    layer_compute_s: float
+    host_wait_s: float
+    tp_exposed_s: float
+    cp_exposed_s: float
+    recompute_s: float
+    logits_s: float
+    bubble_s: float
+    pp_p2p_s: float
+    dp_exposed_s: float
+    optimizer_s: float
+    grad_accumulation_s: float
+    offload_exposed_s: float
+    overhead_s: float
+    per_microbatch_s: float
+    microbatches: float
+    bubble_fraction: float
+
+    @property
+    def step_s(self) -> float:
+        """The step time: every micro-batch slot, then the per-step terms."""
+        return (self.microbatches * self.per_microbatch_s + self.bubble_s + self.pp_p2p_s + self.dp_exposed_s
+                + self.optimizer_s + self.grad_accumulation_s + self.overhead_s)
+
+
+# The flat keys of a prediction's breakdown (`dse predict` prints them in this order, its JSON and the benches read
+# them): (key, part of the breakdown, field)
+BREAKDOWN_KEYS: tuple[tuple[str, str, str], ...] = tuple(
+    [(f"time.{n}", "time", n) for n in ("layer_compute_s", "host_wait_s", "tp_exposed_s", "cp_exposed_s",
+                                        "recompute_s", "logits_s", "bubble_s", "pp_p2p_s", "dp_exposed_s",
+                                        "optimizer_s", "grad_accumulation_s", "offload_exposed_s", "overhead_s")]
+    + [(f"mem.{n}", "memory", n) for n in ("states_gib", "activations_gib", "logits_gib", "fsdp_buffers_gib",
+                                           "fp8_weight_cache_gib", "reserve_gib")]
+    + [("time.per_microbatch_s", "time", "per_microbatch_s"), ("microbatches", "time", "microbatches"),
+       ("bubble_fraction", "time", "bubble_fraction")])
+_BY_KEY = {key: (part, name) for key, part, name in BREAKDOWN_KEYS}
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown(Mapping[str, float]):
+    """The typed breakdown of a prediction (``time``, ``memory``), read also as a mapping of the flat keys
+    ``time.*``, ``mem.*``, ``microbatches`` and ``bubble_fraction`` (:data:`BREAKDOWN_KEYS`)."""
+
+    time: StepTime
+    memory: MemoryUse
+
+    def __getitem__(self, key: str) -> float:
+        part, name = _BY_KEY[key]
+        return getattr(getattr(self, part), name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_BY_KEY)
+
+    def __len__(self) -> int:
+        return len(_BY_KEY)
 
 
 @dataclass(frozen=True)
@@ -48,7 +119,7 @@ class Prediction:
     peak_memory_gib: float
     gpu_memory_gib: float
     fits: bool
-    breakdown: dict[str, float] = field(default_factory=dict)
+    breakdown: Mapping[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu",
@@ -57,52 +128,13 @@ class Prediction:
         return out
 
 
-def stage_layers(num_layers: int, p: int, v: int) -> tuple[float, float, float, bool]:
-    """Transformer layers on the (first, middle, last) pipeline stage, and whether the embedding and
-    the loss are counted as layers in the split (see the module docstring)."""
-    if p <= 1:
-        return float(num_layers), float(num_layers), float(num_layers), False
-    pv = p * v
-    if num_layers % pv and (num_layers + 2) % pv == 0:
-        per_stage = (num_layers + 2) / p
-        return per_stage - 1, per_stage, per_stage - 1, True
-    per_stage = num_layers / p
-    return per_stage, per_stage, per_stage, False
+def _exposed(comm: float, window: float) -> float:
+    """The part of ``comm`` seconds of communication that ``window`` seconds of compute do not hide.
 
-
-def offload_kept_layers(layers: float, offloaded: int) -> float:
-    """Layers' activations held on the GPU at the peak when ``offloaded`` of ``layers`` go to host memory:
-    the others, plus one layer of the offload double buffer (in flight to or from the host)."""
-    n = min(offloaded, layers)
-    return layers - n + (1.0 if n > 0 else 0.0)
-
-
-UNFUSED_BACKENDS = ("unfused", "local")
-
-
-def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
-    """HBM bytes per attention-score element of unfused attention (bf16), forward and backward.
-
-    Forward: QKᵀ writes the scores (2), the fused scale-mask-softmax reads and writes them (4), P·V reads
-    the probabilities (2); dropout adds a read, a write and a 1-byte mask (5). Backward: dO·Vᵀ writes dP
-    (2), softmax backward reads dP and P and writes dS (6), dS·K and dSᵀ·Q read dS (4), Pᵀ·dO reads P (2);
-    dropout backward reads dP and the mask and writes (5). Flash attention keeps all of this in SRAM.
+    ``comm²/(comm + window)``: nearly all of it when the window is short, about ``comm - window`` when it
+    is much shorter than the communication, and a small remainder (first and last bucket) when it is long.
     """
-    drop = 5.0 if dropout else 0.0
-    return 8.0 + drop, 14.0 + drop
-
-
-def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: float, grad_b: float) -> float:
-    """Megatron FSDP's unsharded buffers per GPU, as NVIDIA's FSDP recipes set them up.
-
-    ``fsdp_double_buffer=True`` with a communication unit of about one layer
-    (``suggested_communication_unit_size`` 800M elements): two layers' gathered weights (one in use, one
-    prefetched) and two layers' gradients (one being reduce-scattered, one accumulating).
-    ``gradient_accumulation_fusion=False`` (those recipes turn it off for FSDP): each weight gradient is
-    first written as its own bf16 tensor and then added to the gradient buffer, so one extra weight-sized
-    tensor (the largest weight of a layer) is live during the backward pass.
-    """
-    return 2.0 * layer_params * (weight_b + grad_b) + 2.0 * largest_weight
+    return comm * comm / (comm + window) if comm > 0.0 else 0.0
 
 
 def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bps: float) -> float:
@@ -117,13 +149,16 @@ def _group_bw(members: float, stride: float, domain: int, nvl_Bps: float, nic_Bp
     return min(nvl_Bps, max(k, 1) * nic_Bps)
 
 
-def _exposed(comm: float, window: float) -> float:
-    """The part of ``comm`` seconds of communication that ``window`` seconds of compute do not hide.
+def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
+    """HBM bytes per attention-score element of unfused attention (bf16), forward and backward.
 
-    ``comm²/(comm + window)``: nearly all of it when the window is short, about ``comm - window`` when it
-    is much shorter than the communication, and a small remainder (first and last bucket) when it is long.
+    Forward: QKᵀ writes the scores (2), the fused scale-mask-softmax reads and writes them (4), P·V reads
+    the probabilities (2); dropout adds a read, a write and a 1-byte mask (5). Backward: dO·Vᵀ writes dP
+    (2), softmax backward reads dP and P and writes dS (6), dS·K and dSᵀ·Q read dS (4), Pᵀ·dO reads P (2);
+    dropout backward reads dP and the mask and writes (5). Flash attention keeps all of this in SRAM.
     """
-    return comm * comm / (comm + window) if comm > 0.0 else 0.0
+    drop = 5.0 if dropout else 0.0
+    return 8.0 + drop, 14.0 + drop
 
 
 # HBM bytes per element of the MLP's intermediate (bf16, per token, forward + backward) that NVIDIA's Nemotron
@@ -177,6 +212,284 @@ def fp8_quant_bytes(fp8_recipe: str) -> float:
     return 4.0
 
 
+
+# ---- one transformer layer, one micro-batch, on this GPU ---------------------------------------------------------
+
+
+def gemm_forward_time(shape: Shape, machine: Machine) -> float:
+    """The layer's four GEMMs (QKV, projection, fc1, fc2), forward: FLOPs at the GEMM rate plus their inputs,
+    weights and outputs through HBM (a roofline sum). The backward's two GEMMs per weight take twice as long."""
+    arch, t, T = shape.arch, shape.tp, shape.tokens
+    h, a, d, F = arch.hidden_size, arch.num_attention_heads, shape.head_dim, arch.ffn_hidden_size
+    qkv_n, fc1_n, g_in = shape.qkv_cols, shape.fc1_cols, machine.gemm_input_bytes
+    gemm_flops = 2.0 * T * h * (qkv_n + a * d / t + fc1_n + F / t)
+    gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in \
+        + 2.0 * T * (qkv_n + h + fc1_n + h)
+    return gemm_flops / machine.gemm_rate + gemm_bytes / machine.hbm_Bps
+
+
+def unfused_attention_time(shape: Shape, layout: ModelLayout, machine: Machine) -> tuple[float, float]:
+    """Megatron's unfused / local core attention, (forward, forward + backward): two batched GEMMs over the full
+    s×s score matrix (the causal mask is applied after QKᵀ, so nothing is skipped), and the scores go through HBM
+    between kernels: scale-mask-softmax, dropout, and their backward (bytes per score element,
+    :func:`unfused_score_bytes`)."""
+    P, t, T, s = machine.params, shape.tp, shape.tokens, shape.seq_length
+    a, d = shape.arch.num_attention_heads, shape.head_dim
+    scores = shape.mbs * (a / t) * s * s / shape.cp  # score elements per micro-batch on this GPU
+    attn_gemm = 4.0 * T * s * (a / t) * d / (machine.bf16_peak * P.gemm_eff_bf16)
+    fwd_b, bwd_b = unfused_score_bytes(layout.dropout)
+    forward = attn_gemm + scores * fwd_b * P.unfused_scores_scale / machine.hbm_Bps
+    return forward, 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / machine.hbm_Bps
+
+
+def flash_attention_time(shape: Shape, machine: Machine) -> tuple[float, float]:
+    """Causal flash attention, (forward, forward + backward): the tensor cores at the fitted attention efficiency
+    (backward 2.5x the forward's GEMMs: it recomputes the scores), the softmax's exponentials on the special
+    function units, and with context parallelism the ring's partial outputs and gradients merged through HBM
+    (:func:`cp_merge_bytes`)."""
+    P, t, T, s, c = machine.params, shape.tp, shape.tokens, shape.seq_length, shape.cp
+    a, d, hbm = shape.arch.num_attention_heads, shape.head_dim, machine.hbm_Bps
+    attn_tc = 2.0 * T * s * (a / t) * d / (machine.bf16_peak * machine.attn_eff)  # causal: half of 4·T·s·a·d
+    # the softmax's exponentials on the special function units, in series with the tensor cores where the
+    # GPU table gives their rate: one per causal score element (T·s·a/2t) forward, one more backward
+    sfu = machine.gpu.sfu_exp_tera_per_s
+    attn_exp = 0.5 * T * s * (a / t) / (sfu * 1e12) if sfu else 0.0
+    merge_fwd = merge_bwd = 0.0
+    if c > 1:
+        q_fwd_b, q_bwd_b, kv_bwd_b = cp_merge_bytes(c)
+        merge_fwd = T * (a / t) * d * q_fwd_b * P.elementwise_scale / hbm
+        merge_bwd = T * d * ((a / t) * q_bwd_b + 2.0 * shape.kv_groups * kv_bwd_b) * P.elementwise_scale / hbm
+    return attn_tc + attn_exp + merge_fwd, 3.5 * attn_tc + 2.0 * attn_exp + merge_fwd + merge_bwd
+
+
+def attention_time(shape: Shape, layout: ModelLayout, machine: Machine) -> tuple[float, float]:
+    """Core attention of one layer, (forward, forward + backward), by the layout's attention backend."""
+    if layout.unfused_attention:
+        return unfused_attention_time(shape, layout, machine)
+    return flash_attention_time(shape, machine)
+
+
+def elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack) -> float:
+    """Memory-bound element-wise kernels of one layer, forward + backward: norms, RoPE, the activation, casts,
+    residual adds; the eager squared ReLU's extra passes, hidden dropout's masks and FP8's quantisation of the
+    GEMM inputs where they run."""
+    arch, t = shape.arch, shape.tp
+    a, g, d, F = arch.num_attention_heads, arch.num_query_groups, shape.head_dim, arch.ffn_hidden_size
+    h_sp = shape.hidden_sp
+    elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if arch.gated_mlp else 12.0) * F / t
+    if stack.arch_activation and arch.activation == "squared_relu":
+        elem_bytes += SQUARED_RELU_EXTRA_BYTES * F / t
+    if layout.dropout:  # hidden dropout in the two bias-dropout-add kernels: 1-byte masks (HIDDEN_DROPOUT_BYTES)
+        elem_bytes += HIDDEN_DROPOUT_BYTES * h_sp
+    if machine.fp8:
+        gemm_inputs = 2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + shape.fc1_cols
+        elem_bytes += fp8_quant_bytes(layout.fp8_recipe) * gemm_inputs
+    return shape.tokens * elem_bytes * machine.params.elementwise_scale / machine.hbm_Bps
+
+
+def tp_collective_time(shape: Shape, machine: Machine) -> float:
+    """One tensor-parallel all-gather or reduce-scatter (sequence parallel) of the layer's activations, or half
+    an all-reduce; 0 without tensor parallelism."""
+    t = shape.tp
+    if t <= 1:
+        return 0.0
+    return (t - 1) / t * shape.tokens * shape.arch.hidden_size * 2.0 / machine.link_Bps(t) + machine.latency_s
+
+
+def tp_hidden_share(layout: ModelLayout, params: Params) -> float:
+    """The share of TP communication hidden behind GEMMs: userbuffers' (``tp_comm_overlap``) or Megatron's own
+    overlap of the backward all-gather / dgrad reduce with wgrad."""
+    return params.tp_overlap if (layout.tp_comm_overlap and layout.tp > 1) else params.tp_overlap_base
+
+
+def cp_exposed_time(shape: Shape, machine: Machine, attention_fwd_bwd: float) -> float:
+    """The context-parallel ring's exposed time: K and V go round the ring forward; K, V and their gradients
+    backward, partly hidden behind attention; 0 without context parallelism."""
+    c = shape.cp
+    if c <= 1:
+        return 0.0
+    kv_bytes = shape.tokens * 2.0 * shape.kv_groups * shape.head_dim * 2.0
+    cp_comm = 3.0 * (c - 1) * (kv_bytes / machine.link_Bps(shape.tp * c) + machine.latency_s)
+    return _exposed(cp_comm, machine.params.cp_overlap * attention_fwd_bwd)
+
+
+def recompute_time(shape: Shape, layout: ModelLayout, gemm_fwd: float, attention_fwd: float, elementwise: float,
+                   tp_one: float, tp_hidden: float) -> float:
+    """The forward work that recompute repeats in the backward pass: core attention (selective), or the layer's
+    forward (full) for ``recompute_num_layers`` of a model chunk's layers (all when 0)."""
+    if layout.recompute == "selective":
+        return attention_fwd
+    if layout.recompute != "full":
+        return 0.0
+    chunk_layers = shape.arch.num_layers / (shape.pp * shape.vp)
+    n = layout.recompute_num_layers
+    frac = min(n / chunk_layers, 1.0) if n else 1.0
+    return frac * (gemm_fwd + attention_fwd + elementwise / 3.0 + 4.0 * tp_one * (1.0 - tp_hidden))
+
+
+def host_layer_time(machine: Machine, stack: Stack) -> float:
+    """The host's (CPU's) time to launch one layer's kernels for one micro-batch.
+
+    Every kernel of a layer is launched by Python (TE's modules, autograd, Megatron's hooks), and the GPU cannot
+    run ahead of its launches, so a layer takes at least the host's time for it. Grace costs ~2.75x an x86 host
+    per PyTorch op (TransformerEngine issue 2053: 37.08 vs 13.48 µs on a Xeon 8480C); on x86 the host time stays
+    under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6.2% at 3.4 ms
+    layers), so the term applies to Grace hosts only, and not to a CUDA-graphed step (Stack.cuda_graphs).
+    """
+    return machine.params.host_layer_s_grace if machine.gpu.grace_host and not stack.cuda_graphs else 0.0
+
+
+@dataclass(slots=True)
+class LayerTime:
+    """One transformer layer, one micro-batch, on this GPU (seconds). ``compute``: three times the forward GEMMs,
+    attention, element-wise kernels and a fixed overhead; ``tp_collective``: one TP collective, of which
+    ``tp_hidden`` is hidden; ``host_wait``: what the layer waits for the host beyond its GPU time."""
+
+    gemm_forward: float
+    attention_forward: float
+    attention_forward_backward: float
+    elementwise: float
+    compute: float
+    tp_collective: float
+    tp_hidden: float
+    tp_exposed: float
+    cp_exposed: float
+    recompute: float
+    host_wait: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp_exposed + self.cp_exposed + self.recompute + self.host_wait
+
+
+def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack) -> LayerTime:
+    """The terms of one layer: compute, TP and CP communication left exposed, recompute, and the wait for the host."""
+    P = machine.params
+    gemm_fwd = gemm_forward_time(shape, machine)
+    attn_fwd, attn_fb = attention_time(shape, layout, machine)
+    elem = elementwise_time(shape, layout, machine, stack)
+    compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s
+    # tensor parallel: 4 all-gather/reduce-scatter (or 2 all-reduce) forward and as many backward
+    tp_one = tp_collective_time(shape, machine)
+    tp_hidden = tp_hidden_share(layout, P)
+    tp_exposed = 8.0 * tp_one * (1.0 - tp_hidden)
+    cp_exposed = cp_exposed_time(shape, machine, attn_fb)
+    rec = recompute_time(shape, layout, gemm_fwd, attn_fwd, elem, tp_one, tp_hidden)
+    host_wait = max(0.0, host_layer_time(machine, stack) - (compute + tp_exposed + cp_exposed + rec))
+    return LayerTime(gemm_fwd, attn_fwd, attn_fb, elem, compute, tp_one, tp_hidden, tp_exposed, cp_exposed, rec,
+                     host_wait)
+
+
+def offload_time(shape: Shape, layout: ModelLayout, machine: Machine, layer_s: float, layer_bytes: float) -> float:
+    """Activation offloading's exposed copy time per micro-batch (Megatron-Core cpu_offloading; pp=1 and no
+    recompute, see dse.constraints): each offloaded layer's activations (``layer_bytes``) go to host memory during
+    its forward and come back during its backward, one layer ahead (Transformer Engine's double-buffered offload
+    handler), behind that layer's compute (``layer_s``)."""
+    P = machine.params
+    n_off = min(layout.cpu_offload_layers, shape.arch.num_layers)
+    t_copy = layer_bytes / (machine.gpu.host_link_gbps * 1e9 * P.host_link_eff)
+    return n_off * (max(0.0, t_copy - P.offload_overlap * layer_s / 3.0)
+                    + max(0.0, t_copy - P.offload_overlap * 2.0 * layer_s / 3.0))
+
+
+# ---- stages, pipeline, data parallel and optimizer, per step -----------------------------------------------------
+
+
+def logits_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack, tp_one: float) -> float:
+    """The last stage's output layer per micro-batch: the logits GEMM (bf16, forward and backward), the payload's
+    loss through HBM, and with sequence parallelism the gather of its input and the scatter of its gradient."""
+    arch, t, T, P = shape.arch, shape.tp, shape.tokens, machine.params
+    h, V = arch.hidden_size, arch.vocab_size
+    logits_flops = 2.0 * T * h * V / t
+    logits_gemm = logits_flops / (machine.bf16_peak * P.gemm_eff_bf16) \
+        + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / machine.hbm_Bps
+    ce = T * V / t * cross_entropy_bytes(stack) * P.elementwise_scale / machine.hbm_Bps  # the payload's loss
+    return 3.0 * logits_gemm + ce + (2.0 * tp_one if layout.sp and t > 1 else 0.0)
+
+
+def microbatch_time(shape: Shape, stages: Stages, layer_s: float, logits_s: float, offload_s: float) -> float:
+    """One micro-batch slot of the schedule: the slowest stage's layers, with the logits on the last stage and the
+    offload copies (pp=1 only) on the first."""
+    if shape.pp == 1:
+        return shape.arch.num_layers * layer_s + logits_s + offload_s
+    return max(stages.mid_layers * layer_s, stages.last_layers * layer_s + logits_s,
+               stages.first_layers * layer_s + offload_s)
+
+
+def pipeline_p2p_time(shape: Shape, machine: Machine, microbatch_s: float) -> float:
+    """Pipeline send/recv per step: 1F1B sends and receives between micro-batches (blocking); the interleaved
+    schedule overlaps them with the next chunk's compute (Megatron's overlap_p2p_comm), hiding all but a
+    remainder; plus the warm-up and cool-down hops."""
+    p, v, m = shape.pp, shape.vp, shape.microbatches
+    if p <= 1:
+        return 0.0
+    stride = shape.tp * shape.cp * shape.data_parallel
+    pp_bw = machine.nvlink_Bps if stride < machine.nvlink_domain else machine.nic_Bps  # one link or one NIC
+    t_p2p = shape.tokens * shape.hidden_sp * 2.0 / pp_bw + machine.latency_s
+    per = _exposed(t_p2p, microbatch_s / (3.0 * v)) if v > 1 else t_p2p
+    return 2.0 * m * v * per + 2.0 * (p - 1) * t_p2p
+
+
+def dp_exposed_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, microbatch_s: float,
+                    grad_b: float) -> float:
+    """Data-parallel communication left exposed per step, over the data- and context-parallel ranks: with the
+    distributed optimizer a reduce-scatter of gradients and an all-gather of bf16 weights once per step; with
+    FSDP all-gathers of the weights forward and backward and a reduce-scatter per micro-batch; hidden behind
+    compute up to a fitted share (Params.dp_overlap)."""
+    d_r = shape.data_parallel * shape.cp
+    if d_r <= 1:
+        return 0.0
+    P, t, lat = machine.params, shape.tp, machine.latency_s
+    p_local = stages.stage_params / t
+    dp_bw = _group_bw(d_r, t, machine.nvlink_domain, machine.nvlink_Bps, machine.nic_Bps)
+    frac_r = (d_r - 1) / d_r
+    if layout.fsdp:
+        comm_mb = frac_r * p_local * (4.0 + grad_b) / dp_bw + 3 * shape.arch.num_layers / shape.pp * lat
+        return shape.microbatches * _exposed(comm_mb, P.dp_overlap * microbatch_s)
+    comm = frac_r * p_local * (2.0 + grad_b) / dp_bw + 2 * lat
+    return _exposed(comm, P.dp_overlap * microbatch_s)
+
+
+def optimizer_time(shape: Shape, machine: Machine, stages: Stages) -> float:
+    """The memory-bound Adam step over this GPU's shard of the slowest stage's parameters (36 bytes each)."""
+    d_r = shape.data_parallel * shape.cp
+    return stages.stage_params / shape.tp / d_r * 36.0 / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
+
+
+def grad_accumulation_time(shape: Shape, machine: Machine, stages: Stages, stack: Stack, grad_b: float) -> float:
+    """Without gradient-accumulation fusion (recipes.mcore, dse.perfmodel.stack) every weight gradient of every
+    micro-batch is written as its own bf16 tensor (2 B) and then added to the gradient buffer by Megatron's DDP
+    hook (param.main_grad.add_(param.grad): read 2, read and write grad_b each), memory-bound like Adam, on the
+    slowest stage's parameters; NVIDIA's recipes fuse it into the wgrad GEMM (no term)."""
+    if stack.grad_accumulation_fusion:
+        return 0.0
+    p_local = stages.stage_params / shape.tp
+    return shape.microbatches * p_local * (4.0 + 2.0 * grad_b) / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
+
+
+def step_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, stack: Stack,
+              layer_bytes: float) -> StepTime:
+    """The terms of one step; ``layer_bytes`` are one layer's activations (what offloading copies)."""
+    P, m, p, v = machine.params, shape.microbatches, shape.pp, shape.vp
+    grad_b = grad_bytes(layout.precision, stack)
+    layer = layer_time(shape, layout, machine, stack)
+    t_layer = layer.total
+    t_offload = offload_time(shape, layout, machine, t_layer, layer_bytes)
+    t_logits = logits_time(shape, layout, machine, stack, layer.tp_collective)
+    t_mb = microbatch_time(shape, stages, t_layer, t_logits, t_offload)
+    layers = stages.first_layers if p == 1 else stages.mid_layers
+    return StepTime(
+        layer_compute_s=m * layers * layer.compute, host_wait_s=m * layers * layer.host_wait,
+        tp_exposed_s=m * stages.mid_layers * layer.tp_exposed, cp_exposed_s=m * stages.mid_layers * layer.cp_exposed,
+        recompute_s=m * stages.mid_layers * layer.recompute, logits_s=m * t_logits, bubble_s=(p - 1) / v * t_mb,
+        pp_p2p_s=pipeline_p2p_time(shape, machine, t_mb),
+        dp_exposed_s=dp_exposed_time(shape, layout, machine, stages, t_mb, grad_b),
+        optimizer_s=optimizer_time(shape, machine, stages),
+        grad_accumulation_s=grad_accumulation_time(shape, machine, stages, stack, grad_b),
+        offload_exposed_s=m * t_offload, overhead_s=P.step_overhead_s, per_microbatch_s=t_mb, microbatches=m,
+        bubble_fraction=(p - 1) / (v * m))
+
+
 def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS) -> Prediction:
     """The model's prediction for a resolved :class:`dse.trial.TrialConfig`.
 
@@ -210,266 +523,33 @@ def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, c
                    params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
     """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names;
     ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`); ``dropout`` None
-    takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``)."""
-    P = params
-    if dropout is None:
-        dropout = stack.arch_dropout and arch.dropout > 0.0
+    takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``). The layout
+    arguments are :class:`dse.perfmodel.layout.ModelLayout`'s fields (:func:`predict_model_layout` takes one)."""
+    layout = ModelLayout(
+        num_gpus=num_gpus, tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq_length=seq_length,
+        sp=tp > 1 if sp is None else sp, recompute=recompute, recompute_num_layers=recompute_num_layers,
+        precision=precision, fp8_recipe=fp8_recipe, fsdp=fsdp, tp_comm_overlap=tp_comm_overlap,
+        cpu_offload_layers=cpu_offload_layers, attention_backend=attention_backend,
+        dropout=stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout,
+        nvlink_domain=nvlink_domain, scaleout_gbps=scaleout_gbps)
+    return predict_model_layout(arch, gpu, layout, flops_convention=flops_convention, params=params, stack=stack)
+
+
+def predict_model_layout(arch, gpu: str, layout: ModelLayout, *, flops_convention: str = "causal",
+                         params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
+    """The model for a :class:`ModelLayout`: the step's time terms (:func:`step_time`) and the peak memory
+    (:func:`dse.perfmodel.memory.peak_memory`) of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name)."""
     hw = HARDWARE[gpu]
-    if sp is None:
-        sp = tp > 1
-    domain = hw.nvlink_domain if nvlink_domain is None else nvlink_domain
-    nic_Bps = (hw.scaleout_gbps if scaleout_gbps is None else scaleout_gbps) * 1e9 / 8 * P.scaleout_eff
-    nvl_Bps = hw.nvlink_gbps * 1e9 / 2 * P.nvlink_eff
-    hbm_Bps = hw.hbm_gbps * 1e9
-    lat = P.collective_latency_s
-    fp8 = precision == "fp8" and hw.fp8_tflops is not None
-    # NVIDIA's FP8 performance recipes reduce gradients in bf16 (grad_reduce_in_fp32=False); Megatron's
-    # bf16 default accumulates and reduces them in fp32, and so does recipes.mcore in FP8 (dse.perfmodel.stack).
-    grad_b = 2.0 if precision == "fp8" and not stack.fp8_grad_reduce_in_fp32 else 4.0
-    # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
-    # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
-    tensor_ratio = P.ultra_tensor_ratio if hw.blackwell_ultra else 1.0
-    bf16_peak = hw.bf16_tflops * 1e12 * tensor_ratio
-    attn_eff = {"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(hw.arch, P.attn_eff)
-    if fp8:
-        eff8 = P.gemm_eff_fp8_blackwell if hw.arch == "blackwell" else P.gemm_eff_fp8
-        # MXFP8's GEMMs apply a scale per 32-element block inside the tensor-core pipeline (a fitted rate
-        # ratio, Params.mxfp8_gemm_ratio); per-tensor recipes scale once per GEMM
-        mx = P.mxfp8_gemm_ratio if fp8_recipe == "mxfp8" else 1.0
-        g_rate, g_in = hw.fp8_tflops * 1e12 * tensor_ratio * eff8 * mx, 1.0
-    else:
-        g_rate, g_in = bf16_peak * P.gemm_eff_bf16, 2.0
-
-    L, h, a, g, F, V = (arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.num_query_groups,
-                        arch.ffn_hidden_size, arch.vocab_size)
-    d = h / a
-    gated = arch.gated_mlp
-    t, p, c, vv, b, s = tp, pp, cp, vp, mbs, seq_length
-    dp = num_gpus / (t * p * c)
-    if dp < 1:
-        dp = 1.0
-    m = gbs / (b * dp)
-    if m < 1:
-        m = 1.0
-    T = b * s / c  # tokens per micro-batch on one GPU (before the TP gather)
-    h_sp = h / t if sp else h
-
-    # ---- one transformer layer, one micro-batch, this GPU --------------------------------------------
-    qkv_n = (a + 2 * g) * d / t
-    fc1_n = (2 * F if gated else F) / t
-    gemm_flops = 2.0 * T * h * (qkv_n + a * d / t + fc1_n + F / t)
-    gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in \
-        + 2.0 * T * (qkv_n + h + fc1_n + h)
-    gemm_fwd = gemm_flops / g_rate + gemm_bytes / hbm_Bps
-    unfused = attention_backend in UNFUSED_BACKENDS
-    if unfused:
-        # Megatron's unfused / local core attention: two batched GEMMs over the full s×s score matrix (the
-        # causal mask is applied after QKᵀ, so nothing is skipped), and the scores go through HBM between
-        # kernels: scale-mask-softmax, dropout, and their backward (bytes per score element, UNFUSED_SCORE_BYTES)
-        scores = b * (a / t) * s * s / c  # score elements per micro-batch on this GPU
-        attn_gemm = 4.0 * T * s * (a / t) * d / (bf16_peak * P.gemm_eff_bf16)
-        fwd_b, bwd_b = unfused_score_bytes(dropout)
-        attn_fwd = attn_gemm + scores * fwd_b * P.unfused_scores_scale / hbm_Bps
-        attn_fb = 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / hbm_Bps
-    else:
-        attn_tc = 2.0 * T * s * (a / t) * d / (bf16_peak * attn_eff)  # causal: half of 4·T·s·a·d
-        # the softmax's exponentials on the special function units, in series with the tensor cores where the
-        # GPU table gives their rate: one per causal score element (T·s·a/2t) forward, one more backward
-        sfu = hw.sfu_exp_tera_per_s
-        attn_exp = 0.5 * T * s * (a / t) / (sfu * 1e12) if sfu else 0.0
-        # context parallelism: the ring's per-step partial outputs and gradients, merged through HBM
-        merge_fwd = merge_bwd = 0.0
-        if c > 1:
-            q_fwd_b, q_bwd_b, kv_bwd_b = cp_merge_bytes(c)
-            merge_fwd = T * (a / t) * d * q_fwd_b * P.elementwise_scale / hbm_Bps
-            merge_bwd = T * d * ((a / t) * q_bwd_b + 2.0 * max(g / t, 1.0) * kv_bwd_b) * P.elementwise_scale / hbm_Bps
-        attn_fwd = attn_tc + attn_exp + merge_fwd
-        # backward: 2.5x the forward's GEMMs (recomputes the scores)
-        attn_fb = 3.5 * attn_tc + 2.0 * attn_exp + merge_fwd + merge_bwd
-    elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if gated else 12.0) * F / t
-    if stack.arch_activation and arch.activation == "squared_relu":
-        elem_bytes += SQUARED_RELU_EXTRA_BYTES * F / t
-    if dropout:  # hidden dropout in the two bias-dropout-add kernels: 1-byte masks (HIDDEN_DROPOUT_BYTES)
-        elem_bytes += HIDDEN_DROPOUT_BYTES * h_sp
-    if fp8:
-        elem_bytes += fp8_quant_bytes(fp8_recipe) * (2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + fc1_n)
-    elem = T * elem_bytes * P.elementwise_scale / hbm_Bps  # forward + backward
-    compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s
-
-    # tensor parallel: 4 all-gather/reduce-scatter (or 2 all-reduce) forward and as many backward
-    tp_bw = nvl_Bps if t <= domain else nic_Bps
-    tp_one = (t - 1) / t * T * h * 2.0 / tp_bw + lat if t > 1 else 0.0
-    tp_hidden = P.tp_overlap if (tp_comm_overlap and t > 1) else P.tp_overlap_base
-    tp_exposed = 8.0 * tp_one * (1.0 - tp_hidden)
-
-    # context parallel: K and V go round the ring forward; K, V and their gradients backward
-    if c > 1:
-        cp_bw = nvl_Bps if t * c <= domain else nic_Bps
-        kv_bytes = T * 2.0 * max(g / t, 1.0) * d * 2.0
-        cp_comm = 3.0 * (c - 1) * (kv_bytes / cp_bw + lat)
-        cp_exposed = _exposed(cp_comm, P.cp_overlap * attn_fb)
-    else:
-        cp_exposed = 0.0
-
-    # recompute
-    if recompute == "selective":
-        rec = attn_fwd
-    elif recompute == "full":
-        chunk_layers = L / (p * vv)
-        frac = min(recompute_num_layers / chunk_layers, 1.0) if recompute_num_layers else 1.0
-        rec = frac * (gemm_fwd + attn_fwd + elem / 3.0 + 4.0 * tp_one * (1.0 - tp_hidden))
-    else:
-        rec = 0.0
-    t_layer = compute + tp_exposed + cp_exposed + rec
-    # the host: every kernel of a layer is launched by Python (TE's modules, autograd, Megatron's hooks), and the GPU
-    # cannot run ahead of its launches, so a layer takes at least the host's time for it. Grace costs ~2.75x an x86
-    # host per PyTorch op (TransformerEngine issue 2053: 37.08 vs 13.48 µs on a Xeon 8480C); on x86 the host
-    # time stays under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6.2% at
-    # 3.4 ms layers), so the term applies to Grace hosts only, and not to a CUDA-graphed step (Stack.cuda_graphs)
-    host = P.host_layer_s_grace if hw.grace_host and not stack.cuda_graphs else 0.0
-    host_wait = max(0.0, host - t_layer)
-    t_layer += host_wait
-
-    # activation offloading (Megatron-Core cpu_offloading; pp=1 and no recompute, see dse.constraints): each
-    # offloaded layer's activations go to host memory during its forward and come back during its backward,
-    # one layer ahead (Transformer Engine's double-buffered offload handler), behind that layer's compute
-    # attention_backend "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused
-    # kernel (memory.layer_activation_bytes, fused_softmax); "local" is Megatron's own, counted as Korthikanti does
-    act_kw = dict(sp=sp, g=g, ffn=F, gated=gated, flash_attention=not unfused, dropout=dropout, fp8=fp8,
-                  fused_softmax=attention_backend == "unfused")
-    act_layer = layer_activation_bytes(s / c, b, h, a, t, recompute="none", **act_kw)
-    n_off = min(cpu_offload_layers, L)
-    t_copy = act_layer / (hw.host_link_gbps * 1e9 * P.host_link_eff)
-    t_offload = n_off * (max(0.0, t_copy - P.offload_overlap * t_layer / 3.0)
-                         + max(0.0, t_copy - P.offload_overlap * 2.0 * t_layer / 3.0))
-
-    # ---- stages -------------------------------------------------------------------------------------
-    first_l, mid_l, last_l, accounted = stage_layers(L, p, vv)
-    logits_flops = 2.0 * T * h * V / t
-    logits_gemm = logits_flops / (bf16_peak * P.gemm_eff_bf16) \
-        + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / hbm_Bps
-    ce = T * V / t * cross_entropy_bytes(stack) * P.elementwise_scale / hbm_Bps  # the payload's loss
-    t_logits = 3.0 * logits_gemm + ce + (2.0 * tp_one if sp and t > 1 else 0.0)
-    t_mb = max(mid_l * t_layer, last_l * t_layer + t_logits, first_l * t_layer + t_offload)
-    if p == 1:
-        t_mb = L * t_layer + t_logits + t_offload
-
-    # ---- pipeline -----------------------------------------------------------------------------------
-    bubble = (p - 1) / vv * t_mb
-    t_pipe = m * t_mb + bubble
-    if p > 1:
-        stride = t * c * dp
-        pp_bw = nvl_Bps if stride < domain else nic_Bps  # one send/recv pair: one link or one NIC
-        t_p2p = T * h_sp * 2.0 / pp_bw + lat
-        # 1F1B sends and receives between micro-batches (blocking); the interleaved schedule overlaps
-        # them with the next chunk's compute (Megatron's overlap_p2p_comm), hiding all but a remainder.
-        per = _exposed(t_p2p, t_mb / (3.0 * vv)) if vv > 1 else t_p2p
-        pp_comm = 2.0 * m * vv * per + 2.0 * (p - 1) * t_p2p
-    else:
-        pp_comm = 0.0
-
-    # ---- data parallel and optimizer ----------------------------------------------------------------
-    lp = _flops.layer_params(arch)
-    emb = V * h
-    if p == 1:
-        stage_params = L * lp + 2 * emb
-        first_params = last_params = stage_params
-    else:
-        first_params = first_l * lp + emb
-        last_params = last_l * lp + emb
-        stage_params = max(first_params, mid_l * lp, last_params)
-    p_local = stage_params / t
-    d_r = dp * c
-    dp_bw = _group_bw(d_r, t, domain, nvl_Bps, nic_Bps)
-    if d_r > 1:
-        frac_r = (d_r - 1) / d_r
-        if fsdp:  # all-gather weights (bf16) forward and backward, reduce-scatter gradients, per micro-batch
-            comm_mb = frac_r * p_local * (4.0 + grad_b) / dp_bw + 3 * L / p * lat
-            dp_exposed = m * _exposed(comm_mb, P.dp_overlap * t_mb)
-        else:  # reduce-scatter gradients and all-gather bf16 weights, once per step
-            comm = frac_r * p_local * (2.0 + grad_b) / dp_bw + 2 * lat
-            dp_exposed = _exposed(comm, P.dp_overlap * t_mb)
-    else:
-        dp_exposed = 0.0
-    t_opt = p_local / d_r * 36.0 / (hbm_Bps * P.optimizer_bw_eff)
-    # without gradient-accumulation fusion (recipes.mcore, dse.perfmodel.stack) every weight gradient of every
-    # micro-batch is written as its own bf16 tensor (2 B) and then added to the gradient buffer by Megatron's
-    # DDP hook (param.main_grad.add_(param.grad): read 2, read and write grad_b each), memory-bound like Adam,
-    # on the slowest stage's parameters; NVIDIA's recipes fuse it into the wgrad GEMM (no term)
-    t_gacc = 0.0 if stack.grad_accumulation_fusion else \
-        m * p_local * (4.0 + 2.0 * grad_b) / (hbm_Bps * P.optimizer_bw_eff)
-    step = t_pipe + pp_comm + dp_exposed + t_opt + t_gacc + P.step_overhead_s
-
-    # ---- memory -------------------------------------------------------------------------------------
-    s_loc = s / c
-    if recompute == "none":
-        act_kept = act_layer
-    elif recompute == "selective":
-        act_kept = layer_activation_bytes(s_loc, b, h, a, t, recompute="selective", **act_kw)
-    else:
-        full_l = layer_activation_bytes(s_loc, b, h, a, t, recompute="full", **act_kw)
-        chunk_layers = L / (p * vv)
-        n_rec = min(recompute_num_layers, chunk_layers) if recompute_num_layers else chunk_layers
-        act_kept = (n_rec * full_l + (chunk_layers - n_rec) * act_layer) / chunk_layers
-    mi = int(m)
-    chunk_l = (first_l + (1 if accounted else 0)) / vv  # layers per model chunk (units when accounted)
-    counts = inflight_chunks(p, vv, mi, 0)
-    first_layers = sum(counts) * chunk_l - (counts[0] if accounted else 0)
-    if p > 1:
-        counts_last = inflight_chunks(p, vv, mi, p - 1)
-        last_layers = sum(counts_last) * chunk_l - (counts_last[-1] if accounted else 0)
-    else:
-        last_layers = first_layers
-    first_layers, last_layers = (offload_kept_layers(x, n_off) for x in (first_layers, last_layers))
-    logits_mem = T * V / t * logits_peak_bytes(stack, P)
-    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
-    weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
-    # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
-    # stage's layers, kept for the whole step (dse.perfmodel.stack)
-    lin_layer = h * (qkv_n + a * d / t + fc1_n + F / t)  # linear weight elements of one layer on this GPU
-    cache_b = fp8_weight_cache_bytes(fp8, stack) * lin_layer
-    cache_first = (L if p == 1 else first_l) * cache_b
-    cache_last = (L if p == 1 else last_l) * cache_b
-    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
-    fsdp_buf = fsdp_buffer_bytes(lp / t, h * fc1_n, weight_b, grad_b) if fsdp else 0.0
-    # the backward pass of one layer needs its full activations and their gradients; unfused attention's
-    # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
-    work = act_layer + (4.0 * b * (a / t) * s_loc * s_loc if unfused else 0.0)
-    # The logits live at the end of the forward pass and are gone (the loss's backward) before the first
-    # layer's backward needs its working set: the last stage peaks at the larger of the two.
-    act_first = first_layers * act_kept + work
-    act_last = last_layers * act_kept + max(work, logits_mem)
-    mem_first = first_params / t * states_b + cache_first + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
-    mem_last = last_params / t * states_b + cache_last + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
-    peak_b = max(mem_first, mem_last)
-    peak = peak_b / GIB + P.memory_reserve_gib + P.memory_offset_gib
-    cap = hw.memory_gib
-
-    tokens = gbs * s / (step * num_gpus)
-    mf = _flops.model_flops_per_step(arch, gbs, s, flops_convention)
-    breakdown = {
-        "time.layer_compute_s": m * (first_l if p == 1 else mid_l) * compute,
-        "time.host_wait_s": m * (first_l if p == 1 else mid_l) * host_wait,
-        "time.tp_exposed_s": m * mid_l * tp_exposed,
-        "time.cp_exposed_s": m * mid_l * cp_exposed,
-        "time.recompute_s": m * mid_l * rec,
-        "time.logits_s": m * t_logits,
-        "time.bubble_s": bubble,
-        "time.pp_p2p_s": pp_comm,
-        "time.dp_exposed_s": dp_exposed,
-        "time.optimizer_s": t_opt,
-        "time.grad_accumulation_s": t_gacc,
-        "time.offload_exposed_s": m * t_offload,
-        "time.overhead_s": P.step_overhead_s,
-        "mem.states_gib": max(first_params, last_params) / t * states_b / GIB,
-        "mem.activations_gib": max(act_first, act_last - logits_mem) / GIB,
-        "mem.logits_gib": logits_mem / GIB,
-        "mem.fsdp_buffers_gib": fsdp_buf / GIB,
-        "mem.fp8_weight_cache_gib": max(cache_first, cache_last) / GIB,
-        "mem.reserve_gib": P.memory_reserve_gib + P.memory_offset_gib + max(act_first, act_last) * P.memory_fragmentation / GIB,
-        "time.per_microbatch_s": t_mb,
-        "microbatches": m,
-        "bubble_fraction": (p - 1) / (vv * m),
-    }
-    return Prediction(step_time_s=step, tokens_per_s_per_gpu=tokens, tflops_per_gpu=mf / (step * num_gpus) / 1e12,
-                      peak_memory_gib=peak, gpu_memory_gib=cap, fits=peak <= cap, breakdown=breakdown)
+    machine = Machine.of(hw, params, layout)
+    shape = Shape.of(arch, layout)
+    stages = Stages.of(arch, layout.pp, layout.vp)
+    layer_bytes = layer_activations(shape, layout, machine.fp8)
+    time = step_time(shape, layout, machine, stages, stack, layer_bytes)
+    memory = peak_memory(shape, layout, machine, stages, stack, full_layer=layer_bytes,
+                         grad_b=grad_bytes(layout.precision, stack))
+    step, num_gpus = time.step_s, layout.num_gpus
+    mf = _flops.model_flops_per_step(arch, layout.gbs, layout.seq_length, flops_convention)
+    return Prediction(step_time_s=step, tokens_per_s_per_gpu=layout.gbs * layout.seq_length / (step * num_gpus),
+                      tflops_per_gpu=mf / (step * num_gpus) / 1e12, peak_memory_gib=memory.peak_gib,
+                      gpu_memory_gib=hw.memory_gib, fits=memory.peak_gib <= hw.memory_gib,
+                      breakdown=Breakdown(time, memory))
