@@ -805,6 +805,23 @@ def import_cloudai_cmd(
                   f"(CloudAI's list product: {imported.cloudai_points}); {len(imported.not_imported)} field(s) not imported")
 
 
+export_app = typer.Typer(no_args_is_help=True, help="Write a study into another tool's storage.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("optuna")
+@user_errors
+def export_optuna_cmd(
+    study_dir: Path = typer.Argument(..., help="a dse run's output directory"),
+    storage: str = typer.Option(..., "--storage", help="an Optuna storage: SQLAlchemy URL or journal file NAME.log"),
+) -> None:
+    """Write the study into an Optuna storage (params, reward as value, FAIL for failures) for optuna-dashboard."""
+    from dse.export import to_optuna
+
+    name, n = to_optuna(study_dir, storage)
+    console.print(f"wrote study {name!r} ({n} trials) to {storage}", highlight=False)
+
+
 @app.command("dry-run")
 @user_errors
 def dry_run_cmd(
