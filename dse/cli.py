@@ -72,7 +72,7 @@ def run_cmd(
     backend: Optional[str] = typer.Option(None, help="sim | local | slurm (default: the space's [backend].kind)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/<space name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
-    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: sqlite file in --out)"),
+    storage: Optional[str] = typer.Option(None, help="SQLAlchemy URL of the store (default: sqlite file in --out)"),
     twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0,
                                             help="simulated backend: measure on the twin truth of this seed "
                                                  "(sets [backend] truth = \"twin\", twin_seed = N)"),
