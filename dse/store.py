@@ -243,6 +243,8 @@ class Store:
         self.base = os.path.abspath(base) if base is not None else None
         self.engine = make_engine(url)
         try:
+            with self.engine.connect():  # a server that cannot be reached fails now, not after the retries
+                pass
             self.study_id = retry(lambda: self._open(knob_values, create=create, resume=resume))
             self._count = self._stored_count()
         except (SQLAlchemyError, OSError) as e:  # a corrupt file ("file is not a database"), a server gone
@@ -362,7 +364,7 @@ class Store:
             return number
 
         try:
-            number = retry(add, attempts=12, first_s=0.02)
+            number = retry(add, attempts=10, first_s=0.02)
         except (OSError, SQLAlchemyError) as e:
             raise self._write_error(e) from None
         self._count = max(self._count, number + 1)
