@@ -29,7 +29,8 @@ SPACE = ROOT / "bench" / "data" / "big_grid_space.toml"
 
 
 def run(argv: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of one ``dse`` command, its own peak (``os.wait4``); exits on failure."""
+    """(wall seconds, peak RSS MiB, stdout) of one ``dse`` command, its own peak (``os.wait4``); exits on failure.
+    Prints the command's CPU seconds (user + system), which a loaded machine changes less than wall time."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-m", "dse", *argv], stdout=out, stderr=err, text=True)
@@ -41,6 +42,7 @@ def run(argv: list[str]) -> tuple[float, float, str]:
         text, error = out.read(), err.read()
     if p.returncode != 0:
         sys.exit(f"dse {' '.join(argv)} failed ({p.returncode}): {error.strip()[-2000:]}")
+    print(f"  (dse {argv[0]}: CPU {usage.ru_utime + usage.ru_stime:.1f} s)")
     return wall, usage.ru_maxrss / 1024, text
 
 

@@ -72,7 +72,7 @@ def run_cmd(
     backend: Optional[str] = typer.Option(None, help="sim | local | slurm (default: the space's [backend].kind)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: runs/<space name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
-    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: sqlite file in --out)"),
+    storage: Optional[str] = typer.Option(None, help="SQLAlchemy URL of the store (default: sqlite file in --out)"),
     twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0,
                                             help="simulated backend: measure on the twin truth of this seed "
                                                  "(sets [backend] truth = \"twin\", twin_seed = N)"),
@@ -803,6 +803,23 @@ def import_cloudai_cmd(
     console.print(f"wrote {', '.join(map(str, files))}: {space.recipe} on {space.num_nodes} x "
                   f"{space.system.gpus_per_node} {space.system.gpu}, {len(space.knobs)} knobs, {space.size} points "
                   f"(CloudAI's list product: {imported.cloudai_points}); {len(imported.not_imported)} field(s) not imported")
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Write a study into another tool's storage.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("optuna")
+@user_errors
+def export_optuna_cmd(
+    study_dir: Path = typer.Argument(..., help="a dse run's output directory"),
+    storage: str = typer.Option(..., "--storage", help="an Optuna storage: SQLAlchemy URL or journal file NAME.log"),
+) -> None:
+    """Write the study into an Optuna storage (params, reward as value, FAIL for failures) for optuna-dashboard."""
+    from dse.export import to_optuna
+
+    name, n = to_optuna(study_dir, storage)
+    console.print(f"wrote study {name!r} ({n} trials) to {storage}", highlight=False)
 
 
 @app.command("dry-run")

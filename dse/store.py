@@ -1,49 +1,119 @@
-"""Trials in an Optuna storage (a SQLite file in the output directory by default; any SQLAlchemy URL).
+"""Trials in dse's own tables (SQLAlchemy Core): a SQLite file in the output directory by default, any
+SQLAlchemy URL (PostgreSQL for several ``--worker`` processes on one study).
 
-Each trial is one Optuna trial: the varying knobs are its params (categorical over the space's values), the
-reward is its value (state COMPLETE) when the run succeeded and the trial is FAIL otherwise (a failure is
-never a sentinel value in Optuna; the reward the agent saw is kept in the user attributes). User attributes
-carry ``status`` and ``record``: ``reason``, ``reward``, ``run_dir``, ``gpu``, ``num_gpus``, ``gpu_hours`` and
-the parsed ``metrics``, whatever is not None (:meth:`Store._attrs` says why). The trial number, which names
-the run directory, is assigned here and only here.
+The schema, version :data:`SCHEMA_VERSION` (kept in ``dse_meta``):
 
-Where the store uses its own SQL on Optuna's tables, and why (an RDB storage only; any other storage, e.g.
-``JournalStorage``, goes through the public API, ``Study.add_trial`` and ``get_all_trials``):
+- ``dse_studies``: a study a row: its id, its unique name and the values of its knobs (JSON).
+- ``dse_trials``: a trial a row, keyed (study, number), in ONE layout whoever wrote it (a single ``dse run``,
+  a worker's placeholder, a rerun replacing an interrupted row): the knobs (JSON), ``status``, ``reward``
+  (NULL for NaN), ``reason``, ``run_dir`` (relative to the study directory: :func:`resolve_run_dir`), ``gpu``,
+  ``num_gpus``, ``gpu_hours`` and the parsed ``metrics`` (JSON, None values left out). The trial number,
+  which names the run directory, is assigned here and only here: by counting for a single writer
+  (:meth:`Store.next_number`), by the database for workers (:meth:`Store.add_numbered`; the primary key
+  makes two workers taking one number impossible).
+- ``dse_claims``: the per-point claims of workers (:mod:`dse.claims` says how they work).
 
-- Writing (:meth:`Store._flush_rdb`): completed trials are buffered (at most ``batch_size`` of them, for at
-  most ``max_delay_s``) and written in one transaction per batch as four multi-row INSERTs (SQLAlchemy Core
-  ``executemany``) into Optuna's ``trials``, ``trial_params``, ``trial_user_attributes`` and ``trial_values``.
-  ``Study.add_trial`` costs about 15 ms of CPU per trial in RDBStorage (one ORM round trip per parameter),
-  which caps a simulated grid at ~90 trials/s; ORM objects per row cost ~1 ms per trial; the Core batch
-  well under that (bench/big_grid.py). A killed process loses at most the batch not yet committed; those
-  trials have no row, so ``--resume`` runs exactly them again (their run directories are set aside).
-- Reading (:meth:`Store.iter_records`): batches of ``READ_BATCH`` trials by ``trial_id`` (the primary
-  key), four queries per batch, each distinct distribution JSON parsed once. ``get_all_trials`` builds every
-  FrozenTrial of the study at once and parses each parameter's distribution JSON (the whole choice list)
-  once per trial: reading a 200k-trial study that way took minutes and gigabytes. What is read is what
-  :func:`record_from_trial` makes of the same trial through Optuna's API (a test checks the two agree), and
-  ``optuna.load_study`` (and optuna-dashboard) see what we write.
+Optuna is the sampler, not the store: the Optuna agent keeps its own in-memory study and is shown the stored
+history on resume. ``dse export optuna`` (:mod:`dse.export`) writes a study into an Optuna storage through
+Optuna's public API, for optuna-dashboard.
+
+Decisions:
+
+- A database of an older dse (Optuna's tables, no ``dse_meta``) is migrated once, when a study in it is first
+  opened: its trials are read through Optuna's public API (``optuna.load_study``, ``Study.get_trials``) and
+  written into dse's tables of the same database in one transaction; Optuna's tables are left as they were.
+  Reading a large Optuna study that way is slow and holds it whole (minutes and gigabytes at 200k trials),
+  once. A database of a newer schema version is refused with a one-line error (upgrade dse).
+- A journal file (``NAME.log``) is not a dse store: ``--storage`` takes SQLAlchemy URLs only (the export
+  writes journal files).
+- Writing: finished trials are buffered (at most ``batch_size``, for at most ``max_delay_s``) and written as
+  one multi-row INSERT a batch. A killed process loses at most the batch not yet committed: those trials
+  have no row, so ``--resume`` runs exactly them again (their run directories are set aside).
+- Reading (:meth:`Store.iter_records`): ``READ_BATCH`` trials a query, by number (the primary key: an index
+  range, never a sort of the study), so a reader holds one batch, not the study.
+- Processes racing on one database (workers creating the tables, or taking the next trial number) go through
+  :func:`retry`, the one retry helper.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import os
+import random
 import time
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import optuna
-from optuna.distributions import CategoricalDistribution, distribution_to_json
-from optuna.trial import FrozenTrial, TrialState, create_trial
-
-from sqlalchemy.exc import SQLAlchemyError
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from dse.errors import InfrastructureError, UserError
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+INTERRUPTED = "interrupted"
+READ_BATCH = 5_000  # trials per read query: what a reader holds at once, whatever the study's size
+SCHEMA_VERSION = 1
+
+_META = sa.MetaData()
+META = sa.Table(
+    "dse_meta", _META,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)
+STUDIES = sa.Table(
+    "dse_studies", _META,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(512), nullable=False, unique=True),
+    sa.Column("knobs", sa.Text, nullable=False),  # {knob: [values]} as JSON
+)
+TRIALS = sa.Table(
+    "dse_trials", _META,
+    sa.Column("study_id", sa.Integer, sa.ForeignKey("dse_studies.id"), primary_key=True),
+    sa.Column("number", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("knobs", sa.Text, nullable=False),  # {knob: value} as JSON
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("reward", sa.Double, nullable=True),  # NULL: NaN (SQLite cannot store NaN)
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("run_dir", sa.Text, nullable=True),
+    sa.Column("gpu", sa.String(64), nullable=True),
+    sa.Column("num_gpus", sa.Integer, nullable=True),
+    sa.Column("gpu_hours", sa.Double, nullable=True),
+    sa.Column("metrics", sa.Text, nullable=False),  # {metric: value} as JSON, None values left out
+)
+CLAIMS = sa.Table(
+    "dse_claims", _META,
+    sa.Column("study_id", sa.Integer, sa.ForeignKey("dse_studies.id"), primary_key=True),
+    sa.Column("point", sa.String(2048), primary_key=True),  # the knobs as sorted JSON
+    sa.Column("worker", sa.String(64), nullable=False),
+    sa.Column("number", sa.Integer, nullable=True),  # the trial, once it has one
+    sa.Column("expires", sa.Double, nullable=False),  # time.time() past which the claim is free (done: never)
+    sa.Column("done", sa.Boolean, nullable=False, default=False),
+)
+_READ = (TRIALS.c.number, TRIALS.c.knobs, TRIALS.c.status, TRIALS.c.reward, TRIALS.c.reason, TRIALS.c.run_dir,
+         TRIALS.c.gpu, TRIALS.c.num_gpus, TRIALS.c.gpu_hours, TRIALS.c.metrics)
+
+T = TypeVar("T")
+RACES = (IntegrityError, OperationalError, ProgrammingError)  # what a process racing another one may get
+
+
+def retry(fn: Callable[[], T], *, attempts: int = 8, first_s: float = 0.1,
+          errors: tuple[type[BaseException], ...] = RACES) -> T:
+    """``fn()``, called again while it raises one of ``errors`` (at most ``attempts`` calls; the last error is
+    raised), after ``first_s``, then twice as long each time, jittered: for processes racing on one database
+    (workers creating the tables at once, or taking the same next trial number)."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except errors:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(first_s * 2**attempt * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
 
 
 def _one_line(e: BaseException) -> str:
@@ -51,13 +121,16 @@ def _one_line(e: BaseException) -> str:
     text = str(getattr(e, "orig", None) or e)
     return text.splitlines()[0] if text else type(e).__name__
 
-INTERRUPTED = "interrupted"
-READ_BATCH = 5_000  # trials per read query batch: what a reader holds at once, whatever the study's size
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as its Python value, for JSON (anything else JSON cannot write is a bug: TypeError)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _json(value: Any) -> str:
-    """A user attribute's JSON as Optuna reads it (``json.loads``), without the spaces ``json.dumps`` puts in."""
-    return json.dumps(value, separators=(",", ":"))
+    return json.dumps(value, separators=(",", ":"), default=_plain)
 
 
 @dataclass(frozen=True)
@@ -93,97 +166,130 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def check_url(url: str, *, field: str = "--storage") -> str:
-    """``url`` if it names a storage dse can open (a journal file ``*.log`` or a SQLAlchemy URL whose driver
-    is installed), else a one-line :class:`UserError`. Connects to nothing and writes nothing."""
+    """``url`` if it is an SQLAlchemy URL whose driver is installed, else a one-line :class:`UserError`.
+    Connects to nothing and writes nothing."""
     if "://" not in url:
-        if url.endswith(".log"):
-            return url
-        raise UserError(f"{url!r} is not a storage URL (e.g. sqlite:///study.db, postgresql://host/db, or a "
-                        "journal file NAME.log)", field=field)
-    from sqlalchemy.engine import make_url
-
+        raise UserError(f"{url!r} is not an SQL storage URL (e.g. sqlite:///study.db or "
+                        "postgresql+psycopg://host/db)", field=field)
     try:
-        make_url(url).get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
+        sa.make_url(url).get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
     except Exception as e:  # ArgumentError, NoSuchModuleError, ImportError: all mean "cannot use this URL"
         raise UserError(f"cannot use storage {url!r}: {_one_line(e)}", field=field) from None
     return url
 
 
+def make_engine(url: str) -> sa.Engine:
+    """An engine for ``url``; SQLite waits up to a minute for another process's write instead of failing."""
+    check_url(url)
+    return sa.create_engine(url, connect_args={"timeout": 60} if url.startswith("sqlite") else {})
+
+
 def exists(url: str, study_name: str) -> bool:
-    """Whether ``url`` holds the study ``study_name``; reading only: a missing SQLite file is not created."""
+    """Whether ``url`` holds the study ``study_name`` (in dse's tables, or in an older dse's Optuna tables);
+    reading only: a missing SQLite file is not created, no table is."""
     path = sqlite_path(url)
     if path is not None and (not path.is_file() or path.stat().st_size == 0):
         return False
-    if "://" not in url and not Path(url).is_file():
-        return False
-    storage = _open_storage(url)
+    engine = make_engine(url)
     try:
-        return study_name in {s.study_name for s in storage.get_all_studies()}
-    except (SQLAlchemyError, OSError, ValueError) as e:
+        with engine.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+            if _dse_version(conn, tables) is not None and _find_study(conn, study_name) is not None:
+                return True
+        return _optuna_tables(tables) and _legacy_study(url, study_name, load=False) is not None
+    except SQLAlchemyError as e:
         raise UserError(f"cannot read the study database: {_one_line(e)}", file=str(path or url)) from None
     finally:
-        if isinstance(storage, optuna.storages.RDBStorage):
-            storage.remove_session()
-            storage.engine.dispose()
+        engine.dispose()
 
 
-def _open_storage(url: str) -> optuna.storages.BaseStorage:
-    try:
-        if url.endswith(".log") and "://" not in url:
-            from optuna.storages.journal import JournalFileBackend
+def _dse_version(conn: sa.Connection, tables: set[str]) -> int | None:
+    """The schema version of dse's tables (None: there are none); a newer one than this dse's is refused."""
+    if "dse_meta" not in tables:
+        return None
+    value = conn.execute(sa.select(META.c.value).where(META.c.key == "schema_version")).scalar()
+    if value is None:
+        return None  # another process is creating them (SQLite runs DDL outside the transaction)
+    if int(value) > SCHEMA_VERSION:
+        raise UserError(f"written by a newer dse (store schema {value}; this dse reads {SCHEMA_VERSION}): "
+                        "upgrade dse", file=str(conn.engine.url))
+    return int(value)
 
-            return optuna.storages.JournalStorage(JournalFileBackend(url))
-        return optuna.storages.RDBStorage(url)
-    except (ImportError, SQLAlchemyError, ValueError, OSError) as e:
-        # a corrupt file ("file is not a database"), an unreachable server, a missing driver
-        raise UserError(f"cannot open storage {url}: {_one_line(e)}", field="--storage") from None
+
+def _optuna_tables(tables: set[str]) -> bool:
+    """Whether the database has Optuna's tables (an older dse's store)."""
+    return {"studies", "trials"} <= tables
+
+
+def _create_schema(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        _META.create_all(conn, checkfirst=True)
+        if conn.execute(sa.select(META.c.value).where(META.c.key == "schema_version")).scalar() is None:
+            conn.execute(sa.insert(META).values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+def _find_study(conn: sa.Connection, name: str) -> int | None:
+    return conn.execute(sa.select(STUDIES.c.id).where(STUDIES.c.name == name)).scalar()
 
 
 class Store:
-    """The study of one space in one storage. Single writer: ``dse run`` holds a lock on the output dir."""
+    """The study of one space in one database. Single writer (``dse run`` holds a lock on the output dir),
+    except through :meth:`add_numbered` and :meth:`replace`, which workers on one study use."""
 
     def __init__(self, url: str, study_name: str, knob_values: dict[str, list[Any]], *, resume: bool = False,
                  create: bool = True, batch_size: int = 256, max_delay_s: float = 1.0, base: str | Path | None = None):
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.url, self.study_name, self.batch_size, self.max_delay_s = url, study_name, batch_size, max_delay_s
         # the study directory, absolute: relative run_dirs are read relative to it (resolve_run_dir)
         self.base = os.path.abspath(base) if base is not None else None
-        self.storage = _open_storage(url)
-        self.distributions = {k: CategoricalDistribution(list(v)) for k, v in knob_values.items()}
-        # Optuna's own JSON of each distribution without json.dumps' spaces (Optuna parses it with json.loads,
-        # so the stored value is the same): it is on every parameter row, 12 rows a trial on the big grid
-        self._dist_json = {k: _json(json.loads(distribution_to_json(d))) for k, d in self.distributions.items()}
-        # get_all_studies, not get_all_study_summaries: the summaries read every trial for the best one
+        self.engine = make_engine(url)
         try:
-            exists = study_name in {s.study_name for s in self.storage.get_all_studies()}
-        except (SQLAlchemyError, ValueError) as e:
-            raise UserError(f"cannot read the study database: {_one_line(e)}", file=url) from None
-        if exists and create and not resume:
-            raise UserError(f"study {study_name!r} already has trials here; pass --resume to continue it or "
-                            "--out another directory", field="--out")
-        if not exists and not create:
-            raise UserError(f"no study {study_name!r} in {url}")
-        self.study = optuna.create_study(storage=self.storage, study_name=study_name, direction="maximize",
-                                         load_if_exists=True)
+            with self.engine.connect():  # a server that cannot be reached fails now, not after the retries
+                pass
+            self.study_id = retry(lambda: self._open(knob_values, create=create, resume=resume))
+            self._count = self._stored_count()
+        except (SQLAlchemyError, OSError) as e:  # a corrupt file ("file is not a database"), a server gone
+            self.engine.dispose()
+            if sqlite_path(url) is not None:
+                raise UserError(f"cannot read the study database: {_one_line(e)}", file=url) from None
+            raise UserError(f"cannot open storage {url}: {_one_line(e)}", field="--storage") from None
+        except BaseException:
+            self.engine.dispose()
+            raise
         self._pending: list[TrialRecord] = []
         self.closed = False
         self.batches_read = 0  # read batches so far (tests check that a reader streams)
         self._flushed_at = time.monotonic()
-        self._count = self._stored_count()
+
+    def _open(self, knob_values: dict[str, list[Any]], *, create: bool, resume: bool) -> int:
+        """The study's id: found, migrated from an older dse's Optuna tables, or created (``create``)."""
+        with self.engine.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+            ready = _dse_version(conn, tables) is not None
+            sid = _find_study(conn, self.study_name) if ready else None
+        legacy = None
+        if sid is None and _optuna_tables(tables):
+            legacy = _legacy_study(self.url, self.study_name, load=True)
+        if (sid is not None or legacy is not None) and create and not resume:
+            raise UserError(f"study {self.study_name!r} already has trials here; pass --resume to continue it or "
+                            "--out another directory", field="--out")
+        if sid is not None:
+            return sid
+        if legacy is None and not create:
+            raise UserError(f"no study {self.study_name!r} in {self.url}")
+        if not ready:
+            _create_schema(self.engine)
+        with self.engine.begin() as conn:  # the study and, migrated, its trials: all or nothing
+            sid = conn.execute(sa.insert(STUDIES).values(name=self.study_name, knobs=_json(knob_values))
+                               ).inserted_primary_key[0]
+            for start in range(0, len(legacy or ()), READ_BATCH):
+                conn.execute(sa.insert(TRIALS), [_row(sid, r) for r in legacy[start:start + READ_BATCH]])
+        return sid
 
     def _stored_count(self) -> int:
-        """Trials in the storage: a COUNT for RDB storages (reading them all to count them took most of the
-        time of opening a large study), ``get_n_trials`` otherwise."""
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            from optuna.storages._rdb import models
-
-            session = self.storage.scoped_session()
-            try:
-                return session.query(models.TrialModel).filter(
-                    models.TrialModel.study_id == self.study._study_id).count()
-            finally:
-                session.close()
-        return self.storage.get_n_trials(self.study._study_id)
+        """The next number after the stored trials (their count: numbers have no gaps)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.coalesce(sa.func.max(TRIALS.c.number) + 1, 0))
+                                .where(TRIALS.c.study_id == self.study_id)).scalar_one()
 
     # -- writing -------------------------------------------------------------------------------------
     def next_number(self) -> int:
@@ -202,20 +308,22 @@ class Store:
     def flush(self) -> None:
         if not self._pending:
             return
+        pending, self._pending = self._pending, []
         try:
-            if isinstance(self.storage, optuna.storages.RDBStorage):
-                self._flush_rdb(self._pending)
-            else:
-                for rec in self._pending:
-                    self.study.add_trial(self._frozen(rec))
+            with self.engine.begin() as conn:
+                conn.execute(sa.insert(TRIALS), [_row(self.study_id, r) for r in pending])
+        except IntegrityError:  # the numbers are taken: not through --worker, so nothing keeps them apart
+            raise InfrastructureError(f"another dse wrote trials {pending[0].number}.. of study {self.study_name!r} "
+                                      f"to {self.url} (several processes on one study: --worker each)") from None
         except (OSError, SQLAlchemyError) as e:
             # the store cannot be written (disk full, read-only, database gone): dse's failure, not a trial's;
             # these trials are not recorded and --resume runs them again
-            self._pending = []
-            raise InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}") from None
-        self._count += len(self._pending)
-        self._pending = []
+            raise self._write_error(e) from None
+        self._count += len(pending)
         self._flushed_at = time.monotonic()
+
+    def _write_error(self, e: BaseException) -> InfrastructureError:
+        return InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}")
 
     def close(self) -> None:
         if self.closed:
@@ -224,172 +332,76 @@ class Store:
         try:
             self.flush()
         finally:
-            if isinstance(self.storage, optuna.storages.RDBStorage):
-                self.storage.remove_session()
-                self.storage.engine.dispose()
-
-    def _attrs(self, rec: TrialRecord) -> dict[str, Any]:
-        """The user attributes of ``rec``: ``status``, and ``record`` holding the rest (reason, reward, run_dir,
-        gpu, num_gpus, gpu_hours, metrics). Decision: one attribute for the rest, not one each, and whatever is
-        None left out (the reader gives None for a missing one). Every attribute is a row of Optuna's
-        ``trial_user_attributes`` with its own index entry, and a failed run's metrics are mostly None: this
-        took the attributes of a simulated grid from 1,070 to about 400 bytes a trial (bench/big_grid.py).
-        ``status`` stays an attribute of its own: optuna-dashboard shows and filters by it. Studies written
-        with one attribute each are read as before (:func:`_record`)."""
-        rest = {"reason": rec.reason, "reward": rec.reward, "run_dir": rec.run_dir, "gpu": rec.gpu,
-                "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours,
-                "metrics": {k: v for k, v in rec.metrics.items() if v is not None}}
-        return {"status": rec.status, "record": {k: v for k, v in rest.items() if v is not None}}
-
-    def _frozen(self, rec: TrialRecord) -> FrozenTrial:
-        state = trial_state(rec)
-        return create_trial(state=state, value=rec.reward if state == TrialState.COMPLETE else None,
-                            params=dict(rec.knobs), distributions=self.distributions, user_attrs=self._attrs(rec))
-
-    def _flush_rdb(self, recs: list[TrialRecord]) -> None:
-        from sqlalchemy import func, insert, select
-        from optuna.storages._rdb import models
-
-        T, P, A, V = models.TrialModel, models.TrialParamModel, models.TrialUserAttributeModel, models.TrialValueModel
-        storage: optuna.storages.RDBStorage = self.storage
-        study_id = self.study._study_id
-        now = dt.datetime.now()
-        dist_json = self._dist_json
-        session = storage.scoped_session()  # one transaction for the whole batch
-        try:
-            start = session.query(T).filter(T.study_id == study_id).count()
-            if start != recs[0].number:
-                raise RuntimeError(f"another writer added trials to {self.study_name!r} (expected {recs[0].number}, "
-                                   f"found {start})")
-            before = session.execute(select(func.max(T.trial_id))).scalar() or 0
-            states = [trial_state(r) for r in recs]  # COMPLETE, PRUNED or FAIL
-            session.execute(insert(T.__table__), [
-                {"number": r.number, "study_id": study_id, "state": st, "datetime_start": now,
-                 "datetime_complete": now} for r, st in zip(recs, states)])
-            ids = dict(session.execute(select(T.number, T.trial_id).where(
-                T.trial_id > before, T.study_id == study_id, T.number >= recs[0].number,
-                T.number <= recs[-1].number)).all())
-            params, attrs, values = [], [], []
-            for r, st in zip(recs, states):
-                tid = ids[r.number]
-                params += [{"trial_id": tid, "param_name": k, "distribution_json": dist_json[k],
-                            "param_value": self.distributions[k].to_internal_repr(v)} for k, v in r.knobs.items()]
-                attrs += [{"trial_id": tid, "key": k, "value_json": _json(v)} for k, v in self._attrs(r).items()]
-                if st == TrialState.COMPLETE:
-                    value, vtype = V.value_to_stored_repr(r.reward)
-                    values.append({"trial_id": tid, "objective": 0, "value": value, "value_type": vtype})
-            if params:
-                session.execute(insert(P.__table__), params)
-            session.execute(insert(A.__table__), attrs)
-            if values:
-                session.execute(insert(V.__table__), values)
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+            self.engine.dispose()
 
     def replace(self, rec: TrialRecord) -> None:
-        """Write ``rec`` over the stored trial of the same number (its params are the same point): the rerun of
-        an interrupted trial, or the result of a trial whose placeholder was recorded at launch
-        (``dse.parallel``). One transaction through Optuna's ORM models, as :meth:`flush` writes (Optuna's
-        public API refuses to change a finished trial). Storages other than RDB cannot be rewritten: the
-        record is added as a new trial there (the interrupted row stays beside it)."""
+        """Write ``rec`` over the stored trial of the same number (its point is the same): the rerun of an
+        interrupted trial, or the result of a trial whose placeholder was recorded at launch."""
         self.flush()
-        if not isinstance(self.storage, optuna.storages.RDBStorage):
-            self.record(TrialRecord(**{**rec.__dict__, "number": self.next_number()}))
-            return
-        from optuna.storages._rdb import models
-
-        state = trial_state(rec)
-        session = self.storage.scoped_session()
+        row = _row(self.study_id, rec)
         try:
-            t = session.query(models.TrialModel).filter(models.TrialModel.study_id == self.study._study_id,
-                                                        models.TrialModel.number == rec.number).one()
-            t.state, t.datetime_complete = state, dt.datetime.now()
-            for old in list(t.user_attributes) + list(t.values):
-                session.delete(old)
-            session.flush()  # the old rows go first: (trial, key) is unique
-            session.expire(t, ["user_attributes", "values"])
-            t.user_attributes = [models.TrialUserAttributeModel(key=k, value_json=_json(v))
-                                 for k, v in self._attrs(rec).items()]
-            if state == TrialState.COMPLETE:
-                value, vtype = models.TrialValueModel.value_to_stored_repr(rec.reward)
-                t.values = [models.TrialValueModel(objective=0, value=value, value_type=vtype)]
-            session.commit()
+            with self.engine.begin() as conn:
+                found = conn.execute(sa.update(TRIALS).where(
+                    TRIALS.c.study_id == self.study_id, TRIALS.c.number == rec.number).values(row)).rowcount
         except (OSError, SQLAlchemyError) as e:
-            session.rollback()
-            raise InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}") from None
-        except BaseException:
-            session.rollback()
-            raise
+            raise self._write_error(e) from None
+        if found != 1:
+            raise RuntimeError(f"no trial {rec.number} in study {self.study_name!r} to replace")
+
+    def add_numbered(self, rec: TrialRecord, run_dir: Callable[[int], Any] | None = None) -> int:
+        """Add ``rec`` (its number ignored) as the study's next trial, numbered by the database: several
+        workers add trials to one study at once, and the primary key gives each number once (a worker that
+        lost the race takes the next one). ``run_dir(number)`` is stored as its run directory. Its number."""
+        self.flush()
+
+        def add() -> int:
+            with self.engine.begin() as conn:
+                number = conn.execute(sa.select(sa.func.coalesce(sa.func.max(TRIALS.c.number) + 1, 0))
+                                      .where(TRIALS.c.study_id == self.study_id)).scalar_one()
+                row = _row(self.study_id, rec)
+                row.update(number=number, run_dir=str(run_dir(number)) if run_dir is not None else rec.run_dir)
+                conn.execute(sa.insert(TRIALS).values(row))
+            return number
+
+        try:
+            number = retry(add, attempts=10, first_s=0.02)
+        except (OSError, SQLAlchemyError) as e:
+            raise self._write_error(e) from None
+        self._count = max(self._count, number + 1)
+        return number
 
     # -- reading -------------------------------------------------------------------------------------
     def records(self) -> list[TrialRecord]:
         """Every trial in number order (pending ones included), as one list: for small studies and tests;
         readers of a whole study (leaderboard, report, resume, best) use :meth:`iter_records`."""
-        return sorted(self.iter_records(), key=lambda r: r.number)
+        return list(self.iter_records())
 
     def iter_records(self, batch_size: int = READ_BATCH) -> Iterator[TrialRecord]:
-        """Every trial once (pending ones flushed first), in the order they were written (number order for
-        this store's writes), read ``batch_size`` at a time: a reader holds one batch, not the study."""
+        """Every trial once (pending ones flushed first), in number order, read ``batch_size`` at a time: a
+        reader holds one batch, not the study."""
         self.flush()
-        if isinstance(self.storage, optuna.storages.RDBStorage):
-            yield from self._iter_rdb(batch_size)
-            return
-        # other storages (journal) keep every trial in memory anyway: the public API, sorted
-        trials = self.storage.get_all_trials(self.study._study_id, deepcopy=False)
-        for t in sorted(trials, key=lambda t: t.number):
-            yield record_from_trial(t, self.base)
-
-    def _iter_rdb(self, batch_size: int) -> Iterator[TrialRecord]:
-        """Batches by ``trial_id`` (the primary key, so each batch is an index range, never a sort of the
-        study); four queries per batch (see the module docstring for why not ``get_all_trials``)."""
-        from sqlalchemy import select
-        from optuna.distributions import json_to_distribution
-        from optuna.storages._rdb import models
-
-        T, P, A, V = models.TrialModel, models.TrialParamModel, models.TrialUserAttributeModel, models.TrialValueModel
-        sid = self.study._study_id
-        dists: dict[str, Any] = {}  # distribution JSON -> distribution, parsed once per distinct JSON
-        last = -1
+        last, base, loads, nan = -1, self.base, json.loads, math.nan
         while True:
-            session = self.storage.scoped_session()
-            conn = session.connection()  # Core rows: no ORM row processing per value
-            try:
-                rows = conn.execute(select(T.trial_id, T.number, T.state).where(
-                    T.study_id == sid, T.trial_id > last).order_by(T.trial_id).limit(batch_size)).all()
-                if not rows:
-                    return
-                ids = [r[0] for r in rows]
-                params: dict[int, dict[str, Any]] = {}
-                for tid, name, value, djson in conn.execute(select(
-                        P.trial_id, P.param_name, P.param_value, P.distribution_json).where(P.trial_id.in_(ids))):
-                    d = dists.get(djson)
-                    if d is None:
-                        d = dists[djson] = json_to_distribution(djson)
-                    params.setdefault(tid, {})[name] = d.to_external_repr(value)
-                attrs: dict[int, dict[str, Any]] = {}
-                for tid, key, vjson in conn.execute(select(A.trial_id, A.key, A.value_json).where(
-                        A.trial_id.in_(ids))):
-                    attrs.setdefault(tid, {})[key] = json.loads(vjson)
-                values = {tid: V.stored_repr_to_value(v, vt) for tid, v, vt in conn.execute(select(
-                    V.trial_id, V.value, V.value_type).where(V.trial_id.in_(ids), V.objective == 0))}
-            finally:
-                session.close()
+            with self.engine.connect() as conn:
+                rows = conn.execute(sa.select(*_READ).where(TRIALS.c.study_id == self.study_id, TRIALS.c.number > last)
+                                    .order_by(TRIALS.c.number).limit(batch_size)).all()
+            if not rows:
+                return
             self.batches_read += 1
-            for tid, number, state in rows:
-                yield _record(number, TrialState(state) if not isinstance(state, TrialState) else state,
-                              params.get(tid, {}), attrs.get(tid, {}), values.get(tid), self.base)
-            last = ids[-1]
-            del rows, params, attrs, values
+            for number, knobs, status, reward, reason, run_dir, gpu, num_gpus, gpu_hours, metrics in rows:
+                yield TrialRecord(number, loads(knobs), status, nan if reward is None else reward, reason,
+                                  loads(metrics), resolve_run_dir(run_dir, base), gpu, num_gpus, gpu_hours)
+            last = rows[-1][0]
+            del rows
 
 
-def trial_state(rec: TrialRecord) -> TrialState:
-    """COMPLETE for an ok trial with a finite reward, PRUNED for a pruned one (a loser stopped early, which
-    is what Optuna's PRUNED means; it has no value), FAIL for the rest."""
-    if rec.status == "pruned":
-        return TrialState.PRUNED
-    return TrialState.COMPLETE if rec.ok and math.isfinite(rec.reward) else TrialState.FAIL
+def _row(study_id: int, rec: TrialRecord) -> dict[str, Any]:
+    """``rec`` as a row of ``dse_trials``: the one layout of a trial."""
+    reward = float(rec.reward)
+    return {"study_id": study_id, "number": rec.number, "knobs": _json(rec.knobs), "status": rec.status,
+            "reward": None if math.isnan(reward) else reward, "reason": rec.reason, "run_dir": rec.run_dir,
+            "gpu": rec.gpu, "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours,
+            "metrics": _json({k: v for k, v in rec.metrics.items() if v is not None})}
 
 
 def resolve_run_dir(run_dir: str | None, base: str | Path | None) -> str | None:
@@ -408,17 +420,38 @@ def resolve_run_dir(run_dir: str | None, base: str | Path | None) -> str | None:
     return os.path.join(base, *parts)
 
 
+# -- an older dse's store: Optuna's tables, read through Optuna's public API -------------------------------
+def _legacy_study(url: str, name: str, *, load: bool) -> list[TrialRecord] | None:
+    """The trials of the study ``name`` in Optuna's tables of ``url`` as an older dse wrote them (None: no
+    such study); with ``load`` False, [] when it is there (nothing is read)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+    except (RuntimeError, ValueError) as e:  # e.g. Optuna's schema older than the installed Optuna's
+        raise UserError(f"cannot read the older dse's study: {_one_line(e)}", file=url) from None
+    try:
+        if name not in optuna.get_all_study_names(storage=storage):
+            return None
+        if not load:
+            return []
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+        return [record_from_trial(t) for t in sorted(trials, key=lambda t: t.number)]
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()
+
+
 def record_from_trial(t: FrozenTrial, base: str | Path | None = None) -> TrialRecord:
-    return _record(t.number, t.state, dict(t.params), t.user_attrs, t.value, base)
-
-
-def _record(number: int, state: TrialState, params: dict[str, Any], a: dict[str, Any], value: float | None,
-            base: str | Path | None = None) -> TrialRecord:
-    if "record" in a:  # the layout Store._attrs writes; an attribute of its own (an older study) is read as is
+    """The record of an Optuna trial as an older dse stored it: user attributes ``status`` and ``record``
+    (reason, reward, run_dir, gpu, num_gpus, gpu_hours, metrics), or, older still, one attribute each."""
+    a = t.user_attrs
+    if "record" in a:
         a = {**a, **a["record"]}
-    status = a.get("status") or ("ok" if state == TrialState.COMPLETE else "failed")
-    reward = a.get("reward", value if value is not None else float("nan"))
-    return TrialRecord(number=number, knobs=params, status=status, reward=reward,
-                       reason=a.get("reason") or (None if status == "ok" else f"optuna state {state.name}"),
-                       metrics=a.get("metrics") or {}, run_dir=resolve_run_dir(a.get("run_dir"), base), gpu=a.get("gpu"),
-                       num_gpus=a.get("num_gpus"), gpu_hours=a.get("gpu_hours"))
+    status = a.get("status") or ("ok" if t.state.name == "COMPLETE" else "failed")
+    reward = a.get("reward", t.value if t.value is not None else math.nan)
+    return TrialRecord(number=t.number, knobs=dict(t.params), status=status, reward=reward,
+                       reason=a.get("reason") or (None if status == "ok" else f"optuna state {t.state.name}"),
+                       metrics=a.get("metrics") or {}, run_dir=resolve_run_dir(a.get("run_dir"), base),
+                       gpu=a.get("gpu"), num_gpus=a.get("num_gpus"), gpu_hours=a.get("gpu_hours"))

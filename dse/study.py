@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import optuna
 from gymnasium import spaces
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -420,10 +419,6 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
     # The budget is launched runs: a rejected point costs nothing and counts for nothing, for every agent.
     new = 0
     stop_reason = None
-    if (parallel > 1 or worker) and not isinstance(store.storage, optuna.storages.RDBStorage):
-        store.close()  # a journal file cannot have a row rewritten: a trial's result would sit beside its placeholder
-        raise UserError("--parallel and --worker need an SQL storage (sqlite:///..., postgresql+psycopg://...), "
-                        "not a journal file", field="--storage")
     claims = Claims(store, lease_s=lease_s) if worker else None
     pool = Pool(parallel) if parallel > 1 or claims is not None else None
     in_flight: dict[int, dict[str, int]] = {}  # number -> action, while its trial runs in the pool
@@ -636,17 +631,8 @@ def _run_locked(space, out, agent_name, options, trials, seed, backend_name, res
 
 
 def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path) -> Store:
-    """The study's store. Workers starting at once on an empty database race to create Optuna's tables (on
-    PostgreSQL the loser fails: "type ... already exists"); a worker tries again a few times, by which time
-    the winner has made them."""
-    for attempt in range(6):
-        try:
-            return Store(url, meta["study_name"], meta["knobs"], resume=resume or worker, base=out)
-        except UserError:
-            if not worker or attempt == 5:
-                raise
-            time.sleep(0.2 * 2**attempt)
-    raise AssertionError("unreachable")
+    """The study's store (workers starting at once on an empty database: the store settles their race)."""
+    return Store(url, meta["study_name"], meta["knobs"], resume=resume or worker, base=out)
 
 
 @contextlib.contextmanager

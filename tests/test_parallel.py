@@ -291,17 +291,19 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     assert len({tuple(r.knobs.values()) for r in recs}) == 4
 
 
-def test_parallel_needs_an_sql_storage(tmp_path):
+def test_a_journal_file_is_refused_before_anything_is_written(tmp_path):
     from dse.errors import UserError
 
     space = load_space(write_space(tmp_path))
-    with pytest.raises(UserError, match="SQL storage"):
+    with pytest.raises(UserError, match="not an SQL storage URL"):
         study_mod.run_study(space, out_dir=tmp_path / "out", parallel=2, storage=str(tmp_path / "j.log"))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "j.log").exists()
 
 
 def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
     import optuna
 
+    from dse import export
     from dse.store import Store, TrialRecord
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
@@ -311,8 +313,10 @@ def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
     new = TrialRecord(0, {"tp": 1}, "ok", 7.5, None, {"step_time_s": 2.0}, "/r/0", "h100", 8, 0.1)
     store.replace(new)
     assert store.records()[0] == new and len(store.records()) == 2
+    optuna_url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    export.write(store, optuna_url, {"study_name": "s", "knobs": {"tp": [1, 2]}})
     store.close()
-    trials = optuna.load_study(study_name="s", storage=url).trials
+    trials = optuna.load_study(study_name="s", storage=optuna_url).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and trials[0].value == 7.5
     assert "reason" not in trials[0].user_attrs and trials[0].params == {"tp": 1}
 

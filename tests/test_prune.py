@@ -132,7 +132,10 @@ def test_sim_study_prunes_losers_records_them_pruned_and_optuna_prunes_them(tmp_
     best = lambda res: max((r for r in res.records if r.ok), key=lambda r: r.reward).knobs  # noqa: E731
     assert best(on) == best(off)
     # Optuna's record: PRUNED for pruned, COMPLETE for ok; the pruned ones carry no value
-    st = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path / 'on' / 'study.db'}")
+    from dse.export import to_optuna
+
+    to_optuna(tmp_path / "on", f"sqlite:///{tmp_path / 'optuna.db'}")
+    st = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     states = {t.number: t.state for t in st.trials}
     assert {states[r.number] for r in pruned} == {TrialState.PRUNED}
     assert {states[r.number] for r in ok} == {TrialState.COMPLETE}

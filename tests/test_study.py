@@ -29,21 +29,27 @@ def test_grid_visits_every_valid_point_once(tmp_path):
     assert all(r.status != "rejected" for r in res.records)
 
 
-def test_store_round_trip_through_optuna(tmp_path):
+def test_store_round_trip_and_optunas_view_of_it(tmp_path):
+    from dse import export
+
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    store = Store(url, "s", {"tp": [1, 2], "recompute": ["none", "full"]}, batch_size=2)
+    knobs = {"tp": [1, 2], "recompute": ["none", "full"]}
+    store = Store(url, "s", knobs, batch_size=2)
     recs = [TrialRecord(0, {"tp": 2, "recompute": "full"}, "ok", 12.5, None, {"step_time_s": 3.0}, "/r/0", "h100", 16),
             TrialRecord(1, {"tp": 1, "recompute": "none"}, "oom", 0.0, "CUDA out of memory", {}, "/r/1", "h100", 16),
             TrialRecord(2, {"tp": 1, "recompute": "full"}, "rejected", 0.0, "rule: why", {}, None, "h100", 16)]
     for r in recs:
         store.record(r)
     assert store.records() == recs
+    optuna_url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert export.write(store, optuna_url, {"study_name": "s", "knobs": knobs}) == 3
     store.close()
-    study = optuna.load_study(study_name="s", storage=url)
+    study = optuna.load_study(study_name="s", storage=optuna_url)
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE", "FAIL", "FAIL"]  # failures are FAIL trials, never a sentinel value
     assert study.best_trial.params == {"tp": 2, "recompute": "full"} and study.best_value == 12.5
     assert study.trials[1].user_attrs["status"] == "oom" and study.trials[1].value is None
+    assert study.trials[1].user_attrs["reason"] == "CUDA out of memory"
 
 
 def test_store_refuses_out_of_order_numbers(tmp_path):
@@ -158,16 +164,25 @@ def test_best_configuration_is_written_ready_to_launch(tmp_path):
     assert "launch.sbatch is the launch file" in (tmp_path / "out" / "best" / "README").read_text()
 
 
+def _stored(url: str) -> int:
+    """Trials on disk, as another process reads them."""
+    reader = Store(url, "s", {"tp": [1, 2]}, create=False)
+    try:
+        return reader.next_number()
+    finally:
+        reader.close()
+
+
 def test_a_slow_trial_is_written_at_once(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     store = Store(url, "s", {"tp": [1, 2]}, batch_size=64, max_delay_s=0.0)
     store.record(TrialRecord(0, {"tp": 1}, "ok", 1.0))
-    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # on disk before close()
+    assert _stored(url) == 1  # on disk before close()
     fast = Store(url, "s", {"tp": [1, 2]}, resume=True, batch_size=64, max_delay_s=3600.0)
     fast.record(TrialRecord(1, {"tp": 2}, "ok", 2.0))
-    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # batched
+    assert _stored(url) == 1  # batched
     fast.close()
-    assert len(optuna.load_study(study_name="s", storage=url).trials) == 2
+    assert _stored(url) == 2
 
 
 def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
