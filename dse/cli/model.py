@@ -7,7 +7,7 @@ import functools
 import inspect
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import typer
 
@@ -66,7 +66,7 @@ def predict_cmd(
     from dse.space import load_system
 
     _check_choices(model, model_file, gpu, system_ref, flops_convention, payload)
-    system = default_system(gpu) if gpu is not None else load_system(system_ref)
+    system = default_system(gpu) if gpu is not None else load_system(cast(str, system_ref))  # one of the two
     if gpus_per_node is not None:
         if gpus_per_node < 1:
             raise UserError(f"{gpus_per_node} is out of range; give at least 1", field="--gpus-per-node")
