@@ -154,9 +154,9 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     env[ENV_RECIPE] = trial.recipe.scaled_from or trial.recipe.name
     env[ENV_FLOPS_CALLBACK] = "1" if flops_callback_available(version) else "0"
     if trial.tp_comm_overlap:
-        reason = tp_comm_overlap_supported(trial)
-        if reason:
-            raise UserError(reason, field="tp_comm_overlap")
+        why = tp_comm_overlap_supported(trial)
+        if why is not None:
+            raise UserError(why.reason, field="tp_comm_overlap")
     for name, value in trial.env.items():  # the space's env.NAME knobs win over the defaults above
         key = knobs.ENV_PREFIX + name
         env[name] = knobs.get(key, field=key).coerce(value, field=key)

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from tests.helpers import SMALL_SPACE, write_space
+from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 
 runner = CliRunner()
-
-
-def dse(*args):
-    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("edit", [
@@ -31,10 +25,7 @@ def dse(*args):
 def test_bad_space_exits_2_with_one_line_and_writes_nothing(tmp_path, edit):
     path = write_space(tmp_path, SMALL_SPACE.replace(*edit))
     out = tmp_path / "out"
-    r = dse("run", "--space", path, "--out", out)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in r.stderr, r.stderr
+    one_line_error(dse("run", "--space", path, "--out", out), str(path))
     assert not out.exists()
 
 

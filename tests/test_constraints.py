@@ -84,6 +84,8 @@ def test_rule_fires_and_clears(rule):
     rejected = constraints.check_all(make(**bad))
     assert [r.rule for r in rejected] == [rule], rejected
     assert rejected[0].reason and "\n" not in rejected[0].reason
+    # the knobs the reason is about, by their catalogue names (dse predict points at them)
+    assert rejected[0].knobs and set(rejected[0].knobs) <= set(knobs.CATALOGUE), rejected[0]
     assert rule not in [r.rule for r in constraints.check_all(make(**good))]
 
 

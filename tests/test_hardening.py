@@ -1,7 +1,8 @@
 """Hostile and unlucky input (issue 11): nothing runs that the user did not write, nothing recorded is lost.
 
-The hostile cases go through real subprocesses: ``python -m dse`` for what a user types, ``bash launch.sh``
-for a local script, ``bash -n`` plus a marker file for an sbatch script.
+What a user types runs through the ``dse`` command in this process (tests.helpers.dse: Typer's CliRunner;
+tests/test_cli_smoke.py runs the real ``python -m dse``); the scripts dse writes run in real subprocesses:
+``bash launch.sh`` for a local script, ``bash -n`` plus a marker file for an sbatch script.
 """
 
 from __future__ import annotations
@@ -16,22 +17,7 @@ from pathlib import Path
 import pytest
 
 from dse.errors import UserError
-from tests.helpers import SMALL_SPACE, write_space
-
-
-def dse(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
-
-
-def one_line_error(r, *needles):
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
+from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 
 
 def space_text(**repl) -> str:
@@ -123,7 +109,7 @@ def test_protected_environment_names_need_an_opt_in(tmp_path, var):
         "max_steps = 20": f'max_steps = 20\n"env.{var}" = "/tmp/x"',
         "[search]": f'[backend]\nallow_env = ["{var}"]\n\n[search]'}), name="allowed.toml")
     r = dse("validate", allowed)
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.output
 
 
 def test_environment_name_with_a_trailing_newline_is_refused():
@@ -311,7 +297,7 @@ def test_a_moved_study_reads_and_resumes_its_own_database(tmp_path):
     shutil.copytree(first, copy)
     shutil.move(str(first), tmp_path / "moved")
     r = dse("leaderboard", tmp_path / "moved")
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.output
     assert _run(path, copy, "--resume", "--trials", "6").exit_code == 0
     store, _ = open_store(tmp_path / "moved")
     assert len(store.records()) == 4  # the copy wrote into its own database, not the original's
@@ -326,7 +312,7 @@ def test_an_explicit_relative_storage_is_made_absolute_when_given(tmp_path, monk
     assert meta["storage"] == f"sqlite:///{tmp_path / 'elsewhere.db'}"
     monkeypatch.chdir(tmp_path / "out")
     r = dse("leaderboard", tmp_path / "out", cwd=tmp_path / "out")
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.output
 
 
 def test_reading_a_directory_without_a_database_creates_nothing(tmp_path):
@@ -392,7 +378,7 @@ def test_a_seed_error_in_the_space_leaves_no_dse_json(tmp_path):
     one_line_error(dse("run", "--space", path, "--out", tmp_path / "o"), "search.seed")
     path = write_space(tmp_path)
     r = dse("run", "--space", path, "--out", tmp_path / "o", "--agent", "random", "--trials", "2")
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.output
 
 
 def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
@@ -491,4 +477,4 @@ def test_a_knob_with_too_many_values_is_refused(tmp_path):
     one_line_error(dse("validate", path), "knobs.mbs", f"at most {MAX_VALUES_PER_KNOB}")
     ok = write_space(tmp_path, SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{', '.join(str(i) for i in range(1, 65))}]"),
                      name="ok.toml")
-    assert dse("validate", ok).returncode == 0
+    assert dse("validate", ok).exit_code == 0

@@ -97,8 +97,9 @@ def test_userbuffer_config_found(recipe, gpu, tp, cp, precision, name):
 def test_tp_comm_overlap_without_userbuffer_config_is_rejected(recipe, gpu, tp, precision):
     t = trial(recipe, sys=system(gpu), num_nodes=16, tp=tp, pp=1, cp=1, vp=1, precision=precision,
               tp_comm_overlap=True)
-    reason = tp_comm_overlap_supported(t)
-    assert reason and "userbuffer config" in reason and f"tp {tp}" in reason
+    why = tp_comm_overlap_supported(t)
+    assert why and "userbuffer config" in why.reason and f"tp {tp}" in why.reason
+    assert why.knobs == ("tp_comm_overlap", "tp")
     with pytest.raises(UserError, match="userbuffer config"):
         build_plan(t)
     off = trial(recipe, sys=system(gpu), num_nodes=16, tp=tp, pp=1, cp=1, vp=1, precision=precision)

@@ -152,7 +152,7 @@ def test_sim_study_prunes_losers_records_them_pruned_and_optuna_prunes_them(tmp_
 def test_summary_and_report_show_pruned_trials_and_the_savings(tmp_path):
     from rich.console import Console
 
-    from dse.cli import _print_summary
+    from dse.cli.render import print_summary
     from dse.leaderboard import savings_line
     from dse.report import render
 
@@ -162,7 +162,7 @@ def test_summary_and_report_show_pruned_trials_and_the_savings(tmp_path):
     line = savings_line(res.records)
     assert f"early stop: {n_early} trials, {n_pruned} pruned," in line and "GPU-hours saved" in line
     console = Console(width=80, record=True, force_terminal=False)
-    _print_summary(res.records, ["tp", "pp", "vp", "mbs"], top=40, objective="tflops_per_gpu", out=console)
+    print_summary(res.records, ["tp", "pp", "vp", "mbs"], top=40, objective="tflops_per_gpu", out=console)
     text = console.export_text()
     assert all(len(ln) <= 80 for ln in text.splitlines())
     assert f"pruned {n_pruned}" in text and line.lstrip("; ") in " ".join(text.split())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from dse.cli import _print_summary
+from dse.cli.render import print_summary
 from dse.store import TrialRecord
 
 KNOBS = ["tp", "pp", "vp", "cp", "mbs", "recompute", "precision"]
@@ -29,7 +29,7 @@ def records() -> list[TrialRecord]:
 
 def render(width: int, objective: str | None = "tflops_per_gpu") -> str:
     c = Console(width=width, record=True, color_system=None)
-    _print_summary(records(), KNOBS, top=10, objective=objective, out=c)
+    print_summary(records(), KNOBS, top=10, objective=objective, out=c)
     return c.export_text()
 
 

@@ -1,0 +1,94 @@
+"""The ``dse`` command (Typer), built here from one module per command group:
+
+- :mod:`dse.cli.studies`: ``run`` (one study, or one per system with ``--systems``);
+- :mod:`dse.cli.results`: ``leaderboard``, ``report``, ``compare``, ``parse``: what studies and runs left;
+- :mod:`dse.cli.spaces`: ``validate``, ``space``, ``dry-run``: a space before any run;
+- :mod:`dse.cli.model`: ``recipes``, ``predict``, ``calibrate``: the performance model without a run;
+- :mod:`dse.cli.importers`: ``import cloudai``;
+- :mod:`dse.cli.exports`: ``export optuna``;
+- :mod:`dse.cli.render`: everything printed on the terminal (tables, summaries, error lines).
+
+User errors (:class:`dse.errors.UserError`) print one line and exit with code 2; nothing is written. Every
+command is registered through :func:`user_errors`, so none can forget it. Help is click's plain layout
+(``rich_markup_mode=None``): help texts are printed as written, brackets included, and each option names its
+value with a ``metavar`` (a flag none).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable
+
+import typer
+
+from dse.cli import exports, importers, model, render, results, spaces, studies
+from dse.errors import InfrastructureError, UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"max_content_width": 120},
+                  help="Design-space exploration for NeMo / Megatron training recipes.")
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn a UserError into one line on stderr and exit code 2 (never a traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            render.error(str(e))
+            raise typer.Exit(2) from None
+        except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
+            render.error(str(e), resume=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+# In the order `dse --help` lists them.
+_COMMANDS: dict[str, Callable] = {
+    "recipes": model.recipes_cmd,
+    "run": studies.run_cmd,
+    "compare": results.compare_cmd,
+    "leaderboard": results.leaderboard_cmd,
+    "validate": spaces.validate_cmd,
+    "space": spaces.space_cmd,
+    "report": results.report_cmd,
+    "parse": results.parse_cmd,
+    "predict": model.with_knob_flags(model.predict_cmd),
+    "calibrate": model.calibrate_cmd,
+    "dry-run": spaces.dry_run_cmd,
+}
+for _name, _fn in _COMMANDS.items():
+    app.command(_name)(user_errors(_fn))
+
+import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                         help="Convert another tool's files into a dse space.")
+import_app.command("cloudai")(user_errors(importers.cloudai_cmd))
+app.add_typer(import_app, name="import")
+
+export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Write a study into another tool's storage.")
+export_app.command("optuna")(user_errors(exports.optuna_cmd))
+app.add_typer(export_app, name="export")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"dse {version('dse')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print dse's version and exit"),
+) -> None:
+    """Design-space exploration for NeMo / Megatron training recipes."""
+
+
+def main() -> None:  # pragma: no cover - console entry
+    sys.exit(app())

@@ -1,0 +1,270 @@
+"""The model without a run: ``dse recipes`` (the architectures), ``dse predict`` (one layout through the
+performance model) and ``dse calibrate`` (refit the model to your own runs)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional, cast
+
+import typer
+
+from dse.cli import render
+from dse.errors import UserError, did_you_mean
+from dse.hardware import GPU_NAMES
+
+
+def recipes_cmd() -> None:
+    """List the recipes dse knows, with their architectures."""
+    from recipes.models import RECIPES
+
+    render.recipes(RECIPES.values())
+
+
+# Knobs that are not part of a layout's prediction (run length) or that a flag of their own covers.
+_PREDICT_SKIP = ("num_nodes", "max_steps")
+
+# The knobs a recipe's default layout sets (dse.trial.resolve), beyond the catalogue's defaults.
+_RECIPE_LAYOUT = ("tp", "pp", "cp", "vp", "mbs", "gbs", "fsdp", "recompute", "seq_length", "cpu_offload_layers")
+
+
+def predict_cmd(
+    model: Optional[str] = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
+    model_file: Optional[str] = typer.Option(None, "--model-file", metavar="TEXT", help="TOML architecture: name, "
+                                             "num_layers, hidden_size, num_attention_heads, num_query_groups, "
+                                             "ffn_hidden_size, vocab_size, gated_mlp [, activation: fused | "
+                                             "squared_relu] [, dropout: 0 <= p < 1]"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="TEXT",
+                                      help="a GPU generation's default system: " + ", ".join(GPU_NAMES)),
+    system_ref: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="a system as a space names it: "
+                                             "a name from conf/systems or a path to a system file"),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", metavar="N", help="override the system's "
+                                                "GPUs per node (e.g. 1 for a one-GPU run)"),
+    num_gpus: Optional[int] = typer.Option(None, "--num-gpus", metavar="N", help="world size (default: the recipe's)"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="KNOB=VALUE",
+                                             help="any catalogue knob, its value as in a space file (repeatable)"),
+    flops_convention: str = typer.Option("causal", "--flops-convention", metavar="TEXT", help="causal or noncausal"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    calibration: Optional[str] = typer.Option(None, "--calibration", metavar="TEXT", help="a calibration file from "
+                                              "'dse calibrate' (parameters refitted to your runs)"),
+    payload: str = typer.Option("nemo2", "--payload", metavar="TEXT", help="the payload that would run it (a space's "
+                                "[backend] payload): nemo2, mbridge, mcore, sim; the model knows what its code does "
+                                "beyond the knobs (its loss, FP8 weights, gradient accumulation)"),
+    **knob_flags: Any,
+) -> None:
+    """Predict step time, throughput and memory of one layout with the analytical performance model.
+
+    Unset knobs resolve as in a space: catalogue defaults, then the recipe's layout for the GPU. --payload
+    is the space's [backend] payload: what that payload's code does beyond the knobs (dse.perfmodel.stack).
+    """
+    # The layout resolves as a point of a one-point space does in `dse run`, is checked by the same rules and
+    # predicted by the same call, so one layout has one prediction whichever command asks.
+    from dse.perfmodel import predict
+    from dse.perfmodel.trials import default_system
+    from dse.space import load_system
+
+    _check_choices(model, model_file, gpu, system_ref, flops_convention, payload)
+    system = default_system(gpu) if gpu is not None else load_system(cast(str, system_ref))  # one of the two
+    if gpus_per_node is not None:
+        if gpus_per_node < 1:
+            raise UserError(f"{gpus_per_node} is out of range; give at least 1", field="--gpus-per-node")
+        system = system.model_copy(update={"gpus_per_node": gpus_per_node})
+    settings = _settings(knob_flags, set_ or [])
+    trial = _one_point(model, model_file, system, num_gpus, settings, payload)
+    # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
+    # the output, and in an error about them, so a refusal points at the flag to pass.
+    from_recipe = _from_recipe(trial, settings)
+    _refuse_invalid(trial, from_recipe)
+    params = None
+    if calibration is not None:
+        from dse.calibrate import apply, load_calibration
+
+        params = apply(load_calibration(calibration, gpu=system.gpu))
+    pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
+    if as_json:
+        from dse import knobs
+
+        shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
+        out = {"model": trial.recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
+               "flops_convention": flops_convention, "calibration": calibration, "payload": payload, **shown,
+               "sp": trial.sequence_parallel, "dp": trial.dp, "recipe_defaults": sorted(from_recipe), **pred.as_dict()}
+        typer.echo(json.dumps(out, indent=2))
+        return
+    render.prediction(trial, system, pred, flops_convention, from_recipe)
+
+
+def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, payload: str) -> None:
+    """The options of ``dse predict`` that name one of a fixed set, or one of two options."""
+    from dse.hardware import HARDWARE
+    from recipes.contract import PAYLOADS
+
+    if (model is None) == (model_file is None):
+        raise UserError("give exactly one of --model NAME and --model-file FILE", field="--model")
+    if (gpu is None) == (system_ref is None):
+        raise UserError("give exactly one of --gpu GEN and --system NAME|FILE", field="--gpu")
+    if gpu is not None and gpu not in HARDWARE:
+        raise UserError(f"{gpu!r} is not allowed{did_you_mean(gpu, HARDWARE)}; use one of {', '.join(HARDWARE)}",
+                        field="--gpu")
+    if flops_convention not in ("causal", "noncausal"):
+        raise UserError(f"{flops_convention!r} is not allowed; use causal or noncausal", field="--flops-convention")
+    if payload not in PAYLOADS:
+        raise UserError(f"{payload!r} is not allowed{did_you_mean(payload, PAYLOADS)}; use one of "
+                        f"{', '.join(PAYLOADS)}", field="--payload")
+
+
+def _settings(knob_flags: dict[str, Any], set_: list[str]) -> dict[str, Any]:
+    """The knob values passed as flags (``--tp 8``) and as ``--set tp=8``, checked by the catalogue."""
+    from dse import knobs
+
+    settings: dict[str, Any] = {}
+    for name, value in knob_flags.items():
+        if value is not None:
+            settings[name] = knobs.CATALOGUE[name].coerce(value, field="--" + name.replace("_", "-"))
+    for name, value in _parse_set(set_).items():
+        if name in _PREDICT_SKIP:
+            raise UserError(f"{name} is not a layout knob here; use --num-gpus", field=f"--set {name}")
+        settings[name] = knobs.get(name, field=f"--set {name}").coerce(value, field=f"--set {name}")
+    return settings
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``--set knob=value`` pairs; values read as TOML literals (4, true, "x"), bare words as strings."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name:
+            raise UserError(f"{item!r} is not knob=value", field="--set")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        out[name.strip()] = value
+    return out
+
+
+def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[str, Any], payload: str):
+    """The layout as a one-point space resolves it in a study: the same resolve -> check -> predict. A
+    ``--model-file`` architecture is not in the registry, so the space names a registered recipe and
+    ``resolve`` gets the architecture itself."""
+    from dse.perfmodel.trials import load_model_file
+    from dse.space import Space
+    from dse.trial import resolve
+    from recipes.models import RECIPES, Recipe
+
+    if model is not None:
+        recipe = RECIPES.get(model)
+        if recipe is None:
+            raise UserError(f"unknown recipe {model!r}{did_you_mean(model, RECIPES)}; see 'dse recipes'",
+                            field="--model")
+    else:
+        arch = load_model_file(model_file)
+        if "seq_length" not in settings or num_gpus is None:
+            raise UserError("--seq-length and --num-gpus are required with --model-file", field="--model-file")
+        recipe = Recipe(arch.name, arch, "", None, settings["seq_length"], num_gpus)
+    if num_gpus is not None and num_gpus < 1:
+        raise UserError(f"{num_gpus} is out of range; give at least 1", field="--num-gpus")
+    world = num_gpus if num_gpus is not None else recipe.num_gpus_default
+    if world < 1 or world % system.gpus_per_node:
+        raise UserError(f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
+                        field="--num-gpus")
+    space = Space.model_validate({"name": "predict", "recipe": recipe.name if model else next(iter(RECIPES)),
+                                  "system": system, "num_nodes": world // system.gpus_per_node,
+                                  "settings": settings, "source": "command line", "backend": {"payload": payload}})
+    return resolve(space, {}, recipe=recipe)
+
+
+def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
+    """The layout values the recipe chose for the GPU (not passed, not the catalogue's default)."""
+    from dse import knobs
+
+    return {k: trial.values[k] for k in _RECIPE_LAYOUT
+            if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default}
+
+
+def _refuse_invalid(trial, from_recipe: dict[str, Any]) -> None:
+    """A layout a rule rejects is a user error; the recipe's values the rule is about are named with their flag."""
+    from dse.constraints import check
+
+    rejection = check(trial)
+    if rejection is None:
+        return
+    hint = "".join(f"; {k} = {v} (the recipe's default; pass --{k.replace('_', '-')})"
+                   for k, v in from_recipe.items() if k in rejection.knobs)
+    raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}{hint}")
+
+
+def _knob_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per catalogue knob (``--tp N``, ``--fsdp/--no-fsdp``...), every default None:
+    unset knobs resolve as in a space."""
+    from dse import knobs
+
+    params = []
+    for name, k in knobs.CATALOGUE.items():
+        if name in _PREDICT_SKIP:
+            continue
+        flag = "--" + name.replace("_", "-")
+        ann: Any
+        if k.kind == "bool":
+            opt, ann = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=k.help), Optional[bool]
+        elif k.kind == "int":
+            opt, ann = typer.Option(None, flag, metavar="N", help=k.help), Optional[int]
+        else:
+            allowed = f" ({', '.join(k.choices)})" if k.choices else ""
+            opt, ann = typer.Option(None, flag, metavar="TEXT", help=k.help + allowed), Optional[str]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann))
+    return params
+
+
+def with_knob_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` (``predict_cmd``) with its ``**knob_flags`` replaced by one option per catalogue knob, so
+    that a new knob is a new flag with nothing else to write.
+
+    Why a signature: Typer builds a command's options from its callback's signature and nothing else, and the
+    click it builds them with is vendored inside Typer (``typer._click``, private, in Typer 0.29), so adding
+    options to the click command's ``params`` would need private classes. A function's signature can be
+    declared publicly (PEP 362: ``__signature__``, which ``inspect.signature``, and so Typer, reads). Only the
+    catalogue's part is generated; the fixed options stay written in ``predict_cmd``'s own signature, and the
+    knobs' values arrive in its ``**knob_flags``."""
+
+    @functools.wraps(command)
+    def with_flags(**kwargs: Any) -> None:
+        return command(**kwargs)
+
+    sig = inspect.signature(command)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    with_flags.__signature__ = sig.replace(parameters=fixed + _knob_parameters())  # type: ignore[attr-defined]
+    return with_flags
+
+
+def calibrate_cmd(
+    sources: list[str] = typer.Argument(..., metavar="SOURCES", help="study directories (dse.json + "
+                                        "leaderboard.csv) or TSVs in the format of bench/data/h200_real_runs.tsv"),
+    out: Path = typer.Option(..., "--out", metavar="PATH", help="calibration file to write (TOML)"),
+    params: Optional[str] = typer.Option(None, "--params", metavar="TEXT", help="comma-separated parameters to "
+                                         "refit (default: the stack parameters the runs identify, and the memory "
+                                         "offset)"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="TEXT", help="the GPU the runs are on (required for a "
+                                      "TSV without a gpu column; checked against the sources otherwise)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Refit the performance model to your own runs and write a calibration file for --calibration."""
+    from dse.calibrate import calibrate, dumps
+    from dse.hardware import HARDWARE
+
+    if gpu is not None and gpu not in HARDWARE:
+        raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
+    names = [n.strip() for n in params.split(",") if n.strip()] if params else None
+    cal, report = calibrate(sources, params=names, gpu=gpu)
+    text = dumps(cal)
+    tmp = out.with_name(out.name + ".tmp")  # never a half-written file
+    tmp.write_text(text)
+    tmp.replace(out)
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "gpu": cal.gpu, "runs": cal.runs, "sources": cal.sources,
+                               "params": report, "fit": cal.fit, "leave_one_out": cal.loo}, indent=2))
+        return
+    render.calibration(cal, report, out)

@@ -1,0 +1,154 @@
+"""``dse run``: one study (or, with ``--systems``, one per GPU generation), with its progress on the terminal.
+
+Helpers other commands share (a space argument that may be a CloudAI file, ``--twin-seed``) live here too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dse.cli import render
+from dse.errors import UserError
+
+
+def run_cmd(
+    space_file: Path = typer.Option(..., "--space", metavar="PATH", help="the space file (TOML)"),
+    agent: Optional[str] = typer.Option(None, metavar="TEXT",
+                                        help="grid | random | optuna | guided (default: the space's [search].agent)"),
+    sampler: Optional[str] = typer.Option(None, metavar="TEXT",
+                                          help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
+    trials: Optional[int] = typer.Option(None, min=1, metavar="N",
+                                         help="trial budget (default: the space's; grid: every valid point)"),
+    seed: Optional[int] = typer.Option(None, metavar="N", help="seed for the agent and the simulated jitter"),
+    backend: Optional[str] = typer.Option(None, metavar="TEXT",
+                                          help="sim | local | slurm (default: the space's [backend].kind)"),
+    out: Optional[Path] = typer.Option(None, metavar="PATH", help="output directory (default: runs/<space name>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
+    storage: Optional[str] = typer.Option(None, metavar="TEXT",
+                                          help="SQLAlchemy URL of the store (default: sqlite file in --out)"),
+    twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0, metavar="N",
+                                            help="simulated backend: measure on the twin truth of this seed "
+                                                 "(sets [backend] truth = \"twin\", twin_seed = N)"),
+    rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
+                                 "is empty or gone (the old run directories are set aside)"),
+    gpu: Optional[str] = typer.Option(None, metavar="TEXT",
+                                      help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
+    systems: Optional[str] = typer.Option(None, metavar="TEXT", help="comma-separated systems (h100,b200,gb200): "
+                                          "one sub-study each in --out/<system>, same GPU count, then `dse compare`"),
+    warm_start: Optional[Path] = typer.Option(None, "--warm-start", metavar="PATH", help="a finished study: its best "
+                                              "points that are valid here run first and seed the agent"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", min=1, max=1024, metavar="N",
+                                           help="trials in flight at once (default: the space's [search] parallel, 1)"),
+    worker: bool = typer.Option(False, "--worker", help="one of several dse run processes on this study (same --out "
+                                "or --storage): each point is claimed in the storage before it runs"),
+) -> None:
+    """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
+    if systems is not None:
+        if worker:
+            raise UserError("--worker shares one study between processes; --systems runs one study per system",
+                            field="--worker")
+        return run_systems(space_file, systems, gpu=gpu, agent=agent, sampler=sampler, trials=trials, seed=seed,
+                           backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed,
+                           rebuild=rebuild, warm_start=warm_start, parallel=parallel)
+    from dse.study import Interrupted, run_study
+
+    space = with_twin(load_space_arg(space_file, gpu), twin_seed)
+    out_dir = out or Path("runs") / space.name
+    check_seed(seed)
+    seeds = warm_start_seeds(space, warm_start)
+    progress, on_trial = render.trial_progress(space.name, space.objective.metric)
+    try:
+        result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
+                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
+                           seeds=seeds, default_out=out is None, parallel=parallel, worker=worker)
+    except Interrupted as e:
+        progress.stop()
+        render.interrupted(e, resume_command(out_dir))
+        raise typer.Exit(130) from None
+    finally:
+        progress.stop()
+    render.run_result(result, list(space.knobs), space.objective.metric)
+
+
+def check_seed(seed: int | None) -> None:
+    """``--seed`` is what NumPy and Optuna accept: 0 to 2^32 - 1."""
+    if seed is not None and not 0 <= seed < 2**32:
+        raise UserError(f"{seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--seed")
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command line that continues this ``dse run``: as typed, with ``--out`` and ``--resume``."""
+    import shlex
+
+    args = list(sys.argv[1:])
+    if "--out" not in args and not any(a.startswith("--out=") for a in args):
+        args += ["--out", str(out_dir)]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["dse", *args])
+
+
+def with_twin(space, twin_seed: int | None):
+    """``space`` with ``[backend] truth = "twin"`` and ``twin_seed`` set, when ``--twin-seed`` is given."""
+    if twin_seed is None:
+        return space
+    return space.model_copy(update={"backend": space.backend.model_copy(update={"truth": "twin",
+                                                                                "twin_seed": twin_seed})})
+
+
+def load_space_arg(space_file: Path, gpu: Optional[str]):
+    """A space file, or ``cloudai:FILE.toml``: a CloudAI NeMoRun test imported on the fly (nothing written)."""
+    from dse.space import load_space
+
+    text = str(space_file)
+    if text.startswith("cloudai:"):
+        from dse.importers.cloudai import import_cloudai
+
+        imported = import_cloudai(text.removeprefix("cloudai:"), gpu=gpu)
+        for note in imported.not_imported:
+            render.note(note.line())
+        return imported.space
+    if gpu is not None:
+        raise UserError("--gpu is only for --space cloudai:FILE; a dse space names its system", field="--gpu")
+    return load_space(space_file)
+
+
+def warm_start_seeds(space, study_dir: Optional[Path]) -> list:
+    """The points of a finished study (``--warm-start``) that are valid in ``space``, to run first."""
+    if study_dir is None:
+        return []
+    from dse.generations import warm_start_points
+
+    seeds = warm_start_points(space, study_dir)
+    render.warm_start(len(seeds), study_dir)
+    return seeds
+
+
+def run_systems(space_file: Path, systems: str, *, gpu: Optional[str], out: Optional[Path], resume: bool,
+                storage: Optional[str], twin_seed: Optional[int], seed: Optional[int], **kwargs) -> None:
+    """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
+    from dse import compare
+    from dse.generations import parse_systems, run_generations
+
+    if kwargs.get("rebuild") and not resume:
+        raise UserError("--rebuild goes with --resume", field="--rebuild")
+    if storage is not None:
+        raise UserError("takes no --storage with --systems (each sub-study keeps its own SQLite file)",
+                        field="--storage")
+    check_seed(seed)
+    space = with_twin(load_space_arg(space_file, gpu), twin_seed)
+    names = parse_systems(systems)
+    out_dir = out or Path("runs") / space.name
+
+    def on_start(name, sub):
+        render.sub_study(name, sub, out_dir / Path(name).stem)
+
+    results = run_generations(space, names, out_dir=out_dir, resume=resume, seed=seed, on_start=on_start, **kwargs)
+    for name, r in zip(names, results):
+        if r.stop_reason:  # an agent that stopped by itself says why, per system, as a single study does
+            render.line(f"{Path(name).stem}: {r.stop_reason}")
+    render.comparison(*compare.write(compare.gather([r.out_dir for r in results]), out_dir))
