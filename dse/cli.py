@@ -524,10 +524,6 @@ def parse_cmd(
 _PREDICT_SKIP = ("num_nodes", "max_steps")
 
 
-# The knobs a recipe's default layout sets (dse.trial.resolve), beyond the catalogue's defaults.
-_RECIPE_LAYOUT = ("tp", "pp", "cp", "vp", "mbs", "gbs", "fsdp", "recompute", "seq_length", "cpu_offload_layers")
-
-
 def _predict_options() -> list[inspect.Parameter]:
     """One option per catalogue knob (``--tp``, ``--fsdp/--no-fsdp``...), generated so that a new knob is a
     new flag with nothing else to write. Every default is None: unset knobs resolve as in a space."""
@@ -642,7 +638,7 @@ def predict_cmd(
     trial = resolve(space, {}, recipe=recipe)
     # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
     # the output, and in an error whose reason mentions them, so a refusal points at the flag to pass.
-    from_recipe = {k: trial.values[k] for k in _RECIPE_LAYOUT
+    from_recipe = {k: trial.values[k] for k in knobs.recipe_layout_knobs()
                    if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default}
     rejection = check(trial)
     if rejection is not None:

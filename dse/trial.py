@@ -117,10 +117,8 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
     recipe = recipe or space.recipe_obj
     values: dict[str, Any] = {name: k.default for name, k in knobs.CATALOGUE.items()}
     precision = point.get("precision", space.settings.get("precision", "bf16"))
-    layout = recipe.default_layout(space.system.gpu, precision)
-    values.update(tp=layout.tp, pp=layout.pp, cp=layout.cp, vp=layout.vp, mbs=layout.mbs, gbs=layout.gbs,
-                  fsdp=layout.fsdp, recompute=layout.recompute, seq_length=recipe.seq_length,
-                  cpu_offload_layers=layout.cpu_offload_layers)
+    defaults = recipe.default_values(space.system.gpu, precision)
+    values.update({name: defaults[name] for name in knobs.recipe_layout_knobs()})
     values["num_nodes"] = space.num_nodes
     env: dict[str, str] = {}
     for source in (space.settings, point):
