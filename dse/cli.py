@@ -660,10 +660,11 @@ def predict_cmd(
         return
     from rich.table import Table
 
-    table = Table("quantity", "value", title=f"{recipe.name} on {trial.num_gpus} x {system.gpu} ({trial.precision}): "
-                  f"tp={trial.tp} pp={trial.pp} cp={trial.cp} vp={trial.vp} dp={trial.dp} mbs={trial.mbs} "
-                  f"gbs={trial.gbs} seq={trial.seq_length} sp={trial.sequence_parallel} fsdp={trial.fsdp} "
-                  f"recompute={trial.recompute} tp_comm_overlap={trial.tp_comm_overlap}")
+    k = trial.layout
+    table = Table("quantity", "value", title=f"{recipe.name} on {trial.num_gpus} x {system.gpu} ({k.precision}): "
+                  f"tp={k.tp} pp={k.pp} cp={k.cp} vp={k.vp} dp={trial.dp} mbs={k.mbs} "
+                  f"gbs={k.gbs} seq={k.seq_length} sp={trial.sequence_parallel} fsdp={k.fsdp} "
+                  f"recompute={k.recompute} tp_comm_overlap={k.tp_comm_overlap}")
     table.add_row("step time", f"{pred.step_time_s:.3f} s")
     table.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     table.add_row(f"model TFLOP/s/GPU ({flops_convention})", f"{pred.tflops_per_gpu:.0f}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
@@ -228,7 +228,9 @@ def _nemo2_precision(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spel
 
 
 def _mbridge_precision(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
-    return [] if _spelled_by("precision", knob, values) else [f"mixed_precision={MBRIDGE_PRECISION[_precision_key(values)]}"]
+    if _spelled_by("precision", knob, values):
+        return []
+    return [f"mixed_precision={MBRIDGE_PRECISION[_precision_key(values)]}"]
 
 
 def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -361,6 +363,38 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     _int("max_steps", "training steps per trial", 50, maximum=STEPS_MAX, nemo2=["trainer.max_steps"],
          mbridge=["train.train_iters"], spell={"mbridge": _mbridge_max_steps}, ordinal=False),
 )}
+
+@dataclass(frozen=True)
+class KnobValues:
+    """Every catalogue knob's value, typed: one field per catalogue entry, named as the knob (a test keeps the
+    two in step), so that readers of a trial (``TrialConfig.layout.tp``) are checked by mypy. ``None`` in
+    ``sp`` and ``tp_comm_overlap`` is "auto" (``dse.trial``)."""
+
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    ep: int
+    sp: bool | None
+    mbs: int
+    gbs: int
+    seq_length: int
+    recompute: str
+    recompute_num_layers: int
+    precision: str
+    fp8_recipe: str
+    fsdp: bool
+    tp_comm_overlap: bool | None
+    cpu_offload_layers: int
+    attention_backend: str
+    num_nodes: int
+    max_steps: int
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> KnobValues:
+        """The typed values of ``values`` (canonical name -> value; every catalogue knob present)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
+
 
 ENV_KNOB = Knob("env", "str", "environment variable for the training process", None)
 
