@@ -64,7 +64,7 @@ SpellFn = Callable[["Knob", Any, Mapping[str, Any], "Spelling"], list[str]]
 class Knob:
     """One tunable setting, with every fact about it: the catalogue entry is the only place a knob is described.
 
-    ``kind`` is ``int`` (``minimum``, optional ``power_of_two``), ``bool``, ``choice`` (``choices``) or
+    ``kind`` is ``int`` (``minimum``, ``maximum``), ``bool``, ``choice`` (``choices``) or
     ``str``. ``nemo2`` / ``mbridge`` are the override paths of the two payload families (several where one
     knob sets several fields), each set to the knob's value; ``spell`` maps a family ("nemo2", "mbridge") to the
     knob's own spelling where the value is spelled differently (precision, recompute, fsdp, ...).
