@@ -55,9 +55,9 @@ def time_limit(trial, metrics: dict) -> tuple[str, str]:
         from dse.perfmodel import predict
 
         step, source = predict(trial).step_time_s, "predicted by the performance model"
-    run_s = trial.max_steps * step
+    run_s = trial.layout.max_steps * step
     estimate = math.ceil((RUN_MARGIN * run_s + START_UP_S) / ROUND_S) * ROUND_S
-    how = (f"{trial.max_steps} steps x {step:.3g} s ({source}) = {run_s:.0f} s, x {RUN_MARGIN:g}, "
+    how = (f"{trial.layout.max_steps} steps x {step:.3g} s ({source}) = {run_s:.0f} s, x {RUN_MARGIN:g}, "
            f"+ {START_UP_S // 60} min start-up (image import, NCCL set-up), rounded up to {ROUND_S // 60} min")
     conf_s = slurm_seconds(configured)
     if conf_s is None or conf_s >= estimate:
@@ -99,7 +99,7 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     write_text(d / "best.json", json.dumps(info, indent=2, default=str))
     stage_code(d)
     registry = load_backends()
-    one_node = trial.num_nodes == 1
+    one_node = trial.layout.num_nodes == 1
     registry["slurm"]().write_script(plan, d)
     local = registry["local"]()
     stale = d / (local.script_name or "launch.sh")
@@ -123,9 +123,10 @@ def _relative(run_dir: str | None, out_dir: Path) -> str | None:
 
 
 def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool) -> None:
-    n, g = trial.num_nodes, trial.system.gpus_per_node
+    k = trial.layout
+    n, g = k.num_nodes, trial.system.gpus_per_node
     lines = [f"Best trial {number}: {trial.recipe.name} on {n} x {g} {trial.system.gpu} "
-             f"(tp {trial.tp}, pp {trial.pp}, cp {trial.cp}, vp {trial.vp}, mbs {trial.mbs}, gbs {trial.gbs}).",
+             f"(tp {k.tp}, pp {k.pp}, cp {k.cp}, vp {k.vp}, mbs {k.mbs}, gbs {k.gbs}).",
              "",
              "Launch: sbatch launch.sbatch  (the Slurm script for the space's system; payload in code/)"]
     if one_node:

@@ -43,15 +43,15 @@ class Rejection:
 def world_divisible(t: TrialConfig) -> Broken | None:
     mp = t.model_parallel
     if t.num_gpus % mp:
-        return broken(f"world size {t.num_gpus} is not divisible by tp*pp*cp = {t.tp}*{t.pp}*{t.cp} = {mp}",
+        return broken(f"world size {t.num_gpus} is not divisible by tp*pp*cp = {t.layout.tp}*{t.layout.pp}*{t.layout.cp} = {mp}",
                       "tp", "pp", "cp")
     return None
 
 
 def heads_divisible(t: TrialConfig) -> Broken | None:
     a = t.arch
-    if a.num_attention_heads % t.tp or a.num_query_groups % t.tp:
-        return broken(f"tp={t.tp} must divide the attention heads ({a.num_attention_heads}) "
+    if a.num_attention_heads % t.layout.tp or a.num_query_groups % t.layout.tp:
+        return broken(f"tp={t.layout.tp} must divide the attention heads ({a.num_attention_heads}) "
                       f"and query groups ({a.num_query_groups})", "tp")
     return None
 
@@ -59,59 +59,59 @@ def heads_divisible(t: TrialConfig) -> Broken | None:
 def layers_divisible(t: TrialConfig) -> Broken | None:
     """pp (and pp*vp) must divide the layers; Megatron may count the embedding and the loss as one pipeline
     layer each (``account_for_embedding/loss_in_pipeline_split``, as NeMo's 405B recipe does: 126 + 2 = 128)."""
-    chunks = t.pp * t.vp
+    chunks = t.layout.pp * t.layout.vp
     if t.pipeline_layers % chunks:
-        what, named = (f"pp={t.pp}", ("pp",)) if t.vp == 1 else (f"pp*vp = {t.pp}*{t.vp}", ("pp", "vp"))
+        what, named = (f"pp={t.layout.pp}", ("pp",)) if t.layout.vp == 1 else (f"pp*vp = {t.layout.pp}*{t.layout.vp}", ("pp", "vp"))
         return broken(f"{what} does not divide the {t.arch.num_layers} layers (nor {t.arch.num_layers + 2} with "
                       "embedding and loss)", *named)
     return None
 
 
 def vp_needs_pp(t: TrialConfig) -> Broken | None:
-    return broken(f"vp={t.vp} (interleaving) needs pp > 1", "vp", "pp") if t.vp > 1 and t.pp == 1 else None
+    return broken(f"vp={t.layout.vp} (interleaving) needs pp > 1", "vp", "pp") if t.layout.vp > 1 and t.layout.pp == 1 else None
 
 
 def gbs_divisible(t: TrialConfig) -> Broken | None:
-    if t.dp and t.gbs % (t.mbs * t.dp):
-        return broken(f"gbs={t.gbs} is not divisible by mbs*dp = {t.mbs}*{t.dp} = {t.mbs * t.dp}", "gbs", "mbs")
+    if t.dp and t.layout.gbs % (t.layout.mbs * t.dp):
+        return broken(f"gbs={t.layout.gbs} is not divisible by mbs*dp = {t.layout.mbs}*{t.dp} = {t.layout.mbs * t.dp}", "gbs", "mbs")
     return None
 
 
 def interleaved_microbatches(t: TrialConfig) -> Broken | None:
     m = t.num_microbatches
-    if t.vp > 1 and m and m % t.pp:
-        return broken(f"the interleaved schedule needs the {m} micro-batches to be divisible by pp={t.pp}", "pp")
+    if t.layout.vp > 1 and m and m % t.layout.pp:
+        return broken(f"the interleaved schedule needs the {m} micro-batches to be divisible by pp={t.layout.pp}", "pp")
     return None
 
 
 def seq_divisible(t: TrialConfig) -> Broken | None:
-    s = t.seq_length
-    if t.cp > 1 and s % (2 * t.cp):
-        return broken(f"seq_length={s} is not divisible by 2*cp = {2 * t.cp} (load-balanced context parallelism)",
+    s = t.layout.seq_length
+    if t.layout.cp > 1 and s % (2 * t.layout.cp):
+        return broken(f"seq_length={s} is not divisible by 2*cp = {2 * t.layout.cp} (load-balanced context parallelism)",
                       "seq_length", "cp")
-    if t.sequence_parallel and s % t.tp:
-        return broken(f"seq_length={s} is not divisible by tp={t.tp} (sequence parallelism)", "seq_length", "tp")
+    if t.sequence_parallel and s % t.layout.tp:
+        return broken(f"seq_length={s} is not divisible by tp={t.layout.tp} (sequence parallelism)", "seq_length", "tp")
     return None
 
 
 def sp_needs_tp(t: TrialConfig) -> Broken | None:
-    return broken("sequence parallelism (sp=true) needs tp > 1", "sp", "tp") if t.values["sp"] and t.tp == 1 else None
+    return broken("sequence parallelism (sp=true) needs tp > 1", "sp", "tp") if t.values["sp"] and t.layout.tp == 1 else None
 
 
 def ep_divides_experts(t: TrialConfig) -> Broken | None:
     experts = t.arch.num_experts
-    if experts == 0 and t.ep != 1:
-        return broken(f"ep={t.ep} on a dense model; dense models take ep=1", "ep")
-    if experts and experts % t.ep:
-        return broken(f"ep={t.ep} does not divide the {experts} experts", "ep")
+    if experts == 0 and t.layout.ep != 1:
+        return broken(f"ep={t.layout.ep} on a dense model; dense models take ep=1", "ep")
+    if experts and experts % t.layout.ep:
+        return broken(f"ep={t.layout.ep} does not divide the {experts} experts", "ep")
     return None
 
 
 def fp8_needs_hopper(t: TrialConfig) -> Broken | None:
     gpu = HARDWARE[t.system.gpu]
-    if t.precision == "fp8" and not gpu.fp8:
+    if t.layout.precision == "fp8" and not gpu.fp8:
         return broken(f"fp8 needs Hopper or newer; {t.system.gpu} has no FP8 tensor cores", "precision")
-    if t.precision == "fp8" and t.fp8_recipe == "mxfp8" and not gpu.mxfp8:
+    if t.layout.precision == "fp8" and t.layout.fp8_recipe == "mxfp8" and not gpu.mxfp8:
         return broken(f"fp8_recipe=mxfp8 needs Blackwell ({', '.join(gpus_where('mxfp8'))})", "fp8_recipe")
     return None
 
@@ -121,7 +121,7 @@ def userbuffer_config(trial: TrialConfig) -> str | None:
 
     One table for the controller and the payload: ``recipes.nemo2.userbuffers`` (plain data).
     """
-    return hardware.userbuffer_config(trial.system.gpu, trial.precision, trial.arch.hidden_size, trial.tp)
+    return hardware.userbuffer_config(trial.system.gpu, trial.layout.precision, trial.arch.hidden_size, trial.layout.tp)
 
 
 def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
@@ -130,13 +130,13 @@ def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
     TP comm overlap needs a userbuffer config tuned for the GPU family, model width, tp and precision;
     NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
     """
-    if not trial.tp_comm_overlap or trial.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
+    if not trial.layout.tp_comm_overlap or trial.layout.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
         return None
     if userbuffer_config(trial) is not None:
         return None
     family = HARDWARE[trial.system.gpu].userbuffer_family or trial.system.gpu
     return broken(f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
-                  f"tp {trial.tp}, {trial.precision}); NeMo has none, so turn tp_comm_overlap off for this point",
+                  f"tp {trial.layout.tp}, {trial.layout.precision}); NeMo has none, so turn tp_comm_overlap off for this point",
                   "tp_comm_overlap", "tp")
 
 
@@ -144,17 +144,17 @@ def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
 
 def tp_within_nvlink(t: TrialConfig) -> Broken | None:
     domain = min(t.system.nvlink_domain, t.num_gpus)
-    if t.tp > domain:
-        return broken(f"tp={t.tp} spans more than one NVLink domain ({t.system.nvlink_domain} GPUs)", "tp")
+    if t.layout.tp > domain:
+        return broken(f"tp={t.layout.tp} spans more than one NVLink domain ({t.system.nvlink_domain} GPUs)", "tp")
     return None
 
 
 def recompute_layers_in_stage(t: TrialConfig) -> Broken | None:
-    n = t.recompute_num_layers
-    if n and t.recompute != "full":
-        return broken(f"recompute_num_layers={n} applies to recompute=full only (got recompute={t.recompute})",
+    n = t.layout.recompute_num_layers
+    if n and t.layout.recompute != "full":
+        return broken(f"recompute_num_layers={n} applies to recompute=full only (got recompute={t.layout.recompute})",
                       "recompute_num_layers", "recompute")
-    per_stage = t.pipeline_layers // (t.pp * t.vp)
+    per_stage = t.pipeline_layers // (t.layout.pp * t.layout.vp)
     if n > per_stage:
         return broken(f"recompute_num_layers={n} exceeds the {per_stage} layers of a pipeline stage chunk",
                       "recompute_num_layers")
@@ -162,13 +162,13 @@ def recompute_layers_in_stage(t: TrialConfig) -> Broken | None:
 
 
 def fsdp_no_pp(t: TrialConfig) -> Broken | None:
-    if t.fsdp and t.pp > 1:
+    if t.layout.fsdp and t.layout.pp > 1:
         return broken("fsdp (Megatron FSDP) is used without pipeline parallelism; pp must be 1", "fsdp", "pp")
     return None
 
 
 def tp_comm_overlap_needs_tp(t: TrialConfig) -> Broken | None:
-    if t.tp_comm_overlap and (t.tp == 1 or not t.sequence_parallel):
+    if t.layout.tp_comm_overlap and (t.layout.tp == 1 or not t.sequence_parallel):
         return broken("tp_comm_overlap needs tp > 1 with sequence parallelism", "tp_comm_overlap", "tp", "sp")
     return None
 
@@ -176,18 +176,18 @@ def tp_comm_overlap_needs_tp(t: TrialConfig) -> Broken | None:
 def cpu_offload_supported(t: TrialConfig) -> Broken | None:
     """What Megatron-Core allows with activation offloading (``TransformerConfig.__post_init__``, megatron-core
     0.15: ``0 <= cpu_offloading_num_layers < num_layers``, no pipeline parallelism, no activation recompute)."""
-    n = t.cpu_offload_layers
+    n = t.layout.cpu_offload_layers
     if not n:
         return None
     if n >= t.arch.num_layers:
         return broken(f"cpu_offload_layers={n} must be less than the model's {t.arch.num_layers} layers",
                       "cpu_offload_layers")
-    if t.pp > 1:
+    if t.layout.pp > 1:
         return broken(f"cpu_offload_layers={n} needs pp=1; Megatron-Core cannot offload activations with pipeline "
                       "parallelism", "cpu_offload_layers", "pp")
-    if t.recompute != "none":
+    if t.layout.recompute != "none":
         return broken(f"cpu_offload_layers={n} needs recompute=none; Megatron-Core cannot offload with "
-                      f"recompute={t.recompute}", "cpu_offload_layers", "recompute")
+                      f"recompute={t.layout.recompute}", "cpu_offload_layers", "recompute")
     return None
 
 
@@ -195,8 +195,8 @@ def cp_needs_te_attention(t: TrialConfig) -> Broken | None:
     """Context parallelism runs inside Transformer Engine's attention; Megatron's unfused/local attention
     has no CP support."""
     backend = t.values.get("attention_backend", "auto")
-    if t.cp > 1 and backend in ("unfused", "local"):
-        return broken(f"cp={t.cp} needs Transformer Engine attention; attention_backend={backend} has no context "
+    if t.layout.cp > 1 and backend in ("unfused", "local"):
+        return broken(f"cp={t.layout.cp} needs Transformer Engine attention; attention_backend={backend} has no context "
                       "parallelism", "cp", "attention_backend")
     return None
 
@@ -206,8 +206,8 @@ def fp8_recipe_needs_fp8(t: TrialConfig) -> Broken | None:
     recipe: the recipe has no effect without FP8. The bf16 point is kept once, with the first recipe the space
     lists; the others are rejected as duplicates (free: a rejected point costs no budget)."""
     first = t.first_listed.get("fp8_recipe")
-    if t.precision != "fp8" and "fp8_recipe" in t.varied and t.fp8_recipe != first:
-        return broken(f"fp8_recipe={t.fp8_recipe} has no effect with precision={t.precision}: the same run as "
+    if t.layout.precision != "fp8" and "fp8_recipe" in t.varied and t.layout.fp8_recipe != first:
+        return broken(f"fp8_recipe={t.layout.fp8_recipe} has no effect with precision={t.layout.precision}: the same run as "
                       f"fp8_recipe={first}", "fp8_recipe", "precision")
     return None
 

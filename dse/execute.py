@@ -41,9 +41,9 @@ def prepare_run_dir(run_dir: Path) -> Path:
 def parse_context(trial: TrialConfig, settings: BackendSettings) -> ParseContext:
     """What the parser needs of ``trial``: batch, sequence, GPUs, model FLOPs per step (the space's
     convention, the same one the simulated run prints with) and the stall limit."""
-    return ParseContext(gbs=trial.gbs, seq_length=trial.seq_length, num_gpus=trial.num_gpus,
-                        model_flops_per_step=model_flops_per_step(trial.arch, trial.gbs, trial.seq_length,
-                                                                  settings.flops_convention),
+    gbs, seq = trial.layout.gbs, trial.layout.seq_length
+    return ParseContext(gbs=gbs, seq_length=seq, num_gpus=trial.num_gpus,
+                        model_flops_per_step=model_flops_per_step(trial.arch, gbs, seq, settings.flops_convention),
                         stall_timeout_s=settings.timeout_s)
 
 
@@ -110,7 +110,7 @@ def saved_gpu_hours(trial: TrialConfig, metrics: RunMetrics) -> float | None:
     """What running on from ``metrics.steps`` to ``max_steps`` at the measured step time would have cost."""
     if metrics.step_time_s is None:
         return None
-    return max(0, int(trial.max_steps) - metrics.steps) * metrics.step_time_s * trial.num_gpus / 3600.0
+    return max(0, int(trial.layout.max_steps) - metrics.steps) * metrics.step_time_s * trial.num_gpus / 3600.0
 
 
 def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:

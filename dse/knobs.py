@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any
 
 from dse import hardware
 from dse.errors import UserError, did_you_mean
@@ -53,16 +55,25 @@ def protected_env(name: str) -> str | None:
     return next((why for p, why in _PROTECTED_PREFIXES.items() if name.startswith(p)), None)
 
 
+# A knob's own spelling for one payload family: (knob, value, every value of the trial, the payload's spelling)
+# -> overrides. A knob without one is spelled by its paths (:meth:`Spelling.plain`).
+SpellFn = Callable[["Knob", Any, Mapping[str, Any], "Spelling"], list[str]]
+
+
 @dataclass(frozen=True)
 class Knob:
-    """One tunable setting.
+    """One tunable setting, with every fact about it: the catalogue entry is the only place a knob is described.
 
-    ``kind`` is ``int`` (``minimum``, optional ``power_of_two``), ``bool``, ``choice`` (``choices``) or
-    ``str``. ``nemo2`` / ``mbridge`` are the override paths of the two payload flavours (several where one
-    knob sets several fields), each set to the knob's value; knobs whose value is spelled differently
-    (precision, recompute, fsdp, ...) are spelled by :func:`overrides` from the tables below the catalogue.
+    ``kind`` is ``int`` (``minimum``, ``maximum``), ``bool``, ``choice`` (``choices``) or
+    ``str``. ``nemo2`` / ``mbridge`` are the override paths of the two payload families (several where one
+    knob sets several fields), each set to the knob's value; ``spell`` maps a family ("nemo2", "mbridge") to the
+    knob's own spelling where the value is spelled differently (precision, recompute, fsdp, ...).
     ``nemo2_factory`` names the NeMo 2 factory argument for a knob that touches objects a dotted override
-    cannot reach (a callback in the trainer's list).
+    cannot reach (a callback in the trainer's list). ``ordinal``: its values have an order a sampler can use.
+    ``recipe_layout``: a recipe's default layout sets it (``recipes.models.Recipe.default_values``).
+    ``model_arg``: the keyword of :func:`dse.perfmodel.model.predict_layout` it feeds (None: the model does not
+    read it). ``nemo2_reads``: the NeMo 2 paths whose value is the knob's, which an importer reads back (None:
+    its ``nemo2`` paths).
     """
 
     name: str
@@ -75,7 +86,16 @@ class Knob:
     nemo2: tuple[str, ...] = ()
     mbridge: tuple[str, ...] = ()
     nemo2_factory: str | None = None
-    layout: bool = True  # part of the parallel layout (vs. run settings such as max_steps)
+    spell: Mapping[str, SpellFn] = field(default_factory=dict, hash=False)
+    ordinal: bool = False
+    recipe_layout: bool = False
+    model_arg: str | None = None
+    nemo2_reads: tuple[str, ...] | None = None
+
+    @property
+    def imported_from(self) -> tuple[str, ...]:
+        """NeMo 2 config paths whose value is this knob's value (an importer maps them back to the knob)."""
+        return self.nemo2 if self.nemo2_reads is None else self.nemo2_reads
 
     def coerce(self, value: Any, *, file: str | None = None, field: str | None = None) -> Any:
         """Validate one value; return it in canonical form or raise :class:`UserError`."""
@@ -117,89 +137,6 @@ NODES_MAX = 100_000
 STEPS_MAX = 1_000_000
 
 
-def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge=(), layout=True,
-         maximum: int = PARALLEL_MAX) -> Knob:
-    return Knob(name, "int", help, default, minimum=minimum, maximum=maximum, nemo2=tuple(nemo2),
-                mbridge=tuple(mbridge), layout=layout)
-
-
-ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
-_S = "trainer.strategy."
-_M = "model.config."
-_OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
-CATALOGUE: dict[str, Knob] = {k.name: k for k in (
-    _int("tp", "tensor-parallel size", 1, nemo2=[_S + "tensor_model_parallel_size"],
-         mbridge=["model.tensor_model_parallel_size"]),
-    _int("pp", "pipeline-parallel size", 1, nemo2=[_S + "pipeline_model_parallel_size"],
-         mbridge=["model.pipeline_model_parallel_size"]),
-    _int("vp", "virtual-pipeline (interleaving) size; 1 = no interleaving", 1,
-         nemo2=[_S + "virtual_pipeline_model_parallel_size"], mbridge=["model.virtual_pipeline_model_parallel_size"]),
-    _int("cp", "context-parallel size", 1, nemo2=[_S + "context_parallel_size"],
-         mbridge=["model.context_parallel_size"]),
-    _int("ep", "expert-parallel size (dense models: 1)", 1, nemo2=[_S + "expert_model_parallel_size"],
-         mbridge=["model.expert_model_parallel_size"]),
-    Knob("sp", "bool", "sequence parallelism (default: on when tp > 1)", None,
-         nemo2=(_S + "sequence_parallel",), mbridge=("model.sequence_parallel",)),
-    _int("mbs", "micro-batch size", 1, nemo2=["data.micro_batch_size"], mbridge=["train.micro_batch_size"]),
-    _int("gbs", "global batch size", 128, maximum=BATCH_MAX, nemo2=["data.global_batch_size"], mbridge=["train.global_batch_size"]),
-    _int("seq_length", "sequence length", 8192, minimum=2, maximum=BATCH_MAX, nemo2=["data.seq_length", "model.config.seq_length"],
-         mbridge=["model.seq_length", "dataset.sequence_length"]),
-    Knob("recompute", "choice", "activation recompute", "none", choices=("none", "selective", "full"),
-         nemo2=("model.config.recompute_granularity",), mbridge=("model.recompute_granularity",)),
-    _int("recompute_num_layers", "layers per stage recomputed under full recompute (0 = all)", 0, minimum=0,
-         maximum=LAYERS_MAX,
-         nemo2=["model.config.recompute_num_layers"], mbridge=["model.recompute_num_layers"]),
-    Knob("precision", "choice", "training precision", "bf16", choices=("bf16", "fp8"),
-         nemo2=("trainer.plugins",), mbridge=("mixed_precision",)),
-    Knob("fp8_recipe", "choice", "FP8 scaling recipe (precision=fp8)", "tensorwise",
-         choices=("delayed", "tensorwise", "mxfp8", "blockwise"),
-         nemo2=("trainer.plugins",), mbridge=("mixed_precision",)),
-    Knob("fsdp", "bool", "Megatron FSDP instead of the distributed optimizer", False,
-         nemo2=(), mbridge=("ddp.use_megatron_fsdp",), nemo2_factory="fsdp"),
-    Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
-         "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes", None,
-         nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap"),
-    _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
-         minimum=0, maximum=LAYERS_MAX, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD]),
-    # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
-    # or cuDNN fused), unfused is TE's unfused DotProductAttention, local Megatron's own (no TE). NeMo 2: a factory
-    # argument, because nemo-run's CLI cannot parse an enum-typed field (model.config.attention_backend=flash
-    # fails with "Unsupported type: <enum 'AttnBackend'>"); Megatron-Bridge: the model field.
-    Knob("attention_backend", "choice", "attention kernel (Megatron-Core AttnBackend)", "auto",
-         choices=ATTENTION_BACKENDS, nemo2=(), mbridge=("model.attention_backend",),
-         nemo2_factory="attention_backend"),
-    _int("num_nodes", "nodes in the job", 1, maximum=NODES_MAX, nemo2=["trainer.num_nodes"], mbridge=[], layout=True),
-    _int("max_steps", "training steps per trial", 50, maximum=STEPS_MAX, nemo2=["trainer.max_steps"], mbridge=["train.train_iters"],
-         layout=False),
-)}
-
-ENV_KNOB = Knob("env", "str", "environment variable for the training process", None, layout=False)
-
-
-def is_env(name: str) -> bool:
-    return name.startswith(ENV_PREFIX)
-
-
-def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob:
-    """The knob called ``name`` (``env.NAME`` for environment knobs); unknown names are a :class:`UserError`."""
-    if is_env(name):
-        var = name[len(ENV_PREFIX):]
-        if not _ENV_NAME.fullmatch(var):
-            raise UserError(f"{var!r} is not an environment variable name (A-Z, 0-9, _)", file=file, field=field or name)
-        return Knob(name, "str", ENV_KNOB.help, layout=False)
-    try:
-        return CATALOGUE[name]
-    except KeyError:
-        raise UserError(f"unknown knob {name!r}{did_you_mean(name, CATALOGUE)}; known knobs: "
-                        f"{', '.join(CATALOGUE)} and env.NAME", file=file, field=field or name) from None
-
-
-FLAVOURS = contract.PAYLOADS
-# Flavours that take Megatron-Bridge's spelling: Bridge itself, and the megatron-core payload (recipes.mcore),
-# which accepts Bridge's override paths so that the same trial runs on a GPU without NeMo or Bridge.
-BRIDGE_SPELLING = ("mbridge", "mcore")
-
-
 def _spell_value(value: Any) -> str:
     if value is None:
         return "null"
@@ -208,7 +145,41 @@ def _spell_value(value: Any) -> str:
     return str(value)
 
 
-# --- value-dependent spellings -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spelling:
+    """How one payload family spells overrides: which of a knob's paths it writes (``paths``), the key of the
+    knobs' own spellings (``family``), and where Megatron-Core's model config (``model``) and the pipeline-split
+    fields (``strategy``) sit in its config tree."""
+
+    family: str
+    paths: Callable[[Knob], tuple[str, ...]]
+    model: str
+    strategy: str
+
+    def plain(self, knob: Knob, value: Any) -> list[str]:
+        """Every path of ``knob`` set to ``value``; an unresolved "auto" boolean (None, settled by
+        ``dse.trial.resolve_auto``) is left to the payload's own default."""
+        if value is None and knob.kind == "bool":
+            return []
+        return [f"{p}={_spell_value(value)}" for p in self.paths(knob)]
+
+    def spell(self, knob: Knob, value: Any, values: Mapping[str, Any]) -> list[str]:
+        """``knob`` = ``value`` (with the trial's other ``values``) in this family's overrides."""
+        own = knob.spell.get(self.family)
+        return own(knob, value, values, self) if own else self.plain(knob, value)
+
+
+NEMO2 = Spelling("nemo2", attrgetter("nemo2"), model="model.config.", strategy="trainer.strategy.")
+MBRIDGE = Spelling("mbridge", attrgetter("mbridge"), model="model.", strategy="model.")
+FLAVOURS = contract.PAYLOADS
+# The simulated trainer (sim) takes NeMo 2's spelling, so that it exercises the same command line; the
+# megatron-core payload (recipes.mcore) accepts Bridge's override paths, so that the same trial runs on a GPU
+# without NeMo or Bridge.
+SPELLINGS: dict[str, Spelling] = {"nemo2": NEMO2, "sim": NEMO2, "mbridge": MBRIDGE, "mcore": MBRIDGE}
+BRIDGE_SPELLING = tuple(f for f, s in SPELLINGS.items() if s is MBRIDGE)
+
+
+# --- knobs' own spellings ------------------------------------------------------------------------------------
 # NeMo 2 precision: fields of MegatronMixedPrecision as NeMo's own plugin factories set them
 # (nemo.collections.llm.recipes.precision.mixed_precision): bf16_with_fp8_mixed (delayed),
 # bf16_with_fp8_current_scaling_mixed (tensorwise; first/last layers kept in fp8 as NVIDIA's performance scripts
@@ -242,16 +213,34 @@ MBRIDGE_FSDP = ("ddp.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strate
 MBRIDGE_WARMUP_ITERS = 10  # learning-rate warm-up of NVIDIA's Bridge performance runs (set_common_perf_overrides)
 
 
+def _spelled_by(lead: str, knob: Knob, values: Mapping[str, Any]) -> bool:
+    """Whether ``knob`` is spelled by the knob ``lead`` it shares its fields with (spelled once, at the lead)."""
+    return knob.name != lead and lead in values
+
+
 def _precision_key(values: Mapping[str, Any]) -> str:
     precision = values.get("precision", CATALOGUE["precision"].default)
     return "bf16" if precision == "bf16" else values.get("fp8_recipe", CATALOGUE["fp8_recipe"].default)
 
 
-def _recompute(values: Mapping[str, Any], prefix: str) -> list[str]:
+def _nemo2_precision(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    return [] if _spelled_by("precision", knob, values) else list(NEMO2_PRECISION[_precision_key(values)])
+
+
+def _mbridge_precision(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    if _spelled_by("precision", knob, values):
+        return []
+    return [f"mixed_precision={MBRIDGE_PRECISION[_precision_key(values)]}"]
+
+
+def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
     """Recompute granularity, method and layer count together: none/selective clear the method and count;
     full recomputes every layer (uniform, 1 layer per chunk) or the first N layers of each stage (block, N)."""
+    if _spelled_by("recompute", knob, values):
+        return []
     mode = values.get("recompute", "none")
     n = values.get("recompute_num_layers", 0) or 0
+    prefix = sp.model
     if mode == "full":
         method, layers = ("block", n) if n > 0 else ("uniform", 1)
         return [f"{prefix}recompute_granularity=full", f"{prefix}recompute_method={method}",
@@ -261,65 +250,207 @@ def _recompute(values: Mapping[str, Any], prefix: str) -> list[str]:
             f"{prefix}recompute_num_layers=null"]
 
 
-def _cpu_offload(n: int, prefix: str) -> list[str]:
+def _cpu_offload(knob: Knob, n: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
     """Megatron-Core's activation offloading (``ModelParallelConfig.cpu_offloading*``): on for ``n`` layers,
     activations only (weights stay on the GPU); 0 switches it off explicitly, so that a recipe's own setting
     never disagrees with the trial."""
+    prefix = sp.model
     if not n:
         return [f"{prefix}cpu_offloading=false", f"{prefix}cpu_offloading_num_layers=0"]
     return [f"{prefix}cpu_offloading=true", f"{prefix}cpu_offloading_num_layers={n}",
             f"{prefix}cpu_offloading_activations=true", f"{prefix}cpu_offloading_weights=false"]
 
 
-def _spell(name: str, value: Any, values: Mapping[str, Any], flavour: str) -> list[str]:
-    knob = CATALOGUE[name]
-    mbridge = flavour in BRIDGE_SPELLING
-    if name in ("precision", "fp8_recipe"):
-        if name == "fp8_recipe" and "precision" in values:
-            return []  # spelled once, with precision
-        key = _precision_key(values)
-        return [f"mixed_precision={MBRIDGE_PRECISION[key]}"] if mbridge else list(NEMO2_PRECISION[key])
-    if name in ("recompute", "recompute_num_layers"):
-        if name == "recompute_num_layers" and "recompute" in values:
-            return []  # spelled once, with recompute
-        return _recompute(values, "model." if mbridge else "model.config.")
-    if name == "cpu_offload_layers":
-        return _cpu_offload(value, "model." if mbridge else "model.config.")
-    if name == "vp" and value == 1:
-        value = None  # no interleaving is spelled null, as NVIDIA's set_primary_perf_configs does
-    if name == "sp" and value is None:
+def _vp(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    # no interleaving is spelled null, as NVIDIA's set_primary_perf_configs does
+    return sp.plain(knob, None if value == 1 else value)
+
+
+def _sp(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    if value is None:
         if "tp" not in values:
             return []
         value = values["tp"] > 1  # the default: on exactly when tensor parallel
-    if value is None and knob.kind == "bool":
-        return []  # an unresolved "auto" (dse.trial.resolve_auto settles it): the payload's own default
-    if name == "attention_backend" and value == CATALOGUE[name].default:
-        return []  # auto: the recipe's own choice (Transformer Engine picks), so the scripts stay as they were
-    if mbridge and name == "fsdp" and value:
-        return list(MBRIDGE_FSDP)
-    paths = knob.mbridge if mbridge else knob.nemo2
-    out = [f"{p}={_spell_value(value)}" for p in paths]
-    if mbridge and name == "max_steps":
-        out += [f"scheduler.lr_decay_iters={value}",
-                f"scheduler.lr_warmup_iters={MBRIDGE_WARMUP_ITERS if value > MBRIDGE_WARMUP_ITERS else 0}"]
-    return out
+    return sp.plain(knob, value)
+
+
+def _attention(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    # auto: the recipe's own choice (Transformer Engine picks), so the scripts stay as they were
+    return [] if value == knob.default else sp.plain(knob, value)
+
+
+def _mbridge_fsdp(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    return list(MBRIDGE_FSDP) if value else sp.plain(knob, value)
+
+
+def _mbridge_max_steps(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    warmup = MBRIDGE_WARMUP_ITERS if value > MBRIDGE_WARMUP_ITERS else 0
+    return [*sp.plain(knob, value), f"scheduler.lr_decay_iters={value}", f"scheduler.lr_warmup_iters={warmup}"]
+
+
+def _both(fn: SpellFn) -> dict[str, SpellFn]:
+    return {"nemo2": fn, "mbridge": fn}
+
+
+# --- the catalogue -------------------------------------------------------------------------------------------
+def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge=(), maximum: int = PARALLEL_MAX,
+         **facts: Any) -> Knob:
+    """An int knob; ordinal unless ``facts`` says otherwise (a count or a size: its values have an order)."""
+    return Knob(name, "int", help, default, minimum=minimum, maximum=maximum, nemo2=tuple(nemo2),
+                mbridge=tuple(mbridge), **{"ordinal": True, **facts})
+
+
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+_S = "trainer.strategy."
+_M = "model.config."
+_OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
+_LAYOUT = dict(recipe_layout=True)  # the recipe's default layout sets it (recipes.models.Recipe.default_values)
+CATALOGUE: dict[str, Knob] = {k.name: k for k in (
+    _int("tp", "tensor-parallel size", 1, nemo2=[_S + "tensor_model_parallel_size"],
+         mbridge=["model.tensor_model_parallel_size"], model_arg="tp", **_LAYOUT),
+    _int("pp", "pipeline-parallel size", 1, nemo2=[_S + "pipeline_model_parallel_size"],
+         mbridge=["model.pipeline_model_parallel_size"], model_arg="pp", **_LAYOUT),
+    _int("vp", "virtual-pipeline (interleaving) size; 1 = no interleaving", 1,
+         nemo2=[_S + "virtual_pipeline_model_parallel_size"], mbridge=["model.virtual_pipeline_model_parallel_size"],
+         spell=_both(_vp), model_arg="vp", **_LAYOUT),
+    _int("cp", "context-parallel size", 1, nemo2=[_S + "context_parallel_size"],
+         mbridge=["model.context_parallel_size"], model_arg="cp", **_LAYOUT),
+    _int("ep", "expert-parallel size (dense models: 1)", 1, nemo2=[_S + "expert_model_parallel_size"],
+         mbridge=["model.expert_model_parallel_size"]),
+    Knob("sp", "bool", "sequence parallelism (default: on when tp > 1)", None,
+         nemo2=(_S + "sequence_parallel",), mbridge=("model.sequence_parallel",), spell=_both(_sp), model_arg="sp"),
+    _int("mbs", "micro-batch size", 1, nemo2=["data.micro_batch_size"], mbridge=["train.micro_batch_size"],
+         model_arg="mbs", **_LAYOUT),
+    _int("gbs", "global batch size", 128, maximum=BATCH_MAX, nemo2=["data.global_batch_size"],
+         mbridge=["train.global_batch_size"], model_arg="gbs", **_LAYOUT),
+    _int("seq_length", "sequence length", 8192, minimum=2, maximum=BATCH_MAX,
+         nemo2=["data.seq_length", "model.config.seq_length"], mbridge=["model.seq_length", "dataset.sequence_length"],
+         model_arg="seq_length", **_LAYOUT),
+    Knob("recompute", "choice", "activation recompute", "none", choices=("none", "selective", "full"),
+         nemo2=("model.config.recompute_granularity",), mbridge=("model.recompute_granularity",),
+         spell=_both(_recompute), model_arg="recompute", recipe_layout=True),
+    _int("recompute_num_layers", "layers per stage recomputed under full recompute (0 = all)", 0, minimum=0,
+         maximum=LAYERS_MAX, nemo2=["model.config.recompute_num_layers"], mbridge=["model.recompute_num_layers"],
+         spell=_both(_recompute), model_arg="recompute_num_layers"),
+    Knob("precision", "choice", "training precision", "bf16", choices=("bf16", "fp8"),
+         nemo2=("trainer.plugins",), mbridge=("mixed_precision",), nemo2_reads=(),
+         spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision}, model_arg="precision"),
+    Knob("fp8_recipe", "choice", "FP8 scaling recipe (precision=fp8)", "tensorwise",
+         choices=("delayed", "tensorwise", "mxfp8", "blockwise"), nemo2=("trainer.plugins",),
+         mbridge=("mixed_precision",), nemo2_reads=(),
+         spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision}, model_arg="fp8_recipe"),
+    Knob("fsdp", "bool", "Megatron FSDP instead of the distributed optimizer", False,
+         nemo2=(), mbridge=("ddp.use_megatron_fsdp",), nemo2_factory="fsdp", spell={"mbridge": _mbridge_fsdp},
+         model_arg="fsdp", recipe_layout=True),
+    Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
+         "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes", None,
+         nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap",
+         model_arg="tp_comm_overlap"),
+    # the one NeMo 2 field of the offloading spelling that carries the value is what an importer reads back
+    _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
+         minimum=0, maximum=LAYERS_MAX, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD],
+         spell=_both(_cpu_offload), nemo2_reads=(_M + "cpu_offloading_num_layers",), model_arg="cpu_offload_layers",
+         **_LAYOUT),
+    # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
+    # or cuDNN fused), unfused is TE's unfused DotProductAttention, local Megatron's own (no TE). NeMo 2: a factory
+    # argument, because nemo-run's CLI cannot parse an enum-typed field (model.config.attention_backend=flash
+    # fails with "Unsupported type: <enum 'AttnBackend'>"); Megatron-Bridge: the model field.
+    Knob("attention_backend", "choice", "attention kernel (Megatron-Core AttnBackend)", "auto",
+         choices=ATTENTION_BACKENDS, nemo2=(), mbridge=("model.attention_backend",),
+         nemo2_factory="attention_backend", spell=_both(_attention), model_arg="attention_backend"),
+    # the model reads the world size (num_nodes x the system's GPUs per node), not the node count
+    _int("num_nodes", "nodes in the job", 1, maximum=NODES_MAX, nemo2=["trainer.num_nodes"], mbridge=[]),
+    _int("max_steps", "training steps per trial", 50, maximum=STEPS_MAX, nemo2=["trainer.max_steps"],
+         mbridge=["train.train_iters"], spell={"mbridge": _mbridge_max_steps}, ordinal=False),
+)}
+
+@dataclass(frozen=True)
+class KnobValues:
+    """Every catalogue knob's value, typed: one field per catalogue entry, named as the knob (a test keeps the
+    two in step), so that readers of a trial (``TrialConfig.layout.tp``) are checked by mypy. ``None`` in
+    ``sp`` and ``tp_comm_overlap`` is "auto" (``dse.trial``)."""
+
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    ep: int
+    sp: bool | None
+    mbs: int
+    gbs: int
+    seq_length: int
+    recompute: str
+    recompute_num_layers: int
+    precision: str
+    fp8_recipe: str
+    fsdp: bool
+    tp_comm_overlap: bool | None
+    cpu_offload_layers: int
+    attention_backend: str
+    num_nodes: int
+    max_steps: int
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> KnobValues:
+        """The typed values of ``values`` (canonical name -> value; every catalogue knob present)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
+
+
+ENV_KNOB = Knob("env", "str", "environment variable for the training process", None)
+
+
+def is_env(name: str) -> bool:
+    return name.startswith(ENV_PREFIX)
+
+
+def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob:
+    """The knob called ``name`` (``env.NAME`` for environment knobs); unknown names are a :class:`UserError`."""
+    if is_env(name):
+        var = name[len(ENV_PREFIX):]
+        if not _ENV_NAME.fullmatch(var):
+            raise UserError(f"{var!r} is not an environment variable name (A-Z, 0-9, _)", file=file, field=field or name)
+        return Knob(name, "str", ENV_KNOB.help)
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise UserError(f"unknown knob {name!r}{did_you_mean(name, CATALOGUE)}; known knobs: "
+                        f"{', '.join(CATALOGUE)} and env.NAME", file=file, field=field or name) from None
+
+
+def ordinal_knobs(varied: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The knobs of ``varied`` (a space's ``[knobs]``) a sampler can treat as ordered: ordinal knobs whose values
+    the space lists in ascending order (an unsorted list has no order to use)."""
+    return [n for n, v in varied.items() if n in CATALOGUE and CATALOGUE[n].ordinal and list(v) == sorted(v)]
+
+
+def recipe_layout_knobs() -> tuple[str, ...]:
+    """The knobs a recipe's default layout sets (``dse.trial.resolve``), beyond the catalogue's defaults."""
+    return tuple(n for n, k in CATALOGUE.items() if k.recipe_layout)
+
+
+def model_args(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The performance model's keyword arguments (``predict_layout``'s) from a trial's knob values."""
+    return {k.model_arg: values.get(n, k.default) for n, k in CATALOGUE.items() if k.model_arg}
+
+
+def spelling_of(flavour: str) -> Spelling:
+    """The :class:`Spelling` of a payload flavour (``sim`` and ``nemo2`` share one, ``mbridge`` and ``mcore``)."""
+    if flavour not in SPELLINGS:
+        raise UserError(f"unknown payload flavour {flavour!r}; one of {', '.join(FLAVOURS)}", field="backend.payload")
+    return SPELLINGS[flavour]
 
 
 def overrides(values: Mapping[str, Any], flavour: str) -> list[str]:
     """Dotted ``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
 
-    The simulated trainer (``sim``) takes the NeMo 2 spelling, so that it exercises the same command line.
-    Knobs that several fields spell together (precision with fp8_recipe, recompute with recompute_num_layers)
-    are spelled once, at the first of them. Knobs with no path in a flavour are left to the payload, or reach
-    it as factory arguments (:func:`factory_args`). Callers validate values first and shell-quote the result.
+    Each flavour spells through its :class:`Spelling` (:data:`SPELLINGS`). Knobs that several fields spell
+    together (precision with fp8_recipe, recompute with recompute_num_layers) are spelled once, at the first of
+    them. Knobs with no path in a flavour are left to the payload, or reach it as factory arguments
+    (:func:`factory_args`). Callers validate values first and shell-quote the result.
     """
-    if flavour not in FLAVOURS:
-        raise UserError(f"unknown payload flavour {flavour!r}; one of {', '.join(FLAVOURS)}", field="backend.payload")
-    out: list[str] = []
-    for name, value in values.items():
-        if name in CATALOGUE:
-            out.extend(_spell(name, value, values, flavour))
-    return out
+    spelling = spelling_of(flavour)
+    return [o for name, value in values.items() if name in CATALOGUE
+            for o in spelling.spell(CATALOGUE[name], value, values)]
 
 
 def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> dict[str, Any]:
@@ -361,7 +492,7 @@ def pipeline_split_overrides(num_layers: int, values: Mapping[str, Any], flavour
     pp, vp = values.get("pp", 1), values.get("vp", 1) or 1
     chunks = pp * vp
     on = pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
-    prefix = "model." if flavour in BRIDGE_SPELLING else "trainer.strategy."
+    prefix = spelling_of(flavour).strategy
     return [f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
             f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}"]
 

@@ -69,7 +69,7 @@ class LaunchPlan:
 
     @property
     def nodes(self) -> int:
-        return self.trial.num_nodes
+        return self.trial.layout.num_nodes
 
     @property
     def gpus_per_node(self) -> int:
@@ -99,11 +99,11 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     - ``TORCH_NCCL_HIGH_PRIORITY=1``: high-priority NCCL streams, as NVIDIA's performance recipes run.
     """
     env: dict[str, str] = {}
-    if trial.tp > 1 or trial.cp > 1:
+    if trial.layout.tp > 1 or trial.layout.cp > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(HARDWARE[trial.system.gpu].cuda_device_max_connections)
     env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = str(LAYERNORM_SM_MARGIN)
     env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = str(LAYERNORM_SM_MARGIN)
-    if trial.pp > 1:
+    if trial.layout.pp > 1:
         env["NCCL_P2P_NET_CHUNKSIZE"] = str(NCCL_PP_COMM_CHUNKSIZE)
     env["TORCH_NCCL_HIGH_PRIORITY"] = "1"
     return env
@@ -153,7 +153,7 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     env[ENV_TASK] = "pretrain"
     env[ENV_RECIPE] = trial.recipe.scaled_from or trial.recipe.name
     env[ENV_FLOPS_CALLBACK] = "1" if flops_callback_available(version) else "0"
-    if trial.tp_comm_overlap:
+    if trial.layout.tp_comm_overlap:
         why = tp_comm_overlap_supported(trial)
         if why is not None:
             raise UserError(why.reason, field="tp_comm_overlap")
@@ -165,6 +165,6 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     if payload == "sim":
         env.update(_sim_env(sim_run))
 
-    pre_steps = (vboost_step(trial.num_nodes),) if env.get(ENV_VBOOST) == "1" else ()
+    pre_steps = (vboost_step(trial.layout.num_nodes),) if env.get(ENV_VBOOST) == "1" else ()
     return LaunchPlan(trial=trial, payload=payload, argv=argv, overrides=ov, env=env, pre_steps=pre_steps,
                       sim_run=sim_run)

@@ -25,6 +25,7 @@ from gymnasium import spaces
 from sqlalchemy.exc import SQLAlchemyError
 
 from agents.base import agent_class, load_agents, make_agent
+from dse import knobs
 from dse import registry as reg
 from dse import logpack
 from dse.backends import Backend, load_backends
@@ -107,14 +108,9 @@ def make_backend(name: str, space: Space, seed: int) -> Backend:
     return cls.from_space(space, seed=seed)
 
 
-# Knobs whose values have an order the sampler can use (when the space lists them ascending).
-ORDINAL = ("tp", "pp", "vp", "cp", "mbs", "gbs", "seq_length", "recompute_num_layers", "num_nodes", "ep",
-           "cpu_offload_layers")
-
-
 def ordinal_knobs(space: Space) -> list[str]:
-    """The space's ordinal knobs whose values it lists in ascending order (unsorted lists have no order to use)."""
-    return [n for n, v in space.knobs.items() if n in ORDINAL and list(v) == sorted(v)]
+    """The space's knobs a sampler can treat as ordered (the catalogue's ordinal knobs, listed ascending)."""
+    return knobs.ordinal_knobs(space.knobs)
 
 
 def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> dict[str, Any]:

@@ -18,6 +18,9 @@ from recipes.models import Recipe
 
 @dataclass(frozen=True)
 class TrialConfig:
+    """One resolved point: ``values`` by name for code that walks the catalogue, ``layout`` typed for code that
+    reads a knob (``trial.layout.tp``), both of every catalogue knob."""
+
     recipe: Recipe
     system: System
     values: Mapping[str, Any]  # canonical knob name -> value, every catalogue knob present
@@ -28,13 +31,11 @@ class TrialConfig:
     # the payload that runs it (the space's [backend] payload): the performance model reads what that payload's
     # code does beyond the knobs (its loss, its FP8 weights: dse.perfmodel.stack)
     payload: str = "nemo2"
+    # the knob values typed (cfg.layout.tp, ...), built from ``values``: a trial missing a knob fails here
+    layout: knobs.KnobValues = field(init=False, repr=False, compare=False)
 
-    def __getattr__(self, name: str) -> Any:
-        # knob values read as attributes: cfg.tp, cfg.gbs, ... (only for catalogue names)
-        values = object.__getattribute__(self, "values")
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layout", knobs.KnobValues.of(self.values))
 
     # -- derived -----------------------------------------------------------------------------------
     @property
@@ -43,11 +44,11 @@ class TrialConfig:
 
     @property
     def num_gpus(self) -> int:
-        return self.values["num_nodes"] * self.system.gpus_per_node
+        return self.layout.num_nodes * self.system.gpus_per_node
 
     @property
     def model_parallel(self) -> int:
-        return self.values["tp"] * self.values["pp"] * self.values["cp"]
+        return self.layout.tp * self.layout.pp * self.layout.cp
 
     @property
     def dp(self) -> int:
@@ -57,23 +58,23 @@ class TrialConfig:
 
     @property
     def sequence_parallel(self) -> bool:
-        sp = self.values["sp"]
-        return self.values["tp"] > 1 if sp is None else bool(sp)
+        sp = self.layout.sp
+        return self.layout.tp > 1 if sp is None else bool(sp)
 
     @property
     def pipeline_layers(self) -> int:
         """Layers the pipeline splits: the transformer layers, or two more when they do not divide by pp*vp
         but would with the embedding and the loss counted as layers (Megatron's
         ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
-        layers, chunks = self.arch.num_layers, self.values["pp"] * self.values["vp"]
-        if self.values["pp"] > 1 and layers % chunks and (layers + 2) % chunks == 0:
+        layers, chunks = self.arch.num_layers, self.layout.pp * self.layout.vp
+        if self.layout.pp > 1 and layers % chunks and (layers + 2) % chunks == 0:
             return layers + 2
         return layers
 
     @property
     def num_microbatches(self) -> int:
-        denom = self.values["mbs"] * self.dp
-        return self.values["gbs"] // denom if denom else 0
+        denom = self.layout.mbs * self.dp
+        return self.layout.gbs // denom if denom else 0
 
     def knob(self, name: str) -> Any:
         """A knob's value by canonical name, env.NAME included (None for an unset env knob)."""
@@ -117,10 +118,8 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
     recipe = recipe or space.recipe_obj
     values: dict[str, Any] = {name: k.default for name, k in knobs.CATALOGUE.items()}
     precision = point.get("precision", space.settings.get("precision", "bf16"))
-    layout = recipe.default_layout(space.system.gpu, precision)
-    values.update(tp=layout.tp, pp=layout.pp, cp=layout.cp, vp=layout.vp, mbs=layout.mbs, gbs=layout.gbs,
-                  fsdp=layout.fsdp, recompute=layout.recompute, seq_length=recipe.seq_length,
-                  cpu_offload_layers=layout.cpu_offload_layers)
+    defaults = recipe.default_values(space.system.gpu, precision)
+    values.update({name: defaults[name] for name in knobs.recipe_layout_knobs()})
     values["num_nodes"] = space.num_nodes
     env: dict[str, str] = {}
     for source in (space.settings, point):

@@ -7,7 +7,8 @@ the ones of NeMo's / Megatron-Bridge's performance recipes for that GPU generati
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class Recipe:
             if key in self.defaults:
                 return self.defaults[key]
         return Layout()
+
+    def default_values(self, gpu: str, precision: str) -> dict[str, Any]:
+        """The knob values this recipe chooses on ``gpu`` in ``precision``: its layout and its sequence length
+        (the knobs the controller's catalogue marks ``recipe_layout``)."""
+        return {**asdict(self.default_layout(gpu, precision)), "seq_length": self.seq_length}
 
 
 LLAMA3_8B = ModelArch("llama3_8b", 32, 4096, 32, 8, 14336, 128256, True)

@@ -57,8 +57,8 @@ def test_each_log_reparses_to_its_row_and_ran_te(study, row):
                                                                         Path(row["run_dir"]))
     log = (run_dir / "log.txt").read_text()
     assert "> recipes.mcore: layer spec te" in log  # Transformer Engine's layer spec, not the local fallback
-    ctx = ParseContext(gbs=t.gbs, seq_length=t.seq_length, num_gpus=t.num_gpus,
-                       model_flops_per_step=model_flops_per_step(t.arch, t.gbs, t.seq_length, "causal"))
+    ctx = ParseContext(gbs=t.layout.gbs, seq_length=t.layout.seq_length, num_gpus=t.num_gpus,
+                       model_flops_per_step=model_flops_per_step(t.arch, t.layout.gbs, t.layout.seq_length, "causal"))
     ok = row["status"] == "ok"
     m = parse_log(str(run_dir / "log.txt"), exit_code=0 if ok else 1,
                   scheduler_state="SUCCEEDED" if ok else "FAILED", context=ctx)

@@ -117,8 +117,8 @@ def test_leaderboard_matches_the_parsed_log(row):
     # the script that ran is the one dse renders for this point today (run directory aside)
     expected = render_local_script(build_plan(t, payload="mcore"), Path(row["run_dir"]))
     assert script == expected
-    ctx = ParseContext(gbs=t.gbs, seq_length=t.seq_length, num_gpus=t.num_gpus,
-                       model_flops_per_step=model_flops_per_step(t.arch, t.gbs, t.seq_length, "causal"))
+    ctx = ParseContext(gbs=t.layout.gbs, seq_length=t.layout.seq_length, num_gpus=t.num_gpus,
+                       model_flops_per_step=model_flops_per_step(t.arch, t.layout.gbs, t.layout.seq_length, "causal"))
     m = parse_log(str(run_dir / "log.txt"), exit_code=0, scheduler_state="SUCCEEDED", context=ctx)
     assert row["status"] == m.status == "ok"
     assert (m.steps, m.last_iteration, m.log_format) == (20, 20, "megatron")

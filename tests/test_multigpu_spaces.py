@@ -25,7 +25,8 @@ def test_the_space_has_a_memory_border_and_scripts_for_every_rank(tmp_path, name
     fits = [predict(t).fits for t in valid]
     assert any(fits) and not all(fits)  # the search meets out-of-memory points
     no_parallelism = resolve(space, {k: v[0] for k, v in space.knobs.items()})
-    assert (no_parallelism.tp, no_parallelism.pp, no_parallelism.cp) == (1, 1, 1) and not predict(no_parallelism).fits
+    lay = no_parallelism.layout
+    assert (lay.tp, lay.pp, lay.cp) == (1, 1, 1) and not predict(no_parallelism).fits
     assert {t.dp for t in valid} >= {1, 2}  # data parallelism varies too
     written = dry_run(space, "local", tmp_path / "dry").rows
     assert len(written) == len(valid)

@@ -61,7 +61,7 @@ class Slow(SimBackend):
 
 def jitter(trial):
     """Different durations per point, so that trials finish in another order than they started."""
-    return 0.02 + 0.08 * ((trial.tp * 7 + trial.pp * 3 + trial.mbs) % 5) / 4
+    return 0.02 + 0.08 * ((trial.layout.tp * 7 + trial.layout.pp * 3 + trial.layout.mbs) % 5) / 4
 
 
 def by_point(records):

@@ -91,7 +91,7 @@ def test_unfused_gradient_accumulation_costs_a_pass_over_the_parameters_per_micr
     mcore, bridge, t = _pair()
     assert bridge.breakdown["time.grad_accumulation_s"] == 0.0
     params = mcore.breakdown["mem.states_gib"] * GIB / (2 + 4 + 12)  # bf16: fp32 gradients on both payloads
-    m = t.gbs // t.mbs
+    m = t.layout.gbs // t.layout.mbs
     want = m * params * 12 / (HARDWARE["h200"].hbm_gbps * 1e9 * DEFAULT_PARAMS.optimizer_bw_eff)
     assert mcore.breakdown["time.grad_accumulation_s"] == pytest.approx(want)
     loss = mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"]  # the native loss's extra traffic
@@ -130,8 +130,8 @@ def test_the_native_loss_streams_its_fp32_copy():
 
     assert (cross_entropy_bytes(STACKS["mcore"]), cross_entropy_bytes(NVIDIA_RECIPES)) == (52.0, 16.0)
     mcore, bridge, t = _pair()
-    logits = t.mbs * t.seq_length * t.arch.vocab_size
-    m = t.gbs // t.mbs
+    logits = t.layout.mbs * t.layout.seq_length * t.arch.vocab_size
+    m = t.layout.gbs // t.layout.mbs
     want = m * logits * 36 * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h200"].hbm_gbps * 1e9)
     assert mcore.breakdown["time.logits_s"] - bridge.breakdown["time.logits_s"] == pytest.approx(want)
 

@@ -43,7 +43,7 @@ def test_predict_and_run_agree_point_for_point(tmp_path, name):
     for rec in ok:
         trial = resolve(space, rec.knobs)
         shown = predict_cli(space, rec.knobs)
-        assert shown["tp_comm_overlap"] == trial.tp_comm_overlap and shown["sp"] == trial.sequence_parallel
+        assert shown["tp_comm_overlap"] == trial.layout.tp_comm_overlap and shown["sp"] == trial.sequence_parallel
         sim = simulate(trial, flops_convention=space.backend.flops_convention)
         assert shown["step_time_s"] == sim.step_time_s and shown["tflops_per_gpu"] == sim.tflops_per_gpu
         # the study measured the simulated run (warm-up and 1% jitter), the parser read it back

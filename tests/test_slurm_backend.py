@@ -34,7 +34,7 @@ def local_system(**slurm):
 
 def sim_plan(t, **run):
     return build_plan(t, payload="sim", sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 100.0,
-                                                          "gbs": t.gbs, "max_steps": t.max_steps, **run}))
+                                                          "gbs": t.layout.gbs, "max_steps": t.layout.max_steps, **run}))
 
 
 def backend() -> SlurmBackend:

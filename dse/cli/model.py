@@ -26,9 +26,6 @@ def recipes_cmd() -> None:
 # Knobs that are not part of a layout's prediction (run length) or that a flag of their own covers.
 _PREDICT_SKIP = ("num_nodes", "max_steps")
 
-# The knobs a recipe's default layout sets (dse.trial.resolve), beyond the catalogue's defaults.
-_RECIPE_LAYOUT = ("tp", "pp", "cp", "vp", "mbs", "gbs", "fsdp", "recompute", "seq_length", "cpu_offload_layers")
-
 
 def predict_cmd(
     model: Optional[str] = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
@@ -181,7 +178,7 @@ def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     """The layout values the recipe chose for the GPU (not passed, not the catalogue's default)."""
     from dse import knobs
 
-    return {k: trial.values[k] for k in _RECIPE_LAYOUT
+    return {k: trial.values[k] for k in knobs.recipe_layout_knobs()
             if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default}
 
 

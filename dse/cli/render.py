@@ -222,10 +222,11 @@ def recipes(recipes_) -> None:
 def prediction(trial, system, pred, flops_convention: str, from_recipe: dict[str, Any]) -> None:
     """``dse predict``: the layout in the title, the predicted quantities, the model's breakdown."""
     t = trial
-    table = Table("quantity", "value", title=f"{t.recipe.name} on {t.num_gpus} x {system.gpu} ({t.precision}): "
-                  f"tp={t.tp} pp={t.pp} cp={t.cp} vp={t.vp} dp={t.dp} mbs={t.mbs} "
-                  f"gbs={t.gbs} seq={t.seq_length} sp={t.sequence_parallel} fsdp={t.fsdp} "
-                  f"recompute={t.recompute} tp_comm_overlap={t.tp_comm_overlap}")
+    k = t.layout
+    table = Table("quantity", "value", title=f"{t.recipe.name} on {t.num_gpus} x {system.gpu} ({k.precision}): "
+                  f"tp={k.tp} pp={k.pp} cp={k.cp} vp={k.vp} dp={t.dp} mbs={k.mbs} "
+                  f"gbs={k.gbs} seq={k.seq_length} sp={t.sequence_parallel} fsdp={k.fsdp} "
+                  f"recompute={k.recompute} tp_comm_overlap={k.tp_comm_overlap}")
     table.add_row("step time", f"{pred.step_time_s:.3f} s")
     table.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     table.add_row(f"model TFLOP/s/GPU ({flops_convention})", f"{pred.tflops_per_gpu:.0f}")

@@ -85,20 +85,12 @@ class Imported:
 def nemo2_paths() -> dict[str, str]:
     """NeMo 2 config path -> canonical knob name: the catalogue's ``nemo2`` spellings, reversed.
 
-    Knobs spelled by value (precision and fp8_recipe both write ``trainer.plugins``; the offloading knob writes
-    four ``cpu_offloading*`` fields) are left out here and read by :func:`_plugins` / :data:`_BY_VALUE`.
+    Each knob says which of its paths carry its value (``Knob.imported_from``): the offloading knob's count
+    field of its four ``cpu_offloading*`` fields; none of precision's and fp8_recipe's (both write
+    ``trainer.plugins``, read by :func:`_plugins`).
     """
-    out: dict[str, str] = {}
-    for knob in knobs.CATALOGUE.values():
-        if knob.name in ("precision", "fp8_recipe", "cpu_offload_layers"):
-            continue
-        for path in knob.nemo2:
-            out[path] = knob.name
-    return out
+    return {path: knob.name for knob in knobs.CATALOGUE.values() for path in knob.imported_from}
 
-
-# The one field of the offloading knob's spelling that carries its value (dse.knobs._cpu_offload).
-_BY_VALUE = {"model.config.cpu_offloading_num_layers": "cpu_offload_layers"}
 
 # Why a known CloudAI field has no dse counterpart (the reason printed beside "not imported").
 _REASONS = {
@@ -377,7 +369,7 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         else:
             notes.append(NotImported(f"{where}.docker_image_url (version)", image,
                                      "no YY.MM tag; the container gate keeps the system's version"))
-    table = nemo2_paths() | _BY_VALUE
+    table = nemo2_paths()
     num_nodes: Any = None
     points = 1
     given = _flatten({k: v for k, v in cmd.items() if k not in ("docker_image_url", "task", "recipe_name", "num_layers")})

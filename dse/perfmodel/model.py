@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from dse import knobs
 from dse.hardware import HARDWARE
 from dse.perfmodel import flops as _flops
 from dse.perfmodel.layout import UNFUSED_BACKENDS, Machine, ModelLayout, Shape, Stages, grad_bytes
@@ -496,19 +497,11 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
     Never raises for a point that breaks a validity rule in a way the formulas survive (non-divisible
     sizes are taken as fractions); callers check ``dse.constraints`` first.
     """
-    v = trial.values
     sysm = trial.system
-    sp = v["sp"]
-    tp = v["tp"]
+    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here
     return predict_layout(
-        trial.recipe.arch, sysm.gpu, num_gpus=v["num_nodes"] * sysm.gpus_per_node, tp=tp, pp=v["pp"],
-        cp=v["cp"], vp=v["vp"], mbs=v["mbs"], gbs=v["gbs"], seq_length=v["seq_length"],
-        sp=(tp > 1) if sp is None else bool(sp), recompute=v["recompute"],
-        recompute_num_layers=v["recompute_num_layers"], precision=v["precision"],
-        fp8_recipe=v.get("fp8_recipe", "tensorwise"), fsdp=v["fsdp"],
-        tp_comm_overlap=v["tp_comm_overlap"], cpu_offload_layers=v.get("cpu_offload_layers", 0),
-        attention_backend=v.get("attention_backend", "auto"),
-        nvlink_domain=sysm.nvlink_domain,
+        trial.recipe.arch, sysm.gpu, num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
+        **knobs.model_args(trial.values), nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params,
         stack=payload_stack(getattr(trial, "payload", None)))
 

@@ -26,6 +26,6 @@ def simulate(trial, seed: int = 0, *, flops_convention: str = "causal", params: 
     jitter seed, OOM if it won't fit."""
     p = twin.predict(trial, flops_convention=flops_convention) if twin is not None else \
         predict(trial, flops_convention=flops_convention, params=params)
-    return SimRun(step_time_s=p.step_time_s, tflops_per_gpu=p.tflops_per_gpu, gbs=trial.gbs,
-                  max_steps=trial.max_steps, peak_memory_gib=p.peak_memory_gib, gpu_memory_gib=p.gpu_memory_gib,
+    return SimRun(step_time_s=p.step_time_s, tflops_per_gpu=p.tflops_per_gpu, gbs=trial.layout.gbs,
+                  max_steps=trial.layout.max_steps, peak_memory_gib=p.peak_memory_gib, gpu_memory_gib=p.gpu_memory_gib,
                   oom=not p.fits, oom_after=0, seed=trial_seed(trial, seed))
