@@ -39,13 +39,10 @@ from dataclasses import dataclass, field
 from dse import knobs
 from dse.hardware import HARDWARE
 from dse.perfmodel import flops as _flops
-from dse.perfmodel.layout import UNFUSED_BACKENDS, Machine, ModelLayout, Shape, Stages, grad_bytes
+from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages, grad_bytes
 from dse.perfmodel.memory import MemoryUse, layer_activations, peak_memory
 from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
-
-__all__ = ["Prediction", "Breakdown", "StepTime", "LayerTime", "predict", "predict_layout", "UNFUSED_BACKENDS"]
-
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
