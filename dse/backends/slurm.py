@@ -310,6 +310,7 @@ class SlurmBackend(Backend):
 
     name = "slurm"
     script_name = SCRIPT_NAME
+    run_errors = (OSError, subprocess.SubprocessError)  # the job directory, the Slurm commands
 
     @classmethod
     def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:
