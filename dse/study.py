@@ -28,7 +28,7 @@ from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
 from dse.claims import LEASE_S, Claims
 from dse.counting import count_valid
-from dse.errors import InfrastructureError, UserError
+from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
 from dse.forecast import model_forecaster
 from dse.leaderboard import Summary
@@ -299,7 +299,7 @@ class StudyLoop:
         self._running = threading.local()  # the number of the trial this thread runs (its run directory)
         self._synced = time.monotonic()
         self.env = RecipeEnv(space, backend, out, run_dirs=lambda: trial_dir(out, self._running.number),
-                             best=lambda: self.best)
+                             best=lambda: self.best, cancel=self.pool.cancel_event if self.pool else None)
         self.env.reset(seed=req.seed)
         self.agent = make_agent(req.agent, req.registry, self.env.action_space, seed=req.seed,
                                 action_mask=self.env.action_mask, forecast=model_forecaster(space),
@@ -352,6 +352,8 @@ class StudyLoop:
             self._cancel_in_flight()
             raise
         finally:
+            if self.pool is not None:
+                self.pool.close()
             if self.claims is not None:
                 self.claims.close()  # what it still holds (interrupted trials) is free for --resume at once
 
@@ -441,23 +443,23 @@ class StudyLoop:
 
     def _submit(self, number: int, action: dict[str, int]) -> None:
         self.in_flight[number] = action
-        self.pool.submit(number, lambda: self._step(number, action), interruptible=self.backend.interruptible)
+        self.pool.submit(number, lambda: self._step(number, action))
 
     def _collect(self, results: list[Done], *, check: bool = True) -> None:
-        """Record finished pool jobs. A job interrupted (a Ctrl-C reached it) keeps its
+        """Record finished pool jobs. A job interrupted (a Ctrl-C inside it, or the cancel event) keeps its
         interrupted row unless its run had in fact ended; an error that one of them raised (a bug, dse's own
         failure) or an interrupt is raised once all are recorded (``check``; not while cancelling)."""
         raised: BaseException | None = None
         for d in results:
             action = self.in_flight.pop(d.key)
             result = d.value
-            if d.error is not None:
-                raised = raised or d.error
-                continue
-            if d.interrupted:
+            if isinstance(d.error, (KeyboardInterrupt, Cancelled)):
                 raised = raised or KeyboardInterrupt()
                 if (result := self._finished_anyway(d.key, action)) is None:
                     continue  # its placeholder stays: interrupted
+            elif d.error is not None:
+                raised = raised or d.error
+                continue
             self._finish(d.key, action, result, over=True, check=check)
         if raised is not None and check:
             raise raised

@@ -1,14 +1,17 @@
-"""``dse.execute.run_trial``: which exceptions of a backend are trial outcomes."""
+"""``dse.execute.run_trial``: which exceptions of a backend are trial outcomes, and the study's cancel event."""
 
 from __future__ import annotations
 
 import errno
+import threading
+import time
 
 import pytest
 
+from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
-from dse.errors import InfrastructureError
-from dse.execute import run_trial
+from dse.errors import Cancelled, InfrastructureError
+from dse.execute import CancelCheck, run_trial
 from dse.space import BackendSettings
 from tests.trials import system, trial
 
@@ -51,3 +54,43 @@ def test_a_bug_in_the_backend_propagates(tmp_path):
 def test_a_full_disk_is_dses_failure_not_the_trials(tmp_path):
     with pytest.raises(InfrastructureError, match="No space left"):
         run_trial(_trial(), tmp_path / "a", Raising(OSError(errno.ENOSPC, "No space left on device")), SETTINGS)
+
+
+class Polling(SimBackend):
+    """A backend whose run lasts until its stop check says stop (a scheduler's poll loop)."""
+
+    interruptible = True
+
+    def __init__(self):
+        super().__init__()
+        self.stops: list = []
+
+    def run(self, plan, run_dir, stop=None):
+        self.stops.append(stop)
+        if stop is None:
+            return super().run(plan, run_dir)
+        while not stop(run_dir / "log.txt"):
+            time.sleep(0.01)
+        return RunResult(run_dir=run_dir, log_path=run_dir / "log.txt", exit_code=None, stopped=True)
+
+
+def test_the_cancel_event_stops_an_interruptible_run_through_its_stop_check(tmp_path):
+    cancel = threading.Event()
+    backend = Polling()
+    timer = threading.Timer(0.2, cancel.set)
+    timer.start()
+    try:
+        with pytest.raises(Cancelled):
+            run_trial(_trial(), tmp_path / "a", backend, SETTINGS, cancel=cancel)
+    finally:
+        timer.cancel()
+    assert isinstance(backend.stops[0], CancelCheck)
+    run_trial(_trial(), tmp_path / "b", backend, SETTINGS)  # no cancel event: no stop check at all
+    assert backend.stops[1] is None
+
+
+def test_a_run_that_is_not_interruptible_finishes_and_its_result_stands(tmp_path):
+    cancel = threading.Event()
+    cancel.set()
+    m = run_trial(_trial(), tmp_path / "a", SimBackend(), SETTINGS, cancel=cancel)
+    assert m.status == "ok" and m.steps == 20

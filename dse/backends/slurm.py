@@ -416,21 +416,23 @@ class SlurmBackend(Backend):
         ``pending_limit_s`` as for :meth:`wait` (the state returned is then ``PENDING``, not stopped)."""
         start = time.monotonic()
         gone_since: float | None = None
-        last_look = float("-inf")
+        last_look = last_query = float("-inf")
         pending = _Pending(job_id)
         while True:
-            st = query_state(job_id)
             now = time.monotonic()
-            if st is not None:
-                if st.state in TERMINAL:
-                    return st, False
-                gone_since = None
-                if (given_up := pending.given_up(st, now - start, pending_limit_s)) is not None:
-                    return given_up, False
-            else:
-                gone_since = gone_since or now
-                if now - gone_since > self.settle_s:
-                    return JobState(UNKNOWN, None), False
+            if now - last_query >= self.poll_s:  # the scheduler is asked at its own pace, however often stop is
+                last_query = now
+                st = query_state(job_id)
+                if st is not None:
+                    if st.state in TERMINAL:
+                        return st, False
+                    gone_since = None
+                    if (given_up := pending.given_up(st, now - start, pending_limit_s)) is not None:
+                        return given_up, False
+                else:
+                    gone_since = gone_since or now
+                    if now - gone_since > self.settle_s:
+                        return JobState(UNKNOWN, None), False
             if now - last_look >= stop.poll_s:
                 last_look = now
                 if stop(log):
