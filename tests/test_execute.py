@@ -94,3 +94,27 @@ def test_a_run_that_is_not_interruptible_finishes_and_its_result_stands(tmp_path
     cancel.set()
     m = run_trial(_trial(), tmp_path / "a", SimBackend(), SETTINGS, cancel=cancel)
     assert m.status == "ok" and m.steps == 20
+
+
+class CountingMonitor:
+    """An early-stop monitor stand-in: counts the looks, never decides."""
+
+    decided = False
+
+    def __init__(self, poll_s: float):
+        self.poll_s, self.looks = poll_s, 0
+
+    def __call__(self, log_path) -> bool:
+        self.looks += 1
+        return False
+
+
+def test_the_cancel_check_asks_the_monitor_at_the_monitors_own_interval(tmp_path):
+    cancel = threading.Event()
+    rare, often = CountingMonitor(poll_s=3600.0), CountingMonitor(poll_s=0.0)
+    check_rare, check_often = CancelCheck(cancel, rare), CancelCheck(cancel, often)
+    for _ in range(3):
+        assert not check_rare(tmp_path / "log.txt") and not check_often(tmp_path / "log.txt")
+    assert rare.looks == 0 and often.looks == 3  # the backend may poll faster than the monitor looks
+    cancel.set()
+    assert check_rare(tmp_path / "log.txt") and CancelCheck(cancel)(tmp_path / "log.txt")
