@@ -26,6 +26,11 @@ class InfrastructureError(Exception):
         super().__init__(message)
 
 
+class Cancelled(Exception):
+    """A run stopped through the study's cancel event (a Ctrl-C under ``--parallel``, seen by the backend's
+    stop check): no outcome of the trial. Its row stays interrupted, and ``--resume`` runs it again."""
+
+
 # errno values that mean "the machine cannot write", whatever the trial: disk full, quota, read-only, I/O.
 _INFRA_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 

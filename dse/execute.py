@@ -2,21 +2,26 @@
 
 The one path every caller uses (the Gymnasium environment, and through it the study). It neither numbers
 nor records trials: the caller gives the run directory and keeps the result. A failed run is data (a
-``RunMetrics`` with a status and a reason), never an exception; only a ``KeyboardInterrupt`` passes through,
-after the run directory has what the backend left, and an :class:`dse.errors.InfrastructureError` (dse
-could not write: disk full, read-only), which is no outcome of the trial and must not be recorded as one.
+``RunMetrics`` with a status and a reason), and so is an exception the backend declares as its own
+(:attr:`dse.backends.base.Backend.run_errors`: a launcher that cannot start). What passes through: a
+``KeyboardInterrupt`` (after the run directory has what the backend left); :class:`dse.errors.Cancelled`
+(the study's cancel event stopped the run); an :class:`dse.errors.InfrastructureError` (dse could not write:
+disk full, read-only), which is no outcome of the trial and must not be recorded as one; and any other
+exception, a bug, which stops the study with its traceback (as Optuna's ``catch=()`` does) rather than
+spending its budget on failed trials.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from dse.backends.base import Backend
+from dse.backends.base import Backend, RunResult, StopCheck
 from dse.calibrate import calibrated_params
-from dse.errors import InfrastructureError, UserError, infrastructure
+from dse.errors import Cancelled, InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
 from dse.parse import ParseContext, RunMetrics, parse_log
 from dse.perfmodel import model_flops_per_step
@@ -47,9 +52,36 @@ def parse_context(trial: TrialConfig, settings: BackendSettings) -> ParseContext
                         stall_timeout_s=settings.timeout_s)
 
 
+# How often a run looks at the study's cancel event (a Ctrl-C under --parallel). Short, since a run stopped late
+# may end by itself meanwhile; a backend that polls a scheduler still asks it at its own pace (dse.backends.slurm).
+CANCEL_POLL_S = 0.2
+
+
+class CancelCheck:
+    """A backend's stop check (:class:`dse.backends.base.StopCheck`) that says stop once ``cancel`` is set, and
+    otherwise asks the early-stop ``monitor`` if there is one, at the monitor's own interval (so an early stop
+    reads the log as often as it does without a cancel event)."""
+
+    poll_s = CANCEL_POLL_S
+
+    def __init__(self, cancel: threading.Event, monitor: Monitor | None = None):
+        self.cancel, self.monitor = cancel, monitor
+        self._looked = time.monotonic()  # a backend first looks one poll interval after the start
+
+    def __call__(self, log_path: Path) -> bool:
+        if self.cancel.is_set():
+            return True
+        if self.monitor is None:
+            return False
+        if not self.monitor.decided and time.monotonic() - self._looked < self.monitor.poll_s:
+            return False
+        self._looked = time.monotonic()
+        return self.monitor(log_path)
+
+
 def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: BackendSettings, *,
               seed: int = 0, objective: Objective | None = None,
-              best: Callable[[], float | None] | None = None) -> RunMetrics:
+              best: Callable[[], float | None] | None = None, cancel: threading.Event | None = None) -> RunMetrics:
     """Run ``trial`` in ``run_dir`` (made fresh here) on ``backend`` and parse its log.
 
     ``settings`` is the space's ``[backend]`` table (payload, FLOPs convention, stall limit); ``seed`` the
@@ -57,7 +89,9 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
     nowhere else: a reward read from another trial's log stays plausible and silently wrong. Pruning
     (``[backend.early_stop] prune_margin``) needs the space's ``objective`` and ``best``: the caller's
     callable giving the best value of the objective's metric measured so far (asked while the run goes on,
-    since it may change meanwhile); without them no trial is pruned.
+    since it may change meanwhile); without them no trial is pruned. ``cancel``: the study's cancel event
+    (``--parallel``), read by an :attr:`~dse.backends.base.Backend.interruptible` backend through its stop check;
+    a run it stopped raises :class:`dse.errors.Cancelled`.
     """
     try:
         prepare_run_dir(run_dir)
@@ -69,26 +103,51 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
                           simulated=backend.simulated, params=calibrated_params(settings.calibration))
     except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
         return RunMetrics("failed", f"launch plan: {e}")
+    monitor = _monitor(trial, settings, objective, best)
+    stop: StopCheck | None = monitor
+    if cancel is not None and backend.interruptible:
+        stop = CancelCheck(cancel, monitor)
+    t0 = time.monotonic()
+    try:
+        result = backend.run(plan, run_dir) if stop is None else backend.run(plan, run_dir, stop=stop)
+    except Exception as e:
+        return _declared_failure(e, backend, run_dir, wall_s=time.monotonic() - t0)
+    if result.stopped and cancel is not None and cancel.is_set() and not (monitor is not None and monitor.decided):
+        raise Cancelled(f"trial in {run_dir} cancelled")
+    return _metrics(trial, settings, backend, run_dir, result, monitor,
+                    wall=result.wall_s if result.wall_s is not None else time.monotonic() - t0)
+
+
+def _monitor(trial: TrialConfig, settings: BackendSettings, objective: Objective | None,
+             best: Callable[[], float | None] | None) -> Monitor | None:
+    """The early-stop monitor of a run (None unless ``[backend.early_stop]`` is enabled); it prunes only with
+    the objective and the study's best."""
     es = settings.early_stop
+    if not es.enabled:
+        return None
     prune = None
     if es.prune_margin is not None and objective is not None and best is not None:
         prune = Prune(es.prune_margin, objective.metric, objective.sense == "maximize", best)
-    monitor = Monitor(Rule(es.min_steps, es.window, es.tolerance), poll_s=es.poll_s, prune=prune,
-                      context=parse_context(trial, settings)) if es.enabled else None
-    t0 = time.monotonic()
-    try:
-        result = backend.run(plan, run_dir) if monitor is None else backend.run(plan, run_dir, stop=monitor)
-    except (KeyboardInterrupt, InfrastructureError):
-        raise
-    except OSError as e:  # disk full, read-only: dse's machinery failed, not the trial
-        infra = infrastructure(e, f"backend {backend.name} could not write in {run_dir}")
-        if infra is not None:
-            raise infra from None
-        return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}")
-    except Exception as e:  # a failed trial is data: record it, keep the study going
-        return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}",
-                          wall_s=time.monotonic() - t0)
-    wall = result.wall_s if result.wall_s is not None else time.monotonic() - t0
+    return Monitor(Rule(es.min_steps, es.window, es.tolerance), poll_s=es.poll_s, prune=prune,
+                   context=parse_context(trial, settings))
+
+
+def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: float) -> RunMetrics:
+    """The failed trial that an error the backend declares (:attr:`~dse.backends.base.Backend.run_errors`) makes;
+    anything else is raised: a full disk as an InfrastructureError (dse's machinery failed, not the trial),
+    dse's own failures as they are, and any other exception, a bug, as it is (the study stops)."""
+    if isinstance(e, OSError) and (infra := infrastructure(e, f"backend {backend.name} could not write in "
+                                                              f"{run_dir}")) is not None:
+        raise infra from None
+    if isinstance(e, InfrastructureError) or not isinstance(e, backend.run_errors):
+        raise e
+    return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}", wall_s=wall_s)
+
+
+def _metrics(trial: TrialConfig, settings: BackendSettings, backend: Backend, run_dir: Path, result: RunResult,
+             monitor: Monitor | None, *, wall: float) -> RunMetrics:
+    """The trial's metrics from what its run left: the backend's reason when nothing ran, the monitor's when it
+    stopped the run, otherwise the log parsed (this run's own, inside its run directory)."""
     if result.reason is not None:  # nothing ran (sbatch refused it): the backend's words are the reason
         return RunMetrics("failed", result.reason, wall_s=wall)
     log = Path(result.log_path)

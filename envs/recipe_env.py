@@ -12,12 +12,14 @@ numbers and records trials, so the environment works from any RL library without
 
 Pruning (``[backend.early_stop] prune_margin``) compares a running trial with ``best()``, the best value of the
 objective's metric measured so far: the study passes its own (it knows the trials of a resumed study, and
-of other workers); without one the environment uses the best of its own ``ok`` steps.
+of other workers); without one the environment uses the best of its own ``ok`` steps. ``cancel`` (the study's,
+under ``--parallel``) stops the runs in flight through their backend's stop check (:func:`dse.execute.run_trial`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -61,8 +63,9 @@ class RecipeEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, space: Space, backend: Backend, out_dir: str | Path,
-                 run_dirs: Callable[[], Path] | None = None, best: Callable[[], float | None] | None = None):
-        self.space, self.backend = space, backend
+                 run_dirs: Callable[[], Path] | None = None, best: Callable[[], float | None] | None = None,
+                 cancel: threading.Event | None = None):
+        self.space, self.backend, self.cancel = space, backend, cancel
         self.out_dir = Path(out_dir)
         self._names = space.knob_names
         self._values = [space.knobs[n] for n in self._names]
@@ -123,7 +126,7 @@ class RecipeEnv(gym.Env):
             run_dir = self.run_dirs()
             self._launched += 1
             metrics = run_trial(trial, run_dir, self.backend, self.space.backend, seed=self._seed,
-                                objective=self.space.objective, best=self.best)
+                                objective=self.space.objective, best=self.best, cancel=self.cancel)
             self._best = better(self._best, metrics, self.space.objective)
         return self.outcome(action, metrics, launched=not rejected, trial=trial)
 

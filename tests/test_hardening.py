@@ -455,13 +455,13 @@ def test_a_full_disk_when_writing_best_is_one_line(tmp_path, monkeypatch):
 
     from typer.testing import CliRunner
 
-    import dse.study as study
+    import dse.recording as recording
     from dse.cli import app
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(study, "write_best", full)
+    monkeypatch.setattr(recording, "write_best", full)
     path = write_space(tmp_path)
     r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "random",
                                  "--trials", "2"])

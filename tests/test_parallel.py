@@ -27,9 +27,9 @@ from tests.test_study import valid_count
 
 class Slow(SimBackend):
     """The simulated backend, taking ``delay(point)`` seconds a trial; counts how many run at once and which
-    were cancelled (reached by the Ctrl-C while running)."""
+    were cancelled (stopped by their stop check while running, as a real backend's poll loop stops its job)."""
 
-    interruptible = True  # it stands for a job that takes time (a poll loop), which a Ctrl-C interrupts
+    interruptible = True  # it stands for a job that takes time (a poll loop), which a Ctrl-C cancels
 
     def __init__(self, delay=lambda trial: 0.05, hold: threading.Event | None = None):
         super().__init__()
@@ -38,6 +38,7 @@ class Slow(SimBackend):
         self.now = self.most = 0
         self.cancelled: list[Path] = []
         self.spans: list[tuple[float, float]] = []
+        self.interrupts = 0  # KeyboardInterrupts that landed inside a run (none should: cancelling is the event's)
 
     def run(self, plan, run_dir, stop=None):
         with self.lock:
@@ -47,11 +48,15 @@ class Slow(SimBackend):
         try:
             end = t0 + self.delay(plan.trial)
             while time.monotonic() < end or (self.hold is not None and not self.hold.is_set()):
-                time.sleep(0.01)  # a backend's poll loop
-            return super().run(plan, run_dir, stop)
+                if stop is not None and stop(run_dir / "log.txt"):  # a backend's poll loop asks its stop check
+                    with self.lock:
+                        self.cancelled.append(run_dir)
+                    return RunResult(run_dir=run_dir, log_path=run_dir / "log.txt", exit_code=None, stopped=True)
+                time.sleep(0.01)
+            return super().run(plan, run_dir)
         except KeyboardInterrupt:
             with self.lock:
-                self.cancelled.append(run_dir)
+                self.interrupts += 1
             raise
         finally:
             with self.lock:
@@ -154,7 +159,8 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
     with pytest.raises(KeyboardInterrupt) as e:
         study_mod.run_study(space, out_dir=out, agent="grid", parallel=4, on_trial=on_trial)
     assert isinstance(e.value, study_mod.Interrupted) and (e.value.saved, e.value.interrupted) == (4, 3)
-    assert len(backend.cancelled) == 3 and backend.now == 0  # each running trial got the Ctrl-C, none left
+    # each running trial was stopped through its stop check (the cancel event), none left, no exception injected
+    assert len(backend.cancelled) == 3 and backend.now == 0 and backend.interrupts == 0
     store, _ = study_mod.open_store(out)
     before = store.records()
     store.close()

@@ -55,7 +55,7 @@ def test_a_job_pending_past_the_limit_is_cancelled_and_failed_with_slurms_reason
 def test_wait_reports_the_pending_reason_while_it_waits(pending_cluster):
     be = SlurmBackend(poll_s=0.05)
     st = be.wait("4242", limit_s=0.2)
-    assert st.state == "PENDING" and be.pending == REASON
+    assert st.state == "PENDING" and st.reason == REASON
 
 
 def test_max_pending_is_checked_as_a_slurm_time(tmp_path):

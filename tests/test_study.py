@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import optuna
 import pandas as pd
 import pytest
@@ -239,3 +241,43 @@ def test_search_warm_start_model_launches_the_models_best_point_first(tmp_path):
     best = max(fits, key=lambda x: x[0])[1]
     res = study_mod.run_study(space, out_dir=tmp_path / "out", trials=2)
     assert res.records[0].knobs == {n: space.knobs[n][i] for n, i in best.items()}
+
+
+class Buggy(SimBackend):
+    """A backend with a bug in it: its ``n``-th run divides by zero (no error the backend declares)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n, self.calls, self.lock = n, 0, threading.Lock()
+
+    def run(self, plan, run_dir, stop=None):
+        with self.lock:
+            self.calls += 1
+            call = self.calls
+        if call == self.n:
+            return 1 / 0
+        return super().run(plan, run_dir, stop)
+
+
+@pytest.mark.parametrize("parallel", [1, 3])
+def test_a_bug_in_a_backend_stops_the_study_after_saving_what_finished(tmp_path, monkeypatch, parallel):
+    space = load_space(write_space(tmp_path))
+    out = tmp_path / "out"
+    monkeypatch.setattr(study_mod, "make_backend", lambda *a: Buggy(5))
+    with pytest.raises(ZeroDivisionError) as e:
+        study_mod.run_study(space, out_dir=out, agent="grid", parallel=parallel)
+    assert e.traceback[-1].name == "run"  # the bug's own traceback, down to the backend's frame
+    store, _ = study_mod.open_store(out)
+    records = store.records()
+    store.close()
+    finished = [r for r in records if not r.interrupted]
+    # the four runs before it (and, in parallel, those in flight beside it) are recorded; none as a failure
+    assert len(finished) >= 4 and all(r.status != "failed" for r in finished)
+    assert not any("ZeroDivisionError" in (r.reason or "") for r in records)
+    # its own trial: no row in a serial study, its interrupted row (resume runs it) in a parallel one
+    assert len(records) - len(finished) == (0 if parallel == 1 else 1)
+    assert len(pd.read_csv(out / "leaderboard.csv")) == len(records)
+    monkeypatch.undo()
+    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=parallel)
+    keys = [tuple(r.knobs.values()) for r in res.records]
+    assert len(keys) == len(set(keys)) == valid_count(space) and not any(r.interrupted for r in res.records)

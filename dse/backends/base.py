@@ -55,8 +55,13 @@ class Backend(abc.ABC):
     name: str = "base"
     simulated: bool = False  # True: the plan must carry the simulated figures (LaunchPlan.sim_run)
     # False: a run ends in moments and holds nothing outside dse (the in-process simulated backend), so a Ctrl-C
-    # under --parallel lets it finish instead of interrupting it mid-write (dse.parallel.Pool.cancel)
+    # under --parallel lets it finish; True: it is handed a stop check that also reads the study's cancel event
+    # (dse.execute.CancelCheck), and stops its run when that says so, as for an early stop
     interruptible: bool = True
+    # The backend's declared infrastructure errors: what its run raises when the machinery around a trial fails
+    # (a launcher that cannot start, a scheduler command that breaks). Each becomes the trial's outcome
+    # (failed, the error as its reason); any other exception is a bug and stops the study (dse.execute).
+    run_errors: tuple[type[Exception], ...] = (OSError,)
     # True: its run directories (exactly a compressed log, dse.logpack.packable) are packed once recorded
     packs_logs: bool = False
 

@@ -78,6 +78,7 @@ class LocalBackend(Backend):
 
     name = "local"
     script_name = SCRIPT_NAME
+    run_errors = (OSError, subprocess.SubprocessError)  # bash or torchrun that cannot start
 
     @classmethod
     def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:

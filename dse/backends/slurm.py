@@ -24,9 +24,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dse.backends.base import Backend, RunResult, StopCheck
@@ -274,6 +275,32 @@ def cancel(job_id: str) -> None:
     _run(["scancel", job_id])
 
 
+@dataclass
+class _Pending:
+    """One wait's view of its job while Slurm keeps it pending: the last reason it gave, printed once per new
+    reason unless ``quiet``. A wait's own object: one backend instance serves every trial in flight."""
+
+    job_id: str
+    quiet: bool = False
+    reason: str = ""
+
+    def given_up(self, st: JobState, waited_s: float, limit_s: float | None) -> JobState | None:
+        """Note Slurm's reason while ``st`` is PENDING (else ''); a PENDING state with the reason once
+        ``waited_s`` passes ``limit_s``."""
+        if st.state != "PENDING":
+            self.reason = ""
+            return None
+        reason = pending_reason(self.job_id) or "no reason given"
+        if reason != self.reason and not self.quiet and reason not in ("None", "no reason given"):
+            # one line per new reason, above the progress bar (rich's Progress redirects stderr); Slurm
+            # says "None" before it has looked at a new job: not worth a line
+            print(f"job {self.job_id} pending: {reason}", file=sys.stderr, flush=True)
+        self.reason = reason
+        if limit_s is not None and waited_s > limit_s:
+            return JobState("PENDING", None, reason)
+        return None
+
+
 class SlurmBackend(Backend):
     """Submits each plan with sbatch and waits for its end; Ctrl-C cancels the job (``scancel``) and re-raises.
 
@@ -283,6 +310,7 @@ class SlurmBackend(Backend):
 
     name = "slurm"
     script_name = SCRIPT_NAME
+    run_errors = (OSError, subprocess.SubprocessError)  # the job directory, the Slurm commands
 
     @classmethod
     def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:
@@ -290,13 +318,16 @@ class SlurmBackend(Backend):
 
     def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
-        self._refusal: tuple[str, int] = ("", 0)  # the last sbatch refusal and how many times in a row
-        self.pending = ""  # Slurm's reason while the current job pends
+        # The last sbatch refusal and how many times in a row: the study's, not one run's (runs in flight at
+        # once each update it, under the lock). A run's own state lives in its wait (_Pending).
+        self._refusal: tuple[str, int] = ("", 0)
+        self._refusal_lock = threading.Lock()
 
     def stop_reason(self) -> str | None:
         """Set once sbatch refused :data:`REFUSALS_TO_STOP` submissions in a row with the same message: a
         misconfigured partition, account or GRES fails every trial, and the study should not go on."""
-        message, n = self._refusal
+        with self._refusal_lock:
+            message, n = self._refusal
         if n < REFUSALS_TO_STOP:
             return None
         return (f"sbatch refused {n} jobs in a row: {message} (check the system file's [slurm] table: "
@@ -319,11 +350,13 @@ class SlurmBackend(Backend):
             err = run_dir / SBATCH_OUT
             err.write_text(error.rstrip("\n") + "\n")  # as sbatch printed it (its own "sbatch: error:" prefix)
             message = sbatch_message(error)
-            last, n = self._refusal
-            self._refusal = (message, n + 1 if message == last else 1)
+            with self._refusal_lock:
+                last, n = self._refusal
+                self._refusal = (message, n + 1 if message == last else 1)
             return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED,
                              reason=f"sbatch refused the job: {message}")
-        self._refusal = ("", 0)
+        with self._refusal_lock:
+            self._refusal = ("", 0)
         (run_dir / "job_id").write_text(job_id + "\n")
         stopped = False
         limit = settings.max_pending
@@ -383,22 +416,23 @@ class SlurmBackend(Backend):
         ``pending_limit_s`` as for :meth:`wait` (the state returned is then ``PENDING``, not stopped)."""
         start = time.monotonic()
         gone_since: float | None = None
-        last_look = float("-inf")
-        self.pending = ""
+        last_look = last_query = float("-inf")
+        pending = _Pending(job_id)
         while True:
-            st = query_state(job_id)
             now = time.monotonic()
-            if st is not None:
-                if st.state in TERMINAL:
-                    self.pending = ""
-                    return st, False
-                gone_since = None
-                if (given_up := self._pending(job_id, st, now - start, pending_limit_s, quiet=False)) is not None:
-                    return given_up, False
-            else:
-                gone_since = gone_since or now
-                if now - gone_since > self.settle_s:
-                    return JobState(UNKNOWN, None), False
+            if now - last_query >= self.poll_s:  # the scheduler is asked at its own pace, however often stop is
+                last_query = now
+                st = query_state(job_id)
+                if st is not None:
+                    if st.state in TERMINAL:
+                        return st, False
+                    gone_since = None
+                    if (given_up := pending.given_up(st, now - start, pending_limit_s)) is not None:
+                        return given_up, False
+                else:
+                    gone_since = gone_since or now
+                    if now - gone_since > self.settle_s:
+                        return JobState(UNKNOWN, None), False
             if now - last_look >= stop.poll_s:
                 last_look = now
                 if stop(log):
@@ -406,47 +440,28 @@ class SlurmBackend(Backend):
                     return self.wait(job_id, limit_s=max(self.settle_s, 15.0)), True
             time.sleep(min(self.poll_s, stop.poll_s))
 
-    def _pending(self, job_id: str, st: JobState, waited_s: float, limit_s: float | None, *,
-                 quiet: bool) -> JobState | None:
-        """Keep :attr:`pending` (Slurm's reason while ``st`` is PENDING, else ''), print each new reason on
-        one line unless ``quiet``; a PENDING state with the reason once ``waited_s`` passes ``limit_s``."""
-        if st.state != "PENDING":
-            self.pending = ""
-            return None
-        reason = pending_reason(job_id) or "no reason given"
-        if reason != self.pending and not quiet and reason not in ("None", "no reason given"):
-            # one line per new reason, above the progress bar (rich's Progress redirects stderr); Slurm
-            # says "None" before it has looked at a new job: not worth a line
-            print(f"job {job_id} pending: {reason}", file=sys.stderr, flush=True)
-        self.pending = reason
-        if limit_s is not None and waited_s > limit_s:
-            return JobState("PENDING", None, reason)
-        return None
-
     def wait(self, job_id: str, *, limit_s: float | None = None, pending_limit_s: float | None = None) -> JobState:
         """Poll until the job reaches an end state (or ``limit_s`` passes); the last state seen.
 
         ``pending_limit_s``: a job still ``PENDING`` that long after submission is given up on; the state
         returned is then ``PENDING`` with Slurm's pending reason (the caller cancels it). While the job
-        pends, :attr:`pending` holds Slurm's reason, and each new reason is printed on one line to stderr
-        (above the progress bar: rich's Progress redirects stderr), so a wait is never silent.
+        pends, each new reason Slurm gives is printed on one line to stderr (above the progress bar: rich's
+        Progress redirects stderr), so a wait is never silent; a PENDING state returned carries the last one.
         """
         start = time.monotonic()
         gone_since: float | None = None
         last = JobState("PENDING", None)
-        self.pending = ""
+        pending = _Pending(job_id, quiet=limit_s is not None)
         while True:
             st = query_state(job_id)
             now = time.monotonic()
             if st is not None:
-                last = st
                 if st.state in TERMINAL:
-                    self.pending = ""
                     return st
                 gone_since = None
-                if (given_up := self._pending(job_id, st, now - start, pending_limit_s,
-                                              quiet=limit_s is not None)) is not None:
+                if (given_up := pending.given_up(st, now - start, pending_limit_s)) is not None:
                     return given_up
+                last = replace(st, reason=pending.reason)  # a PENDING state with Slurm's reason
             else:
                 gone_since = gone_since or now
                 if now - gone_since > self.settle_s:

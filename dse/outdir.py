@@ -1,0 +1,254 @@
+"""The output directory of a study: where it lives and whether it may be opened.
+
+A directory holds one study: ``dse.json`` (what ran: space file, study name, storage URL, knob names), the
+store (``study.db`` by default), ``trials/NNNNN/`` run directories and ``leaderboard.csv``. A lock file
+keeps a second ``dse run`` out of a directory in use, unless each is a ``--worker`` (they share it and
+claim points in the storage: :mod:`dse.claims`). What a trial records is :mod:`dse.recording`; the loop
+that runs trials is :mod:`dse.study`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from dse import logpack
+from dse.errors import InfrastructureError, UserError, infrastructure
+from dse.space import Space
+from dse.store import Store, check_url, sqlite_path
+from dse.store import exists as study_exists
+
+META = "dse.json"
+DB = "study.db"
+LEADERBOARD = "leaderboard.csv"
+
+
+def trial_dir(out_dir: Path, number: int) -> Path:
+    """The run directory of trial ``number`` (the store assigns numbers; this is the one place they become paths)."""
+    return Path(out_dir) / "trials" / f"{number:05d}"
+
+
+def stored_run_dir(number: int) -> str:
+    """The run directory as the store keeps it: relative to the study directory (``trials/00003``), so a
+    moved or copied study still finds it; readers get it resolved (``dse.store.resolve_run_dir``)."""
+    return trial_dir(Path("."), number).as_posix()
+
+
+def storage_url(out_dir: Path) -> str:
+    """The default storage of a study in ``out_dir``: its ``study.db``, wherever the directory is now."""
+    return f"sqlite:///{(Path(out_dir) / DB).resolve()}"
+
+
+def stored_storage(meta_storage: str, out_dir: Path) -> str:
+    """The storage URL that ``dse.json``'s ``storage`` names. The default is written as the bare file name
+    ``study.db`` (relative to the study directory), so a moved or copied study uses its own database; an
+    explicit ``--storage`` was made absolute when it was given and is used as written."""
+    if meta_storage == DB:
+        return storage_url(out_dir)
+    return meta_storage
+
+
+def absolute_storage(url: str) -> str:
+    """``--storage`` as given, with a relative SQLite file made absolute now (a relative path
+    would otherwise name a different file from every other working directory)."""
+    check_url(url)
+    path = sqlite_path(url)
+    if path is not None and not path.is_absolute():
+        return "sqlite:///" + str(path.resolve()) + (("?" + url.partition("?")[2]) if "?" in url else "")
+    if "://" not in url:
+        return str(Path(url).resolve())
+    return url
+
+
+def io_error(e: OSError, what: str) -> InfrastructureError:
+    """dse could not write its own output: never a traceback, never a trial outcome."""
+    return infrastructure(e, what) or InfrastructureError(f"{what}: {e.strerror or e}")
+
+
+def read_meta(out_dir: Path) -> dict[str, Any]:
+    path = Path(out_dir) / META
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"not a dse output directory (no {META})", file=str(out_dir)) from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read: {e}", file=str(path)) from None
+
+
+def new_meta(space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int,
+             backend: str) -> dict[str, Any]:
+    """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
+    return {"space": space.source, "space_name": space.name, "study_name": space.name, "storage": storage or DB,
+            "knobs": knob_lists(space), "recipe": space.recipe, "system": space.system.name,
+            "gpu": space.system.gpu, "num_nodes": space.num_nodes, "gpus_per_node": space.system.gpus_per_node,
+            "price_per_gpu_hour": space.system.price_per_gpu_hour, "agent": agent,
+            "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend}
+
+
+def knob_lists(space: Space) -> dict[str, list[Any]]:
+    return {k: list(v) for k, v in space.knobs.items()}
+
+
+def count_run_dirs(out_dir: Path) -> int:
+    """How many trials' run directories ``out_dir`` holds, packed ones (dse.logpack) included."""
+    d = Path(out_dir) / "trials"
+    return (sum(1 for p in d.iterdir() if p.is_dir() and p.name.isdigit()) + logpack.count(d)) if d.is_dir() else 0
+
+
+def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
+    """The study of ``out_dir`` for reading (leaderboard, report); never creates a database."""
+    meta = read_meta(out_dir)
+    url = stored_storage(meta["storage"], Path(out_dir))
+    if not study_exists(url, meta["study_name"]):
+        raise UserError(f"holds no study {meta['study_name']!r} ({count_run_dirs(Path(out_dir))} run directories)",
+                        file=str(sqlite_path(url) or url))
+    store = Store(url, meta["study_name"], meta["knobs"], create=False, base=Path(out_dir))
+    return store, meta
+
+
+def saved_counts(out: Path) -> tuple[int, int]:
+    """Trials in the study of ``out``, and how many of them are interrupted (0, 0 when none can be read)."""
+    try:
+        store, _ = open_store(out)
+    except (UserError, InfrastructureError, OSError, SQLAlchemyError):
+        return 0, 0
+    saved = interrupted = 0
+    try:
+        for r in store.iter_records():  # streamed: a large study is never held whole
+            saved += 1
+            interrupted += r.interrupted
+    finally:
+        store.close()
+    return saved, interrupted
+
+
+def check_target(out: Path, *, resume: bool, rebuild: bool, worker: bool, default_out: bool) -> bool:
+    """Refuse what ``out`` cannot be used for (a fresh study over an existing one, a resume of nothing);
+    whether the study there is resumed (a worker joins a study that is there)."""
+    resume = resume or (worker and (out / META).exists())
+    if (out / META).exists() and not resume:
+        if default_out:  # the user gave no --out: name the default, never a flag they did not pass
+            raise UserError("(the default output directory, runs/<space name>) already holds a study; pass "
+                            "--resume to continue it, or --out DIR for a fresh study", file=str(out))
+        raise UserError("already holds a study; pass --resume to continue it, or a fresh --out DIR",
+                        file=str(out), field="--out")
+    if resume and not (out / META).exists():
+        raise UserError(f"nothing to resume (no {META})", file=str(out), field="--resume")
+    if rebuild and not resume:
+        raise UserError("--rebuild goes with --resume", field="--rebuild")
+    return resume
+
+
+@contextlib.contextmanager
+def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
+    """Hold ``out`` (made if need be) for one study: ``.lock`` exclusively, or shared among ``--worker``s. A
+    worker also holds ``.start.lock`` until it calls the ``ready`` it is given (one worker at a time sets the
+    study up: the first creates it, the others join it). A directory this call made is removed again when a
+    :class:`UserError` refuses the study before it started (no ``dse.json``)."""
+    created = not out.exists() and not worker  # a worker never removes what another one may be starting
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "w")
+    except OSError as e:
+        raise UserError(f"cannot write there: {e.strerror or e}", file=str(out), field="--out") from None
+    try:
+        fcntl.flock(lock, (fcntl.LOCK_SH if worker else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise UserError("is in use by another dse run" + ("" if worker else " (several processes on one study: "
+                        "--worker each)"), file=str(out), field="--out") from None
+    starting = None
+    if worker:
+        starting = open(out / ".start.lock", "w")
+        fcntl.flock(starting, fcntl.LOCK_EX)
+
+    def ready() -> None:
+        if starting is not None and not starting.closed:
+            fcntl.flock(starting, fcntl.LOCK_UN)
+            starting.close()
+
+    try:
+        yield ready
+    except UserError:
+        if created and not (out / META).exists():  # refused before the study started: leave nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        ready()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+def open_study(out: Path, space: Space, meta: dict[str, Any], *, resume: bool, rebuild: bool,
+               worker: bool) -> tuple[Store, dict[str, Any], str]:
+    """The study's store, ``dse.json`` and storage URL. ``meta`` is what a new study writes to ``dse.json``; a
+    resumed one reads its own and is refused for another space, or for a storage that lost the study
+    (unless ``rebuild``: it starts anew under the old numbers)."""
+    if resume:
+        meta = read_meta(out)
+        if meta["space_name"] != space.name or meta["knobs"] != knob_lists(space):
+            raise UserError("the space differs from the one this study ran; resume with the same space file",
+                            file=space.source, field="knobs")
+        url = stored_storage(meta["storage"], out)
+        _check_rebuild(out, url, meta["study_name"], rebuild)
+    else:
+        url = stored_storage(meta["storage"], out)
+    store = _open(url, meta, resume, worker, out)
+    if not resume:
+        try:
+            _write_json(out / META, meta)
+        except OSError as e:
+            store.close()
+            raise io_error(e, f"cannot write {out / META}") from None
+    return store, meta, url
+
+
+def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:
+    """A resume whose storage holds no study although run directories say trials ran: refused, or with
+    ``rebuild`` the old run directories set aside (the run directories are counted only when the study is
+    gone; a pack is read through to count it)."""
+    if study_exists(url, study_name) or not (ran := count_run_dirs(out)):
+        return
+    if not rebuild:
+        # an emptied or deleted database: starting afresh would overwrite the leaderboard and set the run
+        # directories aside, so only an explicit --rebuild does that
+        raise UserError(f"holds no study {study_name!r}; the run directories say {ran} trials ran (pass "
+                        "--rebuild with --resume to start the study anew)", file=str(sqlite_path(url) or url),
+                        field="--resume")
+    # the new trials take the old numbers: their directories are set aside one by one as they run
+    # (dse.execute.prepare_run_dir), the old packs all at once, so no reader takes an old log for a new
+    logpack.set_aside(out / "trials")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path) -> Store:
+    """The study's store (workers starting at once on an empty database: the store settles their race)."""
+    return Store(url, meta["study_name"], meta["knobs"], resume=resume or worker, base=out)
+
+
+@contextlib.contextmanager
+def serialized(out: Path, worker: bool) -> Iterator[None]:
+    """With ``worker``: one worker at a time reads the store and writes the leaderboard (a lock file), so a
+    worker that read the store earlier never overwrites the leaderboard of one that read it later."""
+    if not worker:
+        yield
+        return
+    with open(out / ".leaderboard.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
