@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -69,15 +70,17 @@ def write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") -
 
 
 def retry(fn: Callable[[], T], *, on: type[BaseException] | tuple[type[BaseException], ...], attempts: int = 6,
-          first_wait_s: float = 0.2, sleep: Callable[[float], Any] = time.sleep) -> T:
+          first_wait_s: float = 0.2, jitter: float = 0.0, sleep: Callable[[float], Any] = time.sleep) -> T:
     """``fn()``, called again after an exception of the types ``on``, at most ``attempts`` calls in all, waiting
     ``first_wait_s`` and then twice as long before each further call (0.2 s .. 3.2 s for the defaults: about
-    6 s in all). The last attempt's exception propagates; any other exception propagates at once."""
+    6 s in all), each wait scaled by a random factor in ``1 ± jitter`` (processes racing on one database spread
+    out instead of colliding again). The last attempt's exception propagates; any other exception propagates at
+    once."""
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, not {attempts}")
     for attempt in range(attempts - 1):
         try:
             return fn()
         except on:
-            sleep(first_wait_s * 2**attempt)
+            sleep(first_wait_s * 2**attempt * random.uniform(1.0 - jitter, 1.0 + jitter))
     return fn()

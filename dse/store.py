@@ -33,7 +33,7 @@ Decisions:
 - Reading (:meth:`Store.iter_records`): ``READ_BATCH`` trials a query, by number (the primary key: an index
   range, never a sort of the study), so a reader holds one batch, not the study.
 - Processes racing on one database (workers creating the tables, or taking the next trial number) go through
-  :func:`retry`, the one retry helper.
+  :func:`dse.fsutil.retry`, the one retry helper (jittered, so racers spread out).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from dse.errors import InfrastructureError, UserError
+from dse.fsutil import retry
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -100,21 +100,6 @@ _READ = (TRIALS.c.number, TRIALS.c.knobs, TRIALS.c.status, TRIALS.c.reward, TRIA
 
 T = TypeVar("T")
 RACES = (IntegrityError, OperationalError, ProgrammingError)  # what a process racing another one may get
-
-
-def retry(fn: Callable[[], T], *, attempts: int = 8, first_s: float = 0.1,
-          errors: tuple[type[BaseException], ...] = RACES) -> T:
-    """``fn()``, called again while it raises one of ``errors`` (at most ``attempts`` calls; the last error is
-    raised), after ``first_s``, then twice as long each time, jittered: for processes racing on one database
-    (workers creating the tables at once, or taking the same next trial number)."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except errors:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(first_s * 2**attempt * random.uniform(0.5, 1.5))
-    raise AssertionError("unreachable")
 
 
 def _one_line(e: BaseException) -> str:
@@ -246,7 +231,8 @@ class Store:
         try:
             with self.engine.connect():  # a server that cannot be reached fails now, not after the retries
                 pass
-            self.study_id = retry(lambda: self._open(knob_values, create=create, resume=resume))
+            self.study_id = retry(lambda: self._open(knob_values, create=create, resume=resume), on=RACES,
+                                  attempts=8, first_wait_s=0.1, jitter=0.5)
             self._count = self._stored_count()
         except (SQLAlchemyError, OSError) as e:  # a corrupt file ("file is not a database"), a server gone
             self.engine.dispose()
@@ -365,7 +351,7 @@ class Store:
             return number
 
         try:
-            number = retry(add, attempts=10, first_s=0.02)
+            number = retry(add, on=RACES, attempts=10, first_wait_s=0.02, jitter=0.5)
         except (OSError, SQLAlchemyError) as e:
             raise self._write_error(e) from None
         self._count = max(self._count, number + 1)
