@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from dse import logpack
+from dse.fsutil import write_text
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.space import Space
 from dse.store import Store, check_url, sqlite_path
@@ -229,9 +229,7 @@ def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=2))  # atomically: a reader sees the old dse.json or the new one
 
 
 def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path) -> Store:

@@ -249,17 +249,15 @@ def calibrate_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Refit the performance model to your own runs and write a calibration file for --calibration."""
-    from dse.calibrate import calibrate, dumps
+    from dse.calibrate import calibrate
+    from dse.calibration_file import write
     from dse.hardware import HARDWARE
 
     if gpu is not None and gpu not in HARDWARE:
         raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
     cal, report = calibrate(sources, params=names, gpu=gpu)
-    text = dumps(cal)
-    tmp = out.with_name(out.name + ".tmp")  # never a half-written file
-    tmp.write_text(text)
-    tmp.replace(out)
+    write(cal, out)  # atomically: never a half-written file
     if as_json:
         typer.echo(json.dumps({"out": str(out), "gpu": cal.gpu, "runs": cal.runs, "sources": cal.sources,
                                "params": report, "fit": cal.fit, "leave_one_out": cal.loo}, indent=2))
