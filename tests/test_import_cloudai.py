@@ -280,3 +280,27 @@ def test_hostile_strings_round_trip_and_inject_no_key(tmp_path):
     assert set(tomllib.loads(written[1].read_text())) == {"name", "gpu", "gpus_per_node", "nvlink_domain",
                                                            "container", "slurm"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.toml", "lab-cluster.toml", "space.toml"]
+
+
+def test_a_space_that_does_not_load_leaves_the_users_files_as_they_were(tmp_path, monkeypatch):
+    """The written space is loaded in a scratch directory before anything of the user's is replaced: a failure
+    there leaves a pre-existing --out file and the system file beside it untouched, and no scratch behind."""
+    import dse.space
+    from dse.errors import UserError
+
+    out = tmp_path / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert len(before) == 2  # the space and its system file
+    for p in tmp_path.iterdir():
+        p.write_text(p.read_text() + "# the user's own edit\n")
+    edited = {p.name: p.read_text() for p in tmp_path.iterdir()}
+
+    def refuse(path):
+        raise UserError("does not load", file=str(path))
+
+    monkeypatch.setattr(dse.space, "load_space", refuse)
+    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 2
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == edited

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -26,20 +27,17 @@ def cloudai_cmd(
     from dse.space import load_space
 
     imported = import_cloudai(test_file, system_path=system, gpu=gpu, out=out, test_id=test)
-    # everything is built and validated before the first byte is written
-    files = {out: imported.space_text}
-    if imported.system_text is not None and imported.system_file:
-        files[out.parent / imported.system_file] = imported.system_text
+    # Everything is built, written and loaded in a scratch directory before anything of the user's is replaced:
+    # a space that does not load leaves the user's files as they were.
+    files = imported.files(out)
+    with tempfile.TemporaryDirectory(prefix=".dse-import-", dir=out.parent if out.parent.is_dir() else None) as tmp:
+        scratch = Path(tmp) / out.name
+        imported.write(scratch)
+        load_space(scratch)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in files.items():
-            path.write_text(text)
+        imported.write(out)
     except OSError as e:
         raise UserError(f"cannot write: {e}", file=str(out)) from None
-    try:
-        space = load_space(out)  # the written file itself must load; if not, leave nothing behind
-    except UserError:
-        for path in files:
-            path.unlink(missing_ok=True)
-        raise
+    space = load_space(out)
     render.imported(files, space, imported)
