@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from agents.base import Action, Agent
+from dse.agents.base import Action, Agent
 from dse.errors import UserError
 from dse.space import WALK_LIMIT
 

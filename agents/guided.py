@@ -45,7 +45,7 @@ import numpy as np
 from pydantic import Field
 from scipy.special import ndtr
 
-from agents.base import Action, Agent, Forecaster, NoOptions
+from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
 
 MAX_POINTS = 200_000  # every point is screened and kept as a feature row

@@ -36,7 +36,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from agents.base import Action, Agent, NoOptions
+from dse.agents.base import Action, Agent, NoOptions
 from dse.errors import UserError, did_you_mean
 from dse.space import WALK_LIMIT
 

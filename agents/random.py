@@ -14,7 +14,7 @@ import math
 import numpy as np
 from pydantic import Field
 
-from agents.base import Action, Agent, NoOptions
+from dse.agents.base import Action, Agent, NoOptions
 
 _ENUMERATE_LIMIT = 2_000_000  # larger spaces are sampled by rejection instead of a permutation
 # Consecutive fruitless draws before random gives up: 1-2 s of rule checks (bench/space_size.py). A space whose

@@ -104,7 +104,7 @@ def _trial(row: dict):
     from dse import knobs
     from dse.space import load_system
     from dse.trial import TrialConfig
-    from recipes.models import ModelArch, Recipe
+    from dse.recipes.models import ModelArch, Recipe
 
     arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
                      int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),

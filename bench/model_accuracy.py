@@ -26,7 +26,7 @@ from dse.perfmodel.fit import PRIORS, fit  # noqa: E402
 from dse.perfmodel.timing import FITTED  # noqa: E402
 from dse.perfmodel.stack import published_stack_name  # noqa: E402
 from dse.perfmodel.trials import make_trial  # noqa: E402
-from recipes.models import RECIPES, ModelArch, Recipe  # noqa: E402
+from dse.recipes.models import RECIPES, ModelArch, Recipe  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "published_perf_calibration.tsv"
 

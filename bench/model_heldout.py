@@ -48,7 +48,7 @@ from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
 from dse.constraints import check  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
-from recipes.models import RECIPES, Recipe  # noqa: E402
+from dse.recipes.models import RECIPES, Recipe  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DATA = DATA_DIR / "published_perf_heldout.tsv"

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dse.perfmodel import predict  # noqa: E402
 from dse.perfmodel.trials import make_trial  # noqa: E402
-from recipes.models import RECIPES  # noqa: E402
+from dse.recipes.models import RECIPES  # noqa: E402
 
 GRID = dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), vp=(1, 2, 4, 8), cp=(1, 2, 4, 8), mbs=(1, 2, 4, 8),
             gbs=(128, 256, 512, 1024), recompute=("none", "selective", "full"), precision=("bf16", "fp8"),

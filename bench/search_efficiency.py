@@ -26,7 +26,7 @@ from collections import OrderedDict
 import numpy as np
 from gymnasium import spaces
 
-from agents.base import load_agents, make_agent
+from dse.agents.base import load_agents, make_agent
 from dse.forecast import model_forecaster
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from gymnasium import spaces
 
-from agents.random import MAX_INVALID_DRAWS, RandomAgent
+from dse.agents.random import MAX_INVALID_DRAWS, RandomAgent
 from dse.counting import SAMPLES, count_valid
 from dse.space import WALK_LIMIT, load_space
 from dse.study import make_backend
-from envs.recipe_env import RecipeEnv
+from dse.envs.recipe_env import RecipeEnv
 
 
 def write(path: Path, knobs: dict) -> Path:

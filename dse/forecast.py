@@ -8,7 +8,7 @@ machine that differs from what it is told.
 
 from __future__ import annotations
 
-from agents.base import Action, Forecast, Forecaster
+from dse.agents.base import Action, Forecast, Forecaster
 from dse import constraints
 from dse.calibrate import calibrated_params
 from dse.perfmodel import predict

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipes.nemo2 import userbuffers
+from dse.recipes.nemo2 import userbuffers
 
 
 @dataclass(frozen=True)

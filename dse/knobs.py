@@ -16,9 +16,9 @@ from typing import Any
 
 from dse import hardware
 from dse.errors import UserError, did_you_mean
-from recipes import contract
-from recipes.models import Recipe
-from recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
+from dse.recipes import contract
+from dse.recipes.models import Recipe
+from dse.recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
 
 ENV_PREFIX = "env."
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # full match: "FOO\n" is not a name

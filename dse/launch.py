@@ -25,8 +25,8 @@ from dse.hardware import HARDWARE
 from dse.trial import TrialConfig
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
-from recipes import contract
-from recipes.sim.logwriter import SimRun
+from dse.recipes import contract
+from dse.recipes.sim.logwriter import SimRun
 
 PAYLOADS = contract.PAYLOADS
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)

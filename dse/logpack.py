@@ -40,7 +40,7 @@ from pathlib import Path
 
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import atomic_write
-from recipes import contract
+from dse.recipes import contract
 
 LOG_NAME = contract.LOG_NAME
 COMPRESSED_LOG = LOG_NAME + ".gz"  # the simulated backend's log, gzip-compressed

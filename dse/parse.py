@@ -69,7 +69,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from recipes import contract
+from dse.recipes import contract
 
 STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned")
 

@@ -18,8 +18,8 @@ AGENTS = "dse.agents"
 BACKENDS = "dse.backends"
 # Built-ins, used when the package's entry points are not installed (running from a source tree).
 BUILTIN: dict[str, dict[str, str]] = {
-    AGENTS: {"grid": "agents.grid:GridAgent", "random": "agents.random:RandomAgent",
-             "optuna": "agents.optuna_agent:OptunaAgent", "guided": "agents.guided:GuidedAgent"},
+    AGENTS: {"grid": "dse.agents.grid:GridAgent", "random": "dse.agents.random:RandomAgent",
+             "optuna": "dse.agents.optuna_agent:OptunaAgent", "guided": "dse.agents.guided:GuidedAgent"},
     BACKENDS: {"sim": "dse.backends.sim:SimBackend", "local": "dse.backends.local:LocalBackend",
                "slurm": "dse.backends.slurm:SlurmBackend"},
 }

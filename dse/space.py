@@ -7,6 +7,7 @@ node, NVLink domain, scale-out bandwidth, and the Slurm fields used to launch th
 
 from __future__ import annotations
 
+import importlib.resources
 import itertools
 import re
 import math
@@ -19,11 +20,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dse import knobs
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
-from recipes import contract
-from recipes.models import RECIPES, Recipe
+from dse.recipes import contract
+from dse.recipes.models import RECIPES, Recipe
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-SYSTEMS_DIR = CONF_DIR / "systems"
+
+
+def shipped(kind: str) -> Path:
+    """The folder of the shipped ``spaces`` or ``systems``: package data of ``dse.conf`` (the repository's
+    ``conf/``), found through the import system, so an installed wheel finds them as an editable checkout does.
+    pip always unpacks a wheel into files, so the resource is a real folder."""
+    return Path(str(importlib.resources.files("dse.conf") / kind))
+
+
+SYSTEMS_DIR = shipped("systems")
+SPACES_DIR = shipped("spaces")
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 PAYLOADS = contract.PAYLOADS
 
@@ -376,9 +386,27 @@ def load_system(ref: str | Path | dict[str, Any], *, file: str | None = None) ->
         raise _first_error(e, str(path)) from None
 
 
+def space_path(ref: str | Path) -> Path:
+    """The space file that ``ref`` names: a file that exists; else a shipped space, by name
+    (``llama3_405b_space``, ``.toml`` optional) or by its place in the repository (``conf/spaces/NAME.toml``), so
+    the quick start's command runs from any directory once dse is installed. Anything else is returned as given
+    (reading it then says "no such file", and lists the shipped spaces)."""
+    path = Path(ref)
+    if path.exists() or not (len(path.parts) == 1 or path.parts[:-1] == ("conf", "spaces")):
+        return path
+    name = path.name.removesuffix(".toml")
+    candidate = SPACES_DIR / f"{name}.toml"
+    return candidate if NAME_RE.fullmatch(name) and set(name) != {"."} and candidate.is_file() else path
+
+
 def load_space(path: str | Path) -> Space:
-    """Read and validate a space file; every problem is a one-line :class:`UserError`."""
-    path = Path(path)
+    """Read and validate a space file (a path, or a shipped space: :func:`space_path`); every problem is a
+    one-line :class:`UserError`."""
+    path = space_path(path)
+    if not path.exists():
+        known = sorted(p.stem for p in SPACES_DIR.glob("*.toml"))
+        raise UserError(f"no such file (nor a shipped space{did_you_mean(path.stem, known)}; shipped: "
+                        f"{', '.join(known)})", file=str(path))
     data = _read_toml(path)
     f = str(path)
     sysref = data.get("system")

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from agents.base import agent_class, load_agents, make_agent
+from dse.agents.base import agent_class, load_agents, make_agent
 from dse import knobs, outdir
 from dse import registry as reg
 from dse.backends import Backend, load_backends
@@ -40,7 +40,7 @@ from dse.parse import parse_log
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
-from envs.recipe_env import RecipeEnv, better
+from dse.envs.recipe_env import RecipeEnv, better
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
 # dse.generations, dse.compare and the tests.

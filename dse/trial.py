@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from dse import knobs
 from dse.hardware import userbuffer_config
 from dse.space import Space, System
-from recipes.models import Recipe
+from dse.recipes.models import Recipe
 
 
 @dataclass(frozen=True)

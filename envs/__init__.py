@@ -1,5 +1,5 @@
 """Gymnasium environments: one recipe run per step."""
 
-from envs.recipe_env import RecipeEnv
+from dse.envs.recipe_env import RecipeEnv
 
 __all__ = ["RecipeEnv"]

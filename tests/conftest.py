@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.models import RECIPES
+from dse.recipes.models import RECIPES
 
 pytest_plugins = ["tests.slurm_cluster"]
 

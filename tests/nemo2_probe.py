@@ -36,7 +36,7 @@ def probe(argv: list[str]) -> dict:
         captured["task"] = fn_or_script
 
     nemo_run.run = fake_run  # nemo-run's CLI looks the function up on the module at call time
-    from recipes.nemo2.__main__ import main as payload_main
+    from dse.recipes.nemo2.__main__ import main as payload_main
 
     payload_main(argv)
     task = captured["task"]
@@ -125,8 +125,8 @@ def tables() -> dict:
     from nemo.collections import llm
     from nemo.collections.llm.recipes.tp_overlap_configs import userbuffers as nemo_ub
 
-    from recipes.models import RECIPES
-    from recipes.nemo2 import spec, userbuffers
+    from dse.recipes.models import RECIPES
+    from dse.recipes.nemo2 import spec, userbuffers
 
     return {
         "missing_modules": [m.module for m in spec.MODELS.values() if not hasattr(llm, m.module)],

@@ -8,7 +8,7 @@ from collections import OrderedDict
 import pytest
 from gymnasium import spaces
 
-from agents.base import action_key, load_agents, make_agent
+from dse.agents.base import action_key, load_agents, make_agent
 from dse.errors import UserError
 
 SPACE = spaces.Dict(OrderedDict([("b", spaces.Discrete(4)), ("a", spaces.Discrete(3)), ("c", spaces.Discrete(2))]))
@@ -110,7 +110,7 @@ def test_optuna_ordinal_knobs_are_integer_distributions():
 
 
 def test_optuna_model_warm_start_proposes_the_models_top_points_first():
-    from agents.base import Forecast
+    from dse.agents.base import Forecast
 
     def forecast(action):  # the model's ranking: objective(); points with c = 0 predicted not to fit
         if not mask(action):
@@ -153,7 +153,7 @@ def _sequence(sampler: str, seed: int, n: int = 8) -> list[tuple[int, ...]]:
 def test_every_sampler_honours_the_seed(sampler):
     import importlib.util
 
-    from agents.optuna_agent import SAMPLER_NEEDS
+    from dse.agents.optuna_agent import SAMPLER_NEEDS
 
     missing = [m for m, _ in SAMPLER_NEEDS.get(sampler, ()) if importlib.util.find_spec(m) is None]
     if missing:

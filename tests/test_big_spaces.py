@@ -11,9 +11,9 @@ import pytest
 from gymnasium import spaces
 from typer.testing import CliRunner
 
-from agents.grid import GridAgent
-from agents.optuna_agent import OptunaAgent
-from agents.random import MAX_INVALID_DRAWS, RandomAgent
+from dse.agents.grid import GridAgent
+from dse.agents.optuna_agent import OptunaAgent
+from dse.agents.random import MAX_INVALID_DRAWS, RandomAgent
 from dse.cli import app
 from dse.counting import count_valid
 from dse.errors import UserError

@@ -10,7 +10,7 @@ import pytest
 from dse import constraints, knobs
 from dse.space import load_system
 from dse.trial import TrialConfig
-from recipes.models import RECIPES
+from dse.recipes.models import RECIPES
 
 
 def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:

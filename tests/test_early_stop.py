@@ -22,7 +22,7 @@ from dse.launch import build_plan
 from dse.parse import LogFollower, parse_log
 from dse.space import BackendSettings, EarlyStopSettings, load_space
 from dse.steady import Monitor, Rule, converged, estimate, steps_needed
-from recipes.sim.logwriter import SimRun
+from dse.recipes.sim.logwriter import SimRun
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial
 

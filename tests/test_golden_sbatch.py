@@ -26,7 +26,7 @@ SETTINGS = {"max_steps": 50, "env.ENABLE_VBOOST": "1", "env.PYTORCH_CUDA_ALLOC_C
 
 
 def golden_script(recipe: str, gpu: str) -> str:
-    from recipes.models import RECIPES
+    from dse.recipes.models import RECIPES
 
     r = RECIPES[recipe]
     sys_ = system(gpu, slurm={"account": "perf", "partition": "batch", "container_mounts": ["/lustre/data:/data"]})

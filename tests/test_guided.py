@@ -8,7 +8,7 @@ from collections import OrderedDict
 import pytest
 from gymnasium import spaces
 
-from agents.base import Forecast, load_agents, make_agent
+from dse.agents.base import Forecast, load_agents, make_agent
 from dse import study as study_mod
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space

@@ -52,7 +52,7 @@ def test_names_are_full_matches(name):
 
 def _hostile_local_plan(tmp_path, marker):
     from dse.launch import build_plan
-    from recipes.sim.logwriter import SimRun
+    from dse.recipes.sim.logwriter import SimRun
     from tests.trials import system, trial
 
     # a name that validation would refuse, forced in, so that only the script writer stands in the way

@@ -13,8 +13,8 @@ from dse import knobs
 from dse.errors import UserError
 from dse.perfmodel.model import predict_layout
 from dse.perfmodel.trials import make_trial
-from recipes.contract import PAYLOADS
-from recipes.models import RECIPES
+from dse.recipes.contract import PAYLOADS
+from dse.recipes.models import RECIPES
 
 
 def test_every_payload_flavour_has_a_spelling():

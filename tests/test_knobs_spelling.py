@@ -6,8 +6,8 @@ import pytest
 
 from dse import knobs
 from dse.errors import UserError
-from recipes.models import RECIPES
-from recipes.nemo2 import userbuffers
+from dse.recipes.models import RECIPES
+from dse.recipes.nemo2 import userbuffers
 
 BASE = {"tp": 1, "pp": 1, "vp": 1, "cp": 2, "ep": 1, "sp": None, "mbs": 1, "gbs": 128, "seq_length": 8192,
         "recompute": "none", "recompute_num_layers": 0, "precision": "bf16", "fp8_recipe": "tensorwise",

@@ -7,7 +7,7 @@ import pytest
 from dse import launch
 from dse.errors import UserError
 from dse.launch import build_plan, perf_env, tp_comm_overlap_supported, userbuffer_config
-from recipes.sim.logwriter import SimRun
+from dse.recipes.sim.logwriter import SimRun
 from tests.trials import system, trial
 
 SIM = SimRun(step_time_s=2.0, tflops_per_gpu=500.0, gbs=64, max_steps=7, peak_memory_gib=40.0, seed=3)

@@ -11,7 +11,7 @@ import pytest
 
 from dse.backends.local import LocalBackend, local_executor
 from dse.launch import build_plan
-from recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
+from dse.recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
 from tests.trials import DATA, system, trial
 
 FAKE_TORCHRUN = """#!/bin/bash

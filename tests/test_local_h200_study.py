@@ -18,8 +18,8 @@ from dse.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step
 from dse.space import load_space
 from dse.trial import resolve
-from recipes.mcore.config import ConfigError, check, config_from_argv
-from recipes.models import RECIPES
+from dse.recipes.mcore.config import ConfigError, check, config_from_argv
+from dse.recipes.models import RECIPES
 from tests.trials import trial
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dse import knobs
-from recipes.mbridge.argv import parse
-from recipes.models import RECIPES
+from dse.recipes.mbridge.argv import parse
+from dse.recipes.models import RECIPES
 
 
 def test_payload_args_round_trip_through_the_entry_parser():

@@ -16,8 +16,8 @@ import pytest
 
 from dse import knobs
 from dse.parse import ParseContext, parse_log
-from recipes.mcore.__main__ import main
-from recipes.mcore.config import (
+from dse.recipes.mcore.__main__ import main
+from dse.recipes.mcore.config import (
     SMALL_GQA,
     ConfigError,
     LossAverager,
@@ -29,7 +29,7 @@ from recipes.mcore.config import (
     model_flops_per_step,
     parse_overrides,
 )
-from recipes.models import RECIPES
+from dse.recipes.models import RECIPES
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "tests" / "fixtures" / "logs" / "real_h200"

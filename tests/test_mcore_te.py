@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.mcore.__main__ import main
-from recipes.mcore.config import ConfigError, check, config_from_argv
+from dse.recipes.mcore.__main__ import main
+from dse.recipes.mcore.config import ConfigError, check, config_from_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ["--model", "llama3_8b", "--num-layers", "4"]
@@ -95,7 +95,7 @@ def test_transformer_impl_override():
 
 
 def test_cli_refusal_is_one_line_exit_2(capsys, monkeypatch):
-    monkeypatch.setattr("recipes.mcore.config.te_importable", lambda: False)
+    monkeypatch.setattr("dse.recipes.mcore.config.te_importable", lambda: False)
     assert main(["--check-only", "--fp8", "tensorwise"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "FP8 needs Transformer Engine" in err[0]

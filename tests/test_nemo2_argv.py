@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.models import RECIPES
-from recipes.nemo2 import spec
-from recipes.nemo2.argv import task_from_env, with_factory
+from dse.recipes.models import RECIPES
+from dse.recipes.nemo2 import spec
+from dse.recipes.nemo2.argv import task_from_env, with_factory
 
 
 def test_task_defaults_to_pretrain_and_accepts_finetune():

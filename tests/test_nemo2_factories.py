@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from dse import knobs
-from recipes.models import RECIPES
-from recipes.nemo2 import spec
+from dse.recipes.models import RECIPES
+from dse.recipes.nemo2 import spec
 
 pytestmark = pytest.mark.nemo
 

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from gymnasium import spaces
 
-from agents.guided import GuidedAgent
-from agents.optuna_agent import OptunaAgent
+from dse.agents.guided import GuidedAgent
+from dse.agents.optuna_agent import OptunaAgent
 from dse import study as study_mod
 from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend

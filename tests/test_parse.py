@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dse.parse import STATUSES, ParseContext, RunMetrics, parse_log, parse_run
-from recipes.sim.logwriter import OOM_EXIT_CODE, SimRun, write_log
+from dse.recipes.sim.logwriter import OOM_EXIT_CODE, SimRun, write_log
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 GIB = 2**30

@@ -15,7 +15,7 @@ from dse.perfmodel.memory import inflight_chunks, layer_activation_bytes, state_
 from dse.perfmodel.timing import DEFAULT_PARAMS, bubble_fraction
 from dse.perfmodel.trials import make_trial
 from dse.hardware import GPU_NAMES as GPU_GENERATIONS
-from recipes.models import RECIPES
+from dse.recipes.models import RECIPES
 
 CALIBRATION = Path(__file__).resolve().parent.parent / "bench" / "data" / "published_perf_calibration.tsv"
 
@@ -271,7 +271,7 @@ def test_fp8_speeds_up_gemms_and_newer_gpus_are_faster():
 
 def test_gpt3_175b_on_a100_is_in_the_published_range():
     """Korthikanti et al. 2022: 175B on 64 A100s, sp + selective recompute, ~51% of peak in model FLOPs."""
-    from recipes.models import ModelArch, Recipe
+    from dse.recipes.models import ModelArch, Recipe
 
     arch = ModelArch("gpt3_175b", 96, 12288, 96, 96, 4 * 12288, 51200, False)
     t = make_trial(Recipe("gpt3_175b", arch, "", None, 2048, 64), "a100", 64, tp=8, pp=8, gbs=64,

@@ -14,7 +14,7 @@ from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, 
 from dse.perfmodel.timing import DEFAULT_PARAMS
 from dse.space import load_space
 from dse.trial import resolve
-from recipes.contract import PAYLOADS
+from dse.recipes.contract import PAYLOADS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = (ROOT / "recipes/mcore/train.py").read_text()
@@ -149,7 +149,7 @@ def test_eager_squared_relu_costs_its_bytes_on_nvidia_stacks_only():
     same arch on recipes.mcore's stack, or with a fused activation, pays nothing."""
     from dse.hardware import HARDWARE
     from dse.perfmodel.model import SQUARED_RELU_EXTRA_BYTES, predict_layout
-    from recipes.models import RECIPES
+    from dse.recipes.models import RECIPES
 
     arch = RECIPES["nemotron4_15b"].arch
     assert arch.activation == "squared_relu"
@@ -176,7 +176,7 @@ def test_dropout_costs_its_bytes_on_nvidia_stacks_only():
     masks are held for the backward (memory grows). recipes.mcore's stack runs without dropout whatever the arch."""
     from dse.hardware import HARDWARE
     from dse.perfmodel.model import HIDDEN_DROPOUT_BYTES, predict_layout, unfused_score_bytes
-    from recipes.models import RECIPES
+    from dse.recipes.models import RECIPES
 
     arch = RECIPES["llama3_8b"].arch
     assert arch.dropout == 0.0
@@ -205,7 +205,7 @@ def test_published_stacks_price_the_loss_their_containers_ran():
     from dse.hardware import HARDWARE
     from dse.perfmodel.stack import PUBLISHED_STACKS, cross_entropy_bytes
     from dse.perfmodel.trials import make_trial
-    from recipes.models import RECIPES
+    from dse.recipes.models import RECIPES
 
     assert {n: cross_entropy_bytes(s) for n, s in PUBLISHED_STACKS.items() if not s.cuda_graphs} == {
         "published:te": 16.0, "published:native_fused": 36.0, "published:native": 52.0}
@@ -234,7 +234,7 @@ def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
     layers longer than the host's time are untouched, and the wait shows in the breakdown."""
     from dse.perfmodel.model import predict_layout
     from dse.perfmodel.stack import PUBLISHED_STACKS, published_stack_name
-    from recipes.models import RECIPES
+    from dse.recipes.models import RECIPES
 
     arch = RECIPES["llama3_70b"].arch
     short = dict(num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128, seq_length=8192, precision="fp8",

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from agents.optuna_agent import OptunaAgent
+from dse.agents.optuna_agent import OptunaAgent
 from dse import study as study_mod
 from dse.backends.local import LocalBackend
 from dse.errors import UserError
@@ -287,7 +287,7 @@ def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(fake_slurm, monk
 
 def test_the_environment_alone_prunes_against_the_best_of_its_own_steps(tmp_path):
     from dse.backends.sim import SimBackend
-    from envs.recipe_env import RecipeEnv
+    from dse.envs.recipe_env import RecipeEnv
 
     space = prune_space(tmp_path, 0.05)
     env = RecipeEnv(space, SimBackend.from_space(space), tmp_path / "out")

@@ -8,7 +8,7 @@ import pytest
 from gymnasium import spaces
 from typer.testing import CliRunner
 
-from agents.base import Agent, NoOptions, load_agents, make_agent
+from dse.agents.base import Agent, NoOptions, load_agents, make_agent
 from dse import registry as reg
 from dse.backends import Backend, load_backends
 from dse.cli import app
@@ -46,7 +46,7 @@ def test_an_agent_declares_and_validates_its_own_options():
 
 
 def test_registry_entries_are_type_checked():
-    with pytest.raises(UserError, match="not a agents.base.Agent subclass"):
+    with pytest.raises(UserError, match="not a dse.agents.base.Agent subclass"):
         make_agent("bad", {"bad": lambda: dict}, SPACE)
     with pytest.raises(UserError, match="unknown backend 'slrum'.*did you mean 'slurm'"):
         reg.get(load_backends(), "slrum", Backend, group=reg.BACKENDS, field="--backend")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dse.perfmodel.trials import make_trial
-from recipes.models import RECIPES
+from dse.recipes.models import RECIPES
 from tests.trials import system, trial
 
 

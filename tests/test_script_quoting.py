@@ -20,7 +20,7 @@ from dse.backends.scripts import stage_code
 from dse.backends.slurm import render_sbatch
 from dse.errors import UserError
 from dse.launch import build_plan
-from recipes.sim.logwriter import SimRun
+from dse.recipes.sim.logwriter import SimRun
 from tests.trials import trial
 
 

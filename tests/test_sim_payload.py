@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from recipes.models import RECIPES
+from dse.recipes.models import RECIPES
 
 from dse import knobs
 from dse.launch import build_plan
-from recipes.sim import __main__ as sim
-from recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
+from dse.recipes.sim import __main__ as sim
+from dse.recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
 from tests.trials import system, trial
 
 

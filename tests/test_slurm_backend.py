@@ -19,7 +19,7 @@ from dse.backends.slurm import SlurmBackend, query_state, status_for
 from dse.launch import build_plan
 from dse.space import load_space
 from dse.trial import resolve
-from recipes.sim.logwriter import SimRun
+from dse.recipes.sim.logwriter import SimRun
 from tests.trials import DATA, system, trial
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]

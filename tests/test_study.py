@@ -124,7 +124,7 @@ def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch)
     trial by trial, and each trial's metrics come from its own run directory."""
     space = load_space(write_space(tmp_path))
     seen: list[tuple[dict, float]] = []
-    from agents.grid import GridAgent
+    from dse.agents.grid import GridAgent
 
     original = GridAgent.observe
 
@@ -214,7 +214,7 @@ def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
 
 def test_optuna_gets_the_spaces_ordinal_knobs_and_warm_start(tmp_path):
     space = load_space("conf/spaces/llama3_405b_space.toml")
-    from agents.base import load_agents
+    from dse.agents.base import load_agents
 
     reg = load_agents()
     def opts_of(sp, agent):

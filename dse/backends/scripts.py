@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 
 from dse.errors import UserError
 from dse.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
-from recipes import contract
+from dse.recipes import contract
 
 LOG_NAME = contract.LOG_NAME  # the trainer's output in every run directory (as the simulated backend writes it)
 
@@ -78,13 +78,16 @@ def job_name(run_dir: Path) -> str:
 
 
 def stage_code(dest: Path) -> Path:
-    """Copy the payload package ``recipes/`` into ``dest/code`` and return that directory.
+    """Copy the payload package (``dse.recipes``, the repository's ``recipes/``) into ``dest/code/recipes`` and
+    return ``dest/code``.
 
-    The job runs ``python -m recipes.<payload>`` from there (container or not), so a run directory holds the
+    The job runs ``python -m recipes.<payload>`` from there (container or not): the payload's own imports are
+    relative, so it runs there as the top-level package ``recipes`` without the controller installed, and a run
+    directory holds the
     exact payload code that ran. nemo-run's packagers do this for a whole git repository through tar and an
     experiment; one pure-Python package needs only a copy.
     """
-    import recipes
+    from dse import recipes
 
     src = Path(recipes.__file__).resolve().parent
     code = dest / CODE_DIR

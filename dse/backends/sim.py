@@ -17,7 +17,7 @@ from dse.backends.scripts import COMPRESSED_LOG, LOG_NAME
 from dse.launch import LaunchPlan
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import Twin, make_twin
-from recipes.sim.logwriter import write_log
+from dse.recipes.sim.logwriter import write_log
 
 
 class SimBackend(Backend):

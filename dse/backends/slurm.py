@@ -39,7 +39,7 @@ from dse.launch import LaunchPlan
 from dse.space import (
     SLURM_IMAGE, SLURM_MOUNT, SLURM_NAME, SLURM_PATH, SLURM_SRUN_ARG, SLURM_TIME, SlurmSettings, Space,
 )
-from recipes import contract
+from dse.recipes import contract
 
 SCRIPT_NAME = "launch.sbatch"
 SBATCH_OUT = "sbatch.out"  # the batch script's own output (set -x trace, head-node lookup)

@@ -18,7 +18,7 @@ from dse.hardware import GPU_NAMES
 
 def recipes_cmd() -> None:
     """List the recipes dse knows, with their architectures."""
-    from recipes.models import RECIPES
+    from dse.recipes.models import RECIPES
 
     render.recipes(RECIPES.values())
 
@@ -95,7 +95,7 @@ def predict_cmd(
 def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, payload: str) -> None:
     """The options of ``dse predict`` that name one of a fixed set, or one of two options."""
     from dse.hardware import HARDWARE
-    from recipes.contract import PAYLOADS
+    from dse.recipes.contract import PAYLOADS
 
     if (model is None) == (model_file is None):
         raise UserError("give exactly one of --model NAME and --model-file FILE", field="--model")
@@ -150,7 +150,7 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     from dse.perfmodel.trials import load_model_file
     from dse.space import Space
     from dse.trial import resolve
-    from recipes.models import RECIPES, Recipe
+    from dse.recipes.models import RECIPES, Recipe
 
     if model is not None:
         recipe = RECIPES.get(model)

@@ -43,7 +43,7 @@ from dse.errors import UserError, did_you_mean
 from dse.fsutil import write_text
 from dse.hardware import GPU_NAMES
 from dse.space import Space, System, _read_toml
-from recipes.models import RECIPES, Recipe
+from dse.recipes.models import RECIPES, Recipe
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ the parser's TFLOP/s, the simulated run's and the megatron-core payload's own lo
 
 from __future__ import annotations
 
-from recipes import contract
+from dse.recipes import contract
 
 CONVENTIONS = contract.FLOPS_CONVENTIONS
 

@@ -15,7 +15,7 @@ from dse.hardware import GpuSpec
 from dse.perfmodel.flops import layer_params
 from dse.perfmodel.stack import Stack
 from dse.perfmodel.timing import Params
-from recipes.models import ModelArch
+from dse.recipes.models import ModelArch
 
 # attention backends that run Megatron's or Transformer Engine's unfused core attention (scores through HBM)
 UNFUSED_BACKENDS = ("unfused", "local")

@@ -11,7 +11,7 @@ import zlib
 
 from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
-from recipes.sim.logwriter import SimRun
+from dse.recipes.sim.logwriter import SimRun
 
 
 def trial_seed(trial, seed: int = 0) -> int:

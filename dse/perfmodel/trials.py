@@ -18,7 +18,7 @@ from dse.errors import UserError
 from dse.hardware import HARDWARE
 from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig, resolve_auto
-from recipes.models import ModelArch
+from dse.recipes.models import ModelArch
 
 _SYSTEMS: dict[str, System] = {}
 

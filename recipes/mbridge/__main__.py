@@ -42,7 +42,7 @@ def build_config(args):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from recipes.mbridge.argv import parse
+    from .argv import parse
 
     args = parse(sys.argv[1:] if argv is None else argv, dict(os.environ))
     cfg = build_config(args)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from recipes import contract
+from .. import contract
 
 ENV_RECIPE = contract.ENV_MBRIDGE_RECIPE
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

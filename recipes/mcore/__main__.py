@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Sequence
 
-from recipes.mcore.config import (
+from .config import (
     BLACKWELL_FP8_RECIPES,
     ConfigError,
     check,
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"config": cfg.to_dict(), "model_flops_per_step": model_flops_per_step(cfg),
                           "flops_convention": "causal"}, sort_keys=True))
         return 0
-    from recipes.mcore.train import train
+    from .train import train
 
     return train(cfg)
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Sequence
 
-from recipes.models import RECIPES, ModelArch
+from ..models import RECIPES, ModelArch
 
 # The reference's small GQA model ("a small 8-layer, 2048-hidden GQA model", shared/reference/README.md):
 # head dim 128 as in Llama 3, four query groups, a SwiGLU FFN of 2.75 h and a 32k vocabulary.
@@ -102,7 +102,7 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
     and value products count half under a causal mask) and 2 in the ``noncausal`` one. Recompute is not
     counted (model FLOPs, not hardware FLOPs), as in Megatron-LM's logged throughput.
     """
-    from recipes import contract  # the formula the controller's parser and model use
+    from .. import contract  # the formula the controller's parser and model use
 
     try:
         return contract.model_flops_per_step(

@@ -16,7 +16,7 @@ import sys
 import time
 from datetime import datetime
 
-from recipes.mcore.config import (
+from .config import (
     LossAverager,
     RunConfig,
     format_iteration_line,

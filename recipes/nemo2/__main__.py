@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    from recipes.nemo2.argv import task_from_env, with_factory
+    from .argv import task_from_env, with_factory
 
     args = with_factory(sys.argv[1:] if argv is None else argv, os.environ)
     task = task_from_env(os.environ)
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     import nemo_run as run
     from nemo.collections import llm
 
-    from recipes.nemo2 import factories
+    from . import factories
 
     factories.register()
     sys.argv = [sys.argv[0], *args]  # nemo-run's typer app reads sys.argv

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from recipes.nemo2.spec import ENV_RECIPE, ENV_TASK, FACTORY_SUFFIX, TASKS
+from .spec import ENV_RECIPE, ENV_TASK, FACTORY_SUFFIX, TASKS
 
 FACTORY_FLAGS = ("--factory", "-f")
 

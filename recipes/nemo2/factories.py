@@ -20,7 +20,7 @@ from nemo.lightning.pytorch.callbacks.garbage_collection import GarbageCollectio
 from nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback
 from nemo.utils.exp_manager import TimingCallback
 
-from recipes.nemo2.spec import ENV_FLOPS, MODELS, TASKS, NemoModel
+from .spec import ENV_FLOPS, MODELS, TASKS, NemoModel
 
 GC_INTERVAL = 100  # steps between Python garbage collections, as NeMo's performance recipes
 

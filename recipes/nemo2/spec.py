@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipes import contract
+from .. import contract
 
 ENV_TASK = contract.ENV_NEMO_TASK  # "pretrain" (default) or "finetune"
 ENV_RECIPE = contract.ENV_NEMO_RECIPE  # a model name (llama3_8b) or factory name (llama3_8b_recipe); used when argv has no --factory

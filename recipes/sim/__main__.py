@@ -26,8 +26,8 @@ import sys
 import time
 from typing import Any
 
-from recipes.contract import SIM_ENV
-from recipes.sim.logwriter import SimRun, write_log
+from ..contract import SIM_ENV
+from .logwriter import SimRun, write_log
 
 USAGE_ERROR = 2
 
