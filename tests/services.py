@@ -5,6 +5,9 @@
 the same ``.ci/*/up.sh`` under a root of its own and stopped at the end; the tests never use a Slurm or a
 PostgreSQL that merely answers (a login node's cluster, somebody's database). Where none can be had the tests
 that need one are skipped, with the reason, on a developer machine; in CI (``CI=true``) that is a failure.
+
+Tests marked ``slurm`` share the one cluster and measure what runs on it at once, so under pytest-xdist they
+run on one worker (``xdist_group``, with ``--dist loadgroup``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ def _unavailable(reason: str):
     if _in_ci():
         pytest.fail(f"CI=true but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup`` a grouped test's id must carry its group, else xdist spreads the group over
+    the workers without a word (pytest 9.2 with pytest-xdist 3.8: pytest-xdist issue 1386)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"--dist loadgroup lost the xdist_group of {len(lost)} tests ({lost[0]}): "
+                                "pytest-xdist cannot group under this pytest (see pyproject's test extra)")
 
 
 @contextmanager
