@@ -44,18 +44,22 @@ wait_for() {
   echo "timed out waiting for: $*" >&2; return 1
 }
 
+# running PID: the process exists and is not a zombie (one that ended and waits for its parent to read it).
+running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [[ "$st" != Z* ]]; }
+
 # stop_recorded ROOT [PREFIX]: stop the daemons recorded under ROOT (newest first), TERM then KILL after 10 s;
 # only those whose name starts with PREFIX when given. A PID is stopped only while it still runs the program
-# it was recorded for (its command line or environment names ROOT), so a reused PID is never hit.
+# it was recorded for (its command line or environment names a path under ROOT), so a reused PID is never hit.
 stop_recorded() {
   local root=$1 prefix=${2:-} pids="$1/pids" name pid
   [ -f "$pids" ] || return 0
   tac "$pids" | while read -r name pid; do
     [[ "$name" == "$prefix"* ]] || continue
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && cat "/proc/$pid/cmdline" "/proc/$pid/environ" 2>/dev/null | tr '\0' '\n' | grep -qF "$root"; then
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
+       && cat "/proc/$pid/cmdline" "/proc/$pid/environ" 2>/dev/null | tr '\0' '\n' | grep -qF "$root/"; then
       kill "$pid" 2>/dev/null && echo "stopped $name ($pid)"
-      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-      kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null && echo "killed $name ($pid)"
+      for _ in $(seq 1 40); do running "$pid" || break; sleep 0.25; done
+      running "$pid" && kill -9 "$pid" 2>/dev/null && echo "killed $name ($pid)"
     fi
   done
   if [ -n "$prefix" ]; then

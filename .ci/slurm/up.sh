@@ -72,7 +72,8 @@ AccountingStoreFlags=job_comment
 JobCompType=jobcomp/none
 CONFEOF
 for i in $(seq 1 "$NODES"); do
-  echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=${SLURMD_PORTS[$((i - 1))]} CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
+  echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=${SLURMD_PORTS[$((i - 1))]}" \
+       "CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
 done
 echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
 } > "$SLURM_CONF"
