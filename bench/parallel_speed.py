@@ -8,8 +8,9 @@ payload (each trial is a real ``sbatch`` job of two tasks, one per node, printin
 are those of tp * pp * cp = 2. The cluster shares its nodes between jobs (``OverSubscribe=FORCE``), so two
 2-node jobs can run side by side. Each setting is one ``dse run`` process, timed from start to end.
 
-    bash .ci/slurm/up.sh            # as root, once
+    bash .ci/slurm/up.sh /tmp/dse-bench; . /tmp/dse-bench/slurm/env.sh   # as root, once (SLURM_CONF)
     python bench/parallel_speed.py  # prints the two wall times and their ratio
+    bash .ci/slurm/down.sh /tmp/dse-bench
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.5)
     args = ap.parse_args()
     if shutil.which("sbatch") is None:
-        sys.exit("no sbatch on PATH: start the local cluster with `bash .ci/slurm/up.sh` (as root)")
+        sys.exit("no sbatch on PATH: start the local cluster with `bash .ci/slurm/up.sh ROOT` (as root)")
     with tempfile.TemporaryDirectory() as tmp:
         space = Path(tmp) / args.space.name
         space.write_text(local_space(args.space.read_text(), args.steps, args.step_s))

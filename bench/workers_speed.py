@@ -11,8 +11,9 @@ come from each run's measured wall time) identical to the one-worker run's.
 With ``--trial-s S`` the trials take time, as real ones do: a 12-point grid of one-node Llama 3 8B layouts
 on the local backend with the simulated payload (a real subprocess per trial, 10 steps of S/10 seconds).
 
-    bash .ci/postgres/up.sh             # as root, once
+    bash .ci/postgres/up.sh /tmp/dse-bench; . /tmp/dse-bench/postgres/env.sh   # as root, once (DSE_PG_URL)
     python bench/workers_speed.py       # --space FILE, --workers 1,2,4, --url URL of the server's admin db
+    bash .ci/postgres/down.sh /tmp/dse-bench
     python bench/workers_speed.py --trial-s 2
 """
 
@@ -98,8 +99,10 @@ def main() -> None:
     ap.add_argument("--space", type=Path, default=ROOT / "conf" / "spaces" / "llama3_70b_2node_space.toml")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--trial-s", type=float, default=None, help="trials of about this many seconds (local backend)")
-    ap.add_argument("--url", default=os.environ.get("DSE_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:55432/dse"))
+    ap.add_argument("--url", default=os.environ.get("DSE_PG_URL"), help="default: $DSE_PG_URL")
     args = ap.parse_args()
+    if not args.url:
+        sys.exit("no PostgreSQL server: --url URL, or DSE_PG_URL from .ci/postgres/up.sh ROOT")
     tmp_space = None
     if args.trial_s is not None:
         tmp_space = Path(tempfile.mkdtemp()) / "workers_timed.toml"

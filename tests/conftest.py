@@ -1,4 +1,4 @@
-"""Shared fixtures. Slurm fixtures live in tests/slurm_cluster.py and are loaded as a plugin."""
+"""Shared fixtures. The test services (Slurm, PostgreSQL) live in tests/services.py and are loaded as a plugin."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from dse.recipes.models import RECIPES
 
-pytest_plugins = ["tests.slurm_cluster"]
+pytest_plugins = ["tests.services"]
 
 
 @pytest.fixture

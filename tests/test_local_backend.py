@@ -1,5 +1,6 @@
-"""The local backend: the simulated trainer through launch.sh, and the nemo-run LocalExecutor path
-(torchrun replaced by a stand-in that starts one process per GPU, since there is no torch here)."""
+"""The local backend's nemo-run LocalExecutor path (torchrun replaced by a stand-in that starts one process per
+GPU, since there is no torch here); the simulated trainer through launch.sh is in the backend contract
+(tests/test_backend_contract.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from dse.backends.local import LocalBackend, local_executor
 from dse.launch import build_plan
-from dse.recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
+from dse.recipes.sim.logwriter import SimRun
 from tests.trials import DATA, system, trial
 
 FAKE_TORCHRUN = """#!/bin/bash
@@ -32,18 +33,6 @@ def plan(**run):
               tp=2, pp=1, cp=1, vp=1, gbs=8, max_steps=4)
     return build_plan(t, payload="sim", sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 50.0, "gbs": 8,
                                                           "max_steps": 4, **run}))
-
-
-def test_sim_payload_runs_its_launch_script(tmp_path, python_first):
-    r = LocalBackend().run(plan(), tmp_path)
-    assert r.exit_code == 0 and r.log_path == tmp_path / "log.txt"
-    assert (tmp_path / "launch.sh").exists() and (tmp_path / "code" / "recipes" / "sim" / "__main__.py").exists()
-    assert r.log_path.read_text().count("Training epoch") == 4
-
-
-def test_sim_oom_exit_code(tmp_path, python_first):
-    r = LocalBackend().run(plan(oom=True, oom_after=1), tmp_path)
-    assert r.exit_code == OOM_EXIT_CODE and "CUDA out of memory" in r.log_path.read_text()
 
 
 def test_local_executor_runs_one_process_per_gpu_with_torchrun():

@@ -19,7 +19,8 @@ from dse import knobs
 from dse.recipes.models import RECIPES
 from dse.recipes.nemo2 import spec
 
-pytestmark = pytest.mark.nemo
+# one worker under xdist: the module builds its NeMo probe (one NeMo process for every trial) once
+pytestmark = [pytest.mark.nemo, pytest.mark.xdist_group("nemo2_factories")]
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "nemo2_probe.py"

@@ -122,8 +122,9 @@ def test_a_completed_job_is_collected_after_an_interrupt_and_a_running_one_is_ca
                    {"mbs": 1, "recompute": "full"})
     cancel_dir = tmp_path / "cancelled"
     cancel_dir.mkdir()
-    threading.Thread(target=be.run, args=(build_plan(slow, payload="sim", simulated=True), cancel_dir),
-                     daemon=True).start()
+    waiter = threading.Thread(target=be.run, args=(build_plan(slow, payload="sim", simulated=True), cancel_dir),
+                              daemon=True)
+    waiter.start()
     import time
 
     from dse.backends.slurm import query_state
@@ -141,3 +142,5 @@ def test_a_completed_job_is_collected_after_an_interrupt_and_a_running_one_is_ca
         assert time.monotonic() < deadline, st
         time.sleep(0.5)
     assert be.finished_after_interrupt(slow, cancel_dir) is None
+    waiter.join(timeout=60)  # its wait ends with the cancelled job: no thread polls on into the next test
+    assert not waiter.is_alive()

@@ -17,6 +17,9 @@ from dse.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# one worker under xdist: the commands run in README order in one scratch directory (a later one reads what an
+# earlier one wrote)
+pytestmark = pytest.mark.xdist_group("readme_commands")
 
 # command (as extracted) prefix -> why it is not run here
 NOT_RUN = {

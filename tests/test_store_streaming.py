@@ -27,6 +27,8 @@ from tests.helpers import SMALL_SPACE, write_space
 runner = CliRunner()
 KNOBS = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16], "mbs": [1, 2], "recompute": ["none", "selective", "full"]}
 N = 12_000
+# one worker under xdist: the generated study (big_study) is written once for the module
+pytestmark = pytest.mark.xdist_group("store_streaming")
 
 
 def _record(n: int) -> TrialRecord:

@@ -5,7 +5,6 @@ leaderboard of a one-worker run; claims that expire when a worker dies."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,8 +24,6 @@ from tests.helpers import SMALL_SPACE, write_space
 from tests.test_study import valid_count
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_UP = ROOT / ".ci" / "postgres" / "up.sh"
-PG_URL = os.environ.get("DSE_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:55432/dse")
 
 # the shared small space with a recompute knob besides: 100+ valid points, enough for four workers to collide
 SPACE = SMALL_SPACE.replace('name = "small"', 'name = "workers"').replace(
@@ -140,34 +137,9 @@ def test_a_done_point_is_never_claimed_again(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- PostgreSQL
-def _pg_ready() -> bool:
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    try:
-        with psycopg.connect(PG_URL.replace("+psycopg", ""), connect_timeout=3):
-            return True
-    except psycopg.Error:
-        return False
-
-
-@pytest.fixture(scope="module")
-def pg_server():
-    """The PostgreSQL of .ci/postgres/up.sh (started here when root and not running); skipped without one,
-    a failure in CI."""
-    if not _pg_ready() and shutil.which("runuser") and os.geteuid() == 0 and PG_UP.exists():
-        subprocess.run(["bash", str(PG_UP)], capture_output=True, text=True, timeout=300)
-    if not _pg_ready():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true but no PostgreSQL (bash .ci/postgres/up.sh)", pytrace=False)
-        pytest.skip("no PostgreSQL server (bash .ci/postgres/up.sh, as root)")
-    return PG_URL
-
-
 @pytest.fixture
 def pg_url(pg_server):
-    """A fresh database on the server, dropped afterwards."""
+    """A fresh database on the test server (tests/services.py), dropped afterwards."""
     import psycopg
 
     name = f"dse_test_{uuid.uuid4().hex[:10]}"

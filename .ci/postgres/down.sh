@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Stop the cluster of .ci/postgres/up.sh (its data directory stays; up.sh reuses it).
-set -euo pipefail
-DATA=${DSE_PG_DATA:-/tmp/dse-postgres}
+# Stop the server of .ci/postgres/up.sh ROOT: pg_ctl on its own data directory (the postmaster.pid there).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$here/lib.sh"
+[ -n "${1:-}" ] || { echo "usage: $0 ROOT" >&2; exit 2; }
+DATA="$1/postgres/data"
+[ -f "$DATA/postmaster.pid" ] || { echo "postgres: nothing to stop under $1"; exit 0; }
+ROOT=$(cd "$1" && pwd)
 BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 if [ "$(id -u)" -eq 0 ]; then AS="runuser -u postgres --"; else AS=""; fi
-[ -f "$DATA/postmaster.pid" ] && $AS "$BIN/pg_ctl" -D "$DATA" -m fast stop >/dev/null || true
+$AS "$BIN/pg_ctl" -D "$ROOT/postgres/data" -m fast -w -t 30 stop >/dev/null && echo "stopped postgres"
+stop_recorded "$ROOT" postgres  # only if pg_ctl could not
