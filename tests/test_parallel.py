@@ -31,9 +31,14 @@ class Slow(SimBackend):
 
     interruptible = True  # it stands for a job that takes time (a poll loop), which a Ctrl-C cancels
 
-    def __init__(self, delay=lambda trial: 0.05, hold: threading.Event | None = None):
+    def __init__(self, delay=lambda trial: 0.05, hold: threading.Event | None = None, release_at: int = 0):
         super().__init__()
         self.delay, self.hold = delay, hold
+        # with release_at: the first runs hold until that many run at once (then ``hold`` is set), so a loaded
+        # machine that is slow to fill the pool cannot make "three at once" depend on timing
+        self.release_at = release_at
+        if release_at:
+            self.hold = threading.Event()
         self.lock = threading.Lock()
         self.now = self.most = 0
         self.cancelled: list[Path] = []
@@ -44,6 +49,8 @@ class Slow(SimBackend):
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
+            if self.release_at and self.now >= self.release_at:
+                self.hold.set()
         t0 = time.monotonic()
         try:
             end = t0 + self.delay(plan.trial)
@@ -76,7 +83,7 @@ def by_point(records):
 def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(tmp_path, monkeypatch):
     space = load_space(write_space(tmp_path))
     serial = study_mod.run_study(space, out_dir=tmp_path / "serial", agent="grid")
-    backend = Slow(jitter)
+    backend = Slow(jitter, release_at=3)
     monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
     finished: list[int] = []
     res = study_mod.run_study(space, out_dir=tmp_path / "par", agent="grid", parallel=3,
