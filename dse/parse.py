@@ -344,6 +344,9 @@ class _Scan:
         self.pending_trace = False  # a traceback was seen; its exception line is the reason
         self.ignore_next_trace = False
         self.last_ts: float | None = None
+        # per log format, in order: (substring gate, pattern's match, reader method, that format's steps)
+        self._scanners = [(f.gate, f.pattern.match, getattr(self, f.reader), self.steps[f.name])
+                          for f in LOG_FORMATS]
 
     # -- memory ------------------------------------------------------------------------------------
     def _mem(self, alloc_gib: float | None, reserved_gib: float | None) -> None:
@@ -464,40 +467,51 @@ class _Scan:
                 break
 
     # -- the loop ----------------------------------------------------------------------------------
+    def _progress(self, line: str) -> bool:
+        """Read ``line`` as a progress line of the first log format whose gate and pattern it matches."""
+        for fgate, match, read, steps in self._scanners:
+            if fgate in line:
+                m = match(line)
+                if m is not None:
+                    read(m, steps)
+                    return True
+        return False
+
+    def _timestamp(self, line: str) -> None:
+        """Keep the latest timestamp any line carries (the log's own clock, for the stall rule)."""
+        t = _ANY_TS_RE.search(line)
+        if t is not None:
+            ts = _parse_ts(f"{t[1]} {t[2]}")
+            if ts is not None and (self.last_ts is None or ts > self.last_ts):
+                self.last_ts = ts
+
+    def _exception_line(self, line: str) -> None:
+        """After a traceback, its exception line (``ValueError: ...``) becomes the traceback's reason."""
+        e = _EXC_LINE_RE.match(line.rstrip("\n"))
+        if e is not None:
+            self.evidence["traceback"] = _clip(e["exc"])
+            self.pending_trace = False
+
     def feed(self, lines: Iterator[str]) -> None:
+        """Scan ``lines``: progress, memory, timestamps and failure markers, each found by a cheap substring
+        test before its regex runs (this loop is the parser's hot path)."""
         gate = _FAIL_GATE
         want_ts = self.want_ts
-        scanners = [(f.gate, f.pattern.match, getattr(self, f.reader), self.steps[f.name]) for f in LOG_FORMATS]
         for line in lines:
             if "NCCL INFO" in line:  # the bulk of a noisy log; never progress, never a failure marker
                 continue
-            for fgate, match, read, steps in scanners:
-                if fgate in line:
-                    m = match(line)
-                    if m is not None:
-                        read(m, steps)
-                        break
-            else:
-                m = None
-            if m is not None:
+            if self._progress(line):
                 continue
             if ("memory (" in line or "mem-" in line) and self._mem_line(line):
                 continue
             if want_ts and ("[20" in line or "[NeMo" in line or " AT 20" in line):
-                t = _ANY_TS_RE.search(line)
-                if t is not None:
-                    ts = _parse_ts(f"{t[1]} {t[2]}")
-                    if ts is not None and (self.last_ts is None or ts > self.last_ts):
-                        self.last_ts = ts
+                self._timestamp(line)
             for g in gate:
                 if g in line:
                     self._failure(line)
                     break
             if self.pending_trace and ("Error" in line or "Exception" in line or "Interrupt" in line):
-                e = _EXC_LINE_RE.match(line.rstrip("\n"))
-                if e is not None:
-                    self.evidence["traceback"] = _clip(e["exc"])
-                    self.pending_trace = False
+                self._exception_line(line)
             if "Exception ignored in" in line:
                 self.ignore_next_trace = True
 
@@ -591,38 +605,12 @@ def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:
 
 def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None,
               ctx: ParseContext) -> RunMetrics:
-    # ---- the step series: per-iteration formats first (the longest wins), then the fallbacks in order
+    """The run's result from a finished scan: step statistics, throughput, memory, loss and the verdict."""
     series, fmt = _series(scan)
-    summary = [tf for _, tf, *_ in scan.steps["megatron_bridge_summary"].values()]
-
     warm, times = _steady([r[0] for r in series])
-    step_time = mean = p10 = p90 = None
-    if times:
-        step_time = statistics.median(times)
-        mean = statistics.fmean(times)
-        p10, p90 = _quantiles(times)
-
-    tflops, tflops_source = None, None
-    _, tfs = _steady([r[1] for r in series])
-    if not tfs and fmt != "megatron_bridge_summary" and summary:
-        _, tfs = _steady(summary)
-    if tfs:
-        tflops, tflops_source = statistics.median(tfs), "log"
-    elif step_time is not None and ctx.model_flops_per_step and ctx.num_gpus:
-        tflops = ctx.model_flops_per_step / (step_time * ctx.num_gpus) / 1e12
-        tflops_source = "model"
-
-    gbs = ctx.gbs
-    if gbs is None:
-        logged = [r[4] for r in series if r[4] is not None]
-        gbs = logged[-1] if logged else None
-    tokens = None
-    if step_time is not None and gbs and ctx.seq_length and ctx.num_gpus:
-        tokens = gbs * ctx.seq_length / (step_time * ctx.num_gpus)
-
+    step_time, mean, p10, p90 = _step_stats(times)
+    tflops, tflops_source = _tflops(scan, series, fmt, step_time, ctx)
     losses = [r[2] for r in series if r[2] is not None]
-    loss = losses[-1] if losses else None
-
     status, reason = _status(scan, path, series, times, warm, exit_code, scheduler_state, ctx)
     failed = status in FAILURE_STATUSES
     return RunMetrics(
@@ -633,9 +621,9 @@ def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_st
         step_time_p10_s=p10,
         step_time_p90_s=p90,
         tflops_per_gpu=tflops,
-        tokens_per_s_per_gpu=tokens,
+        tokens_per_s_per_gpu=_tokens_per_gpu(series, step_time, ctx),
         peak_memory_gib=scan.mem_alloc,
-        loss=loss,
+        loss=losses[-1] if losses else None,
         steps=len(series),
         partial=failed and len(series) > 0,
         log_format=fmt,
@@ -647,11 +635,60 @@ def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_st
     )
 
 
+def _step_stats(times: list[float]) -> tuple[float | None, float | None, float | None, float | None]:
+    """(median, mean, p10, p90) of the steady step times; all None without any."""
+    if not times:
+        return None, None, None, None
+    p10, p90 = _quantiles(times)
+    return statistics.median(times), statistics.fmean(times), p10, p90
+
+
+def _tflops(scan: _Scan, series: list, fmt: str | None, step_time: float | None,
+            ctx: ParseContext) -> tuple[float | None, str | None]:
+    """TFLOP/s per GPU and where it came from: the log's steady values (the series', else Megatron-Bridge's
+    summary lines), else the model's FLOPs per step over the measured step time; (None, None) without either."""
+    _, tfs = _steady([r[1] for r in series])
+    summary = [tf for _, tf, *_ in scan.steps["megatron_bridge_summary"].values()]
+    if not tfs and fmt != "megatron_bridge_summary" and summary:
+        _, tfs = _steady(summary)
+    if tfs:
+        return statistics.median(tfs), "log"
+    if step_time is not None and ctx.model_flops_per_step and ctx.num_gpus:
+        return ctx.model_flops_per_step / (step_time * ctx.num_gpus) / 1e12, "model"
+    return None, None
+
+
+def _tokens_per_gpu(series: list, step_time: float | None, ctx: ParseContext) -> float | None:
+    """Tokens/s per GPU from the step time, the global batch (the context's, else the last one logged) and the
+    sequence length; None where any is unknown."""
+    gbs = ctx.gbs
+    if gbs is None:
+        logged = [r[4] for r in series if r[4] is not None]
+        gbs = logged[-1] if logged else None
+    if step_time is not None and gbs and ctx.seq_length and ctx.num_gpus:
+        return gbs * ctx.seq_length / (step_time * ctx.num_gpus)
+    return None
+
+
 def _status(scan: _Scan, path: str | None, series: list, times: list, warm: int, exit_code: int | None,
             scheduler_state: str | None, ctx: ParseContext) -> tuple[str, str | None]:
+    """(status, reason), by precedence: OOM, timeout, NCCL error, stall, other failures, missing metrics, ok."""
     ev = scan.evidence
     state = (scheduler_state or "").strip().upper().split(" ")[0].rstrip("+") or None
+    verdict = _resource_failure(ev, state)
+    if verdict is not None:
+        return verdict
+    stall = _stall(scan, path, series, exit_code, state, ctx)
+    if stall is not None:
+        return "timeout", stall
+    verdict = _run_failure(ev, state, exit_code)
+    if verdict is not None:
+        return verdict
+    return _metrics_verdict(series, times, warm)
 
+
+def _resource_failure(ev: dict[str, str], state: str | None) -> tuple[str, str] | None:
+    """OOM, then timeout, then NCCL error, from the log's evidence or the scheduler's state."""
     if "oom" in ev:
         return "oom", ev["oom"]
     if state in _SCHED_OOM:
@@ -662,9 +699,12 @@ def _status(scan: _Scan, path: str | None, series: list, times: list, warm: int,
         return "timeout", f"scheduler state {state}"
     if "nccl_error" in ev:
         return "nccl_error", ev["nccl_error"]
-    stall = _stall(scan, path, series, exit_code, state, ctx)
-    if stall is not None:
-        return "timeout", stall
+    return None
+
+
+def _run_failure(ev: dict[str, str], state: str | None, exit_code: int | None) -> tuple[str, str] | None:
+    """A ``failed`` run: a traceback, a failing scheduler state, a signal or cancel line, a non-zero exit code
+    (the backend's, then one the log reports), in that order."""
     if "traceback" in ev:
         return "failed", ev["traceback"]
     if state is not None and state not in _SCHED_DONE and state not in _SCHED_RUNNING:
@@ -675,6 +715,11 @@ def _status(scan: _Scan, path: str | None, series: list, times: list, warm: int,
         return "failed", f"exit code {exit_code}"
     if "exited" in ev:
         return "failed", ev["exited"]
+    return None
+
+
+def _metrics_verdict(series: list, times: list, warm: int) -> tuple[str, str | None]:
+    """``ok`` if a steady step time exists, else ``no_metrics`` with what was missing."""
     if not series:
         return "no_metrics", "no progress line with a step time in the log"
     if not times:

@@ -106,17 +106,32 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
              note: str = "") -> list:
     """The plots of ``df`` (every trial, or a sample of a large study: ``counts`` and ``best_line``, the
     best-so-far step line by trial, then come from the whole study, and ``note`` says what is shown)."""
+    by_trial = df.sort_values("trial")
+    figs = [_reward_figure(by_trial, best_line, note), _status_figure(Counter(df.status) if counts is None else counts)]
+    ok = by_trial[by_trial.status == "ok"]
+    if ok.empty:
+        return figs
+    y = metric if metric in ok and ok[metric].notna().any() else "reward"
+    figs += [_knob_box(ok, knob, knob_values[knob], y, note) for knob in knob_values]
+    if knob_values:
+        figs.append(_parallel_coordinates(ok, knob_values, y))
+    imp = importances(records, knob_values)
+    if imp:
+        figs.append(_importance_figure(imp, len(ok)))
+    if "peak_memory_gib" in ok and ok.peak_memory_gib.notna().any():
+        figs.append(_memory_figure(ok, list(knob_values), y))
+    return figs
+
+
+def _reward_figure(by_trial: pd.DataFrame, best_line: pd.Series | None, note: str):
+    """Reward by trial: ok trials, the best so far as a step line over all trials, pruned trials at their
+    reward (the optimistic bound they lost with), failures as marks at the bottom of the axis (one trace
+    per status, the reason on hover)."""
     import plotly.graph_objects as go
 
-    figs = []
-    knob_names = list(knob_values)
-    by_trial = df.sort_values("trial")
     ok = by_trial[by_trial.status == "ok"]
     pruned = by_trial[by_trial.status == "pruned"]
     failed = by_trial[~by_trial.status.isin(("ok", "pruned"))]
-    # Reward by trial: ok trials, the best so far as a step line over all trials, pruned trials at their
-    # reward (the optimistic bound they lost with), failures as marks at the bottom of the axis (one trace
-    # per status, the reason on hover).
     fig = go.Figure()
     best = by_trial.reward.where(by_trial.status == "ok").cummax().ffill() if best_line is None else best_line
     if not ok.empty:
@@ -142,48 +157,69 @@ def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapp
     fig.update_layout(title="Reward by trial (failures marked at the bottom)" + note, xaxis_title="trial",
                       yaxis_title="reward", yaxis_tickformat=".4~g",
                       xaxis=_int_ticks(int(by_trial.trial.max()) if len(by_trial) else 1))
-    figs.append(fig)
-    counts = Counter(df.status) if counts is None else counts
-    figs.append(go.Figure(go.Bar(x=list(counts), y=list(counts.values()), hovertemplate="%{x}: %{y}<extra></extra>"),
-                          layout=dict(title="Trials by status", xaxis_title="status", yaxis_title="trials",
-                                      yaxis=dict(tickformat="d", rangemode="tozero"))))
-    if ok.empty:
-        return figs
-    y = metric if metric in ok and ok[metric].notna().any() else "reward"
-    for knob in knob_names:
-        order = [str(v) for v in ordered_values(knob_values[knob])]
-        fig = go.Figure(go.Box(x=ok[knob].astype(str), y=ok[y], boxpoints="all", name=knob,
-                               hovertemplate=f"{knob}=%{{x}}<br>{y} %{{y:.4g}}<extra></extra>"))
-        fig.update_layout(title=f"{y} by {knob} (ok trials{note})", xaxis_title=knob, yaxis_title=y, yaxis_tickformat=".4~g",
-                          xaxis=dict(type="category", categoryorder="array", categoryarray=order), showlegend=False)
-        figs.append(fig)
-    if knob_names:
-        dims = []
-        for knob in knob_names:
-            order = ordered_values(knob_values[knob])
-            index = {json.dumps(v, default=str): i for i, v in enumerate(order)}
-            codes = [index.get(json.dumps(v, default=str), -1) for v in ok[knob]]
-            dims.append(dict(label=knob, values=codes, tickvals=list(range(len(order))),
-                             ticktext=[fmt(v) for v in order], range=[0, max(len(order) - 1, 1)]))
-        dims.append(dict(label=y, values=list(ok[y]), tickformat=".4~g"))
-        figs.append(go.Figure(go.Parcoords(line=dict(color=list(ok[y]), colorscale="Viridis", showscale=True),
-                                           dimensions=dims),
-                              layout=dict(title=f"Parallel coordinates: knobs against {y} (ok trials)")))
-    imp = importances(records, knob_values)
-    if imp:
-        names = list(imp)[::-1]
-        figs.append(go.Figure(go.Bar(x=[imp[k] for k in names], y=names, orientation="h",
-                                     hovertemplate="%{y}: %{x:.3g}<extra></extra>"),
-                              layout=dict(title=f"Knob importance (Optuna PED-ANOVA, {len(ok)} ok trials)",
-                                          xaxis_title="importance", xaxis_tickformat=".2~g")))
-    if "peak_memory_gib" in ok and ok.peak_memory_gib.notna().any():
-        text = ok[knob_names].apply(lambda row: ", ".join(f"{k}={fmt(row[k])}" for k in knob_names), axis=1) \
-            if knob_names else None
-        figs.append(go.Figure(go.Scatter(x=ok.peak_memory_gib, y=ok[y], mode="markers", text=text,
-                                         hovertemplate="%{text}<br>%{x:.4g} GiB<br>" + y + " %{y:.4g}<extra></extra>"),
-                              layout=dict(title=f"{y} against peak memory (ok trials)", xaxis_title="peak memory, GiB",
-                                          yaxis_title=y, xaxis_tickformat=".4~g", yaxis_tickformat=".4~g")))
-    return figs
+    return fig
+
+
+def _status_figure(counts: Mapping[str, int]):
+    """Trials by status, a bar each."""
+    import plotly.graph_objects as go
+
+    return go.Figure(go.Bar(x=list(counts), y=list(counts.values()), hovertemplate="%{x}: %{y}<extra></extra>"),
+                     layout=dict(title="Trials by status", xaxis_title="status", yaxis_title="trials",
+                                 yaxis=dict(tickformat="d", rangemode="tozero")))
+
+
+def _knob_box(ok: pd.DataFrame, knob: str, values: Sequence[Any], y: str, note: str):
+    """``y`` of the ok trials by the value of ``knob``, its values in the space's order."""
+    import plotly.graph_objects as go
+
+    order = [str(v) for v in ordered_values(values)]
+    fig = go.Figure(go.Box(x=ok[knob].astype(str), y=ok[y], boxpoints="all", name=knob,
+                           hovertemplate=f"{knob}=%{{x}}<br>{y} %{{y:.4g}}<extra></extra>"))
+    fig.update_layout(title=f"{y} by {knob} (ok trials{note})", xaxis_title=knob, yaxis_title=y,
+                      yaxis_tickformat=".4~g",
+                      xaxis=dict(type="category", categoryorder="array", categoryarray=order), showlegend=False)
+    return fig
+
+
+def _parallel_coordinates(ok: pd.DataFrame, knob_values: Mapping[str, Sequence[Any]], y: str):
+    """One axis per knob (its values coded by their place in the space's order), then ``y``."""
+    import plotly.graph_objects as go
+
+    dims = []
+    for knob in knob_values:
+        order = ordered_values(knob_values[knob])
+        index = {json.dumps(v, default=str): i for i, v in enumerate(order)}
+        codes = [index.get(json.dumps(v, default=str), -1) for v in ok[knob]]
+        dims.append(dict(label=knob, values=codes, tickvals=list(range(len(order))),
+                         ticktext=[fmt(v) for v in order], range=[0, max(len(order) - 1, 1)]))
+    dims.append(dict(label=y, values=list(ok[y]), tickformat=".4~g"))
+    return go.Figure(go.Parcoords(line=dict(color=list(ok[y]), colorscale="Viridis", showscale=True),
+                                  dimensions=dims),
+                     layout=dict(title=f"Parallel coordinates: knobs against {y} (ok trials)"))
+
+
+def _importance_figure(imp: Mapping[str, float], n_ok: int):
+    """The knobs' importances as horizontal bars, the most important on top."""
+    import plotly.graph_objects as go
+
+    names = list(imp)[::-1]
+    return go.Figure(go.Bar(x=[imp[k] for k in names], y=names, orientation="h",
+                            hovertemplate="%{y}: %{x:.3g}<extra></extra>"),
+                     layout=dict(title=f"Knob importance (Optuna PED-ANOVA, {n_ok} ok trials)",
+                                 xaxis_title="importance", xaxis_tickformat=".2~g"))
+
+
+def _memory_figure(ok: pd.DataFrame, knob_names: list[str], y: str):
+    """``y`` against peak memory, one point per ok trial, its knobs on hover."""
+    import plotly.graph_objects as go
+
+    text = ok[knob_names].apply(lambda row: ", ".join(f"{k}={fmt(row[k])}" for k in knob_names), axis=1) \
+        if knob_names else None
+    return go.Figure(go.Scatter(x=ok.peak_memory_gib, y=ok[y], mode="markers", text=text,
+                                hovertemplate="%{text}<br>%{x:.4g} GiB<br>" + y + " %{y:.4g}<extra></extra>"),
+                     layout=dict(title=f"{y} against peak memory (ok trials)", xaxis_title="peak memory, GiB",
+                                 yaxis_title=y, xaxis_tickformat=".4~g", yaxis_tickformat=".4~g"))
 
 
 @functools.cache

@@ -261,22 +261,37 @@ class Space(_Strict):
 
     @model_validator(mode="after")
     def _check_knobs(self) -> "Space":
+        """The space's cross-field rules, in this order (the first broken one is the error the user sees)."""
         f = self.source or None
         for name, value in self.settings.items():
             knobs.get(name, file=f, field=f"settings.{name}").coerce(value, file=f, field=f"settings.{name}")
         for name, values in self.knobs.items():
-            knob = knobs.get(name, file=f, field=f"knobs.{name}")
-            if not values:
-                raise UserError("empty list; give at least one value", file=f, field=f"knobs.{name}")
-            if len(values) > MAX_VALUES_PER_KNOB:
-                raise UserError(f"{len(values)} values; a knob takes at most {MAX_VALUES_PER_KNOB} (each stored "
-                                "trial carries its knobs' value lists)", file=f, field=f"knobs.{name}")
-            seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
-            if len(set(map(repr, seen))) != len(seen):
-                raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")
-            if name in self.settings:
-                raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
-                                file=f, field=f"knobs.{name}")
+            self._check_knob_values(name, values, f)
+        self._check_backend(f)
+        self._check_env_opt_in(f)
+        if "num_nodes" in self.settings:
+            raise UserError("set num_nodes at the top level of the space, not in [settings]",
+                            file=f, field="settings.num_nodes")
+        return self
+
+    def _check_knob_values(self, name: str, values: list[Any], f: str | None) -> None:
+        """One ``[knobs]`` entry: a known knob, 1 to MAX_VALUES_PER_KNOB valid distinct values, not also a setting."""
+        knob = knobs.get(name, file=f, field=f"knobs.{name}")
+        if not values:
+            raise UserError("empty list; give at least one value", file=f, field=f"knobs.{name}")
+        if len(values) > MAX_VALUES_PER_KNOB:
+            raise UserError(f"{len(values)} values; a knob takes at most {MAX_VALUES_PER_KNOB} (each stored "
+                            "trial carries its knobs' value lists)", file=f, field=f"knobs.{name}")
+        seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
+        if len(set(map(repr, seen))) != len(seen):
+            raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")
+        if name in self.settings:
+            raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
+                            file=f, field=f"knobs.{name}")
+
+    def _check_backend(self, f: str | None) -> None:
+        """Pruning needs the early stop; a calibration file must load for this GPU (refused here, not at the
+        first trial)."""
         if self.backend.early_stop.prune_margin is not None and not self.backend.early_stop.enabled:
             raise UserError("pruning follows the log as the early stop does: set enabled = true with it, or "
                             "remove prune_margin", file=f, field="backend.early_stop.prune_margin")
@@ -288,6 +303,10 @@ class Space(_Strict):
                 load_calibration(self.backend.calibration, gpu=self.system.gpu)
             except UserError as e:
                 raise UserError(str(e), file=f, field="backend.calibration") from None
+
+    def _check_env_opt_in(self, f: str | None) -> None:
+        """A protected environment variable (from settings, knobs or the system's srun arguments) needs the
+        space's explicit ``[backend] allow_env`` opt-in."""
         allowed = set(self.backend.allow_env)
         env_names = [(f"{part}.{n}", n[len(knobs.ENV_PREFIX):]) for part, names in
                      (("settings", self.settings), ("knobs", self.knobs)) for n in names if knobs.is_env(n)]
@@ -297,10 +316,6 @@ class Space(_Strict):
             if why and var not in allowed:
                 raise UserError(f"{var} {why}, so a space may set it only by opting in: "
                                 f'[backend] allow_env = ["{var}"]', file=f, field=field)
-        if "num_nodes" in self.settings:
-            raise UserError("set num_nodes at the top level of the space, not in [settings]",
-                            file=f, field="settings.num_nodes")
-        return self
 
     @property
     def recipe_obj(self) -> Recipe:

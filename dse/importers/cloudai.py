@@ -31,6 +31,7 @@ Decisions where the issue is silent:
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,14 +341,63 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     """Read CloudAI's files and return the dse space (validated) and, with ``system_path``, its system file."""
     path = Path(test_path)
     f = str(path)
+    _check_gpu(gpu)
+    test, entry, where, cmd = _read_test(path, test_id)
+    recipe = _find_recipe(cmd.get("recipe_name"), cmd.get("num_layers"), f, where)
+    notes: list[NotImported] = []
+    image = cmd.get("docker_image_url")
+    container = _container_version(image, where, notes)
+    args = _read_cmd_args(cmd, f, where, notes)
+    env = test.get("extra_env_vars") or {}
+    if not isinstance(env, dict):
+        raise UserError("expected a table of NAME = value", file=f, field="extra_env_vars")
+    points = args.points * math.prod(max(len(v), 1) for v in env.values() if isinstance(v, list))
+    system_table: dict[str, Any] | None = None
+    if system_path is not None:
+        system_table, sys_env = _system(Path(system_path), notes, gpu)  # type: ignore[arg-type]
+        env = _merge_env(env, sys_env, notes)
+    values = {**args.values, **{f"env.{k}": v for k, v in env.items()}}
+    num_nodes = _node_count(entry, args.num_nodes, f)
+    slurm: dict[str, Any] = dict((system_table or {}).get("slurm", {}))
+    if entry.get("time_limit"):
+        slurm["time_limit"] = str(entry["time_limit"])
+    if image:
+        slurm["container_image"] = str(image)
+    search = _scenario_search(entry, notes)
+    settings, varied = _settings_and_knobs(values)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(entry.get("id") or test.get("name") or path.stem))
+    system_text = system_file = None
+    if system_table is not None:
+        system_table = {**system_table, "slurm": slurm, **({"container": container} if container else {})}
+        system_file = re.sub(r"[^A-Za-z0-9_.-]+", "_", system_table["name"]) + ".toml"
+        system_text = _system_text(system_table, Path(system_path))  # type: ignore[arg-type]
+        system_ref: Any = system_file
+        system_obj = System.model_validate(system_table)
+    else:
+        system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}),
+                      "slurm": slurm}
+        system_obj = System.model_validate({"name": "inline", **system_ref})
+    space = _validated_space({"name": name, "recipe": recipe.name, "system": system_obj, "num_nodes": num_nodes,
+                              "settings": settings, "knobs": varied, "search": search, "source": str(Path(out))}, f)
+    applied = [f"{where}.{d} = {_toml_value(v)}" for d, v in args.defaults]
+    text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied)
+    return Imported(text, space, system_text, system_file, notes, points, applied)
+
+
+def _check_gpu(gpu: str | None) -> None:
+    """``--gpu`` is required (CloudAI's files do not name the generation) and must be one dse knows."""
     if gpu is None:
         raise UserError(f"CloudAI's files do not name the GPU generation; give --gpu, one of {', '.join(GPU_NAMES)}",
                         field="--gpu")
     if gpu not in GPU_NAMES:
         raise UserError(f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
                         field="--gpu")
-    data = _read_toml(path)
-    test, entry, where = _test_entry(data, path, test_id)
+
+
+def _read_test(path: Path, test_id: str | None) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any]]:
+    """(test, scenario entry or {}, prefix of cmd_args in the file, cmd_args) of a NeMoRun pretraining test."""
+    f = str(path)
+    test, entry, where = _test_entry(_read_toml(path), path, test_id)
     template = test.get("test_template_name")
     if template != "NeMoRun":
         raise UserError(f"test template {template!r} is not supported; dse imports NeMoRun tests", file=f,
@@ -357,22 +407,41 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         raise UserError("required table is missing", file=f, field=where)
     if cmd.get("task", "pretrain") != "pretrain":
         raise UserError(f"task {cmd['task']!r} is not supported; dse runs pretrain", file=f, field=f"{where}.task")
-    recipe = _find_recipe(cmd.get("recipe_name"), cmd.get("num_layers"), f, where)
-    notes: list[NotImported] = []
-    values: dict[str, Any] = {}  # canonical knob -> value or list of values
-    image = cmd.get("docker_image_url")
-    container = None
-    if isinstance(image, str) and image:
-        m = _IMAGE_VERSION.search(image)
-        if m:
-            container = f"{m.group(1)}.{m.group(2)}"
-        else:
-            notes.append(NotImported(f"{where}.docker_image_url (version)", image,
-                                     "no YY.MM tag; the container gate keeps the system's version"))
+    return test, entry, where, cmd
+
+
+def _container_version(image: Any, where: str, notes: list[NotImported]) -> str | None:
+    """The ``YY.MM`` of the image tag (``nemo:25.11.01`` -> ``25.11``); None (and a note) without one."""
+    if not (isinstance(image, str) and image):
+        return None
+    m = _IMAGE_VERSION.search(image)
+    if m:
+        return f"{m.group(1)}.{m.group(2)}"
+    notes.append(NotImported(f"{where}.docker_image_url (version)", image,
+                             "no YY.MM tag; the container gate keeps the system's version"))
+    return None
+
+
+@dataclass
+class _CmdArgs:
+    """What a test's ``cmd_args`` give: knob values (a list where varied), the node count, CloudAI's list
+    product, and the CloudAI defaults applied for fields the file leaves out."""
+
+    values: dict[str, Any]  # canonical knob -> value or list of values
+    num_nodes: Any
+    points: int
+    defaults: list[tuple[str, Any]]
+
+
+def _read_cmd_args(cmd: dict[str, Any], f: str, where: str, notes: list[NotImported]) -> _CmdArgs:
+    """``cmd_args`` (with CloudAI's defaults for what it leaves out) -> knob values through the catalogue's NeMo 2
+    paths; ``trainer.plugins`` read as a whole by :func:`_plugins`; every other field a note."""
     table = nemo2_paths()
+    values: dict[str, Any] = {}
     num_nodes: Any = None
     points = 1
-    given = _flatten({k: v for k, v in cmd.items() if k not in ("docker_image_url", "task", "recipe_name", "num_layers")})
+    read_elsewhere = ("docker_image_url", "task", "recipe_name", "num_layers")
+    given = _flatten({k: v for k, v in cmd.items() if k not in read_elsewhere})
     present = {d for d, _ in given}
     defaults = [(d, v) for d, v in CLOUDAI_DEFAULTS.items() if d not in present]
     for dotted, value in given + defaults:
@@ -396,23 +465,21 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     plugins = (cmd.get("trainer") or {}).get("plugins")
     if isinstance(plugins, dict):
         values.update(_plugins(plugins, f, where, notes))
-    env = test.get("extra_env_vars") or {}
-    if not isinstance(env, dict):
-        raise UserError("expected a table of NAME = value", file=f, field="extra_env_vars")
-    for k, v in env.items():
-        if isinstance(v, list):
-            points *= max(len(v), 1)
-    system_table: dict[str, Any] | None = None
-    if system_path is not None:
-        system_table, sys_env = _system(Path(system_path), notes, gpu)
-        for k, v in sys_env.items():
-            if k in env and env[k] != v:
-                notes.append(NotImported(f"system.global_env_vars.{k}", v,
-                                         f"the test's extra_env_vars sets it to {_toml_value(env[k])}"))
-        env = {**sys_env, **env}  # the test's own variables win, as in CloudAI
-    for k, v in env.items():
-        values[f"env.{k}"] = v
-    # node count: the scenario's, else trainer.num_nodes; one per space
+    return _CmdArgs(values, num_nodes, points, defaults)
+
+
+def _merge_env(env: dict[str, Any], sys_env: dict[str, str], notes: list[NotImported]) -> dict[str, Any]:
+    """The system's ``global_env_vars`` under the test's ``extra_env_vars`` (the test's win, as in CloudAI; each
+    system value so overridden is a note)."""
+    for k, v in sys_env.items():
+        if k in env and env[k] != v:
+            notes.append(NotImported(f"system.global_env_vars.{k}", v,
+                                     f"the test's extra_env_vars sets it to {_toml_value(env[k])}"))
+    return {**sys_env, **env}
+
+
+def _node_count(entry: dict[str, Any], num_nodes: Any, f: str) -> Any:
+    """The scenario's node count, else ``trainer.num_nodes``, else 1; one per space (a list is refused)."""
     if entry.get("num_nodes") is not None:
         num_nodes = entry["num_nodes"]
     if isinstance(num_nodes, str) and num_nodes.isdigit():
@@ -420,13 +487,12 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     if isinstance(num_nodes, list):
         raise UserError(f"{num_nodes!r}: a dse space has one node count; import once per count",
                         file=f, field="num_nodes")
-    num_nodes = 1 if num_nodes is None else num_nodes
-    # Slurm fields of the scenario entry and the test
-    slurm: dict[str, Any] = dict((system_table or {}).get("slurm", {}))
-    if entry.get("time_limit"):
-        slurm["time_limit"] = str(entry["time_limit"])
-    if image:
-        slurm["container_image"] = str(image)
+    return 1 if num_nodes is None else num_nodes
+
+
+def _scenario_search(entry: dict[str, Any], notes: list[NotImported]) -> dict[str, Any]:
+    """The space's ``[search]`` from the scenario entry (grid; ``agent_steps`` as the trial budget); its fields
+    without a dse counterpart are notes."""
     search: dict[str, Any] = {"agent": "grid"}
     if entry.get("agent") not in (None, "grid_search"):
         notes.append(NotImported("agent", entry["agent"], "dse has grid, random and optuna; the space uses grid"))
@@ -438,33 +504,24 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         if k not in handled:
             notes.append(NotImported(k, _summary(v),
                                      _TEST_FIELDS_SKIPPED.get(k, "no dse counterpart")))
+    return search
+
+
+def _settings_and_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """([settings], [knobs]): a scalar or a one-element list is a setting, a longer list a knob."""
     settings = {k: v for k, v in values.items() if not isinstance(v, list)}
     varied = {k: v for k, v in values.items() if isinstance(v, list)}
     for k, v in list(varied.items()):
         if len(v) == 1:
             settings[k] = v[0]
             del varied[k]
-    name = str(entry.get("id") or test.get("name") or path.stem)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    return settings, varied
 
-    out_path = Path(out)
-    system_text = system_file = None
-    if system_table is not None:
-        system_table = {**system_table, "slurm": slurm}
-        if container:
-            system_table["container"] = container
-        system_file = re.sub(r"[^A-Za-z0-9_.-]+", "_", system_table["name"]) + ".toml"
-        system_text = _system_text(system_table, Path(system_path))  # type: ignore[arg-type]
-        system_ref: Any = system_file
-        system_obj = System.model_validate(system_table)
-    else:
-        system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}),
-                      "slurm": slurm}
-        system_obj = System.model_validate({"name": "inline", **system_ref})
-    space_dict = {"name": name, "recipe": recipe.name, "system": system_obj, "num_nodes": num_nodes,
-                  "settings": settings, "knobs": varied, "search": search, "source": str(out_path)}
+
+def _validated_space(space_dict: dict[str, Any], f: str) -> Space:
+    """The imported space, validated; an error names the CloudAI file it was imported from."""
     try:
-        space = Space.model_validate(space_dict)
+        return Space.model_validate(space_dict)
     except UserError as e:
         raise UserError(f"{e.message} (imported from {f})", file=e.file, field=e.field) from None
     except Exception as e:  # pydantic's ValidationError: the first error, one line
@@ -475,9 +532,6 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         from dse.space import _first_error
 
         raise _first_error(e, f) from None
-    applied = [f"{where}.{d} = {_toml_value(v)}" for d, v in defaults]
-    text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied)
-    return Imported(text, space, system_text, system_file, notes, points, applied)
 
 
 def _space_text(src: Path, recipe: Recipe, name: str, system_ref: Any, num_nodes: int, settings: dict,
