@@ -340,7 +340,8 @@ def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
 
 def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEFAULT_PARAMS) -> dict:
     """MAPE on each measured run of a fit on the others (the same parameters, fewer if fewer runs remain)."""
-    st, mem = [], []
+    st: list[float] = []
+    mem: list[float] = []
     measured = [i for i, r in enumerate(runs) if r.step_time_s]
     if len(measured) < 2:
         return {"step_time_mape": None, "memory_mape": None}
@@ -350,7 +351,9 @@ def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEF
         n_m = sum(1 for r in rest if r.peak_memory_gib or r.oom)
         P = fit_runs(rest, list(time_names)[:n_t], list(mem_names)[:n_m], base)
         e = errors([runs[i]], P)
-        st.append(e["step_time_mape"])
+        step_mape = e["step_time_mape"]
+        assert step_mape is not None  # run i has a step time (it is in measured), so errors gives its MAPE
+        st.append(step_mape)
         if e["memory_mape"] is not None:
             mem.append(e["memory_mape"])
     return {"step_time_mape": statistics.fmean(st), "memory_mape": statistics.fmean(mem) if mem else None}

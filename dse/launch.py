@@ -163,6 +163,7 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     if (payload == "sim" or simulated) and sim_run is None:
         sim_run = simulate(trial, seed, flops_convention=flops_convention, params=params)
     if payload == "sim":
+        assert sim_run is not None  # simulated just above when not given
         env.update(_sim_env(sim_run))
 
     pre_steps = (vboost_step(trial.layout.num_nodes),) if env.get(ENV_VBOOST) == "1" else ()
