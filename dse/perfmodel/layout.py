@@ -134,7 +134,7 @@ class Machine:
         # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
         tensor_ratio = P.ultra_tensor_ratio if gpu.blackwell_ultra else 1.0
         bf16_peak = gpu.bf16_tflops * 1e12 * tensor_ratio
-        if fp8:
+        if fp8 and gpu.fp8_tflops is not None:  # (fp8 implies it; said again for the type checker)
             eff8 = P.gemm_eff_fp8_blackwell if gpu.arch == "blackwell" else P.gemm_eff_fp8
             # MXFP8's GEMMs apply a scale per 32-element block inside the tensor-core pipeline (a fitted rate
             # ratio, Params.mxfp8_gemm_ratio); per-tensor recipes scale once per GEMM
@@ -194,6 +194,9 @@ class Stages:
         first_l, mid_l, last_l, accounted = stage_layers(arch.num_layers, p, v)
         lp = layer_params(arch)
         emb = arch.vocab_size * arch.hidden_size
+        first_params: float
+        last_params: float
+        stage_params: float
         if p == 1:
             stage_params = arch.num_layers * lp + 2 * emb
             first_params = last_params = stage_params
