@@ -68,7 +68,8 @@ class Backend(abc.ABC):
     @classmethod
     def from_space(cls, space: "Space", *, seed: int = 0) -> "Backend":
         """The backend for a study of ``space`` (its system, its [backend] table). ``seed`` is the study's."""
-        return cls(space)
+        # a subclass that keeps this default takes the space as its one positional argument (local, slurm)
+        return cls(space)  # type: ignore[call-arg]
 
     script_name: str | None = None  # the launch script write_script writes (None: this backend writes none)
 

@@ -149,7 +149,7 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
     )
     executor.job_dir = str(job_dir)
     if not s.account:  # nemo-run always writes --account; an empty one means "the user's default"
-        executor.account = None  # type: ignore[assignment]
+        executor.account = None
     request = SlurmBatchRequest(
         launch_cmd=["sbatch", "--parsable"],
         jobs=[name],
@@ -243,7 +243,7 @@ def sbatch_message(output: str) -> str:
     Invalid partition name specified`` become ``invalid partition specified: x; Invalid partition name
     specified``. Error lines win over warnings; a repeated line is kept once.
     """
-    lines = []
+    lines: list[tuple[str, str]] = []  # (kind, text)
     for raw in output.splitlines():
         line, kind = raw.strip(), "other"
         changed = True
