@@ -107,11 +107,11 @@ def load_agents() -> dict[str, Callable[[], object]]:
     return reg.load(reg.AGENTS)
 
 
-def agent_class(name: str, registry: Mapping[str, Callable[[], object]]) -> type["Agent"]:
+def agent_class(name: str, registry: Mapping[str, Callable[[], object]]) -> type[Agent]:
     return reg.get(registry, name, Agent, group=reg.AGENTS, field="search.agent")
 
 
-def agent_options(cls: type["Agent"], options: Mapping[str, Any]) -> dict[str, Any]:
+def agent_options(cls: type[Agent], options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` validated by the agent's own model; a one-line :class:`UserError` naming the option."""
     try:
         return dict(cls.Options.model_validate(dict(options)))

@@ -28,8 +28,8 @@ Decisions where the issue is silent:
 from __future__ import annotations
 
 import csv
-import functools
 import datetime as _dt
+import functools
 import json
 import math
 import statistics
@@ -87,9 +87,9 @@ def trial_from_row(row: dict, gpu: str):
     """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
     recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``."""
     from dse import knobs
+    from dse.recipes.models import ModelArch, Recipe
     from dse.space import load_system
     from dse.trial import TrialConfig
-    from dse.recipes.models import ModelArch, Recipe
 
     arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
                      int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
@@ -373,7 +373,7 @@ def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = N
         report.append({"name": n, "old": old, "new": new, "moved": bool(shift > 0.1), "shift_sigma": shift})
     cal = Calibration(gpu=g, params={n: getattr(P, n) for n in (*t_names, *m_names)},
                       sources=[str(s) for s in sources], runs=len(runs),
-                      date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       fit={"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)},
                       loo=leave_one_out(runs, t_names, m_names) if loo else None)
     return cal, report

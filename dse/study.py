@@ -20,19 +20,28 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from dse.agents.base import agent_class, load_agents, make_agent
 from dse import knobs, outdir
 from dse import registry as reg
+from dse.agents.base import agent_class, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
 from dse.claims import LEASE_S, Claims
 from dse.counting import count_valid
+from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
 from dse.forecast import model_forecaster
 from dse.leaderboard import Summary
 from dse.outdir import (
-    DB, LEADERBOARD, META, absolute_storage, open_store, read_meta, storage_url, stored_run_dir, stored_storage,
+    DB,
+    LEADERBOARD,
+    META,
+    absolute_storage,
+    open_store,
+    read_meta,
+    storage_url,
+    stored_run_dir,
+    stored_storage,
     trial_dir,
 )
 from dse.parallel import Done, Pool
@@ -40,7 +49,6 @@ from dse.parse import parse_log
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
-from dse.envs.recipe_env import RecipeEnv, better
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
 # dse.generations, dse.compare and the tests.

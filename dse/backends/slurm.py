@@ -32,14 +32,27 @@ from pathlib import Path
 
 from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
-    LOG_NAME, check_env, check_field, check_path, import_nemo_run, job_name, quoted_command, stage_code,
+    LOG_NAME,
+    check_env,
+    check_field,
+    check_path,
+    import_nemo_run,
+    job_name,
+    quoted_command,
+    stage_code,
 )
-from dse.errors import UserError
 from dse.launch import LaunchPlan
-from dse.space import (
-    SLURM_IMAGE, SLURM_MOUNT, SLURM_NAME, SLURM_PATH, SLURM_SRUN_ARG, SLURM_TIME, SlurmSettings, Space,
-)
 from dse.recipes import contract
+from dse.space import (
+    SLURM_IMAGE,
+    SLURM_MOUNT,
+    SLURM_NAME,
+    SLURM_PATH,
+    SLURM_SRUN_ARG,
+    SLURM_TIME,
+    SlurmSettings,
+    Space,
+)
 
 SCRIPT_NAME = "launch.sbatch"
 SBATCH_OUT = "sbatch.out"  # the batch script's own output (set -x trace, head-node lookup)

@@ -79,7 +79,7 @@ class Shape:
     fc1_cols: float
 
     @classmethod
-    def of(cls, arch: ModelArch, layout: ModelLayout) -> "Shape":
+    def of(cls, arch: ModelArch, layout: ModelLayout) -> Shape:
         """The shape of ``layout``; a data-parallel size or micro-batch count below 1 is taken as 1."""
         t, a, g, ffn = layout.tp, arch.num_attention_heads, arch.num_query_groups, arch.ffn_hidden_size
         head_dim = arch.hidden_size / a
@@ -124,7 +124,7 @@ class Machine:
     gemm_input_bytes: float
 
     @classmethod
-    def of(cls, gpu: GpuSpec, params: Params, layout: ModelLayout) -> "Machine":
+    def of(cls, gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
         """Rates for ``layout``'s precision on ``gpu``: FP8 GEMMs where the GPU has them, bf16 otherwise."""
         P = params
         domain = gpu.nvlink_domain if layout.nvlink_domain is None else layout.nvlink_domain
@@ -188,7 +188,7 @@ class Stages:
     stage_params: float  # the largest stage's
 
     @classmethod
-    def of(cls, arch: ModelArch, p: int, v: int) -> "Stages":
+    def of(cls, arch: ModelArch, p: int, v: int) -> Stages:
         """The stages of ``arch`` over ``p`` pipeline ranks of ``v`` model chunks each; with one stage, it holds
         both the embedding and the output layer."""
         first_l, mid_l, last_l, accounted = stage_layers(arch.num_layers, p, v)
