@@ -260,7 +260,7 @@ class Space(_Strict):
         return one_of(v, list(RECIPES), "recipe")
 
     @model_validator(mode="after")
-    def _check_knobs(self) -> "Space":
+    def _check_knobs(self) -> Space:
         f = self.source or None
         for name, value in self.settings.items():
             knobs.get(name, file=f, field=f"settings.{name}").coerce(value, file=f, field=f"settings.{name}")

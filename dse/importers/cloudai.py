@@ -399,7 +399,7 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
     env = test.get("extra_env_vars") or {}
     if not isinstance(env, dict):
         raise UserError("expected a table of NAME = value", file=f, field="extra_env_vars")
-    for k, v in env.items():
+    for v in env.values():
         if isinstance(v, list):
             points *= max(len(v), 1)
     system_table: dict[str, Any] | None = None
