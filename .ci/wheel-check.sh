@@ -2,7 +2,8 @@
 # dse as a user installs it: a wheel built from this checkout, installed non-editable into a fresh venv, the main
 # job run from another directory, and the import contracts checked on that installed tree. (The repository's
 # agents/, envs/, recipes/ and conf/ are dse.agents, dse.envs, dse.recipes and dse.conf through setuptools'
-# package-dir: import-linter walks folders, so it reads the layout where it is real, in the installed package.)
+# package-dir: import-linter and mypy walk folders, so they read the layout where it is real, in the installed
+# package.)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=$(mktemp -d "${TMPDIR:-/tmp}/dse-wheel.XXXXXX")
@@ -24,3 +25,6 @@ PY
 "$root/venv/bin/dse" run --space conf/spaces/llama3_405b_space.toml --out "$root/quickstart" | tail -n 5
 test -s "$root/quickstart/leaderboard.csv"
 "$root/venv/bin/lint-imports" --no-cache "$repo/pyproject.toml"
+# Types on the installed tree; the stubs are those of typed dependencies that ship no inline types (pandas, scipy).
+"$root/venv/bin/pip" install -q mypy pandas-stubs scipy-stubs
+"$root/venv/bin/mypy" --config-file "$repo/pyproject.toml" -p dse

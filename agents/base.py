@@ -12,7 +12,7 @@ import abc
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -69,7 +69,7 @@ class Agent(abc.ABC):
             raise UserError(f"agent {self.name!r} takes no option(s) {', '.join(options)}", field="search.options")
         self.action_space, self.seed, self.action_mask = action_space, seed, action_mask
         self.names = list(action_space.spaces)
-        self.sizes = [int(action_space.spaces[n].n) for n in self.names]
+        self.sizes = [int(cast(spaces.Discrete, action_space.spaces[n]).n) for n in self.names]  # checked above
         self.seen: set[tuple[int, ...]] = set()
 
     def key(self, action: Mapping[str, Any]) -> tuple[int, ...]:
@@ -107,11 +107,11 @@ def load_agents() -> dict[str, Callable[[], object]]:
     return reg.load(reg.AGENTS)
 
 
-def agent_class(name: str, registry: Mapping[str, Callable[[], object]]) -> type["Agent"]:
+def agent_class(name: str, registry: Mapping[str, Callable[[], object]]) -> type[Agent]:
     return reg.get(registry, name, Agent, group=reg.AGENTS, field="search.agent")
 
 
-def agent_options(cls: type["Agent"], options: Mapping[str, Any]) -> dict[str, Any]:
+def agent_options(cls: type[Agent], options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` validated by the agent's own model; a one-line :class:`UserError` naming the option."""
     try:
         return dict(cls.Options.model_validate(dict(options)))

@@ -41,7 +41,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
 from pydantic import Field
 from scipy.special import ndtr
 

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import optuna
-from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from dse.agents.base import Action, Agent, NoOptions
@@ -41,7 +42,7 @@ from dse.errors import UserError, did_you_mean
 from dse.space import WALK_LIMIT
 
 
-def _samplers(seed: int, parallel: int = 1) -> dict[str, object]:
+def _samplers(seed: int, parallel: int = 1) -> dict[str, Callable[[], optuna.samplers.BaseSampler]]:
     return {
         # several trials in flight: the constant liar scores running trials as bad ones, so parallel asks spread
         "tpe": lambda: optuna.samplers.TPESampler(seed=seed, constant_liar=parallel > 1),
@@ -108,7 +109,7 @@ class OptunaAgent(Agent):
         with warnings.catch_warnings():  # some samplers are marked experimental; that is not the user's error
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study = optuna.create_study(direction="maximize", sampler=makers[sampler]())
-        self.dists = {n: IntDistribution(0, k - 1) if (n in ordinal and k > 1) else CategoricalDistribution(list(range(k)))
+        self.dists: dict[str, BaseDistribution] = {n: IntDistribution(0, k - 1) if (n in ordinal and k > 1) else CategoricalDistribution(list(range(k)))
                       for n, k in zip(self.names, self.sizes)}
         total = math.prod(self.sizes)  # a Python int: exact however large
         if warm_start == "model" and total > WALK_LIMIT:

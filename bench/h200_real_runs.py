@@ -102,9 +102,9 @@ def _trial(row: dict):
     from types import MappingProxyType
 
     from dse import knobs
+    from dse.recipes.models import ModelArch, Recipe
     from dse.space import load_system
     from dse.trial import TrialConfig
-    from dse.recipes.models import ModelArch, Recipe
 
     arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
                      int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
@@ -142,13 +142,16 @@ def report(rows: list[dict]) -> list[dict]:
             f"{'mem GiB':>7} {'pred':>6} {'err':>7}")
     print(head)
     print("-" * len(head))
+
+    def fmt(v, w, d):
+        return f"{v:{w}.{d}f}" if v is not None else f"{'-':>{w}}"
+
     for row in rows:
         st, tf, mem = float(row["step_time_ms"]), float(row["tflops_per_gpu"]), float(row["peak_allocated_gib"])
         p = predict(_trial(row)) if predict else None
         pst = p.step_time_s * 1e3 if p else None
         ptf = p.tflops_per_gpu if p else None
         pmem = p.peak_memory_gib if p else None
-        fmt = (lambda v, w, d: f"{v:{w}.{d}f}" if v is not None else f"{'-':>{w}}")
         print(f"{row['name']:34} {st:8.1f} {fmt(pst, 8, 1)} {_err(pst, st):>7} | {tf:6.1f} {fmt(ptf, 6, 1)} "
               f"{_err(ptf, tf):>7} | {mem:7.2f} {fmt(pmem, 6, 2)} {_err(pmem, mem):>7}")
         out.append({"name": row["name"], "step_time_ms": st, "pred_step_time_ms": pst, "tflops_per_gpu": tf,

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dse.perfmodel import DEFAULT_PARAMS, predict  # noqa: E402
 from dse.perfmodel.fit import PRIORS, fit  # noqa: E402
-from dse.perfmodel.timing import FITTED  # noqa: E402
 from dse.perfmodel.stack import published_stack_name  # noqa: E402
+from dse.perfmodel.timing import FITTED  # noqa: E402
 from dse.perfmodel.trials import make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, ModelArch, Recipe  # noqa: E402
 

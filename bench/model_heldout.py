@@ -37,7 +37,6 @@ drift rather than generalisation.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from collections import defaultdict
 from pathlib import Path

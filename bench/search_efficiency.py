@@ -85,8 +85,8 @@ def main() -> None:
     ap.add_argument("--agents", nargs="+", default=list(AGENTS), choices=list(AGENTS))
     args = ap.parse_args()
     t0 = time.perf_counter()
-    print(f"| space | agent | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
-          f" guided stopped after (median) |")
+    print("| space | agent | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
+          " guided stopped after (median) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.spaces:
         space = load_space(path)
@@ -112,9 +112,9 @@ def main() -> None:
                 results[a].append((runs, best, stop))
         for a in args.agents:
             to99, gpuh, at10, at25, ooms, stops = [], [], [], [], [], []
-            for runs, best, stop in results[a]:
+            for runs, best, _stop in results[a]:
                 # fraction of the best: rewards are positive rates, or negated step times
-                def frac(r):
+                def frac(r, best=best):
                     return r / best if best > 0 else best / r
                 found, n99, h, hsum = -math.inf, None, None, 0.0
                 curve = []

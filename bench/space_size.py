@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
-
-from gymnasium import spaces
 
 from dse.agents.random import MAX_INVALID_DRAWS, RandomAgent
 from dse.counting import SAMPLES, count_valid
+from dse.envs.recipe_env import RecipeEnv
 from dse.space import WALK_LIMIT, load_space
 from dse.study import make_backend
-from dse.envs.recipe_env import RecipeEnv
 
 
 def write(path: Path, knobs: dict) -> Path:

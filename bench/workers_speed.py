@@ -35,7 +35,6 @@ from dse.leaderboard import frame  # noqa: E402
 from dse.space import load_space  # noqa: E402
 from dse.store import Store  # noqa: E402
 
-
 TIMED = """
 name = "workers_timed"
 recipe = "llama3_8b"

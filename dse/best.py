@@ -22,7 +22,9 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
+from dse.backends.base import Backend
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
 from dse.launch import build_plan
@@ -100,8 +102,10 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     stage_code(d)
     registry = load_backends()
     one_node = trial.layout.num_nodes == 1
-    registry["slurm"]().write_script(plan, d)
-    local = registry["local"]()
+    # the registry's loaders return classes (typed object: an entry point may load anything); these two are the
+    # built-in script-writing backends
+    cast("type[Backend]", registry["slurm"]()).write_script(plan, d)
+    local = cast("type[Backend]", registry["local"]())
     stale = d / (local.script_name or "launch.sh")
     if one_node:
         local.write_script(plan, d)

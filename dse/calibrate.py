@@ -28,8 +28,8 @@ Decisions where the issue is silent:
 from __future__ import annotations
 
 import csv
-import functools
 import datetime as _dt
+import functools
 import json
 import math
 import statistics
@@ -87,9 +87,9 @@ def trial_from_row(row: dict, gpu: str):
     """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
     recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``."""
     from dse import knobs
+    from dse.recipes.models import ModelArch, Recipe
     from dse.space import load_system
     from dse.trial import TrialConfig
-    from dse.recipes.models import ModelArch, Recipe
 
     arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
                      int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
@@ -340,7 +340,8 @@ def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
 
 def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEFAULT_PARAMS) -> dict:
     """MAPE on each measured run of a fit on the others (the same parameters, fewer if fewer runs remain)."""
-    st, mem = [], []
+    st: list[float] = []
+    mem: list[float] = []
     measured = [i for i, r in enumerate(runs) if r.step_time_s]
     if len(measured) < 2:
         return {"step_time_mape": None, "memory_mape": None}
@@ -350,7 +351,9 @@ def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEF
         n_m = sum(1 for r in rest if r.peak_memory_gib or r.oom)
         P = fit_runs(rest, list(time_names)[:n_t], list(mem_names)[:n_m], base)
         e = errors([runs[i]], P)
-        st.append(e["step_time_mape"])
+        step_mape = e["step_time_mape"]
+        assert step_mape is not None  # run i has a step time (it is in measured), so errors gives its MAPE
+        st.append(step_mape)
         if e["memory_mape"] is not None:
             mem.append(e["memory_mape"])
     return {"step_time_mape": statistics.fmean(st), "memory_mape": statistics.fmean(mem) if mem else None}
@@ -370,7 +373,7 @@ def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = N
         report.append({"name": n, "old": old, "new": new, "moved": bool(shift > 0.1), "shift_sigma": shift})
     cal = Calibration(gpu=g, params={n: getattr(P, n) for n in (*t_names, *m_names)},
                       sources=[str(s) for s in sources], runs=len(runs),
-                      date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       fit={"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)},
                       loo=leave_one_out(runs, t_names, m_names) if loo else None)
     return cal, report

@@ -8,8 +8,8 @@ reason. Rules are checked in the order of :data:`RULES`; :func:`check` returns t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dse import hardware
 from dse.hardware import HARDWARE, gpus_where

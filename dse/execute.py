@@ -175,6 +175,8 @@ def saved_gpu_hours(trial: TrialConfig, metrics: RunMetrics) -> float | None:
 def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:
     """The result of a run stopped as a loser: status ``pruned``, the partial metrics of the log as read at
     the stop, the optimistic bound and the best it lost to, and the GPU-hours saved (as for an early stop)."""
+    # a monitor decides "pruned" only with a Prune, and _monitor gives every monitor its context
+    assert monitor.prune is not None and monitor.context is not None
     m = monitor.metrics(monitor.context)
     unit = monitor.prune.metric
     # "prune_margin: ..." names the setting that stopped it (the summary shows the name alone)

@@ -8,8 +8,8 @@ machine that differs from what it is told.
 
 from __future__ import annotations
 
-from dse.agents.base import Action, Forecast, Forecaster
 from dse import constraints
+from dse.agents.base import Action, Forecast, Forecaster
 from dse.calibrate import calibrated_params
 from dse.perfmodel import predict
 from dse.space import Space

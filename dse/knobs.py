@@ -467,9 +467,9 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
             args[knob.nemo2_factory] = values[name]
     if args.get("tp_comm_overlap"):
         precision = "bf16" if values.get("precision", "bf16") == "bf16" else "fp8"
-        name = hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1))
-        if name:
-            args["tp_comm_overlap_cfg"] = name
+        config = hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1))
+        if config:
+            args["tp_comm_overlap_cfg"] = config
     return args
 
 

@@ -15,18 +15,19 @@ in the space; they land in the job's environment before the process starts.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from dse import knobs
 from dse.constraints import tp_comm_overlap_supported, userbuffer_config  # noqa: F401 (re-exported)
 from dse.errors import UserError
 from dse.hardware import HARDWARE
-from dse.trial import TrialConfig
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 from dse.recipes import contract
 from dse.recipes.sim.logwriter import SimRun
+from dse.trial import TrialConfig
 
 PAYLOADS = contract.PAYLOADS
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)
@@ -163,6 +164,7 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     if (payload == "sim" or simulated) and sim_run is None:
         sim_run = simulate(trial, seed, flops_convention=flops_convention, params=params)
     if payload == "sim":
+        assert sim_run is not None  # simulated just above when not given
         env.update(_sim_env(sim_run))
 
     pre_steps = (vboost_step(trial.layout.num_nodes),) if env.get(ENV_VBOOST) == "1" else ()

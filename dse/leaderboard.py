@@ -11,11 +11,11 @@ flagged, never ranked); a pruned trial ranks after the ``ok`` ones, by the rewar
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-import math
 
 import numpy as np
 import pandas as pd
@@ -123,7 +123,7 @@ class Summary:
         self._numbers, self._hours = array("q"), array("d")
 
     @classmethod
-    def of(cls, records: Iterable[TrialRecord], top: int = 20) -> "Summary":
+    def of(cls, records: Iterable[TrialRecord], top: int = 20) -> Summary:
         s = cls(top)
         for r in records:
             s.add(r)

@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from dse import logpack
-from dse.fsutil import write_text
 from dse.errors import InfrastructureError, UserError, infrastructure
+from dse.fsutil import write_text
 from dse.space import Space
 from dse.store import Store, check_url, sqlite_path
 from dse.store import exists as study_exists

@@ -267,7 +267,7 @@ def _clip(line: str) -> str:
 
 
 def _strip_prefix(line: str) -> str:
-    return line[_PREFIX_RE.match(line).end():]
+    return _PREFIX_RE.sub("", line, count=1)  # _PREFIX matches at the start, the empty prefix included
 
 
 def _parse_ts(text: str) -> float | None:
@@ -744,7 +744,7 @@ def _stall(scan: _Scan, path: str | None, series: list, exit_code: int | None, s
     if last_progress is None:
         return None
     if ctx.now is not None:
-        now = ctx.now
+        now: float | None = ctx.now
     elif not finished:
         now = time.time()
     else:  # judged by the log's own clock: its last timestamp, progress lines included

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from typing import TypeVar
 
 from dse.errors import UserError, did_you_mean
 
@@ -25,6 +26,7 @@ BUILTIN: dict[str, dict[str, str]] = {
 }
 
 Registry = Mapping[str, Callable[[], object]]
+T = TypeVar("T")
 
 
 def _target(target: str) -> Callable[[], object]:
@@ -48,7 +50,7 @@ def names(group: str) -> list[str]:
     return list(load(group))
 
 
-def get(registry: Registry, name: str, base: type, *, group: str, field: str) -> type:
+def get(registry: Registry, name: str, base: type[T], *, group: str, field: str) -> type[T]:
     """The class registered as ``name``, checked to subclass ``base``; a :class:`UserError` otherwise."""
     if name not in registry:
         raise UserError(f"unknown {group.removeprefix('dse.').rstrip('s')} {name!r}{did_you_mean(name, registry)}; "

@@ -86,7 +86,7 @@ def importances(records: Sequence[TrialRecord], knob_values: Mapping[str, Sequen
     study = optuna.create_study(direction="maximize")  # rewards are maximised whatever the metric
     for r in ok:
         if all(r.knobs.get(k) in dists[k].choices for k in varying):
-            study.add_trial(create_trial(params={k: r.knobs[k] for k in varying}, distributions=dists, value=r.reward))
+            study.add_trial(create_trial(params={k: r.knobs[k] for k in varying}, distributions=dict(dists), value=r.reward))
     if len(study.trials) < MIN_IMPORTANCE_TRIALS:
         return {}
     try:

@@ -176,6 +176,7 @@ class Monitor:
         steady = [t for t in steady if t is not None]
         if len(steady) < self.rule.min_steps:
             return False
+        assert self.prune is not None and self.follower is not None  # __call__ checks the one, sets the other
         best = self.prune.best()
         if best is None:
             return False

@@ -266,10 +266,13 @@ class Store:
         if not ready:
             _create_schema(self.engine)
         with self.engine.begin() as conn:  # the study and, migrated, its trials: all or nothing
-            sid = conn.execute(sa.insert(STUDIES).values(name=self.study_name, knobs=_json(knob_values))
-                               ).inserted_primary_key[0]
-            for start in range(0, len(legacy or ()), READ_BATCH):
-                conn.execute(sa.insert(TRIALS), [_row(sid, r) for r in legacy[start:start + READ_BATCH]])
+            key = conn.execute(sa.insert(STUDIES).values(name=self.study_name, knobs=_json(knob_values))
+                               ).inserted_primary_key
+            assert key is not None  # an INSERT's result carries the row's primary key
+            sid = key[0]
+            migrated = legacy or []
+            for start in range(0, len(migrated), READ_BATCH):
+                conn.execute(sa.insert(TRIALS), [_row(sid, r) for r in migrated[start:start + READ_BATCH]])
         return sid
 
     def _stored_count(self) -> int:

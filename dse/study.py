@@ -20,19 +20,28 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from dse.agents.base import agent_class, load_agents, make_agent
 from dse import knobs, outdir
 from dse import registry as reg
+from dse.agents.base import agent_class, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
 from dse.claims import LEASE_S, Claims
 from dse.counting import count_valid
+from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
 from dse.forecast import model_forecaster
 from dse.leaderboard import Summary
 from dse.outdir import (
-    DB, LEADERBOARD, META, absolute_storage, open_store, read_meta, storage_url, stored_run_dir, stored_storage,
+    DB,
+    LEADERBOARD,
+    META,
+    absolute_storage,
+    open_store,
+    read_meta,
+    storage_url,
+    stored_run_dir,
+    stored_storage,
     trial_dir,
 )
 from dse.parallel import Done, Pool
@@ -40,7 +49,6 @@ from dse.parse import parse_log
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
-from dse.envs.recipe_env import RecipeEnv, better
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
 # dse.generations, dse.compare and the tests.
@@ -106,6 +114,8 @@ class StudyResult:
     @property
     def records(self) -> list[TrialRecord]:
         if self._records is None:
+            # a result made without records is made with their source and the summary (_run)
+            assert self._source is not None and self.summary is not None
             url, name, knobs = self._source
             store = Store(url, name, knobs, create=False, base=self.out_dir)
             try:
@@ -238,6 +248,7 @@ def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> St
     finally:
         if not recorder.closed:  # what finished is in the store and the leaderboard, whatever stopped the loop
             summary, lb = recorder.finish(space, worker=req.worker)
+    assert summary is not None  # the loop ended normally, so the finally above finished the recorder
     write_best_of(space, summary, out)  # only when the loop ended normally
     return StudyResult(out, None, loop.new, lb, loop.stop_reason, summary=summary,
                        _source=(url, meta["study_name"], meta["knobs"]))
@@ -336,6 +347,7 @@ class StudyLoop:
                 self._fill()
                 if not self.in_flight:
                     return
+                assert self.pool is not None  # trials are in flight only in a pool (_fill runs the others here)
                 self._collect(self.pool.wait())
                 self.idle = False
         except BaseException:
@@ -403,7 +415,7 @@ class StudyLoop:
         """One trial into the pool: its number is taken now (an interrupted row until its result comes).
         With ``--worker`` the point is claimed first; False when another worker has it (or had it)."""
         if self.claims is not None:
-            return self._launch_claimed(number, action)
+            return self._launch_claimed(self.claims, number, action)
         if number is not None:
             if self._ended_meanwhile(number, action):
                 return True
@@ -416,15 +428,15 @@ class StudyLoop:
         self._submit(number, action)
         return True
 
-    def _launch_claimed(self, number: int | None, action: dict[str, int]) -> bool:
+    def _launch_claimed(self, claims: Claims, number: int | None, action: dict[str, int]) -> bool:
         point = self.env.decode(action)
-        if not self.claims.claim(point):
+        if not claims.claim(point):
             return False
         if number is not None and self._ended_meanwhile(number, action):
             return True
         if number is None:
             number = self.recorder.numbered(self._placeholder(0, action))  # numbered by the storage
-        self.claims.numbered(point, number)
+        claims.numbered(point, number)
         if self.env.rejection(action) is not None:
             self._run_here(number, action, rerun=True)
         else:
@@ -432,6 +444,7 @@ class StudyLoop:
         return True
 
     def _submit(self, number: int, action: dict[str, int]) -> None:
+        assert self.pool is not None  # _launch runs only with a pool (_fill)
         self.in_flight[number] = action
         self.pool.submit(number, lambda: self._step(number, action))
 

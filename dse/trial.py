@@ -6,14 +6,15 @@ parallelism) are properties, computed from the knobs, never stored beside them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from dse import knobs
 from dse.hardware import userbuffer_config
-from dse.space import Space, System
 from dse.recipes.models import Recipe
+from dse.space import Space, System
 
 
 @dataclass(frozen=True)

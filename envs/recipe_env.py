@@ -61,6 +61,7 @@ class RecipeEnv(gym.Env):
     ``out_dir/trials/NNNNN``, numbered by the launches of this environment)."""
 
     metadata = {"render_modes": []}
+    action_space: spaces.Dict  # one Discrete per varied knob (agents read it as such)
 
     def __init__(self, space: Space, backend: Backend, out_dir: str | Path,
                  run_dirs: Callable[[], Path] | None = None, best: Callable[[], float | None] | None = None,

@@ -40,7 +40,7 @@ class ModelArch:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def scaled(self, num_layers: int, suffix: str | None = None) -> "ModelArch":
+    def scaled(self, num_layers: int, suffix: str | None = None) -> ModelArch:
         """The same width with fewer layers: the 2-node reproducer of a large model."""
         return replace(self, name=f"{self.name}_{suffix or f'{num_layers}l'}", num_layers=num_layers)
 

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse.calibrate import (CALIBRATION_PRIORS, Calibration, apply, calibrate, dumps, load_calibration, loads, runs_from_tsv)
+from dse.calibrate import (
+    CALIBRATION_PRIORS,
+    Calibration,
+    apply,
+    calibrate,
+    dumps,
+    load_calibration,
+    loads,
+    runs_from_tsv,
+)
 from dse.cli import app
 from dse.errors import UserError
 from dse.perfmodel import DEFAULT_PARAMS, predict

@@ -8,9 +8,9 @@ from types import MappingProxyType
 import pytest
 
 from dse import constraints, knobs
+from dse.recipes.models import RECIPES
 from dse.space import load_system
 from dse.trial import TrialConfig
-from dse.recipes.models import RECIPES
 
 
 def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:

@@ -20,9 +20,9 @@ from dse.errors import UserError
 from dse.execute import run_trial
 from dse.launch import build_plan
 from dse.parse import LogFollower, parse_log
+from dse.recipes.sim.logwriter import SimRun
 from dse.space import BackendSettings, EarlyStopSettings, load_space
 from dse.steady import Monitor, Rule, converged, estimate, steps_needed
-from dse.recipes.sim.logwriter import SimRun
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial
 

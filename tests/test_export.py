@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.study import run_study
 from dse.space import load_space
+from dse.study import run_study
 from tests.helpers import write_space
 
 runner = CliRunner()

@@ -7,7 +7,6 @@ tests/test_cli_smoke.py runs the real ``python -m dse``); the scripts dse writes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess

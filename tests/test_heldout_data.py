@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from bench import model_accuracy, model_heldout
-from dse.constraints import check
-from dse.perfmodel.flops import model_flops_per_step
 from dse.hardware import HARDWARE
+from dse.perfmodel.flops import model_flops_per_step
 
 ROWS = model_heldout.load_rows()
 CAL_COLUMNS = list(model_accuracy.load_rows()[0])

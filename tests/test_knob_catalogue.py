@@ -76,6 +76,6 @@ def test_a_trial_reads_its_knobs_typed_and_refuses_a_missing_one():
     assert (t.layout.tp, t.layout.pp, t.layout.vp, t.layout.num_nodes) == (4, 4, 5, 8)
     assert dataclasses.replace(t, values=MappingProxyType({**t.values, "tp": 8})).layout.tp == 8
     with pytest.raises(AttributeError):
-        t.tp  # type: ignore[attr-defined]  # no knob reads as an attribute of the trial itself
+        _ = t.tp  # type: ignore[attr-defined]  # no knob reads as an attribute of the trial itself
     with pytest.raises(KeyError, match="max_steps"):
         dataclasses.replace(t, values=MappingProxyType({k: v for k, v in t.values.items() if k != "max_steps"}))

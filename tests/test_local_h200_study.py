@@ -16,10 +16,10 @@ from dse.backends.local import render_local_script
 from dse.launch import build_plan
 from dse.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step
-from dse.space import load_space
-from dse.trial import resolve
 from dse.recipes.mcore.config import ConfigError, check, config_from_argv
 from dse.recipes.models import RECIPES
+from dse.space import load_space
+from dse.trial import resolve
 from tests.trials import trial
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,14 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from gymnasium import spaces
 
+from dse import study as study_mod
 from dse.agents.guided import GuidedAgent
 from dse.agents.optuna_agent import OptunaAgent
-from dse import study as study_mod
 from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
 from dse.space import load_space

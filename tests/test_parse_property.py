@@ -65,7 +65,7 @@ def test_nemo2_values_round_trip(run, rnd):
     ts, tf, loss, mem, prefix, noise = run
     lines = []
     for i, (t, f, lo, me) in enumerate(zip(ts, tf, loss, mem)):
-        fields = [f"lr: {nemo_fmt(3e-4)}", f"global_batch_size: 256", f"global_step: {i}",
+        fields = [f"lr: {nemo_fmt(3e-4)}", "global_batch_size: 256", f"global_step: {i}",
                   f"reduced_train_loss: {nemo_fmt(lo)}", f"train_step_timing in s: {nemo_fmt(t)}",
                   f"TFLOPS_per_GPU: {nemo_fmt(f)}", f"max_memory_allocated: {nemo_fmt(me)}",
                   f"consumed_samples: {256 * (i + 1)}"]

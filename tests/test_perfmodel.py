@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dse.hardware import GPU_NAMES as GPU_GENERATIONS
 from dse.perfmodel import HARDWARE, model_flops_per_step, predict, predict_layout
 from dse.perfmodel.fit import fit, nelder_mead
 from dse.perfmodel.memory import inflight_chunks, layer_activation_bytes, state_bytes_per_param
 from dse.perfmodel.timing import DEFAULT_PARAMS, bubble_fraction
 from dse.perfmodel.trials import make_trial
-from dse.hardware import GPU_NAMES as GPU_GENERATIONS
 from dse.recipes.models import RECIPES
 
 CALIBRATION = Path(__file__).resolve().parent.parent / "bench" / "data" / "published_perf_calibration.tsv"

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from dse.agents.optuna_agent import OptunaAgent
 from dse import study as study_mod
+from dse.agents.optuna_agent import OptunaAgent
 from dse.backends.local import LocalBackend
 from dse.errors import UserError
 from dse.execute import run_trial
@@ -26,8 +26,8 @@ from dse.parse import ParseContext, RunMetrics, parse_log
 from dse.reward import reward
 from dse.space import BackendSettings, EarlyStopSettings, Objective, load_space
 from dse.steady import Monitor, Prune, Rule, median_lower_bound
-from tests.test_early_stop import fake_slurm  # noqa: F401 - the fake sbatch/sacct/scancel fixture
 from tests.helpers import SMALL_SPACE, write_space
+from tests.test_early_stop import fake_slurm  # noqa: F401 - the fake sbatch/sacct/scancel fixture
 from tests.trials import DATA, system, trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,7 +259,7 @@ def _alive(pid: int) -> bool:
 
 
 # ------------------------------------------------------------------------------- Slurm, with fake commands
-def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(fake_slurm, monkeypatch):
+def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(fake_slurm, monkeypatch):  # noqa: F811 - the fixture
     from dse.backends.slurm import SlurmBackend
 
     tmp_path = fake_slurm

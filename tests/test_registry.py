@@ -8,8 +8,8 @@ import pytest
 from gymnasium import spaces
 from typer.testing import CliRunner
 
-from dse.agents.base import Agent, NoOptions, load_agents, make_agent
 from dse import registry as reg
+from dse.agents.base import Agent, NoOptions, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.cli import app
 from dse.errors import UserError

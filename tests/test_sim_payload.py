@@ -7,10 +7,9 @@ import sys
 
 import pytest
 
-from dse.recipes.models import RECIPES
-
 from dse import knobs
 from dse.launch import build_plan
+from dse.recipes.models import RECIPES
 from dse.recipes.sim import __main__ as sim
 from dse.recipes.sim.logwriter import OOM_EXIT_CODE, SimRun
 from tests.trials import system, trial

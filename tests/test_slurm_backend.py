@@ -17,9 +17,9 @@ import pytest
 
 from dse.backends.slurm import SlurmBackend, query_state, status_for
 from dse.launch import build_plan
+from dse.recipes.sim.logwriter import SimRun
 from dse.space import load_space
 from dse.trial import resolve
-from dse.recipes.sim.logwriter import SimRun
 from tests.trials import DATA, system, trial
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -78,7 +78,7 @@ def test_grid_of_a_two_node_reproducer_through_sbatch(tmp_path, time_limit_job):
         run_dir.mkdir()
         r = backend().run(sim_plan(t, step_time_s=step, tflops_per_gpu=100.0 * (i + 1), seed=i), run_dir)
         results[i] = (point, step, r)
-    for i, (point, step, r) in results.items():
+    for point, step, r in results.values():
         assert (r.scheduler_state, r.exit_code) == ("COMPLETED", 0), (point, r.log_path.read_text())
         assert r.job_id and (r.run_dir / "job_id").read_text().strip() == r.job_id
         times = step_times(r.log_path)

@@ -4,12 +4,10 @@ run directories are stored relative to the study, so a copied study still finds 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -19,9 +17,9 @@ from typer.testing import CliRunner
 from dse import report
 from dse.cli import app
 from dse.leaderboard import Summary, frame
+from dse.space import load_space
 from dse.store import Store, TrialRecord
 from dse.study import open_store, run_study
-from dse.space import load_space
 from tests.helpers import SMALL_SPACE, write_space
 
 runner = CliRunner()

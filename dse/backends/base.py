@@ -66,9 +66,10 @@ class Backend(abc.ABC):
     packs_logs: bool = False
 
     @classmethod
-    def from_space(cls, space: "Space", *, seed: int = 0) -> "Backend":
+    def from_space(cls, space: Space, *, seed: int = 0) -> Backend:
         """The backend for a study of ``space`` (its system, its [backend] table). ``seed`` is the study's."""
-        return cls(space)
+        # a subclass that keeps this default takes the space as its one positional argument (local, slurm)
+        return cls(space)  # type: ignore[call-arg]
 
     script_name: str | None = None  # the launch script write_script writes (None: this backend writes none)
 
@@ -91,7 +92,7 @@ class Backend(abc.ABC):
         stop the run once ``stop(log)`` answers True and return ``RunResult(stopped=True)``; a backend
         that cannot stop a run early may ignore it (the trial then runs to its end)."""
 
-    def finished_after_interrupt(self, trial: "TrialConfig", run_dir: Path) -> RunResult | None:
+    def finished_after_interrupt(self, trial: TrialConfig, run_dir: Path) -> RunResult | None:
         """After a Ctrl-C stopped the wait for ``trial``'s run in ``run_dir``: its result when the run had in
         fact ended by itself (a Slurm job that COMPLETED before the cancel came), to be parsed as if the wait
         had seen it end; None (the default) when it was interrupted."""

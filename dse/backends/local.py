@@ -16,7 +16,15 @@ from pathlib import Path
 
 from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
-    CODE_DIR, LOG_NAME, check_env, check_path, comment, import_nemo_run, job_name, quoted_command, stage_code,
+    CODE_DIR,
+    LOG_NAME,
+    check_env,
+    check_path,
+    comment,
+    import_nemo_run,
+    job_name,
+    quoted_command,
+    stage_code,
 )
 from dse.launch import LaunchPlan
 from dse.space import Space

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from dse.errors import UserError
 from dse.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed

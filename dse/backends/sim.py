@@ -34,7 +34,7 @@ class SimBackend(Backend):
         self.seed, self.flops_convention, self.twin, self.startup_s = seed, flops_convention, twin, startup_s
 
     @classmethod
-    def from_space(cls, space, *, seed: int = 0) -> "SimBackend":
+    def from_space(cls, space, *, seed: int = 0) -> SimBackend:
         b = space.backend
         twin = make_twin(space, b.twin_seed) if b.truth == "twin" else None  # [backend] truth = "twin"
         return cls(seed=seed, flops_convention=b.flops_convention, twin=twin, startup_s=space.system.startup_s)

@@ -32,14 +32,27 @@ from pathlib import Path
 
 from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
-    LOG_NAME, check_env, check_field, check_path, import_nemo_run, job_name, quoted_command, stage_code,
+    LOG_NAME,
+    check_env,
+    check_field,
+    check_path,
+    import_nemo_run,
+    job_name,
+    quoted_command,
+    stage_code,
 )
-from dse.errors import UserError
 from dse.launch import LaunchPlan
-from dse.space import (
-    SLURM_IMAGE, SLURM_MOUNT, SLURM_NAME, SLURM_PATH, SLURM_SRUN_ARG, SLURM_TIME, SlurmSettings, Space,
-)
 from dse.recipes import contract
+from dse.space import (
+    SLURM_IMAGE,
+    SLURM_MOUNT,
+    SLURM_NAME,
+    SLURM_PATH,
+    SLURM_SRUN_ARG,
+    SLURM_TIME,
+    SlurmSettings,
+    Space,
+)
 
 SCRIPT_NAME = "launch.sbatch"
 SBATCH_OUT = "sbatch.out"  # the batch script's own output (set -x trace, head-node lookup)
@@ -149,7 +162,7 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
     )
     executor.job_dir = str(job_dir)
     if not s.account:  # nemo-run always writes --account; an empty one means "the user's default"
-        executor.account = None  # type: ignore[assignment]
+        executor.account = None
     request = SlurmBatchRequest(
         launch_cmd=["sbatch", "--parsable"],
         jobs=[name],
@@ -243,7 +256,7 @@ def sbatch_message(output: str) -> str:
     Invalid partition name specified`` become ``invalid partition specified: x; Invalid partition name
     specified``. Error lines win over warnings; a repeated line is kept once.
     """
-    lines = []
+    lines: list[tuple[str, str]] = []  # (kind, text)
     for raw in output.splitlines():
         line, kind = raw.strip(), "other"
         changed = True

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import typer
 

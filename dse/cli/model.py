@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 import typer
 
@@ -28,23 +29,23 @@ _PREDICT_SKIP = ("num_nodes", "max_steps")
 
 
 def predict_cmd(
-    model: Optional[str] = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
-    model_file: Optional[str] = typer.Option(None, "--model-file", metavar="TEXT", help="TOML architecture: name, "
+    model: str | None = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
+    model_file: str | None = typer.Option(None, "--model-file", metavar="TEXT", help="TOML architecture: name, "
                                              "num_layers, hidden_size, num_attention_heads, num_query_groups, "
                                              "ffn_hidden_size, vocab_size, gated_mlp [, activation: fused | "
                                              "squared_relu] [, dropout: 0 <= p < 1]"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="TEXT",
+    gpu: str | None = typer.Option(None, "--gpu", metavar="TEXT",
                                       help="a GPU generation's default system: " + ", ".join(GPU_NAMES)),
-    system_ref: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="a system as a space names it: "
+    system_ref: str | None = typer.Option(None, "--system", metavar="TEXT", help="a system as a space names it: "
                                              "a name from conf/systems or a path to a system file"),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", metavar="N", help="override the system's "
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="N", help="override the system's "
                                                 "GPUs per node (e.g. 1 for a one-GPU run)"),
-    num_gpus: Optional[int] = typer.Option(None, "--num-gpus", metavar="N", help="world size (default: the recipe's)"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", metavar="KNOB=VALUE",
+    num_gpus: int | None = typer.Option(None, "--num-gpus", metavar="N", help="world size (default: the recipe's)"),
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE",
                                              help="any catalogue knob, its value as in a space file (repeatable)"),
     flops_convention: str = typer.Option("causal", "--flops-convention", metavar="TEXT", help="causal or noncausal"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", metavar="TEXT", help="a calibration file from "
+    calibration: str | None = typer.Option(None, "--calibration", metavar="TEXT", help="a calibration file from "
                                               "'dse calibrate' (parameters refitted to your runs)"),
     payload: str = typer.Option("nemo2", "--payload", metavar="TEXT", help="the payload that would run it (a space's "
                                 "[backend] payload): nemo2, mbridge, mcore, sim; the model knows what its code does "
@@ -148,9 +149,9 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     ``--model-file`` architecture is not in the registry, so the space names a registered recipe and
     ``resolve`` gets the architecture itself."""
     from dse.perfmodel.trials import load_model_file
+    from dse.recipes.models import RECIPES, Recipe
     from dse.space import Space
     from dse.trial import resolve
-    from dse.recipes.models import RECIPES, Recipe
 
     if model is not None:
         recipe = RECIPES.get(model)
@@ -206,12 +207,12 @@ def _knob_parameters() -> list[inspect.Parameter]:
         flag = "--" + name.replace("_", "-")
         ann: Any
         if k.kind == "bool":
-            opt, ann = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=k.help), Optional[bool]
+            opt, ann = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=k.help), bool | None
         elif k.kind == "int":
-            opt, ann = typer.Option(None, flag, metavar="N", help=k.help), Optional[int]
+            opt, ann = typer.Option(None, flag, metavar="N", help=k.help), int | None
         else:
             allowed = f" ({', '.join(k.choices)})" if k.choices else ""
-            opt, ann = typer.Option(None, flag, metavar="TEXT", help=k.help + allowed), Optional[str]
+            opt, ann = typer.Option(None, flag, metavar="TEXT", help=k.help + allowed), str | None
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann))
     return params
 
@@ -241,10 +242,10 @@ def calibrate_cmd(
     sources: list[str] = typer.Argument(..., metavar="SOURCES", help="study directories (dse.json + "
                                         "leaderboard.csv) or TSVs in the format of bench/data/h200_real_runs.tsv"),
     out: Path = typer.Option(..., "--out", metavar="PATH", help="calibration file to write (TOML)"),
-    params: Optional[str] = typer.Option(None, "--params", metavar="TEXT", help="comma-separated parameters to "
+    params: str | None = typer.Option(None, "--params", metavar="TEXT", help="comma-separated parameters to "
                                          "refit (default: the stack parameters the runs identify, and the memory "
                                          "offset)"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="TEXT", help="the GPU the runs are on (required for a "
+    gpu: str | None = typer.Option(None, "--gpu", metavar="TEXT", help="the GPU the runs are on (required for a "
                                       "TSV without a gpu column; checked against the sources otherwise)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,7 +13,7 @@ from dse.errors import UserError
 
 def leaderboard_cmd(
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="a dse run's output directory"),
-    csv: Optional[Path] = typer.Option(None, "--csv", metavar="PATH",
+    csv: Path | None = typer.Option(None, "--csv", metavar="PATH",
                                        help="also write the whole table to this CSV file"),
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
@@ -43,7 +42,7 @@ def leaderboard_cmd(
 
 def report_cmd(
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="a dse run's output directory"),
-    html_file: Optional[Path] = typer.Option(None, "--html", metavar="PATH",
+    html_file: Path | None = typer.Option(None, "--html", metavar="PATH",
                                              help="where to write (default: DIR/report.html)"),
 ) -> None:
     """Write the study's HTML report: best configuration, plots, leaderboard (self-contained)."""
@@ -66,7 +65,7 @@ def report_cmd(
 def compare_cmd(
     dirs: list[Path] = typer.Argument(..., metavar="DIRS",
                                       help="study output directories; the first is the baseline"),
-    out: Optional[Path] = typer.Option(None, metavar="PATH", help="where compare.csv and compare.html go (default: "
+    out: Path | None = typer.Option(None, metavar="PATH", help="where compare.csv and compare.html go (default: "
                                        "the first directory's parent)"),
 ) -> None:
     """Compare finished studies (one per GPU generation): best layouts, speed-up, GPU-hours, cost, changed knobs."""

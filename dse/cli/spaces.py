@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -24,7 +23,7 @@ def validate_cmd(files: list[Path] = typer.Argument(..., metavar="FILES", help="
 def space_cmd(
     space_file: Path = typer.Argument(..., metavar="SPACE_FILE", help="a space file"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0, metavar="N",
+    twin_seed: int | None = typer.Option(None, "--twin-seed", min=0, metavar="N",
                                             help="also print the twin truth of this seed: its step-time MAPE "
                                                  "against the model over the valid points"),
 ) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,31 +16,31 @@ from dse.errors import UserError
 
 def run_cmd(
     space_file: Path = typer.Option(..., "--space", metavar="PATH", help="the space file (TOML)"),
-    agent: Optional[str] = typer.Option(None, metavar="TEXT",
+    agent: str | None = typer.Option(None, metavar="TEXT",
                                         help="grid | random | optuna | guided (default: the space's [search].agent)"),
-    sampler: Optional[str] = typer.Option(None, metavar="TEXT",
+    sampler: str | None = typer.Option(None, metavar="TEXT",
                                           help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
-    trials: Optional[int] = typer.Option(None, min=1, metavar="N",
+    trials: int | None = typer.Option(None, min=1, metavar="N",
                                          help="trial budget (default: the space's; grid: every valid point)"),
-    seed: Optional[int] = typer.Option(None, metavar="N", help="seed for the agent and the simulated jitter"),
-    backend: Optional[str] = typer.Option(None, metavar="TEXT",
+    seed: int | None = typer.Option(None, metavar="N", help="seed for the agent and the simulated jitter"),
+    backend: str | None = typer.Option(None, metavar="TEXT",
                                           help="sim | local | slurm (default: the space's [backend].kind)"),
-    out: Optional[Path] = typer.Option(None, metavar="PATH", help="output directory (default: runs/<space name>)"),
+    out: Path | None = typer.Option(None, metavar="PATH", help="output directory (default: runs/<space name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
-    storage: Optional[str] = typer.Option(None, metavar="TEXT",
+    storage: str | None = typer.Option(None, metavar="TEXT",
                                           help="SQLAlchemy URL of the store (default: sqlite file in --out)"),
-    twin_seed: Optional[int] = typer.Option(None, "--twin-seed", min=0, metavar="N",
+    twin_seed: int | None = typer.Option(None, "--twin-seed", min=0, metavar="N",
                                             help="simulated backend: measure on the twin truth of this seed "
                                                  "(sets [backend] truth = \"twin\", twin_seed = N)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
                                  "is empty or gone (the old run directories are set aside)"),
-    gpu: Optional[str] = typer.Option(None, metavar="TEXT",
+    gpu: str | None = typer.Option(None, metavar="TEXT",
                                       help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
-    systems: Optional[str] = typer.Option(None, metavar="TEXT", help="comma-separated systems (h100,b200,gb200): "
+    systems: str | None = typer.Option(None, metavar="TEXT", help="comma-separated systems (h100,b200,gb200): "
                                           "one sub-study each in --out/<system>, same GPU count, then `dse compare`"),
-    warm_start: Optional[Path] = typer.Option(None, "--warm-start", metavar="PATH", help="a finished study: its best "
+    warm_start: Path | None = typer.Option(None, "--warm-start", metavar="PATH", help="a finished study: its best "
                                               "points that are valid here run first and seed the agent"),
-    parallel: Optional[int] = typer.Option(None, "--parallel", min=1, max=1024, metavar="N",
+    parallel: int | None = typer.Option(None, "--parallel", min=1, max=1024, metavar="N",
                                            help="trials in flight at once (default: the space's [search] parallel, 1)"),
     worker: bool = typer.Option(False, "--worker", help="one of several dse run processes on this study (same --out "
                                 "or --storage): each point is claimed in the storage before it runs"),
@@ -100,7 +99,7 @@ def with_twin(space, twin_seed: int | None):
                                                                                 "twin_seed": twin_seed})})
 
 
-def load_space_arg(space_file: Path, gpu: Optional[str]):
+def load_space_arg(space_file: Path, gpu: str | None):
     """A space file, or ``cloudai:FILE.toml``: a CloudAI NeMoRun test imported on the fly (nothing written)."""
     from dse.space import load_space
 
@@ -117,7 +116,7 @@ def load_space_arg(space_file: Path, gpu: Optional[str]):
     return load_space(space_file)
 
 
-def warm_start_seeds(space, study_dir: Optional[Path]) -> list:
+def warm_start_seeds(space, study_dir: Path | None) -> list:
     """The points of a finished study (``--warm-start``) that are valid in ``space``, to run first."""
     if study_dir is None:
         return []
@@ -128,8 +127,8 @@ def warm_start_seeds(space, study_dir: Optional[Path]) -> list:
     return seeds
 
 
-def run_systems(space_file: Path, systems: str, *, gpu: Optional[str], out: Optional[Path], resume: bool,
-                storage: Optional[str], twin_seed: Optional[int], seed: Optional[int], **kwargs) -> None:
+def run_systems(space_file: Path, systems: str, *, gpu: str | None, out: Path | None, resume: bool,
+                storage: str | None, twin_seed: int | None, seed: int | None, **kwargs) -> None:
     """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
     from dse import compare
     from dse.generations import parse_systems, run_generations

@@ -75,8 +75,8 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float
     most ``iters`` iterations, stopped when the simplex's values lie within ``tol`` (no tolerance on the points)."""
     x0 = np.asarray(x0, dtype=float)
     simplex = np.vstack([x0, x0 + step * np.eye(len(x0))])
-    options = {"initial_simplex": simplex, "maxiter": iters, "xatol": np.inf, "fatol": tol}
-    return minimize(f, x0, method="Nelder-Mead", options=options).x
+    return minimize(f, x0, method="Nelder-Mead",
+                    options={"initial_simplex": simplex, "maxiter": iters, "xatol": np.inf, "fatol": tol}).x
 
 
 def coordinate_pass(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray) -> np.ndarray:
@@ -112,7 +112,7 @@ def minimise(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.n
     return min(ends, key=loss)
 
 
-def params_from_z(z: Sequence[float], names: Sequence[str], base: Params = DEFAULT_PARAMS) -> Params:
+def params_from_z(z: Sequence[float] | np.ndarray, names: Sequence[str], base: Params = DEFAULT_PARAMS) -> Params:
     return base.with_values(**{n: PRIORS[n].from_z(float(v)) for n, v in zip(names, z)})
 
 

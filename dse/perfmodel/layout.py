@@ -79,7 +79,7 @@ class Shape:
     fc1_cols: float
 
     @classmethod
-    def of(cls, arch: ModelArch, layout: ModelLayout) -> "Shape":
+    def of(cls, arch: ModelArch, layout: ModelLayout) -> Shape:
         """The shape of ``layout``; a data-parallel size or micro-batch count below 1 is taken as 1."""
         t, a, g, ffn = layout.tp, arch.num_attention_heads, arch.num_query_groups, arch.ffn_hidden_size
         head_dim = arch.hidden_size / a
@@ -124,7 +124,7 @@ class Machine:
     gemm_input_bytes: float
 
     @classmethod
-    def of(cls, gpu: GpuSpec, params: Params, layout: ModelLayout) -> "Machine":
+    def of(cls, gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
         """Rates for ``layout``'s precision on ``gpu``: FP8 GEMMs where the GPU has them, bf16 otherwise."""
         P = params
         domain = gpu.nvlink_domain if layout.nvlink_domain is None else layout.nvlink_domain
@@ -134,7 +134,7 @@ class Machine:
         # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
         tensor_ratio = P.ultra_tensor_ratio if gpu.blackwell_ultra else 1.0
         bf16_peak = gpu.bf16_tflops * 1e12 * tensor_ratio
-        if fp8:
+        if fp8 and gpu.fp8_tflops is not None:  # (fp8 implies it; said again for the type checker)
             eff8 = P.gemm_eff_fp8_blackwell if gpu.arch == "blackwell" else P.gemm_eff_fp8
             # MXFP8's GEMMs apply a scale per 32-element block inside the tensor-core pipeline (a fitted rate
             # ratio, Params.mxfp8_gemm_ratio); per-tensor recipes scale once per GEMM
@@ -188,12 +188,15 @@ class Stages:
     stage_params: float  # the largest stage's
 
     @classmethod
-    def of(cls, arch: ModelArch, p: int, v: int) -> "Stages":
+    def of(cls, arch: ModelArch, p: int, v: int) -> Stages:
         """The stages of ``arch`` over ``p`` pipeline ranks of ``v`` model chunks each; with one stage, it holds
         both the embedding and the output layer."""
         first_l, mid_l, last_l, accounted = stage_layers(arch.num_layers, p, v)
         lp = layer_params(arch)
         emb = arch.vocab_size * arch.hidden_size
+        first_params: float
+        last_params: float
+        stage_params: float
         if p == 1:
             stage_params = arch.num_layers * lp + 2 * emb
             first_params = last_params = stage_params

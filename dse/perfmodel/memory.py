@@ -67,7 +67,7 @@ def layer_activation_bytes(s: float, b: float, h: int, a: int, t: int = 1, *, sp
     return (rep / (t if sp else 1)) + (split + scores) / t
 
 
-def state_bytes_per_param(d: int, *, fsdp: bool = False, grad_bytes: float = 4, weight_bytes: float = 2) -> float:
+def state_bytes_per_param(d: float, *, fsdp: bool = False, grad_bytes: float = 4, weight_bytes: float = 2) -> float:
     """Bytes per parameter of weights, gradients and Adam state with bf16 weights and fp32 gradients.
 
     Distributed optimizer (Megatron docs, "distributed optimizer"; Megatron-Bridge's memory estimator uses

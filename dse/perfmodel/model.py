@@ -44,6 +44,7 @@ from dse.perfmodel.memory import MemoryUse, layer_activations, peak_memory
 from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
+
 @dataclass(frozen=True, slots=True)
 class StepTime:
     """Where one step's time goes (seconds), summed over its micro-batches on the slowest pipeline stage's

@@ -73,7 +73,7 @@ class Params:
     logits_bytes: float = 2.0
     logits_bytes_native: float = 6.0
 
-    def with_values(self, **kw) -> "Params":
+    def with_values(self, **kw) -> Params:
         return replace(self, **kw)
 
 

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dse import knobs
 from dse.errors import UserError
 from dse.hardware import HARDWARE
+from dse.recipes.models import ModelArch
 from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig, resolve_auto
-from dse.recipes.models import ModelArch
 
 _SYSTEMS: dict[str, System] = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .config import (
     BLACKWELL_FP8_RECIPES,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from ..models import RECIPES, ModelArch
 
@@ -462,21 +463,21 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
     """
     ts = (now or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
     s = f" [{ts}]"
-    s += " iteration {:8d}/{:8d} |".format(iteration, train_iters)
-    s += " consumed samples: {:12d} |".format(consumed_samples)
-    s += " elapsed time per iteration (ms): {:.1f} |".format(elapsed_ms)
+    s += f" iteration {iteration:8d}/{train_iters:8d} |"
+    s += f" consumed samples: {consumed_samples:12d} |"
+    s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
     if tflops_per_gpu is not None:
         s += f" throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f} |"
     s += f" learning rate: {learning_rate:.6E} |"
     s += f" global batch size: {global_batch_size:5d} |"
     for key, value in losses.items():
         if value >= 0.0:
-            s += " {}: {:.6E} |".format(key, value)
+            s += f" {key}: {value:.6E} |"
     s += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
         s += f" grad norm: {grad_norm:.3f} |"
-    s += " number of skipped iterations: {:3d} |".format(skipped)
-    s += " number of nan iterations: {:3d} |".format(nan)
+    s += f" number of skipped iterations: {skipped:3d} |"
+    s += f" number of nan iterations: {nan:3d} |"
     return s
 
 

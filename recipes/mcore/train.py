@@ -65,9 +65,8 @@ def _init_distributed(cfg: RunConfig):
 def _transformer_config(cfg: RunConfig):
     import torch
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
     recompute = None if cfg.recompute == "none" else cfg.recompute
     te = cfg.layer_spec == "te"
@@ -165,9 +164,8 @@ def _build_model(cfg: RunConfig, config):
         chunks.append(m)
     n_params = sum(p.nelement() for m in chunks for p in m.parameters())
     if parallel_state.get_data_parallel_rank() == 0:
-        _print(" > number of parameters on (tensor, pipeline) model parallel rank ({}, {}): {}".format(
-            parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
-            n_params))
+        tp_rank, pp_rank = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+        _print(f" > number of parameters on (tensor, pipeline) model parallel rank ({tp_rank}, {pp_rank}): {n_params}")
     device = torch.cuda.current_device()
     chunks = [Float16Module(config, m.cuda(device)) for m in chunks]
     ddp_config = DistributedDataParallelConfig(

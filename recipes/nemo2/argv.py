@@ -5,7 +5,7 @@ Kept apart from :mod:`recipes.nemo2.__main__` so the controller's tests can chec
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .spec import ENV_RECIPE, ENV_TASK, FACTORY_SUFFIX, TASKS
 

@@ -11,7 +11,6 @@ Runs inside the training container (or the test's NeMo environment) only: it imp
 # No `from __future__ import annotations`: nemo-run parses factory arguments by their real (not string) types.
 import inspect
 import os
-from typing import Optional
 
 import fiddle as fdl
 import nemo_run as run
@@ -60,7 +59,7 @@ def userbuffer_config(name: str) -> run.Config:
     return fdl.cast(run.Config, fdl_dc.convert_dataclasses_to_configs(cfg))
 
 
-def _callback(recipe: run.Partial, cls) -> Optional[run.Config]:
+def _callback(recipe: run.Partial, cls) -> run.Config | None:
     for cb in recipe.trainer.callbacks or []:
         if getattr(cb, "__fn_or_cls__", None) is cls:
             return cb
@@ -91,7 +90,7 @@ def build_recipe(
     task: str = "pretrain",
     *,
     tp_comm_overlap: bool = False,
-    tp_comm_overlap_cfg: Optional[str] = None,
+    tp_comm_overlap_cfg: str | None = None,
     fsdp: bool = False,
     attention_backend: str = "auto",
     peft_scheme: str = "lora",
@@ -177,7 +176,7 @@ def _make_factory(model: NemoModel, task: str):
 
     def factory(
         tp_comm_overlap: bool = False,
-        tp_comm_overlap_cfg: Optional[str] = None,
+        tp_comm_overlap_cfg: str | None = None,
         fsdp: bool = False,
         attention_backend: str = "auto",
         peft_scheme: str = "lora",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
 OOM_EXIT_CODE = 1
@@ -78,5 +78,5 @@ def write_log(run: SimRun, out: TextIO, after_step: Callable[[int], bool] | None
             f"this process has {run.gpu_memory_gib - 0.4:.2f} GiB memory in use.\n"
         )
         return OOM_EXIT_CODE
-    out.write("`Trainer.fit` stopped: `max_steps=%d` reached.\n" % run.max_steps)
+    out.write(f"`Trainer.fit` stopped: `max_steps={run.max_steps:d}` reached.\n")
     return 0
