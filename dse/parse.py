@@ -398,9 +398,12 @@ class _Scan:
         gs = _num(d.get("global_step"))
         it = int(m["it"])
         # global_step identifies a step across epochs; without it, (epoch, iteration) does
-        has_gs = gs is not None and gs >= 0
-        key = (0, int(gs)) if has_gs else (1, int(m["epoch"]), it)
-        self._iteration(int(gs) if has_gs else it)
+        if gs is not None and gs >= 0:
+            key: tuple[int, ...] = (0, int(gs))
+            self._iteration(int(gs))
+        else:
+            key = (1, int(m["epoch"]), it)
+            self._iteration(it)
         if key in steps:
             return
         alloc, res = _pos(d.get("max_memory_allocated")), _pos(d.get("max_memory_reserved"))

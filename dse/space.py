@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.resources
 import itertools
-import re
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +22,6 @@ from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
 from dse.recipes import contract
 from dse.recipes.models import RECIPES, Recipe
-
 
 
 def shipped(kind: str) -> Path:
@@ -260,7 +259,7 @@ class Space(_Strict):
         return one_of(v, list(RECIPES), "recipe")
 
     @model_validator(mode="after")
-    def _check_knobs(self) -> "Space":
+    def _check_knobs(self) -> Space:
         """The space's cross-field rules, in this order (the first broken one is the error the user sees)."""
         f = self.source or None
         for name, value in self.settings.items():

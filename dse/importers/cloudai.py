@@ -33,9 +33,10 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import tomlkit
 
@@ -43,8 +44,8 @@ from dse import knobs
 from dse.errors import UserError, did_you_mean
 from dse.fsutil import write_text
 from dse.hardware import GPU_NAMES
-from dse.space import Space, System, _read_toml
 from dse.recipes.models import RECIPES, Recipe
+from dse.space import Space, System, _read_toml
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
     fp8 = plugins.get("fp8")
     if fp8 in (None, False):
         values: dict[str, Any] = {"precision": "bf16"} if "fp8" in plugins else {}
-        spelled: set[str] = set()
+        spelled: dict[str, str] = {}
     elif fp8 in ("hybrid", "e4m3"):
         recipe = plugins.get("fp8_recipe", "mxfp8" if fp8 == "e4m3" else "delayed")
         if recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
@@ -238,10 +239,10 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
         if name in ("fp8", "fp8_recipe"):
             continue
         full = f"{where}.trainer.plugins.{name}"
-        if name in spelled and str(spelled[name]) == knobs._spell_value(value):  # type: ignore[index]
+        if name in spelled and str(spelled[name]) == knobs._spell_value(value):
             continue  # dse's spelling of this FP8 recipe sets the same value
         if name in spelled:
-            reason = f"dse's {values['fp8_recipe']} recipe sets {name}={spelled[name]}"  # type: ignore[index]
+            reason = f"dse's {values['fp8_recipe']} recipe sets {name}={spelled[name]}"
         elif name == "fp8_params":
             reason = "dse's FP8 recipes set fp8_param_gather themselves"
         else:
