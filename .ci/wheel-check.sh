@@ -10,7 +10,7 @@ root=$(mktemp -d "${TMPDIR:-/tmp}/dse-wheel.XXXXXX")
 trap 'rm -rf "$root"' EXIT
 python3 -m venv "$root/venv"
 "$root/venv/bin/pip" wheel -q --no-deps -w "$root/dist" "$repo"
-"$root/venv/bin/pip" install -q "$root"/dist/dse-*.whl import-linter
+"$root/venv/bin/pip" install -q "$root"/dist/dse-*.whl import-linter==2.17
 cd "$root"
 "$root/venv/bin/python" - <<'PY'
 import importlib.util
@@ -26,5 +26,6 @@ PY
 test -s "$root/quickstart/leaderboard.csv"
 "$root/venv/bin/lint-imports" --no-cache "$repo/pyproject.toml"
 # Types on the installed tree; the stubs are those of typed dependencies that ship no inline types (pandas, scipy).
-"$root/venv/bin/pip" install -q mypy pandas-stubs scipy-stubs
+# Pinned, as ruff is in the test extra: a new checker release must not fail a change that did not touch types.
+"$root/venv/bin/pip" install -q mypy==2.4.1 pandas-stubs==3.1.0.261029 scipy-stubs==1.17.1.5
 "$root/venv/bin/mypy" --config-file "$repo/pyproject.toml" -p dse
