@@ -60,10 +60,12 @@ class Agent(abc.ABC):
     stop_reason: str | None = None  # why propose() returned None, when the agent decided to stop by itself
     Options: type[BaseModel] = NoOptions  # what ``[search.options]`` may set; validated by make_agent
 
-    def __init__(self, action_space: spaces.Dict, *, seed: int = 0, action_mask: ActionMask | None = None,
-                 **options: Any):
+    def __init__(
+        self, action_space: spaces.Dict, *, seed: int = 0, action_mask: ActionMask | None = None, **options: Any
+    ):
         if not isinstance(action_space, spaces.Dict) or not all(
-                isinstance(s, spaces.Discrete) for s in action_space.spaces.values()):
+            isinstance(s, spaces.Discrete) for s in action_space.spaces.values()
+        ):
             raise TypeError("agents need a gymnasium Dict action space of Discrete spaces")
         if options:
             raise UserError(f"agent {self.name!r} takes no option(s) {', '.join(options)}", field="search.options")
@@ -89,8 +91,15 @@ class Agent(abc.ABC):
     def propose(self) -> Action | None:
         """The next action, or None when the agent has nothing left to try."""
 
-    def observe(self, action: Action, reward: float, ok: bool, *, status: str | None = None,
-                metrics: Mapping[str, Any] | None = None) -> None:
+    def observe(
+        self,
+        action: Action,
+        reward: float,
+        ok: bool,
+        *,
+        status: str | None = None,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> None:
         """The outcome of ``action``: its reward, whether the run succeeded, and (when known) the run's status
         (``ok``, ``oom``, ``rejected``...) and parsed metrics. The default remembers that it was tried."""
         self.seen.add(self.key(action))
@@ -126,12 +135,24 @@ def agent_options(cls: type[Agent], options: Mapping[str, Any]) -> dict[str, Any
         raise UserError(msg, field=f"search.options.{where}") from None
 
 
-def make_agent(name: str, registry: Mapping[str, Callable[[], object]], action_space: spaces.Dict, *,
-               seed: int = 0, action_mask: ActionMask | None = None, forecast: Forecaster | None = None,
-               **options: Any) -> Agent:
+def make_agent(
+    name: str,
+    registry: Mapping[str, Callable[[], object]],
+    action_space: spaces.Dict,
+    *,
+    seed: int = 0,
+    action_mask: ActionMask | None = None,
+    forecast: Forecaster | None = None,
+    **options: Any,
+) -> Agent:
     """The agent called ``name``, built with its validated options (and the model's ``forecast`` for an agent
     that ``uses_model``)."""
     cls = agent_class(name, registry)
     extra = {"forecast": forecast} if cls.uses_model else {}
-    return cls(action_space, seed=seed, action_mask=action_mask if cls.uses_mask else None,
-               **agent_options(cls, options), **extra)
+    return cls(
+        action_space,
+        seed=seed,
+        action_mask=action_mask if cls.uses_mask else None,
+        **agent_options(cls, options),
+        **extra,
+    )

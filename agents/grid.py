@@ -21,9 +21,12 @@ class GridAgent(Agent):
         super().__init__(action_space, **kw)
         total = math.prod(self.sizes)  # a Python int: exact however large
         if total > WALK_LIMIT:
-            raise UserError(f"a grid walks every point; this space has {total:,} raw points (at most "
-                            f"{WALK_LIMIT:,}): use agent \"random\" or \"optuna\" with [search] trials, or list "
-                            "fewer knob values", field="search.agent")
+            raise UserError(
+                f"a grid walks every point; this space has {total:,} raw points (at most "
+                f'{WALK_LIMIT:,}): use agent "random" or "optuna" with [search] trials, or list '
+                "fewer knob values",
+                field="search.agent",
+            )
         self._total = total
         self._proposed = 0
         self._it = self.all_keys()
@@ -37,5 +40,7 @@ class GridAgent(Agent):
                 self._proposed += 1
                 return action
         if not self._proposed and not self.seen:
-            self.stop_reason = f"grid: none of the {self._total:,} raw points is valid (`dse space` counts them by rule)"
+            self.stop_reason = (
+                f"grid: none of the {self._total:,} raw points is valid (`dse space` counts them by rule)"
+            )
         return None

@@ -81,14 +81,26 @@ class GuidedAgent(Agent):
     uses_mask = True
     uses_model = True
 
-    def __init__(self, action_space, *, forecast: Forecaster | None = None, tau_bias: float = 0.15,
-                 tau_knob: float = 0.06, tau_pair: float = 0.04, sigma: float = 0.03, min_gain: float = 0.005,
-                 stop_prob: float = 0.02, **kw):
+    def __init__(
+        self,
+        action_space,
+        *,
+        forecast: Forecaster | None = None,
+        tau_bias: float = 0.15,
+        tau_knob: float = 0.06,
+        tau_pair: float = 0.04,
+        sigma: float = 0.03,
+        min_gain: float = 0.005,
+        stop_prob: float = 0.02,
+        **kw,
+    ):
         super().__init__(action_space, **kw)
         total = math.prod(self.sizes)
         if total > MAX_POINTS:
-            raise UserError(f"the guided agent screens every point; this space has {total:,} "
-                            f"(at most {MAX_POINTS:,})", field="search.agent")
+            raise UserError(
+                f"the guided agent screens every point; this space has {total:,} (at most {MAX_POINTS:,})",
+                field="search.agent",
+            )
         self.forecast = forecast
         self.tau = (tau_bias, tau_knob, tau_pair)
         self.sigma, self.min_gain, self.stop_prob = sigma, min_gain, stop_prob
@@ -197,8 +209,15 @@ class GuidedAgent(Agent):
         sd = np.sqrt(np.einsum("ij,jk,ik->i", P, cov, P) + noise2)
         return _cdf((self.cap - self.peak - mu) / sd)
 
-    def observe(self, action: Action, reward: float, ok: bool, *, status: str | None = None,
-                metrics: Mapping[str, Any] | None = None) -> None:
+    def observe(
+        self,
+        action: Action,
+        reward: float,
+        ok: bool,
+        *,
+        status: str | None = None,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> None:
         super().observe(action, reward, ok, status=status, metrics=metrics)
         i = self.index.get(self.key(action))
         if status != "rejected":
@@ -252,9 +271,11 @@ class GuidedAgent(Agent):
                     gap = 100.0 * (1.0 - math.exp(float(mean[likely].max()) - best))
                 else:
                     gap = float("nan")
-                self.stop_reason = (f"stopped: no untried point predicted within {gap:.1f}% of the best, "
-                                    f"after {self.runs} runs") if math.isfinite(gap) else (
-                    f"stopped: no untried point likely to beat the best, after {self.runs} runs")
+                self.stop_reason = (
+                    (f"stopped: no untried point predicted within {gap:.1f}% of the best, after {self.runs} runs")
+                    if math.isfinite(gap)
+                    else (f"stopped: no untried point likely to beat the best, after {self.runs} runs")
+                )
                 return None
         score = np.where(untried, ei, -np.inf) + self._rng.random(len(ei)) * 1e-12
         i = int(np.argmax(score))

@@ -70,8 +70,10 @@ def check_sampler_available(sampler: str) -> None:
 
     for module, extra in SAMPLER_NEEDS.get(sampler, ()):
         if importlib.util.find_spec(module) is None:
-            raise UserError(f"sampler {sampler!r} needs {module}, which is not installed: pip install 'dse[{extra}]'",
-                            field="search.sampler")
+            raise UserError(
+                f"sampler {sampler!r} needs {module}, which is not installed: pip install 'dse[{extra}]'",
+                field="search.sampler",
+            )
 
 
 class OptunaOptions(NoOptions):
@@ -89,32 +91,50 @@ class OptunaAgent(Agent):
     MAX_REPEATS = 20  # asks in a row that repeat a tried point before a random untried point is taken
     WARM_START_POINTS = 5
 
-    def __init__(self, action_space, *, sampler: str = "tpe", warm_start: str = "none", ordinal=(),
-                 forecast=None, parallel: int = 1, **kw):
+    def __init__(
+        self,
+        action_space,
+        *,
+        sampler: str = "tpe",
+        warm_start: str = "none",
+        ordinal=(),
+        forecast=None,
+        parallel: int = 1,
+        **kw,
+    ):
         super().__init__(action_space, **kw)
         if warm_start not in ("none", "model"):
             raise UserError(f"unknown warm start {warm_start!r}; use none or model", field="search.warm_start")
         makers = _samplers(self.seed, parallel)
         if sampler not in makers:
-            raise UserError(f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",
-                            field="search.sampler")
+            raise UserError(
+                f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",
+                field="search.sampler",
+            )
         check_sampler_available(sampler)
         categorical = [n for n, k in zip(self.names, self.sizes) if k > 1 and n not in ordinal]
         if sampler == "cmaes" and categorical:
             # CMA-ES samples only numeric parameters: Optuna hands categorical ones to a random sampler, so a
             # space of categorical knobs gets exactly the random sampler's trials (measured: 15 of 15 runs).
-            raise UserError(f"cmaes samples only ordered knobs (values listed ascending); {', '.join(categorical)} "
-                            "would be sampled at random: use tpe, or vary only ordered knobs", field="search.sampler")
+            raise UserError(
+                f"cmaes samples only ordered knobs (values listed ascending); {', '.join(categorical)} "
+                "would be sampled at random: use tpe, or vary only ordered knobs",
+                field="search.sampler",
+            )
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with warnings.catch_warnings():  # some samplers are marked experimental; that is not the user's error
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study = optuna.create_study(direction="maximize", sampler=makers[sampler]())
-        self.dists: dict[str, BaseDistribution] = {n: IntDistribution(0, k - 1) if (n in ordinal and k > 1) else CategoricalDistribution(list(range(k)))
-                      for n, k in zip(self.names, self.sizes)}
+        self.dists: dict[str, BaseDistribution] = {
+            n: IntDistribution(0, k - 1) if (n in ordinal and k > 1) else CategoricalDistribution(list(range(k)))
+            for n, k in zip(self.names, self.sizes)
+        }
         total = math.prod(self.sizes)  # a Python int: exact however large
         if warm_start == "model" and total > WALK_LIMIT:
-            raise UserError(f"warm_start = \"model\" ranks every point; this space has {total:,} raw points "
-                            f"(at most {WALK_LIMIT:,})", field="search.warm_start")
+            raise UserError(
+                f'warm_start = "model" ranks every point; this space has {total:,} raw points (at most {WALK_LIMIT:,})',
+                field="search.warm_start",
+            )
         if warm_start == "model" and forecast is not None:
             ranked = []
             for key in self.all_keys():
@@ -177,7 +197,12 @@ class OptunaAgent(Agent):
         if trial is not None:
             self._tell(trial, reward, ok, pruned)
         else:  # warm start, or a point chosen outside the sampler
-            self.study.add_trial(create_trial(
-                params=dict(action), distributions=self.dists, value=reward if ok else None,
-                intermediate_values={0: reward} if pruned else None,
-                state=TrialState.COMPLETE if ok else TrialState.PRUNED))
+            self.study.add_trial(
+                create_trial(
+                    params=dict(action),
+                    distributions=self.dists,
+                    value=reward if ok else None,
+                    intermediate_values={0: reward} if pruned else None,
+                    state=TrialState.COMPLETE if ok else TrialState.PRUNED,
+                )
+            )

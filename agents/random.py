@@ -61,9 +61,11 @@ class RandomAgent(Agent):
                 key = self._key(flat)
             else:
                 if misses >= self._max_misses:
-                    self.stop_reason = (f"random: {misses:,} draws in a row found no new valid point among "
-                                        f"{self._total:,} raw points; the valid ones are too rare to sample "
-                                        "(`dse space` estimates how many): list fewer knob values")
+                    self.stop_reason = (
+                        f"random: {misses:,} draws in a row found no new valid point among "
+                        f"{self._total:,} raw points; the valid ones are too rare to sample "
+                        "(`dse space` estimates how many): list fewer knob values"
+                    )
                     return None
                 key = self._draw()
             if key in self.seen or key in self._tried:

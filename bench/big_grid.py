@@ -67,7 +67,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dse-big-"))
     out = args.keep or tmp / "study"
     try:
-        argv = ["run", "--space", str(SPACE), "--out", str(out)] + (["--trials", str(args.trials)] if args.trials else [])
+        argv = ["run", "--space", str(SPACE), "--out", str(out)] + (
+            ["--trials", str(args.trials)] if args.trials else []
+        )
         wall, rss, text = run(argv)
         n = int(next(line for line in text.splitlines() if "in the study" in line).split()[0])
         print(f"run: {n:,} trials in {wall:.1f} s = {n / wall:.0f} trials/s end to end, peak RSS {rss:.0f} MiB")
@@ -79,13 +81,17 @@ def main() -> None:
         print(f"dse report: {wall:.1f} s, peak RSS {rss:.0f} MiB, {(tmp / 'report.html').stat().st_size / 1e6:.1f} MB")
         disk, apparent, files = sizes(out)
         db = (out / "study.db").stat().st_size / 1e6
-        print(f"output: {disk:,.0f} MB on disk, {apparent:,.0f} MB apparent, {files:,} files; study.db {db:,.0f} MB; "
-              f"{disk * 1e6 / max(n, 1) / 1024:.1f} KiB on disk per trial")
+        print(
+            f"output: {disk:,.0f} MB on disk, {apparent:,.0f} MB apparent, {files:,} files; study.db {db:,.0f} MB; "
+            f"{disk * 1e6 / max(n, 1) / 1024:.1f} KiB on disk per trial"
+        )
         packs = list((out / "trials").glob("logs-*.tar.xz"))
         dirs = [p for p in (out / "trials").iterdir() if p.is_dir()] if (out / "trials").is_dir() else []
-        print(f"  leaderboard.csv {(out / 'leaderboard.csv').stat().st_size / 1e6:,.0f} MB; {len(packs):,} packs of "
-              f"simulated logs {sum(p.stat().st_size for p in packs) / 1e6:,.1f} MB; {len(dirs):,} run directories "
-              f"left unpacked {sum(sizes(d)[0] for d in dirs):,.1f} MB")
+        print(
+            f"  leaderboard.csv {(out / 'leaderboard.csv').stat().st_size / 1e6:,.0f} MB; {len(packs):,} packs of "
+            f"simulated logs {sum(p.stat().st_size for p in packs) / 1e6:,.1f} MB; {len(dirs):,} run directories "
+            f"left unpacked {sum(sizes(d)[0] for d in dirs):,.1f} MB"
+        )
         if args.quick_start:
             qs = tmp / "qs"
             wall, rss, _ = run(["run", "--space", str(ROOT / "conf/spaces/llama3_405b_space.toml"), "--out", str(qs)])

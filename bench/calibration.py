@@ -37,8 +37,9 @@ from model_accuracy import load_rows, row_trial  # noqa: E402
 def held_out_figures(test: list[Run], P) -> tuple[float, float, float]:
     pred = [predict(r.trial, params=P) for r in test]
     st = statistics.fmean(abs(p.step_time_s - r.step_time_s) / r.step_time_s for p, r in zip(pred, test))
-    mm = [abs(p.peak_memory_gib - r.peak_memory_gib) / r.peak_memory_gib for p, r in zip(pred, test)
-          if r.peak_memory_gib]
+    mm = [
+        abs(p.peak_memory_gib - r.peak_memory_gib) / r.peak_memory_gib for p, r in zip(pred, test) if r.peak_memory_gib
+    ]
     # Spearman = Pearson of the ranks (pandas' method="spearman" needs SciPy, not a dependency)
     rho = pd.Series([r.step_time_s for r in test]).rank().corr(pd.Series([p.step_time_s for p in pred]).rank())
     return 100 * st, 100 * statistics.fmean(mm), float(rho)
@@ -46,10 +47,14 @@ def held_out_figures(test: list[Run], P) -> tuple[float, float, float]:
 
 def real_runs(splits: int) -> None:
     runs, _ = load_runs([ROOT / "bench" / "data" / "h200_real_runs.tsv"], gpu="h200")
-    print(f"1. {len(runs)} real H200 runs: calibrate on k, predict the other {len(runs)} - k "
-          f"({splits} random splits, seed 0)")
-    print(f"   {'k':>2} {'step MAPE':>10} {'shipped':>8} {'mem MAPE':>9} {'shipped':>8} {'Spearman':>9} "
-          f"{'shipped':>8}  params fitted (most common)")
+    print(
+        f"1. {len(runs)} real H200 runs: calibrate on k, predict the other {len(runs)} - k "
+        f"({splits} random splits, seed 0)"
+    )
+    print(
+        f"   {'k':>2} {'step MAPE':>10} {'shipped':>8} {'mem MAPE':>9} {'shipped':>8} {'Spearman':>9} "
+        f"{'shipped':>8}  params fitted (most common)"
+    )
     rng = random.Random(0)
     for k in (3, 5):
         cal, ship, chosen = [], [], {}
@@ -64,8 +69,10 @@ def real_runs(splits: int) -> None:
             ship.append(held_out_figures(test, DEFAULT_PARAMS))
         c = [statistics.fmean(x[i] for x in cal) for i in range(3)]
         s = [statistics.fmean(x[i] for x in ship) for i in range(3)]
-        print(f"   {k:>2} {c[0]:9.1f}% {s[0]:7.1f}% {c[1]:8.1f}% {s[1]:7.1f}% {c[2]:9.2f} {s[2]:8.2f}  "
-              f"{max(chosen, key=chosen.get)}")
+        print(
+            f"   {k:>2} {c[0]:9.1f}% {s[0]:7.1f}% {c[1]:8.1f}% {s[1]:7.1f}% {c[2]:9.2f} {s[2]:8.2f}  "
+            f"{max(chosen, key=chosen.get)}"
+        )
 
 
 def published() -> None:
@@ -82,10 +89,14 @@ def published() -> None:
     P = fit_runs(train, t_names, m_names)
 
     def mape(params) -> float:
-        return 100 * statistics.fmean(abs(predict(r.trial, params=params).step_time_s - r.step_time_s) / r.step_time_s
-                                      for r in test)
-    print(f"2. published table: calibrate on the {len(train)} H100 rows ({', '.join(t_names)}), predict the "
-          f"{len(test)} B200/GB200 rows")
+        return 100 * statistics.fmean(
+            abs(predict(r.trial, params=params).step_time_s - r.step_time_s) / r.step_time_s for r in test
+        )
+
+    print(
+        f"2. published table: calibrate on the {len(train)} H100 rows ({', '.join(t_names)}), predict the "
+        f"{len(test)} B200/GB200 rows"
+    )
     print(f"   tokens/s/GPU MAPE on B200/GB200: shipped {mape(DEFAULT_PARAMS):.1f}% -> calibrated {mape(P):.1f}%")
     print("   moved: " + ", ".join(f"{n} {getattr(DEFAULT_PARAMS, n):.4g} -> {getattr(P, n):.4g}" for n in t_names))
 

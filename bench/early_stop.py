@@ -54,15 +54,19 @@ def main() -> None:
         if m.status != "ok" or m.step_time_s is None:
             continue
         data.append((log.relative_to(ROOT), series(log), m.step_time_s))
-    print(f"defaults: min_steps={rule.min_steps} window={rule.window} tolerance={rule.tolerance:g}; "
-          f"{len(data)} real logs with an ok result")
+    print(
+        f"defaults: min_steps={rule.min_steps} window={rule.window} tolerance={rule.tolerance:g}; "
+        f"{len(data)} real logs with an ok result"
+    )
     print(f"{'log':62} {'steps':>5} {'needed':>6} {'full median s':>13} {'error %':>8}")
     needed_share = []
     for name, times, full in data:
         n, err = replay(times, full, rule)
         needed_share.append((n or len(times)) / len(times))
-        print(f"{str(name):62} {len(times):5d} {n if n else '-':>6} {full:13.4f} "
-              f"{(f'{100 * err:8.2f}' if err is not None else '       -')}")
+        print(
+            f"{str(name):62} {len(times):5d} {n if n else '-':>6} {full:13.4f} "
+            f"{(f'{100 * err:8.2f}' if err is not None else '       -')}"
+        )
     print(f"steps run with early stop: {100 * statistics.fmean(needed_share):.0f}% of the logged steps on average")
     print()
     print("sweep: min_steps window tolerance | logs stopped | mean steps run % | worst error %")
@@ -73,8 +77,10 @@ def main() -> None:
         share = statistics.fmean((n or len(t)) / len(t) for (n, _), (_, t, _) in zip(res, data))
         worst = max((e for _, e in stopped), default=float("nan"))
         mark = "  <- defaults" if (ms, w, tol) == (rule.min_steps, rule.window, rule.tolerance) else ""
-        print(f"  {ms:9d} {w:6d} {tol:9.3f} | {len(stopped):2d}/{len(data):2d} | {100 * share:6.0f} | "
-              f"{100 * worst:6.2f}{mark}")
+        print(
+            f"  {ms:9d} {w:6d} {tol:9.3f} | {len(stopped):2d}/{len(data):2d} | {100 * share:6.0f} | "
+            f"{100 * worst:6.2f}{mark}"
+        )
 
 
 if __name__ == "__main__":

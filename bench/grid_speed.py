@@ -37,8 +37,10 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
         rates.append(n / dt)
         print(f"run {i + 1}: {n} trials (every valid point of {space.size}) in {dt:.2f} s = {n / dt:.0f} trials/s")
-    print(f"best {max(rates):.0f} trials/s, median {sorted(rates)[len(rates) // 2]:.0f} trials/s "
-          f"(grid over {args.space}, sim backend, SQLite store)")
+    print(
+        f"best {max(rates):.0f} trials/s, median {sorted(rates)[len(rates) // 2]:.0f} trials/s "
+        f"(grid over {args.space}, sim backend, SQLite store)"
+    )
 
 
 if __name__ == "__main__":

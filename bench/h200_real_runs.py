@@ -24,19 +24,50 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 TSV = ROOT / "bench" / "data" / "h200_real_runs.tsv"
-COLUMNS = ("name", "model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-           "ffn_hidden_size", "vocab_size", "gated", "tp", "pp", "mbs", "gbs", "seq_length", "recompute",
-           "distributed_optimizer", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu",
-           "peak_allocated_gib", "peak_reserved_gib", "loss_first", "loss_last", "log")
+COLUMNS = (
+    "name",
+    "model",
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "ffn_hidden_size",
+    "vocab_size",
+    "gated",
+    "tp",
+    "pp",
+    "mbs",
+    "gbs",
+    "seq_length",
+    "recompute",
+    "distributed_optimizer",
+    "steps",
+    "step_time_ms",
+    "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "peak_allocated_gib",
+    "peak_reserved_gib",
+    "loss_first",
+    "loss_last",
+    "log",
+)
 
-_RUN = re.compile(r"> recipes\.mcore: world size (\d+), tp (\d+), pp (\d+), vp (\d+), dp (\d+), mbs (\d+), "
-                  r"gbs (\d+) \(\d+ micro-batches\), seq (\d+), recompute (\w+), distributed optimizer (\w+)")
-_MODEL = re.compile(r"> model (\S+): layers (\d+), hidden (\d+), heads (\d+), query groups (\d+), ffn (\d+), "
-                    r"vocab (\d+), (swiglu|gelu)")
-_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+) \|"
-                   r"(?:.*throughput per GPU \(TFLOP/s/GPU\): ([\d.]+) \|)?(?:.*lm loss: ([\d.E+-]+) \|)?")
-_MEM = re.compile(r"memory \(MB\) \| allocated: [\d.]+ \| max allocated: ([\d.]+) \| reserved: [\d.]+ \| "
-                  r"max reserved: ([\d.]+)")
+_RUN = re.compile(
+    r"> recipes\.mcore: world size (\d+), tp (\d+), pp (\d+), vp (\d+), dp (\d+), mbs (\d+), "
+    r"gbs (\d+) \(\d+ micro-batches\), seq (\d+), recompute (\w+), distributed optimizer (\w+)"
+)
+_MODEL = re.compile(
+    r"> model (\S+): layers (\d+), hidden (\d+), heads (\d+), query groups (\d+), ffn (\d+), "
+    r"vocab (\d+), (swiglu|gelu)"
+)
+_ITER = re.compile(
+    r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+) \|"
+    r"(?:.*throughput per GPU \(TFLOP/s/GPU\): ([\d.]+) \|)?(?:.*lm loss: ([\d.E+-]+) \|)?"
+)
+_MEM = re.compile(
+    r"memory \(MB\) \| allocated: [\d.]+ \| max allocated: ([\d.]+) \| reserved: [\d.]+ \| "
+    r"max reserved: ([\d.]+)"
+)
 
 
 def warmup_steps(n: int) -> int:
@@ -51,12 +82,27 @@ def measure(log: Path) -> dict:
     for line in log.read_text(errors="replace").splitlines():
         if m := _RUN.search(line):
             world, tp, pp, _vp, _dp, mbs, gbs, seq = (int(x) for x in m.groups()[:8])
-            row.update(num_gpus=world, tp=tp, pp=pp, mbs=mbs, gbs=gbs, seq_length=seq, recompute=m.group(9),
-                       distributed_optimizer=m.group(10) == "True")
+            row.update(
+                num_gpus=world,
+                tp=tp,
+                pp=pp,
+                mbs=mbs,
+                gbs=gbs,
+                seq_length=seq,
+                recompute=m.group(9),
+                distributed_optimizer=m.group(10) == "True",
+            )
         elif m := _MODEL.search(line):
-            row.update(model=m.group(1), num_layers=int(m.group(2)), hidden_size=int(m.group(3)),
-                       num_attention_heads=int(m.group(4)), num_query_groups=int(m.group(5)),
-                       ffn_hidden_size=int(m.group(6)), vocab_size=int(m.group(7)), gated=m.group(8) == "swiglu")
+            row.update(
+                model=m.group(1),
+                num_layers=int(m.group(2)),
+                hidden_size=int(m.group(3)),
+                num_attention_heads=int(m.group(4)),
+                num_query_groups=int(m.group(5)),
+                ffn_hidden_size=int(m.group(6)),
+                vocab_size=int(m.group(7)),
+                gated=m.group(8) == "swiglu",
+            )
         elif m := _ITER.search(line):
             times.append(float(m.group(2)))
             tflops.append(float(m.group(3)) if m.group(3) else None)
@@ -72,8 +118,9 @@ def measure(log: Path) -> dict:
     tf = [x for x in tflops[drop:] if x is not None]
     row["tflops_per_gpu"] = round(statistics.median(tf), 2) if tf else None
     if row["step_time_ms"] and "gbs" in row:
-        row["tokens_per_s_per_gpu"] = round(row["gbs"] * row["seq_length"] / (row["step_time_ms"] / 1e3)
-                                            / row["num_gpus"], 1)
+        row["tokens_per_s_per_gpu"] = round(
+            row["gbs"] * row["seq_length"] / (row["step_time_ms"] / 1e3) / row["num_gpus"], 1
+        )
     row["peak_allocated_gib"] = round(max(alloc) / 1024, 3) if alloc else None
     row["peak_reserved_gib"] = round(max(reserved) / 1024, 3) if reserved else None
     row["loss_first"] = losses[0] if losses else None
@@ -106,16 +153,32 @@ def _trial(row: dict):
     from dse.space import load_system
     from dse.trial import TrialConfig
 
-    arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
-                     int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
-                     row["gated"] == "True")
-    recipe = Recipe(arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]),
-                    num_gpus_default=1)
+    arch = ModelArch(
+        row["model"],
+        int(row["num_layers"]),
+        int(row["hidden_size"]),
+        int(row["num_attention_heads"]),
+        int(row["num_query_groups"]),
+        int(row["ffn_hidden_size"]),
+        int(row["vocab_size"]),
+        row["gated"] == "True",
+    )
+    recipe = Recipe(
+        arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]), num_gpus_default=1
+    )
     system = load_system({"gpu": "h200", "gpus_per_node": 1, "nvlink_domain": 1})
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
-    values.update(tp=int(row["tp"]), pp=int(row["pp"]), mbs=int(row["mbs"]), gbs=int(row["gbs"]),
-                  seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1, precision="bf16",
-                  attention_backend="local")  # recipes.mcore's local layer spec: Megatron's unfused attention
+    values.update(
+        tp=int(row["tp"]),
+        pp=int(row["pp"]),
+        mbs=int(row["mbs"]),
+        gbs=int(row["gbs"]),
+        seq_length=int(row["seq_length"]),
+        recompute=row["recompute"],
+        num_nodes=1,
+        precision="bf16",
+        attention_backend="local",
+    )  # recipes.mcore's local layer spec: Megatron's unfused attention
     # payload mcore: Megatron's native loss and recipes.mcore's FP8 settings (dse.perfmodel.stack)
     return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload="mcore")
 
@@ -138,8 +201,10 @@ def report(rows: list[dict]) -> list[dict]:
     """Print measured vs predicted per row; return the printed figures (for callers and tests)."""
     predict = _predictor()
     out = []
-    head = (f"{'run':34} {'step ms':>8} {'pred':>8} {'err':>7} | {'TF/s':>6} {'pred':>6} {'err':>7} | "
-            f"{'mem GiB':>7} {'pred':>6} {'err':>7}")
+    head = (
+        f"{'run':34} {'step ms':>8} {'pred':>8} {'err':>7} | {'TF/s':>6} {'pred':>6} {'err':>7} | "
+        f"{'mem GiB':>7} {'pred':>6} {'err':>7}"
+    )
     print(head)
     print("-" * len(head))
 
@@ -152,10 +217,21 @@ def report(rows: list[dict]) -> list[dict]:
         pst = p.step_time_s * 1e3 if p else None
         ptf = p.tflops_per_gpu if p else None
         pmem = p.peak_memory_gib if p else None
-        print(f"{row['name']:34} {st:8.1f} {fmt(pst, 8, 1)} {_err(pst, st):>7} | {tf:6.1f} {fmt(ptf, 6, 1)} "
-              f"{_err(ptf, tf):>7} | {mem:7.2f} {fmt(pmem, 6, 2)} {_err(pmem, mem):>7}")
-        out.append({"name": row["name"], "step_time_ms": st, "pred_step_time_ms": pst, "tflops_per_gpu": tf,
-                    "pred_tflops_per_gpu": ptf, "peak_allocated_gib": mem, "pred_peak_memory_gib": pmem})
+        print(
+            f"{row['name']:34} {st:8.1f} {fmt(pst, 8, 1)} {_err(pst, st):>7} | {tf:6.1f} {fmt(ptf, 6, 1)} "
+            f"{_err(ptf, tf):>7} | {mem:7.2f} {fmt(pmem, 6, 2)} {_err(pmem, mem):>7}"
+        )
+        out.append(
+            {
+                "name": row["name"],
+                "step_time_ms": st,
+                "pred_step_time_ms": pst,
+                "tflops_per_gpu": tf,
+                "pred_tflops_per_gpu": ptf,
+                "peak_allocated_gib": mem,
+                "pred_peak_memory_gib": pmem,
+            }
+        )
     if predict is None:
         print("(dse.perfmodel.predict not found: measured figures only)")
     else:
@@ -167,8 +243,10 @@ def print_mape(out: list[dict], what: str) -> None:
     """The step-time and peak-memory MAPE of ``report``'s rows, in one line."""
     errs = [abs(r["pred_step_time_ms"] - r["step_time_ms"]) / r["step_time_ms"] for r in out]
     merrs = [abs(r["pred_peak_memory_gib"] - r["peak_allocated_gib"]) / r["peak_allocated_gib"] for r in out]
-    print(f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
-          f"over {len(out)} runs ({what})")
+    print(
+        f"MAPE step time {100 * statistics.fmean(errs):.1f}% · peak memory {100 * statistics.fmean(merrs):.1f}% "
+        f"over {len(out)} runs ({what})"
+    )
 
 
 def run_cli(argv, *, doc: str, tsv: Path, write, show) -> int:

@@ -28,8 +28,10 @@ LOGS = ROOT / "tests" / "fixtures" / "logs" / "real_h200_te"
 EXTRA = ("layer_spec", "precision", "fp8_recipe", "attention_backend", "cpu_offload_layers")
 COLUMNS = base.COLUMNS[:-1] + EXTRA + ("log",)
 _SPEC = re.compile(r"> recipes\.mcore: layer spec (\w+)")
-_PREC = re.compile(r"> recipes\.mcore: precision (bf16|fp8 hybrid (\w+)), attention backend (\w+)"
-                   r"(?:, cpu offload layers (\d+))?")
+_PREC = re.compile(
+    r"> recipes\.mcore: precision (bf16|fp8 hybrid (\w+)), attention backend (\w+)"
+    r"(?:, cpu offload layers (\d+))?"
+)
 
 
 def measure(log: Path) -> dict:
@@ -39,8 +41,12 @@ def measure(log: Path) -> dict:
         if m := _SPEC.search(line):
             row["layer_spec"] = m.group(1)
         elif m := _PREC.search(line):
-            row.update(precision="fp8" if m.group(2) else "bf16", fp8_recipe=m.group(2) or "",
-                       attention_backend=m.group(3), cpu_offload_layers=int(m.group(4) or 0))
+            row.update(
+                precision="fp8" if m.group(2) else "bf16",
+                fp8_recipe=m.group(2) or "",
+                attention_backend=m.group(3),
+                cpu_offload_layers=int(m.group(4) or 0),
+            )
     return row
 
 
@@ -59,8 +65,11 @@ def trial(row: dict):
     activation offloading (a TSV without the offload column counts as none)."""
     t = base._trial(row)
     values = dict(t.values)
-    values.update(precision=row["precision"], attention_backend=row["attention_backend"],
-                  cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))
+    values.update(
+        precision=row["precision"],
+        attention_backend=row["attention_backend"],
+        cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),
+    )
     if row["precision"] == "fp8":
         values["fp8_recipe"] = row["fp8_recipe"]
     return replace(t, values=MappingProxyType(values))
@@ -70,8 +79,10 @@ def report(rows: list[dict]) -> list[dict]:
     from dse.perfmodel import predict
 
     out = []
-    head = (f"{'run':30} {'spec':5} {'prec':14} {'attn':8} {'step ms':>8} {'pred':>7} {'err':>7} | "
-            f"{'TF/s':>6} {'pred':>6} | {'mem GiB':>7} {'pred':>6} {'err':>7}")
+    head = (
+        f"{'run':30} {'spec':5} {'prec':14} {'attn':8} {'step ms':>8} {'pred':>7} {'err':>7} | "
+        f"{'TF/s':>6} {'pred':>6} | {'mem GiB':>7} {'pred':>6} {'err':>7}"
+    )
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -79,16 +90,27 @@ def report(rows: list[dict]) -> list[dict]:
         p = predict(trial(row))
         pst, ptf, pmem = p.step_time_s * 1e3, p.tflops_per_gpu, p.peak_memory_gib
         prec = row["precision"] + (f" {row['fp8_recipe']}" if row["fp8_recipe"] else "")
-        print(f"{row['name']:30} {row['layer_spec']:5} {prec:14} {row['attention_backend']:8} {st:8.1f} {pst:7.1f} "
-              f"{base._err(pst, st):>7} | {tf:6.1f} {ptf:6.1f} | {mem:7.2f} {pmem:6.2f} {base._err(pmem, mem):>7}")
-        out.append({"name": row["name"], "step_time_ms": st, "pred_step_time_ms": pst, "peak_allocated_gib": mem,
-                    "pred_peak_memory_gib": pmem})
+        print(
+            f"{row['name']:30} {row['layer_spec']:5} {prec:14} {row['attention_backend']:8} {st:8.1f} {pst:7.1f} "
+            f"{base._err(pst, st):>7} | {tf:6.1f} {ptf:6.1f} | {mem:7.2f} {pmem:6.2f} {base._err(pmem, mem):>7}"
+        )
+        out.append(
+            {
+                "name": row["name"],
+                "step_time_ms": st,
+                "pred_step_time_ms": pst,
+                "peak_allocated_gib": mem,
+                "pred_peak_memory_gib": pmem,
+            }
+        )
     base.print_mape(out, "1 H200")
     import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
 
     df = pd.DataFrame(out)
-    print(f"Spearman step time {df.step_time_ms.corr(df.pred_step_time_ms, method='spearman'):.2f} · "
-          f"peak memory {df.peak_allocated_gib.corr(df.pred_peak_memory_gib, method='spearman'):.2f}")
+    print(
+        f"Spearman step time {df.step_time_ms.corr(df.pred_step_time_ms, method='spearman'):.2f} · "
+        f"peak memory {df.peak_allocated_gib.corr(df.pred_peak_memory_gib, method='spearman'):.2f}"
+    )
     return out
 
 

@@ -59,14 +59,22 @@ def compare(study: str) -> list[dict]:
         p = point(space, row)
         pred = predict(resolve(space, p))
         ok = row["status"] == "ok"
-        out.append({"trial": int(row["trial"]), "point": p, "status": row["status"],
-                    "step_ms": float(row["step_time_s"]) * 1e3 if ok else None,
-                    "tflops": float(row["tflops_per_gpu"]) if ok else None,
-                    "mem": float(row["peak_memory_gib"]) if ok else None,
-                    "pred_step_ms": pred.step_time_s * 1e3, "pred_tflops": pred.tflops_per_gpu,
-                    "pred_mem": pred.peak_memory_gib, "pred_oom": not pred.fits,
-                    "hbm": pred.gpu_memory_gib,
-                    "alloc": pred.peak_memory_gib - DEFAULT_PARAMS.memory_reserve_gib})
+        out.append(
+            {
+                "trial": int(row["trial"]),
+                "point": p,
+                "status": row["status"],
+                "step_ms": float(row["step_time_s"]) * 1e3 if ok else None,
+                "tflops": float(row["tflops_per_gpu"]) if ok else None,
+                "mem": float(row["peak_memory_gib"]) if ok else None,
+                "pred_step_ms": pred.step_time_s * 1e3,
+                "pred_tflops": pred.tflops_per_gpu,
+                "pred_mem": pred.peak_memory_gib,
+                "pred_oom": not pred.fits,
+                "hbm": pred.gpu_memory_gib,
+                "alloc": pred.peak_memory_gib - DEFAULT_PARAMS.memory_reserve_gib,
+            }
+        )
     return out
 
 
@@ -79,38 +87,52 @@ def show(study: str, out: list[dict]) -> None:
 
     print(f"\n{study} ({STUDIES[study]})")
     keys = list(out[0]["point"])
-    head = (f"{'trial':>5} {' '.join(f'{k[:10]:>10}' for k in keys)} {'status':>6} | {'step ms':>7} {'model':>7} "
-            f"{'err':>7} | {'TF/s':>6} {'model':>6} | {'mem GiB':>7} {'model':>6} {'err':>7}")
+    head = (
+        f"{'trial':>5} {' '.join(f'{k[:10]:>10}' for k in keys)} {'status':>6} | {'step ms':>7} {'model':>7} "
+        f"{'err':>7} | {'TF/s':>6} {'model':>6} | {'mem GiB':>7} {'model':>6} {'err':>7}"
+    )
     print(head)
     print("-" * len(head))
     for r in sorted(out, key=lambda r: r["trial"]):
         vals = " ".join(f"{str(r['point'][k])[:10]:>10}" for k in keys)
         if r["status"] == "ok":
-            print(f"{r['trial']:5d} {vals} {r['status']:>6} | {r['step_ms']:7.1f} {r['pred_step_ms']:7.1f} "
-                  f"{_err(r['pred_step_ms'], r['step_ms'])} | {r['tflops']:6.1f} {r['pred_tflops']:6.1f} | "
-                  f"{r['mem']:7.2f} {r['pred_mem']:6.2f} {_err(r['pred_mem'], r['mem'])}")
+            print(
+                f"{r['trial']:5d} {vals} {r['status']:>6} | {r['step_ms']:7.1f} {r['pred_step_ms']:7.1f} "
+                f"{_err(r['pred_step_ms'], r['step_ms'])} | {r['tflops']:6.1f} {r['pred_tflops']:6.1f} | "
+                f"{r['mem']:7.2f} {r['pred_mem']:6.2f} {_err(r['pred_mem'], r['mem'])}"
+            )
         else:
-            print(f"{r['trial']:5d} {vals} {r['status']:>6} | {'-':>7} {r['pred_step_ms']:7.1f} {'':7} | {'-':>6} "
-                  f"{r['pred_tflops']:6.1f} | {'-':>7} {r['pred_mem']:6.2f} (of {r['hbm']:.0f}: "
-                  f"{'OOM' if r['pred_oom'] else 'fits'})")
+            print(
+                f"{r['trial']:5d} {vals} {r['status']:>6} | {'-':>7} {r['pred_step_ms']:7.1f} {'':7} | {'-':>6} "
+                f"{r['pred_tflops']:6.1f} | {'-':>7} {r['pred_mem']:6.2f} (of {r['hbm']:.0f}: "
+                f"{'OOM' if r['pred_oom'] else 'fits'})"
+            )
     ok = [r for r in out if r["status"] == "ok"]
     st = statistics.fmean(abs(r["pred_step_ms"] - r["step_ms"]) / r["step_ms"] for r in ok)
     mem = statistics.fmean(abs(r["pred_mem"] - r["mem"]) / r["mem"] for r in ok)
     df = pd.DataFrame(ok)
-    print(f"MAPE step time {100 * st:.1f}% · peak memory {100 * mem:.1f}% over {len(ok)} runs · Spearman step time "
-          f"{df.step_ms.corr(df.pred_step_ms, method='spearman'):.2f}, peak memory "
-          f"{df.mem.corr(df.pred_mem, method='spearman'):.2f}")
+    print(
+        f"MAPE step time {100 * st:.1f}% · peak memory {100 * mem:.1f}% over {len(ok)} runs · Spearman step time "
+        f"{df.step_ms.corr(df.pred_step_ms, method='spearman'):.2f}, peak memory "
+        f"{df.mem.corr(df.pred_mem, method='spearman'):.2f}"
+    )
     oom = [r for r in out if r["status"] == "oom"]
     hit, false_pos = sum(r["pred_oom"] for r in oom), sum(r["pred_oom"] for r in ok)
-    print(f"out of memory: {len(oom)} measured, {hit} predicted (recall {hit}/{len(oom)}), {false_pos} of {len(ok)} "
-          f"runs that fit predicted OOM")
+    print(
+        f"out of memory: {len(oom)} measured, {hit} predicted (recall {hit}/{len(oom)}), {false_pos} of {len(ok)} "
+        f"runs that fit predicted OOM"
+    )
     diff = [r["alloc"] - r["mem"] for r in ok]
     mape = statistics.fmean(abs(r["alloc"] - r["mem"]) / r["mem"] for r in ok)
-    print(f"the model less its {RESERVE:g} GiB reserve against the peak allocation: MAPE {100 * mape:.1f}%, "
-          f"difference {min(diff):+.2f} to {max(diff):+.2f} GiB")
+    print(
+        f"the model less its {RESERVE:g} GiB reserve against the peak allocation: MAPE {100 * mape:.1f}%, "
+        f"difference {min(diff):+.2f} to {max(diff):+.2f} GiB"
+    )
     best = max(ok, key=lambda r: r["tflops"])
-    print(f"best point {best['point']}: {best['tflops']:.1f} TFLOP/s/GPU, MFU {best['tflops'] / BF16_CEILING:.2f} "
-          f"of the {BF16_CEILING:.0f} TFLOP/s bf16 matmul ceiling")
+    print(
+        f"best point {best['point']}: {best['tflops']:.1f} TFLOP/s/GPU, MFU {best['tflops'] / BF16_CEILING:.2f} "
+        f"of the {BF16_CEILING:.0f} TFLOP/s bf16 matmul ceiling"
+    )
 
 
 def pairs(out: list[dict], knob: str, a, b) -> None:
@@ -132,7 +154,9 @@ def pairs(out: list[dict], knob: str, a, b) -> None:
     print(f"\n{knob}={b} vs {knob}={a}: step-time ratio measured / model")
     for label, m, p in sorted(seen):
         print(f"  {label:70} {m:.3f} / {p:.3f}")
-    print(f"  mean measured {statistics.fmean(s[1] for s in seen):.3f}, model {statistics.fmean(s[2] for s in seen):.3f}")
+    print(
+        f"  mean measured {statistics.fmean(s[1] for s in seen):.3f}, model {statistics.fmean(s[2] for s in seen):.3f}"
+    )
 
 
 def implied_fp8_efficiency(study: str) -> None:
@@ -145,21 +169,29 @@ def implied_fp8_efficiency(study: str) -> None:
 
     space = load_space(ROOT / STUDIES[study])
     by = {tuple(sorted(point(space, r).items())): float(r["step_time_s"]) for r in rows(study) if r["status"] == "ok"}
-    pairs_ = [(dict(k), dict(k) | {"precision": "bf16", "fp8_recipe": "delayed"}) for k in by
-              if dict(k)["precision"] == "fp8" and dict(k)["attention_backend"] == "fused"]
+    pairs_ = [
+        (dict(k), dict(k) | {"precision": "bf16", "fp8_recipe": "delayed"})
+        for k in by
+        if dict(k)["precision"] == "fp8" and dict(k)["attention_backend"] == "fused"
+    ]
     measured = statistics.fmean(by[tuple(sorted(f.items()))] / by[tuple(sorted(b.items()))] for f, b in pairs_)
 
     def model_ratio(eff: float) -> float:
         params = DEFAULT_PARAMS.with_values(gemm_eff_fp8=eff)
-        return statistics.fmean(predict(resolve(space, f), params=params).step_time_s
-                                / predict(resolve(space, b), params=params).step_time_s for f, b in pairs_)
+        return statistics.fmean(
+            predict(resolve(space, f), params=params).step_time_s
+            / predict(resolve(space, b), params=params).step_time_s
+            for f, b in pairs_
+        )
 
     lo, hi = 0.2, 1.0  # the ratio falls as the efficiency rises
     for _ in range(40):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if model_ratio(mid) > measured else (lo, mid)
-    print(f"\nFP8 GEMM efficiency implied by the {len(pairs_)} fused fp8/bf16 pairs (measured mean ratio "
-          f"{measured:.3f}): {lo:.3f} of the FP8 peak, against the fitted {DEFAULT_PARAMS.gemm_eff_fp8:.3f}")
+    print(
+        f"\nFP8 GEMM efficiency implied by the {len(pairs_)} fused fp8/bf16 pairs (measured mean ratio "
+        f"{measured:.3f}): {lo:.3f} of the FP8 peak, against the fitted {DEFAULT_PARAMS.gemm_eff_fp8:.3f}"
+    )
 
 
 def main() -> int:

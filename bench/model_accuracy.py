@@ -42,10 +42,19 @@ def load_rows(path: Path = DATA) -> list[dict]:
 
 def row_trial(row: dict, **override):
     tp = int(override.get("tp", row["tp"]))
-    knobs = dict(tp=tp, pp=int(row["pp"]), cp=int(row["cp"]), vp=int(row["vp"]), mbs=int(row["mbs"]),
-                 gbs=int(row["gbs"]), seq_length=int(row["seq_length"]), precision=row["precision"],
-                 fsdp=row["fsdp"] == "1", tp_comm_overlap=tp > 1,
-                 cpu_offload_layers=int(row.get("cpu_offload_layers") or 0))
+    knobs = dict(
+        tp=tp,
+        pp=int(row["pp"]),
+        cp=int(row["cp"]),
+        vp=int(row["vp"]),
+        mbs=int(row["mbs"]),
+        gbs=int(row["gbs"]),
+        seq_length=int(row["seq_length"]),
+        precision=row["precision"],
+        fsdp=row["fsdp"] == "1",
+        tp_comm_overlap=tp > 1,
+        cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),
+    )
     knobs.update(override)
     knobs["tp_comm_overlap"] = knobs["tp"] > 1
     return make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), payload=row_stack(row), **knobs)
@@ -75,8 +84,10 @@ def accuracy(rows, params) -> list[float]:
         pub = float(r["tokens_per_s_per_gpu"])
         e = p.tokens_per_s_per_gpu / pub - 1
         errs.append(e)
-        print(f"{r['id']:22s} {pub:10.0f} {p.tokens_per_s_per_gpu:10.0f} {pct(e):>8s}   "
-              f"{float(r['tflops_per_gpu']):7.0f} {p.tflops_per_gpu:7.0f} {r['flops_convention']}")
+        print(
+            f"{r['id']:22s} {pub:10.0f} {p.tokens_per_s_per_gpu:10.0f} {pct(e):>8s}   "
+            f"{float(r['tflops_per_gpu']):7.0f} {p.tflops_per_gpu:7.0f} {r['flops_convention']}"
+        )
     print(f"MAPE (tokens/s/GPU, {len(rows)} rows): {100 * sum(map(abs, errs)) / len(errs):.1f}%  (goal <= 10%)")
     return errs
 
@@ -87,8 +98,13 @@ def accuracy(rows, params) -> list[float]:
 # no MXFP8 row (Params.mxfp8_gemm_ratio): the GB200 8B one, likewise; no layer short enough to wait for a
 # Grace host (Params.host_layer_s_grace): NeMo 25.04's GB200 Llama 3.1 405B row, not CUDA-graphed, per-tensor
 # FP8, 10 ms layers. bench/model_heldout.py reports its MAPE without them as well.
-FIT_EXTRA = ("nemo2403_h100_llama2_7b_32k", "nemo2504_b200_llama3_8b_128k", "mb2511_gb300_llama3_8b",
-             "mb2509_gb200_llama3_8b_mx", "nemo2504_gb200_llama3_405b")
+FIT_EXTRA = (
+    "nemo2403_h100_llama2_7b_32k",
+    "nemo2504_b200_llama3_8b_128k",
+    "mb2511_gb300_llama3_8b",
+    "mb2509_gb200_llama3_8b_mx",
+    "nemo2504_gb200_llama3_405b",
+)
 
 
 def extra_fit_rows() -> list[tuple]:
@@ -109,8 +125,10 @@ def leave_one_out(rows) -> None:
         e = tokens(row_trial(r), params) / float(r["tokens_per_s_per_gpu"]) - 1
         errs.append(e)
         print(f"  LOO {r['id']:22s} {pct(e)}")
-    print(f"leave-one-out MAPE: {100 * sum(map(abs, errs)) / len(errs):.1f}%  (goal <= 15%; "
-          f"{len(rows)} refits in {time.perf_counter() - t0:.0f} s)")
+    print(
+        f"leave-one-out MAPE: {100 * sum(map(abs, errs)) / len(errs):.1f}%  (goal <= 15%; "
+        f"{len(rows)} refits in {time.perf_counter() - t0:.0f} s)"
+    )
 
 
 def layouts(row: dict):
@@ -122,14 +140,22 @@ def layouts(row: dict):
     for tp in (1, 2, 4, 8):
         for pp in (1, 2, 4, 8, 16, 32):
             vps = [v for v in range(1, L // pp + 2) if pp > 1 and (L % (pp * v) == 0 or (L + 2) % (pp * v) == 0)]
-            for vp in ([1] if pp == 1 else sorted(set(vps) | {1})):
+            for vp in [1] if pp == 1 else sorted(set(vps) | {1}):
                 for cp in (1, 2, 4, 8):
                     for mbs in (1, 2, 4):
-                        for fsdp in ((False, True) if pp == 1 else (False,)):
+                        for fsdp in (False, True) if pp == 1 else (False,):
                             for rc in ("none", "selective", "full"):
                                 for off in offloads:
-                                    yield dict(tp=tp, pp=pp, vp=vp, cp=cp, mbs=mbs, fsdp=fsdp, recompute=rc,
-                                               cpu_offload_layers=off)
+                                    yield dict(
+                                        tp=tp,
+                                        pp=pp,
+                                        vp=vp,
+                                        cp=cp,
+                                        mbs=mbs,
+                                        fsdp=fsdp,
+                                        recompute=rc,
+                                        cpu_offload_layers=off,
+                                    )
 
 
 def ranking(rows, params) -> None:
@@ -155,27 +181,37 @@ def ranking(rows, params) -> None:
         best = max(scored, key=lambda x: x[0]) if scored else (0, {})
         note = "" if pub.fits else "  (published layout predicted OOM; ranked as if it fit)"
         desc = " ".join(f"{k}={v}" for k, v in best[1].items())
-        print(f"{r['id']:22s} {n_valid:6d} {len(scored):6d} {better + 1:6d} {100 * frac:5.1f}%  {desc} "
-              f"({best[0]:.0f} vs {pub.tokens_per_s_per_gpu:.0f}){note}")
-    print(f"published layout within the model's top 10%: {within}/{len(rows)} rows "
-          f"({within_fit} of them with the published layout also fitting in the model's memory)")
+        print(
+            f"{r['id']:22s} {n_valid:6d} {len(scored):6d} {better + 1:6d} {100 * frac:5.1f}%  {desc} "
+            f"({best[0]:.0f} vs {pub.tokens_per_s_per_gpu:.0f}){note}"
+        )
+    print(
+        f"published layout within the model's top 10%: {within}/{len(rows)} rows "
+        f"({within_fit} of them with the published layout also fitting in the model's memory)"
+    )
 
 
 def memory(rows, params) -> None:
     for r in rows:
         p = predict(row_trial(r), params=params)
         b = p.breakdown
-        print(f"{r['id']:22s} {p.peak_memory_gib:6.1f} / {p.gpu_memory_gib:5.0f} GiB  fits={p.fits}  "
-              f"(states {b['mem.states_gib']:.1f}, activations {b['mem.activations_gib']:.1f}, "
-              f"logits {b['mem.logits_gib']:.1f}, offloaded layers {r.get('cpu_offload_layers') or 0})")
+        print(
+            f"{r['id']:22s} {p.peak_memory_gib:6.1f} / {p.gpu_memory_gib:5.0f} GiB  fits={p.fits}  "
+            f"(states {b['mem.states_gib']:.1f}, activations {b['mem.activations_gib']:.1f}, "
+            f"logits {b['mem.logits_gib']:.1f}, offloaded layers {r.get('cpu_offload_layers') or 0})"
+        )
     row = next(r for r in rows if r["id"] == "mb2511_h100_405b")
-    for lay, note in ((dict(tp=1, pp=1, cp=1, vp=1), "expected: OOM"),
-                      (dict(tp=1, pp=1, cp=1, vp=1, fsdp=True, recompute="full"), "for information")):
+    for lay, note in (
+        (dict(tp=1, pp=1, cp=1, vp=1), "expected: OOM"),
+        (dict(tp=1, pp=1, cp=1, vp=1, fsdp=True, recompute="full"), "for information"),
+    ):
         p = predict(row_trial(row, **lay), params=params)
         desc = " ".join(f"{k}={v}" for k, v in lay.items())
         print(f"llama3_405b h100x1024 {desc}: {p.peak_memory_gib:.0f} GiB  fits={p.fits}  ({note})")
-    print(f"note: rows are predicted with their cpu_offload_layers column ({DATA.name}, added to the shared "
-          "table): mb2511_gb200_70b offloads 40 layers' activations, as Megatron-Bridge's recipe does.")
+    print(
+        f"note: rows are predicted with their cpu_offload_layers column ({DATA.name}, added to the shared "
+        "table): mb2511_gb200_70b offloads 40 layers' activations, as Megatron-Bridge's recipe does."
+    )
 
 
 # Held-out anchors, never fitted: Korthikanti et al. 2022 (arXiv 2205.05198), Table 4, A100 80 GB,
@@ -200,20 +236,39 @@ def anchors(params) -> None:
     for name, L, h, a, tp, pp, n, gbs, t_full, t_sel in KORTHIKANTI:
         arch = ModelArch(name, L, h, a, a, 4 * h, 51200, False, max_position_embeddings=2048, dropout=0.1)
         recipe = Recipe(name, arch, "", None, 2048, n)
-        for label, rc, sp, pub in (("full recompute", "full", False, t_full), ("sp+selective", "selective", True, t_sel)):
-            t = make_trial(recipe, "a100", n, tp=tp, pp=pp, gbs=gbs, mbs=1, recompute=rc, sp=sp, precision="bf16",
-                           attention_backend="unfused", payload=published_stack_name("native"))
+        for label, rc, sp, pub in (
+            ("full recompute", "full", False, t_full),
+            ("sp+selective", "selective", True, t_sel),
+        ):
+            t = make_trial(
+                recipe,
+                "a100",
+                n,
+                tp=tp,
+                pp=pp,
+                gbs=gbs,
+                mbs=1,
+                recompute=rc,
+                sp=sp,
+                precision="bf16",
+                attention_backend="unfused",
+                payload=published_stack_name("native"),
+            )
             p = predict(t, flops_convention="noncausal", params=params)
             e = pub / p.step_time_s - 1  # error of throughput
             errs.append(e)
-            print(f"  {name:9s} {label:15s} published {pub:6.2f} s  predicted {p.step_time_s:6.2f} s  "
-                  f"{p.tflops_per_gpu:5.0f} TF  throughput error {pct(e)}  fits={p.fits}")
+            print(
+                f"  {name:9s} {label:15s} published {pub:6.2f} s  predicted {p.step_time_s:6.2f} s  "
+                f"{p.tflops_per_gpu:5.0f} TF  throughput error {pct(e)}  fits={p.fits}"
+            )
     print(f"  MAPE on these anchors: {100 * sum(map(abs, errs)) / len(errs):.1f}%")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fit", action="store_true", help="refit on all rows (and the FIT_EXTRA held-out rows) and print the constants")
+    ap.add_argument(
+        "--fit", action="store_true", help="refit on all rows (and the FIT_EXTRA held-out rows) and print the constants"
+    )
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     ap.add_argument("--no-rank", action="store_true", help="skip the layout ranking")
     args = ap.parse_args(argv)

@@ -71,21 +71,30 @@ def recipe_for(row: dict) -> Recipe:
 
 def row_knobs(row: dict) -> dict:
     tp = int(row["tp"])
-    return dict(tp=tp, pp=int(row["pp"]), cp=int(row["cp"]), vp=int(row["vp"]), mbs=int(row["mbs"]),
-                gbs=int(row["gbs"]), seq_length=int(row["seq_length"]), precision=row["precision"],
-                fsdp=row["fsdp"] == "1", recompute=row["recompute"], sp=row["sp"] == "1",
-                tp_comm_overlap=row["tp_comm_overlap"] == "1",
-                cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),  # 0: no table states offloading
-                attention_backend=row.get("attention_backend") or "auto",
-                # "mx" / "mx (assumed)": MXFP8; "cs" and unstated: per-tensor current scaling
-                fp8_recipe="mxfp8" if row.get("fp8_recipe", "").startswith("mx") else "tensorwise")
+    return dict(
+        tp=tp,
+        pp=int(row["pp"]),
+        cp=int(row["cp"]),
+        vp=int(row["vp"]),
+        mbs=int(row["mbs"]),
+        gbs=int(row["gbs"]),
+        seq_length=int(row["seq_length"]),
+        precision=row["precision"],
+        fsdp=row["fsdp"] == "1",
+        recompute=row["recompute"],
+        sp=row["sp"] == "1",
+        tp_comm_overlap=row["tp_comm_overlap"] == "1",
+        cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),  # 0: no table states offloading
+        attention_backend=row.get("attention_backend") or "auto",
+        # "mx" / "mx (assumed)": MXFP8; "cs" and unstated: per-tensor current scaling
+        fp8_recipe="mxfp8" if row.get("fp8_recipe", "").startswith("mx") else "tensorwise",
+    )
 
 
 def row_trial(row: dict, **override):
     knobs = row_knobs(row)
     knobs.update(override)
-    return make_trial(recipe_for(row), row["gpu"], int(row["num_gpus"]), payload=model_accuracy.row_stack(row),
-                      **knobs)
+    return make_trial(recipe_for(row), row["gpu"], int(row["num_gpus"]), payload=model_accuracy.row_stack(row), **knobs)
 
 
 def validity(row: dict) -> str | None:
@@ -104,10 +113,16 @@ def calibration_layouts() -> dict[tuple, str]:
 def group(row: dict) -> dict[str, str]:
     src = row["id"].split("_")[0]
     hw = HARDWARE[row["gpu"]]
-    fam = ("gpt3" if row["model"].startswith("gpt") else row["model"].split("_")[0].rstrip("0123456789"))
+    fam = "gpt3" if row["model"].startswith("gpt") else row["model"].split("_")[0].rstrip("0123456789")
     rec = row["fp8_recipe"].split(" ")[0] if row["precision"] == "fp8" else ""
-    return {"source": src, "gpu": row["gpu"], "arch": hw.arch, "precision": row["precision"] + (f"/{rec}" if rec else ""),
-            "model family": fam, "long context (cp>1 or seq>8k)": str(int(row["cp"]) > 1 or int(row["seq_length"]) > 8192)}
+    return {
+        "source": src,
+        "gpu": row["gpu"],
+        "arch": hw.arch,
+        "precision": row["precision"] + (f"/{rec}" if rec else ""),
+        "model family": fam,
+        "long context (cp>1 or seq>8k)": str(int(row["cp"]) > 1 or int(row["seq_length"]) > 8192),
+    }
 
 
 def mape(errs) -> float:
@@ -117,8 +132,10 @@ def mape(errs) -> float:
 
 def accuracy(rows, params=DEFAULT_PARAMS) -> list[dict]:
     cal = calibration_layouts()
-    print(f"{'row':32s} {'pub tok/s':>10s} {'pred':>10s} {'err':>8s}  {'pub TF':>7s} {'pred TF':>7s}  "
-          f"{'mem GiB':>13s} fits  note")
+    print(
+        f"{'row':32s} {'pub tok/s':>10s} {'pred':>10s} {'err':>8s}  {'pub TF':>7s} {'pred TF':>7s}  "
+        f"{'mem GiB':>13s} fits  note"
+    )
     out = []
     for r in rows:
         bad = validity(r)
@@ -134,13 +151,17 @@ def accuracy(rows, params=DEFAULT_PARAMS) -> list[dict]:
         if bad:
             note.append(f"INVALID {bad}")
         pred_tf = p.tflops_per_gpu
-        if conv == "noncausal_hw_full_recompute":  # the published FLOPs per token (incl. recompute) at the predicted rate
+        if (
+            conv == "noncausal_hw_full_recompute"
+        ):  # the published FLOPs per token (incl. recompute) at the predicted rate
             pred_tf = p.tokens_per_s_per_gpu * float(r["tflops_per_gpu"]) / pub
             note.append("TF incl. recompute")
         out.append(dict(row=r, err=e, pred=p, same=same, invalid=bad))
-        print(f"{r['id']:32s} {pub:10.1f} {p.tokens_per_s_per_gpu:10.1f} {model_accuracy.pct(e):>8s}  "
-              f"{float(r['tflops_per_gpu']):7.0f} {pred_tf:7.0f}  {p.peak_memory_gib:6.1f}/{p.gpu_memory_gib:4.0f}"
-              f" {'yes ' if p.fits else 'OOM '} {'; '.join(note)}")
+        print(
+            f"{r['id']:32s} {pub:10.1f} {p.tokens_per_s_per_gpu:10.1f} {model_accuracy.pct(e):>8s}  "
+            f"{float(r['tflops_per_gpu']):7.0f} {pred_tf:7.0f}  {p.peak_memory_gib:6.1f}/{p.gpu_memory_gib:4.0f}"
+            f" {'yes ' if p.fits else 'OOM '} {'; '.join(note)}"
+        )
     return out
 
 
@@ -148,17 +169,23 @@ def summary(results) -> None:
     errs = [x["err"] for x in results]
     fresh = [x["err"] for x in results if not x["same"]]
     print(f"\nMAPE (tokens/s/GPU), all {len(errs)} held-out rows: {mape(errs):.1f}%")
-    print(f"MAPE without the {len(errs) - len(fresh)} rows whose layout is in the calibration set: "
-          f"{mape(fresh):.1f}% ({len(fresh)} rows)")
+    print(
+        f"MAPE without the {len(errs) - len(fresh)} rows whose layout is in the calibration set: "
+        f"{mape(fresh):.1f}% ({len(fresh)} rows)"
+    )
     signed = sum(errs) / len(errs)
     clean = [x["err"] for x in results if not x["same"] and x["row"]["id"] not in model_accuracy.FIT_EXTRA]
-    print(f"MAPE without those and the {len(model_accuracy.FIT_EXTRA)} rows in the fit "
-          f"({', '.join(model_accuracy.FIT_EXTRA)}): {mape(clean):.1f}% ({len(clean)} rows)")
+    print(
+        f"MAPE without those and the {len(model_accuracy.FIT_EXTRA)} rows in the fit "
+        f"({', '.join(model_accuracy.FIT_EXTRA)}): {mape(clean):.1f}% ({len(clean)} rows)"
+    )
     print(f"mean signed error: {model_accuracy.pct(signed)} (positive: the model is optimistic)")
     within = [sum(abs(e) <= lim for e in errs) for lim in (0.10, 0.15, 0.25)]
     print(f"rows within 10% / 15% / 25%: {within[0]} / {within[1]} / {within[2]} of {len(errs)}")
     oom = [x["row"]["id"] for x in results if not x["pred"].fits]
-    print(f"published layouts the model calls OOM: {len(oom)} of {len(results)}" + (f" ({', '.join(oom)})" if oom else ""))
+    print(
+        f"published layouts the model calls OOM: {len(oom)} of {len(results)}" + (f" ({', '.join(oom)})" if oom else "")
+    )
     inv = [x["row"]["id"] for x in results if x["invalid"]]
     print(f"published layouts dse.constraints rejects: {len(inv)}" + (f" ({', '.join(inv)})" if inv else ""))
     keys = list(group(results[0]["row"]))
@@ -170,12 +197,25 @@ def summary(results) -> None:
         for k, v in sorted(by.items()):
             print(f"  {k:14s} n={len(v):3d}  MAPE {mape(v):5.1f}%  mean signed {model_accuracy.pct(sum(v) / len(v))}")
     worst = sorted(results, key=lambda x: -abs(x["err"]))[:12]
-    print("\nworst rows (time shares of the predicted step: compute / host wait / TP / CP / bubble / PP p2p / DP / "
-          "optimizer):")
+    print(
+        "\nworst rows (time shares of the predicted step: compute / host wait / TP / CP / bubble / PP p2p / DP / "
+        "optimizer):"
+    )
     for x in worst:
         b, st = x["pred"].breakdown, x["pred"].step_time_s
-        shares = [b[k] / st for k in ("time.layer_compute_s", "time.host_wait_s", "time.tp_exposed_s", "time.cp_exposed_s",
-                                      "time.bubble_s", "time.pp_p2p_s", "time.dp_exposed_s", "time.optimizer_s")]
+        shares = [
+            b[k] / st
+            for k in (
+                "time.layer_compute_s",
+                "time.host_wait_s",
+                "time.tp_exposed_s",
+                "time.cp_exposed_s",
+                "time.bubble_s",
+                "time.pp_p2p_s",
+                "time.dp_exposed_s",
+                "time.optimizer_s",
+            )
+        ]
         print(f"  {x['row']['id']:32s} {model_accuracy.pct(x['err'])}  " + " ".join(f"{100 * s:4.0f}%" for s in shares))
 
 
@@ -197,8 +237,10 @@ def within_group_spearman(results, min_layouts: int = 3) -> list[float]:
         r = x["row"]
         lay = tuple(r[k] for k in LAYOUT_KEYS) + (row_knobs(r)["fp8_recipe"],)
         by[(r["model"], r["gpu"])][lay].append(x)
-    print(f"\n== within-group Spearman (predicted vs published tokens/s/GPU over the layouts of each (model, GPU) "
-          f"group with >= {min_layouts} layouts)")
+    print(
+        f"\n== within-group Spearman (predicted vs published tokens/s/GPU over the layouts of each (model, GPU) "
+        f"group with >= {min_layouts} layouts)"
+    )
     rhos = []
     for (model, gpu), lays in sorted(by.items()):
         if len(lays) < min_layouts:
@@ -207,7 +249,9 @@ def within_group_spearman(results, min_layouts: int = 3) -> list[float]:
         pred = [xs[0]["pred"].tokens_per_s_per_gpu for xs in lays.values()]
         rho = spearman(pred, pub)
         rhos.append(rho)
-        print(f"  {model:16s} {gpu:6s} layouts={len(lays):2d} rows={sum(map(len, lays.values())):2d}  Spearman {rho:+.3f}")
+        print(
+            f"  {model:16s} {gpu:6s} layouts={len(lays):2d} rows={sum(map(len, lays.values())):2d}  Spearman {rho:+.3f}"
+        )
     if rhos:
         print(f"  {len(rhos)} groups: mean {sum(rhos) / len(rhos):+.3f}, lowest {min(rhos):+.3f} (goal >= 0.9 each)")
     return rhos
@@ -230,24 +274,36 @@ def oom_table(results, params=DEFAULT_PARAMS) -> None:
     for x in results:
         known.append(("published held-out", x["row"]["id"], False, x["pred"]))
     row = next(r for r in model_accuracy.load_rows() if r["id"] == "mb2511_h100_405b")
-    known.append(("known OOM", "llama3_405b h100x1024 tp=pp=cp=1", True,
-                  predict(model_accuracy.row_trial(row, tp=1, pp=1, cp=1, vp=1), params=params)))
+    known.append(
+        (
+            "known OOM",
+            "llama3_405b h100x1024 tp=pp=cp=1",
+            True,
+            predict(model_accuracy.row_trial(row, tp=1, pp=1, cp=1, vp=1), params=params),
+        )
+    )
     print("\n== OOM classification (layouts with a known outcome)")
     print(f"  {'set':24s} {'n':>4s} {'truly OOM':>9s} {'called OOM':>10s}  peak / HBM (min-max)")
     for name in dict.fromkeys(k[0] for k in known):
         ks = [k for k in known if k[0] == name]
         fr = [k[3].peak_memory_gib / k[3].gpu_memory_gib for k in ks]
-        print(f"  {name:24s} {len(ks):4d} {sum(k[2] for k in ks):9d} {sum(not k[3].fits for k in ks):10d}  "
-              f"{100 * min(fr):5.1f}%-{100 * max(fr):5.1f}%")
+        print(
+            f"  {name:24s} {len(ks):4d} {sum(k[2] for k in ks):9d} {sum(not k[3].fits for k in ks):10d}  "
+            f"{100 * min(fr):5.1f}%-{100 * max(fr):5.1f}%"
+        )
     oom = [k for k in known if k[2]]
     fit = [k for k in known if not k[2]]
     tp = sum(not k[3].fits for k in oom)
     fp = [k for k in fit if not k[3].fits]
-    print(f"  recall (OOM called OOM): {tp}/{len(oom)}; false-positive rate (ran, called OOM): {len(fp)}/{len(fit)}"
-          + (f" ({', '.join(k[1] for k in fp)})" if fp else ""))
+    print(
+        f"  recall (OOM called OOM): {tp}/{len(oom)}; false-positive rate (ran, called OOM): {len(fp)}/{len(fit)}"
+        + (f" ({', '.join(k[1] for k in fp)})" if fp else "")
+    )
     pub = [k[3].peak_memory_gib / k[3].gpu_memory_gib for k in fit if k[0].startswith("published")]
-    print(f"  published layouts: predicted peak {100 * min(pub):.0f}-{100 * max(pub):.0f}% of HBM "
-          f"(NVIDIA's recipes are tuned to fill memory: the band's top is the one to watch)")
+    print(
+        f"  published layouts: predicted peak {100 * min(pub):.0f}-{100 * max(pub):.0f}% of HBM "
+        f"(NVIDIA's recipes are tuned to fill memory: the band's top is the one to watch)"
+    )
 
 
 def ranking(results, params=DEFAULT_PARAMS) -> None:

@@ -20,9 +20,18 @@ from dse.perfmodel import predict  # noqa: E402
 from dse.perfmodel.trials import make_trial  # noqa: E402
 from dse.recipes.models import RECIPES  # noqa: E402
 
-GRID = dict(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8, 16), vp=(1, 2, 4, 8), cp=(1, 2, 4, 8), mbs=(1, 2, 4, 8),
-            gbs=(128, 256, 512, 1024), recompute=("none", "selective", "full"), precision=("bf16", "fp8"),
-            fsdp=(False, True), tp_comm_overlap=(False, True))
+GRID = dict(
+    tp=(1, 2, 4, 8),
+    pp=(1, 2, 4, 8, 16),
+    vp=(1, 2, 4, 8),
+    cp=(1, 2, 4, 8),
+    mbs=(1, 2, 4, 8),
+    gbs=(128, 256, 512, 1024),
+    recompute=("none", "selective", "full"),
+    precision=("bf16", "fp8"),
+    fsdp=(False, True),
+    tp_comm_overlap=(False, True),
+)
 
 
 def main() -> None:
@@ -48,10 +57,14 @@ def main() -> None:
         best = min(best, time.perf_counter() - t0)
 
     print(f"TrialConfig construction: {t_build:.2f} s ({len(points) / t_build:,.0f} per s)")
-    print(f"predict over the grid:    {t_pred:.2f} s ({len(points) / t_pred:,.0f} predictions per s; "
-          f"{fits:,} fit in memory)")
-    print(f"predict, pre-resolved:    {len(sample) / best:,.0f} predictions per s "
-          f"({1e6 * best / len(sample):.1f} us each; goal >= 20,000 per s)")
+    print(
+        f"predict over the grid:    {t_pred:.2f} s ({len(points) / t_pred:,.0f} predictions per s; "
+        f"{fits:,} fit in memory)"
+    )
+    print(
+        f"predict, pre-resolved:    {len(sample) / best:,.0f} predictions per s "
+        f"({1e6 * best / len(sample):.1f} us each; goal >= 20,000 per s)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,24 +26,32 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = ('system = { gpu = "gb300", gpus_per_node = 1, nvlink_domain = 72, slurm = { partition = "debug", '
-         'time_limit = "00:10:00", use_container = false, gpus_per_node_flag = false, exclusive = false } }')
+LOCAL = (
+    'system = { gpu = "gb300", gpus_per_node = 1, nvlink_domain = 72, slurm = { partition = "debug", '
+    'time_limit = "00:10:00", use_container = false, gpus_per_node_flag = false, exclusive = false } }'
+)
 
 
 def local_space(text: str, steps: int, step_s: float) -> str:
     """The reproducer's space file, moved onto the local cluster (see the module docstring)."""
-    text = re.sub(r'^system = .*$', LOCAL, text, count=1, flags=re.M)
-    text = re.sub(r'^max_steps = .*$', f'max_steps = {steps}\n"env.DSE_SIM_STEP_S" = "{step_s}"', text,
-                  count=1, flags=re.M)
+    text = re.sub(r"^system = .*$", LOCAL, text, count=1, flags=re.M)
+    text = re.sub(
+        r"^max_steps = .*$", f'max_steps = {steps}\n"env.DSE_SIM_STEP_S" = "{step_s}"', text, count=1, flags=re.M
+    )
     text = re.sub(r'^kind = "sim"$', 'kind = "slurm"', text, count=1, flags=re.M)
-    return re.sub(r'^payload = .*$', 'payload = "sim"', text, count=1, flags=re.M)
+    return re.sub(r"^payload = .*$", 'payload = "sim"', text, count=1, flags=re.M)
 
 
 def run(space: Path, out: Path, parallel: int) -> tuple[float, str]:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out),
-                        "--parallel", str(parallel)], capture_output=True, text=True, env=env, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out), "--parallel", str(parallel)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     wall = time.monotonic() - t0
     if r.returncode != 0:
         sys.exit(f"dse run --parallel {parallel} failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -65,9 +73,11 @@ def main() -> None:
         for parallel in (1, 2):
             walls[parallel], summary = run(space, Path(tmp) / f"p{parallel}", parallel)
             print(f"--parallel {parallel}: {walls[parallel]:6.1f} s  ({summary})")
-        print(f"{args.space.name} on the local Slurm ({args.steps} steps x {args.step_s} s): "
-              f"--parallel 2 takes {walls[2] / walls[1]:.2f}x the wall time of --parallel 1 "
-              f"({walls[1] / walls[2]:.2f}x faster)")
+        print(
+            f"{args.space.name} on the local Slurm ({args.steps} steps x {args.step_s} s): "
+            f"--parallel 2 takes {walls[2] / walls[1]:.2f}x the wall time of --parallel 1 "
+            f"({walls[1] / walls[2]:.2f}x faster)"
+        )
 
 
 if __name__ == "__main__":

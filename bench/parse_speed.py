@@ -45,8 +45,18 @@ def generate(path: Path, size_bytes: int, fmt: str = "nemo2", seed: int = 0) -> 
     pool = []
     for _ in range(4000):
         r = rng.randrange(16)
-        pool.append(rng.choice(NOISE).format(n=r // 8, pid=rng.randrange(10**5), tid=rng.randrange(10**5), r=r,
-                                             r2=(r + 1) % 16, c=rng.randrange(100), mmdd="0101") + "\n")
+        pool.append(
+            rng.choice(NOISE).format(
+                n=r // 8,
+                pid=rng.randrange(10**5),
+                tid=rng.randrange(10**5),
+                r=r,
+                r2=(r + 1) % 16,
+                c=rng.randrange(100),
+                mmdd="0101",
+            )
+            + "\n"
+        )
     written, step = 0, 0
     with open(path, "w", encoding="utf-8") as f:
         while written < size_bytes:
@@ -57,14 +67,16 @@ def generate(path: Path, size_bytes: int, fmt: str = "nemo2", seed: int = 0) -> 
                     f"0: Training epoch 0, iteration {step}/999999 | lr: 3e-04 | global_batch_size: 256 | "
                     f"global_step: {step} | reduced_train_loss: {8.0:.4} | train_step_timing in s: {t:.4} | "
                     f"TFLOPS_per_GPU: {400.0 / t * 2.5:.4} | max_memory_allocated: {6.4e10:.4} | "
-                    f"consumed_samples: {256 * (step + 1)}\n")
+                    f"consumed_samples: {256 * (step + 1)}\n"
+                )
             else:
                 block.append(
                     f"15:  [2025-01-01 12:00:00] iteration {step:8d}/  999999 | consumed samples: {256 * step:12d} | "
                     f"elapsed time per iteration (ms): {t * 1000:.1f} | throughput per GPU (TFLOP/s/GPU): "
                     f"{400.0 / t * 2.5:.1f} | learning rate: 3.000000E-04 | global batch size:   256 | "
                     f"lm loss: 8.000000E+00 | loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:"
-                    f"   0 | number of nan iterations:   0 |\n")
+                    f"   0 | number of nan iterations:   0 |\n"
+                )
             s = "".join(block)
             f.write(s)
             written += len(s)

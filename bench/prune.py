@@ -46,8 +46,10 @@ def main() -> None:
     ap.add_argument("--agents", nargs="*", default=["grid", "optuna"])
     ap.add_argument("--trials", type=int, default=150, help="launched runs for the optuna agent")
     args = ap.parse_args()
-    print(f"{'agent':7} {'setting':17} {'launched':>8} {'early':>5} {'pruned':>6} {'GPU-h spent':>11} "
-          f"{'saved':>6} {'ran GPU-h':>9} {'best layout (tp pp vp cp mbs recompute precision)':50} {'TFLOP/s':>7} same  s")
+    print(
+        f"{'agent':7} {'setting':17} {'launched':>8} {'early':>5} {'pruned':>6} {'GPU-h spent':>11} "
+        f"{'saved':>6} {'ran GPU-h':>9} {'best layout (tp pp vp cp mbs recompute precision)':50} {'TFLOP/s':>7} same  s"
+    )
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for agent in args.agents:
@@ -55,8 +57,12 @@ def main() -> None:
             for early, margin in [(False, None), (True, None), *((True, m) for m in args.margins)]:
                 space = load_space(space_file(tmp, early, margin))
                 t0 = time.monotonic()
-                res = run_study(space, out_dir=tmp / f"{agent}_{int(early)}_{margin}", agent=agent,
-                                trials=args.trials if agent != "grid" else None)
+                res = run_study(
+                    space,
+                    out_dir=tmp / f"{agent}_{int(early)}_{margin}",
+                    agent=agent,
+                    trials=args.trials if agent != "grid" else None,
+                )
                 secs = time.monotonic() - t0
                 recs = res.records
                 spent, _ = gpu_hours(recs)
@@ -68,9 +74,12 @@ def main() -> None:
                     base_spent, base_best = spent, best.knobs
                 setting = "no early stop" if not early else ("early stop" if margin is None else f"+ prune {margin:g}")
                 launched = sum(r.status != "rejected" for r in recs)
-                print(f"{agent:7} {setting:17} {launched:8d} {n_early:5d} {n_pruned:6d} {spent:11,.0f} "
-                      f"{100 * (1 - spent / base_spent):5.0f}% {ran:9,.0f} {layout:50} {best.metrics['tflops_per_gpu']:7.1f} "
-                      f"{'yes' if best.knobs == base_best else 'no ':4} {secs:3.0f}", flush=True)
+                print(
+                    f"{agent:7} {setting:17} {launched:8d} {n_early:5d} {n_pruned:6d} {spent:11,.0f} "
+                    f"{100 * (1 - spent / base_spent):5.0f}% {ran:9,.0f} {layout:50} {best.metrics['tflops_per_gpu']:7.1f} "
+                    f"{'yes' if best.knobs == base_best else 'no ':4} {secs:3.0f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

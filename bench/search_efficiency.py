@@ -32,10 +32,14 @@ from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
 from dse.study import agent_settings, space_options
 
-SPACES = ("conf/spaces/llama3_405b_space.toml", "conf/spaces/llama3_70b_space.toml",
-          "conf/spaces/llama3_8b_space.toml")
-AGENTS = {"grid": ("grid", {}), "random": ("random", {}), "tpe": ("optuna", {"warm_start": "none"}),
-          "tpe+warm": ("optuna", {"warm_start": "model"}), "guided": ("guided", {})}
+SPACES = ("conf/spaces/llama3_405b_space.toml", "conf/spaces/llama3_70b_space.toml", "conf/spaces/llama3_8b_space.toml")
+AGENTS = {
+    "grid": ("grid", {}),
+    "random": ("random", {}),
+    "tpe": ("optuna", {"warm_start": "none"}),
+    "tpe+warm": ("optuna", {"warm_start": "model"}),
+    "guided": ("guided", {}),
+}
 
 
 def search(space, agent_key, twin_table, seed, budget, forecast):
@@ -68,8 +72,9 @@ def search(space, agent_key, twin_table, seed, budget, forecast):
         if pred.fits:
             value = getattr(pred, metric)
             reward = value if sense == "maximize" else -value
-            agent.observe(action, reward, True, status="ok", metrics={"peak_memory_gib": pred.peak_memory_gib,
-                                                                      metric: value})
+            agent.observe(
+                action, reward, True, status="ok", metrics={"peak_memory_gib": pred.peak_memory_gib, metric: value}
+            )
             runs.append((reward, gpu_hours, False))
         else:
             agent.observe(action, fail, False, status="oom", metrics={})
@@ -85,8 +90,10 @@ def main() -> None:
     ap.add_argument("--agents", nargs="+", default=list(AGENTS), choices=list(AGENTS))
     args = ap.parse_args()
     t0 = time.perf_counter()
-    print("| space | agent | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
-          " guided stopped after (median) |")
+    print(
+        "| space | agent | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
+        " guided stopped after (median) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.spaces:
         space = load_space(path)
@@ -104,8 +111,11 @@ def main() -> None:
                 steps = t.values["max_steps"] if p.fits else 0
                 table[k] = (p, t.num_gpus * (p.step_time_s * steps + startup) / 3600.0)
             sense = space.objective.sense
-            rewards = [(getattr(p, space.objective.metric) * (1 if sense == "maximize" else -1))
-                       for p, _ in table.values() if p.fits]
+            rewards = [
+                (getattr(p, space.objective.metric) * (1 if sense == "maximize" else -1))
+                for p, _ in table.values()
+                if p.fits
+            ]
             best = max(rewards)
             for a in args.agents:
                 runs, stop = search(space, a, table, tseed, args.budget, forecast)
@@ -116,6 +126,7 @@ def main() -> None:
                 # fraction of the best: rewards are positive rates, or negated step times
                 def frac(r, best=best):
                     return r / best if best > 0 else best / r
+
                 found, n99, h, hsum = -math.inf, None, None, 0.0
                 curve = []
                 for i, (r, gh, _) in enumerate(runs, 1):
@@ -137,11 +148,15 @@ def main() -> None:
 
             med = float(np.median(to99))
             p90 = float(np.percentile(to99, 90, method="higher"))
-            print(f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
-                  f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | "
-                  f"{np.median(stops):.0f} |" if a == "guided" else
-                  f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
-                  f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | |", flush=True)
+            print(
+                f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
+                f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | "
+                f"{np.median(stops):.0f} |"
+                if a == "guided"
+                else f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
+                f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | |",
+                flush=True,
+            )
     print(f"\n{args.seeds} twin seeds per space, budget {args.budget} launched runs; {time.perf_counter() - t0:.0f} s")
 
 

@@ -20,8 +20,17 @@ from dse.study import make_backend
 
 
 def write(path: Path, knobs: dict) -> Path:
-    lines = ['name = "bench"', 'recipe = "llama3_8b"', 'system = "h100"', "num_nodes = 1", "", "[settings]",
-             "gbs = 128", "", "[knobs]"] + [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in knobs.items()]
+    lines = [
+        'name = "bench"',
+        'recipe = "llama3_8b"',
+        'system = "h100"',
+        "num_nodes = 1",
+        "",
+        "[settings]",
+        "gbs = 128",
+        "",
+        "[knobs]",
+    ] + [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in knobs.items()]
     path.write_text("\n".join(lines + ["", "[backend]", 'kind = "sim"', 'payload = "sim"', ""]))
     return path
 
@@ -29,7 +38,12 @@ def write(path: Path, knobs: dict) -> Path:
 def main() -> None:
     core = {"tp": [1, 2, 3, 4, 6, 8], "pp": [1, 2, 4], "mbs": [1, 2, 4]}  # 54 points, 18 valid
     with tempfile.TemporaryDirectory() as d:
-        walk = load_space(write(Path(d) / "walk.toml", {**core, "env.MY_A": list(range(40)), "env.MY_B": list(range(WALK_LIMIT // 54 // 40))}))
+        walk = load_space(
+            write(
+                Path(d) / "walk.toml",
+                {**core, "env.MY_A": list(range(40)), "env.MY_B": list(range(WALK_LIMIT // 54 // 40))},
+            )
+        )
         t = time.perf_counter()
         c = count_valid(walk)
         dt = time.perf_counter() - t
@@ -37,16 +51,21 @@ def main() -> None:
         big = load_space(write(Path(d) / "big.toml", {**core, **{f"env.MY_K{i}": list(range(10)) for i in range(11)}}))
         t = time.perf_counter()
         c = count_valid(big)
-        print(f"estimate of {c.raw:,} raw points from {SAMPLES:,} draws: about {c.valid:,} valid "
-              f"(95% {c.valid_low:,} to {c.valid_high:,}; truth {c.raw // 3:,}) in {time.perf_counter() - t:.2f} s")
-        bad = load_space(write(Path(d) / "bad.toml", {"tp": [3, 5, 6, 7],
-                                                      **{f"env.MY_K{i}": list(range(10)) for i in range(12)}}))
+        print(
+            f"estimate of {c.raw:,} raw points from {SAMPLES:,} draws: about {c.valid:,} valid "
+            f"(95% {c.valid_low:,} to {c.valid_high:,}; truth {c.raw // 3:,}) in {time.perf_counter() - t:.2f} s"
+        )
+        bad = load_space(
+            write(Path(d) / "bad.toml", {"tp": [3, 5, 6, 7], **{f"env.MY_K{i}": list(range(10)) for i in range(12)}})
+        )
         env = RecipeEnv(bad, make_backend("sim", bad, 0), Path(d) / "runs", run_dirs=lambda: Path(d) / "runs" / "x")
         agent = RandomAgent(env.action_space, seed=0, action_mask=env.action_mask)
         t = time.perf_counter()
         assert agent.propose() is None
-        print(f"random on an all-invalid space of {bad.size:,} raw points gives up after {MAX_INVALID_DRAWS:,} "
-              f"draws in {time.perf_counter() - t:.2f} s")
+        print(
+            f"random on an all-invalid space of {bad.size:,} raw points gives up after {MAX_INVALID_DRAWS:,} "
+            f"draws in {time.perf_counter() - t:.2f} s"
+        )
 
 
 if __name__ == "__main__":

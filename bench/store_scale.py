@@ -40,14 +40,25 @@ def main() -> None:
     for n in range(args.trials):
         point = {k: v[(n // (i + 1)) % len(v)] for i, (k, v) in enumerate(knobs.items())}
         ok = n % 3 != 0
-        store.record(TrialRecord(number=n, knobs=point, status="ok" if ok else "oom", reward=float(n % 997) if ok else 0.0,
-                                 reason=None if ok else "CUDA out of memory", run_dir=f"/runs/trials/{n:05d}",
-                                 gpu="h100", num_gpus=1024, metrics={"step_time_s": 1.0 + n % 7,
-                                                                     "tflops_per_gpu": 400.0, "peak_memory_gib": 60.0}))
+        store.record(
+            TrialRecord(
+                number=n,
+                knobs=point,
+                status="ok" if ok else "oom",
+                reward=float(n % 997) if ok else 0.0,
+                reason=None if ok else "CUDA out of memory",
+                run_dir=f"/runs/trials/{n:05d}",
+                gpu="h100",
+                num_gpus=1024,
+                metrics={"step_time_s": 1.0 + n % 7, "tflops_per_gpu": 400.0, "peak_memory_gib": 60.0},
+            )
+        )
     store.close()
     t1, r1, c1 = time.perf_counter(), _rss_mib(), _cpu_s()
-    print(f"write {args.trials:,} trials: {t1 - t0:.1f} s ({args.trials / (t1 - t0):,.0f}/s; CPU {c1 - c0:.1f} s), "
-          f"RSS +{r1 - r0:.0f} MiB")
+    print(
+        f"write {args.trials:,} trials: {t1 - t0:.1f} s ({args.trials / (t1 - t0):,.0f}/s; CPU {c1 - c0:.1f} s), "
+        f"RSS +{r1 - r0:.0f} MiB"
+    )
     store = Store(url, "scale", knobs, create=False)
     t2 = time.perf_counter()
     records = store.records()
@@ -55,8 +66,10 @@ def main() -> None:
     t3, r3 = time.perf_counter(), _rss_mib()
     df = frame(records, list(knobs))
     t4, r4, c4 = time.perf_counter(), _rss_mib(), _cpu_s()
-    print(f"open the store: {t2 - t1:.2f} s; records(): {t3 - t2:.2f} s, RSS +{r3 - r1:.0f} MiB; "
-          f"leaderboard frame: {t4 - t3:.2f} s, RSS +{r4 - r3:.0f} MiB; rows {len(df):,}")
+    print(
+        f"open the store: {t2 - t1:.2f} s; records(): {t3 - t2:.2f} s, RSS +{r3 - r1:.0f} MiB; "
+        f"leaderboard frame: {t4 - t3:.2f} s, RSS +{r4 - r3:.0f} MiB; rows {len(df):,}"
+    )
     print(f"read back in all: {t4 - t1:.2f} s (CPU {c4 - c1:.1f} s) for {len(records):,} trials")
     del records, df
     store = Store(url, "scale", knobs, create=False)
@@ -65,9 +78,11 @@ def main() -> None:
     for r in store.iter_records():  # as dse leaderboard reads it: one streamed pass, the top rows kept
         summary.add(r)
     store.close()
-    print(f"streamed (iter_records + Summary, as dse leaderboard): {time.perf_counter() - t5:.2f} s "
-          f"(CPU {_cpu_s() - c5:.1f} s), "
-          f"{store.batches_read} batches, {summary.rows_held} rows held")
+    print(
+        f"streamed (iter_records + Summary, as dse leaderboard): {time.perf_counter() - t5:.2f} s "
+        f"(CPU {_cpu_s() - c5:.1f} s), "
+        f"{store.batches_read} batches, {summary.rows_held} rows held"
+    )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,15 @@ def main() -> None:
         for s in range(args.seeds):
             for kind in rows:
                 out = tmp / f"{kind}{s}"
-                res = run_study(dst, out_dir=out, agent="optuna", trials=args.trials, seed=s,
-                                seeds=seeds if kind == "warm" else ())
+                res = run_study(
+                    dst, out_dir=out, agent="optuna", trials=args.trials, seed=s, seeds=seeds if kind == "warm" else ()
+                )
                 rows[kind].append(best(res.records) / optimum)
-        print(f"{args.source} -> {args.target}, optuna tpe, {args.trials} trials, {args.seeds} seeds, "
-              f"{len(seeds)} warm-start points; best found as a fraction of the {args.target} grid optimum "
-              f"({optimum:.4g} TFLOP/s/GPU):")
+        print(
+            f"{args.source} -> {args.target}, optuna tpe, {args.trials} trials, {args.seeds} seeds, "
+            f"{len(seeds)} warm-start points; best found as a fraction of the {args.target} grid optimum "
+            f"({optimum:.4g} TFLOP/s/GPU):"
+        )
         for kind, vals in rows.items():
             print(f"  {kind}: mean {statistics.mean(vals):.3f}, min {min(vals):.3f}, max {max(vals):.3f}")
     finally:

@@ -82,9 +82,28 @@ def drop_db(admin_url: str, name: str) -> None:
 
 def run_workers(space_file: Path, url: str, n: int, tmp: Path) -> float:
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "dse", "run", "--space", str(space_file), "--out",
-                               str(tmp / f"n{n}-w{i}"), "--storage", url, "--worker"], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dse",
+                "run",
+                "--space",
+                str(space_file),
+                "--out",
+                str(tmp / f"n{n}-w{i}"),
+                "--storage",
+                url,
+                "--worker",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
     errs = [p.communicate()[1] for p in procs]
     wall = time.monotonic() - t0
     for p, err in zip(procs, errs):
@@ -111,7 +130,7 @@ def main() -> None:
     space = load_space(args.space)
     knobs = list(space.knobs)
     reference = None
-    what = (f"local backend, trials of ~{args.trial_s:g} s" if args.trial_s is not None else "simulated grid")
+    what = f"local backend, trials of ~{args.trial_s:g} s" if args.trial_s is not None else "simulated grid"
     print(f"{args.space.name}: {what}, workers on one PostgreSQL study ({os.cpu_count()} CPU cores here)")
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(w) for w in args.workers.split(",")):
@@ -131,9 +150,11 @@ def main() -> None:
                 reference = lb
             same = lb.equals(reference)
             ok = len(keys) == len(set(keys)) and not any(r.interrupted for r in records) and same
-            print(f"  {n} worker(s): {len(records)} trials in {wall:6.1f} s = {len(records) / wall:6.2f} trials/s; "
-                  f"no point twice: {len(keys) == len(set(keys))}; leaderboard as with 1 worker: {same}"
-                  + ("" if ok else "  <-- WRONG"))
+            print(
+                f"  {n} worker(s): {len(records)} trials in {wall:6.1f} s = {len(records) / wall:6.2f} trials/s; "
+                f"no point twice: {len(keys) == len(set(keys))}; leaderboard as with 1 worker: {same}"
+                + ("" if ok else "  <-- WRONG")
+            )
 
 
 if __name__ == "__main__":

@@ -59,14 +59,19 @@ def time_limit(trial, metrics: dict) -> tuple[str, str]:
         step, source = predict(trial).step_time_s, "predicted by the performance model"
     run_s = trial.layout.max_steps * step
     estimate = math.ceil((RUN_MARGIN * run_s + START_UP_S) / ROUND_S) * ROUND_S
-    how = (f"{trial.layout.max_steps} steps x {step:.3g} s ({source}) = {run_s:.0f} s, x {RUN_MARGIN:g}, "
-           f"+ {START_UP_S // 60} min start-up (image import, NCCL set-up), rounded up to {ROUND_S // 60} min")
+    how = (
+        f"{trial.layout.max_steps} steps x {step:.3g} s ({source}) = {run_s:.0f} s, x {RUN_MARGIN:g}, "
+        f"+ {START_UP_S // 60} min start-up (image import, NCCL set-up), rounded up to {ROUND_S // 60} min"
+    )
     conf_s = slurm_seconds(configured)
     if conf_s is None or conf_s >= estimate:
-        return configured, (f"the system file's slurm.time_limit ({trial.system.name}), at least the estimate "
-                            f"{slurm_time(estimate)}: {how}")
-    return slurm_time(estimate), (f"{how}; longer than the system file's slurm.time_limit {configured} "
-                                  f"(what each trial ran under)")
+        return configured, (
+            f"the system file's slurm.time_limit ({trial.system.name}), at least the estimate "
+            f"{slurm_time(estimate)}: {how}"
+        )
+    return slurm_time(estimate), (
+        f"{how}; longer than the system file's slurm.time_limit {configured} (what each trial ran under)"
+    )
 
 
 def with_time_limit(trial, limit: str):
@@ -95,9 +100,18 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     plan = build_plan(trial, payload=payload)
     d = Path(out_dir) / BEST_DIR
     d.mkdir(parents=True, exist_ok=True)
-    info = {"trial": rec.number, "reward": rec.reward, "objective": space.objective.metric,
-            "run_dir": _relative(rec.run_dir, Path(out_dir)), "knobs": trial.as_dict(), "varied": rec.knobs, "metrics": rec.metrics,
-            "payload": payload, "argv": list(plan.argv), "env": dict(plan.env)}
+    info = {
+        "trial": rec.number,
+        "reward": rec.reward,
+        "objective": space.objective.metric,
+        "run_dir": _relative(rec.run_dir, Path(out_dir)),
+        "knobs": trial.as_dict(),
+        "varied": rec.knobs,
+        "metrics": rec.metrics,
+        "payload": payload,
+        "argv": list(plan.argv),
+        "env": dict(plan.env),
+    }
     write_text(d / "best.json", json.dumps(info, indent=2, default=str))
     stage_code(d)
     registry = load_backends()
@@ -129,15 +143,21 @@ def _relative(run_dir: str | None, out_dir: Path) -> str | None:
 def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool) -> None:
     k = trial.layout
     n, g = k.num_nodes, trial.system.gpus_per_node
-    lines = [f"Best trial {number}: {trial.recipe.name} on {n} x {g} {trial.system.gpu} "
-             f"(tp {k.tp}, pp {k.pp}, cp {k.cp}, vp {k.vp}, mbs {k.mbs}, gbs {k.gbs}).",
-             "",
-             "Launch: sbatch launch.sbatch  (the Slurm script for the space's system; payload in code/)"]
+    lines = [
+        f"Best trial {number}: {trial.recipe.name} on {n} x {g} {trial.system.gpu} "
+        f"(tp {k.tp}, pp {k.pp}, cp {k.cp}, vp {k.vp}, mbs {k.mbs}, gbs {k.gbs}).",
+        "",
+        "Launch: sbatch launch.sbatch  (the Slurm script for the space's system; payload in code/)",
+    ]
     if one_node:
         lines.append("    or: bash launch.sh       (torchrun on one machine with its GPUs)")
     else:
         lines.append(f"No launch.sh: the layout needs {n} nodes, and torchrun on one machine cannot start it;")
         lines.append("launch.sbatch is the launch file.")
-    lines += ["", f"Time limit {limit}: {limit_source}.", "",
-              "best.json: every resolved knob, the trial's metrics, the trainer command line and environment."]
+    lines += [
+        "",
+        f"Time limit {limit}: {limit_source}.",
+        "",
+        "best.json: every resolved knob, the trial's metrics, the trainer command line and environment.",
+    ]
     write_text(d / README_NAME, "\n".join(lines) + "\n")

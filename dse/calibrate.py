@@ -60,10 +60,19 @@ STACK_PRIORS: dict[str, Prior] = {
     "memory_fragmentation": Prior(D.memory_fragmentation, 1.5),
 }
 CALIBRATION_PRIORS: dict[str, Prior] = {
-    **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()}, **STACK_PRIORS}
+    **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()},
+    **STACK_PRIORS,
+}
 # last: a Grace host's time per layer, identifiable only from GB200 / GB300 runs whose layers are short on the GPU
-STACK_TIME = ("elementwise_scale", "unfused_scores_scale", "gemm_eff_bf16", "layer_overhead_s", "attn_eff",
-              "step_overhead_s", "host_layer_s_grace")
+STACK_TIME = (
+    "elementwise_scale",
+    "unfused_scores_scale",
+    "gemm_eff_bf16",
+    "layer_overhead_s",
+    "attn_eff",
+    "step_overhead_s",
+    "host_layer_s_grace",
+)
 MEMORY = ("memory_offset_gib", "memory_fragmentation")
 TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
 MEM_SIGMA = 0.03
@@ -83,6 +92,7 @@ class Run:
 
 # ---- sources -------------------------------------------------------------------------------------------
 
+
 def trial_from_row(row: dict, gpu: str):
     """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
     recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``."""
@@ -91,24 +101,56 @@ def trial_from_row(row: dict, gpu: str):
     from dse.space import load_system
     from dse.trial import TrialConfig
 
-    arch = ModelArch(row["model"], int(row["num_layers"]), int(row["hidden_size"]), int(row["num_attention_heads"]),
-                     int(row["num_query_groups"]), int(row["ffn_hidden_size"]), int(row["vocab_size"]),
-                     str(row["gated"]) == "True")
-    recipe = Recipe(arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]),
-                    num_gpus_default=1)
+    arch = ModelArch(
+        row["model"],
+        int(row["num_layers"]),
+        int(row["hidden_size"]),
+        int(row["num_attention_heads"]),
+        int(row["num_query_groups"]),
+        int(row["ffn_hidden_size"]),
+        int(row["vocab_size"]),
+        str(row["gated"]) == "True",
+    )
+    recipe = Recipe(
+        arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]), num_gpus_default=1
+    )
     n = int(row.get("num_gpus") or 1)
     system = load_system({"gpu": gpu, "gpus_per_node": n, "nvlink_domain": n})
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
-    values.update(tp=int(row["tp"]), pp=int(row["pp"]), mbs=int(row["mbs"]), gbs=int(row["gbs"]),
-                  seq_length=int(row["seq_length"]), recompute=row["recompute"], num_nodes=1,
-                  precision=row.get("precision") or "bf16", attention_backend=row.get("attention_backend") or "local")
+    values.update(
+        tp=int(row["tp"]),
+        pp=int(row["pp"]),
+        mbs=int(row["mbs"]),
+        gbs=int(row["gbs"]),
+        seq_length=int(row["seq_length"]),
+        recompute=row["recompute"],
+        num_nodes=1,
+        precision=row.get("precision") or "bf16",
+        attention_backend=row.get("attention_backend") or "local",
+    )
     # the rows are recipes.mcore runs (bench/h200_real_runs.py, bench/h200_te_runs.py) unless they say otherwise
-    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values),
-                       payload=row.get("payload") or "mcore")
+    return TrialConfig(
+        recipe=recipe, system=system, values=MappingProxyType(values), payload=row.get("payload") or "mcore"
+    )
 
 
-_TSV_NEEDS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-              "vocab_size", "gated", "tp", "pp", "mbs", "gbs", "seq_length", "recompute", "step_time_ms")
+_TSV_NEEDS = (
+    "model",
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "ffn_hidden_size",
+    "vocab_size",
+    "gated",
+    "tp",
+    "pp",
+    "mbs",
+    "gbs",
+    "seq_length",
+    "recompute",
+    "step_time_ms",
+)
 
 
 def _float(v) -> float | None:
@@ -124,13 +166,19 @@ def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
         reader = csv.DictReader(fh, delimiter="\t")
         missing = [c for c in _TSV_NEEDS if c not in (reader.fieldnames or [])]
         if missing:
-            raise UserError(f"missing column(s) {', '.join(missing)}; the format is that of "
-                            "bench/data/h200_real_runs.tsv", file=str(path), field="header")
+            raise UserError(
+                f"missing column(s) {', '.join(missing)}; the format is that of bench/data/h200_real_runs.tsv",
+                file=str(path),
+                field="header",
+            )
         rows = list(reader)
     gpus = {r["gpu"] for r in rows if r.get("gpu")}
     if len(gpus) > 1:
-        raise UserError(f"runs of several GPUs ({', '.join(sorted(gpus))}); calibrate one GPU at a time",
-                        file=str(path), field="gpu")
+        raise UserError(
+            f"runs of several GPUs ({', '.join(sorted(gpus))}); calibrate one GPU at a time",
+            file=str(path),
+            field="gpu",
+        )
     file_gpu = next(iter(gpus), None)
     if gpu and file_gpu and file_gpu != gpu:
         raise UserError(f"runs are on {file_gpu}, not {gpu} as --gpu says", file=str(path), field="gpu")
@@ -161,8 +209,11 @@ def _study_space(path: Path):
     cands = [space_ref, path / space_ref, path / space_ref.name]
     space_p = next((c for c in cands if c.is_file()), None)
     if space_p is None:
-        raise UserError(f"the study's space file {space_ref} is not found (from the working directory or the study)",
-                        file=str(meta_p), field="space")
+        raise UserError(
+            f"the study's space file {space_ref} is not found (from the working directory or the study)",
+            file=str(meta_p),
+            field="space",
+        )
     return load_space(space_p), meta_p, board_p
 
 
@@ -203,8 +254,11 @@ def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]
     with open(board_p, newline="") as fh:
         for row in csv.DictReader(fh):
             if row.get("gpu") and row["gpu"] != study_gpu:
-                raise UserError(f"trial {row.get('trial')} ran on {row['gpu']}, the study's system is {study_gpu}",
-                                file=str(board_p), field="gpu")
+                raise UserError(
+                    f"trial {row.get('trial')} ran on {row['gpu']}, the study's system is {study_gpu}",
+                    file=str(board_p),
+                    field="gpu",
+                )
             run = _board_run(row, resolve(space, _board_point(space, row, board_p)))
             if run is not None:
                 runs.append(run)
@@ -227,15 +281,23 @@ def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[li
             seen[str(p)] = g
         runs += got
     if len(set(seen.values())) > 1:
-        raise UserError("sources are of several GPUs (" + ", ".join(f"{k}: {v}" for k, v in seen.items())
-                        + "); calibrate one GPU at a time", field="SOURCE")
+        raise UserError(
+            "sources are of several GPUs ("
+            + ", ".join(f"{k}: {v}" for k, v in seen.items())
+            + "); calibrate one GPU at a time",
+            field="SOURCE",
+        )
     if not any(r.step_time_s for r in runs):
-        raise UserError("no usable runs (an ok trial or a TSV row with a step time)", field="SOURCE",
-                        file=", ".join(map(str, sources)))
+        raise UserError(
+            "no usable runs (an ok trial or a TSV row with a step time)",
+            field="SOURCE",
+            file=", ".join(map(str, sources)),
+        )
     return runs, next(iter(seen.values()))
 
 
 # ---- the fit -------------------------------------------------------------------------------------------
+
 
 def _map_fit(names: Sequence[str], loss_of, base: Params, restarts: int = 2) -> Params:
     priors = [CALIBRATION_PRIORS[n] for n in names]
@@ -257,6 +319,7 @@ def time_loss(runs: Sequence[Run]):
 
     def loss(P: Params) -> float:
         return sum((math.log(predict(t, params=P).step_time_s) - ls) ** 2 for t, ls in timed) / TIME_SIGMA**2
+
     return loss
 
 
@@ -274,11 +337,13 @@ def memory_loss(runs: Sequence[Run]):
             if pr.peak_memory_gib < pr.gpu_memory_gib:
                 err += (math.log(pr.gpu_memory_gib / max(pr.peak_memory_gib, 1e-3))) ** 2
         return err / MEM_SIGMA**2
+
     return loss
 
 
-def identifiable(runs: Sequence[Run], names: Sequence[str], base: Params = DEFAULT_PARAMS,
-                 threshold: float = 0.005) -> list[str]:
+def identifiable(
+    runs: Sequence[Run], names: Sequence[str], base: Params = DEFAULT_PARAMS, threshold: float = 0.005
+) -> list[str]:
     """Those of ``names`` that move some run's predicted step time by more than ``threshold`` (log) when
     the parameter moves by one prior width."""
     timed = [r.trial for r in runs if r.step_time_s]
@@ -299,22 +364,27 @@ def choose_params(runs: Sequence[Run], requested: Sequence[str] | None) -> tuple
     if requested:
         unknown = [n for n in requested if n not in CALIBRATION_PRIORS]
         if unknown:
-            raise UserError(f"unknown parameter(s) {', '.join(unknown)}; calibratable: "
-                            f"{', '.join(CALIBRATION_PRIORS)}", field="--params")
+            raise UserError(
+                f"unknown parameter(s) {', '.join(unknown)}; calibratable: {', '.join(CALIBRATION_PRIORS)}",
+                field="--params",
+            )
         t = [n for n in requested if n not in MEMORY]
         m = [n for n in requested if n in MEMORY]
         if len(t) > n_time or len(m) > n_mem:
-            raise UserError(f"{len(requested)} parameters asked for but only {n_time} runs with a step time and "
-                            f"{n_mem} with a memory figure; ask for at most as many as there are runs",
-                            field="--params")
+            raise UserError(
+                f"{len(requested)} parameters asked for but only {n_time} runs with a step time and "
+                f"{n_mem} with a memory figure; ask for at most as many as there are runs",
+                field="--params",
+            )
         return t, m
     t = identifiable(runs, STACK_TIME)[:n_time]
     m = list(MEMORY[:n_mem])
     return t, m
 
 
-def fit_runs(runs: Sequence[Run], time_names: Sequence[str], mem_names: Sequence[str],
-             base: Params = DEFAULT_PARAMS) -> Params:
+def fit_runs(
+    runs: Sequence[Run], time_names: Sequence[str], mem_names: Sequence[str], base: Params = DEFAULT_PARAMS
+) -> Params:
     P = base
     if time_names:
         P = _map_fit(time_names, time_loss(runs), P)
@@ -334,8 +404,10 @@ def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
             st.append(abs(pr.step_time_s - r.step_time_s) / r.step_time_s)
         if r.peak_memory_gib:
             mem.append(abs(pr.peak_memory_gib - r.peak_memory_gib) / r.peak_memory_gib)
-    return {"step_time_mape": 100 * statistics.fmean(st) if st else None,
-            "memory_mape": 100 * statistics.fmean(mem) if mem else None}
+    return {
+        "step_time_mape": 100 * statistics.fmean(st) if st else None,
+        "memory_mape": 100 * statistics.fmean(mem) if mem else None,
+    }
 
 
 def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEFAULT_PARAMS) -> dict:
@@ -359,8 +431,9 @@ def leave_one_out(runs: Sequence[Run], time_names, mem_names, base: Params = DEF
     return {"step_time_mape": statistics.fmean(st), "memory_mape": statistics.fmean(mem) if mem else None}
 
 
-def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = None, gpu: str | None = None,
-              loo: bool = True) -> tuple[Calibration, list[dict]]:
+def calibrate(
+    sources: Sequence[str | Path], *, params: Sequence[str] | None = None, gpu: str | None = None, loo: bool = True
+) -> tuple[Calibration, list[dict]]:
     """Fit, and the per-parameter report rows (name, old, new, moved)."""
     runs, g = load_runs(sources, gpu)
     t_names, m_names = choose_params(runs, params)
@@ -371,15 +444,20 @@ def calibrate(sources: Sequence[str | Path], *, params: Sequence[str] | None = N
         pr = CALIBRATION_PRIORS[n]
         shift = abs(pr.to_z(new) - pr.to_z(old)) / pr.width  # in prior widths
         report.append({"name": n, "old": old, "new": new, "moved": bool(shift > 0.1), "shift_sigma": shift})
-    cal = Calibration(gpu=g, params={n: getattr(P, n) for n in (*t_names, *m_names)},
-                      sources=[str(s) for s in sources], runs=len(runs),
-                      date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      fit={"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)},
-                      loo=leave_one_out(runs, t_names, m_names) if loo else None)
+    cal = Calibration(
+        gpu=g,
+        params={n: getattr(P, n) for n in (*t_names, *m_names)},
+        sources=[str(s) for s in sources],
+        runs=len(runs),
+        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        fit={"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)},
+        loo=leave_one_out(runs, t_names, m_names) if loo else None,
+    )
     return cal, report
 
 
 # ---- the file (dse.calibration_file, which dse.space can import) --------------------------------------
+
 
 def apply(cal: Calibration, base: Params = DEFAULT_PARAMS) -> Params:
     """``base`` with the calibration's values."""

@@ -34,12 +34,16 @@ class Calibration:
 
 # ------------------------------------------------------------------------------------------
 
+
 def dumps(cal: Calibration) -> str:
     """The calibration as TOML, built as a tomlkit document (values quoted and escaped by the library, the
     header a TOML comment); :func:`loads` reads it back with tomllib."""
     doc = tomlkit.document()
-    doc.add(tomlkit.comment("dse calibration: parameters of the performance model refitted to measured runs "
-                            "(dse calibrate)"))
+    doc.add(
+        tomlkit.comment(
+            "dse calibration: parameters of the performance model refitted to measured runs (dse calibrate)"
+        )
+    )
     params = tomlkit.table()
     for k, v in cal.params.items():
         params.add(k, float(v))
@@ -48,8 +52,11 @@ def dumps(cal: Calibration) -> str:
     prov.add("sources", [str(s) for s in cal.sources])
     prov.add("date", cal.date)
     prov.add("runs", int(cal.runs))
-    for title, block in (("fit_before", (cal.fit or {}).get("before")), ("fit_after", (cal.fit or {}).get("after")),
-                         ("leave_one_out", cal.loo)):
+    for title, block in (
+        ("fit_before", (cal.fit or {}).get("before")),
+        ("fit_after", (cal.fit or {}).get("after")),
+        ("leave_one_out", cal.loo),
+    ):
         for k, v in (block or {}).items():
             if v is not None:
                 prov.add(f"{title}_{k}", round(float(v), 3))
@@ -77,8 +84,7 @@ def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | No
     out = {}
     for k, v in params.items():
         if names is not None and k not in names:
-            raise UserError(f"unknown parameter; allowed: {', '.join(sorted(names))}", file=file,
-                            field=f"params.{k}")
+            raise UserError(f"unknown parameter; allowed: {', '.join(sorted(names))}", file=file, field=f"params.{k}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise UserError(f"{v!r} is not a number", file=file, field=f"params.{k}")
         out[k] = float(v)
@@ -86,8 +92,13 @@ def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | No
     gpu = prov.get("gpu")
     if not isinstance(gpu, str):
         raise UserError("missing provenance.gpu (the GPU the runs were on)", file=file, field="provenance.gpu")
-    return Calibration(gpu=gpu, params=out, sources=list(prov.get("sources", [])), runs=int(prov.get("runs", 0)),
-                       date=str(prov.get("date", "")))
+    return Calibration(
+        gpu=gpu,
+        params=out,
+        sources=list(prov.get("sources", [])),
+        runs=int(prov.get("runs", 0)),
+        date=str(prov.get("date", "")),
+    )
 
 
 def load_calibration(path: str | Path, gpu: str | None = None, names: Collection[str] | None = None) -> Calibration:
@@ -99,5 +110,3 @@ def load_calibration(path: str | Path, gpu: str | None = None, names: Collection
     if gpu is not None and cal.gpu != gpu:
         raise UserError(f"calibrated on {cal.gpu}, not on {gpu}", file=str(p), field="provenance.gpu")
     return cal
-
-

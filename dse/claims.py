@@ -58,17 +58,28 @@ class Claims:
         key = point_key(knobs)
         now = time.time()
         c = CLAIMS.c
-        row = {"study_id": self.study_id, "point": key, "worker": self.worker, "number": None,
-               "expires": now + self.lease_s, "done": False}
+        row = {
+            "study_id": self.study_id,
+            "point": key,
+            "worker": self.worker,
+            "number": None,
+            "expires": now + self.lease_s,
+            "done": False,
+        }
         try:
             with self.engine.begin() as conn:
                 conn.execute(CLAIMS.insert().values(**row))
             got = True
         except IntegrityError:  # claimed before: free only if its lease ran out and it is not done
             with self.engine.begin() as conn:
-                got = conn.execute(CLAIMS.update().where(
-                    c.study_id == self.study_id, c.point == key, c.done.is_(False), c.expires < now).values(
-                    worker=self.worker, expires=now + self.lease_s)).rowcount == 1
+                got = (
+                    conn.execute(
+                        CLAIMS.update()
+                        .where(c.study_id == self.study_id, c.point == key, c.done.is_(False), c.expires < now)
+                        .values(worker=self.worker, expires=now + self.lease_s)
+                    ).rowcount
+                    == 1
+                )
         if got:
             with self._lock:
                 self.held.add(key)
@@ -76,15 +87,21 @@ class Claims:
 
     def numbered(self, knobs: dict[str, Any], number: int) -> None:
         with self.engine.begin() as conn:
-            conn.execute(CLAIMS.update().where(CLAIMS.c.study_id == self.study_id, CLAIMS.c.point == point_key(knobs))
-                         .values(number=number))
+            conn.execute(
+                CLAIMS.update()
+                .where(CLAIMS.c.study_id == self.study_id, CLAIMS.c.point == point_key(knobs))
+                .values(number=number)
+            )
 
     def done(self, knobs: dict[str, Any]) -> None:
         """The point's result is recorded: the claim is kept for good (no worker runs it again)."""
         key = point_key(knobs)
         with self.engine.begin() as conn:
-            conn.execute(CLAIMS.update().where(CLAIMS.c.study_id == self.study_id, CLAIMS.c.point == key,
-                                               CLAIMS.c.worker == self.worker).values(done=True))
+            conn.execute(
+                CLAIMS.update()
+                .where(CLAIMS.c.study_id == self.study_id, CLAIMS.c.point == key, CLAIMS.c.worker == self.worker)
+                .values(done=True)
+            )
         with self._lock:
             self.held.discard(key)
 
@@ -97,9 +114,16 @@ class Claims:
         if give_up and held:
             try:
                 with self.engine.begin() as conn:
-                    conn.execute(CLAIMS.update().where(CLAIMS.c.study_id == self.study_id, CLAIMS.c.point.in_(held),
-                                                       CLAIMS.c.worker == self.worker,
-                                                       CLAIMS.c.done.is_(False)).values(expires=0.0))
+                    conn.execute(
+                        CLAIMS.update()
+                        .where(
+                            CLAIMS.c.study_id == self.study_id,
+                            CLAIMS.c.point.in_(held),
+                            CLAIMS.c.worker == self.worker,
+                            CLAIMS.c.done.is_(False),
+                        )
+                        .values(expires=0.0)
+                    )
             except SQLAlchemyError:  # the database is gone: the leases run out by themselves
                 pass
         self.engine.dispose()
@@ -112,9 +136,13 @@ class Claims:
                 continue
             try:
                 with self.engine.begin() as conn:
-                    conn.execute(CLAIMS.update().where(CLAIMS.c.study_id == self.study_id, CLAIMS.c.point.in_(held),
-                                                       CLAIMS.c.worker == self.worker)
-                                 .values(expires=time.time() + self.lease_s))
+                    conn.execute(
+                        CLAIMS.update()
+                        .where(
+                            CLAIMS.c.study_id == self.study_id, CLAIMS.c.point.in_(held), CLAIMS.c.worker == self.worker
+                        )
+                        .values(expires=time.time() + self.lease_s)
+                    )
             except SQLAlchemyError:  # a missed beat: the next one tries again (the lease has slack)
                 continue
 

@@ -24,9 +24,26 @@ from dse.fsutil import write_text
 from dse.leaderboard import Summary, write_csv
 from dse.study import open_store
 
-COLUMNS = ("study", "system", "gpu", "num_gpus", "best_trial", "tflops_per_gpu", "tokens_per_s_per_gpu",
-           "step_time_s", "tokens_per_s", "speedup", "gpu_hours_per_1b_tokens", "price_per_gpu_hour",
-           "cost_per_1b_tokens", "search_gpu_hours", "search_cost", "trials", "ok", "changed_knobs")
+COLUMNS = (
+    "study",
+    "system",
+    "gpu",
+    "num_gpus",
+    "best_trial",
+    "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "step_time_s",
+    "tokens_per_s",
+    "speedup",
+    "gpu_hours_per_1b_tokens",
+    "price_per_gpu_hour",
+    "cost_per_1b_tokens",
+    "search_gpu_hours",
+    "search_cost",
+    "trials",
+    "ok",
+    "changed_knobs",
+)
 
 
 def _price(meta: dict[str, Any]) -> float | None:
@@ -78,19 +95,30 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
         price = _price(meta)
         gph = (1e9 / tps) * num_gpus / 3600.0 if tps else None
         spent = summary.spent
-        rows.append({
-            "study": meta.get("study_name"), "system": meta.get("system"), "gpu": meta.get("gpu"),
-            "num_gpus": num_gpus, "best_trial": best.number if best else None,
-            "tflops_per_gpu": m.get("tflops_per_gpu"), "tokens_per_s_per_gpu": tps_gpu,
-            "step_time_s": m.get("step_time_s"), "tokens_per_s": tps,
-            "speedup": tps / base_tps if tps and base_tps else None,
-            "gpu_hours_per_1b_tokens": gph, "price_per_gpu_hour": price,
-            "cost_per_1b_tokens": gph * price if gph is not None and price else None,
-            "search_gpu_hours": spent, "search_cost": spent * price if price else None,
-            "trials": summary.n, "ok": summary.counts["ok"],
-            "changed_knobs": "(baseline)" if i == 0 and best else _changed(base_knobs, best.knobs if best else None,
-                                                                             list(meta.get("knobs", {}))),
-        })
+        rows.append(
+            {
+                "study": meta.get("study_name"),
+                "system": meta.get("system"),
+                "gpu": meta.get("gpu"),
+                "num_gpus": num_gpus,
+                "best_trial": best.number if best else None,
+                "tflops_per_gpu": m.get("tflops_per_gpu"),
+                "tokens_per_s_per_gpu": tps_gpu,
+                "step_time_s": m.get("step_time_s"),
+                "tokens_per_s": tps,
+                "speedup": tps / base_tps if tps and base_tps else None,
+                "gpu_hours_per_1b_tokens": gph,
+                "price_per_gpu_hour": price,
+                "cost_per_1b_tokens": gph * price if gph is not None and price else None,
+                "search_gpu_hours": spent,
+                "search_cost": spent * price if price else None,
+                "trials": summary.n,
+                "ok": summary.counts["ok"],
+                "changed_knobs": "(baseline)"
+                if i == 0 and best
+                else _changed(base_knobs, best.knobs if best else None, list(meta.get("knobs", {}))),
+            }
+        )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -102,14 +130,30 @@ def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
     ok = df[df.tokens_per_s.notna()]
     plot = None
     if not ok.empty:
-        fig = go.Figure(go.Bar(x=ok.system.astype(str), y=ok.tokens_per_s, text=[f"{v:.3g}x" for v in ok.speedup],
-                               hovertemplate="%{x}: %{y:.4g} tokens/s<extra></extra>"))
-        fig.update_layout(title="Throughput of the best layout (tokens/s, whole job)", yaxis_tickformat=".4g",
-                          height=380, template="plotly_white", xaxis=dict(type="category"))
+        fig = go.Figure(
+            go.Bar(
+                x=ok.system.astype(str),
+                y=ok.tokens_per_s,
+                text=[f"{v:.3g}x" for v in ok.speedup],
+                hovertemplate="%{x}: %{y:.4g} tokens/s<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            title="Throughput of the best layout (tokens/s, whole job)",
+            yaxis_tickformat=".4g",
+            height=380,
+            template="plotly_white",
+            xaxis=dict(type="category"),
+        )
         plot = Markup(fig.to_html(full_html=False, include_plotlyjs=True))  # Plotly escapes its JSON's < > /
     links = [(str(Path(s["dir"]).resolve() / "report.html"), str(s["meta"].get("study_name"))) for s in studies]
-    return report.page("compare.html.j2", title="dse compare", table=report.table(df, cut={"changed_knobs": 80}),
-                       plot=plot, links=links)
+    return report.page(
+        "compare.html.j2",
+        title="dse compare",
+        table=report.table(df, cut={"changed_knobs": 80}),
+        plot=plot,
+        links=links,
+    )
 
 
 def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.DataFrame, Path, Path]:
@@ -121,8 +165,13 @@ def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.Da
     for s in studies:  # each study's report from a second stream over its store
         store, _ = open_store(Path(s["dir"]))
         try:
-            report.write(store.iter_records(), s["meta"], s["dir"] / "report.html", best=report.read_best(s["dir"]),
-                         total=s["summary"].n)
+            report.write(
+                store.iter_records(),
+                s["meta"],
+                s["dir"] / "report.html",
+                best=report.read_best(s["dir"]),
+                total=s["summary"].n,
+            )
         finally:
             store.close()
     return df, csv, write_text(out / "compare.html", page(df, studies))

@@ -43,16 +43,23 @@ class Rejection:
 def world_divisible(t: TrialConfig) -> Broken | None:
     mp = t.model_parallel
     if t.num_gpus % mp:
-        return broken(f"world size {t.num_gpus} is not divisible by tp*pp*cp = {t.layout.tp}*{t.layout.pp}*{t.layout.cp} = {mp}",
-                      "tp", "pp", "cp")
+        return broken(
+            f"world size {t.num_gpus} is not divisible by tp*pp*cp = {t.layout.tp}*{t.layout.pp}*{t.layout.cp} = {mp}",
+            "tp",
+            "pp",
+            "cp",
+        )
     return None
 
 
 def heads_divisible(t: TrialConfig) -> Broken | None:
     a = t.arch
     if a.num_attention_heads % t.layout.tp or a.num_query_groups % t.layout.tp:
-        return broken(f"tp={t.layout.tp} must divide the attention heads ({a.num_attention_heads}) "
-                      f"and query groups ({a.num_query_groups})", "tp")
+        return broken(
+            f"tp={t.layout.tp} must divide the attention heads ({a.num_attention_heads}) "
+            f"and query groups ({a.num_query_groups})",
+            "tp",
+        )
     return None
 
 
@@ -61,19 +68,34 @@ def layers_divisible(t: TrialConfig) -> Broken | None:
     layer each (``account_for_embedding/loss_in_pipeline_split``, as NeMo's 405B recipe does: 126 + 2 = 128)."""
     chunks = t.layout.pp * t.layout.vp
     if t.pipeline_layers % chunks:
-        what, named = (f"pp={t.layout.pp}", ("pp",)) if t.layout.vp == 1 else (f"pp*vp = {t.layout.pp}*{t.layout.vp}", ("pp", "vp"))
-        return broken(f"{what} does not divide the {t.arch.num_layers} layers (nor {t.arch.num_layers + 2} with "
-                      "embedding and loss)", *named)
+        what, named = (
+            (f"pp={t.layout.pp}", ("pp",))
+            if t.layout.vp == 1
+            else (f"pp*vp = {t.layout.pp}*{t.layout.vp}", ("pp", "vp"))
+        )
+        return broken(
+            f"{what} does not divide the {t.arch.num_layers} layers (nor {t.arch.num_layers + 2} with "
+            "embedding and loss)",
+            *named,
+        )
     return None
 
 
 def vp_needs_pp(t: TrialConfig) -> Broken | None:
-    return broken(f"vp={t.layout.vp} (interleaving) needs pp > 1", "vp", "pp") if t.layout.vp > 1 and t.layout.pp == 1 else None
+    return (
+        broken(f"vp={t.layout.vp} (interleaving) needs pp > 1", "vp", "pp")
+        if t.layout.vp > 1 and t.layout.pp == 1
+        else None
+    )
 
 
 def gbs_divisible(t: TrialConfig) -> Broken | None:
     if t.dp and t.layout.gbs % (t.layout.mbs * t.dp):
-        return broken(f"gbs={t.layout.gbs} is not divisible by mbs*dp = {t.layout.mbs}*{t.dp} = {t.layout.mbs * t.dp}", "gbs", "mbs")
+        return broken(
+            f"gbs={t.layout.gbs} is not divisible by mbs*dp = {t.layout.mbs}*{t.dp} = {t.layout.mbs * t.dp}",
+            "gbs",
+            "mbs",
+        )
     return None
 
 
@@ -87,15 +109,22 @@ def interleaved_microbatches(t: TrialConfig) -> Broken | None:
 def seq_divisible(t: TrialConfig) -> Broken | None:
     s = t.layout.seq_length
     if t.layout.cp > 1 and s % (2 * t.layout.cp):
-        return broken(f"seq_length={s} is not divisible by 2*cp = {2 * t.layout.cp} (load-balanced context parallelism)",
-                      "seq_length", "cp")
+        return broken(
+            f"seq_length={s} is not divisible by 2*cp = {2 * t.layout.cp} (load-balanced context parallelism)",
+            "seq_length",
+            "cp",
+        )
     if t.sequence_parallel and s % t.layout.tp:
         return broken(f"seq_length={s} is not divisible by tp={t.layout.tp} (sequence parallelism)", "seq_length", "tp")
     return None
 
 
 def sp_needs_tp(t: TrialConfig) -> Broken | None:
-    return broken("sequence parallelism (sp=true) needs tp > 1", "sp", "tp") if t.values["sp"] and t.layout.tp == 1 else None
+    return (
+        broken("sequence parallelism (sp=true) needs tp > 1", "sp", "tp")
+        if t.values["sp"] and t.layout.tp == 1
+        else None
+    )
 
 
 def ep_divides_experts(t: TrialConfig) -> Broken | None:
@@ -135,11 +164,12 @@ def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
     if userbuffer_config(trial) is not None:
         return None
     family = HARDWARE[trial.system.gpu].userbuffer_family or trial.system.gpu
-    return broken(f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
-                  f"tp {trial.layout.tp}, {trial.layout.precision}); NeMo has none, so turn tp_comm_overlap off for this point",
-                  "tp_comm_overlap", "tp")
-
-
+    return broken(
+        f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
+        f"tp {trial.layout.tp}, {trial.layout.precision}); NeMo has none, so turn tp_comm_overlap off for this point",
+        "tp_comm_overlap",
+        "tp",
+    )
 
 
 def tp_within_nvlink(t: TrialConfig) -> Broken | None:
@@ -152,12 +182,16 @@ def tp_within_nvlink(t: TrialConfig) -> Broken | None:
 def recompute_layers_in_stage(t: TrialConfig) -> Broken | None:
     n = t.layout.recompute_num_layers
     if n and t.layout.recompute != "full":
-        return broken(f"recompute_num_layers={n} applies to recompute=full only (got recompute={t.layout.recompute})",
-                      "recompute_num_layers", "recompute")
+        return broken(
+            f"recompute_num_layers={n} applies to recompute=full only (got recompute={t.layout.recompute})",
+            "recompute_num_layers",
+            "recompute",
+        )
     per_stage = t.pipeline_layers // (t.layout.pp * t.layout.vp)
     if n > per_stage:
-        return broken(f"recompute_num_layers={n} exceeds the {per_stage} layers of a pipeline stage chunk",
-                      "recompute_num_layers")
+        return broken(
+            f"recompute_num_layers={n} exceeds the {per_stage} layers of a pipeline stage chunk", "recompute_num_layers"
+        )
     return None
 
 
@@ -180,14 +214,22 @@ def cpu_offload_supported(t: TrialConfig) -> Broken | None:
     if not n:
         return None
     if n >= t.arch.num_layers:
-        return broken(f"cpu_offload_layers={n} must be less than the model's {t.arch.num_layers} layers",
-                      "cpu_offload_layers")
+        return broken(
+            f"cpu_offload_layers={n} must be less than the model's {t.arch.num_layers} layers", "cpu_offload_layers"
+        )
     if t.layout.pp > 1:
-        return broken(f"cpu_offload_layers={n} needs pp=1; Megatron-Core cannot offload activations with pipeline "
-                      "parallelism", "cpu_offload_layers", "pp")
+        return broken(
+            f"cpu_offload_layers={n} needs pp=1; Megatron-Core cannot offload activations with pipeline parallelism",
+            "cpu_offload_layers",
+            "pp",
+        )
     if t.layout.recompute != "none":
-        return broken(f"cpu_offload_layers={n} needs recompute=none; Megatron-Core cannot offload with "
-                      f"recompute={t.layout.recompute}", "cpu_offload_layers", "recompute")
+        return broken(
+            f"cpu_offload_layers={n} needs recompute=none; Megatron-Core cannot offload with "
+            f"recompute={t.layout.recompute}",
+            "cpu_offload_layers",
+            "recompute",
+        )
     return None
 
 
@@ -196,8 +238,12 @@ def cp_needs_te_attention(t: TrialConfig) -> Broken | None:
     has no CP support."""
     backend = t.values.get("attention_backend", "auto")
     if t.layout.cp > 1 and backend in ("unfused", "local"):
-        return broken(f"cp={t.layout.cp} needs Transformer Engine attention; attention_backend={backend} has no context "
-                      "parallelism", "cp", "attention_backend")
+        return broken(
+            f"cp={t.layout.cp} needs Transformer Engine attention; attention_backend={backend} has no context "
+            "parallelism",
+            "cp",
+            "attention_backend",
+        )
     return None
 
 
@@ -207,16 +253,34 @@ def fp8_recipe_needs_fp8(t: TrialConfig) -> Broken | None:
     lists; the others are rejected as duplicates (free: a rejected point costs no budget)."""
     first = t.first_listed.get("fp8_recipe")
     if t.layout.precision != "fp8" and "fp8_recipe" in t.varied and t.layout.fp8_recipe != first:
-        return broken(f"fp8_recipe={t.layout.fp8_recipe} has no effect with precision={t.layout.precision}: the same run as "
-                      f"fp8_recipe={first}", "fp8_recipe", "precision")
+        return broken(
+            f"fp8_recipe={t.layout.fp8_recipe} has no effect with precision={t.layout.precision}: the same run as "
+            f"fp8_recipe={first}",
+            "fp8_recipe",
+            "precision",
+        )
     return None
 
 
 RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
-    world_divisible, heads_divisible, layers_divisible, vp_needs_pp, gbs_divisible, interleaved_microbatches,
-    seq_divisible, sp_needs_tp, ep_divides_experts, fp8_needs_hopper, tp_within_nvlink,
-    recompute_layers_in_stage, fsdp_no_pp, tp_comm_overlap_needs_tp, cpu_offload_supported,
-    cp_needs_te_attention, fp8_recipe_needs_fp8, tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
+    world_divisible,
+    heads_divisible,
+    layers_divisible,
+    vp_needs_pp,
+    gbs_divisible,
+    interleaved_microbatches,
+    seq_divisible,
+    sp_needs_tp,
+    ep_divides_experts,
+    fp8_needs_hopper,
+    tp_within_nvlink,
+    recompute_layers_in_stage,
+    fsdp_no_pp,
+    tp_comm_overlap_needs_tp,
+    cpu_offload_supported,
+    cp_needs_te_attention,
+    fp8_recipe_needs_fp8,
+    tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 
 

@@ -58,8 +58,9 @@ def sample_indices(sizes: list[int], rng: np.random.Generator, n: int) -> np.nda
     return rng.integers(0, np.asarray(sizes, dtype=np.int64), size=(n, len(sizes)))
 
 
-def count_valid(space: Space, *, samples: int = SAMPLES, seed: int = 0,
-                on_progress: Callable[[int, int], None] | None = None) -> Count:
+def count_valid(
+    space: Space, *, samples: int = SAMPLES, seed: int = 0, on_progress: Callable[[int, int], None] | None = None
+) -> Count:
     """Exact up to ``WALK_LIMIT`` raw points (``on_progress(done, raw)`` every 1,000), estimated above."""
     raw = space.size
     by_rule: Counter[str] = Counter()
@@ -84,5 +85,12 @@ def count_valid(space: Space, *, samples: int = SAMPLES, seed: int = 0,
         else:
             by_rule[rule] += 1
     lo, hi = wilson(hits, samples)
-    return Count(raw, (raw * hits + samples // 2) // samples, False, dict(by_rule.most_common()), samples,
-                 math.floor(raw * lo), math.ceil(raw * hi))
+    return Count(
+        raw,
+        (raw * hits + samples // 2) // samples,
+        False,
+        dict(by_rule.most_common()),
+        samples,
+        math.floor(raw * lo),
+        math.ceil(raw * hi),
+    )

@@ -51,20 +51,27 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
     cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, field="--backend")
     if cls.script_name is None:
         scripted = [n for n in registry if getattr(registry[n](), "script_name", None)]
-        raise UserError(f"backend {backend!r} writes no launch script; a dry run takes one of {', '.join(scripted)}",
-                        field="--backend")
+        raise UserError(
+            f"backend {backend!r} writes no launch script; a dry run takes one of {', '.join(scripted)}",
+            field="--backend",
+        )
     if limit is not None and limit < 1:
         raise UserError(f"{limit} is not a positive number of trials", field="--limit")
     if limit is None and space.size > WALK_LIMIT:
-        raise UserError(f"a dry run writes every valid point's script; this space has {space.size:,} raw points "
-                        f"(at most {WALK_LIMIT:,} without a limit): pass --limit N", field="--limit")
+        raise UserError(
+            f"a dry run writes every valid point's script; this space has {space.size:,} raw points "
+            f"(at most {WALK_LIMIT:,} without a limit): pass --limit N",
+            field="--limit",
+        )
     result = DryRun()
     for index, point in enumerate(space.points()):
         if limit is not None and len(result.rows) >= limit:
             break
         if index >= WALK_LIMIT:
-            result.stopped = (f"stopped after the first {WALK_LIMIT:,} of {space.size:,} raw points "
-                              f"(grid order) with {len(result.rows)} of --limit {limit} written")
+            result.stopped = (
+                f"stopped after the first {WALK_LIMIT:,} of {space.size:,} raw points "
+                f"(grid order) with {len(result.rows)} of --limit {limit} written"
+            )
             break
         result.examined = index + 1
         trial = resolve(space, point)

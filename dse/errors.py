@@ -38,8 +38,10 @@ _INFRA_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 def infrastructure(e: OSError, what: str) -> InfrastructureError | None:
     """An :class:`InfrastructureError` for ``e`` when its errno says the machine cannot write; else None."""
     if e.errno in _INFRA_ERRNOS:
-        return InfrastructureError(f"{what}: {e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)}"
-                                   f"{', ' + str(e.filename) if e.filename else ''})")
+        return InfrastructureError(
+            f"{what}: {e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)}"
+            f"{', ' + str(e.filename) if e.filename else ''})"
+        )
     return None
 
 

@@ -47,9 +47,13 @@ def parse_context(trial: TrialConfig, settings: BackendSettings) -> ParseContext
     """What the parser needs of ``trial``: batch, sequence, GPUs, model FLOPs per step (the space's
     convention, the same one the simulated run prints with) and the stall limit."""
     gbs, seq = trial.layout.gbs, trial.layout.seq_length
-    return ParseContext(gbs=gbs, seq_length=seq, num_gpus=trial.num_gpus,
-                        model_flops_per_step=model_flops_per_step(trial.arch, gbs, seq, settings.flops_convention),
-                        stall_timeout_s=settings.timeout_s)
+    return ParseContext(
+        gbs=gbs,
+        seq_length=seq,
+        num_gpus=trial.num_gpus,
+        model_flops_per_step=model_flops_per_step(trial.arch, gbs, seq, settings.flops_convention),
+        stall_timeout_s=settings.timeout_s,
+    )
 
 
 # How often a run looks at the study's cancel event (a Ctrl-C under --parallel). Short, since a run stopped late
@@ -79,9 +83,17 @@ class CancelCheck:
         return self.monitor(log_path)
 
 
-def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: BackendSettings, *,
-              seed: int = 0, objective: Objective | None = None,
-              best: Callable[[], float | None] | None = None, cancel: threading.Event | None = None) -> RunMetrics:
+def run_trial(
+    trial: TrialConfig,
+    run_dir: Path,
+    backend: Backend,
+    settings: BackendSettings,
+    *,
+    seed: int = 0,
+    objective: Objective | None = None,
+    best: Callable[[], float | None] | None = None,
+    cancel: threading.Event | None = None,
+) -> RunMetrics:
     """Run ``trial`` in ``run_dir`` (made fresh here) on ``backend`` and parse its log.
 
     ``settings`` is the space's ``[backend]`` table (payload, FLOPs convention, stall limit); ``seed`` the
@@ -97,10 +109,17 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
         prepare_run_dir(run_dir)
     except OSError as e:  # the study cannot make run directories: dse's failure, not the trial's
         raise infrastructure(e, f"cannot make the run directory {run_dir}") or InfrastructureError(
-            f"cannot make the run directory {run_dir}: {e}") from None
+            f"cannot make the run directory {run_dir}: {e}"
+        ) from None
     try:
-        plan = build_plan(trial, payload=settings.payload, seed=seed, flops_convention=settings.flops_convention,
-                          simulated=backend.simulated, params=calibrated_params(settings.calibration))
+        plan = build_plan(
+            trial,
+            payload=settings.payload,
+            seed=seed,
+            flops_convention=settings.flops_convention,
+            simulated=backend.simulated,
+            params=calibrated_params(settings.calibration),
+        )
     except UserError as e:  # a value the launch path refuses: this trial fails, the study goes on
         return RunMetrics("failed", f"launch plan: {e}")
     monitor = _monitor(trial, settings, objective, best)
@@ -114,12 +133,20 @@ def run_trial(trial: TrialConfig, run_dir: Path, backend: Backend, settings: Bac
         return _declared_failure(e, backend, run_dir, wall_s=time.monotonic() - t0)
     if result.stopped and cancel is not None and cancel.is_set() and not (monitor is not None and monitor.decided):
         raise Cancelled(f"trial in {run_dir} cancelled")
-    return _metrics(trial, settings, backend, run_dir, result, monitor,
-                    wall=result.wall_s if result.wall_s is not None else time.monotonic() - t0)
+    return _metrics(
+        trial,
+        settings,
+        backend,
+        run_dir,
+        result,
+        monitor,
+        wall=result.wall_s if result.wall_s is not None else time.monotonic() - t0,
+    )
 
 
-def _monitor(trial: TrialConfig, settings: BackendSettings, objective: Objective | None,
-             best: Callable[[], float | None] | None) -> Monitor | None:
+def _monitor(
+    trial: TrialConfig, settings: BackendSettings, objective: Objective | None, best: Callable[[], float | None] | None
+) -> Monitor | None:
     """The early-stop monitor of a run (None unless ``[backend.early_stop]`` is enabled); it prunes only with
     the objective and the study's best."""
     es = settings.early_stop
@@ -128,41 +155,64 @@ def _monitor(trial: TrialConfig, settings: BackendSettings, objective: Objective
     prune = None
     if es.prune_margin is not None and objective is not None and best is not None:
         prune = Prune(es.prune_margin, objective.metric, objective.sense == "maximize", best)
-    return Monitor(Rule(es.min_steps, es.window, es.tolerance), poll_s=es.poll_s, prune=prune,
-                   context=parse_context(trial, settings))
+    return Monitor(
+        Rule(es.min_steps, es.window, es.tolerance),
+        poll_s=es.poll_s,
+        prune=prune,
+        context=parse_context(trial, settings),
+    )
 
 
 def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: float) -> RunMetrics:
     """The failed trial that an error the backend declares (:attr:`~dse.backends.base.Backend.run_errors`) makes;
     anything else is raised: a full disk as an InfrastructureError (dse's machinery failed, not the trial),
     dse's own failures as they are, and any other exception, a bug, as it is (the study stops)."""
-    if isinstance(e, OSError) and (infra := infrastructure(e, f"backend {backend.name} could not write in "
-                                                              f"{run_dir}")) is not None:
+    if (
+        isinstance(e, OSError)
+        and (infra := infrastructure(e, f"backend {backend.name} could not write in {run_dir}")) is not None
+    ):
         raise infra from None
     if isinstance(e, InfrastructureError) or not isinstance(e, backend.run_errors):
         raise e
     return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}", wall_s=wall_s)
 
 
-def _metrics(trial: TrialConfig, settings: BackendSettings, backend: Backend, run_dir: Path, result: RunResult,
-             monitor: Monitor | None, *, wall: float) -> RunMetrics:
+def _metrics(
+    trial: TrialConfig,
+    settings: BackendSettings,
+    backend: Backend,
+    run_dir: Path,
+    result: RunResult,
+    monitor: Monitor | None,
+    *,
+    wall: float,
+) -> RunMetrics:
     """The trial's metrics from what its run left: the backend's reason when nothing ran, the monitor's when it
     stopped the run, otherwise the log parsed (this run's own, inside its run directory)."""
     if result.reason is not None:  # nothing ran (sbatch refused it): the backend's words are the reason
         return RunMetrics("failed", result.reason, wall_s=wall)
     log = Path(result.log_path)
     if not log.resolve().is_relative_to(run_dir.resolve()):
-        return RunMetrics("failed", f"backend {backend.name} returned a log outside the run directory: {log}",
-                          wall_s=wall)
+        return RunMetrics(
+            "failed", f"backend {backend.name} returned a log outside the run directory: {log}", wall_s=wall
+        )
     if not log.exists():
-        return RunMetrics("failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})",
-                          wall_s=wall)
+        return RunMetrics(
+            "failed", f"no log at {log} (exit code {result.exit_code}, state {result.scheduler_state})", wall_s=wall
+        )
     if result.stopped and monitor is not None and monitor.decided:
         if monitor.outcome == "pruned":
             return pruned(trial, monitor, wall)
         return early_stopped(trial, monitor.metrics(parse_context(trial, settings)), wall)
-    return replace(parse_log(log, exit_code=result.exit_code, scheduler_state=result.scheduler_state,
-                             context=parse_context(trial, settings)), wall_s=wall)
+    return replace(
+        parse_log(
+            log,
+            exit_code=result.exit_code,
+            scheduler_state=result.scheduler_state,
+            context=parse_context(trial, settings),
+        ),
+        wall_s=wall,
+    )
 
 
 def saved_gpu_hours(trial: TrialConfig, metrics: RunMetrics) -> float | None:
@@ -180,10 +230,20 @@ def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:
     m = monitor.metrics(monitor.context)
     unit = monitor.prune.metric
     # "prune_margin: ..." names the setting that stopped it (the summary shows the name alone)
-    reason = (f"prune_margin: after {m.steps} steps, {unit} at best {monitor.bound:.4g} (95% bound) is more "
-              f"than {monitor.prune.margin:.0%} worse than the best measured, {monitor.best:.4g}")
-    return replace(m, status="pruned", reason=reason, partial=True, prune_bound=monitor.bound,
-                   prune_best=monitor.best, gpu_hours_saved=saved_gpu_hours(trial, m), wall_s=wall_s)
+    reason = (
+        f"prune_margin: after {m.steps} steps, {unit} at best {monitor.bound:.4g} (95% bound) is more "
+        f"than {monitor.prune.margin:.0%} worse than the best measured, {monitor.best:.4g}"
+    )
+    return replace(
+        m,
+        status="pruned",
+        reason=reason,
+        partial=True,
+        prune_bound=monitor.bound,
+        prune_best=monitor.best,
+        gpu_hours_saved=saved_gpu_hours(trial, m),
+        wall_s=wall_s,
+    )
 
 
 def early_stopped(trial: TrialConfig, metrics: RunMetrics, wall_s: float) -> RunMetrics:

@@ -41,9 +41,16 @@ def trial_state(rec: TrialRecord):
 
 def user_attrs(rec: TrialRecord) -> dict[str, Any]:
     """What dse knows of a trial beyond its params and value, the None values left out."""
-    attrs = {"status": rec.status, "reason": rec.reason, "reward": rec.reward, "run_dir": rec.run_dir,
-             "gpu": rec.gpu, "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours,
-             "metrics": {k: v for k, v in rec.metrics.items() if v is not None}}
+    attrs = {
+        "status": rec.status,
+        "reason": rec.reason,
+        "reward": rec.reward,
+        "run_dir": rec.run_dir,
+        "gpu": rec.gpu,
+        "num_gpus": rec.num_gpus,
+        "gpu_hours": rec.gpu_hours,
+        "metrics": {k: v for k, v in rec.metrics.items() if v is not None},
+    }
     return {k: v for k, v in attrs.items() if v is not None}
 
 
@@ -52,8 +59,13 @@ def frozen_trial(rec: TrialRecord, distributions: dict[str, Any]):
     from optuna.trial import TrialState, create_trial
 
     state = trial_state(rec)
-    return create_trial(state=state, value=rec.reward if state == TrialState.COMPLETE else None,
-                        params=dict(rec.knobs), distributions=distributions, user_attrs=user_attrs(rec))
+    return create_trial(
+        state=state,
+        value=rec.reward if state == TrialState.COMPLETE else None,
+        params=dict(rec.knobs),
+        distributions=distributions,
+        user_attrs=user_attrs(rec),
+    )
 
 
 def _open_storage(url: str):
@@ -96,8 +108,11 @@ def write(store: Store, url: str, meta: dict[str, Any]) -> int:
         try:
             study = optuna.create_study(storage=storage, study_name=meta["study_name"], direction="maximize")
         except optuna.exceptions.DuplicatedStudyError:
-            raise UserError(f"already holds a study {meta['study_name']!r}; export into another storage, or "
-                            "delete it first (optuna delete-study)", field="--storage") from None
+            raise UserError(
+                f"already holds a study {meta['study_name']!r}; export into another storage, or "
+                "delete it first (optuna delete-study)",
+                field="--storage",
+            ) from None
         for key in STUDY_ATTRS:
             if meta.get(key) is not None:
                 study.set_user_attr(key, meta[key])

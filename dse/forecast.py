@@ -29,7 +29,10 @@ def model_forecaster(space: Space) -> Forecaster:
             return None
         p = predict(trial, flops_convention=convention, params=params)
         value = float(getattr(p, metric))
-        return Forecast(reward=value if sense == "maximize" else -value, peak_memory_gib=p.peak_memory_gib,
-                        memory_gib=p.gpu_memory_gib)
+        return Forecast(
+            reward=value if sense == "maximize" else -value,
+            peak_memory_gib=p.peak_memory_gib,
+            memory_gib=p.gpu_memory_gib,
+        )
 
     return forecast

@@ -27,8 +27,9 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, *, binary: bool = False, encoding: str = "utf-8",
-                 newline: str | None = None) -> Iterator[IO[Any]]:
+def atomic_write(
+    path: str | os.PathLike, *, binary: bool = False, encoding: str = "utf-8", newline: str | None = None
+) -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path`` for writing; when the ``with`` block ends without an exception the
     file is fsynced and renamed over ``path``. Any exception (an ``OSError`` from a full disk, or one raised in
     the block) removes the temporary file, leaves ``path`` as it was, and propagates.
@@ -69,8 +70,15 @@ def write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") -
     return Path(path)
 
 
-def retry(fn: Callable[[], T], *, on: type[BaseException] | tuple[type[BaseException], ...], attempts: int = 6,
-          first_wait_s: float = 0.2, jitter: float = 0.0, sleep: Callable[[float], Any] = time.sleep) -> T:
+def retry(
+    fn: Callable[[], T],
+    *,
+    on: type[BaseException] | tuple[type[BaseException], ...],
+    attempts: int = 6,
+    first_wait_s: float = 0.2,
+    jitter: float = 0.0,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> T:
     """``fn()``, called again after an exception of the types ``on``, at most ``attempts`` calls in all, waiting
     ``first_wait_s`` and then twice as long before each further call (0.2 s .. 3.2 s for the defaults: about
     6 s in all), each wait scaled by a random factor in ``1 ± jitter`` (processes racing on one database spread

@@ -39,8 +39,11 @@ def space_for(space: Space, system_ref: str) -> Space:
     system = load_system(system_ref, file=space.source or None)
     gpus = space.num_nodes * space.system.gpus_per_node
     if gpus % system.gpus_per_node:
-        raise UserError(f"{gpus} GPUs (the space's {space.num_nodes} nodes of {space.system.gpus_per_node}) do not fill "
-                        f"whole nodes of {system.name} ({system.gpus_per_node} GPUs per node)", field="--systems")
+        raise UserError(
+            f"{gpus} GPUs (the space's {space.num_nodes} nodes of {space.system.gpus_per_node}) do not fill "
+            f"whole nodes of {system.name} ({system.gpus_per_node} GPUs per node)",
+            field="--systems",
+        )
     data = space.model_dump()
     data.update(system=system.model_dump(), num_nodes=gpus // system.gpus_per_node)
     try:
@@ -49,9 +52,17 @@ def space_for(space: Space, system_ref: str) -> Space:
         raise UserError(f"on system {system.name}: {e}", field="--systems") from None
 
 
-def run_generations(space: Space, systems: Sequence[str], *, out_dir: str | Path, resume: bool = False,
-                    rebuild: bool = False, warm_start: str | Path | None = None, on_start: Callable[[str, Space], Any] | None = None,
-                    **kwargs: Any) -> list[StudyResult]:
+def run_generations(
+    space: Space,
+    systems: Sequence[str],
+    *,
+    out_dir: str | Path,
+    resume: bool = False,
+    rebuild: bool = False,
+    warm_start: str | Path | None = None,
+    on_start: Callable[[str, Space], Any] | None = None,
+    **kwargs: Any,
+) -> list[StudyResult]:
     """Run (or resume) one study of ``space`` per system in ``out_dir/<system>``; kwargs go to run_study.
 
     Every system is checked before the first study starts, so a bad name costs nothing. ``warm_start``: a
@@ -80,8 +91,11 @@ def warm_start_points(space: Space, study_dir: str | Path, *, top: int = WARM_ST
     store, _ = open_store(Path(study_dir))
     try:
         # streamed: only the ok trials whose point is one of ``space``'s are kept, as (-reward, number, values)
-        ok = [(-r.reward, r.number, tuple(r.knobs[k] for k in space.knobs)) for r in store.iter_records()
-              if r.ok and all(k in r.knobs and r.knobs[k] in vals for k, vals in space.knobs.items())]
+        ok = [
+            (-r.reward, r.number, tuple(r.knobs[k] for k in space.knobs))
+            for r in store.iter_records()
+            if r.ok and all(k in r.knobs and r.knobs[k] in vals for k, vals in space.knobs.items())
+        ]
     finally:
         store.close()
     points: list[dict[str, Any]] = []

@@ -88,24 +88,58 @@ class GpuSpec:
         return self.bf16_tflops
 
 
-HARDWARE: dict[str, GpuSpec] = {g.name: g for g in (
-    #        name     arch         bf16    fp8     fp4      mem   HBM GB/s  NVLink  domain gpn  NIC Gb/s  host GB/s  UB
-    GpuSpec("a100", "ampere", 312.0, None, None, 80.0, 2039.0, 600.0, 8, 8, 200.0, 32.0, None),
-    GpuSpec("h100", "hopper", 989.0, 1979.0, None, 80.0, 3350.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
-    GpuSpec("h200", "hopper", 989.0, 1979.0, None, 141.0, 4800.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
-    GpuSpec("b200", "blackwell", 2250.0, 4500.0, 9000.0, 180.0, 8000.0, 1800.0, 8, 8, 400.0, 64.0, "b200", 5.0),
-    GpuSpec("gb200", "blackwell", 2500.0, 5000.0, 10000.0, 186.0, 8000.0, 1800.0, 72, 4, 400.0, 225.0, "b200", 5.0,
-            grace_host=True),
-    # GB300 (Blackwell Ultra), per GPU: dense BF16 2.5 and FP8 5 PFLOP/s, as GB200 (GB300 NVL72 product page:
-    # 180 PF dense BF16 and 360 PF dense FP8 for 72 GPUs; Blackwell Ultra raises dense NVFP4 to 15 PF, not FP8:
-    # NVIDIA technical blog "Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory Era", 2025);
-    # 288 GB HBM3E in 8 stacks at 8 TB/s (same blog), exposed as 279 GiB (the GB200 ratio, 186 of 192);
-    # 800 Gb/s ConnectX-8 per GPU (GB300 NVL72 product page); special function units doubled for softmax
-    # (NVIDIA technical blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra", 2026): 10.7 vs 5
-    # tera-exponentials/s (per-GPU table of verda.com/blog/gb300-nvl72-architecture, B200 and GB200 at 5).
-    GpuSpec("gb300", "blackwell", 2500.0, 5000.0, 15000.0, 279.0, 8000.0, 1800.0, 72, 4, 800.0, 225.0, "b200", 10.7,
-            blackwell_ultra=True, grace_host=True),
-)}
+HARDWARE: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        #        name     arch         bf16    fp8     fp4      mem   HBM GB/s  NVLink  domain gpn  NIC Gb/s  host GB/s  UB
+        GpuSpec("a100", "ampere", 312.0, None, None, 80.0, 2039.0, 600.0, 8, 8, 200.0, 32.0, None),
+        GpuSpec("h100", "hopper", 989.0, 1979.0, None, 80.0, 3350.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
+        GpuSpec("h200", "hopper", 989.0, 1979.0, None, 141.0, 4800.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
+        GpuSpec("b200", "blackwell", 2250.0, 4500.0, 9000.0, 180.0, 8000.0, 1800.0, 8, 8, 400.0, 64.0, "b200", 5.0),
+        GpuSpec(
+            "gb200",
+            "blackwell",
+            2500.0,
+            5000.0,
+            10000.0,
+            186.0,
+            8000.0,
+            1800.0,
+            72,
+            4,
+            400.0,
+            225.0,
+            "b200",
+            5.0,
+            grace_host=True,
+        ),
+        # GB300 (Blackwell Ultra), per GPU: dense BF16 2.5 and FP8 5 PFLOP/s, as GB200 (GB300 NVL72 product page:
+        # 180 PF dense BF16 and 360 PF dense FP8 for 72 GPUs; Blackwell Ultra raises dense NVFP4 to 15 PF, not FP8:
+        # NVIDIA technical blog "Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory Era", 2025);
+        # 288 GB HBM3E in 8 stacks at 8 TB/s (same blog), exposed as 279 GiB (the GB200 ratio, 186 of 192);
+        # 800 Gb/s ConnectX-8 per GPU (GB300 NVL72 product page); special function units doubled for softmax
+        # (NVIDIA technical blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra", 2026): 10.7 vs 5
+        # tera-exponentials/s (per-GPU table of verda.com/blog/gb300-nvl72-architecture, B200 and GB200 at 5).
+        GpuSpec(
+            "gb300",
+            "blackwell",
+            2500.0,
+            5000.0,
+            15000.0,
+            279.0,
+            8000.0,
+            1800.0,
+            72,
+            4,
+            800.0,
+            225.0,
+            "b200",
+            10.7,
+            blackwell_ultra=True,
+            grace_host=True,
+        ),
+    )
+}
 GPU_NAMES: tuple[str, ...] = tuple(HARDWARE)
 
 

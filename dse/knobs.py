@@ -30,22 +30,39 @@ _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=/+\-]*")
 # one only when it lists it in ``[backend] allow_env``.
 _PROTECTED_ENV = {
     "PATH": "selects which programs run",
-    "BASH_ENV": "bash runs that file at start", "ENV": "sh runs that file at start",
-    "SHELLOPTS": "changes how bash runs scripts", "BASHOPTS": "changes how bash runs scripts",
-    "IFS": "changes how the shell splits words", "PS4": "bash expands it for each traced line",
-    "PROMPT_COMMAND": "bash runs it", "CDPATH": "changes where cd goes", "GLOBIGNORE": "changes shell globbing",
-    "PYTHONPATH": "selects which Python modules are imported", "PYTHONHOME": "selects the Python installation",
-    "PYTHONSTARTUP": "Python runs that file", "PYTHONUSERBASE": "selects which Python modules are imported",
-    "PYTHONSAFEPATH": "changes which Python modules are imported", "PYTHONINSPECT": "changes what Python runs",
-    "PYTHONEXECUTABLE": "changes which Python runs", "PYTHONBREAKPOINT": "selects code Python runs",
+    "BASH_ENV": "bash runs that file at start",
+    "ENV": "sh runs that file at start",
+    "SHELLOPTS": "changes how bash runs scripts",
+    "BASHOPTS": "changes how bash runs scripts",
+    "IFS": "changes how the shell splits words",
+    "PS4": "bash expands it for each traced line",
+    "PROMPT_COMMAND": "bash runs it",
+    "CDPATH": "changes where cd goes",
+    "GLOBIGNORE": "changes shell globbing",
+    "PYTHONPATH": "selects which Python modules are imported",
+    "PYTHONHOME": "selects the Python installation",
+    "PYTHONSTARTUP": "Python runs that file",
+    "PYTHONUSERBASE": "selects which Python modules are imported",
+    "PYTHONSAFEPATH": "changes which Python modules are imported",
+    "PYTHONINSPECT": "changes what Python runs",
+    "PYTHONEXECUTABLE": "changes which Python runs",
+    "PYTHONBREAKPOINT": "selects code Python runs",
     "PYTHONWARNINGS": "imports the warning categories it names",
-    "PERL5LIB": "selects which Perl modules load", "PERL5OPT": "adds Perl options",
-    "NODE_OPTIONS": "adds Node.js options", "RUBYOPT": "adds Ruby options",
-    "LD_PRELOAD": "loads that library into every program", "LD_LIBRARY_PATH": "selects which libraries load",
-    "LD_AUDIT": "loads that library into every program", "HOME": "changes where startup files are read",
+    "PERL5LIB": "selects which Perl modules load",
+    "PERL5OPT": "adds Perl options",
+    "NODE_OPTIONS": "adds Node.js options",
+    "RUBYOPT": "adds Ruby options",
+    "LD_PRELOAD": "loads that library into every program",
+    "LD_LIBRARY_PATH": "selects which libraries load",
+    "LD_AUDIT": "loads that library into every program",
+    "HOME": "changes where startup files are read",
 }
-_PROTECTED_PREFIXES = {"LD_": "configures the dynamic loader", "DYLD_": "configures the dynamic loader",
-                       "BASH_FUNC_": "defines a bash function", "GCONV_": "selects which libraries load"}
+_PROTECTED_PREFIXES = {
+    "LD_": "configures the dynamic loader",
+    "DYLD_": "configures the dynamic loader",
+    "BASH_FUNC_": "defines a bash function",
+    "GCONV_": "selects which libraries load",
+}
 
 
 def protected_env(name: str) -> str | None:
@@ -102,14 +119,17 @@ class Knob:
         field = field or self.name
         if self.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
-                raise UserError(f"{value!r} is not an integer; {self.name} takes integers >= {self.minimum}",
-                                file=file, field=field)
+                raise UserError(
+                    f"{value!r} is not an integer; {self.name} takes integers >= {self.minimum}", file=file, field=field
+                )
             if self.minimum is not None and value < self.minimum:
-                raise UserError(f"{value} is out of range; {self.name} must be >= {self.minimum}",
-                                file=file, field=field)
+                raise UserError(
+                    f"{value} is out of range; {self.name} must be >= {self.minimum}", file=file, field=field
+                )
             if self.maximum is not None and value > self.maximum:
-                raise UserError(f"{value} is out of range; {self.name} must be <= {self.maximum}",
-                                file=file, field=field)
+                raise UserError(
+                    f"{value} is out of range; {self.name} must be <= {self.maximum}", file=file, field=field
+                )
             return value
         if self.kind == "bool":
             if not isinstance(value, bool):
@@ -117,14 +137,19 @@ class Knob:
             return value
         if self.kind == "choice":
             if value not in self.choices:
-                raise UserError(f"{value!r} is not allowed{did_you_mean(str(value), self.choices)}; "
-                                f"{self.name} takes one of {', '.join(self.choices)}", file=file, field=field)
+                raise UserError(
+                    f"{value!r} is not allowed{did_you_mean(str(value), self.choices)}; "
+                    f"{self.name} takes one of {', '.join(self.choices)}",
+                    file=file,
+                    field=field,
+                )
             return value
         # str (environment values): the characters that can never start a shell expansion
         text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
         if not isinstance(text, str) or not _ENV_VALUE.fullmatch(text):
-            raise UserError(f"{value!r} is not allowed; {self.name} takes letters, digits and _.,:=/+-",
-                            file=file, field=field)
+            raise UserError(
+                f"{value!r} is not allowed; {self.name} takes letters, digits and _.,:=/+-", file=file, field=field
+            )
         return text
 
 
@@ -189,12 +214,26 @@ BRIDGE_SPELLING = tuple(f for f, s in SPELLINGS.items() if s is MBRIDGE)
 _P = "trainer.plugins."
 NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
     "bf16": (),
-    "delayed": (_P + "fp8=hybrid", _P + "fp8_recipe=delayed", _P + "fp8_margin=0", _P + "fp8_amax_history_len=1024",
-                _P + "fp8_amax_compute_algo=max", _P + "fp8_param_gather=true"),
-    "tensorwise": (_P + "fp8=hybrid", _P + "fp8_recipe=tensorwise", _P + "first_last_layers_bf16=false",
-                   _P + "fp8_param_gather=true"),
-    "mxfp8": (_P + "fp8=e4m3", _P + "fp8_recipe=mxfp8", _P + "fp8_param_gather=true",
-              _P + "reuse_grad_buf_for_mxfp8_param_ag=true"),
+    "delayed": (
+        _P + "fp8=hybrid",
+        _P + "fp8_recipe=delayed",
+        _P + "fp8_margin=0",
+        _P + "fp8_amax_history_len=1024",
+        _P + "fp8_amax_compute_algo=max",
+        _P + "fp8_param_gather=true",
+    ),
+    "tensorwise": (
+        _P + "fp8=hybrid",
+        _P + "fp8_recipe=tensorwise",
+        _P + "first_last_layers_bf16=false",
+        _P + "fp8_param_gather=true",
+    ),
+    "mxfp8": (
+        _P + "fp8=e4m3",
+        _P + "fp8_recipe=mxfp8",
+        _P + "fp8_param_gather=true",
+        _P + "reuse_grad_buf_for_mxfp8_param_ag=true",
+    ),
     "blockwise": (_P + "fp8=hybrid", _P + "fp8_recipe=blockwise", _P + "fp8_param_gather=false"),
 }
 # Megatron-Bridge: a mixed-precision recipe by name (megatron.bridge.training.mixed_precision); the payload's
@@ -207,9 +246,13 @@ MBRIDGE_PRECISION: dict[str, str] = {
     "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
 }
 # Megatron FSDP on Bridge: NVIDIA's set_megatron_fsdp_overrides (scripts/performance/utils/helpers.py).
-MBRIDGE_FSDP = ("ddp.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
-                "ddp.average_in_collective=false", "model.init_model_with_meta_device=true",
-                "optimizer.use_precision_aware_optimizer=false")
+MBRIDGE_FSDP = (
+    "ddp.use_megatron_fsdp=true",
+    "ddp.data_parallel_sharding_strategy=optim_grads_params",
+    "ddp.average_in_collective=false",
+    "model.init_model_with_meta_device=true",
+    "optimizer.use_precision_aware_optimizer=false",
+)
 MBRIDGE_WARMUP_ITERS = 10  # learning-rate warm-up of NVIDIA's Bridge performance runs (set_common_perf_overrides)
 
 
@@ -243,11 +286,17 @@ def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) 
     prefix = sp.model
     if mode == "full":
         method, layers = ("block", n) if n > 0 else ("uniform", 1)
-        return [f"{prefix}recompute_granularity=full", f"{prefix}recompute_method={method}",
-                f"{prefix}recompute_num_layers={layers}"]
+        return [
+            f"{prefix}recompute_granularity=full",
+            f"{prefix}recompute_method={method}",
+            f"{prefix}recompute_num_layers={layers}",
+        ]
     granularity = None if mode == "none" else mode
-    return [f"{prefix}recompute_granularity={_spell_value(granularity)}", f"{prefix}recompute_method=null",
-            f"{prefix}recompute_num_layers=null"]
+    return [
+        f"{prefix}recompute_granularity={_spell_value(granularity)}",
+        f"{prefix}recompute_method=null",
+        f"{prefix}recompute_num_layers=null",
+    ]
 
 
 def _cpu_offload(knob: Knob, n: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -257,8 +306,12 @@ def _cpu_offload(knob: Knob, n: Any, values: Mapping[str, Any], sp: Spelling) ->
     prefix = sp.model
     if not n:
         return [f"{prefix}cpu_offloading=false", f"{prefix}cpu_offloading_num_layers=0"]
-    return [f"{prefix}cpu_offloading=true", f"{prefix}cpu_offloading_num_layers={n}",
-            f"{prefix}cpu_offloading_activations=true", f"{prefix}cpu_offloading_weights=false"]
+    return [
+        f"{prefix}cpu_offloading=true",
+        f"{prefix}cpu_offloading_num_layers={n}",
+        f"{prefix}cpu_offloading_activations=true",
+        f"{prefix}cpu_offloading_weights=false",
+    ]
 
 
 def _vp(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -293,11 +346,28 @@ def _both(fn: SpellFn) -> dict[str, SpellFn]:
 
 
 # --- the catalogue -------------------------------------------------------------------------------------------
-def _int(name: str, help: str, default: int, minimum: int = 1, nemo2=(), mbridge=(), maximum: int = PARALLEL_MAX,
-         **facts: Any) -> Knob:
+def _int(
+    name: str,
+    help: str,
+    default: int,
+    minimum: int = 1,
+    nemo2=(),
+    mbridge=(),
+    maximum: int = PARALLEL_MAX,
+    **facts: Any,
+) -> Knob:
     """An int knob; ordinal unless ``facts`` says otherwise (a count or a size: its values have an order)."""
-    return Knob(name, "int", help, default, minimum=minimum, maximum=maximum, nemo2=tuple(nemo2),
-                mbridge=tuple(mbridge), **{"ordinal": True, **facts})
+    return Knob(
+        name,
+        "int",
+        help,
+        default,
+        minimum=minimum,
+        maximum=maximum,
+        nemo2=tuple(nemo2),
+        mbridge=tuple(mbridge),
+        **{"ordinal": True, **facts},
+    )
 
 
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
@@ -305,64 +375,208 @@ _S = "trainer.strategy."
 _M = "model.config."
 _OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
 _LAYOUT = dict(recipe_layout=True)  # the recipe's default layout sets it (recipes.models.Recipe.default_values)
-CATALOGUE: dict[str, Knob] = {k.name: k for k in (
-    _int("tp", "tensor-parallel size", 1, nemo2=[_S + "tensor_model_parallel_size"],
-         mbridge=["model.tensor_model_parallel_size"], model_arg="tp", **_LAYOUT),
-    _int("pp", "pipeline-parallel size", 1, nemo2=[_S + "pipeline_model_parallel_size"],
-         mbridge=["model.pipeline_model_parallel_size"], model_arg="pp", **_LAYOUT),
-    _int("vp", "virtual-pipeline (interleaving) size; 1 = no interleaving", 1,
-         nemo2=[_S + "virtual_pipeline_model_parallel_size"], mbridge=["model.virtual_pipeline_model_parallel_size"],
-         spell=_both(_vp), model_arg="vp", **_LAYOUT),
-    _int("cp", "context-parallel size", 1, nemo2=[_S + "context_parallel_size"],
-         mbridge=["model.context_parallel_size"], model_arg="cp", **_LAYOUT),
-    _int("ep", "expert-parallel size (dense models: 1)", 1, nemo2=[_S + "expert_model_parallel_size"],
-         mbridge=["model.expert_model_parallel_size"]),
-    Knob("sp", "bool", "sequence parallelism (default: on when tp > 1)", None,
-         nemo2=(_S + "sequence_parallel",), mbridge=("model.sequence_parallel",), spell=_both(_sp), model_arg="sp"),
-    _int("mbs", "micro-batch size", 1, nemo2=["data.micro_batch_size"], mbridge=["train.micro_batch_size"],
-         model_arg="mbs", **_LAYOUT),
-    _int("gbs", "global batch size", 128, maximum=BATCH_MAX, nemo2=["data.global_batch_size"],
-         mbridge=["train.global_batch_size"], model_arg="gbs", **_LAYOUT),
-    _int("seq_length", "sequence length", 8192, minimum=2, maximum=BATCH_MAX,
-         nemo2=["data.seq_length", "model.config.seq_length"], mbridge=["model.seq_length", "dataset.sequence_length"],
-         model_arg="seq_length", **_LAYOUT),
-    Knob("recompute", "choice", "activation recompute", "none", choices=("none", "selective", "full"),
-         nemo2=("model.config.recompute_granularity",), mbridge=("model.recompute_granularity",),
-         spell=_both(_recompute), model_arg="recompute", recipe_layout=True),
-    _int("recompute_num_layers", "layers per stage recomputed under full recompute (0 = all)", 0, minimum=0,
-         maximum=LAYERS_MAX, nemo2=["model.config.recompute_num_layers"], mbridge=["model.recompute_num_layers"],
-         spell=_both(_recompute), model_arg="recompute_num_layers"),
-    Knob("precision", "choice", "training precision", "bf16", choices=("bf16", "fp8"),
-         nemo2=("trainer.plugins",), mbridge=("mixed_precision",), nemo2_reads=(),
-         spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision}, model_arg="precision"),
-    Knob("fp8_recipe", "choice", "FP8 scaling recipe (precision=fp8)", "tensorwise",
-         choices=("delayed", "tensorwise", "mxfp8", "blockwise"), nemo2=("trainer.plugins",),
-         mbridge=("mixed_precision",), nemo2_reads=(),
-         spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision}, model_arg="fp8_recipe"),
-    Knob("fsdp", "bool", "Megatron FSDP instead of the distributed optimizer", False,
-         nemo2=(), mbridge=("ddp.use_megatron_fsdp",), nemo2_factory="fsdp", spell={"mbridge": _mbridge_fsdp},
-         model_arg="fsdp", recipe_layout=True),
-    Knob("tp_comm_overlap", "bool", "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
-         "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes", None,
-         nemo2=(), mbridge=("comm_overlap.tp_comm_overlap",), nemo2_factory="tp_comm_overlap",
-         model_arg="tp_comm_overlap"),
-    # the one NeMo 2 field of the offloading spelling that carries the value is what an importer reads back
-    _int("cpu_offload_layers", "transformer layers whose activations are offloaded to host memory (0 = off)", 0,
-         minimum=0, maximum=LAYERS_MAX, nemo2=[_M + f for f in _OFFLOAD], mbridge=["model." + f for f in _OFFLOAD],
-         spell=_both(_cpu_offload), nemo2_reads=(_M + "cpu_offloading_num_layers",), model_arg="cpu_offload_layers",
-         **_LAYOUT),
-    # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
-    # or cuDNN fused), unfused is TE's unfused DotProductAttention, local Megatron's own (no TE). NeMo 2: a factory
-    # argument, because nemo-run's CLI cannot parse an enum-typed field (model.config.attention_backend=flash
-    # fails with "Unsupported type: <enum 'AttnBackend'>"); Megatron-Bridge: the model field.
-    Knob("attention_backend", "choice", "attention kernel (Megatron-Core AttnBackend)", "auto",
-         choices=ATTENTION_BACKENDS, nemo2=(), mbridge=("model.attention_backend",),
-         nemo2_factory="attention_backend", spell=_both(_attention), model_arg="attention_backend"),
-    # the model reads the world size (num_nodes x the system's GPUs per node), not the node count
-    _int("num_nodes", "nodes in the job", 1, maximum=NODES_MAX, nemo2=["trainer.num_nodes"], mbridge=[]),
-    _int("max_steps", "training steps per trial", 50, maximum=STEPS_MAX, nemo2=["trainer.max_steps"],
-         mbridge=["train.train_iters"], spell={"mbridge": _mbridge_max_steps}, ordinal=False),
-)}
+CATALOGUE: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        _int(
+            "tp",
+            "tensor-parallel size",
+            1,
+            nemo2=[_S + "tensor_model_parallel_size"],
+            mbridge=["model.tensor_model_parallel_size"],
+            model_arg="tp",
+            **_LAYOUT,
+        ),
+        _int(
+            "pp",
+            "pipeline-parallel size",
+            1,
+            nemo2=[_S + "pipeline_model_parallel_size"],
+            mbridge=["model.pipeline_model_parallel_size"],
+            model_arg="pp",
+            **_LAYOUT,
+        ),
+        _int(
+            "vp",
+            "virtual-pipeline (interleaving) size; 1 = no interleaving",
+            1,
+            nemo2=[_S + "virtual_pipeline_model_parallel_size"],
+            mbridge=["model.virtual_pipeline_model_parallel_size"],
+            spell=_both(_vp),
+            model_arg="vp",
+            **_LAYOUT,
+        ),
+        _int(
+            "cp",
+            "context-parallel size",
+            1,
+            nemo2=[_S + "context_parallel_size"],
+            mbridge=["model.context_parallel_size"],
+            model_arg="cp",
+            **_LAYOUT,
+        ),
+        _int(
+            "ep",
+            "expert-parallel size (dense models: 1)",
+            1,
+            nemo2=[_S + "expert_model_parallel_size"],
+            mbridge=["model.expert_model_parallel_size"],
+        ),
+        Knob(
+            "sp",
+            "bool",
+            "sequence parallelism (default: on when tp > 1)",
+            None,
+            nemo2=(_S + "sequence_parallel",),
+            mbridge=("model.sequence_parallel",),
+            spell=_both(_sp),
+            model_arg="sp",
+        ),
+        _int(
+            "mbs",
+            "micro-batch size",
+            1,
+            nemo2=["data.micro_batch_size"],
+            mbridge=["train.micro_batch_size"],
+            model_arg="mbs",
+            **_LAYOUT,
+        ),
+        _int(
+            "gbs",
+            "global batch size",
+            128,
+            maximum=BATCH_MAX,
+            nemo2=["data.global_batch_size"],
+            mbridge=["train.global_batch_size"],
+            model_arg="gbs",
+            **_LAYOUT,
+        ),
+        _int(
+            "seq_length",
+            "sequence length",
+            8192,
+            minimum=2,
+            maximum=BATCH_MAX,
+            nemo2=["data.seq_length", "model.config.seq_length"],
+            mbridge=["model.seq_length", "dataset.sequence_length"],
+            model_arg="seq_length",
+            **_LAYOUT,
+        ),
+        Knob(
+            "recompute",
+            "choice",
+            "activation recompute",
+            "none",
+            choices=("none", "selective", "full"),
+            nemo2=("model.config.recompute_granularity",),
+            mbridge=("model.recompute_granularity",),
+            spell=_both(_recompute),
+            model_arg="recompute",
+            recipe_layout=True,
+        ),
+        _int(
+            "recompute_num_layers",
+            "layers per stage recomputed under full recompute (0 = all)",
+            0,
+            minimum=0,
+            maximum=LAYERS_MAX,
+            nemo2=["model.config.recompute_num_layers"],
+            mbridge=["model.recompute_num_layers"],
+            spell=_both(_recompute),
+            model_arg="recompute_num_layers",
+        ),
+        Knob(
+            "precision",
+            "choice",
+            "training precision",
+            "bf16",
+            choices=("bf16", "fp8"),
+            nemo2=("trainer.plugins",),
+            mbridge=("mixed_precision",),
+            nemo2_reads=(),
+            spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision},
+            model_arg="precision",
+        ),
+        Knob(
+            "fp8_recipe",
+            "choice",
+            "FP8 scaling recipe (precision=fp8)",
+            "tensorwise",
+            choices=("delayed", "tensorwise", "mxfp8", "blockwise"),
+            nemo2=("trainer.plugins",),
+            mbridge=("mixed_precision",),
+            nemo2_reads=(),
+            spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision},
+            model_arg="fp8_recipe",
+        ),
+        Knob(
+            "fsdp",
+            "bool",
+            "Megatron FSDP instead of the distributed optimizer",
+            False,
+            nemo2=(),
+            mbridge=("ddp.use_megatron_fsdp",),
+            nemo2_factory="fsdp",
+            spell={"mbridge": _mbridge_fsdp},
+            model_arg="fsdp",
+            recipe_layout=True,
+        ),
+        Knob(
+            "tp_comm_overlap",
+            "bool",
+            "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
+            "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes",
+            None,
+            nemo2=(),
+            mbridge=("comm_overlap.tp_comm_overlap",),
+            nemo2_factory="tp_comm_overlap",
+            model_arg="tp_comm_overlap",
+        ),
+        # the one NeMo 2 field of the offloading spelling that carries the value is what an importer reads back
+        _int(
+            "cpu_offload_layers",
+            "transformer layers whose activations are offloaded to host memory (0 = off)",
+            0,
+            minimum=0,
+            maximum=LAYERS_MAX,
+            nemo2=[_M + f for f in _OFFLOAD],
+            mbridge=["model." + f for f in _OFFLOAD],
+            spell=_both(_cpu_offload),
+            nemo2_reads=(_M + "cpu_offloading_num_layers",),
+            model_arg="cpu_offload_layers",
+            **_LAYOUT,
+        ),
+        # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
+        # or cuDNN fused), unfused is TE's unfused DotProductAttention, local Megatron's own (no TE). NeMo 2: a factory
+        # argument, because nemo-run's CLI cannot parse an enum-typed field (model.config.attention_backend=flash
+        # fails with "Unsupported type: <enum 'AttnBackend'>"); Megatron-Bridge: the model field.
+        Knob(
+            "attention_backend",
+            "choice",
+            "attention kernel (Megatron-Core AttnBackend)",
+            "auto",
+            choices=ATTENTION_BACKENDS,
+            nemo2=(),
+            mbridge=("model.attention_backend",),
+            nemo2_factory="attention_backend",
+            spell=_both(_attention),
+            model_arg="attention_backend",
+        ),
+        # the model reads the world size (num_nodes x the system's GPUs per node), not the node count
+        _int("num_nodes", "nodes in the job", 1, maximum=NODES_MAX, nemo2=["trainer.num_nodes"], mbridge=[]),
+        _int(
+            "max_steps",
+            "training steps per trial",
+            50,
+            maximum=STEPS_MAX,
+            nemo2=["trainer.max_steps"],
+            mbridge=["train.train_iters"],
+            spell={"mbridge": _mbridge_max_steps},
+            ordinal=False,
+        ),
+    )
+}
+
 
 @dataclass(frozen=True)
 class KnobValues:
@@ -406,15 +620,20 @@ def is_env(name: str) -> bool:
 def get(name: str, *, file: str | None = None, field: str | None = None) -> Knob:
     """The knob called ``name`` (``env.NAME`` for environment knobs); unknown names are a :class:`UserError`."""
     if is_env(name):
-        var = name[len(ENV_PREFIX):]
+        var = name[len(ENV_PREFIX) :]
         if not _ENV_NAME.fullmatch(var):
-            raise UserError(f"{var!r} is not an environment variable name (A-Z, 0-9, _)", file=file, field=field or name)
+            raise UserError(
+                f"{var!r} is not an environment variable name (A-Z, 0-9, _)", file=file, field=field or name
+            )
         return Knob(name, "str", ENV_KNOB.help)
     try:
         return CATALOGUE[name]
     except KeyError:
-        raise UserError(f"unknown knob {name!r}{did_you_mean(name, CATALOGUE)}; known knobs: "
-                        f"{', '.join(CATALOGUE)} and env.NAME", file=file, field=field or name) from None
+        raise UserError(
+            f"unknown knob {name!r}{did_you_mean(name, CATALOGUE)}; known knobs: {', '.join(CATALOGUE)} and env.NAME",
+            file=file,
+            field=field or name,
+        ) from None
 
 
 def ordinal_knobs(varied: Mapping[str, Sequence[Any]]) -> list[str]:
@@ -449,8 +668,9 @@ def overrides(values: Mapping[str, Any], flavour: str) -> list[str]:
     (:func:`factory_args`). Callers validate values first and shell-quote the result.
     """
     spelling = spelling_of(flavour)
-    return [o for name, value in values.items() if name in CATALOGUE
-            for o in spelling.spell(CATALOGUE[name], value, values)]
+    return [
+        o for name, value in values.items() if name in CATALOGUE for o in spelling.spell(CATALOGUE[name], value, values)
+    ]
 
 
 def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> dict[str, Any]:
@@ -493,12 +713,15 @@ def pipeline_split_overrides(num_layers: int, values: Mapping[str, Any], flavour
     chunks = pp * vp
     on = pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
     prefix = spelling_of(flavour).strategy
-    return [f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
-            f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}"]
+    return [
+        f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
+        f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}",
+    ]
 
 
-def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu: str,
-                 gpus_per_node: int) -> tuple[str, ...]:
+def payload_args(
+    flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu: str, gpus_per_node: int
+) -> tuple[str, ...]:
     """Everything after ``python -m recipes.<flavour>`` for one trial: recipe, factory arguments, overrides.
 
     ``nemo2`` and ``sim``: ``--factory <model>_recipe[(args)] -y`` then the overrides, ``trainer.devices`` and,
@@ -512,8 +735,9 @@ def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu
     split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
     if flavour in BRIDGE_SPELLING:
         if not recipe.mbridge_recipe and flavour == "mbridge":
-            raise UserError(f"recipe {recipe.name!r} has no Megatron-Bridge recipe; use the nemo2 payload",
-                            field="backend.payload")
+            raise UserError(
+                f"recipe {recipe.name!r} has no Megatron-Bridge recipe; use the nemo2 payload", field="backend.payload"
+            )
         # recipes.mcore knows every architecture of recipes.models by its name, and Bridge's recipe names too
         argv = ["--recipe", recipe.mbridge_recipe or base]
         ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
@@ -524,8 +748,14 @@ def payload_args(flavour: str, recipe: Recipe, values: Mapping[str, Any], *, gpu
             argv.append(f"model.num_layers={num_layers}")
         return tuple(argv)
     args = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size)
-    argv = ["--factory", factory_call(base + NEMO2_FACTORY_SUFFIX, args), "-y", *overrides(values, flavour),
-            *split, f"trainer.devices={gpus_per_node}"]
+    argv = [
+        "--factory",
+        factory_call(base + NEMO2_FACTORY_SUFFIX, args),
+        "-y",
+        *overrides(values, flavour),
+        *split,
+        f"trainer.devices={gpus_per_node}",
+    ]
     if num_layers:
         argv.append(f"model.config.num_layers={num_layers}")
     return tuple(argv)

@@ -44,7 +44,6 @@ SIM_ENV = contract.SIM_ENV
 VBOOST_COMMAND = "sudo nvidia-smi boost-slider --vboost 1"
 
 
-
 @dataclass(frozen=True)
 class PreStep:
     """A command run once per node before training (vboost), as its own srun step.
@@ -112,8 +111,11 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
 
 def vboost_step(nodes: int) -> PreStep:
     """PerfEnvPlugin's vboost: one task per node, before training, output beside the job's log."""
-    return PreStep("vboost", ("srun", f"--ntasks={nodes}", "--output=vboost.out", "--error=vboost.err",
-                              "bash", "-c", VBOOST_COMMAND), per_node=("bash", "-c", VBOOST_COMMAND))
+    return PreStep(
+        "vboost",
+        ("srun", f"--ntasks={nodes}", "--output=vboost.out", "--error=vboost.err", "bash", "-c", VBOOST_COMMAND),
+        per_node=("bash", "-c", VBOOST_COMMAND),
+    )
 
 
 def knob_values(trial: TrialConfig) -> dict[str, Any]:
@@ -126,13 +128,22 @@ def knob_values(trial: TrialConfig) -> dict[str, Any]:
 
 
 def _sim_env(run: SimRun) -> dict[str, str]:
-    return {var: str(int(v) if isinstance(v, bool) else v) for attr, var in SIM_ENV.items()
-            for v in [getattr(run, attr)]}
+    return {
+        var: str(int(v) if isinstance(v, bool) else v) for attr, var in SIM_ENV.items() for v in [getattr(run, attr)]
+    }
 
 
-def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | None = None, seed: int = 0,
-               flops_convention: str = "causal", simulated: bool = False, sim_run: SimRun | None = None,
-               params: Params = DEFAULT_PARAMS) -> LaunchPlan:
+def build_plan(
+    trial: TrialConfig,
+    *,
+    payload: str = "nemo2",
+    container: str | None = None,
+    seed: int = 0,
+    flops_convention: str = "causal",
+    simulated: bool = False,
+    sim_run: SimRun | None = None,
+    params: Params = DEFAULT_PARAMS,
+) -> LaunchPlan:
     """The launch plan of ``trial`` for a payload flavour.
 
     ``container`` is the container version (default: the system's); it gates the FLOPs callback.
@@ -144,8 +155,9 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
     if payload not in PAYLOADS:
         raise UserError(f"unknown payload {payload!r}; one of {', '.join(PAYLOADS)}", field="backend.payload")
     values = knob_values(trial)
-    args = knobs.payload_args(payload, trial.recipe, values, gpu=trial.system.gpu,
-                              gpus_per_node=int(trial.system.gpus_per_node))
+    args = knobs.payload_args(
+        payload, trial.recipe, values, gpu=trial.system.gpu, gpus_per_node=int(trial.system.gpus_per_node)
+    )
     argv = ("python", "-m", f"recipes.{payload}", *args)
     ov = tuple(a for a in args if _OVERRIDE.match(a))
 
@@ -168,5 +180,6 @@ def build_plan(trial: TrialConfig, *, payload: str = "nemo2", container: str | N
         env.update(_sim_env(sim_run))
 
     pre_steps = (vboost_step(trial.layout.num_nodes),) if env.get(ENV_VBOOST) == "1" else ()
-    return LaunchPlan(trial=trial, payload=payload, argv=argv, overrides=ov, env=env, pre_steps=pre_steps,
-                      sim_run=sim_run)
+    return LaunchPlan(
+        trial=trial, payload=payload, argv=argv, overrides=ov, env=env, pre_steps=pre_steps, sim_run=sim_run
+    )

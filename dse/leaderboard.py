@@ -56,8 +56,11 @@ def _compact(df: pd.DataFrame) -> pd.DataFrame:
     """Text columns with few distinct values (status, gpu, string knobs) as categories: a code per row instead
     of a Python string object per row (what the CSV says is the same)."""
     for c in df.columns:
-        if c not in _FREE_TEXT and (df[c].dtype == object or pd.api.types.is_string_dtype(df[c].dtype)) \
-                and df[c].map(type).isin((str, type(None))).all():
+        if (
+            c not in _FREE_TEXT
+            and (df[c].dtype == object or pd.api.types.is_string_dtype(df[c].dtype))
+            and df[c].map(type).isin((str, type(None))).all()
+        ):
             df[c] = df[c].astype("category")
     return df
 
@@ -88,10 +91,16 @@ def _unranked(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.D
         row = {"trial": r.number, "status": r.status, "reward": r.reward}
         row.update({m: (r.metrics.get(m) if r.ok else None) for m in METRIC_COLUMNS})
         row.update({k: r.knobs.get(k) for k in knob_names})
-        row.update(gpu=r.gpu, num_gpus=r.num_gpus, gpu_hours=r.gpu_hours,
-                   steps=r.metrics.get("steps") if r.status != "rejected" else None,
-                   early_stopped=bool(r.metrics.get("early_stopped", False)),
-                   gpu_hours_saved=r.metrics.get("gpu_hours_saved"), run_dir=r.run_dir, reason=r.reason)
+        row.update(
+            gpu=r.gpu,
+            num_gpus=r.num_gpus,
+            gpu_hours=r.gpu_hours,
+            steps=r.metrics.get("steps") if r.status != "rejected" else None,
+            early_stopped=bool(r.metrics.get("early_stopped", False)),
+            gpu_hours_saved=r.metrics.get("gpu_hours_saved"),
+            run_dir=r.run_dir,
+            reason=r.reason,
+        )
         rows.append(row)
     return pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
 
@@ -152,12 +161,12 @@ class Summary:
         if self.top:
             self._rows.append(r)
             if len(self._rows) >= 2 * self.top + 64:
-                self._rows = sorted(self._rows, key=rank_key)[:self.top]
+                self._rows = sorted(self._rows, key=rank_key)[: self.top]
 
     @property
     def rows(self) -> list[TrialRecord]:
         """The top records, in leaderboard order."""
-        self._rows = sorted(self._rows, key=rank_key)[:self.top]
+        self._rows = sorted(self._rows, key=rank_key)[: self.top]
         return list(self._rows)
 
     @property
@@ -177,8 +186,11 @@ class Summary:
         """:func:`savings_line` of the trials added."""
         if not (self.stopped or self.pruned):
             return ""
-        return (f"; early stop: {self.stopped} trials" + (f", {self.pruned} pruned" if self.pruned else "")
-                + f", {self.saved:,.1f} GPU-hours saved")
+        return (
+            f"; early stop: {self.stopped} trials"
+            + (f", {self.pruned} pruned" if self.pruned else "")
+            + f", {self.saved:,.1f} GPU-hours saved"
+        )
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
@@ -233,5 +245,6 @@ def checked_output(path: Path, field: str) -> Path:
 
 def output_error(e: OSError, path: Path, field: str) -> Exception:
     """A full disk is dse's trouble (:class:`InfrastructureError`); anything else the user's choice of path."""
-    return infrastructure(e, f"cannot write {path}") or UserError(f"cannot write: {e.strerror or e}",
-                                                                  file=str(path), field=field)
+    return infrastructure(e, f"cannot write {path}") or UserError(
+        f"cannot write: {e.strerror or e}", file=str(path), field=field
+    )

@@ -80,7 +80,8 @@ def pack(trials_dir: Path, numbers: Iterable[int]) -> Path | None:
                 tar.addfile(info, io.BytesIO(data))
     except OSError as e:
         raise infrastructure(e, f"cannot pack logs in {trials_dir}") or InfrastructureError(
-            f"cannot pack logs in {trials_dir}: {e}") from None
+            f"cannot pack logs in {trials_dir}: {e}"
+        ) from None
     for d in dirs:
         (d / COMPRESSED_LOG).unlink()
         d.rmdir()

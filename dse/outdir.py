@@ -83,14 +83,28 @@ def read_meta(out_dir: Path) -> dict[str, Any]:
         raise UserError(f"cannot read: {e}", file=str(path)) from None
 
 
-def new_meta(space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int,
-             backend: str) -> dict[str, Any]:
+def new_meta(
+    space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int, backend: str
+) -> dict[str, Any]:
     """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
-    return {"space": space.source, "space_name": space.name, "study_name": space.name, "storage": storage or DB,
-            "knobs": knob_lists(space), "recipe": space.recipe, "system": space.system.name,
-            "gpu": space.system.gpu, "num_nodes": space.num_nodes, "gpus_per_node": space.system.gpus_per_node,
-            "price_per_gpu_hour": space.system.price_per_gpu_hour, "agent": agent,
-            "sampler": options.get("sampler"), "options": options, "seed": seed, "backend": backend}
+    return {
+        "space": space.source,
+        "space_name": space.name,
+        "study_name": space.name,
+        "storage": storage or DB,
+        "knobs": knob_lists(space),
+        "recipe": space.recipe,
+        "system": space.system.name,
+        "gpu": space.system.gpu,
+        "num_nodes": space.num_nodes,
+        "gpus_per_node": space.system.gpus_per_node,
+        "price_per_gpu_hour": space.system.price_per_gpu_hour,
+        "agent": agent,
+        "sampler": options.get("sampler"),
+        "options": options,
+        "seed": seed,
+        "backend": backend,
+    }
 
 
 def knob_lists(space: Space) -> dict[str, list[Any]]:
@@ -108,8 +122,10 @@ def open_store(out_dir: Path) -> tuple[Store, dict[str, Any]]:
     meta = read_meta(out_dir)
     url = stored_storage(meta["storage"], Path(out_dir))
     if not study_exists(url, meta["study_name"]):
-        raise UserError(f"holds no study {meta['study_name']!r} ({count_run_dirs(Path(out_dir))} run directories)",
-                        file=str(sqlite_path(url) or url))
+        raise UserError(
+            f"holds no study {meta['study_name']!r} ({count_run_dirs(Path(out_dir))} run directories)",
+            file=str(sqlite_path(url) or url),
+        )
     store = Store(url, meta["study_name"], meta["knobs"], create=False, base=Path(out_dir))
     return store, meta
 
@@ -136,10 +152,14 @@ def check_target(out: Path, *, resume: bool, rebuild: bool, worker: bool, defaul
     resume = resume or (worker and (out / META).exists())
     if (out / META).exists() and not resume:
         if default_out:  # the user gave no --out: name the default, never a flag they did not pass
-            raise UserError("(the default output directory, runs/<space name>) already holds a study; pass "
-                            "--resume to continue it, or --out DIR for a fresh study", file=str(out))
-        raise UserError("already holds a study; pass --resume to continue it, or a fresh --out DIR",
-                        file=str(out), field="--out")
+            raise UserError(
+                "(the default output directory, runs/<space name>) already holds a study; pass "
+                "--resume to continue it, or --out DIR for a fresh study",
+                file=str(out),
+            )
+        raise UserError(
+            "already holds a study; pass --resume to continue it, or a fresh --out DIR", file=str(out), field="--out"
+        )
     if resume and not (out / META).exists():
         raise UserError(f"nothing to resume (no {META})", file=str(out), field="--resume")
     if rebuild and not resume:
@@ -163,8 +183,11 @@ def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
         fcntl.flock(lock, (fcntl.LOCK_SH if worker else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise UserError("is in use by another dse run" + ("" if worker else " (several processes on one study: "
-                        "--worker each)"), file=str(out), field="--out") from None
+        raise UserError(
+            "is in use by another dse run" + ("" if worker else " (several processes on one study: --worker each)"),
+            file=str(out),
+            field="--out",
+        ) from None
     starting = None
     if worker:
         starting = open(out / ".start.lock", "w")
@@ -187,16 +210,20 @@ def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
         lock.close()
 
 
-def open_study(out: Path, space: Space, meta: dict[str, Any], *, resume: bool, rebuild: bool,
-               worker: bool) -> tuple[Store, dict[str, Any], str]:
+def open_study(
+    out: Path, space: Space, meta: dict[str, Any], *, resume: bool, rebuild: bool, worker: bool
+) -> tuple[Store, dict[str, Any], str]:
     """The study's store, ``dse.json`` and storage URL. ``meta`` is what a new study writes to ``dse.json``; a
     resumed one reads its own and is refused for another space, or for a storage that lost the study
     (unless ``rebuild``: it starts anew under the old numbers)."""
     if resume:
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != knob_lists(space):
-            raise UserError("the space differs from the one this study ran; resume with the same space file",
-                            file=space.source, field="knobs")
+            raise UserError(
+                "the space differs from the one this study ran; resume with the same space file",
+                file=space.source,
+                field="knobs",
+            )
         url = stored_storage(meta["storage"], out)
         _check_rebuild(out, url, meta["study_name"], rebuild)
     else:
@@ -220,9 +247,12 @@ def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:
     if not rebuild:
         # an emptied or deleted database: starting afresh would overwrite the leaderboard and set the run
         # directories aside, so only an explicit --rebuild does that
-        raise UserError(f"holds no study {study_name!r}; the run directories say {ran} trials ran (pass "
-                        "--rebuild with --resume to start the study anew)", file=str(sqlite_path(url) or url),
-                        field="--resume")
+        raise UserError(
+            f"holds no study {study_name!r}; the run directories say {ran} trials ran (pass "
+            "--rebuild with --resume to start the study anew)",
+            file=str(sqlite_path(url) or url),
+            field="--resume",
+        )
     # the new trials take the old numbers: their directories are set aside one by one as they run
     # (dse.execute.prepare_run_dir), the old packs all at once, so no reader takes an old log for a new
     logpack.set_aside(out / "trials")

@@ -125,17 +125,48 @@ LOG_FORMATS: tuple[LogFormat, ...] = (
 )
 
 # Failure markers, checked by substring (a regex alternation over them costs ~15 us a line, these ~1 us).
-_OOM_MARKS = ("CUDA out of memory", "CUDA error: out of memory", "CUDA Error: out of memory", "OutOfMemoryError",
-              "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "failure 'out of memory'", "oom_kill",
-              "oom-kill")
-_NCCL_MARKS = ("NCCL error", "ncclSystemError", "ncclInternalError", "ncclUnhandledCudaError", "ncclRemoteError",
-               "ncclInvalidUsage", "ncclInvalidArgument", "Watchdog caught collective operation timeout",
-               "NCCL communicator was aborted", "DistBackendError")
+_OOM_MARKS = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUDA Error: out of memory",
+    "OutOfMemoryError",
+    "cudaErrorMemoryAllocation",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "failure 'out of memory'",
+    "oom_kill",
+    "oom-kill",
+)
+_NCCL_MARKS = (
+    "NCCL error",
+    "ncclSystemError",
+    "ncclInternalError",
+    "ncclUnhandledCudaError",
+    "ncclRemoteError",
+    "ncclInvalidUsage",
+    "ncclInvalidArgument",
+    "Watchdog caught collective operation timeout",
+    "NCCL communicator was aborted",
+    "DistBackendError",
+)
 _SIGNAL_MARKS = ("Segmentation fault", "(core dumped)", "Fatal Python error")
 _EXITED_RE = re.compile(r"Exited with exit code (\d+)")
 # Gate in front of the markers: every marker contains one of these substrings.
-_FAIL_GATE = ("rror", "out of memory", "ALLOC_FAILED", "oom_kill", "oom-kill", "nccl", "Watchdog", "aborted",
-              "CANCELLED", "Traceback", "xit code", "fault", "core dumped", "Fatal Python")
+_FAIL_GATE = (
+    "rror",
+    "out of memory",
+    "ALLOC_FAILED",
+    "oom_kill",
+    "oom-kill",
+    "nccl",
+    "Watchdog",
+    "aborted",
+    "CANCELLED",
+    "Traceback",
+    "xit code",
+    "fault",
+    "core dumped",
+    "Fatal Python",
+)
 
 _NEMO_STEP_KEYS = ("train_step_timing in s",)
 _NEMO_TFLOPS_KEYS = ("TFLOPS_per_GPU", "tflops_per_sec_per_gpu")
@@ -345,8 +376,7 @@ class _Scan:
         self.ignore_next_trace = False
         self.last_ts: float | None = None
         # per log format, in order: (substring gate, pattern's match, reader method, that format's steps)
-        self._scanners = [(f.gate, f.pattern.match, getattr(self, f.reader), self.steps[f.name])
-                          for f in LOG_FORMATS]
+        self._scanners = [(f.gate, f.pattern.match, getattr(self, f.reader), self.steps[f.name]) for f in LOG_FORMATS]
 
     # -- memory ------------------------------------------------------------------------------------
     def _mem(self, alloc_gib: float | None, reserved_gib: float | None) -> None:
@@ -360,7 +390,7 @@ class _Scan:
         if headers:
             for i, h in enumerate(headers):
                 end = headers[i + 1].start() if i + 1 < len(headers) else len(line)
-                d = _fields(line[h.end():end])
+                d = _fields(line[h.end() : end])
                 if h["unit"] == "MB":  # Megatron-LM report_memory: MiB (bytes / 2**20)
                     a, r = _pos(d.get("max allocated")), _pos(d.get("max reserved"))
                     self._mem(a / 1024 if a else None, r / 1024 if r else None)
@@ -574,8 +604,9 @@ class LogFollower:
         """The step times logged so far (None where a progress line gave none), in step order."""
         return [r[0] for r in _series(self.scan)[0]]
 
-    def metrics(self, *, exit_code: int | None = 0, scheduler_state: str | None = None,
-                context: ParseContext = ParseContext()) -> RunMetrics:
+    def metrics(
+        self, *, exit_code: int | None = 0, scheduler_state: str | None = None, context: ParseContext = ParseContext()
+    ) -> RunMetrics:
         """The result of the lines read so far (by default as a run that ended cleanly there)."""
         return _conclude(self.scan, self.path, exit_code, scheduler_state, context)
 
@@ -602,12 +633,17 @@ def parse_log(
 
 def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:
     """Parse a backend's ``RunResult`` (anything with ``log_path``, ``exit_code``, ``scheduler_state``)."""
-    return parse_log(result.log_path, exit_code=result.exit_code,
-                     scheduler_state=getattr(result, "scheduler_state", None), context=context)
+    return parse_log(
+        result.log_path,
+        exit_code=result.exit_code,
+        scheduler_state=getattr(result, "scheduler_state", None),
+        context=context,
+    )
 
 
-def _conclude(scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None,
-              ctx: ParseContext) -> RunMetrics:
+def _conclude(
+    scan: _Scan, path: str | None, exit_code: int | None, scheduler_state: str | None, ctx: ParseContext
+) -> RunMetrics:
     """The run's result from a finished scan: step statistics, throughput, memory, loss and the verdict."""
     series, fmt = _series(scan)
     warm, times = _steady([r[0] for r in series])
@@ -646,8 +682,9 @@ def _step_stats(times: list[float]) -> tuple[float | None, float | None, float |
     return statistics.median(times), statistics.fmean(times), p10, p90
 
 
-def _tflops(scan: _Scan, series: list, fmt: str | None, step_time: float | None,
-            ctx: ParseContext) -> tuple[float | None, str | None]:
+def _tflops(
+    scan: _Scan, series: list, fmt: str | None, step_time: float | None, ctx: ParseContext
+) -> tuple[float | None, str | None]:
     """TFLOP/s per GPU and where it came from: the log's steady values (the series', else Megatron-Bridge's
     summary lines), else the model's FLOPs per step over the measured step time; (None, None) without either."""
     _, tfs = _steady([r[1] for r in series])
@@ -673,8 +710,16 @@ def _tokens_per_gpu(series: list, step_time: float | None, ctx: ParseContext) ->
     return None
 
 
-def _status(scan: _Scan, path: str | None, series: list, times: list, warm: int, exit_code: int | None,
-            scheduler_state: str | None, ctx: ParseContext) -> tuple[str, str | None]:
+def _status(
+    scan: _Scan,
+    path: str | None,
+    series: list,
+    times: list,
+    warm: int,
+    exit_code: int | None,
+    scheduler_state: str | None,
+    ctx: ParseContext,
+) -> tuple[str, str | None]:
     """(status, reason), by precedence: OOM, timeout, NCCL error, stall, other failures, missing metrics, ok."""
     ev = scan.evidence
     state = (scheduler_state or "").strip().upper().split(" ")[0].rstrip("+") or None
@@ -732,8 +777,9 @@ def _metrics_verdict(series: list, times: list, warm: int) -> tuple[str, str | N
     return "ok", None
 
 
-def _stall(scan: _Scan, path: str | None, series: list, exit_code: int | None, state: str | None,
-           ctx: ParseContext) -> str | None:
+def _stall(
+    scan: _Scan, path: str | None, series: list, exit_code: int | None, state: str | None, ctx: ParseContext
+) -> str | None:
     if ctx.stall_timeout_s is None:
         return None
     finished = exit_code is not None or (state is not None and state not in _SCHED_RUNNING)

@@ -29,10 +29,18 @@ SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
 
 def record_of(number: int, info: dict[str, Any], reward: float) -> TrialRecord:
     """The store's record of one environment step (``info`` as :class:`envs.recipe_env.RecipeEnv` gives it)."""
-    return TrialRecord(number=number, knobs=info["knobs"], status=info["status"], reward=reward,
-                       reason=info["reason"], metrics=info["metrics"],
-                       run_dir=stored_run_dir(number) if info["launched"] else None,
-                       gpu=info["gpu"], num_gpus=info["num_gpus"], gpu_hours=gpu_hours(info))
+    return TrialRecord(
+        number=number,
+        knobs=info["knobs"],
+        status=info["status"],
+        reward=reward,
+        reason=info["reason"],
+        metrics=info["metrics"],
+        run_dir=stored_run_dir(number) if info["launched"] else None,
+        gpu=info["gpu"],
+        num_gpus=info["num_gpus"],
+        gpu_hours=gpu_hours(info),
+    )
 
 
 def gpu_hours(info: dict[str, Any]) -> float | None:
@@ -46,9 +54,16 @@ def gpu_hours(info: dict[str, Any]) -> float | None:
 def placeholder(number: int, trial: TrialConfig, failed_reward: float) -> TrialRecord:
     """The row of a launched trial until its result replaces it: interrupted (what a Ctrl-C or a killed dse
     leaves, and what --resume runs again)."""
-    return TrialRecord(number=number, knobs=trial.varied_values(), status="failed", reward=failed_reward,
-                       reason=INTERRUPTED, run_dir=stored_run_dir(number), gpu=trial.system.gpu,
-                       num_gpus=trial.num_gpus)
+    return TrialRecord(
+        number=number,
+        knobs=trial.varied_values(),
+        status="failed",
+        reward=failed_reward,
+        reason=INTERRUPTED,
+        run_dir=stored_run_dir(number),
+        gpu=trial.system.gpu,
+        num_gpus=trial.num_gpus,
+    )
 
 
 class Recorder:
@@ -116,7 +131,7 @@ def write_leaderboard(df, out: Path) -> Path:
     right; ``dse leaderboard DIR --csv FILE`` writes them absolute, since FILE may be anywhere."""
     prefix = os.path.join(os.path.abspath(out), "")
     # string prefixes, not os.path.relpath: one row per trial (185k on the big grid)
-    df["run_dir"] = [p[len(prefix):] if isinstance(p, str) and p.startswith(prefix) else p for p in df["run_dir"]]
+    df["run_dir"] = [p[len(prefix) :] if isinstance(p, str) and p.startswith(prefix) else p for p in df["run_dir"]]
     try:
         return write_csv(df, out / LEADERBOARD)
     except OSError as e:

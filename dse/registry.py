@@ -19,10 +19,17 @@ AGENTS = "dse.agents"
 BACKENDS = "dse.backends"
 # Built-ins, used when the package's entry points are not installed (running from a source tree).
 BUILTIN: dict[str, dict[str, str]] = {
-    AGENTS: {"grid": "dse.agents.grid:GridAgent", "random": "dse.agents.random:RandomAgent",
-             "optuna": "dse.agents.optuna_agent:OptunaAgent", "guided": "dse.agents.guided:GuidedAgent"},
-    BACKENDS: {"sim": "dse.backends.sim:SimBackend", "local": "dse.backends.local:LocalBackend",
-               "slurm": "dse.backends.slurm:SlurmBackend"},
+    AGENTS: {
+        "grid": "dse.agents.grid:GridAgent",
+        "random": "dse.agents.random:RandomAgent",
+        "optuna": "dse.agents.optuna_agent:OptunaAgent",
+        "guided": "dse.agents.guided:GuidedAgent",
+    },
+    BACKENDS: {
+        "sim": "dse.backends.sim:SimBackend",
+        "local": "dse.backends.local:LocalBackend",
+        "slurm": "dse.backends.slurm:SlurmBackend",
+    },
 }
 
 Registry = Mapping[str, Callable[[], object]]
@@ -53,10 +60,14 @@ def names(group: str) -> list[str]:
 def get(registry: Registry, name: str, base: type[T], *, group: str, field: str) -> type[T]:
     """The class registered as ``name``, checked to subclass ``base``; a :class:`UserError` otherwise."""
     if name not in registry:
-        raise UserError(f"unknown {group.removeprefix('dse.').rstrip('s')} {name!r}{did_you_mean(name, registry)}; "
-                        f"known: {', '.join(registry)}", field=field)
+        raise UserError(
+            f"unknown {group.removeprefix('dse.').rstrip('s')} {name!r}{did_you_mean(name, registry)}; "
+            f"known: {', '.join(registry)}",
+            field=field,
+        )
     cls = registry[name]()
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise UserError(f"entry point {group}:{name} is {cls!r}, not a {base.__module__}.{base.__qualname__} "
-                        "subclass", field=field)
+        raise UserError(
+            f"entry point {group}:{name} is {cls!r}, not a {base.__module__}.{base.__qualname__} subclass", field=field
+        )
     return cls

@@ -86,7 +86,9 @@ def importances(records: Sequence[TrialRecord], knob_values: Mapping[str, Sequen
     study = optuna.create_study(direction="maximize")  # rewards are maximised whatever the metric
     for r in ok:
         if all(r.knobs.get(k) in dists[k].choices for k in varying):
-            study.add_trial(create_trial(params={k: r.knobs[k] for k in varying}, distributions=dict(dists), value=r.reward))
+            study.add_trial(
+                create_trial(params={k: r.knobs[k] for k in varying}, distributions=dict(dists), value=r.reward)
+            )
     if len(study.trials) < MIN_IMPORTANCE_TRIALS:
         return {}
     try:
@@ -101,9 +103,16 @@ def _int_ticks(n: int) -> dict:
     return dict(tickmode="linear", tick0=0, dtick=step, tickformat="d")
 
 
-def _figures(df: pd.DataFrame, records: Sequence[TrialRecord], knob_values: Mapping[str, Sequence[Any]],
-             metric: str, *, counts: Mapping[str, int] | None = None, best_line: pd.Series | None = None,
-             note: str = "") -> list:
+def _figures(
+    df: pd.DataFrame,
+    records: Sequence[TrialRecord],
+    knob_values: Mapping[str, Sequence[Any]],
+    metric: str,
+    *,
+    counts: Mapping[str, int] | None = None,
+    best_line: pd.Series | None = None,
+    note: str = "",
+) -> list:
     """The plots of ``df`` (every trial, or a sample of a large study: ``counts`` and ``best_line``, the
     best-so-far step line by trial, then come from the whole study, and ``note`` says what is shown)."""
     by_trial = df.sort_values("trial")
@@ -139,24 +148,58 @@ def _reward_figure(by_trial: pd.DataFrame, best_line: pd.Series | None, note: st
         floor = lo - 0.06 * ((hi - lo) or abs(hi) or 1.0)
     else:
         floor = 0.0
-    fig.add_trace(go.Scatter(x=ok.trial, y=ok.reward, mode="markers", name="ok",
-                             hovertemplate="trial %{x}<br>reward %{y:.4g}<extra></extra>"))
+    fig.add_trace(
+        go.Scatter(
+            x=ok.trial,
+            y=ok.reward,
+            mode="markers",
+            name="ok",
+            hovertemplate="trial %{x}<br>reward %{y:.4g}<extra></extra>",
+        )
+    )
     if best.notna().any():
-        fig.add_trace(go.Scatter(x=by_trial.trial if best_line is None else best.index, y=best, mode="lines",
-                                 name="best so far", line_shape="hv",
-                                 connectgaps=False, hovertemplate="trial %{x}<br>best %{y:.4g}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=by_trial.trial if best_line is None else best.index,
+                y=best,
+                mode="lines",
+                name="best so far",
+                line_shape="hv",
+                connectgaps=False,
+                hovertemplate="trial %{x}<br>best %{y:.4g}<extra></extra>",
+            )
+        )
     if not pruned.empty:
-        fig.add_trace(go.Scatter(x=pruned.trial, y=pruned.reward, mode="markers", name="pruned (bound)",
-                                 marker=dict(symbol="triangle-down", size=8),
-                                 customdata=pruned.reason.fillna("").str.slice(0, 200),
-                                 hovertemplate="trial %{x}: pruned<br>%{customdata}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=pruned.trial,
+                y=pruned.reward,
+                mode="markers",
+                name="pruned (bound)",
+                marker=dict(symbol="triangle-down", size=8),
+                customdata=pruned.reason.fillna("").str.slice(0, 200),
+                hovertemplate="trial %{x}: pruned<br>%{customdata}<extra></extra>",
+            )
+        )
     for status, grp in failed.groupby("status", sort=True):
-        fig.add_trace(go.Scatter(x=grp.trial, y=[floor] * len(grp), mode="markers", name=str(status),
-                                 marker=dict(symbol="x", size=8), customdata=grp.reason.fillna("").str.slice(0, 200),
-                                 hovertemplate=f"trial %{{x}}: {html.escape(str(status))}<br>%{{customdata}}<extra></extra>"))
-    fig.update_layout(title="Reward by trial (failures marked at the bottom)" + note, xaxis_title="trial",
-                      yaxis_title="reward", yaxis_tickformat=".4~g",
-                      xaxis=_int_ticks(int(by_trial.trial.max()) if len(by_trial) else 1))
+        fig.add_trace(
+            go.Scatter(
+                x=grp.trial,
+                y=[floor] * len(grp),
+                mode="markers",
+                name=str(status),
+                marker=dict(symbol="x", size=8),
+                customdata=grp.reason.fillna("").str.slice(0, 200),
+                hovertemplate=f"trial %{{x}}: {html.escape(str(status))}<br>%{{customdata}}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title="Reward by trial (failures marked at the bottom)" + note,
+        xaxis_title="trial",
+        yaxis_title="reward",
+        yaxis_tickformat=".4~g",
+        xaxis=_int_ticks(int(by_trial.trial.max()) if len(by_trial) else 1),
+    )
     return fig
 
 
@@ -164,9 +207,15 @@ def _status_figure(counts: Mapping[str, int]):
     """Trials by status, a bar each."""
     import plotly.graph_objects as go
 
-    return go.Figure(go.Bar(x=list(counts), y=list(counts.values()), hovertemplate="%{x}: %{y}<extra></extra>"),
-                     layout=dict(title="Trials by status", xaxis_title="status", yaxis_title="trials",
-                                 yaxis=dict(tickformat="d", rangemode="tozero")))
+    return go.Figure(
+        go.Bar(x=list(counts), y=list(counts.values()), hovertemplate="%{x}: %{y}<extra></extra>"),
+        layout=dict(
+            title="Trials by status",
+            xaxis_title="status",
+            yaxis_title="trials",
+            yaxis=dict(tickformat="d", rangemode="tozero"),
+        ),
+    )
 
 
 def _knob_box(ok: pd.DataFrame, knob: str, values: Sequence[Any], y: str, note: str):
@@ -174,11 +223,23 @@ def _knob_box(ok: pd.DataFrame, knob: str, values: Sequence[Any], y: str, note: 
     import plotly.graph_objects as go
 
     order = [str(v) for v in ordered_values(values)]
-    fig = go.Figure(go.Box(x=ok[knob].astype(str), y=ok[y], boxpoints="all", name=knob,
-                           hovertemplate=f"{knob}=%{{x}}<br>{y} %{{y:.4g}}<extra></extra>"))
-    fig.update_layout(title=f"{y} by {knob} (ok trials{note})", xaxis_title=knob, yaxis_title=y,
-                      yaxis_tickformat=".4~g",
-                      xaxis=dict(type="category", categoryorder="array", categoryarray=order), showlegend=False)
+    fig = go.Figure(
+        go.Box(
+            x=ok[knob].astype(str),
+            y=ok[y],
+            boxpoints="all",
+            name=knob,
+            hovertemplate=f"{knob}=%{{x}}<br>{y} %{{y:.4g}}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"{y} by {knob} (ok trials{note})",
+        xaxis_title=knob,
+        yaxis_title=y,
+        yaxis_tickformat=".4~g",
+        xaxis=dict(type="category", categoryorder="array", categoryarray=order),
+        showlegend=False,
+    )
     return fig
 
 
@@ -191,12 +252,20 @@ def _parallel_coordinates(ok: pd.DataFrame, knob_values: Mapping[str, Sequence[A
         order = ordered_values(knob_values[knob])
         index = {json.dumps(v, default=str): i for i, v in enumerate(order)}
         codes = [index.get(json.dumps(v, default=str), -1) for v in ok[knob]]
-        dims.append(dict(label=knob, values=codes, tickvals=list(range(len(order))),
-                         ticktext=[fmt(v) for v in order], range=[0, max(len(order) - 1, 1)]))
+        dims.append(
+            dict(
+                label=knob,
+                values=codes,
+                tickvals=list(range(len(order))),
+                ticktext=[fmt(v) for v in order],
+                range=[0, max(len(order) - 1, 1)],
+            )
+        )
     dims.append(dict(label=y, values=list(ok[y]), tickformat=".4~g"))
-    return go.Figure(go.Parcoords(line=dict(color=list(ok[y]), colorscale="Viridis", showscale=True),
-                                  dimensions=dims),
-                     layout=dict(title=f"Parallel coordinates: knobs against {y} (ok trials)"))
+    return go.Figure(
+        go.Parcoords(line=dict(color=list(ok[y]), colorscale="Viridis", showscale=True), dimensions=dims),
+        layout=dict(title=f"Parallel coordinates: knobs against {y} (ok trials)"),
+    )
 
 
 def _importance_figure(imp: Mapping[str, float], n_ok: int):
@@ -204,30 +273,50 @@ def _importance_figure(imp: Mapping[str, float], n_ok: int):
     import plotly.graph_objects as go
 
     names = list(imp)[::-1]
-    return go.Figure(go.Bar(x=[imp[k] for k in names], y=names, orientation="h",
-                            hovertemplate="%{y}: %{x:.3g}<extra></extra>"),
-                     layout=dict(title=f"Knob importance (Optuna PED-ANOVA, {n_ok} ok trials)",
-                                 xaxis_title="importance", xaxis_tickformat=".2~g"))
+    return go.Figure(
+        go.Bar(x=[imp[k] for k in names], y=names, orientation="h", hovertemplate="%{y}: %{x:.3g}<extra></extra>"),
+        layout=dict(
+            title=f"Knob importance (Optuna PED-ANOVA, {n_ok} ok trials)",
+            xaxis_title="importance",
+            xaxis_tickformat=".2~g",
+        ),
+    )
 
 
 def _memory_figure(ok: pd.DataFrame, knob_names: list[str], y: str):
     """``y`` against peak memory, one point per ok trial, its knobs on hover."""
     import plotly.graph_objects as go
 
-    text = ok[knob_names].apply(lambda row: ", ".join(f"{k}={fmt(row[k])}" for k in knob_names), axis=1) \
-        if knob_names else None
-    return go.Figure(go.Scatter(x=ok.peak_memory_gib, y=ok[y], mode="markers", text=text,
-                                hovertemplate="%{text}<br>%{x:.4g} GiB<br>" + y + " %{y:.4g}<extra></extra>"),
-                     layout=dict(title=f"{y} against peak memory (ok trials)", xaxis_title="peak memory, GiB",
-                                 yaxis_title=y, xaxis_tickformat=".4~g", yaxis_tickformat=".4~g"))
+    text = (
+        ok[knob_names].apply(lambda row: ", ".join(f"{k}={fmt(row[k])}" for k in knob_names), axis=1)
+        if knob_names
+        else None
+    )
+    return go.Figure(
+        go.Scatter(
+            x=ok.peak_memory_gib,
+            y=ok[y],
+            mode="markers",
+            text=text,
+            hovertemplate="%{text}<br>%{x:.4g} GiB<br>" + y + " %{y:.4g}<extra></extra>",
+        ),
+        layout=dict(
+            title=f"{y} against peak memory (ok trials)",
+            xaxis_title="peak memory, GiB",
+            yaxis_title=y,
+            xaxis_tickformat=".4~g",
+            yaxis_tickformat=".4~g",
+        ),
+    )
 
 
 @functools.cache
 def _templates() -> jinja2.Environment:
     """The page templates (package data under ``dse/templates``), autoescaped: every value is escaped unless
     the code marks it as HTML (:class:`markupsafe.Markup`: Plotly's own divs, tables rendered here)."""
-    return jinja2.Environment(loader=jinja2.PackageLoader("dse", "templates"), autoescape=True,
-                              undefined=jinja2.StrictUndefined)
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("dse", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
 
 
 def page(name: str, **context: Any) -> str:
@@ -273,7 +362,7 @@ class Failures:
         for status, (trials, reasons) in self._by.items():
             trials = sorted(trials)
             reason = reasons.most_common(1)[0][0] if reasons else ""
-            shown = ", ".join(map(str, trials[:self.SHOWN])) + (", ..." if self._n[status] > self.SHOWN else "")
+            shown = ", ".join(map(str, trials[: self.SHOWN])) + (", ..." if self._n[status] > self.SHOWN else "")
             rows.append({"status": status, "trials": self._n[status], "which": shown, "reason (most common)": reason})
         out = pd.DataFrame(rows).sort_values("trials", ascending=False, kind="stable")
         return table(out, cut={"reason (most common)": 110})
@@ -303,9 +392,11 @@ def _best_section(df: pd.DataFrame, knob_names: Sequence[str], best: Mapping[str
         return None
     row = ok.iloc[0]
     cols = ["trial", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", *knob_names]
-    return {"table": table(pd.DataFrame([{c: row[c] for c in cols}])),
-            "run_dir": str(row.run_dir) if isinstance(row.run_dir, str) else None,
-            "command": launch_command(best) if best and best.get("argv") else None}
+    return {
+        "table": table(pd.DataFrame([{c: row[c] for c in cols}])),
+        "run_dir": str(row.run_dir) if isinstance(row.run_dir, str) else None,
+        "command": launch_command(best) if best and best.get("argv") else None,
+    }
 
 
 @dataclasses.dataclass
@@ -346,14 +437,20 @@ class _Pass:
 def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
     """The page's two summary sentences: what the study ran, and what its trials came to."""
     g = {k: fmt(meta.get(k)) or "?" for k in ("recipe", "num_nodes", "gpu", "system", "agent", "backend", "space")}
-    what = (f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); "
-            f"agent {g['agent']}, backend {g['backend']}; space {g['space']}")
+    what = (
+        f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); "
+        f"agent {g['agent']}, backend {g['backend']}; space {g['space']}"
+    )
     if not summary.n:
         return what, "no trials yet"
     to_best = summary.to_best
-    stats = (f"{summary.n} trials: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
-             + f"; {summary.launched} launched runs; GPU-hours: {fmt(summary.spent)} spent"
-             + (f", {fmt(to_best)} to the best" if to_best is not None else "") + summary.savings_line())
+    stats = (
+        f"{summary.n} trials: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
+        + f"; {summary.launched} launched runs; GPU-hours: {fmt(summary.spent)} spent"
+        + (f", {fmt(to_best)} to the best" if to_best is not None else "")
+        + summary.savings_line()
+    )
     return what, stats
 
 
@@ -384,13 +481,23 @@ def _leaderboard(lb_df: pd.DataFrame, knob_names: Sequence[str], total: int) -> 
     lb = lb.rename(columns={"run_dir": "run"})
     keep = {"trial", "status", "reward", "reason", *knob_names}
     same = [c for c in lb.columns if c not in keep and len(lb) > 1 and lb[c].astype(str).nunique() == 1]
-    return {"shown": len(lb), "total": total,
-            "same": ", ".join(f"{c} {fmt(lb[c].iloc[0]) or '(empty)'}" for c in same),
-            "table": table(lb.drop(columns=same), cut={"reason": REASON_CHARS})}
+    return {
+        "shown": len(lb),
+        "total": total,
+        "same": ", ".join(f"{c} {fmt(lb[c].iloc[0]) or '(empty)'}" for c in same),
+        "table": table(lb.drop(columns=same), cut={"reason": REASON_CHARS}),
+    }
 
 
-def render(records: Iterable[TrialRecord], meta: dict, *, metric: str = "tflops_per_gpu",
-           best: Mapping[str, Any] | None = None, extra_html: str = "", total: int | None = None) -> str:
+def render(
+    records: Iterable[TrialRecord],
+    meta: dict,
+    *,
+    metric: str = "tflops_per_gpu",
+    best: Mapping[str, Any] | None = None,
+    extra_html: str = "",
+    total: int | None = None,
+) -> str:
     """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one;
     ``extra_html`` is a section the caller built as HTML (inserted as it is).
 
@@ -410,10 +517,18 @@ def render(records: Iterable[TrialRecord], meta: dict, *, metric: str = "tflops_
     df = frame(p.sample + [r for r in top if r.number not in in_sample], knob_names)
     what, stats = _headline(meta, p.summary)
     name = str(meta.get("study_name", ""))
-    return page("report.html.j2", title=f"dse {name}", study=name, summary_line=what, stats=stats,
-                best=_best_section(df, knob_names, best), plots=_plots(df, p, knob_values, metric),
-                failures=p.failures.html() if len(df) else None, extra=Markup(extra_html),
-                leaderboard=_leaderboard(frame(top, knob_names), knob_names, total))
+    return page(
+        "report.html.j2",
+        title=f"dse {name}",
+        study=name,
+        summary_line=what,
+        stats=stats,
+        best=_best_section(df, knob_names, best),
+        plots=_plots(df, p, knob_values, metric),
+        failures=p.failures.html() if len(df) else None,
+        extra=Markup(extra_html),
+        leaderboard=_leaderboard(frame(top, knob_names), knob_names, total),
+    )
 
 
 def read_best(out_dir: str | Path) -> dict | None:
@@ -424,8 +539,16 @@ def read_best(out_dir: str | Path) -> dict | None:
         return None
 
 
-def write(records: Iterable[TrialRecord], meta: dict, path: str | Path, *, metric: str = "tflops_per_gpu",
-          best: Mapping[str, Any] | None = None, extra_html: str = "", total: int | None = None) -> Path:
+def write(
+    records: Iterable[TrialRecord],
+    meta: dict,
+    path: str | Path,
+    *,
+    metric: str = "tflops_per_gpu",
+    best: Mapping[str, Any] | None = None,
+    extra_html: str = "",
+    total: int | None = None,
+) -> Path:
     from dse.leaderboard import checked_output, output_error
 
     path = checked_output(Path(path), "--html")

@@ -85,7 +85,10 @@ _SLURM_RULES = {
     "partition": (SLURM_NAME, "letters, digits and _.,-"),
     "account": (SLURM_NAME, "letters, digits and _.,-"),
     "time_limit": (SLURM_TIME, "a Slurm time: MM, HH:MM:SS or D-HH:MM:SS"),
-    "container_image": (SLURM_IMAGE + "|", "an image reference such as nvcr.io#nvidia/nemo:25.09 (not starting with #)"),
+    "container_image": (
+        SLURM_IMAGE + "|",
+        "an image reference such as nvcr.io#nvidia/nemo:25.09 (not starting with #)",
+    ),
     "container_mounts": (SLURM_MOUNT, "src:dst[:flags] paths"),
     "srun_args": (SLURM_SRUN_ARG, "options such as --mpi=pmix"),
     "job_dir": (SLURM_PATH + "|", "a path of letters, digits and _.,:+@=- (no % patterns)"),
@@ -108,12 +111,20 @@ class SlurmSettings(_Strict):
     job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
     max_pending: str = ""  # a Slurm time; a job pending longer is cancelled and failed with Slurm's reason ("": wait)
 
-    @field_validator("partition", "account", "time_limit", "container_image", "container_mounts", "srun_args",
-                     "job_dir", "max_pending")
+    @field_validator(
+        "partition",
+        "account",
+        "time_limit",
+        "container_image",
+        "container_mounts",
+        "srun_args",
+        "job_dir",
+        "max_pending",
+    )
     @classmethod
     def _safe_fields(cls, v: Any, info) -> Any:
         pattern, what = _SLURM_RULES[info.field_name]
-        for item in (v if isinstance(v, list) else [v]):
+        for item in v if isinstance(v, list) else [v]:
             if not re.fullmatch(pattern, item):
                 raise ValueError(f"{item!r} is not allowed; use {what}")
         return v
@@ -134,19 +145,29 @@ class System(_Strict):
     name: str
     gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
     gpus_per_node: int = Field(8, ge=1, le=1024)
-    nvlink_domain: int = Field(8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)")
-    scaleout_gbps: float = Field(400.0, gt=0, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s")
+    nvlink_domain: int = Field(
+        8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)"
+    )
+    scaleout_gbps: float = Field(
+        400.0, gt=0, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s"
+    )
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
-    startup_s: float = Field(300.0, ge=0, description="a job's start-up before its first step (container, "
-                             "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it")
-    price_per_gpu_hour: float | None = Field(None, gt=0, description="what one GPU-hour costs (any currency); "
-                                             "`dse compare` prices GPU-hours with it")
+    startup_s: float = Field(
+        300.0,
+        ge=0,
+        description="a job's start-up before its first step (container, "
+        "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it",
+    )
+    price_per_gpu_hour: float | None = Field(
+        None, gt=0, description="what one GPU-hour costs (any currency); `dse compare` prices GPU-hours with it"
+    )
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v: str) -> str:
         return one_of(v, GPU_NAMES, "GPU generation")
+
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
 
 
@@ -190,18 +211,26 @@ class EarlyStopSettings(_Strict):
     enabled: bool = False
     min_steps: int = Field(5, ge=1, le=100_000, description="steady steps (after the warm-up) before a stop")
     window: int = Field(5, ge=1, le=10_000, description="steps over which the median must hold still")
-    tolerance: float = Field(0.01, gt=0, lt=1, allow_inf_nan=False,
-                             description="relative move of the median allowed over the window")
+    tolerance: float = Field(
+        0.01, gt=0, lt=1, allow_inf_nan=False, description="relative move of the median allowed over the window"
+    )
     poll_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between looks at the log")
-    prune_margin: float | None = Field(None, gt=0, le=10, allow_inf_nan=False,
-                                       description="relative margin below the study's best at which a trial is pruned")
+    prune_margin: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        allow_inf_nan=False,
+        description="relative margin below the study's best at which a trial is pruned",
+    )
 
 
 class BackendSettings(_Strict):
     kind: str = "sim"  # a name in the dse.backends registry (checked without importing the backend)
     payload: str = "nemo2"  # one of recipes.contract.PAYLOADS
     flops_convention: Literal["causal", "noncausal"] = "causal"
-    timeout_s: float = Field(1800.0, gt=0, le=30 * 86400, allow_inf_nan=False, description="no-progress time after which a run is a timeout")
+    timeout_s: float = Field(
+        1800.0, gt=0, le=30 * 86400, allow_inf_nan=False, description="no-progress time after which a run is a timeout"
+    )
     # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
     # relative path is relative to the space file
     calibration: str | None = None
@@ -210,8 +239,11 @@ class BackendSettings(_Strict):
     # so that a search is judged against a truth that is not its model
     truth: Literal["exact", "twin"] = "exact"
     twin_seed: int = Field(0, ge=0)
-    allow_env: list[str] = Field(default_factory=list, description="protected environment names the space may "
-                                 "set (LD_PRELOAD, PATH, PYTHONPATH...): an explicit opt-in")
+    allow_env: list[str] = Field(
+        default_factory=list,
+        description="protected environment names the space may "
+        "set (LD_PRELOAD, PATH, PYTHONPATH...): an explicit opt-in",
+    )
     early_stop: EarlyStopSettings = Field(default_factory=EarlyStopSettings)
 
     @field_validator("payload")
@@ -251,6 +283,7 @@ class Space(_Strict):
             if isinstance(cal, str) and not Path(cal).is_absolute() and src.is_file():
                 data = {**data, "backend": {**data["backend"], "calibration": str(src.parent / cal)}}
         return data
+
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
 
     @field_validator("recipe")
@@ -269,8 +302,9 @@ class Space(_Strict):
         self._check_backend(f)
         self._check_env_opt_in(f)
         if "num_nodes" in self.settings:
-            raise UserError("set num_nodes at the top level of the space, not in [settings]",
-                            file=f, field="settings.num_nodes")
+            raise UserError(
+                "set num_nodes at the top level of the space, not in [settings]", file=f, field="settings.num_nodes"
+            )
         return self
 
     def _check_knob_values(self, name: str, values: list[Any], f: str | None) -> None:
@@ -279,21 +313,29 @@ class Space(_Strict):
         if not values:
             raise UserError("empty list; give at least one value", file=f, field=f"knobs.{name}")
         if len(values) > MAX_VALUES_PER_KNOB:
-            raise UserError(f"{len(values)} values; a knob takes at most {MAX_VALUES_PER_KNOB} (each stored "
-                            "trial carries its knobs' value lists)", file=f, field=f"knobs.{name}")
+            raise UserError(
+                f"{len(values)} values; a knob takes at most {MAX_VALUES_PER_KNOB} (each stored "
+                "trial carries its knobs' value lists)",
+                file=f,
+                field=f"knobs.{name}",
+            )
         seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
         if len(set(map(repr, seen))) != len(seen):
             raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")
         if name in self.settings:
-            raise UserError("is both fixed in [settings] and varied in [knobs]; keep one",
-                            file=f, field=f"knobs.{name}")
+            raise UserError(
+                "is both fixed in [settings] and varied in [knobs]; keep one", file=f, field=f"knobs.{name}"
+            )
 
     def _check_backend(self, f: str | None) -> None:
         """Pruning needs the early stop; a calibration file must load for this GPU (refused here, not at the
         first trial)."""
         if self.backend.early_stop.prune_margin is not None and not self.backend.early_stop.enabled:
-            raise UserError("pruning follows the log as the early stop does: set enabled = true with it, or "
-                            "remove prune_margin", file=f, field="backend.early_stop.prune_margin")
+            raise UserError(
+                "pruning follows the log as the early stop does: set enabled = true with it, or remove prune_margin",
+                file=f,
+                field="backend.early_stop.prune_margin",
+            )
         if self.backend.calibration is not None:
             from dse.calibration_file import load_calibration
 
@@ -307,14 +349,21 @@ class Space(_Strict):
         """A protected environment variable (from settings, knobs or the system's srun arguments) needs the
         space's explicit ``[backend] allow_env`` opt-in."""
         allowed = set(self.backend.allow_env)
-        env_names = [(f"{part}.{n}", n[len(knobs.ENV_PREFIX):]) for part, names in
-                     (("settings", self.settings), ("knobs", self.knobs)) for n in names if knobs.is_env(n)]
+        env_names = [
+            (f"{part}.{n}", n[len(knobs.ENV_PREFIX) :])
+            for part, names in (("settings", self.settings), ("knobs", self.knobs))
+            for n in names
+            if knobs.is_env(n)
+        ]
         env_names += [("system.slurm.srun_args", n) for n in self.system.slurm.exported_names()]
         for field, var in env_names:
             why = knobs.protected_env(var)
             if why and var not in allowed:
-                raise UserError(f"{var} {why}, so a space may set it only by opting in: "
-                                f'[backend] allow_env = ["{var}"]', file=f, field=field)
+                raise UserError(
+                    f'{var} {why}, so a space may set it only by opting in: [backend] allow_env = ["{var}"]',
+                    file=f,
+                    field=field,
+                )
 
     @property
     def recipe_obj(self) -> Recipe:
@@ -390,8 +439,12 @@ def load_system(ref: str | Path | dict[str, Any], *, file: str | None = None) ->
         known = sorted(p.stem for p in SYSTEMS_DIR.glob("*.toml"))
         path = SYSTEMS_DIR / f"{ref}.toml"
         if not NAME_RE.fullmatch(ref) or set(ref) == {"."} or not path.is_file():
-            raise UserError(f"unknown system {ref!r}{did_you_mean(ref, known)}; known: {', '.join(known)} "
-                            "(or a path to a system file, with / or .toml)", file=file, field="system")
+            raise UserError(
+                f"unknown system {ref!r}{did_you_mean(ref, known)}; known: {', '.join(known)} "
+                "(or a path to a system file, with / or .toml)",
+                file=file,
+                field="system",
+            )
     data = _read_toml(path)
     data.setdefault("name", path.stem)
     try:
@@ -419,13 +472,17 @@ def load_space(path: str | Path) -> Space:
     path = space_path(path)
     if not path.exists():
         known = sorted(p.stem for p in SPACES_DIR.glob("*.toml"))
-        raise UserError(f"no such file (nor a shipped space{did_you_mean(path.stem, known)}; shipped: "
-                        f"{', '.join(known)})", file=str(path))
+        raise UserError(
+            f"no such file (nor a shipped space{did_you_mean(path.stem, known)}; shipped: {', '.join(known)})",
+            file=str(path),
+        )
     data = _read_toml(path)
     f = str(path)
     sysref = data.get("system")
     if sysref is None:
-        raise UserError("required field is missing (a name from conf/systems, a path, or a table)", file=f, field="system")
+        raise UserError(
+            "required field is missing (a name from conf/systems, a path, or a table)", file=f, field="system"
+        )
     if not isinstance(sysref, (str, dict)):
         raise UserError(f"{sysref!r} is neither a system name nor a table", file=f, field="system")
     if isinstance(sysref, str) and sysref.endswith(".toml") and not Path(sysref).is_absolute():

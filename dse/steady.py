@@ -145,8 +145,15 @@ class Monitor:
     best then (:attr:`best`).
     """
 
-    def __init__(self, rule: Rule, *, poll_s: float = 5.0, want_ts: bool = False, prune: Prune | None = None,
-                 context: ParseContext | None = None):
+    def __init__(
+        self,
+        rule: Rule,
+        *,
+        poll_s: float = 5.0,
+        want_ts: bool = False,
+        prune: Prune | None = None,
+        context: ParseContext | None = None,
+    ):
         self.rule, self.poll_s, self.want_ts = rule, poll_s, want_ts
         self.prune, self.context = prune, context
         self.follower: LogFollower | None = None

@@ -62,18 +62,21 @@ SCHEMA_VERSION = 1
 
 _META = sa.MetaData()
 META = sa.Table(
-    "dse_meta", _META,
+    "dse_meta",
+    _META,
     sa.Column("key", sa.String(64), primary_key=True),
     sa.Column("value", sa.String(256), nullable=False),
 )
 STUDIES = sa.Table(
-    "dse_studies", _META,
+    "dse_studies",
+    _META,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", sa.String(512), nullable=False, unique=True),
     sa.Column("knobs", sa.Text, nullable=False),  # {knob: [values]} as JSON
 )
 TRIALS = sa.Table(
-    "dse_trials", _META,
+    "dse_trials",
+    _META,
     sa.Column("study_id", sa.Integer, sa.ForeignKey("dse_studies.id"), primary_key=True),
     sa.Column("number", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("knobs", sa.Text, nullable=False),  # {knob: value} as JSON
@@ -87,7 +90,8 @@ TRIALS = sa.Table(
     sa.Column("metrics", sa.Text, nullable=False),  # {metric: value} as JSON, None values left out
 )
 CLAIMS = sa.Table(
-    "dse_claims", _META,
+    "dse_claims",
+    _META,
     sa.Column("study_id", sa.Integer, sa.ForeignKey("dse_studies.id"), primary_key=True),
     sa.Column("point", sa.String(2048), primary_key=True),  # the knobs as sorted JSON
     sa.Column("worker", sa.String(64), nullable=False),
@@ -95,8 +99,18 @@ CLAIMS = sa.Table(
     sa.Column("expires", sa.Double, nullable=False),  # time.time() past which the claim is free (done: never)
     sa.Column("done", sa.Boolean, nullable=False, default=False),
 )
-_READ = (TRIALS.c.number, TRIALS.c.knobs, TRIALS.c.status, TRIALS.c.reward, TRIALS.c.reason, TRIALS.c.run_dir,
-         TRIALS.c.gpu, TRIALS.c.num_gpus, TRIALS.c.gpu_hours, TRIALS.c.metrics)
+_READ = (
+    TRIALS.c.number,
+    TRIALS.c.knobs,
+    TRIALS.c.status,
+    TRIALS.c.reward,
+    TRIALS.c.reason,
+    TRIALS.c.run_dir,
+    TRIALS.c.gpu,
+    TRIALS.c.num_gpus,
+    TRIALS.c.gpu_hours,
+    TRIALS.c.metrics,
+)
 
 T = TypeVar("T")
 RACES = (IntegrityError, OperationalError, ProgrammingError)  # what a process racing another one may get
@@ -147,7 +161,7 @@ def sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite:///FILE`` URL (None for other URLs and in-memory SQLite)."""
     if not url.startswith("sqlite:///"):
         return None
-    rest = url[len("sqlite:///"):].partition("?")[0]
+    rest = url[len("sqlite:///") :].partition("?")[0]
     return Path(rest) if rest and rest != ":memory:" else None
 
 
@@ -155,8 +169,9 @@ def check_url(url: str, *, field: str = "--storage") -> str:
     """``url`` if it is an SQLAlchemy URL whose driver is installed, else a one-line :class:`UserError`.
     Connects to nothing and writes nothing."""
     if "://" not in url:
-        raise UserError(f"{url!r} is not an SQL storage URL (e.g. sqlite:///study.db or "
-                        "postgresql+psycopg://host/db)", field=field)
+        raise UserError(
+            f"{url!r} is not an SQL storage URL (e.g. sqlite:///study.db or postgresql+psycopg://host/db)", field=field
+        )
     try:
         sa.make_url(url).get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
     except Exception as e:  # ArgumentError, NoSuchModuleError, ImportError: all mean "cannot use this URL"
@@ -197,8 +212,10 @@ def _dse_version(conn: sa.Connection, tables: set[str]) -> int | None:
     if value is None:
         return None  # another process is creating them (SQLite runs DDL outside the transaction)
     if int(value) > SCHEMA_VERSION:
-        raise UserError(f"written by a newer dse (store schema {value}; this dse reads {SCHEMA_VERSION}): "
-                        "upgrade dse", file=str(conn.engine.url))
+        raise UserError(
+            f"written by a newer dse (store schema {value}; this dse reads {SCHEMA_VERSION}): upgrade dse",
+            file=str(conn.engine.url),
+        )
     return int(value)
 
 
@@ -222,8 +239,18 @@ class Store:
     """The study of one space in one database. Single writer (``dse run`` holds a lock on the output dir),
     except through :meth:`add_numbered` and :meth:`replace`, which workers on one study use."""
 
-    def __init__(self, url: str, study_name: str, knob_values: dict[str, list[Any]], *, resume: bool = False,
-                 create: bool = True, batch_size: int = 256, max_delay_s: float = 1.0, base: str | Path | None = None):
+    def __init__(
+        self,
+        url: str,
+        study_name: str,
+        knob_values: dict[str, list[Any]],
+        *,
+        resume: bool = False,
+        create: bool = True,
+        batch_size: int = 256,
+        max_delay_s: float = 1.0,
+        base: str | Path | None = None,
+    ):
         self.url, self.study_name, self.batch_size, self.max_delay_s = url, study_name, batch_size, max_delay_s
         # the study directory, absolute: relative run_dirs are read relative to it (resolve_run_dir)
         self.base = os.path.abspath(base) if base is not None else None
@@ -231,8 +258,13 @@ class Store:
         try:
             with self.engine.connect():  # a server that cannot be reached fails now, not after the retries
                 pass
-            self.study_id = retry(lambda: self._open(knob_values, create=create, resume=resume), on=RACES,
-                                  attempts=8, first_wait_s=0.1, jitter=0.5)
+            self.study_id = retry(
+                lambda: self._open(knob_values, create=create, resume=resume),
+                on=RACES,
+                attempts=8,
+                first_wait_s=0.1,
+                jitter=0.5,
+            )
             self._count = self._stored_count()
         except (SQLAlchemyError, OSError) as e:  # a corrupt file ("file is not a database"), a server gone
             self.engine.dispose()
@@ -257,8 +289,11 @@ class Store:
         if sid is None and _optuna_tables(tables):
             legacy = _legacy_study(self.url, self.study_name, load=True)
         if (sid is not None or legacy is not None) and create and not resume:
-            raise UserError(f"study {self.study_name!r} already has trials here; pass --resume to continue it or "
-                            "--out another directory", field="--out")
+            raise UserError(
+                f"study {self.study_name!r} already has trials here; pass --resume to continue it or "
+                "--out another directory",
+                field="--out",
+            )
         if sid is not None:
             return sid
         if legacy is None and not create:
@@ -266,20 +301,24 @@ class Store:
         if not ready:
             _create_schema(self.engine)
         with self.engine.begin() as conn:  # the study and, migrated, its trials: all or nothing
-            key = conn.execute(sa.insert(STUDIES).values(name=self.study_name, knobs=_json(knob_values))
-                               ).inserted_primary_key
+            key = conn.execute(
+                sa.insert(STUDIES).values(name=self.study_name, knobs=_json(knob_values))
+            ).inserted_primary_key
             assert key is not None  # an INSERT's result carries the row's primary key
             sid = key[0]
             migrated = legacy or []
             for start in range(0, len(migrated), READ_BATCH):
-                conn.execute(sa.insert(TRIALS), [_row(sid, r) for r in migrated[start:start + READ_BATCH]])
+                conn.execute(sa.insert(TRIALS), [_row(sid, r) for r in migrated[start : start + READ_BATCH]])
         return sid
 
     def _stored_count(self) -> int:
         """The next number after the stored trials (their count: numbers have no gaps)."""
         with self.engine.connect() as conn:
-            return conn.execute(sa.select(sa.func.coalesce(sa.func.max(TRIALS.c.number) + 1, 0))
-                                .where(TRIALS.c.study_id == self.study_id)).scalar_one()
+            return conn.execute(
+                sa.select(sa.func.coalesce(sa.func.max(TRIALS.c.number) + 1, 0)).where(
+                    TRIALS.c.study_id == self.study_id
+                )
+            ).scalar_one()
 
     # -- writing -------------------------------------------------------------------------------------
     def next_number(self) -> int:
@@ -303,8 +342,10 @@ class Store:
             with self.engine.begin() as conn:
                 conn.execute(sa.insert(TRIALS), [_row(self.study_id, r) for r in pending])
         except IntegrityError:  # the numbers are taken: not through --worker, so nothing keeps them apart
-            raise InfrastructureError(f"another dse wrote trials {pending[0].number}.. of study {self.study_name!r} "
-                                      f"to {self.url} (several processes on one study: --worker each)") from None
+            raise InfrastructureError(
+                f"another dse wrote trials {pending[0].number}.. of study {self.study_name!r} "
+                f"to {self.url} (several processes on one study: --worker each)"
+            ) from None
         except (OSError, SQLAlchemyError) as e:
             # the store cannot be written (disk full, read-only, database gone): dse's failure, not a trial's;
             # these trials are not recorded and --resume runs them again
@@ -331,8 +372,11 @@ class Store:
         row = _row(self.study_id, rec)
         try:
             with self.engine.begin() as conn:
-                found = conn.execute(sa.update(TRIALS).where(
-                    TRIALS.c.study_id == self.study_id, TRIALS.c.number == rec.number).values(row)).rowcount
+                found = conn.execute(
+                    sa.update(TRIALS)
+                    .where(TRIALS.c.study_id == self.study_id, TRIALS.c.number == rec.number)
+                    .values(row)
+                ).rowcount
         except (OSError, SQLAlchemyError) as e:
             raise self._write_error(e) from None
         if found != 1:
@@ -346,8 +390,11 @@ class Store:
 
         def add() -> int:
             with self.engine.begin() as conn:
-                number = conn.execute(sa.select(sa.func.coalesce(sa.func.max(TRIALS.c.number) + 1, 0))
-                                      .where(TRIALS.c.study_id == self.study_id)).scalar_one()
+                number = conn.execute(
+                    sa.select(sa.func.coalesce(sa.func.max(TRIALS.c.number) + 1, 0)).where(
+                        TRIALS.c.study_id == self.study_id
+                    )
+                ).scalar_one()
                 row = _row(self.study_id, rec)
                 row.update(number=number, run_dir=str(run_dir(number)) if run_dir is not None else rec.run_dir)
                 conn.execute(sa.insert(TRIALS).values(row))
@@ -373,14 +420,28 @@ class Store:
         last, base, loads, nan = -1, self.base, json.loads, math.nan
         while True:
             with self.engine.connect() as conn:
-                rows = conn.execute(sa.select(*_READ).where(TRIALS.c.study_id == self.study_id, TRIALS.c.number > last)
-                                    .order_by(TRIALS.c.number).limit(batch_size)).all()
+                rows = conn.execute(
+                    sa.select(*_READ)
+                    .where(TRIALS.c.study_id == self.study_id, TRIALS.c.number > last)
+                    .order_by(TRIALS.c.number)
+                    .limit(batch_size)
+                ).all()
             if not rows:
                 return
             self.batches_read += 1
             for number, knobs, status, reward, reason, run_dir, gpu, num_gpus, gpu_hours, metrics in rows:
-                yield TrialRecord(number, loads(knobs), status, nan if reward is None else reward, reason,
-                                  loads(metrics), resolve_run_dir(run_dir, base), gpu, num_gpus, gpu_hours)
+                yield TrialRecord(
+                    number,
+                    loads(knobs),
+                    status,
+                    nan if reward is None else reward,
+                    reason,
+                    loads(metrics),
+                    resolve_run_dir(run_dir, base),
+                    gpu,
+                    num_gpus,
+                    gpu_hours,
+                )
             last = rows[-1][0]
             del rows
 
@@ -388,10 +449,19 @@ class Store:
 def _row(study_id: int, rec: TrialRecord) -> dict[str, Any]:
     """``rec`` as a row of ``dse_trials``: the one layout of a trial."""
     reward = float(rec.reward)
-    return {"study_id": study_id, "number": rec.number, "knobs": _json(rec.knobs), "status": rec.status,
-            "reward": None if math.isnan(reward) else reward, "reason": rec.reason, "run_dir": rec.run_dir,
-            "gpu": rec.gpu, "num_gpus": rec.num_gpus, "gpu_hours": rec.gpu_hours,
-            "metrics": _json({k: v for k, v in rec.metrics.items() if v is not None})}
+    return {
+        "study_id": study_id,
+        "number": rec.number,
+        "knobs": _json(rec.knobs),
+        "status": rec.status,
+        "reward": None if math.isnan(reward) else reward,
+        "reason": rec.reason,
+        "run_dir": rec.run_dir,
+        "gpu": rec.gpu,
+        "num_gpus": rec.num_gpus,
+        "gpu_hours": rec.gpu_hours,
+        "metrics": _json({k: v for k, v in rec.metrics.items() if v is not None}),
+    }
 
 
 def resolve_run_dir(run_dir: str | None, base: str | Path | None) -> str | None:
@@ -405,7 +475,7 @@ def resolve_run_dir(run_dir: str | None, base: str | Path | None) -> str | None:
         return run_dir
     parts = run_dir.split("/")
     if "trials" in parts:
-        parts = parts[len(parts) - 1 - parts[::-1].index("trials"):]
+        parts = parts[len(parts) - 1 - parts[::-1].index("trials") :]
     base = base if isinstance(base, str) else os.path.abspath(base)
     return os.path.join(base, *parts)
 
@@ -441,7 +511,15 @@ def record_from_trial(t: FrozenTrial, base: str | Path | None = None) -> TrialRe
         a = {**a, **a["record"]}
     status = a.get("status") or ("ok" if t.state.name == "COMPLETE" else "failed")
     reward = a.get("reward", t.value if t.value is not None else math.nan)
-    return TrialRecord(number=t.number, knobs=dict(t.params), status=status, reward=reward,
-                       reason=a.get("reason") or (None if status == "ok" else f"optuna state {t.state.name}"),
-                       metrics=a.get("metrics") or {}, run_dir=resolve_run_dir(a.get("run_dir"), base),
-                       gpu=a.get("gpu"), num_gpus=a.get("num_gpus"), gpu_hours=a.get("gpu_hours"))
+    return TrialRecord(
+        number=t.number,
+        knobs=dict(t.params),
+        status=status,
+        reward=reward,
+        reason=a.get("reason") or (None if status == "ok" else f"optuna state {t.state.name}"),
+        metrics=a.get("metrics") or {},
+        run_dir=resolve_run_dir(a.get("run_dir"), base),
+        gpu=a.get("gpu"),
+        num_gpus=a.get("num_gpus"),
+        gpu_hours=a.get("gpu_hours"),
+    )

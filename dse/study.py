@@ -52,9 +52,26 @@ from dse.store import Store, TrialRecord
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
 # dse.generations, dse.compare and the tests.
-__all__ = ["DB", "LEADERBOARD", "META", "Interrupted", "StudyLoop", "StudyResult", "absolute_storage",
-           "agent_settings", "make_backend", "open_store", "ordinal_knobs", "read_meta", "run_study", "space_options",
-           "storage_url", "stored_run_dir", "stored_storage", "trial_dir"]
+__all__ = [
+    "DB",
+    "LEADERBOARD",
+    "META",
+    "Interrupted",
+    "StudyLoop",
+    "StudyResult",
+    "absolute_storage",
+    "agent_settings",
+    "make_backend",
+    "open_store",
+    "ordinal_knobs",
+    "read_meta",
+    "run_study",
+    "space_options",
+    "storage_url",
+    "stored_run_dir",
+    "stored_storage",
+    "trial_dir",
+]
 
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:
@@ -93,8 +110,6 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry, *
     if "warm_start" in fields:
         derived["warm_start"] = space.search.warm_start
     return {**derived, **options}
-
-
 
 
 @dataclass
@@ -165,12 +180,25 @@ class Request:
     lease_s: float = LEASE_S
 
 
-def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sampler: str | None = None,
-              trials: int | None = None, seed: int | None = None, backend: str | None = None,
-              resume: bool = False, storage: str | None = None, rebuild: bool = False,
-              on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
-              seeds: Sequence[dict[str, Any]] = (), default_out: bool = False,
-              parallel: int | None = None, worker: bool = False, lease_s: float = LEASE_S) -> StudyResult:
+def run_study(
+    space: Space,
+    *,
+    out_dir: str | Path,
+    agent: str | None = None,
+    sampler: str | None = None,
+    trials: int | None = None,
+    seed: int | None = None,
+    backend: str | None = None,
+    resume: bool = False,
+    storage: str | None = None,
+    rebuild: bool = False,
+    on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
+    seeds: Sequence[dict[str, Any]] = (),
+    default_out: bool = False,
+    parallel: int | None = None,
+    worker: bool = False,
+    lease_s: float = LEASE_S,
+) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports
     progress (total: the budget, or for a grid without one the number of valid points; None when unknown).
     ``rebuild`` (with ``resume``): when the storage holds no study although run directories say trials ran,
@@ -200,10 +228,20 @@ def run_study(space: Space, *, out_dir: str | Path, agent: str | None = None, sa
         raise UserError(f"{parallel} trials at once; --parallel is at least 1", field="--parallel")
     agent = agent or space.search.agent
     registry = load_agents()
-    req = Request(agent, agent_settings(space, agent, sampler, registry), registry,
-                  space.search.seed if seed is None else seed, backend or space.backend.kind, trials=trials,
-                  rebuild=rebuild, on_trial=on_trial, seeds=list(seeds), parallel=parallel, worker=worker,
-                  lease_s=lease_s)
+    req = Request(
+        agent,
+        agent_settings(space, agent, sampler, registry),
+        registry,
+        space.search.seed if seed is None else seed,
+        backend or space.backend.kind,
+        trials=trials,
+        rebuild=rebuild,
+        on_trial=on_trial,
+        seeds=list(seeds),
+        parallel=parallel,
+        worker=worker,
+        lease_s=lease_s,
+    )
     _probe(space, req)
     resume = outdir.check_target(out, resume=resume, rebuild=rebuild, worker=worker, default_out=default_out)
     # Everything the study will write must be writable before the first trial: the output directory's path
@@ -222,17 +260,22 @@ def _probe(space: Space, req: Request) -> None:
     """Build the agent once on the bare action space, and the backend, so that a bad agent, sampler, option or
     backend fails before anything is written."""
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
-    make_agent(req.agent, req.registry, probe, seed=req.seed,
-               **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel))
+    make_agent(
+        req.agent,
+        req.registry,
+        probe,
+        seed=req.seed,
+        **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
+    )
     make_backend(req.backend, space, req.seed)
 
 
 def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> StudyResult:
     """The study in ``out``, which this process holds: open (or create) it, run the loop, write what it found."""
-    meta = outdir.new_meta(space, storage=req.storage, agent=req.agent, options=req.options, seed=req.seed,
-                           backend=req.backend)
-    store, meta, url = outdir.open_study(out, space, meta, resume=req.resume, rebuild=req.rebuild,
-                                         worker=req.worker)
+    meta = outdir.new_meta(
+        space, storage=req.storage, agent=req.agent, options=req.options, seed=req.seed, backend=req.backend
+    )
+    store, meta, url = outdir.open_study(out, space, meta, resume=req.resume, rebuild=req.rebuild, worker=req.worker)
     ready()  # the study is there: other workers may join
     backend = make_backend(req.backend, space, req.seed)
     recorder = Recorder(store, out, packs_logs=backend.packs_logs)
@@ -250,8 +293,9 @@ def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> St
             summary, lb = recorder.finish(space, worker=req.worker)
     assert summary is not None  # the loop ended normally, so the finally above finished the recorder
     write_best_of(space, summary, out)  # only when the loop ended normally
-    return StudyResult(out, None, loop.new, lb, loop.stop_reason, summary=summary,
-                       _source=(url, meta["study_name"], meta["knobs"]))
+    return StudyResult(
+        out, None, loop.new, lb, loop.stop_reason, summary=summary, _source=(url, meta["study_name"], meta["knobs"])
+    )
 
 
 def _point(knobs: dict[str, Any]) -> tuple:
@@ -299,12 +343,24 @@ class StudyLoop:
         self.budget, self.total = _budget(space, req)
         self._running = threading.local()  # the number of the trial this thread runs (its run directory)
         self._synced = time.monotonic()
-        self.env = RecipeEnv(space, backend, out, run_dirs=lambda: trial_dir(out, self._running.number),
-                             best=lambda: self.best, cancel=self.pool.cancel_event if self.pool else None)
+        self.env = RecipeEnv(
+            space,
+            backend,
+            out,
+            run_dirs=lambda: trial_dir(out, self._running.number),
+            best=lambda: self.best,
+            cancel=self.pool.cancel_event if self.pool else None,
+        )
         self.env.reset(seed=req.seed)
-        self.agent = make_agent(req.agent, req.registry, self.env.action_space, seed=req.seed,
-                                action_mask=self.env.action_mask, forecast=model_forecaster(space),
-                                **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel))
+        self.agent = make_agent(
+            req.agent,
+            req.registry,
+            self.env.action_space,
+            seed=req.seed,
+            action_mask=self.env.action_mask,
+            forecast=model_forecaster(space),
+            **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
+        )
 
     # -- before the first trial -----------------------------------------------------------------------
     def replay(self) -> None:
@@ -319,8 +375,11 @@ class StudyLoop:
         reruns = _reruns(self.recorder.store, interrupted)
         rerun_points = [r.knobs for r in reruns]
         self.queued.extend((r.number, self.env.encode(r.knobs)) for r in reruns)
-        self.queued.extend((None, self.env.encode(p)) for i, p in enumerate(seeds)
-                           if p not in ran and p not in rerun_points and p not in seeds[:i])
+        self.queued.extend(
+            (None, self.env.encode(p))
+            for i, p in enumerate(seeds)
+            if p not in ran and p not in rerun_points and p not in seeds[:i]
+        )
         self.seeding = bool(self.queued)
 
     def _history(self, interrupted: list[TrialRecord], ran: list[dict[str, Any]] | None) -> Iterator[tuple]:
@@ -362,15 +421,17 @@ class StudyLoop:
     def _fill(self) -> None:
         """Start trials while there is room (a free slot, budget left) and something to run."""
         while (self.pool is None or self.pool.free > 0) and (
-                self.budget is None or self.done + len(self.in_flight) < self.budget):
+            self.budget is None or self.done + len(self.in_flight) < self.budget
+        ):
             chosen = self._next()
             if chosen is None:
                 return
             number, action = chosen
             if self.pool is None:
                 if number is None or not self._ended_meanwhile(number, action):
-                    self._run_here(self.recorder.next_number() if number is None else number, action,
-                                   rerun=number is not None)
+                    self._run_here(
+                        self.recorder.next_number() if number is None else number, action, rerun=number is not None
+                    )
             elif not self._launch(number, action):
                 self._sync()  # another worker has the point: learn what the others found (once a second)
 
@@ -478,8 +539,9 @@ class StudyLoop:
                 pass
 
     # -- recording -----------------------------------------------------------------------------------
-    def _finish(self, number: int, action: dict[str, int], result: StepResult, *, over: bool,
-                check: bool = True) -> None:
+    def _finish(
+        self, number: int, action: dict[str, int], result: StepResult, *, over: bool, check: bool = True
+    ) -> None:
         """Record a result (``over``: in place of the trial's stored row) and show it to the agent; ``check``:
         then ask the backend whether the study should end (sbatch refusing every job the same way)."""
         info = result.info
@@ -489,8 +551,9 @@ class StudyLoop:
         if self.claims is not None:
             self.claims.done(info["knobs"])
             self.known.add(number)
-        self.agent.observe(action, result.reward, info["status"] == "ok", status=info["status"],
-                           metrics=info["metrics"])
+        self.agent.observe(
+            action, result.reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"]
+        )
         self.done += info["status"] != "rejected"
         self.new += 1
         if self.req.on_trial:
@@ -508,8 +571,12 @@ class StudyLoop:
         result = self.backend.finished_after_interrupt(trial, trial_dir(self.out, number))
         if result is None or not Path(result.log_path).exists():
             return None
-        metrics = parse_log(Path(result.log_path), exit_code=result.exit_code,
-                            scheduler_state=result.scheduler_state, context=parse_context(trial, self.space.backend))
+        metrics = parse_log(
+            Path(result.log_path),
+            exit_code=result.exit_code,
+            scheduler_state=result.scheduler_state,
+            context=parse_context(trial, self.space.backend),
+        )
         return StepResult(*self.env.outcome(action, replace(metrics, wall_s=result.wall_s), trial=trial))
 
     def _ended_meanwhile(self, number: int, action: dict[str, int]) -> bool:
@@ -538,8 +605,9 @@ def _budget(space: Space, req: Request) -> tuple[int | None, int | None]:
     """The study's budget (launched runs) and the total its progress counts to. ``--trials`` wins; the space's
     ``[search].trials`` belongs to the space's own agent; otherwise no budget: the agent runs until it has
     nothing left (grid: every valid point once, counted for the progress bar when the space is small enough)."""
-    budget = req.trials if req.trials is not None else (space.search.trials if req.agent == space.search.agent
-                                                        else None)
+    budget = (
+        req.trials if req.trials is not None else (space.search.trials if req.agent == space.search.agent else None)
+    )
     total = budget
     if total is None and req.agent == "grid" and space.size <= WALK_LIMIT:
         total = count_valid(space).valid  # exact at this size (the grid refuses a larger space)

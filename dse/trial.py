@@ -80,7 +80,7 @@ class TrialConfig:
     def knob(self, name: str) -> Any:
         """A knob's value by canonical name, env.NAME included (None for an unset env knob)."""
         if knobs.is_env(name):
-            return self.env.get(name[len(knobs.ENV_PREFIX):])
+            return self.env.get(name[len(knobs.ENV_PREFIX) :])
         return self.values[name]
 
     def varied_values(self) -> dict[str, Any]:
@@ -106,8 +106,11 @@ def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System) -> dict
     """
     if values.get("tp_comm_overlap") is None:
         tp, sp = values["tp"], values["sp"]
-        values["tp_comm_overlap"] = bool(tp > 1 and (tp > 1 if sp is None else sp) and userbuffer_config(
-            system.gpu, values["precision"], recipe.arch.hidden_size, tp) is not None)
+        values["tp_comm_overlap"] = bool(
+            tp > 1
+            and (tp > 1 if sp is None else sp)
+            and userbuffer_config(system.gpu, values["precision"], recipe.arch.hidden_size, tp) is not None
+        )
     return values
 
 
@@ -126,11 +129,16 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
     for source in (space.settings, point):
         for name, value in source.items():
             if knobs.is_env(name):
-                env[name[len(knobs.ENV_PREFIX):]] = knobs.get(name).coerce(value)
+                env[name[len(knobs.ENV_PREFIX) :]] = knobs.get(name).coerce(value)
             else:
                 values[name] = value
     resolve_auto(values, recipe, space.system)
-    return TrialConfig(recipe=recipe, system=space.system, values=MappingProxyType(values),
-                       env=MappingProxyType(env), varied=tuple(space.knobs),
-                       first_listed=MappingProxyType({k: v[0] for k, v in space.knobs.items() if v}),
-                       payload=space.backend.payload)
+    return TrialConfig(
+        recipe=recipe,
+        system=space.system,
+        values=MappingProxyType(values),
+        env=MappingProxyType(env),
+        varied=tuple(space.knobs),
+        first_listed=MappingProxyType({k: v[0] for k, v in space.knobs.items() if v}),
+        payload=space.backend.payload,
+    )

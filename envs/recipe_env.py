@@ -41,8 +41,9 @@ METRIC_KEYS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_me
 _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no trial yet
 
 
-def better(best: float | None, metrics: RunMetrics | dict[str, Any], objective: Objective, *,
-           ok: bool | None = None) -> float | None:
+def better(
+    best: float | None, metrics: RunMetrics | dict[str, Any], objective: Objective, *, ok: bool | None = None
+) -> float | None:
     """``best`` updated with one trial's metrics (a RunMetrics, or a stored metrics dict with ``ok``): only
     an ``ok`` trial with a finite value of the objective's metric counts."""
     if isinstance(metrics, RunMetrics):
@@ -63,18 +64,27 @@ class RecipeEnv(gym.Env):
     metadata = {"render_modes": []}
     action_space: spaces.Dict  # one Discrete per varied knob (agents read it as such)
 
-    def __init__(self, space: Space, backend: Backend, out_dir: str | Path,
-                 run_dirs: Callable[[], Path] | None = None, best: Callable[[], float | None] | None = None,
-                 cancel: threading.Event | None = None):
+    def __init__(
+        self,
+        space: Space,
+        backend: Backend,
+        out_dir: str | Path,
+        run_dirs: Callable[[], Path] | None = None,
+        best: Callable[[], float | None] | None = None,
+        cancel: threading.Event | None = None,
+    ):
         self.space, self.backend, self.cancel = space, backend, cancel
         self.out_dir = Path(out_dir)
         self._names = space.knob_names
         self._values = [space.knobs[n] for n in self._names]
         # an OrderedDict keeps the space file's knob order (gymnasium sorts the keys of a plain dict)
-        self.action_space = spaces.Dict(OrderedDict((n, spaces.Discrete(len(v))) for n, v in zip(self._names, self._values)))
+        self.action_space = spaces.Dict(
+            OrderedDict((n, spaces.Discrete(len(v))) for n, v in zip(self._names, self._values))
+        )
         box = spaces.Box(low=0.0, high=1e9, shape=(1,), dtype=np.float64)  # finite: gymnasium warns on inf
-        self.observation_space = spaces.Dict({"status": spaces.Discrete(len(STATUSES) + 1),
-                                              **{k: box for k in METRIC_KEYS}})
+        self.observation_space = spaces.Dict(
+            {"status": spaces.Discrete(len(STATUSES) + 1), **{k: box for k in METRIC_KEYS}}
+        )
         self._launched = 0
         self.run_dirs = run_dirs or (lambda: self.out_dir / "trials" / f"{self._launched:05d}")
         self._seed = 0  # the study's seed (from reset): the simulated jitter of a trial depends on it
@@ -126,13 +136,22 @@ class RecipeEnv(gym.Env):
         else:
             run_dir = self.run_dirs()
             self._launched += 1
-            metrics = run_trial(trial, run_dir, self.backend, self.space.backend, seed=self._seed,
-                                objective=self.space.objective, best=self.best, cancel=self.cancel)
+            metrics = run_trial(
+                trial,
+                run_dir,
+                self.backend,
+                self.space.backend,
+                seed=self._seed,
+                objective=self.space.objective,
+                best=self.best,
+                cancel=self.cancel,
+            )
             self._best = better(self._best, metrics, self.space.objective)
         return self.outcome(action, metrics, launched=not rejected, trial=trial)
 
-    def outcome(self, action: dict[str, Any], metrics: RunMetrics, *, launched: bool = True,
-                trial: TrialConfig | None = None):
+    def outcome(
+        self, action: dict[str, Any], metrics: RunMetrics, *, launched: bool = True, trial: TrialConfig | None = None
+    ):
         """``step``'s return for ``action`` given its run's ``metrics`` (also for a run parsed outside ``step``:
         a Slurm job found finished after a Ctrl-C)."""
         trial = trial or self.trial(action)
@@ -140,6 +159,13 @@ class RecipeEnv(gym.Env):
         values = {k: v for k, v in metrics.to_dict().items() if k not in ("status", "reason")}
         # info holds what the action determined (deterministic, as gymnasium's checker demands): the run
         # directory is the caller's (``run_dirs``), not part of the outcome.
-        info = {"status": metrics.status, "reason": metrics.reason, "knobs": self.decode(action), "metrics": values,
-                "launched": launched, "gpu": trial.system.gpu, "num_gpus": trial.num_gpus}
+        info = {
+            "status": metrics.status,
+            "reason": metrics.reason,
+            "knobs": self.decode(action),
+            "metrics": values,
+            "launched": launched,
+            "gpu": trial.system.gpu,
+            "num_gpus": trial.num_gpus,
+        }
         return self._obs(metrics.status, values), r, False, False, info

@@ -20,28 +20,50 @@ ENV_MBRIDGE_RECIPE = "DSE_MBRIDGE_RECIPE"  # the Megatron-Bridge recipe, when ar
 ENV_VBOOST = "ENABLE_VBOOST"  # "1": PerfEnvPlugin's vboost pre-step
 # The simulated trainer's figures: SimRun field -> variable (python -m recipes.sim reads them).
 SIM_ENV = {
-    "step_time_s": "DSE_SIM_STEP_TIME_S", "tflops_per_gpu": "DSE_SIM_TFLOPS_PER_GPU",
-    "peak_memory_gib": "DSE_SIM_PEAK_MEMORY_GIB", "gpu_memory_gib": "DSE_SIM_GPU_MEMORY_GIB",
-    "oom": "DSE_SIM_OOM", "oom_after": "DSE_SIM_OOM_AFTER", "seed": "DSE_SIM_SEED",
-    "max_steps": "DSE_SIM_MAX_STEPS", "gbs": "DSE_SIM_GBS",
+    "step_time_s": "DSE_SIM_STEP_TIME_S",
+    "tflops_per_gpu": "DSE_SIM_TFLOPS_PER_GPU",
+    "peak_memory_gib": "DSE_SIM_PEAK_MEMORY_GIB",
+    "gpu_memory_gib": "DSE_SIM_GPU_MEMORY_GIB",
+    "oom": "DSE_SIM_OOM",
+    "oom_after": "DSE_SIM_OOM_AFTER",
+    "seed": "DSE_SIM_SEED",
+    "max_steps": "DSE_SIM_MAX_STEPS",
+    "gbs": "DSE_SIM_GBS",
 }
 
 # A scheduler's word for how a job ended -> trial status; None: decided by the log and the exit code.
 # Slurm's sacct states, and torchx's SUCCEEDED (nemo-run's LocalExecutor's clean end).
 SCHEDULER_END_STATES: dict[str, str | None] = {
-    "COMPLETED": None, "SUCCEEDED": None, "FAILED": None,
-    "TIMEOUT": "timeout", "DEADLINE": "timeout",
+    "COMPLETED": None,
+    "SUCCEEDED": None,
+    "FAILED": None,
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
     "OUT_OF_MEMORY": "oom",
-    "CANCELLED": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed", "PREEMPTED": "failed", "REVOKED": "failed",
+    "CANCELLED": "failed",
+    "NODE_FAIL": "failed",
+    "BOOT_FAIL": "failed",
+    "PREEMPTED": "failed",
+    "REVOKED": "failed",
 }
 CLEAN_END_STATES = frozenset({"COMPLETED", "SUCCEEDED"})
 
 FLOPS_CONVENTIONS = ("causal", "noncausal")
 
 
-def model_flops_per_step(*, num_layers: int, hidden_size: int, num_attention_heads: int, num_query_groups: int,
-                         ffn_hidden_size: int, vocab_size: int, gated_mlp: bool, gbs: int, seq_length: int,
-                         convention: str = "causal") -> float:
+def model_flops_per_step(
+    *,
+    num_layers: int,
+    hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    ffn_hidden_size: int,
+    vocab_size: int,
+    gated_mlp: bool,
+    gbs: int,
+    seq_length: int,
+    convention: str = "causal",
+) -> float:
     """Model FLOPs of one step (forward and backward) of a dense GQA decoder, as Megatron-Bridge and NeMo report
     them (``shared/reference/README.md``):
 

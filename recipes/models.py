@@ -88,32 +88,88 @@ class Recipe:
 LLAMA3_8B = ModelArch("llama3_8b", 32, 4096, 32, 8, 14336, 128256, True)
 LLAMA3_70B = ModelArch("llama3_70b", 80, 8192, 64, 8, 28672, 128256, True)
 LLAMA3_405B = ModelArch("llama3_405b", 126, 16384, 128, 8, 53248, 128256, True)
-NEMOTRON3_8B = ModelArch("nemotron3_8b", 32, 4096, 32, 32, 16384, 256000, False,
-                         max_position_embeddings=4096, activation="squared_relu")
-NEMOTRON4_15B = ModelArch("nemotron4_15b", 32, 6144, 48, 8, 24576, 256000, False,
-                         max_position_embeddings=4096, activation="squared_relu")
-NEMOTRON4_340B = ModelArch("nemotron4_340b", 96, 18432, 96, 8, 73728, 256000, False,
-                           max_position_embeddings=4096, activation="squared_relu")
+NEMOTRON3_8B = ModelArch(
+    "nemotron3_8b", 32, 4096, 32, 32, 16384, 256000, False, max_position_embeddings=4096, activation="squared_relu"
+)
+NEMOTRON4_15B = ModelArch(
+    "nemotron4_15b", 32, 6144, 48, 8, 24576, 256000, False, max_position_embeddings=4096, activation="squared_relu"
+)
+NEMOTRON4_340B = ModelArch(
+    "nemotron4_340b", 96, 18432, 96, 8, 73728, 256000, False, max_position_embeddings=4096, activation="squared_relu"
+)
 
 
 def _recipes() -> dict[str, Recipe]:
     full = [
-        Recipe("llama3_8b", LLAMA3_8B, "llama3_8b", "llama3_8b_pretrain_config", 8192, 8,
-               {"h100/bf16": Layout(1, 1, 2, 1, 1, 128), "h100/fp8": Layout(1, 1, 2, 1, 1, 128),
-                "b200/fp8": Layout(1, 1, 1, 1, 2, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 128)}),
-        Recipe("llama3_70b", LLAMA3_70B, "llama3_70b", "llama3_70b_pretrain_config", 8192, 64,
-               {"h100/bf16": Layout(4, 4, 2, 5, 1, 128), "h100/fp8": Layout(4, 8, 1, 5, 1, 128),
-                "b200/fp8": Layout(2, 4, 2, 5, 1, 128), "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True,
-                                                                       cpu_offload_layers=40)}),
-        Recipe("llama3_405b", LLAMA3_405B, "llama31_405b", "llama3_405b_pretrain_config", 8192, 1024,
-               {"h100/bf16": Layout(8, 8, 2, 8, 1, 512), "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
-                "b200/fp8": Layout(4, 8, 2, 8, 1, 64), "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536)}),
-        Recipe("nemotron3_8b", NEMOTRON3_8B, "nemotron3_8b", None, 4096, 8,
-               {"h100/bf16": Layout(2, 1, 1, 1, 1, 32), "h100/fp8": Layout(2, 1, 1, 1, 1, 32)}),
-        Recipe("nemotron4_15b", NEMOTRON4_15B, "nemotron4_15b", None, 4096, 64,
-               {"h100/bf16": Layout(4, 1, 1, 1, 1, 256), "b200/fp8": Layout(1, 1, 1, 1, 2, 256)}),
-        Recipe("nemotron4_340b", NEMOTRON4_340B, "nemotron4_340b", None, 4096, 128,
-               {"h100/bf16": Layout(8, 8, 1, 12, 1, 32), "h100/fp8": Layout(8, 8, 1, 12, 1, 32)}),
+        Recipe(
+            "llama3_8b",
+            LLAMA3_8B,
+            "llama3_8b",
+            "llama3_8b_pretrain_config",
+            8192,
+            8,
+            {
+                "h100/bf16": Layout(1, 1, 2, 1, 1, 128),
+                "h100/fp8": Layout(1, 1, 2, 1, 1, 128),
+                "b200/fp8": Layout(1, 1, 1, 1, 2, 128),
+                "gb200/fp8": Layout(1, 1, 1, 1, 2, 128),
+            },
+        ),
+        Recipe(
+            "llama3_70b",
+            LLAMA3_70B,
+            "llama3_70b",
+            "llama3_70b_pretrain_config",
+            8192,
+            64,
+            {
+                "h100/bf16": Layout(4, 4, 2, 5, 1, 128),
+                "h100/fp8": Layout(4, 8, 1, 5, 1, 128),
+                "b200/fp8": Layout(2, 4, 2, 5, 1, 128),
+                "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True, cpu_offload_layers=40),
+            },
+        ),
+        Recipe(
+            "llama3_405b",
+            LLAMA3_405B,
+            "llama31_405b",
+            "llama3_405b_pretrain_config",
+            8192,
+            1024,
+            {
+                "h100/bf16": Layout(8, 8, 2, 8, 1, 512),
+                "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
+                "b200/fp8": Layout(4, 8, 2, 8, 1, 64),
+                "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536),
+            },
+        ),
+        Recipe(
+            "nemotron3_8b",
+            NEMOTRON3_8B,
+            "nemotron3_8b",
+            None,
+            4096,
+            8,
+            {"h100/bf16": Layout(2, 1, 1, 1, 1, 32), "h100/fp8": Layout(2, 1, 1, 1, 1, 32)},
+        ),
+        Recipe(
+            "nemotron4_15b",
+            NEMOTRON4_15B,
+            "nemotron4_15b",
+            None,
+            4096,
+            64,
+            {"h100/bf16": Layout(4, 1, 1, 1, 1, 256), "b200/fp8": Layout(1, 1, 1, 1, 2, 256)},
+        ),
+        Recipe(
+            "nemotron4_340b",
+            NEMOTRON4_340B,
+            "nemotron4_340b",
+            None,
+            4096,
+            128,
+            {"h100/bf16": Layout(8, 8, 1, 12, 1, 32), "h100/fp8": Layout(8, 8, 1, 12, 1, 32)},
+        ),
     ]
     out = {r.name: r for r in full}
     # 2-node reproducers: same width (so per-layer GEMM shapes and TP collectives are the real ones),
@@ -122,24 +178,32 @@ def _recipes() -> dict[str, Recipe]:
         r = out[base]
         arch = r.arch.scaled(layers)
         # offloading keeps its share of the layers (70B on GB200: 40 of 80 -> 8 of 16)
-        defaults = {k: replace(lay, cpu_offload_layers=lay.cpu_offload_layers * layers // r.arch.num_layers)
-                    for k, lay in r.defaults.items()}
-        out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base,
-                                 defaults=defaults)
+        defaults = {
+            k: replace(lay, cpu_offload_layers=lay.cpu_offload_layers * layers // r.arch.num_layers)
+            for k, lay in r.defaults.items()
+        }
+        out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base, defaults=defaults)
     # 1-GPU reproducer: Llama 3 8B's width (its GEMM shapes) with 4 of its 32 layers, so that one GPU holds
     # weights, gradients and Adam state (~1.9 B parameters) without model parallelism.
     r = out["llama3_8b"]
     arch = r.arch.scaled(4)
     # Its default layout is no parallelism at all (the 8-GPU recipe's cp=2 does not fit one GPU).
-    out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=1, scaled_from="llama3_8b",
-                             defaults={"h100/bf16": Layout(gbs=8)})
+    out[arch.name] = replace(
+        r, name=arch.name, arch=arch, num_gpus_default=1, scaled_from="llama3_8b", defaults={"h100/bf16": Layout(gbs=8)}
+    )
     # 1-GPU memory-border reproducer: Llama 3 70B's width (8192 hidden, 28672 FFN, GQA 64/8) with 4 of its 80
     # layers, ~5.5 B parameters: weights, fp32 gradients and Adam state alone take ~92 GiB of one H200's
     # 141 GiB, so the micro-batch and recompute choices decide whether it fits (issue 16's "wider model").
     r = out["llama3_70b"]
     arch = r.arch.scaled(4)
-    out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=1, scaled_from="llama3_70b",
-                             defaults={"h100/bf16": Layout(gbs=4)})
+    out[arch.name] = replace(
+        r,
+        name=arch.name,
+        arch=arch,
+        num_gpus_default=1,
+        scaled_from="llama3_70b",
+        defaults={"h100/bf16": Layout(gbs=4)},
+    )
     return out
 
 

@@ -106,6 +106,7 @@ class AgentContract:
     def test_failed_and_rejected_trials_are_data(self, new):
         """Every outcome failed (oom, or rejected where the mask says so): the agent goes on, proposes each
         point at most once, and still stops by itself."""
+
         def failing(action):
             return -100.0, False, "oom" if mask(action) else "rejected"
 
@@ -114,8 +115,12 @@ class AgentContract:
 
     def test_the_five_field_history_of_a_resume_is_accepted(self, new):
         agent = new()
-        agent.warm_start([({"a": 0, "b": 0, "c": 0}, objective({"a": 0, "b": 0, "c": 0}), True, "ok", {}),
-                          ({"a": 1, "b": 0, "c": 0}, -100.0, False, "rejected", None)])
+        agent.warm_start(
+            [
+                ({"a": 0, "b": 0, "c": 0}, objective({"a": 0, "b": 0, "c": 0}), True, "ok", {}),
+                ({"a": 1, "b": 0, "c": 0}, -100.0, False, "rejected", None),
+            ]
+        )
         seen = drive(agent, 3 * len(ALL))
         assert (0, 0, 0) not in seen and (1, 0, 0) not in seen
 
@@ -160,10 +165,23 @@ class BackendContract:
         raise NotImplementedError
 
     def plan(self, max_steps: int, **run) -> LaunchPlan:
-        t = trial("llama3_70b_16l", sys=system(LOCAL_SLURM), num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4,
-                  max_steps=max_steps, env_DSE_SIM_STEP_S=str(self.step_s))
-        return build_plan(t, payload="sim", sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 50.0, "gbs": 4,
-                                                              "max_steps": max_steps, **run}))
+        t = trial(
+            "llama3_70b_16l",
+            sys=system(LOCAL_SLURM),
+            num_nodes=1,
+            tp=1,
+            pp=1,
+            cp=1,
+            vp=1,
+            gbs=4,
+            max_steps=max_steps,
+            env_DSE_SIM_STEP_S=str(self.step_s),
+        )
+        return build_plan(
+            t,
+            payload="sim",
+            sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 50.0, "gbs": 4, "max_steps": max_steps, **run}),
+        )
 
     def run_dir(self, tmp_path: Path) -> Path:
         d = tmp_path / "00000"

@@ -40,8 +40,13 @@ def probe(argv: list[str]) -> dict:
 
     payload_main(argv)
     task = captured["task"]
-    strat, data, cfg, plug, trainer = (task.trainer.strategy, task.data, task.model.config, task.trainer.plugins,
-                                       task.trainer)
+    strat, data, cfg, plug, trainer = (
+        task.trainer.strategy,
+        task.data,
+        task.model.config,
+        task.trainer.plugins,
+        task.trainer,
+    )
     callbacks = list(trainer.callbacks or [])
     overlap = next((c for c in callbacks if _name(c) == "MegatronCommOverlapCallback"), None)
     flops = next((c for c in callbacks if _name(c) == "FLOPsMeasurementCallback"), None)
@@ -90,7 +95,8 @@ def probe(argv: list[str]) -> dict:
         "limit_val_batches": trainer.limit_val_batches,
         "callbacks": [_name(c) for c in callbacks],
         "tp_comm_overlap": None if overlap is None else overlap.tp_comm_overlap,
-        "tp_comm_overlap_cfg": None if overlap is None or overlap.tp_comm_overlap_cfg is None
+        "tp_comm_overlap_cfg": None
+        if overlap is None or overlap.tp_comm_overlap_cfg is None
         else _name(overlap.tp_comm_overlap_cfg),
         "vocab_size": getattr(getattr(data, "tokenizer", None), "vocab_size", None),
         "flops_model_name": None if flops is None else flops.model_name,
@@ -107,9 +113,10 @@ def probe(argv: list[str]) -> dict:
         built["tokenizer"] = fdl.build(data.tokenizer)
         out["built_vocab_size"] = built["tokenizer"].vocab_size
     out["built_num_layers"] = built["model_config"].num_layers
-    out["built_cpu_offloading"] = [getattr(built["model_config"], f) for f in
-                                   ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
-                                    "cpu_offloading_weights")]
+    out["built_cpu_offloading"] = [
+        getattr(built["model_config"], f)
+        for f in ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
+    ]
     out["built_attention_backend"] = built["model_config"].attention_backend.name
     out["built_fp8"] = built["plugins"].dtype_config.fp8
     out["built_callbacks"] = [type(c).__name__ for c in built["callbacks"]]
@@ -132,8 +139,11 @@ def tables() -> dict:
         "missing_modules": [m.module for m in spec.MODELS.values() if not hasattr(llm, m.module)],
         "missing_registry_modules": sorted({r.nemo2_recipe for r in RECIPES.values()} - set(dir(llm))),
         "missing_userbuffers": [n for n in userbuffers.UB_CONFIGS.values() if not hasattr(nemo_ub, n)],
-        "unlisted_userbuffers": sorted(n for n in dir(nemo_ub) if n.startswith("userbuffers_") and "lora" not in n
-                                       and n not in userbuffers.UB_CONFIGS.values()),
+        "unlisted_userbuffers": sorted(
+            n
+            for n in dir(nemo_ub)
+            if n.startswith("userbuffers_") and "lora" not in n and n not in userbuffers.UB_CONFIGS.values()
+        ),
     }
 
 

@@ -44,8 +44,17 @@ window.__dseErrors = [];
 })();
 </script>"""
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio",
-         "--no-first-run", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--window-size=1400,2200"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--no-first-run",
+    "--use-angle=swiftshader",
+    "--enable-unsafe-swiftshader",
+    "--window-size=1400,2200",
+]
 
 
 def chromium() -> str:
@@ -75,7 +84,8 @@ def probe(html_file: Path, work: Path, *, screenshot: Path | None = None) -> dic
 
     found = json.loads(_html.unescape(m.group(1)))
     if screenshot is not None:
-        s = subprocess.run([*cmd, f"--screenshot={screenshot}", html_file.as_uri()], capture_output=True, text=True,
-                           timeout=180)
+        s = subprocess.run(
+            [*cmd, f"--screenshot={screenshot}", html_file.as_uri()], capture_output=True, text=True, timeout=180
+        )
         assert screenshot.exists(), f"no screenshot (chromium exit {s.returncode}): {s.stderr[-2000:]}"
     return found

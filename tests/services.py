@@ -51,8 +51,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
     if lost:
-        raise pytest.UsageError(f"--dist loadgroup lost the xdist_group of {len(lost)} tests ({lost[0]}): "
-                                "pytest-xdist cannot group under this pytest (see pyproject's test extra)")
+        raise pytest.UsageError(
+            f"--dist loadgroup lost the xdist_group of {len(lost)} tests ({lost[0]}): "
+            "pytest-xdist cannot group under this pytest (see pyproject's test extra)"
+        )
 
 
 @contextmanager
@@ -63,11 +65,13 @@ def _private_service(kind: str, env_file: str) -> Iterator[dict[str, str] | None
         return
     root = Path(tempfile.mkdtemp(prefix=f"dse-test-{kind}-"))
     try:
-        r = subprocess.run(["bash", str(CI_DIR / kind / "up.sh"), str(root)], capture_output=True, text=True,
-                           timeout=900)
+        r = subprocess.run(
+            ["bash", str(CI_DIR / kind / "up.sh"), str(root)], capture_output=True, text=True, timeout=900
+        )
         if r.returncode != 0:
-            _unavailable(f"could not start a private {kind} ({CI_DIR / kind / 'up.sh'}): "
-                         f"{(r.stdout + r.stderr)[-2000:]}")
+            _unavailable(
+                f"could not start a private {kind} ({CI_DIR / kind / 'up.sh'}): {(r.stdout + r.stderr)[-2000:]}"
+            )
         lines = (root / kind / env_file).read_text().splitlines()
         yield dict(line.removeprefix("export ").split("=", 1) for line in lines if line.startswith("export "))
     finally:

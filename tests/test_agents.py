@@ -93,8 +93,9 @@ def test_optuna_model_warm_start_proposes_the_models_top_points_first():
         return Forecast(float(objective(action)), 90.0 if action["c"] == 0 else 70.0, 80.0)
 
     agent = new("optuna", warm_start="model", forecast=forecast)
-    ranked = sorted((k for k in ALL if mask(dict(zip("abc", k))) and k[2] == 1),
-                    key=lambda k: -objective(dict(zip("abc", k))))
+    ranked = sorted(
+        (k for k in ALL if mask(dict(zip("abc", k))) and k[2] == 1), key=lambda k: -objective(dict(zip("abc", k)))
+    )
     n = agent.WARM_START_POINTS
     first = drive(agent, n)
     cut = objective(dict(zip("abc", ranked[n - 1])))  # ties at the cut may go either way

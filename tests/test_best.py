@@ -40,14 +40,26 @@ def test_a_multi_node_best_that_was_one_node_before_loses_its_launch_sh(tmp_path
     assert "needs 2 nodes" in (tmp_path / "out" / "best" / "README").read_text()
 
 
-@pytest.mark.parametrize(("step_s", "max_steps", "limit"), [
-    (13.4, 50, "00:40:00"),  # 670 s x 2 + 15 min = 37.3 min -> 40 min (the 128-node case)
-    (60.0, 100, "03:35:00"),  # 6000 s x 2 + 15 min = 215 min
-    (1.0, 50, "00:30:00"),  # 17 min estimated: the system file's 30 min is longer, and kept
-])
+@pytest.mark.parametrize(
+    ("step_s", "max_steps", "limit"),
+    [
+        (13.4, 50, "00:40:00"),  # 670 s x 2 + 15 min = 37.3 min -> 40 min (the 128-node case)
+        (60.0, 100, "03:35:00"),  # 6000 s x 2 + 15 min = 215 min
+        (1.0, 50, "00:30:00"),  # 17 min estimated: the system file's 30 min is longer, and kept
+    ],
+)
 def test_time_limit_is_the_run_time_with_a_margin_or_the_system_files_when_longer(step_s, max_steps, limit):
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml", slurm={"time_limit": "00:30:00"}),
-              num_nodes=2, tp=2, pp=2, cp=1, vp=1, gbs=32, max_steps=max_steps)
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml", slurm={"time_limit": "00:30:00"}),
+        num_nodes=2,
+        tp=2,
+        pp=2,
+        cp=1,
+        vp=1,
+        gbs=32,
+        max_steps=max_steps,
+    )
     got, why = best_mod.time_limit(t, {"step_time_s": step_s})
     assert got == limit
     assert f"{max_steps} steps x {step_s:.3g} s" in why
@@ -57,8 +69,17 @@ def test_time_limit_is_the_run_time_with_a_margin_or_the_system_files_when_longe
 def test_time_limit_without_a_step_time_uses_the_models_prediction():
     from dse.perfmodel import predict
 
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml", slurm={"time_limit": "5"}),
-              num_nodes=2, tp=2, pp=2, cp=1, vp=1, gbs=32, max_steps=50)
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml", slurm={"time_limit": "5"}),
+        num_nodes=2,
+        tp=2,
+        pp=2,
+        cp=1,
+        vp=1,
+        gbs=32,
+        max_steps=50,
+    )
     got, why = best_mod.time_limit(t, {})
     assert "predicted by the performance model" in why
     expect = -(-(2 * 50 * predict(t).step_time_s + 900) // 300) * 300
@@ -75,8 +96,10 @@ def test_the_best_sbatch_carries_the_derived_limit_and_the_readme_says_why(tmp_p
     assert f"Time limit {limit}: 5000 steps x" in (d / "README").read_text()
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30", 1800), ("30:10", 1810), ("01:00:00", 3600),
-                                               ("1-02", 93600), ("1-02:03:04", 93784), ("UNLIMITED", None)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 1800), ("30:10", 1810), ("01:00:00", 3600), ("1-02", 93600), ("1-02:03:04", 93784), ("UNLIMITED", None)],
+)
 def test_slurm_time_formats(text, seconds):
     assert best_mod.slurm_seconds(text) == seconds
     if seconds is not None:

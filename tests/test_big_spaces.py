@@ -28,11 +28,20 @@ def _toml_value(v) -> str:
     return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
 
 
-def write_space(path, knobs: dict, *, env_knobs: int = 0, env_values: int = 0, settings: dict | None = None,
-                name: str = "big"):
+def write_space(
+    path, knobs: dict, *, env_knobs: int = 0, env_values: int = 0, settings: dict | None = None, name: str = "big"
+):
     env = {f"env.MY_K{i}": list(range(env_values)) for i in range(env_knobs)}
-    lines = [f'name = "{name}"', 'recipe = "llama3_8b"', 'system = "h100"', "num_nodes = 1", "",
-             "[settings]", "gbs = 128", "max_steps = 5"]
+    lines = [
+        f'name = "{name}"',
+        'recipe = "llama3_8b"',
+        'system = "h100"',
+        "num_nodes = 1",
+        "",
+        "[settings]",
+        "gbs = 128",
+        "max_steps = 5",
+    ]
     lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in (settings or {}).items()]
     lines += ["", "[knobs]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in {**knobs, **env}.items()]
     lines += ["", "[backend]", 'kind = "sim"', 'payload = "sim"', ""]
@@ -99,7 +108,7 @@ def test_grid_refuses_a_space_above_the_walk_limit_with_the_count(runner, tmp_pa
     r = runner.invoke(app, ["run", "--space", str(f), "--agent", "grid", "--out", str(out)])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert f"{54 * 10**11:,} raw points" in r.output and not out.exists()
-    assert "use agent \"random\" or \"optuna\" with [search] trials" in r.output  # the table name survives rich
+    assert 'use agent "random" or "optuna" with [search] trials' in r.output  # the table name survives rich
 
 
 def test_grid_on_an_all_invalid_space_ends_with_one_line(runner, tmp_path):
@@ -120,8 +129,9 @@ def test_random_runs_its_trials_in_a_space_beyond_2_63_points(runner, tmp_path):
 
 def test_random_on_a_huge_all_invalid_space_stops_with_one_line(runner, tmp_path):
     f = write_space(tmp_path / "bad.toml", {"tp": [3, 5, 6, 7]}, env_knobs=12, env_values=10)
-    r = runner.invoke(app, ["run", "--space", str(f), "--agent", "random", "--trials", "5",
-                            "--out", str(tmp_path / "out")])
+    r = runner.invoke(
+        app, ["run", "--space", str(f), "--agent", "random", "--trials", "5", "--out", str(tmp_path / "out")]
+    )
     assert r.exit_code == 0, r.output
     out = " ".join(r.stdout.split())
     assert f"{MAX_INVALID_DRAWS:,} draws in a row found no new valid point among {4 * 10**12:,}" in out
@@ -190,7 +200,21 @@ def test_dry_run_limit_on_a_space_invalid_for_its_first_points_stops_at_the_walk
 
 def test_twin_truth_of_a_trillion_point_space_is_calibrated_on_a_sample(runner, tmp_path):
     f = write_space(tmp_path / "big.toml", CORE, env_knobs=11, env_values=10)
-    r = runner.invoke(app, ["run", "--space", str(f), "--agent", "random", "--trials", "2", "--twin-seed", "3",
-                            "--out", str(tmp_path / "out")])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            "--space",
+            str(f),
+            "--agent",
+            "random",
+            "--trials",
+            "2",
+            "--twin-seed",
+            "3",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "2 new trials" in r.stdout

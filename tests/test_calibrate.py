@@ -59,8 +59,15 @@ def synthetic_tsv(path: Path, known: dict, n: int | None = None, gpu: str | None
     rows = []
     for row, run in list(zip(_rows(), runs))[:n]:
         p = predict(replace(run.trial, payload="nemo2"), params=truth)
-        rows.append({**row, "step_time_ms": p.step_time_s * 1e3, "peak_allocated_gib": p.peak_memory_gib,
-                     "payload": "nemo2", **({"gpu": gpu} if gpu else {})})
+        rows.append(
+            {
+                **row,
+                "step_time_ms": p.step_time_s * 1e3,
+                "peak_allocated_gib": p.peak_memory_gib,
+                "payload": "nemo2",
+                **({"gpu": gpu} if gpu else {}),
+            }
+        )
     return _write(path, rows)
 
 
@@ -100,8 +107,15 @@ def test_hostile_strings_in_a_calibration_file_round_trip_and_add_no_key(tmp_pat
     from dse.calibration_file import write
 
     hostile = 'runs"\n[params]\nelementwise_scale = 99.0\n# \\'
-    cal = Calibration(gpu="h200", params={"elementwise_scale": 2.0}, sources=[hostile, "b.tsv"], runs=3,
-                      date="2026\ngpu = \"b200\"", fit={"after": {"step_time_mape": 1.5}}, loo=None)
+    cal = Calibration(
+        gpu="h200",
+        params={"elementwise_scale": 2.0},
+        sources=[hostile, "b.tsv"],
+        runs=3,
+        date='2026\ngpu = "b200"',
+        fit={"after": {"step_time_mape": 1.5}},
+        loo=None,
+    )
     path = write(cal, tmp_path / "cal.toml")
     doc = tomllib.loads(path.read_text())
     assert doc["params"] == {"elementwise_scale": 2.0}
@@ -125,16 +139,42 @@ def test_cli_writes_the_file_and_predict_uses_it(tmp_path):
     rep = json.loads(text)
     assert {r["name"] for r in rep["params"]} >= {"elementwise_scale", "unfused_scores_scale"}
     assert rep["leave_one_out"]["step_time_mape"] < 5.0
-    base = ["predict", "--model", "llama3_8b_4l", "--gpu", "h200", "--gpus-per-node", "1", "--num-gpus", "1",
-            "--set", "attention_backend=local", "--mbs", "1", "--gbs", "8", "--seq-length", "2048", "--tp", "1",
-            "--recompute", "none", "--payload", "nemo2", "--json"]  # as synthetic_tsv's rows ran
+    base = [
+        "predict",
+        "--model",
+        "llama3_8b_4l",
+        "--gpu",
+        "h200",
+        "--gpus-per-node",
+        "1",
+        "--num-gpus",
+        "1",
+        "--set",
+        "attention_backend=local",
+        "--mbs",
+        "1",
+        "--gbs",
+        "8",
+        "--seq-length",
+        "2048",
+        "--tp",
+        "1",
+        "--recompute",
+        "none",
+        "--payload",
+        "nemo2",
+        "--json",
+    ]  # as synthetic_tsv's rows ran
     code0, shipped = _cli(*base)
     code1, calibrated = _cli(*base, "--calibration", out)
     assert code0 == code1 == 0, calibrated
     s0, s1 = json.loads(shipped)["step_time_s"], json.loads(calibrated)["step_time_s"]
     with open(src, newline="") as fh:  # the known machine's step time for this layout
-        truth = next(float(r["step_time_ms"]) / 1e3 for r in csv.DictReader(fh, delimiter="\t")
-                     if r["name"] == "llama8b4l_mbs1_s2048_none")
+        truth = next(
+            float(r["step_time_ms"]) / 1e3
+            for r in csv.DictReader(fh, delimiter="\t")
+            if r["name"] == "llama8b4l_mbs1_s2048_none"
+        )
     assert abs(s1 - truth) / truth < 0.02 < abs(s0 - truth) / truth
     assert json.loads(calibrated)["calibration"] == str(out)
 
@@ -218,7 +258,8 @@ def test_space_calibration_for_the_sim_backend(tmp_path):
     trial = resolve(sp, {"mbs": 1, "recompute": "none"})
     plan = build_plan(trial, simulated=True, params=calibrated_params(sp.backend.calibration))
     assert plan.sim_run.step_time_s == pytest.approx(
-        predict(trial, params=DEFAULT_PARAMS.with_values(elementwise_scale=3.0)).step_time_s)
+        predict(trial, params=DEFAULT_PARAMS.with_values(elementwise_scale=3.0)).step_time_s
+    )
     assert plan.sim_run.step_time_s > predict(trial).step_time_s
     cal.write_text(cal.read_text().replace('"h200"', '"b200"'))
     with pytest.raises(UserError, match="backend.calibration"):
@@ -259,8 +300,14 @@ def test_a_grace_hosts_time_per_layer_is_learnt_from_gb200_runs(tmp_path, host):
     rows = [{**r, "gpu": "gb200", "payload": "nemo2"} for r in _rows()]
     runs, _ = runs_from_tsv(_write(tmp_path / "layouts.tsv", rows), "gb200")
     truth = DEFAULT_PARAMS.with_values(host_layer_s_grace=host)
-    measured = [{**row, "step_time_ms": predict(run.trial, params=truth).step_time_s * 1e3,
-                 "peak_allocated_gib": predict(run.trial, params=truth).peak_memory_gib} for row, run in zip(rows, runs)]
+    measured = [
+        {
+            **row,
+            "step_time_ms": predict(run.trial, params=truth).step_time_s * 1e3,
+            "peak_allocated_gib": predict(run.trial, params=truth).peak_memory_gib,
+        }
+        for row, run in zip(rows, runs)
+    ]
     cal, _ = calibrate([_write(tmp_path / "runs.tsv", measured)], gpu="gb200", loo=False)
     assert cal.params["host_layer_s_grace"] == pytest.approx(host, rel=0.02)
     assert cal.fit["after"]["step_time_mape"] < 0.5 < cal.fit["before"]["step_time_mape"]

@@ -14,8 +14,9 @@ LIB = Path(__file__).resolve().parent.parent / ".ci" / "lib.sh"
 
 
 def lib(script: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", f". {LIB}; {script}"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        ["bash", "-c", f". {LIB}; {script}"], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
 
 
 def sleeper(**env: str) -> subprocess.Popen:

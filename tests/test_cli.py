@@ -14,14 +14,17 @@ from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("edit", [
-    ('tp = [1, 2, 4, 8]', 'tq = [1, 2]'),
-    ('tp = [1, 2, 4, 8]', 'tp = ["x"]'),
-    ('recipe = "llama3_70b_16l"', 'recipe = "gpt5"'),
-    ('system = "h100"', 'system = "tpu"'),
-    ('num_nodes = 2', 'num_nodes = -1'),
-    ('[knobs]', '[knobs'),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("tp = [1, 2, 4, 8]", "tq = [1, 2]"),
+        ("tp = [1, 2, 4, 8]", 'tp = ["x"]'),
+        ('recipe = "llama3_70b_16l"', 'recipe = "gpt5"'),
+        ('system = "h100"', 'system = "tpu"'),
+        ("num_nodes = 2", "num_nodes = -1"),
+        ("[knobs]", "[knobs"),
+    ],
+)
 def test_bad_space_exits_2_with_one_line_and_writes_nothing(tmp_path, edit):
     path = write_space(tmp_path, SMALL_SPACE.replace(*edit))
     out = tmp_path / "out"
@@ -47,8 +50,15 @@ def test_run_then_leaderboard_csv(tmp_path):
     r = runner.invoke(app, ["leaderboard", str(out), "--csv", str(csv), "--top", "3"])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(csv)
-    assert list(df.columns[:7]) == ["trial", "status", "reward", "step_time_s", "tflops_per_gpu",
-                                    "tokens_per_s_per_gpu", "peak_memory_gib"]
+    assert list(df.columns[:7]) == [
+        "trial",
+        "status",
+        "reward",
+        "step_time_s",
+        "tflops_per_gpu",
+        "tokens_per_s_per_gpu",
+        "peak_memory_gib",
+    ]
     assert list(df.columns[7:11]) == ["tp", "pp", "vp", "mbs"]
     assert {"gpu", "num_gpus", "run_dir"} <= set(df.columns)
     assert len(df) == 12

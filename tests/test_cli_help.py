@@ -17,8 +17,21 @@ def test_version():
     assert r.exit_code == 0 and r.output.strip() == f"dse {version('dse')}"
 
 
-@pytest.mark.parametrize("cmd", [[], ["run"], ["leaderboard"], ["predict"], ["calibrate"], ["dry-run"], ["parse"],
-                                 ["report"], ["import", "cloudai"]], ids=lambda c: " ".join(c) or "dse")
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        [],
+        ["run"],
+        ["leaderboard"],
+        ["predict"],
+        ["calibrate"],
+        ["dry-run"],
+        ["parse"],
+        ["report"],
+        ["import", "cloudai"],
+    ],
+    ids=lambda c: " ".join(c) or "dse",
+)
 def test_help_has_no_type_placeholders(cmd):
     r = CliRunner().invoke(app, [*cmd, "--help"], terminal_width=200)
     assert r.exit_code == 0

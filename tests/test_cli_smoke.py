@@ -18,8 +18,20 @@ def python_m_dse(*args) -> subprocess.CompletedProcess:
 def test_python_m_dse_help_lists_every_command():
     r = python_m_dse("--help")
     assert r.returncode == 0, r.stderr
-    for cmd in ("recipes", "run", "compare", "leaderboard", "validate", "space", "report", "parse", "predict",
-                "calibrate", "dry-run", "import"):
+    for cmd in (
+        "recipes",
+        "run",
+        "compare",
+        "leaderboard",
+        "validate",
+        "space",
+        "report",
+        "parse",
+        "predict",
+        "calibrate",
+        "dry-run",
+        "import",
+    ):
         assert f"\n  {cmd} " in r.stdout, cmd
 
 

@@ -30,32 +30,53 @@ def test_baseline_is_valid():
 # rule -> (breaking point, a nearby valid point)
 CASES = {
     "world_divisible": (dict(tp=4, pp=4, num_nodes=3), dict(tp=4, pp=4, num_nodes=4)),
-    "heads_divisible": (dict(recipe="nemotron4_15b", tp=16, pp=1, num_nodes=2, system={"nvlink_domain": 16}, gbs=32),
-                        dict(recipe="nemotron4_15b", tp=8, pp=1, num_nodes=2, gbs=32)),
+    "heads_divisible": (
+        dict(recipe="nemotron4_15b", tp=16, pp=1, num_nodes=2, system={"nvlink_domain": 16}, gbs=32),
+        dict(recipe="nemotron4_15b", tp=8, pp=1, num_nodes=2, gbs=32),
+    ),
     "layers_divisible": (dict(pp=4, vp=3), dict(pp=4, vp=5)),  # 80 and 82 layers: neither divides by 12
     "vp_needs_pp": (dict(pp=1, vp=2, tp=8), dict(pp=2, vp=2, tp=8)),
     "gbs_divisible": (dict(gbs=102), dict(gbs=104)),
-    "interleaved_microbatches": (dict(tp=4, pp=4, vp=5, gbs=6, num_nodes=2), dict(tp=4, pp=4, vp=5, gbs=8, num_nodes=2)),
+    "interleaved_microbatches": (
+        dict(tp=4, pp=4, vp=5, gbs=6, num_nodes=2),
+        dict(tp=4, pp=4, vp=5, gbs=8, num_nodes=2),
+    ),
     "seq_divisible": (dict(cp=2, tp=2, pp=2, seq_length=8190), dict(cp=2, tp=2, pp=2, seq_length=8192)),
     "sp_needs_tp": (dict(tp=1, pp=4, sp=True), dict(tp=1, pp=4, sp=False)),
     "ep_divides_experts": (dict(ep=2), dict(ep=1)),
     "fp8_needs_hopper": (dict(gpu="a100", precision="fp8"), dict(gpu="a100", precision="bf16")),
-    "tp_within_nvlink": (dict(recipe="nemotron3_8b", tp=16, pp=1, num_nodes=2, gbs=32, seq_length=4096),
-                         dict(recipe="nemotron3_8b", tp=8, pp=1, num_nodes=2, gbs=32, seq_length=4096)),
-    "recompute_layers_in_stage": (dict(recompute="full", recompute_num_layers=21, pp=4),
-                                  dict(recompute="full", recompute_num_layers=20, pp=4)),
+    "tp_within_nvlink": (
+        dict(recipe="nemotron3_8b", tp=16, pp=1, num_nodes=2, gbs=32, seq_length=4096),
+        dict(recipe="nemotron3_8b", tp=8, pp=1, num_nodes=2, gbs=32, seq_length=4096),
+    ),
+    "recompute_layers_in_stage": (
+        dict(recompute="full", recompute_num_layers=21, pp=4),
+        dict(recompute="full", recompute_num_layers=20, pp=4),
+    ),
     "fsdp_no_pp": (dict(fsdp=True, pp=2, tp=4), dict(fsdp=True, pp=1, tp=4)),
     "tp_comm_overlap_needs_tp": (dict(tp_comm_overlap=True, tp=1, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
     "cpu_offload_supported": (dict(cpu_offload_layers=40, pp=4), dict(cpu_offload_layers=40, pp=1, tp=8, gbs=64)),
     # Llama 3 70B (hidden 8192) has an H100 userbuffer config at tp=4, none at tp=2
-    "cp_needs_te_attention": (dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="unfused"),
-                              dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="flash")),
+    "cp_needs_te_attention": (
+        dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="unfused"),
+        dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="flash"),
+    ),
     "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
     # a space varying precision and fp8_recipe: a bf16 point is kept once, with the first recipe listed
-    "fp8_recipe_needs_fp8": (dict(precision="bf16", fp8_recipe="tensorwise", varied=("precision", "fp8_recipe"),
-                                  first_listed={"precision": "bf16", "fp8_recipe": "delayed"}),
-                             dict(precision="bf16", fp8_recipe="delayed", varied=("precision", "fp8_recipe"),
-                                  first_listed={"precision": "bf16", "fp8_recipe": "delayed"})),
+    "fp8_recipe_needs_fp8": (
+        dict(
+            precision="bf16",
+            fp8_recipe="tensorwise",
+            varied=("precision", "fp8_recipe"),
+            first_listed={"precision": "bf16", "fp8_recipe": "delayed"},
+        ),
+        dict(
+            precision="bf16",
+            fp8_recipe="delayed",
+            varied=("precision", "fp8_recipe"),
+            first_listed={"precision": "bf16", "fp8_recipe": "delayed"},
+        ),
+    ),
 }
 
 
@@ -68,10 +89,23 @@ def test_a_space_varying_precision_and_fp8_recipe_runs_each_bf16_point_once(tmp_
     # 2 mbs x 2 recompute x 2 attention x (bf16 once + fp8 with each of the two recipes)
     assert count_valid(space).valid == 24
     # an fp8 point keeps every recipe; a recipe the space does not vary is never a reason to reject
-    assert constraints.check(make(precision="fp8", fp8_recipe="tensorwise", varied=("precision", "fp8_recipe"),
-                                  first_listed={"precision": "bf16", "fp8_recipe": "delayed"})) is None
-    assert constraints.check(make(precision="bf16", fp8_recipe="tensorwise", varied=("precision",),
-                                  first_listed={"precision": "bf16"})) is None
+    assert (
+        constraints.check(
+            make(
+                precision="fp8",
+                fp8_recipe="tensorwise",
+                varied=("precision", "fp8_recipe"),
+                first_listed={"precision": "bf16", "fp8_recipe": "delayed"},
+            )
+        )
+        is None
+    )
+    assert (
+        constraints.check(
+            make(precision="bf16", fp8_recipe="tensorwise", varied=("precision",), first_listed={"precision": "bf16"})
+        )
+        is None
+    )
 
 
 def test_every_rule_has_a_case():
@@ -106,11 +140,14 @@ def test_gb200_tp_may_span_trays_within_the_nvl72_domain():
     assert constraints.check(t) is None
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(cpu_offload_layers=80, pp=1, tp=8, gbs=64), "less than the model's 80 layers"),
-    (dict(cpu_offload_layers=79, pp=1, tp=8, gbs=64, recompute="selective"), "needs recompute=none"),
-    (dict(cpu_offload_layers=79, pp=2, tp=8), "needs pp=1"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(cpu_offload_layers=80, pp=1, tp=8, gbs=64), "less than the model's 80 layers"),
+        (dict(cpu_offload_layers=79, pp=1, tp=8, gbs=64, recompute="selective"), "needs recompute=none"),
+        (dict(cpu_offload_layers=79, pp=2, tp=8), "needs pp=1"),
+    ],
+)
 def test_cpu_offload_follows_megatron_core(kw, words):
     """Megatron-Core's TransformerConfig refuses offloading all layers, with pp > 1, and with recompute."""
     assert [(r.rule, words in r.reason) for r in constraints.check_all(make(**kw))] == [("cpu_offload_supported", True)]

@@ -31,14 +31,13 @@ def test_slurm_dry_run_writes_sbatch_scripts_and_rejects_untuned_overlap(runner,
     assert "srun --ntasks=2 --output=vboost.out --error=vboost.err" in text
     overlap = [s.read_text() for s in scripts if "tp_comm_overlap=True" in s.read_text()]
     assert len(overlap) == 2  # the factory gets the tuned config by name
-    assert all("tp_comm_overlap_cfg=\"userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192\"" in t for t in overlap)
+    assert all('tp_comm_overlap_cfg="userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"' in t for t in overlap)
     assert not list(out.glob("*/code")) and not list(out.glob("*/log.txt"))
 
 
 def test_local_dry_run_with_limit(runner, tmp_path):
     out = tmp_path / "out"
-    r = runner.invoke(app, ["dry-run", "--space", str(SPACE), "--backend", "local", "--out", str(out),
-                            "--limit", "3"])
+    r = runner.invoke(app, ["dry-run", "--space", str(SPACE), "--backend", "local", "--out", str(out), "--limit", "3"])
     assert r.exit_code == 0, r.output
     scripts = sorted(out.glob("*/launch.sh"))
     assert len(scripts) == 3
@@ -46,10 +45,13 @@ def test_local_dry_run_with_limit(runner, tmp_path):
     assert "torchrun --nnodes 1 --nproc-per-node 8" in text and "-m recipes.nemo2 --factory llama3_70b_recipe" in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backend", "kubernetes"], "unknown backend"),
-    (["--limit", "0"], "positive number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backend", "kubernetes"], "unknown backend"),
+        (["--limit", "0"], "positive number"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(runner, tmp_path, args, message):
     r = runner.invoke(app, ["dry-run", "--space", str(SPACE), "--out", str(tmp_path), *args])
     assert r.exit_code == 2 and message in r.output

@@ -28,7 +28,9 @@ from tests.trials import DATA, system, trial
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "fixtures" / "logs"
-REAL = sorted(LOGS.glob("real_h200*/*.log")) + sorted((ROOT / "bench" / "data" / "h200_local_study").glob("trials/*/log.txt"))
+REAL = sorted(LOGS.glob("real_h200*/*.log")) + sorted(
+    (ROOT / "bench" / "data" / "h200_local_study").glob("trials/*/log.txt")
+)
 DEFAULT = Rule(EarlyStopSettings().min_steps, EarlyStopSettings().window, EarlyStopSettings().tolerance)
 
 
@@ -77,7 +79,7 @@ def test_rule_needs_warmup_min_steps_and_a_still_window():
     # at n steps the 5 shorter prefixes must each have a steady median: n - 5 > 2 warm-up steps
     assert n == 8
     assert steps_needed(flat, Rule(min_steps=12, window=5, tolerance=0.01)) == 14
-    drifting = [10.0, 5.0] + [1.0 * 1.02 ** i for i in range(40)]  # 2 % slower every step: never steady
+    drifting = [10.0, 5.0] + [1.0 * 1.02**i for i in range(40)]  # 2 % slower every step: never steady
     assert steps_needed(drifting, Rule(min_steps=5, window=5, tolerance=0.01)) is None
     assert not converged(flat[:7], Rule(min_steps=5, window=5, tolerance=0.01))
 
@@ -114,9 +116,12 @@ def test_following_a_growing_log_in_pieces_reads_as_parsing_it_whole(tmp_path, l
 # ------------------------------------------------------------------------------------------ the simulated backend
 def es_space(tmp_path, enabled=True, **extra):
     lines = "".join(f"{k} = {v}\n" for k, v in extra.items())
-    return write_space(tmp_path, SMALL_SPACE.replace("max_steps = 20", "max_steps = 100")
-                       + f"\n[backend.early_stop]\nenabled = {'true' if enabled else 'false'}\n{lines}",
-                       name=f"space_{enabled}.toml")
+    return write_space(
+        tmp_path,
+        SMALL_SPACE.replace("max_steps = 20", "max_steps = 100")
+        + f"\n[backend.early_stop]\nenabled = {'true' if enabled else 'false'}\n{lines}",
+        name=f"space_{enabled}.toml",
+    )
 
 
 def test_sim_study_stops_ok_trials_early_and_records_the_savings(tmp_path):
@@ -150,7 +155,7 @@ def test_resume_keeps_early_stopped_trials(tmp_path):
     out = tmp_path / "out"
     first = study_mod.run_study(space, out_dir=out, agent="optuna", trials=4, seed=1)
     res = study_mod.run_study(space, out_dir=out, agent="optuna", trials=8, seed=1, resume=True)
-    assert res.records[:len(first.records)] == first.records
+    assert res.records[: len(first.records)] == first.records
     stopped = [r for r in res.records if r.metrics.get("early_stopped")]
     assert any(r.number >= len(first.records) for r in stopped)
     assert any(r.number < len(first.records) for r in stopped)
@@ -163,11 +168,23 @@ def python_first(monkeypatch):
 
 
 def slow_plan(max_steps=400, step_s=0.05):
-    t = trial("llama3_8b", sys=system(DATA / "systems" / "local_slurm.toml", gpus_per_node=2), num_nodes=1,
-              tp=2, pp=1, cp=1, vp=1, mbs=1, gbs=8, recompute="full", max_steps=max_steps,
-              env_DSE_SIM_STEP_S=str(step_s))  # fits in memory: the simulated run is ok
-    return t, build_plan(t, payload="sim", sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=50.0, gbs=8,
-                                                          max_steps=max_steps))
+    t = trial(
+        "llama3_8b",
+        sys=system(DATA / "systems" / "local_slurm.toml", gpus_per_node=2),
+        num_nodes=1,
+        tp=2,
+        pp=1,
+        cp=1,
+        vp=1,
+        mbs=1,
+        gbs=8,
+        recompute="full",
+        max_steps=max_steps,
+        env_DSE_SIM_STEP_S=str(step_s),
+    )  # fits in memory: the simulated run is ok
+    return t, build_plan(
+        t, payload="sim", sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=50.0, gbs=8, max_steps=max_steps)
+    )
 
 
 def test_local_run_is_stopped_by_sigterm_to_its_process_group_and_recorded_ok(tmp_path, python_first):
@@ -236,8 +253,17 @@ def fake_slurm(tmp_path, monkeypatch):
 def test_slurm_job_is_scancelled_once_converged_and_recorded_ok(fake_slurm, monkeypatch):
     log = LOGS / "real_h200" / "small_mbs2_s2048_none.log"
     monkeypatch.setenv("FAKE_LOG", str(log))
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=1, tp=1, pp=1,
-              cp=1, vp=1, gbs=4, max_steps=20)
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml"),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=20,
+    )
     settings = BackendSettings(kind="slurm", payload="sim", early_stop=EarlyStopSettings(enabled=True, poll_s=0.01))
     m = run_trial(t, fake_slurm / "run", SlurmBackend(poll_s=0.01, settle_s=1), settings)
     assert (fake_slurm / "scancel.calls").read_text().split() == ["4242"]
@@ -249,8 +275,17 @@ def test_slurm_job_is_scancelled_once_converged_and_recorded_ok(fake_slurm, monk
 def test_slurm_job_that_ends_by_itself_is_not_cancelled(fake_slurm, monkeypatch):
     monkeypatch.setenv("FAKE_LOG", str(LOGS / "real_h200" / "smoke_small.log"))  # 2 steps: never converges
     (fake_slurm / "bin" / "sacct").write_text('#!/bin/bash\necho "COMPLETED|0:0"\n')
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=1, tp=1, pp=1,
-              cp=1, vp=1, gbs=4, max_steps=2)
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml"),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=2,
+    )
     settings = BackendSettings(kind="slurm", payload="sim", early_stop=EarlyStopSettings(enabled=True, poll_s=0.01))
     m = run_trial(t, fake_slurm / "run", SlurmBackend(poll_s=0.01, settle_s=1), settings)
     assert not (fake_slurm / "scancel.calls").exists()
@@ -266,12 +301,15 @@ def test_monitor_leaves_a_failing_run_alone(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ settings
-@pytest.mark.parametrize("line, field", [
-    ("tolerance = 2", "backend.early_stop.tolerance"),
-    ("min_steps = 0", "backend.early_stop.min_steps"),
-    ("windw = 3", "backend.early_stop.windw"),
-    ("enabled = \"yes please\"", "backend.early_stop.enabled"),
-])
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ("tolerance = 2", "backend.early_stop.tolerance"),
+        ("min_steps = 0", "backend.early_stop.min_steps"),
+        ("windw = 3", "backend.early_stop.windw"),
+        ('enabled = "yes please"', "backend.early_stop.enabled"),
+    ],
+)
 def test_bad_early_stop_settings_are_one_line_naming_the_field(tmp_path, line, field):
     path = write_space(tmp_path, SMALL_SPACE + f"\n[backend.early_stop]\n{line}\n")
     with pytest.raises(UserError) as e:

@@ -20,8 +20,19 @@ SETTINGS = BackendSettings(payload="sim")
 
 def _trial():
     # fits in memory: the simulated run is ok
-    return trial("llama3_8b", sys=system(gpus_per_node=2), num_nodes=1, tp=2, pp=1, cp=1, vp=1, mbs=1, gbs=8,
-                 recompute="full", max_steps=20)
+    return trial(
+        "llama3_8b",
+        sys=system(gpus_per_node=2),
+        num_nodes=1,
+        tp=2,
+        pp=1,
+        cp=1,
+        vp=1,
+        mbs=1,
+        gbs=8,
+        recompute="full",
+        max_steps=20,
+    )
 
 
 class Raising(SimBackend):
@@ -36,11 +47,11 @@ class Raising(SimBackend):
 
 
 def test_a_declared_error_of_the_backend_is_a_failed_trial(tmp_path):
-    m = run_trial(_trial(), tmp_path / "a", Raising(FileNotFoundError(errno.ENOENT, "no such file", "torchrun")),
-                  SETTINGS)
+    m = run_trial(
+        _trial(), tmp_path / "a", Raising(FileNotFoundError(errno.ENOENT, "no such file", "torchrun")), SETTINGS
+    )
     assert m.status == "failed" and m.reason.startswith("backend sim raised FileNotFoundError")
-    m = run_trial(_trial(), tmp_path / "b", Raising(RuntimeError("launcher gone"), declared=(RuntimeError,)),
-                  SETTINGS)
+    m = run_trial(_trial(), tmp_path / "b", Raising(RuntimeError("launcher gone"), declared=(RuntimeError,)), SETTINGS)
     assert m.status == "failed" and "launcher gone" in m.reason
 
 

@@ -38,11 +38,24 @@ def test_unknown_system_is_one_line_and_runs_nothing(tmp_path):
 def test_run_systems_then_compare_and_resume(tmp_path):
     space = write_space(tmp_path)
     priced = tmp_path / "b200_priced.toml"
-    priced.write_text('name = "b200_priced"\ngpu = "b200"\nprice_per_gpu_hour = 5.0\n'
-                      '[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n')
+    priced.write_text(
+        'name = "b200_priced"\ngpu = "b200"\nprice_per_gpu_hour = 5.0\n'
+        '[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n'
+    )
     out = tmp_path / "gen"
-    args = ["run", "--space", str(space), "--systems", f"h100,{priced},gb200", "--out", str(out), "--agent", "random",
-            "--seed", "1"]
+    args = [
+        "run",
+        "--space",
+        str(space),
+        "--systems",
+        f"h100,{priced},gb200",
+        "--out",
+        str(out),
+        "--agent",
+        "random",
+        "--seed",
+        "1",
+    ]
     r = runner.invoke(app, [*args, "--trials", "5"])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "compare.csv")
@@ -63,8 +76,9 @@ def test_run_systems_then_compare_and_resume(tmp_path):
     assert r.exit_code == 0, r.output
     assert list(pd.read_csv(out / "compare.csv").trials) == [7, 7, 7]
     # dse compare over the same directories gives the same table
-    r = runner.invoke(app, ["compare", str(out / "h100"), str(out / "b200_priced"), str(out / "gb200"),
-                            "--out", str(tmp_path / "c")])
+    r = runner.invoke(
+        app, ["compare", str(out / "h100"), str(out / "b200_priced"), str(out / "gb200"), "--out", str(tmp_path / "c")]
+    )
     assert r.exit_code == 0, r.output
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "c" / "compare.csv"), pd.read_csv(out / "compare.csv"))
 
@@ -82,8 +96,12 @@ def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent)
 
     space = write_space(tmp_path)
     old = tmp_path / "h100"
-    assert runner.invoke(app, ["run", "--space", str(space), "--out", str(old), "--agent", "random",
-                               "--trials", "12", "--seed", "2"]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["run", "--space", str(space), "--out", str(old), "--agent", "random", "--trials", "12", "--seed", "2"]
+        ).exit_code
+        == 0
+    )
     on_gb = space_for(load_space(space), "gb200")
     seeds = warm_start_points(on_gb, old, top=4)
     lb = pd.read_csv(old / "leaderboard.csv")
@@ -92,8 +110,19 @@ def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent)
     expected = [p for p in expected if constraints.check(resolve(on_gb, p)) is None][:4]
     assert seeds == expected and len(seeds) == 4
     gb = tmp_path / "gen"
-    args = ["run", "--space", str(space), "--systems", "gb200", "--out", str(gb), "--agent", agent,
-            "--warm-start", str(old)]
+    args = [
+        "run",
+        "--space",
+        str(space),
+        "--systems",
+        "gb200",
+        "--out",
+        str(gb),
+        "--agent",
+        agent,
+        "--warm-start",
+        str(old),
+    ]
     r = runner.invoke(app, [*args, "--trials", "9"])
     assert r.exit_code == 0, r.output
     from dse.study import open_store
@@ -106,7 +135,7 @@ def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent)
 
     first = knobs()
     all_seeds = warm_start_points(on_gb, old)
-    assert len(all_seeds) >= 4 and first[:len(all_seeds)] == all_seeds  # the seeds ran first, best first
+    assert len(all_seeds) >= 4 and first[: len(all_seeds)] == all_seeds  # the seeds ran first, best first
     assert len(first) == 9 and len({tuple(sorted(k.items())) for k in first}) == 9  # and no point twice
     r = runner.invoke(app, [*args, "--trials", "11", "--resume"])
     assert r.exit_code == 0, r.output

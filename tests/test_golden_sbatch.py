@@ -32,8 +32,13 @@ def golden_script(recipe: str, gpu: str) -> str:
     sys_ = system(gpu, slurm={"account": "perf", "partition": "batch", "container_mounts": ["/lustre/data:/data"]})
     precision = "bf16" if gpu == "h100" or recipe in ("nemotron3_8b", "nemotron4_340b") else "fp8"
     num_nodes = max(1, r.num_gpus_default // sys_.gpus_per_node)
-    t = trial(recipe, sys=sys_, num_nodes=num_nodes, precision=precision,
-              **{k.replace("env.", "env_"): v for k, v in SETTINGS.items()})
+    t = trial(
+        recipe,
+        sys=sys_,
+        num_nodes=num_nodes,
+        precision=precision,
+        **{k.replace("env.", "env_"): v for k, v in SETTINGS.items()},
+    )
     plan = build_plan(t, payload="nemo2")
     return render_sbatch(plan, RUN_DIR).replace(str(RUN_DIR), "/RUN_DIR").rstrip("\n") + "\n"
 

@@ -61,8 +61,9 @@ def test_cli_prints_the_stop_line(tmp_path):
     from dse.cli import app
 
     path = write_space(tmp_path, SMALL_SPACE)
-    r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "guided",
-                                 "--twin-seed", "2"])
+    r = CliRunner().invoke(
+        app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "guided", "--twin-seed", "2"]
+    )
     assert r.exit_code == 0, r.output
     assert any(STOP.match(line.strip()) for line in r.stdout.splitlines()), r.stdout
 

@@ -53,15 +53,21 @@ def test_each_log_reparses_to_its_row_and_ran_te(study, row):
     space = load_space(space_file)
     t = resolve(space, bench.point(space, row))
     run_dir = d / "trials" / f"{int(row['trial']):05d}"
-    assert (run_dir / "launch.sh").read_text() == render_local_script(build_plan(t, payload="mcore"),
-                                                                        Path(row["run_dir"]))
+    assert (run_dir / "launch.sh").read_text() == render_local_script(
+        build_plan(t, payload="mcore"), Path(row["run_dir"])
+    )
     log = (run_dir / "log.txt").read_text()
     assert "> recipes.mcore: layer spec te" in log  # Transformer Engine's layer spec, not the local fallback
-    ctx = ParseContext(gbs=t.layout.gbs, seq_length=t.layout.seq_length, num_gpus=t.num_gpus,
-                       model_flops_per_step=model_flops_per_step(t.arch, t.layout.gbs, t.layout.seq_length, "causal"))
+    ctx = ParseContext(
+        gbs=t.layout.gbs,
+        seq_length=t.layout.seq_length,
+        num_gpus=t.num_gpus,
+        model_flops_per_step=model_flops_per_step(t.arch, t.layout.gbs, t.layout.seq_length, "causal"),
+    )
     ok = row["status"] == "ok"
-    m = parse_log(str(run_dir / "log.txt"), exit_code=0 if ok else 1,
-                  scheduler_state="SUCCEEDED" if ok else "FAILED", context=ctx)
+    m = parse_log(
+        str(run_dir / "log.txt"), exit_code=0 if ok else 1, scheduler_state="SUCCEEDED" if ok else "FAILED", context=ctx
+    )
     assert m.status == row["status"]
     if ok:
         assert (m.steps, m.log_format) == (10, "megatron")

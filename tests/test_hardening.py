@@ -29,9 +29,12 @@ def space_text(**repl) -> str:
 # -- 1. names are names; nothing unquoted in a script, comments included --------------------------------------
 def test_system_name_with_a_newline_runs_nothing(tmp_path):
     marker = tmp_path / "marker"
-    text = SMALL_SPACE.replace('system = "h100"',
-                               f'system = {{name = "x\\ntouch {marker}\\n", gpu = "h100", gpus_per_node = 1}}')
-    text = text.replace("num_nodes = 2", "num_nodes = 1").replace("[search]", '[backend]\nkind = "local"\npayload = "sim"\n\n[search]')
+    text = SMALL_SPACE.replace(
+        'system = "h100"', f'system = {{name = "x\\ntouch {marker}\\n", gpu = "h100", gpus_per_node = 1}}'
+    )
+    text = text.replace("num_nodes = 2", "num_nodes = 1").replace(
+        "[search]", '[backend]\nkind = "local"\npayload = "sim"\n\n[search]'
+    )
     path = write_space(tmp_path, text)
     r = dse("run", "--space", path, "--out", tmp_path / "out", "--trials", "1", "--agent", "random")
     one_line_error(r, "system.name", "is not a name")
@@ -56,8 +59,11 @@ def _hostile_local_plan(tmp_path, marker):
 
     # a name that validation would refuse, forced in, so that only the script writer stands in the way
     sys_ = system("h100", gpus_per_node=1).model_copy(update={"name": f"x\ntouch {marker}\n"})
-    plan = build_plan(trial(sys=sys_, num_nodes=1, tp=1, pp=1, cp=1, vp=1, max_steps=2, env_ENABLE_VBOOST="1"),
-                      payload="sim", sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=100.0, gbs=8, max_steps=2))
+    plan = build_plan(
+        trial(sys=sys_, num_nodes=1, tp=1, pp=1, cp=1, vp=1, max_steps=2, env_ENABLE_VBOOST="1"),
+        payload="sim",
+        sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=100.0, gbs=8, max_steps=2),
+    )
     return plan
 
 
@@ -87,7 +93,7 @@ def test_sbatch_script_with_a_hostile_system_name_runs_nothing(tmp_path):
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     # the environment section, run for real: nothing of the name may execute
-    block = text[text.index("export "):text.index("# Command 1")]
+    block = text[text.index("export ") : text.index("# Command 1")]
     block = "\n".join(ln for ln in block.splitlines() if not ln.startswith("srun "))
     r = subprocess.run(["bash", "-c", block], capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -104,9 +110,16 @@ def test_protected_environment_names_need_an_opt_in(tmp_path, var):
         return
     line = one_line_error(r, f"settings.env.{var}", "allow_env")
     assert str(path) in line
-    allowed = write_space(tmp_path, space_text(**{
-        "max_steps = 20": f'max_steps = 20\n"env.{var}" = "/tmp/x"',
-        "[search]": f'[backend]\nallow_env = ["{var}"]\n\n[search]'}), name="allowed.toml")
+    allowed = write_space(
+        tmp_path,
+        space_text(
+            **{
+                "max_steps = 20": f'max_steps = 20\n"env.{var}" = "/tmp/x"',
+                "[search]": f'[backend]\nallow_env = ["{var}"]\n\n[search]',
+            }
+        ),
+        name="allowed.toml",
+    )
     r = dse("validate", allowed)
     assert r.exit_code == 0, r.output
 
@@ -124,20 +137,25 @@ def test_environment_name_with_a_trailing_newline_is_refused():
 
 def test_srun_export_of_a_protected_name_needs_the_opt_in(tmp_path):
     sysfile = tmp_path / "sys.toml"
-    sysfile.write_text('gpu = "h100"\n[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n'
-                       'srun_args = ["--export=ALL,LD_PRELOAD=/tmp/evil.so"]\n')
+    sysfile.write_text(
+        'gpu = "h100"\n[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n'
+        'srun_args = ["--export=ALL,LD_PRELOAD=/tmp/evil.so"]\n'
+    )
     path = write_space(tmp_path, space_text(**{'system = "h100"': f'system = "{sysfile}"'}))
     one_line_error(dse("validate", path), "srun_args", "LD_PRELOAD", "allow_env")
 
 
 # -- 3. every Slurm field is checked when the file is read ---------------------------------------------------
-@pytest.mark.parametrize("line, field", [
-    ('container_image = "#nvidia/nemo:25.09"', "slurm.container_image"),
-    ('job_dir = "/scratch/%u/jobs"', "slurm.job_dir"),
-    ('partition = "batch\\nid"', "slurm.partition"),
-    ('time_limit = "1h"', "slurm.time_limit"),
-    ('srun_args = ["--mpi=pmix\\n"]', "slurm.srun_args"),
-])
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ('container_image = "#nvidia/nemo:25.09"', "slurm.container_image"),
+        ('job_dir = "/scratch/%u/jobs"', "slurm.job_dir"),
+        ('partition = "batch\\nid"', "slurm.partition"),
+        ('time_limit = "1h"', "slurm.time_limit"),
+        ('srun_args = ["--mpi=pmix\\n"]', "slurm.srun_args"),
+    ],
+)
 def test_slurm_fields_are_validated_by_dse_validate(tmp_path, line, field):
     sysfile = tmp_path / "sys.toml"
     sysfile.write_text(f'gpu = "h100"\n[slurm]\n{line}\n')
@@ -260,8 +278,9 @@ def _run(path, out, *extra):
 
     from dse.cli import app
 
-    return CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(out), "--agent", "random",
-                                    "--trials", "4", *map(str, extra)])
+    return CliRunner().invoke(
+        app, ["run", "--space", str(path), "--out", str(out), "--agent", "random", "--trials", "4", *map(str, extra)]
+    )
 
 
 @pytest.mark.parametrize("how", ["deleted", "emptied"])
@@ -325,16 +344,19 @@ def test_reading_a_directory_without_a_database_creates_nothing(tmp_path):
 
 
 # -- 11. every number is range-checked --------------------------------------------------------------------
-@pytest.mark.parametrize("repl, field", [
-    (("max_steps = 20", "max_steps = 9223372036854775807"), "settings.max_steps"),
-    (("gbs = 32", "gbs = 1208925819614629174706176"), "settings.gbs"),
-    (("[search]", "[objective.x]\n[search]"), "objective"),
-    (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = nan'), "objective.failure_reward"),
-    (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = inf'), "objective.failure_reward"),
-    (("seed = 0", "seed = -1"), "search.seed"),
-    (("num_nodes = 2", "num_nodes = 10000000"), "num_nodes"),
-    (("[search]", "[backend]\ntimeout_s = inf\n\n[search]"), "backend.timeout_s"),
-])
+@pytest.mark.parametrize(
+    "repl, field",
+    [
+        (("max_steps = 20", "max_steps = 9223372036854775807"), "settings.max_steps"),
+        (("gbs = 32", "gbs = 1208925819614629174706176"), "settings.gbs"),
+        (("[search]", "[objective.x]\n[search]"), "objective"),
+        (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = nan'), "objective.failure_reward"),
+        (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = inf'), "objective.failure_reward"),
+        (("seed = 0", "seed = -1"), "search.seed"),
+        (("num_nodes = 2", "num_nodes = 10000000"), "num_nodes"),
+        (("[search]", "[backend]\ntimeout_s = inf\n\n[search]"), "backend.timeout_s"),
+    ],
+)
 def test_numbers_out_of_range_are_one_line_errors(tmp_path, repl, field):
     path = write_space(tmp_path, SMALL_SPACE.replace(*repl))
     out = tmp_path / "out"
@@ -386,11 +408,14 @@ def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
     one_line_error(dse("run", "--space", path, "--out", tmp_path / "f"), "--out")
 
 
-@pytest.mark.parametrize("url, needle", [
-    ("postgresql://nohost/db", "--storage"),  # no driver installed
-    ("notaurl", "--storage"),
-    ("mysql+nosuchdriver://x/y", "--storage"),
-])
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("postgresql://nohost/db", "--storage"),  # no driver installed
+        ("notaurl", "--storage"),
+        ("mysql+nosuchdriver://x/y", "--storage"),
+    ],
+)
 def test_bad_storage_urls_are_one_line_errors_and_leave_nothing(tmp_path, url, needle):
     path = write_space(tmp_path)
     out = tmp_path / "out"
@@ -462,8 +487,9 @@ def test_a_full_disk_when_writing_best_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(recording, "write_best", full)
     path = write_space(tmp_path)
-    r = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "random",
-                                 "--trials", "2"])
+    r = CliRunner().invoke(
+        app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--agent", "random", "--trials", "2"]
+    )
     assert r.exit_code == 1 and "No space left on device" in r.output and "Traceback" not in r.output, r.output
 
 
@@ -474,6 +500,9 @@ def test_a_knob_with_too_many_values_is_refused(tmp_path):
     values = ", ".join(str(i) for i in range(1, MAX_VALUES_PER_KNOB + 2))
     path = write_space(tmp_path, SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{values}]"))
     one_line_error(dse("validate", path), "knobs.mbs", f"at most {MAX_VALUES_PER_KNOB}")
-    ok = write_space(tmp_path, SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{', '.join(str(i) for i in range(1, 65))}]"),
-                     name="ok.toml")
+    ok = write_space(
+        tmp_path,
+        SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{', '.join(str(i) for i in range(1, 65))}]"),
+        name="ok.toml",
+    )
     assert dse("validate", ok).exit_code == 0

@@ -32,8 +32,9 @@ def _functions(blocks):
 def test_no_function_is_too_long_or_too_branchy(path):
     text = path.read_text()
     lines = text.splitlines()
-    over = [f"{f.name}: {f.endline - f.lineno + 1} lines, complexity {f.complexity}"
-            for f in _functions(cc_visit(text))
-            if (f.endline - f.lineno + 1 > MAX_LINES or f.complexity > MAX_COMPLEXITY)
-            and not _excused(lines, f.lineno)]
+    over = [
+        f"{f.name}: {f.endline - f.lineno + 1} lines, complexity {f.complexity}"
+        for f in _functions(cc_visit(text))
+        if (f.endline - f.lineno + 1 > MAX_LINES or f.complexity > MAX_COMPLEXITY) and not _excused(lines, f.lineno)
+    ]
     assert over == [], f"split by responsibility, or say why in a '# house:' comment above the def: {over}"

@@ -34,15 +34,18 @@ def _list_product(table) -> int:
 def _cloudai_test(path: Path) -> dict:
     data = tomllib.loads(path.read_text())
     test = data["Tests"][0] if "Tests" in data else data
-    return {"cmd_args": test.get("cmd_args") or tomllib.loads(TEST.read_text())["cmd_args"],
-            "extra_env_vars": test.get("extra_env_vars") or tomllib.loads(TEST.read_text())["extra_env_vars"]}
+    return {
+        "cmd_args": test.get("cmd_args") or tomllib.loads(TEST.read_text())["cmd_args"],
+        "extra_env_vars": test.get("extra_env_vars") or tomllib.loads(TEST.read_text())["extra_env_vars"],
+    }
 
 
 @pytest.mark.parametrize("src, extra", [(TEST, []), (SCENARIO, []), (BY_NAME, ["--test", "llama3_8b.2nodes"])])
 def test_imports_validates_counts_and_runs_on_sim(tmp_path, src, extra):
     out = tmp_path / "space.toml"
-    r = runner.invoke(app, ["import", "cloudai", str(src), "--system", str(SYSTEM), "--gpu", "h100",
-                            "--out", str(out), *extra])
+    r = runner.invoke(
+        app, ["import", "cloudai", str(src), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out), *extra]
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "lab-cluster.toml").is_file()
     r = runner.invoke(app, ["validate", str(out)])
@@ -52,19 +55,26 @@ def test_imports_validates_counts_and_runs_on_sim(tmp_path, src, extra):
     result = run_study(space, out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0)
     # the grid visits every raw point once (invalid ones are recorded as rejected), and some train
     assert sorted(tuple(sorted(r.knobs.items())) for r in result.records) == sorted(
-        tuple(sorted(p.items())) for p in space.points())
+        tuple(sorted(p.items())) for p in space.points()
+    )
     assert any(rec.ok for rec in result.records)
 
 
 def test_test_file_mapping_and_not_imported_are_listed(tmp_path):
     out = tmp_path / "space.toml"
-    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100",
-                            "--out", str(out)])
+    r = runner.invoke(
+        app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     space = load_space(out)
     assert space.recipe == "llama3_8b" and space.num_nodes == 1
-    assert space.knobs == {"mbs": [1, 2], "gbs": [128, 256], "tp": [1, 2, 4], "pp": [1, 2],
-                           "env.NCCL_NVLS_ENABLE": ["0", "1"]}
+    assert space.knobs == {
+        "mbs": [1, 2],
+        "gbs": [128, 256],
+        "tp": [1, 2, 4],
+        "pp": [1, 2],
+        "env.NCCL_NVLS_ENABLE": ["0", "1"],
+    }
     assert space.settings["seq_length"] == 8192 and space.settings["max_steps"] == 20 and space.settings["cp"] == 1
     # the test's variable wins over the system's, which is reported
     assert space.settings["env.CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
@@ -74,9 +84,14 @@ def test_test_file_mapping_and_not_imported_are_listed(tmp_path):
     assert space.system.slurm.srun_args == ["--mpi=pmix"]
     assert space.system.slurm.container_image == "nvcr.io#nvidia/nemo:25.09"
     text = out.read_text()
-    for field in ("cmd_args.log.ckpt.save_last = false", "cmd_args.trainer.val_check_interval = 20",
-                  "cmd_args.data.num_train_samples = 100000", "system.partitions", "system.install_path",
-                  'system.global_env_vars.CUDA_DEVICE_MAX_CONNECTIONS = "32"'):
+    for field in (
+        "cmd_args.log.ckpt.save_last = false",
+        "cmd_args.trainer.val_check_interval = 20",
+        "cmd_args.data.num_train_samples = 100000",
+        "system.partitions",
+        "system.install_path",
+        'system.global_env_vars.CUDA_DEVICE_MAX_CONNECTIONS = "32"',
+    ):
         assert f"# not imported: {field}" in text
         assert f"not imported: {field}" in r.output
 
@@ -92,8 +107,11 @@ def test_scenario_precision_nodes_time_limit_and_agent(tmp_path):
     fields = {n.field for n in imp.not_imported}
     # the delayed recipe's own fields (margin, history, algorithm) are carried by dse's spelling of it
     assert "Tests.cmd_args.trainer.plugins.fp8_margin" not in fields
-    assert {"Tests.cmd_args.trainer.plugins.fp8_params", "Tests.cmd_args.trainer.plugins.grad_reduce_in_fp32",
-            "Tests.cmd_args.trainer.val_check_interval"} <= fields
+    assert {
+        "Tests.cmd_args.trainer.plugins.fp8_params",
+        "Tests.cmd_args.trainer.plugins.grad_reduce_in_fp32",
+        "Tests.cmd_args.trainer.val_check_interval",
+    } <= fields
     # written text is the same space
     path = tmp_path / "s.toml"
     path.write_text(imp.space_text)
@@ -131,10 +149,24 @@ def _val(v) -> str:
 @pytest.mark.parametrize("fp8_recipe", ["delayed", "tensorwise", "blockwise"])
 def test_catalogue_spelling_round_trips(tmp_path, fp8_recipe):
     """A test written in the catalogue's own NeMo 2 spelling imports back to the same knob values, silently."""
-    values = {"tp": 2, "pp": 2, "cp": 2, "ep": 1, "mbs": 2, "gbs": 256, "seq_length": 4096, "max_steps": 20,
-              "precision": "fp8", "fp8_recipe": fp8_recipe}
-    cmd = {"docker_image_url": "nvcr.io#nvidia/nemo:25.09", "task": "pretrain", "recipe_name": "llama3_70b",
-           **_nest(knobs.overrides(values, "nemo2"))}
+    values = {
+        "tp": 2,
+        "pp": 2,
+        "cp": 2,
+        "ep": 1,
+        "mbs": 2,
+        "gbs": 256,
+        "seq_length": 4096,
+        "max_steps": 20,
+        "precision": "fp8",
+        "fp8_recipe": fp8_recipe,
+    }
+    cmd = {
+        "docker_image_url": "nvcr.io#nvidia/nemo:25.09",
+        "task": "pretrain",
+        "recipe_name": "llama3_70b",
+        **_nest(knobs.overrides(values, "nemo2")),
+    }
     cmd["trainer"]["strategy"]["pipeline_model_parallel_size"] = [1, 2]  # one list: a [knobs] entry
     path = tmp_path / "t.toml"
     path.write_text('name = "rt"\ntest_template_name = "NeMoRun"\n' + _toml({"cmd_args": cmd}))
@@ -150,8 +182,10 @@ def test_list_that_cannot_be_imported_is_reported_and_counted(tmp_path):
     p.write_text(TEST.read_text() + "\n[cmd_args.optim.config]\nuse_precision_aware_optimizer = [true, false]\n")
     imp = import_cloudai(p, gpu="h100")
     assert imp.cloudai_points == 2 * imp.space.size
-    assert any(n.field == "cmd_args.optim.config.use_precision_aware_optimizer" and n.value == [True, False]
-               for n in imp.not_imported)
+    assert any(
+        n.field == "cmd_args.optim.config.use_precision_aware_optimizer" and n.value == [True, False]
+        for n in imp.not_imported
+    )
 
 
 def test_cloudai_defaults_fill_what_the_file_leaves_out(tmp_path):
@@ -163,8 +197,10 @@ def test_cloudai_defaults_fill_what_the_file_leaves_out(tmp_path):
     assert r.exit_code == 0, r.output
     assert load_space(out).settings["cp"] == 2
     assert "cmd_args.trainer.strategy.context_parallel_size = 2" in r.output
-    assert "# CloudAI's NeMoRun default (the file leaves it out): cmd_args.trainer.strategy.context_parallel_size = 2" \
+    assert (
+        "# CloudAI's NeMoRun default (the file leaves it out): cmd_args.trainer.strategy.context_parallel_size = 2"
         in out.read_text()
+    )
     assert import_cloudai(TEST, gpu="h100").defaults == []
 
 
@@ -177,8 +213,9 @@ def test_reverse_table_is_the_catalogue():
 
 
 def test_scaled_variant_and_refusal_naming_both(tmp_path):
-    text = TEST.read_text().replace('recipe_name = "cloudai_llama3_8b_recipe"',
-                                    'recipe_name = "cloudai_llama3_8b_recipe"\nnum_layers = 4')
+    text = TEST.read_text().replace(
+        'recipe_name = "cloudai_llama3_8b_recipe"', 'recipe_name = "cloudai_llama3_8b_recipe"\nnum_layers = 4'
+    )
     p = tmp_path / "t.toml"
     p.write_text(text)
     assert import_cloudai(p, gpu="h100").space.recipe == "llama3_8b_4l"
@@ -255,8 +292,10 @@ def test_hostile_strings_round_trip_and_inject_no_key(tmp_path):
     from dse.importers.cloudai import _toml_value
 
     text = TEST.read_text().replace('description = "Llama 3 8B layout sweep"', f"description = {json.dumps(HOSTILE)}")
-    text += (f"\n[cmd_args.log]\n{json.dumps(HOSTILE)} = {json.dumps(HOSTILE)}\n"
-             f"\n[cmd_args.optim]\nname = [{json.dumps(HOSTILE)}, \"adam\"]\n")
+    text += (
+        f"\n[cmd_args.log]\n{json.dumps(HOSTILE)} = {json.dumps(HOSTILE)}\n"
+        f'\n[cmd_args.optim]\nname = [{json.dumps(HOSTILE)}, "adam"]\n'
+    )
     src = tmp_path / "hostile.toml"
     src.write_text(text)
     imp = import_cloudai(src, system_path=SYSTEM, gpu="h100", out=tmp_path / "space.toml")
@@ -277,8 +316,14 @@ def test_hostile_strings_round_trip_and_inject_no_key(tmp_path):
     lines = space_text.splitlines()
     assert lines[1:6] == ['# x"', "# [knobs]", "# tp = [8]", "# # \\ ", "# \\x1b end"]
     assert lines.count("[knobs]") == 1 and "tp = [8]" not in lines
-    assert set(tomllib.loads(written[1].read_text())) == {"name", "gpu", "gpus_per_node", "nvlink_domain",
-                                                           "container", "slurm"}
+    assert set(tomllib.loads(written[1].read_text())) == {
+        "name",
+        "gpu",
+        "gpus_per_node",
+        "nvlink_domain",
+        "container",
+        "slurm",
+    }
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.toml", "lab-cluster.toml", "space.toml"]
 
 
@@ -289,7 +334,9 @@ def test_a_space_that_does_not_load_leaves_the_users_files_as_they_were(tmp_path
     from dse.errors import UserError
 
     out = tmp_path / "space.toml"
-    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)])
+    r = runner.invoke(
+        app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     before = {p.name: p.read_text() for p in tmp_path.iterdir()}
     assert len(before) == 2  # the space and its system file
@@ -301,6 +348,8 @@ def test_a_space_that_does_not_load_leaves_the_users_files_as_they_were(tmp_path
         raise UserError("does not load", file=str(path))
 
     monkeypatch.setattr(dse.space, "load_space", refuse)
-    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)])
+    r = runner.invoke(
+        app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)]
+    )
     assert r.exit_code == 2
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == edited

@@ -25,8 +25,14 @@ def test_every_payload_flavour_has_a_spelling():
 
 
 def test_ordinal_knobs_are_the_catalogues_listed_ascending():
-    varied: dict[str, list[Any]] = {"tp": [1, 2, 4], "pp": [4, 2], "recompute": ["none", "selective"],
-                                    "max_steps": [10, 20], "env.NCCL_ALGO": ["Ring", "Tree"], "cpu_offload_layers": [0, 8]}
+    varied: dict[str, list[Any]] = {
+        "tp": [1, 2, 4],
+        "pp": [4, 2],
+        "recompute": ["none", "selective"],
+        "max_steps": [10, 20],
+        "env.NCCL_ALGO": ["Ring", "Tree"],
+        "cpu_offload_layers": [0, 8],
+    }
     assert knobs.ordinal_knobs(varied) == ["tp", "cpu_offload_layers"]  # pp unsorted; max_steps a run setting
 
 
@@ -56,8 +62,15 @@ def test_a_knob_spells_itself_where_it_has_its_own_spelling_else_by_its_paths():
     def on_off(knob, value, values, sp):
         return [f"{sp.model}graph_impl={'local' if value else 'none'}"]
 
-    knob = knobs.Knob("graphs", "bool", "demo", False, nemo2=("model.config.enable_graph",),
-                      mbridge=("model.enable_graph",), spell={"mbridge": on_off})
+    knob = knobs.Knob(
+        "graphs",
+        "bool",
+        "demo",
+        False,
+        nemo2=("model.config.enable_graph",),
+        mbridge=("model.enable_graph",),
+        spell={"mbridge": on_off},
+    )
     assert knobs.NEMO2.spell(knob, True, {}) == ["model.config.enable_graph=true"]
     assert knobs.MBRIDGE.spell(knob, True, {}) == ["model.graph_impl=local"]
     assert knobs.NEMO2.spell(knob, None, {}) == []  # an unresolved auto boolean is the payload's own default

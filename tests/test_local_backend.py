@@ -29,10 +29,22 @@ def python_first(monkeypatch):
 
 
 def plan(**run):
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml", gpus_per_node=2), num_nodes=1,
-              tp=2, pp=1, cp=1, vp=1, gbs=8, max_steps=4)
-    return build_plan(t, payload="sim", sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 50.0, "gbs": 8,
-                                                          "max_steps": 4, **run}))
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml", gpus_per_node=2),
+        num_nodes=1,
+        tp=2,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=8,
+        max_steps=4,
+    )
+    return build_plan(
+        t,
+        payload="sim",
+        sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 50.0, "gbs": 8, "max_steps": 4, **run}),
+    )
 
 
 def test_local_executor_runs_one_process_per_gpu_with_torchrun():

@@ -86,7 +86,11 @@ def test_h200_local_space_is_six_valid_mcore_points():
         plan = build_plan(t, payload="mcore")
         cfg = check(config_from_argv(_mcore_args(plan))[0], t.num_gpus)  # the payload accepts every point
         assert (cfg.model, cfg.mbs, cfg.recompute, cfg.attention_backend) == (
-            "llama3_8b_4l", p["mbs"], p["recompute"], "local")
+            "llama3_8b_4l",
+            p["mbs"],
+            p["recompute"],
+            "local",
+        )
         script = render_local_script(plan, Path("/tmp/run"))
         assert "torchrun --nnodes 1 --nproc-per-node 1" in script and "-m recipes.mcore" in script
 
@@ -103,7 +107,8 @@ def test_study_record_is_complete():
     rows = _rows()
     assert sorted(int(r["trial"]) for r in rows) == list(range(6))
     assert {(int(r["mbs"]), r["recompute"]) for r in rows} == {
-        (m, rc) for m in (1, 2) for rc in ("none", "selective", "full")}
+        (m, rc) for m in (1, 2) for rc in ("none", "selective", "full")
+    }
 
 
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: f"trial{r['trial']}")
@@ -117,8 +122,12 @@ def test_leaderboard_matches_the_parsed_log(row):
     # the script that ran is the one dse renders for this point today (run directory aside)
     expected = render_local_script(build_plan(t, payload="mcore"), Path(row["run_dir"]))
     assert script == expected
-    ctx = ParseContext(gbs=t.layout.gbs, seq_length=t.layout.seq_length, num_gpus=t.num_gpus,
-                       model_flops_per_step=model_flops_per_step(t.arch, t.layout.gbs, t.layout.seq_length, "causal"))
+    ctx = ParseContext(
+        gbs=t.layout.gbs,
+        seq_length=t.layout.seq_length,
+        num_gpus=t.num_gpus,
+        model_flops_per_step=model_flops_per_step(t.arch, t.layout.gbs, t.layout.seq_length, "causal"),
+    )
     m = parse_log(str(run_dir / "log.txt"), exit_code=0, scheduler_state="SUCCEEDED", context=ctx)
     assert row["status"] == m.status == "ok"
     assert (m.steps, m.last_iteration, m.log_format) == (20, 20, "megatron")

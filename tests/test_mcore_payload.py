@@ -39,23 +39,30 @@ REAL_LOGS = sorted(p for p in REAL.glob("*.log") if not p.name.startswith("smoke
 # ------------------------------------------------------------------------------------- no torch needed
 def test_help_and_check_only_run_without_torch():
     """--help and --check-only work where torch is absent, and importing the payload imports no torch."""
-    code = ("import sys; import recipes.mcore.__main__, recipes.mcore.train; "
-            "assert 'torch' not in sys.modules and 'megatron' not in sys.modules; print('clean')")
+    code = (
+        "import sys; import recipes.mcore.__main__, recipes.mcore.train; "
+        "assert 'torch' not in sys.modules and 'megatron' not in sys.modules; print('clean')"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "clean"
-    out = subprocess.run([sys.executable, "-m", "recipes.mcore", "--help"], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "recipes.mcore", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert "path=value" in out.stdout and "--recompute" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "recipes.mcore", "--check-only", "train.micro_batch_size=2"],
-                         cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "recipes.mcore", "--check-only", "train.micro_batch_size=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(out.stdout)["config"]["mbs"] == 2
 
 
 def test_dse_mbridge_overrides_round_trip():
     """Every override dse.knobs spells for the mbridge flavour is understood, with the value dse meant."""
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
-    values.update(tp=1, pp=1, mbs=2, gbs=16, seq_length=4096, recompute="full", recompute_num_layers=0,
-                  max_steps=30)
+    values.update(tp=1, pp=1, mbs=2, gbs=16, seq_length=4096, recompute="full", recompute_num_layers=0, max_steps=30)
     argv = ["--factory", "llama3_8b_recipe", "-y", *knobs.overrides(values, "mbridge")]
     cfg, _ = config_from_argv(argv)
     assert (cfg.model, cfg.hidden_size, cfg.num_layers) == ("llama3_8b", 4096, 32)
@@ -76,23 +83,45 @@ def test_dse_mbridge_overrides_round_trip():
 
 def test_megatron_bridge_spellings():
     """Bridge's recipe names and mixed-precision recipe names; its FSDP companions are accepted, FSDP refused."""
-    cfg, _ = config_from_argv(["--recipe", "llama3_70b_pretrain_config", "mixed_precision=bf16_mixed",
-                               "scheduler.lr_decay_iters=40", "scheduler.lr_warmup_iters=10",
-                               "model.recompute_method=null"])
+    cfg, _ = config_from_argv(
+        [
+            "--recipe",
+            "llama3_70b_pretrain_config",
+            "mixed_precision=bf16_mixed",
+            "scheduler.lr_decay_iters=40",
+            "scheduler.lr_warmup_iters=10",
+            "model.recompute_method=null",
+        ]
+    )
     assert (cfg.model, cfg.precision, cfg.lr_decay_iters, cfg.lr_warmup_iters) == ("llama3_70b", "bf16", 40, 10)
     cfg, _ = config_from_argv(["mixed_precision=bf16_with_fp8_current_scaling_mixed"])
     with pytest.raises(ConfigError, match="FP8 needs Transformer Engine"):
         check(cfg, 1)
-    cfg, _ = config_from_argv(["ddp.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
-                               "ddp.average_in_collective=false", "model.init_model_with_meta_device=true",
-                               "optimizer.use_precision_aware_optimizer=false"])
+    cfg, _ = config_from_argv(
+        [
+            "ddp.use_megatron_fsdp=true",
+            "ddp.data_parallel_sharding_strategy=optim_grads_params",
+            "ddp.average_in_collective=false",
+            "model.init_model_with_meta_device=true",
+            "optimizer.use_precision_aware_optimizer=false",
+        ]
+    )
     with pytest.raises(ConfigError, match="fsdp=true"):
         check(cfg, 1)
 
 
 def test_none_spellings_and_flags_precedence():
-    cfg, _ = config_from_argv(["--mbs", "4", "--recompute", "full", "train.micro_batch_size=2",
-                               "model.recompute_granularity=null", "model.virtual_pipeline_model_parallel_size=null"])
+    cfg, _ = config_from_argv(
+        [
+            "--mbs",
+            "4",
+            "--recompute",
+            "full",
+            "train.micro_batch_size=2",
+            "model.recompute_granularity=null",
+            "model.virtual_pipeline_model_parallel_size=null",
+        ]
+    )
     assert (cfg.mbs, cfg.recompute, cfg.vp) == (2, "none", 1)  # overrides win over flags
     cfg, _ = config_from_argv(["--model", "llama3_8b", "--num-layers", "4", "--no-swiglu"])
     assert (cfg.model, cfg.num_layers, cfg.gated) == ("llama3_8b_custom", 4, False)
@@ -101,34 +130,40 @@ def test_none_spellings_and_flags_precedence():
     assert config_from_argv([])[0].model == SMALL_GQA.name
 
 
-@pytest.mark.parametrize("item, message", [
-    ("train.micro_batch_sise=2", "unknown override 'train.micro_batch_sise'"),
-    ("micro_batch_size=2", "did you mean train.micro_batch_size"),
-    ("train.micro_batch_size", "is not an override"),
-    ("train.micro_batch_size=two", "'two' is not an integer"),
-    ("model.sequence_parallel=maybe", "is not a boolean"),
-    ("optimizer.lr=nan", "not a finite number"),
-    ("train.micro_batch_size=null", "mbs cannot be null"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("train.micro_batch_sise=2", "unknown override 'train.micro_batch_sise'"),
+        ("micro_batch_size=2", "did you mean train.micro_batch_size"),
+        ("train.micro_batch_size", "is not an override"),
+        ("train.micro_batch_size=two", "'two' is not an integer"),
+        ("model.sequence_parallel=maybe", "is not a boolean"),
+        ("optimizer.lr=nan", "not a finite number"),
+        ("train.micro_batch_size=null", "mbs cannot be null"),
+    ],
+)
 def test_bad_overrides_name_the_problem(item, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_overrides([item])
 
 
-@pytest.mark.parametrize("changes, world, message", [
-    ({"sp": True, "tp": 2}, 2, "sp=true"),
-    ({"cp": 2}, 2, "context parallelism"),
-    ({"precision": "fp8"}, 1, "FP8 needs Transformer Engine"),
-    ({"fsdp": True}, 1, "fsdp=true"),
-    ({"cpu_offloading": True, "cpu_offloading_num_layers": 2}, 1, "cpu_offloading=true"),
-    ({"gbs": 6, "mbs": 4}, 1, "gbs=6 is not divisible by mbs*dp=4*1"),
-    ({"tp": 3}, 3, "num_query_groups=4 is not divisible by tp=3"),
-    ({"pp": 2}, 3, "world size 3 is not divisible by tp*pp*cp=2"),
-    ({"num_layers": 6, "pp": 4}, 4, "num_layers=6 is not divisible by pp*vp=4"),
-    ({"vp": 2}, 1, "vp=2 needs pp > 1"),
-    ({"recompute": "full", "recompute_num_layers": 9}, 1, "between 1 and the layers per pipeline stage (8)"),
-    ({"recompute_method": "block"}, 1, "apply to recompute=full only"),
-])
+@pytest.mark.parametrize(
+    "changes, world, message",
+    [
+        ({"sp": True, "tp": 2}, 2, "sp=true"),
+        ({"cp": 2}, 2, "context parallelism"),
+        ({"precision": "fp8"}, 1, "FP8 needs Transformer Engine"),
+        ({"fsdp": True}, 1, "fsdp=true"),
+        ({"cpu_offloading": True, "cpu_offloading_num_layers": 2}, 1, "cpu_offloading=true"),
+        ({"gbs": 6, "mbs": 4}, 1, "gbs=6 is not divisible by mbs*dp=4*1"),
+        ({"tp": 3}, 3, "num_query_groups=4 is not divisible by tp=3"),
+        ({"pp": 2}, 3, "world size 3 is not divisible by tp*pp*cp=2"),
+        ({"num_layers": 6, "pp": 4}, 4, "num_layers=6 is not divisible by pp*vp=4"),
+        ({"vp": 2}, 1, "vp=2 needs pp > 1"),
+        ({"recompute": "full", "recompute_num_layers": 9}, 1, "between 1 and the layers per pipeline stage (8)"),
+        ({"recompute_method": "block"}, 1, "apply to recompute=full only"),
+    ],
+)
 def test_check_rejects_what_the_local_spec_cannot_run(changes, world, message):
     cfg = RunConfig(**changes)
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -152,17 +187,33 @@ def test_flops_match_the_reference_formula_and_dse():
 
     for name in ("llama3_8b", "nemotron4_15b"):
         arch = RECIPES[name].arch
-        cfg = RunConfig(model=name, num_layers=arch.num_layers, hidden_size=arch.hidden_size,
-                        num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,
-                        ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size, gated=arch.gated_mlp,
-                        gbs=32, seq_length=8192)
+        cfg = RunConfig(
+            model=name,
+            num_layers=arch.num_layers,
+            hidden_size=arch.hidden_size,
+            num_attention_heads=arch.num_attention_heads,
+            num_query_groups=arch.num_query_groups,
+            ffn_hidden_size=arch.ffn_hidden_size,
+            vocab_size=arch.vocab_size,
+            gated=arch.gated_mlp,
+            gbs=32,
+            seq_length=8192,
+        )
         for conv in ("causal", "noncausal"):
             assert model_flops_per_step(cfg, conv) == pytest.approx(dse_flops(arch, 32, 8192, conv), rel=1e-12)
     # Megatron-LM's expression (3 x forward): attention 4bsh(h + h g/a + s/2), MLP 4bs h F (x3/2 gated),
     # logits 2bshV -- written independently here.
     c = RunConfig(gbs=4, seq_length=1024)
-    b, s, h, a, g, F, V, L = 4, 1024, c.hidden_size, c.num_attention_heads, c.num_query_groups, \
-        c.ffn_hidden_size, c.vocab_size, c.num_layers
+    b, s, h, a, g, F, V, L = (
+        4,
+        1024,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_query_groups,
+        c.ffn_hidden_size,
+        c.vocab_size,
+        c.num_layers,
+    )
     fwd = L * (4 * b * s * h * (h + h * g / a + s / 2) + 4 * b * s * h * F * 1.5) + 2 * b * s * h * V
     assert model_flops_per_step(c) == pytest.approx(3 * fwd, rel=1e-12)
     assert model_flops_per_step(c, "noncausal") > model_flops_per_step(c)
@@ -170,20 +221,42 @@ def test_flops_match_the_reference_formula_and_dse():
 
 def test_iteration_line_is_megatron_lm_format():
     line = format_iteration_line(
-        iteration=5, train_iters=20, consumed_samples=40, elapsed_ms=243.96, tflops_per_gpu=185.27,
-        learning_rate=2.819134e-4, global_batch_size=8, losses={"lm loss": 10.18123}, loss_scale=1.0,
-        grad_norm=11.9594, now=datetime(2026, 12, 3, 7, 10, 7))
+        iteration=5,
+        train_iters=20,
+        consumed_samples=40,
+        elapsed_ms=243.96,
+        tflops_per_gpu=185.27,
+        learning_rate=2.819134e-4,
+        global_batch_size=8,
+        losses={"lm loss": 10.18123},
+        loss_scale=1.0,
+        grad_norm=11.9594,
+        now=datetime(2026, 12, 3, 7, 10, 7),
+    )
     assert line == (
         " [2026-12-03 07:10:07] iteration        5/      20 | consumed samples:           40 | "
         "elapsed time per iteration (ms): 244.0 | throughput per GPU (TFLOP/s/GPU): 185.3 | "
         "learning rate: 2.819134E-04 | global batch size:     8 | lm loss: 1.018123E+01 | loss scale: 1.0 | "
-        "grad norm: 11.959 | number of skipped iterations:   0 | number of nan iterations:   0 |")
-    bare = format_iteration_line(iteration=1, train_iters=2, consumed_samples=1, elapsed_ms=1.0, tflops_per_gpu=None,
-                                 learning_rate=0.0, global_batch_size=1, losses={}, loss_scale=1.0, grad_norm=None)
+        "grad norm: 11.959 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    bare = format_iteration_line(
+        iteration=1,
+        train_iters=2,
+        consumed_samples=1,
+        elapsed_ms=1.0,
+        tflops_per_gpu=None,
+        learning_rate=0.0,
+        global_batch_size=1,
+        losses={},
+        loss_scale=1.0,
+        grad_norm=None,
+    )
     assert "throughput" not in bare and "grad norm" not in bare
     mem = format_memory_line(0, 2, 3 * 2**20, 5 * 2**20 + 2**19, 8 * 2**20, 9 * 2**20)
-    assert mem == ("[Rank 0] (after 2 iterations) memory (MB) | allocated: 3.0 | max allocated: 5.5 | "
-                   "reserved: 8.0 | max reserved: 9.0")
+    assert mem == (
+        "[Rank 0] (after 2 iterations) memory (MB) | allocated: 3.0 | max allocated: 5.5 | "
+        "reserved: 8.0 | max reserved: 9.0"
+    )
 
 
 def test_loss_averager_averages_over_the_interval():
@@ -198,8 +271,11 @@ def test_loss_averager_averages_over_the_interval():
 def _logged(path: Path) -> tuple[list[float], list[float]]:
     times, tflops = [], []
     for line in path.read_text().splitlines():
-        if m := re.search(r"elapsed time per iteration \(ms\): ([\d.]+) \| throughput per GPU \(TFLOP/s/GPU\): "
-                          r"([\d.]+)", line):
+        if m := re.search(
+            r"elapsed time per iteration \(ms\): ([\d.]+) \| throughput per GPU \(TFLOP/s/GPU\): "
+            r"([\d.]+)",
+            line,
+        ):
             times.append(float(m.group(1)))
             tflops.append(float(m.group(2)))
     return times, tflops

@@ -31,13 +31,16 @@ def test_te_spec_refused_without_te():
         checked(["--layer-spec", "te"], te=False)
 
 
-@pytest.mark.parametrize("argv,recipe", [
-    (["--fp8", "delayed"], "delayed"),
-    (["--fp8", "tensorwise"], "tensorwise"),
-    (["mixed_precision=bf16_with_fp8_current_scaling_mixed"], "tensorwise"),
-    (["mixed_precision=bf16_with_fp8_delayed_scaling_mixed"], "delayed"),
-    (["mixed_precision=fp8", "mixed_precision=tensorwise"], "tensorwise"),
-])
+@pytest.mark.parametrize(
+    "argv,recipe",
+    [
+        (["--fp8", "delayed"], "delayed"),
+        (["--fp8", "tensorwise"], "tensorwise"),
+        (["mixed_precision=bf16_with_fp8_current_scaling_mixed"], "tensorwise"),
+        (["mixed_precision=bf16_with_fp8_delayed_scaling_mixed"], "delayed"),
+        (["mixed_precision=fp8", "mixed_precision=tensorwise"], "tensorwise"),
+    ],
+)
 def test_fp8_recipes_on_te(argv, recipe):
     cfg = checked(LLAMA + argv, cap=(9, 0))
     assert (cfg.precision, cfg.fp8_recipe, cfg.layer_spec) == ("fp8", recipe, "te")
@@ -56,11 +59,14 @@ def test_blackwell_recipes_refused_on_hopper(recipe):
     assert checked(["--fp8", recipe], cap=(10, 0)).fp8_recipe == recipe
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--fp8", "delayed"], "FP8 needs Transformer Engine's layer spec"),
-    (["--attention-backend", "flash"], "flash and fused attention come from Transformer Engine"),
-    (["model.cpu_offloading=true", "model.cpu_offloading_num_layers=2"], "offloads activations"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--fp8", "delayed"], "FP8 needs Transformer Engine's layer spec"),
+        (["--attention-backend", "flash"], "flash and fused attention come from Transformer Engine"),
+        (["model.cpu_offloading=true", "model.cpu_offloading_num_layers=2"], "offloads activations"),
+    ],
+)
 def test_local_spec_refusals(argv, msg):
     with pytest.raises(ConfigError, match=msg):
         checked(argv, te=False)
@@ -73,8 +79,12 @@ def test_attention_backends_on_te(backend):
 
 
 def test_cpu_offloading_layers_bounds():
-    assert checked(["--num-layers", "4", "model.cpu_offloading=true", "model.cpu_offloading_num_layers=3"]) \
-        .cpu_offloading_num_layers == 3
+    assert (
+        checked(
+            ["--num-layers", "4", "model.cpu_offloading=true", "model.cpu_offloading_num_layers=3"]
+        ).cpu_offloading_num_layers
+        == 3
+    )
     for n in (0, 4):
         with pytest.raises(ConfigError, match=f"cpu_offloading_num_layers={n} must be between 1 and num_layers-1"):
             checked(["--num-layers", "4", "model.cpu_offloading=true", f"model.cpu_offloading_num_layers={n}"])

@@ -16,8 +16,9 @@ from dse.trial import resolve
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"
 
 
-@pytest.mark.parametrize("name,gpus", [("llama3_70b_16l_h200_x8_local_space.toml", 8),
-                                       ("llama3_70b_16l_h200_x2_local_space.toml", 2)])
+@pytest.mark.parametrize(
+    "name,gpus", [("llama3_70b_16l_h200_x8_local_space.toml", 8), ("llama3_70b_16l_h200_x2_local_space.toml", 2)]
+)
 def test_the_space_has_a_memory_border_and_scripts_for_every_rank(tmp_path, name, gpus):
     space = load_space(SPACES / name)
     assert space.system.gpus_per_node == gpus and space.backend.payload == "mcore"

@@ -23,8 +23,9 @@ def test_recipe_from_env_goes_first_as_an_explicit_factory():
     assert with_factory(argv, {}) == argv
 
 
-@pytest.mark.parametrize("given", [["--factory", "llama3_70b_recipe"], ["-f", "llama3_70b_recipe"],
-                                   ["--factory=llama3_70b_recipe"]])
+@pytest.mark.parametrize(
+    "given", [["--factory", "llama3_70b_recipe"], ["-f", "llama3_70b_recipe"], ["--factory=llama3_70b_recipe"]]
+)
 def test_argv_factory_wins_over_env(given):
     assert with_factory([*given, "-y"], {"DSE_NEMO_RECIPE": "llama3_8b"}) == [*given, "-y"]
 

@@ -25,28 +25,112 @@ pytestmark = [pytest.mark.nemo, pytest.mark.xdist_group("nemo2_factories")]
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "nemo2_probe.py"
 
-BASE = {"tp": 1, "pp": 1, "vp": 1, "cp": 1, "ep": 1, "sp": None, "mbs": 1, "gbs": 128, "seq_length": 8192,
-        "recompute": "none", "recompute_num_layers": 0, "precision": "bf16", "fp8_recipe": "tensorwise",
-        "fsdp": False, "tp_comm_overlap": False, "cpu_offload_layers": 0, "attention_backend": "auto", "num_nodes": 1,
-        "max_steps": 30}
+BASE = {
+    "tp": 1,
+    "pp": 1,
+    "vp": 1,
+    "cp": 1,
+    "ep": 1,
+    "sp": None,
+    "mbs": 1,
+    "gbs": 128,
+    "seq_length": 8192,
+    "recompute": "none",
+    "recompute_num_layers": 0,
+    "precision": "bf16",
+    "fp8_recipe": "tensorwise",
+    "fsdp": False,
+    "tp_comm_overlap": False,
+    "cpu_offload_layers": 0,
+    "attention_backend": "auto",
+    "num_nodes": 1,
+    "max_steps": 30,
+}
 
 # (recipe, gpu, gpus_per_node, flops callback, knob values): every model, every precision recipe, every
 # recompute mode, FSDP, interleaving, TP overlap with and without a tuned userbuffer config, activation offloading.
 TRIALS = [
     ("llama3_8b", "h100", 8, True, dict(BASE, cp=2, mbs=2, gbs=64, cpu_offload_layers=4)),
-    ("llama3_70b_16l", "h100", 8, True, dict(BASE, tp=4, pp=2, vp=2, gbs=64, recompute="full",
-                                              recompute_num_layers=2, precision="fp8", fp8_recipe="tensorwise",
-                                              tp_comm_overlap=True, num_nodes=2)),
-    ("llama3_405b_8l", "h200", 8, True, dict(BASE, tp=8, pp=2, cp=2, gbs=32, recompute="selective",
-                                              precision="fp8", fp8_recipe="delayed", tp_comm_overlap=True,
-                                              num_nodes=4)),
-    ("nemotron3_8b", "b200", 8, False, dict(BASE, tp=2, seq_length=4096, gbs=32, precision="fp8",
-                                            fp8_recipe="mxfp8", fsdp=True)),
-    ("nemotron4_15b", "h100", 8, True, dict(BASE, tp=2, seq_length=4096, gbs=256, tp_comm_overlap=True,
-                                            num_nodes=8, max_steps=10, attention_backend="unfused")),
-    ("nemotron4_340b_8l", "gb200", 4, True, dict(BASE, tp=8, pp=2, vp=2, seq_length=4096, gbs=32,
-                                                  recompute="full", precision="fp8", fp8_recipe="blockwise",
-                                                  tp_comm_overlap=True, sp=True, num_nodes=4)),
+    (
+        "llama3_70b_16l",
+        "h100",
+        8,
+        True,
+        dict(
+            BASE,
+            tp=4,
+            pp=2,
+            vp=2,
+            gbs=64,
+            recompute="full",
+            recompute_num_layers=2,
+            precision="fp8",
+            fp8_recipe="tensorwise",
+            tp_comm_overlap=True,
+            num_nodes=2,
+        ),
+    ),
+    (
+        "llama3_405b_8l",
+        "h200",
+        8,
+        True,
+        dict(
+            BASE,
+            tp=8,
+            pp=2,
+            cp=2,
+            gbs=32,
+            recompute="selective",
+            precision="fp8",
+            fp8_recipe="delayed",
+            tp_comm_overlap=True,
+            num_nodes=4,
+        ),
+    ),
+    (
+        "nemotron3_8b",
+        "b200",
+        8,
+        False,
+        dict(BASE, tp=2, seq_length=4096, gbs=32, precision="fp8", fp8_recipe="mxfp8", fsdp=True),
+    ),
+    (
+        "nemotron4_15b",
+        "h100",
+        8,
+        True,
+        dict(
+            BASE,
+            tp=2,
+            seq_length=4096,
+            gbs=256,
+            tp_comm_overlap=True,
+            num_nodes=8,
+            max_steps=10,
+            attention_backend="unfused",
+        ),
+    ),
+    (
+        "nemotron4_340b_8l",
+        "gb200",
+        4,
+        True,
+        dict(
+            BASE,
+            tp=8,
+            pp=2,
+            vp=2,
+            seq_length=4096,
+            gbs=32,
+            recompute="full",
+            precision="fp8",
+            fp8_recipe="blockwise",
+            tp_comm_overlap=True,
+            sp=True,
+            num_nodes=4,
+        ),
+    ),
     # NVIDIA's 405B layout: 126 layers over pp=8, vp=8 only with the embedding and loss counted as layers
     ("llama3_405b", "h100", 8, True, dict(BASE, tp=8, pp=8, vp=8, cp=2, gbs=512, precision="fp8", num_nodes=128)),
 ]
@@ -64,11 +148,18 @@ def _nemo_python() -> Path:
 
 
 def _run_probe(python: Path, args: list[str]) -> list[dict]:
-    proc = subprocess.run([str(python), str(PROBE), *args], capture_output=True, text=True, cwd=ROOT, timeout=900,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [str(python), str(PROBE), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     results = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("DSE_PROBE ")]
-    assert proc.returncode == 0 and results, f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n" \
-                                             f"{proc.stderr[-6000:]}"
+    assert proc.returncode == 0 and results, (
+        f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
     return results
 
 
@@ -101,13 +192,17 @@ def _expected_fp8(values) -> dict:
     """What the precision plugin must say, from NeMo's own plugin factories."""
     if values["precision"] == "bf16":
         return {"fp8": None}
-    return {"delayed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024,
-                        "fp8_param_gather": True},
-            "tensorwise": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "first_last_layers_bf16": False,
-                           "fp8_param_gather": True},
-            "mxfp8": {"fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True},
-            "blockwise": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
-            }[values["fp8_recipe"]]
+    return {
+        "delayed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_param_gather": True},
+        "tensorwise": {
+            "fp8": "hybrid",
+            "fp8_recipe": "tensorwise",
+            "first_last_layers_bf16": False,
+            "fp8_param_gather": True,
+        },
+        "mxfp8": {"fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True},
+        "blockwise": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
+    }[values["fp8_recipe"]]
 
 
 def _expected_recompute(values) -> tuple:
@@ -139,15 +234,22 @@ def test_trial_reaches_the_nemo_config(probed, index):
     # the model is the dse architecture (scaled reproducers: fewer layers, same width)
     assert got["num_layers"] == got["built_num_layers"] == arch.num_layers
     groups = got["num_query_groups"] or got["num_attention_heads"]  # None means one group per head (Megatron)
-    assert (got["hidden_size"], got["ffn_hidden_size"], got["num_attention_heads"], groups) == \
-        (arch.hidden_size, arch.ffn_hidden_size, arch.num_attention_heads, arch.num_query_groups)
+    assert (got["hidden_size"], got["ffn_hidden_size"], got["num_attention_heads"], groups) == (
+        arch.hidden_size,
+        arch.ffn_hidden_size,
+        arch.num_attention_heads,
+        arch.num_query_groups,
+    )
     # recompute, precision, FSDP
-    assert (got["recompute_granularity"], got["recompute_method"], got["recompute_num_layers"]) == \
-        _expected_recompute(values)
+    assert (got["recompute_granularity"], got["recompute_method"], got["recompute_num_layers"]) == _expected_recompute(
+        values
+    )
     n_off = values["cpu_offload_layers"]  # offloading: activations of n layers, never weights; 0 = off
     want_off = [n_off > 0, n_off, True, False]
-    got_off = [got[f] for f in ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations",
-                                "cpu_offloading_weights")]
+    got_off = [
+        got[f]
+        for f in ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
+    ]
     assert got_off == got["built_cpu_offloading"] == want_off
     # attention backend: a factory argument (nemo-run cannot parse the enum); auto leaves the recipe's own (auto)
     assert got["attention_backend"] == got["built_attention_backend"] == values["attention_backend"]
@@ -167,8 +269,11 @@ def test_trial_reaches_the_nemo_config(probed, index):
         assert got["built_ub_cfg"] == "TransformerLayerTPOverlapCfg"
     if flops:  # the callback sees the overridden model and data, not the recipe's defaults
         model = spec.MODELS[recipe.scaled_from or recipe.name]
-        assert (got["flops_model_name"], got["flops_seq_length"], got["flops_gbs"]) == \
-            (model.flops_name, values["seq_length"], values["gbs"])
+        assert (got["flops_model_name"], got["flops_seq_length"], got["flops_gbs"]) == (
+            model.flops_name,
+            values["seq_length"],
+            values["gbs"],
+        )
     if not finetune:  # mock data with a null tokenizer of the model's vocabulary (NullTokenizer adds EOD)
         assert got["vocab_size"] == arch.vocab_size and got["built_vocab_size"] == arch.vocab_size + 1
         assert got["limit_val_batches"] == 0 and got["check_for_nan_in_grad"] is False
@@ -180,13 +285,21 @@ def test_trial_reaches_the_nemo_config(probed, index):
 
 def test_tables_match_the_installed_nemo(nemo_python):
     (got,) = _run_probe(nemo_python, ["--tables"])
-    assert got == {"missing_modules": [], "missing_registry_modules": [], "missing_userbuffers": [],
-                   "unlisted_userbuffers": []}
+    assert got == {
+        "missing_modules": [],
+        "missing_registry_modules": [],
+        "missing_userbuffers": [],
+        "unlisted_userbuffers": [],
+    }
 
 
 def test_unknown_task_is_refused_before_nemo_runs(nemo_python):
-    proc = subprocess.run([str(nemo_python), "-m", "recipes.nemo2", "--factory", "llama3_8b_recipe", "-y"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, spec.ENV_TASK: "sft"})
+    proc = subprocess.run(
+        [str(nemo_python), "-m", "recipes.nemo2", "--factory", "llama3_8b_recipe", "-y"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, spec.ENV_TASK: "sft"},
+    )
     assert proc.returncode != 0 and "DSE_NEMO_TASK='sft' is not a task" in proc.stderr
-

@@ -25,7 +25,7 @@ def _import_name(folder: Path) -> str:
     rel = folder.relative_to(ROOT).as_posix()
     for name, where in SETUPTOOLS["package-dir"].items():
         if rel == where or rel.startswith(where + "/"):
-            return name + rel[len(where):].replace("/", ".")
+            return name + rel[len(where) :].replace("/", ".")
     return rel.replace("/", ".")
 
 
@@ -59,8 +59,9 @@ def test_a_shipped_space_is_found_from_any_directory(tmp_path, monkeypatch):
 
 
 def test_every_module_sits_in_a_layer_of_the_import_contracts():
-    layers = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"]
-                  if c["type"] == "layers" and "containers" not in c)["layers"]
+    layers = next(
+        c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers" and "containers" not in c
+    )["layers"]
     named = {m.strip() for layer in layers for m in layer.replace(":", "|").split("|")}
     missing = []
     for folder in _package_folders():
@@ -79,7 +80,8 @@ def test_the_staged_payload_runs_without_the_controller(tmp_path):
     # -S: no site-packages, so neither dse nor its dependencies can be imported; the staged copy must not need them
     no_dse = subprocess.run([sys.executable, "-S", "-c", "import dse"], cwd=code, capture_output=True, text=True)
     assert no_dse.returncode != 0 and "No module named 'dse'" in no_dse.stderr
-    r = subprocess.run([sys.executable, "-S", "-m", "recipes.sim", "--help"], cwd=code, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-S", "-m", "recipes.sim", "--help"], cwd=code, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert "usage" in r.stdout.lower()

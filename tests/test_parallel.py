@@ -85,8 +85,13 @@ def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(t
     backend = Slow(jitter, release_at=3)
     monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
     finished: list[int] = []
-    res = study_mod.run_study(space, out_dir=tmp_path / "par", agent="grid", parallel=3,
-                              on_trial=lambda rec, done, total: finished.append(rec.number))
+    res = study_mod.run_study(
+        space,
+        out_dir=tmp_path / "par",
+        agent="grid",
+        parallel=3,
+        on_trial=lambda rec, done, total: finished.append(rec.number),
+    )
     assert backend.most == 3  # three at once, never more
     assert finished != sorted(finished)  # recorded as they finished, not in launch order
     assert [r.number for r in res.records] == list(range(valid_count(space)))
@@ -96,8 +101,9 @@ def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(t
         assert any((Path(r.run_dir) / name).exists() for name in ("log.txt", "log.txt.gz"))
     a = pd.read_csv(serial.leaderboard).drop(columns=["trial", "run_dir"], errors="ignore")
     b = pd.read_csv(res.leaderboard).drop(columns=["trial", "run_dir"], errors="ignore")
-    pd.testing.assert_frame_equal(a.sort_values(list(space.knobs)).reset_index(drop=True),
-                                  b.sort_values(list(space.knobs)).reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        a.sort_values(list(space.knobs)).reset_index(drop=True), b.sort_values(list(space.knobs)).reset_index(drop=True)
+    )
 
 
 @pytest.mark.parametrize("agent", ["grid", "random", "optuna", "guided"])
@@ -194,8 +200,9 @@ class FinishedJob(SimBackend):
 
     def finished_after_interrupt(self, trial, run_dir):
         r = self.logs[run_dir]
-        return RunResult(run_dir=run_dir, log_path=r.log_path, exit_code=r.exit_code, scheduler_state="COMPLETED",
-                         wall_s=12.0)
+        return RunResult(
+            run_dir=run_dir, log_path=r.log_path, exit_code=r.exit_code, scheduler_state="COMPLETED", wall_s=12.0
+        )
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
@@ -270,9 +277,15 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     cmd = [sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out), "--parallel", "2"]
     # its own process group, as a terminal gives a job: Ctrl-C is SIGINT to the whole group. SIGINT at its
     # default, whatever this pytest inherited (a background job of a non-interactive shell ignores it).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # both trials running: their logs are growing
         logs = list(out.glob("trials/*/log.txt"))
@@ -293,8 +306,9 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     assert not _alive(str(out / "trials"))  # no trial outlives dse
     resume = lines[0].split("continue with: ", 1)[1]
     assert resume.startswith("dse run ")
-    r = subprocess.run([sys.executable, "-m", "dse", *resume.split()[1:]], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "dse", *resume.split()[1:]], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     store, _ = study_mod.open_store(out)
     recs = store.records()
@@ -351,8 +365,9 @@ class EndedMeanwhile(SimBackend):
         from dse.launch import build_plan
 
         r = super().run(build_plan(trial, payload="sim", simulated=True), run_dir)
-        return RunResult(run_dir=run_dir, log_path=r.log_path, exit_code=r.exit_code, scheduler_state="COMPLETED",
-                         wall_s=r.wall_s)
+        return RunResult(
+            run_dir=run_dir, log_path=r.log_path, exit_code=r.exit_code, scheduler_state="COMPLETED", wall_s=r.wall_s
+        )
 
 
 @pytest.mark.parametrize("parallel", [1, 2])

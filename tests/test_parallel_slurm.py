@@ -46,8 +46,13 @@ def spans(records) -> list[tuple[dt.datetime, dt.datetime]]:
     out = []
     for r in records:
         job = (study_mod.Path(r.run_dir) / "job_id").read_text().strip()
-        row = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "Start,End"], capture_output=True,
-                             text=True, check=True).stdout.strip().splitlines()[0]
+        row = (
+            subprocess.run(
+                ["sacct", "-j", job, "-X", "-n", "-P", "-o", "Start,End"], capture_output=True, text=True, check=True
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
         start, end = (dt.datetime.fromisoformat(t) for t in row.split("|"))
         out.append((start, end))
     return out
@@ -77,9 +82,14 @@ def test_ctrl_c_scancels_every_running_job_and_records_them_interrupted(tmp_path
     text = ONE_NODE.replace('"env.DSE_SIM_STEP_S" = "0.5"', '"env.DSE_SIM_STEP_S" = "30"')
     space = write_space(tmp_path, text)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out),
-                             "--parallel", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dse", "run", "--space", str(space), "--out", str(out), "--parallel", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     jobs: list[str] = []
     while time.monotonic() < deadline:  # both jobs RUNNING
@@ -118,12 +128,15 @@ def test_a_completed_job_is_collected_after_an_interrupt_and_a_running_one_is_ca
     assert r.scheduler_state == "COMPLETED"
     got = be.finished_after_interrupt(t, done_dir)
     assert got is not None and got.scheduler_state == "COMPLETED" and got.log_path == done_dir / "log.txt"
-    slow = resolve(load_space(write_space(tmp_path, ONE_NODE.replace('"0.5"', '"30"'), "slow.toml")),
-                   {"mbs": 1, "recompute": "full"})
+    slow = resolve(
+        load_space(write_space(tmp_path, ONE_NODE.replace('"0.5"', '"30"'), "slow.toml")),
+        {"mbs": 1, "recompute": "full"},
+    )
     cancel_dir = tmp_path / "cancelled"
     cancel_dir.mkdir()
-    waiter = threading.Thread(target=be.run, args=(build_plan(slow, payload="sim", simulated=True), cancel_dir),
-                              daemon=True)
+    waiter = threading.Thread(
+        target=be.run, args=(build_plan(slow, payload="sim", simulated=True), cancel_dir), daemon=True
+    )
     waiter.start()
     import time
 

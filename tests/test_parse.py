@@ -150,10 +150,50 @@ def test_megatron_lm_figures():
     assert (m.log_format, m.last_iteration, m.steps) == ("megatron", 100, 10)
 
 
-BR_MS = [96123.4, 7312.8, 6893.1, 6882.4, 6890.7, 6875.9, 6888.2, 6901.3, 6879.6, 6884.0, 6886.5, 6893.8, 6880.2,
-         6887.7, 6891.1, 6878.3, 6884.9, 6889.5, 6883.3, 6886.1]
-BR_TF = [71.6, 941.3, 998.6, 1000.2, 999.0, 1001.1, 999.3, 997.4, 1000.6, 999.9, 999.6, 998.5, 1000.5, 999.4, 998.9,
-         1000.7, 999.7, 999.1, 1000.0, 999.6]
+BR_MS = [
+    96123.4,
+    7312.8,
+    6893.1,
+    6882.4,
+    6890.7,
+    6875.9,
+    6888.2,
+    6901.3,
+    6879.6,
+    6884.0,
+    6886.5,
+    6893.8,
+    6880.2,
+    6887.7,
+    6891.1,
+    6878.3,
+    6884.9,
+    6889.5,
+    6883.3,
+    6886.1,
+]
+BR_TF = [
+    71.6,
+    941.3,
+    998.6,
+    1000.2,
+    999.0,
+    1001.1,
+    999.3,
+    997.4,
+    1000.6,
+    999.9,
+    999.6,
+    998.5,
+    1000.5,
+    999.4,
+    998.9,
+    1000.7,
+    999.7,
+    999.1,
+    1000.0,
+    999.6,
+]
 
 
 def test_megatron_bridge_takes_tflops_from_step_time_lines():
@@ -198,16 +238,36 @@ NEMO_LINE = "Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_t
 MEG_LINE = " [2025-01-01 12:00:00] iteration {i:8d}/      10 | elapsed time per iteration (ms): 2500.0 |"
 
 
-@pytest.mark.parametrize("prefix", ["", "0: ", " 12: ", "[rank3]:", "[rank3]: ", "[default0]:", "[1,0]<stdout>:",
-                                    "pretrain_llama3_8b/0 ", "0: [rank0]: "])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "",
+        "0: ",
+        " 12: ",
+        "[rank3]:",
+        "[rank3]: ",
+        "[default0]:",
+        "[1,0]<stdout>:",
+        "pretrain_llama3_8b/0 ",
+        "0: [rank0]: ",
+    ],
+)
 @pytest.mark.parametrize("template", [NEMO_LINE, MEG_LINE])
 def test_launcher_prefixes_are_accepted(prefix, template):
     m = parse_log([prefix + template.format(i=i) + "\n" for i in range(5)])
     assert (m.status, m.steps, m.step_time_s) == ("ok", 5, pytest.approx(2.5))
 
 
-@pytest.mark.parametrize("prefix", ["[NeMo W 2025-01-01 12:00:00 nemo_logging:405] ", "WARNING: ", "quoted: '",
-                                    "UserWarning: expected ", "INFO:root:"])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "[NeMo W 2025-01-01 12:00:00 nemo_logging:405] ",
+        "WARNING: ",
+        "quoted: '",
+        "UserWarning: expected ",
+        "INFO:root:",
+    ],
+)
 @pytest.mark.parametrize("template", [NEMO_LINE, MEG_LINE])
 def test_progress_text_mid_line_is_not_a_metric(prefix, template):
     m = parse_log([prefix + template.format(i=i) + "\n" for i in range(5)])
@@ -226,8 +286,13 @@ def test_tqdm_bar_without_global_step_is_not_counted():
 
 
 def test_validation_lines_are_not_training_steps():
-    m = parse_log(log("Validation: iteration 1/10", " validation loss at iteration 10 | lm loss value: 6.09E+00 |",
-                      "Sanity checking Validation: iteration 1/2"))
+    m = parse_log(
+        log(
+            "Validation: iteration 1/10",
+            " validation loss at iteration 10 | lm loss value: 6.09E+00 |",
+            "Sanity checking Validation: iteration 1/2",
+        )
+    )
     assert m.steps == 0
 
 
@@ -242,8 +307,10 @@ def test_all_warmup_gives_no_step_time(n):
 @pytest.mark.parametrize(("n", "dropped"), [(3, 2), (20, 2), (21, 3), (25, 3), (100, 10)])
 def test_warmup_drops_max_of_2_and_10_percent(n, dropped):
     times = [10.0 + i for i in range(n)]  # strictly increasing: the median shows which steps were dropped
-    lines = [f"Training epoch 0, iteration {i}/{n} | global_step: {i} | train_step_timing in s: {t}\n"
-             for i, t in enumerate(times)]
+    lines = [
+        f"Training epoch 0, iteration {i}/{n} | global_step: {i} | train_step_timing in s: {t}\n"
+        for i, t in enumerate(times)
+    ]
     m = parse_log(lines)
     assert m.warmup_steps == dropped
     assert m.step_time_s == pytest.approx(statistics.median(times[dropped:]))
@@ -253,14 +320,27 @@ def test_warmup_drops_max_of_2_and_10_percent(n, dropped):
 OK_LINES = [NEMO_LINE.format(i=i) + "\n" for i in range(6)]
 
 
-@pytest.mark.parametrize(("state", "status"), [
-    ("COMPLETED", "ok"), ("TIMEOUT", "timeout"), ("DEADLINE", "timeout"), ("OUT_OF_MEMORY", "oom"),
-    ("CANCELLED", "failed"), ("CANCELLED by 4242", "failed"), ("CANCELLED+", "failed"), ("FAILED", "failed"),
-    ("NODE_FAIL", "failed"), ("PREEMPTED", "failed"), ("BOOT_FAIL", "failed"), ("RUNNING", "ok"),
-    ("completed", "ok"),
-    # torchx AppState names, as nemo-run's LocalExecutor reports them (the local backend)
-    ("SUCCEEDED", "ok"), ("UNKNOWN", "failed"),
-])
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        ("COMPLETED", "ok"),
+        ("TIMEOUT", "timeout"),
+        ("DEADLINE", "timeout"),
+        ("OUT_OF_MEMORY", "oom"),
+        ("CANCELLED", "failed"),
+        ("CANCELLED by 4242", "failed"),
+        ("CANCELLED+", "failed"),
+        ("FAILED", "failed"),
+        ("NODE_FAIL", "failed"),
+        ("PREEMPTED", "failed"),
+        ("BOOT_FAIL", "failed"),
+        ("RUNNING", "ok"),
+        ("completed", "ok"),
+        # torchx AppState names, as nemo-run's LocalExecutor reports them (the local backend)
+        ("SUCCEEDED", "ok"),
+        ("UNKNOWN", "failed"),
+    ],
+)
 def test_scheduler_states(state, status):
     m = parse_log(OK_LINES, exit_code=0 if status == "ok" else None, scheduler_state=state)
     assert m.status == status
@@ -282,8 +362,16 @@ def test_completed_with_exit_0_and_no_progress_is_no_metrics():
 
 
 def test_traceback_fails_even_with_exit_code_0():
-    m = parse_log(OK_LINES + log("Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
-                                 "    raise KeyError('lr')", "KeyError: 'lr'"), exit_code=0)
+    m = parse_log(
+        OK_LINES
+        + log(
+            "Traceback (most recent call last):",
+            '  File "x.py", line 1, in <module>',
+            "    raise KeyError('lr')",
+            "KeyError: 'lr'",
+        ),
+        exit_code=0,
+    )
     assert (m.status, m.reason, m.partial) == ("failed", "KeyError: 'lr'", True)
 
 
@@ -294,17 +382,32 @@ def test_more_specific_class_beats_exit_code_and_scheduler():
     assert m.status == "nccl_error"
 
 
-@pytest.mark.parametrize(("lines", "status"), [
-    # OOM on one rank, the others time out in NCCL: the OOM is the cause
-    (["[rank0]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1) ran for 600000 ms",
-      "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."], "oom"),
-    # a time limit kills all ranks; the survivors' aborted communicators are collateral
-    (["[rank9]: NCCL communicator was aborted on rank 9.",
-      "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2025-01-01T00:00:00 DUE TO TIME LIMIT ***"], "timeout"),
-    (["Traceback (most recent call last):", "torch.distributed.DistBackendError: NCCL error in: x.cpp:1"],
-     "nccl_error"),
-    (["srun: error: n1: task 0: Exited with exit code 1", "Segmentation fault (core dumped)"], "failed"),
-])
+@pytest.mark.parametrize(
+    ("lines", "status"),
+    [
+        # OOM on one rank, the others time out in NCCL: the OOM is the cause
+        (
+            [
+                "[rank0]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1) ran for 600000 ms",
+                "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+            ],
+            "oom",
+        ),
+        # a time limit kills all ranks; the survivors' aborted communicators are collateral
+        (
+            [
+                "[rank9]: NCCL communicator was aborted on rank 9.",
+                "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2025-01-01T00:00:00 DUE TO TIME LIMIT ***",
+            ],
+            "timeout",
+        ),
+        (
+            ["Traceback (most recent call last):", "torch.distributed.DistBackendError: NCCL error in: x.cpp:1"],
+            "nccl_error",
+        ),
+        (["srun: error: n1: task 0: Exited with exit code 1", "Segmentation fault (core dumped)"], "failed"),
+    ],
+)
 def test_precedence(lines, status):
     assert parse_log(OK_LINES + log(*lines)).status == status
 
@@ -360,8 +463,9 @@ def test_stall_of_a_finished_run_is_judged_by_its_own_clock():
     killed = STALL_LINES + log("[2025-01-01 13:10:00] watchdog: killing the job (no progress)")
     m = parse_log(killed, exit_code=143, context=ParseContext(stall_timeout_s=1800))
     assert m.status == "timeout"
-    m = parse_log(STALL_LINES + log("[2025-01-01 12:06:00] done"), exit_code=0,
-                  context=ParseContext(stall_timeout_s=1800))
+    m = parse_log(
+        STALL_LINES + log("[2025-01-01 12:06:00] done"), exit_code=0, context=ParseContext(stall_timeout_s=1800)
+    )
     assert m.status == "ok"
 
 
@@ -375,8 +479,10 @@ def test_stall_without_timestamps_uses_file_mtime(tmp_path):
 
 
 def test_nccl_watchdog_explains_a_stall():
-    lines = STALL_LINES + log("[rank7]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8) ran for "
-                              "600018 milliseconds before timing out.")
+    lines = STALL_LINES + log(
+        "[rank7]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8) ran for "
+        "600018 milliseconds before timing out."
+    )
     assert parse_log(lines, context=ParseContext(stall_timeout_s=60, now=LAST + 3600)).status == "nccl_error"
 
 
@@ -411,8 +517,9 @@ def test_logwriter_with_jitter_parses_near_the_model_figure():
 
 
 def test_logwriter_oom_ending_is_oom_with_partial_metrics():
-    run = SimRun(step_time_s=2.0, tflops_per_gpu=300.0, gbs=128, peak_memory_gib=95.0, gpu_memory_gib=80.0,
-                 oom=True, oom_after=5)
+    run = SimRun(
+        step_time_s=2.0, tflops_per_gpu=300.0, gbs=128, peak_memory_gib=95.0, gpu_memory_gib=80.0, oom=True, oom_after=5
+    )
     code, lines = _sim(run)
     assert code == OOM_EXIT_CODE
     m = parse_log(lines, exit_code=code)
@@ -455,8 +562,9 @@ def test_undecodable_bytes_do_not_stop_the_parse(tmp_path):
 
 
 def test_nemo_lines_with_and_without_global_step_mix():
-    lines = log(*(f"Training epoch 0, iteration {i}/9 | train_step_timing in s: 2.5" for i in range(4)),
-                *(f"Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_timing in s: 2.5"
-                  for i in range(4, 8)))
+    lines = log(
+        *(f"Training epoch 0, iteration {i}/9 | train_step_timing in s: 2.5" for i in range(4)),
+        *(f"Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_timing in s: 2.5" for i in range(4, 8)),
+    )
     m = parse_log(lines)
     assert (m.status, m.steps, m.step_time_s) == ("ok", 8, pytest.approx(2.5))

@@ -11,8 +11,7 @@ from dse.cli import app
 from tests.test_parse import FIXTURES, LOGS
 
 runner = CliRunner()
-KEYS = ["status", "reason", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", "steps",
-        "loss"]
+KEYS = ["status", "reason", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", "steps", "loss"]
 
 
 @pytest.mark.parametrize(("name", "status", "steps", "partial", "reason"), FIXTURES)
@@ -40,8 +39,20 @@ def test_parse_text_on_fixture(name, status, steps, partial, reason):
 
 
 def test_parse_context_flags():
-    res = runner.invoke(app, ["parse", str(LOGS / "megatron_lm_ok.log"), "--json", "--gbs", "512",
-                              "--seq-length", "4096", "--num-gpus", "16"])
+    res = runner.invoke(
+        app,
+        [
+            "parse",
+            str(LOGS / "megatron_lm_ok.log"),
+            "--json",
+            "--gbs",
+            "512",
+            "--seq-length",
+            "4096",
+            "--num-gpus",
+            "16",
+        ],
+    )
     d = json.loads(res.output)
     assert d["tokens_per_s_per_gpu"] == pytest.approx(512 * 4096 / (d["step_time_s"] * 16))
     res = runner.invoke(app, ["parse", str(LOGS / "megatron_lm_ok.log"), "--json"])

@@ -56,7 +56,7 @@ def runs(draw, min_ms: float = 0.0):
 
 
 def steady(xs):
-    return xs[max(2, math.ceil(0.1 * len(xs))):]
+    return xs[max(2, math.ceil(0.1 * len(xs))) :]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -65,10 +65,16 @@ def test_nemo2_values_round_trip(run, rnd):
     ts, tf, loss, mem, prefix, noise = run
     lines = []
     for i, (t, f, lo, me) in enumerate(zip(ts, tf, loss, mem)):
-        fields = [f"lr: {nemo_fmt(3e-4)}", "global_batch_size: 256", f"global_step: {i}",
-                  f"reduced_train_loss: {nemo_fmt(lo)}", f"train_step_timing in s: {nemo_fmt(t)}",
-                  f"TFLOPS_per_GPU: {nemo_fmt(f)}", f"max_memory_allocated: {nemo_fmt(me)}",
-                  f"consumed_samples: {256 * (i + 1)}"]
+        fields = [
+            f"lr: {nemo_fmt(3e-4)}",
+            "global_batch_size: 256",
+            f"global_step: {i}",
+            f"reduced_train_loss: {nemo_fmt(lo)}",
+            f"train_step_timing in s: {nemo_fmt(t)}",
+            f"TFLOPS_per_GPU: {nemo_fmt(f)}",
+            f"max_memory_allocated: {nemo_fmt(me)}",
+            f"consumed_samples: {256 * (i + 1)}",
+        ]
         rnd.shuffle(fields)  # fields come in any order
         lines.append(f"{prefix}Training epoch 0, iteration {i}/{len(ts) - 1} | " + " | ".join(fields) + "\n")
         lines.append(noise[i] + "\n")
@@ -93,7 +99,8 @@ def test_megatron_values_round_trip(run, loss_fmt, with_ts):
             f"{prefix} {stamp}iteration {i + 1:8d}/{len(ts):8d} | consumed samples: {512 * (i + 1):12d} | "
             f"elapsed time per iteration (ms): {t * 1000:.1f} | throughput per GPU (TFLOP/s/GPU): {f:.1f} | "
             f"learning rate: {3e-4:.6E} | global batch size: {512:5d} | lm loss: {loss_fmt.format(lo)} | "
-            f"loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+            f"loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+        )
         lines.append(noise[i] + "\n")
     m = parse_log(lines, exit_code=0)
     assert (m.status, m.steps, m.log_format, m.last_iteration) == ("ok", len(ts), "megatron", len(ts))
@@ -104,8 +111,10 @@ def test_megatron_values_round_trip(run, loss_fmt, with_ts):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(min_value=0.01, max_value=500.0), min_size=3, max_size=30),
-       st.lists(tflops_st, min_size=30, max_size=30))
+@given(
+    st.lists(st.floats(min_value=0.01, max_value=500.0), min_size=3, max_size=30),
+    st.lists(tflops_st, min_size=30, max_size=30),
+)
 def test_bridge_summary_values_round_trip(ts, tf):
     lines = [f"Step Time : {t:.2f}s GPU utilization: {f:.1f}MODEL_TFLOP/s/GPU\n" for t, f in zip(ts, tf)]
     m = parse_log(lines)

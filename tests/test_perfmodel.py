@@ -61,6 +61,7 @@ def test_unknown_convention_is_refused():
 
 # ---- pipeline bubble (Narayanan et al. 2021) -------------------------------------------------------
 
+
 @pytest.mark.parametrize("p,m,v", [(2, 8, 1), (8, 64, 1), (4, 16, 2), (8, 64, 5), (16, 384, 4)])
 def test_bubble_closed_forms(p, m, v):
     assert bubble_fraction(p, m, v) == pytest.approx((p - 1) / (v * m))
@@ -78,9 +79,14 @@ def test_predicted_bubble_is_the_closed_form_of_the_microbatch_time(pp, vp):
     assert b["time.bubble_s"] == pytest.approx((pp - 1) / vp * b["time.per_microbatch_s"])
 
 
-@pytest.mark.parametrize("kw", [dict(tp=4, pp=8, vp=5, gbs=64, precision="fp8"),
-                                dict(tp=2, pp=1, cp=2, gbs=32, fsdp=True, recompute="full", seq_length=16384),
-                                dict(tp=1, pp=1, gbs=16, cpu_offload_layers=20, precision="bf16")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=4, pp=8, vp=5, gbs=64, precision="fp8"),
+        dict(tp=2, pp=1, cp=2, gbs=32, fsdp=True, recompute="full", seq_length=16384),
+        dict(tp=1, pp=1, gbs=16, cpu_offload_layers=20, precision="bf16"),
+    ],
+)
 def test_step_time_is_the_sum_of_its_terms_and_the_breakdown_is_typed(kw):
     """The typed breakdown (time and memory terms) is also the flat mapping that ``dse predict`` prints, in its
     order; the step time is every micro-batch slot plus the per-step terms, the peak memory the memory part's."""
@@ -93,9 +99,20 @@ def test_step_time_is_the_sum_of_its_terms_and_the_breakdown_is_typed(kw):
     assert b["time.bubble_s"] == b.time.bubble_s and b["mem.logits_gib"] == b.memory.logits_gib
     assert b["microbatches"] == b.time.microbatches and "time.nothing_s" not in b
     t = b.time
-    assert p.step_time_s == t.step_s == pytest.approx(
-        t.microbatches * t.per_microbatch_s + t.bubble_s + t.pp_p2p_s + t.dp_exposed_s + t.optimizer_s
-        + t.grad_accumulation_s + t.overhead_s, rel=1e-15)
+    assert (
+        p.step_time_s
+        == t.step_s
+        == pytest.approx(
+            t.microbatches * t.per_microbatch_s
+            + t.bubble_s
+            + t.pp_p2p_s
+            + t.dp_exposed_s
+            + t.optimizer_s
+            + t.grad_accumulation_s
+            + t.overhead_s,
+            rel=1e-15,
+        )
+    )
     assert p.peak_memory_gib == b.memory.peak_gib and p.fits == (b.memory.peak_gib <= p.gpu_memory_gib)
 
 
@@ -158,16 +175,26 @@ def test_distributed_optimizer_bytes_per_parameter(d):
 
 # ---- OOM classification ----------------------------------------------------------------------------
 
+
 def calibration_rows():
     with open(CALIBRATION, newline="") as fh:
         return list(csv.DictReader(fh, delimiter="\t"))
 
 
 def row_trial(r, **override):
-    knobs = dict(tp=int(r["tp"]), pp=int(r["pp"]), cp=int(r["cp"]), vp=int(r["vp"]), mbs=int(r["mbs"]),
-                 gbs=int(r["gbs"]), seq_length=int(r["seq_length"]), precision=r["precision"],
-                 fsdp=r["fsdp"] == "1", tp_comm_overlap=int(r["tp"]) > 1,
-                 cpu_offload_layers=int(r.get("cpu_offload_layers") or 0))
+    knobs = dict(
+        tp=int(r["tp"]),
+        pp=int(r["pp"]),
+        cp=int(r["cp"]),
+        vp=int(r["vp"]),
+        mbs=int(r["mbs"]),
+        gbs=int(r["gbs"]),
+        seq_length=int(r["seq_length"]),
+        precision=r["precision"],
+        fsdp=r["fsdp"] == "1",
+        tp_comm_overlap=int(r["tp"]) > 1,
+        cpu_offload_layers=int(r.get("cpu_offload_layers") or 0),
+    )
     knobs.update(override)
     return make_trial(RECIPES[r["model"]], r["gpu"], int(r["num_gpus"]), **knobs)
 
@@ -217,11 +244,28 @@ def test_offload_memory_follows_the_closed_form():
     backward working layer: each offloaded layer frees exactly one layer's activations, less one buffer."""
     kw = dict(tp=1, pp=1, mbs=2, gbs=256, precision="fp8", fsdp=True)
     arch = RECIPES["llama3_70b"].arch
-    act = layer_activation_bytes(8192, 2, arch.hidden_size, arch.num_attention_heads, 1, sp=False,
-                                 g=arch.num_query_groups, ffn=arch.ffn_hidden_size, gated=True, flash_attention=True,
-                                 dropout=False, fp8=True) / 2**30 * (1 + DEFAULT_PARAMS.memory_fragmentation)
-    peak = {n: predict(make_trial(RECIPES["llama3_70b"], "gb200", 64, cpu_offload_layers=n, **kw)).peak_memory_gib
-            for n in (0, 1, 40, 79)}
+    act = (
+        layer_activation_bytes(
+            8192,
+            2,
+            arch.hidden_size,
+            arch.num_attention_heads,
+            1,
+            sp=False,
+            g=arch.num_query_groups,
+            ffn=arch.ffn_hidden_size,
+            gated=True,
+            flash_attention=True,
+            dropout=False,
+            fp8=True,
+        )
+        / 2**30
+        * (1 + DEFAULT_PARAMS.memory_fragmentation)
+    )
+    peak = {
+        n: predict(make_trial(RECIPES["llama3_70b"], "gb200", 64, cpu_offload_layers=n, **kw)).peak_memory_gib
+        for n in (0, 1, 40, 79)
+    }
     assert peak[0] - peak[1] == pytest.approx(0.0, abs=1e-6)  # one layer out, one layer in the buffer
     assert peak[0] - peak[40] == pytest.approx(39 * act, rel=1e-6)
     assert peak[0] - peak[79] == pytest.approx(78 * act, rel=1e-6)
@@ -230,15 +274,19 @@ def test_offload_memory_follows_the_closed_form():
 def test_offload_costs_time_on_a_slow_link_and_more_with_more_layers():
     kw = dict(tp=1, pp=1, mbs=2, gbs=256, precision="fp8", fsdp=True)
     arch = RECIPES["llama3_70b"].arch
-    step = {(gpu, n): predict_layout(arch, gpu, num_gpus=64, seq_length=8192, cpu_offload_layers=n, **kw).step_time_s
-            for gpu in ("b200", "gb200") for n in (0, 20, 40)}
+    step = {
+        (gpu, n): predict_layout(arch, gpu, num_gpus=64, seq_length=8192, cpu_offload_layers=n, **kw).step_time_s
+        for gpu in ("b200", "gb200")
+        for n in (0, 20, 40)
+    }
     # PCIe Gen5 (B200) is slower than NVLink-C2C (GB200): offload costs more there, and more with more layers
     assert step["b200", 0] < step["b200", 20] < step["b200", 40]
     assert step["gb200", 0] <= step["gb200", 20] <= step["gb200", 40]
     assert step["b200", 40] - step["b200", 0] > step["gb200", 40] - step["gb200", 0]
     fast = DEFAULT_PARAMS.with_values(host_link_eff=100.0)  # a link fast enough to hide behind compute
-    assert predict_layout(arch, "b200", num_gpus=64, seq_length=8192, cpu_offload_layers=40, params=fast,
-                          **kw).step_time_s == pytest.approx(step["b200", 0])
+    assert predict_layout(
+        arch, "b200", num_gpus=64, seq_length=8192, cpu_offload_layers=40, params=fast, **kw
+    ).step_time_s == pytest.approx(step["b200", 0])
 
 
 def test_recompute_trades_memory_for_time():
@@ -249,6 +297,7 @@ def test_recompute_trades_memory_for_time():
 
 
 # ---- time behaviour --------------------------------------------------------------------------------
+
 
 def test_tokens_and_tflops_follow_from_the_step_time():
     t = make_trial(RECIPES["llama3_8b"], "h100", 8, mbs=1, gbs=128, precision="fp8")
@@ -274,8 +323,7 @@ def test_gpt3_175b_on_a100_is_in_the_published_range():
     from dse.recipes.models import ModelArch, Recipe
 
     arch = ModelArch("gpt3_175b", 96, 12288, 96, 96, 4 * 12288, 51200, False)
-    t = make_trial(Recipe("gpt3_175b", arch, "", None, 2048, 64), "a100", 64, tp=8, pp=8, gbs=64,
-                   recompute="selective")
+    t = make_trial(Recipe("gpt3_175b", arch, "", None, 2048, 64), "a100", 64, tp=8, pp=8, gbs=64, recompute="selective")
     p = predict(t, flops_convention="noncausal")
     assert 0.40 * 312 < p.tflops_per_gpu < 0.65 * 312
 
@@ -294,6 +342,7 @@ def test_every_gpu_generation_has_a_spec():
 
 # ---- fitting ---------------------------------------------------------------------------------------
 
+
 def test_nelder_mead_finds_a_quadratic_minimum():
     target = np.array([1.0, -2.0, 0.5])
     x = nelder_mead(lambda z: float(np.sum((z - target) ** 2)), np.zeros(3), iters=2000, tol=1e-14)
@@ -302,8 +351,11 @@ def test_nelder_mead_finds_a_quadratic_minimum():
 
 def test_fit_recovers_parameters_that_generated_the_data():
     truth = DEFAULT_PARAMS.with_values(gemm_eff_fp8=0.50, attn_eff=0.45)
-    rows = [(row_trial(r), predict(row_trial(r), params=truth).tokens_per_s_per_gpu) for r in calibration_rows()
-            if r["gpu"] == "h100"]
+    rows = [
+        (row_trial(r), predict(row_trial(r), params=truth).tokens_per_s_per_gpu)
+        for r in calibration_rows()
+        if r["gpu"] == "h100"
+    ]
 
     def tokens(t, params):
         return predict(t, params=params).tokens_per_s_per_gpu
@@ -319,16 +371,22 @@ def test_fit_finds_a_threshold_parameter_whose_loss_is_flat_at_its_prior():
     the data (GB200 layouts with 6-10 ms layers, one with longer layers that it must leave alone)."""
     truth = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.012)
     arch = RECIPES["llama3_70b"].arch
-    layouts = [dict(num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128), dict(num_gpus=64, tp=4, pp=4, vp=5, mbs=1, gbs=128),
-               dict(num_gpus=64, tp=1, pp=1, mbs=2, gbs=256, fsdp=True, cpu_offload_layers=40)]
-    rows = [(kw, predict_layout(arch, "gb200", seq_length=8192, precision="fp8", params=truth, **kw).tokens_per_s_per_gpu)
-            for kw in layouts]
+    layouts = [
+        dict(num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128),
+        dict(num_gpus=64, tp=4, pp=4, vp=5, mbs=1, gbs=128),
+        dict(num_gpus=64, tp=1, pp=1, mbs=2, gbs=256, fsdp=True, cpu_offload_layers=40),
+    ]
+    rows = [
+        (kw, predict_layout(arch, "gb200", seq_length=8192, precision="fp8", params=truth, **kw).tokens_per_s_per_gpu)
+        for kw in layouts
+    ]
 
     def tokens(kw, params):
         return predict_layout(arch, "gb200", seq_length=8192, precision="fp8", params=params, **kw).tokens_per_s_per_gpu
 
-    assert tokens(layouts[0], DEFAULT_PARAMS.with_values(host_layer_s_grace=0.003)) \
-        == tokens(layouts[0], DEFAULT_PARAMS.with_values(host_layer_s_grace=0.004))  # flat at the prior
+    assert tokens(layouts[0], DEFAULT_PARAMS.with_values(host_layer_s_grace=0.003)) == tokens(
+        layouts[0], DEFAULT_PARAMS.with_values(host_layer_s_grace=0.004)
+    )  # flat at the prior
     got = fit(tokens, rows, names=("host_layer_s_grace",), obs_sigma=0.001)
     assert got.host_layer_s_grace == pytest.approx(0.012, rel=0.02)
 
@@ -341,8 +399,10 @@ def test_unfused_attention_stores_korthikantis_scores_and_costs_time_growing_wit
     kw = dict(num_gpus=8, tp=2, gbs=32, mbs=1)
     slow = {}
     for s in (2048, 8192):
-        runs = {b: predict_layout(arch, "h100", seq_length=s, attention_backend=b, **kw)
-                for b in ("auto", "flash", "fused", "unfused", "local")}
+        runs = {
+            b: predict_layout(arch, "h100", seq_length=s, attention_backend=b, **kw)
+            for b in ("auto", "flash", "fused", "unfused", "local")
+        }
         assert runs["auto"].step_time_s == runs["flash"].step_time_s == runs["fused"].step_time_s
         assert runs["unfused"].step_time_s == runs["local"].step_time_s > runs["auto"].step_time_s
         for backend, per_score in (("local", 5), ("unfused", 2)):
@@ -368,8 +428,10 @@ def test_mxfp8_quantisation_costs_more_than_per_tensor_scaling_and_nothing_in_bf
     fp8 = {r: predict_layout(arch, "b200", precision="fp8", fp8_recipe=r, **kw) for r in ("tensorwise", "mxfp8")}
     assert fp8["mxfp8"].step_time_s > fp8["tensorwise"].step_time_s
     assert fp8["mxfp8"].breakdown["time.layer_compute_s"] > fp8["tensorwise"].breakdown["time.layer_compute_s"]
-    bf16 = {r: predict_layout(arch, "b200", precision="bf16", fp8_recipe=r, **kw).step_time_s
-            for r in ("tensorwise", "mxfp8")}
+    bf16 = {
+        r: predict_layout(arch, "b200", precision="bf16", fp8_recipe=r, **kw).step_time_s
+        for r in ("tensorwise", "mxfp8")
+    }
     assert bf16["mxfp8"] == bf16["tensorwise"]
 
 
@@ -385,8 +447,10 @@ def test_blackwell_ultra_tensor_ratio_speeds_only_gb300_tensor_work():
     leaves GB200's alone; at ratio 1 GB300 is faster only by its special-function units."""
     arch = RECIPES["llama3_8b"].arch
     kw = dict(num_gpus=8, tp=1, pp=1, mbs=2, gbs=128, seq_length=8192, precision="fp8")
+
     def step(gpu, r):
         return predict_layout(arch, gpu, params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=r), **kw).step_time_s
+
     assert step("gb200", 1.0) == step("gb200", 1.3)
     assert step("gb300", 1.3) < step("gb300", 1.0) <= step("gb200", 1.0)
     # no more than the whole step divided by the ratio: only the tensor-core part speeds up
@@ -398,8 +462,12 @@ def test_mxfp8_gemm_ratio_prices_only_mxfp8_gemms():
     untouched."""
     arch = RECIPES["llama3_8b"].arch
     kw = dict(num_gpus=8, tp=1, pp=1, mbs=2, gbs=128, seq_length=8192)
+
     def step(r, **k):
-        return predict_layout(arch, "b200", params=DEFAULT_PARAMS.with_values(mxfp8_gemm_ratio=r), **kw, **k).step_time_s
+        return predict_layout(
+            arch, "b200", params=DEFAULT_PARAMS.with_values(mxfp8_gemm_ratio=r), **kw, **k
+        ).step_time_s
+
     assert step(0.8, precision="fp8", fp8_recipe="tensorwise") == step(1.0, precision="fp8", fp8_recipe="tensorwise")
     assert step(0.8, precision="bf16") == step(1.0, precision="bf16")
     assert step(0.8, precision="fp8", fp8_recipe="mxfp8") > step(1.0, precision="fp8", fp8_recipe="mxfp8")
@@ -412,8 +480,17 @@ def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
     GB200's here (ultra_tensor_ratio=1), and the Grace host's time per layer off (host_layer_s_grace=0: these
     layers are shorter than it), to isolate the exponentials."""
     arch = RECIPES["llama3_8b"].arch
-    kw = dict(num_gpus=4, tp=4, pp=1, mbs=1, gbs=16, seq_length=16384, precision="fp8", scaleout_gbps=400.0,
-              params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=1.0, host_layer_s_grace=0.0))
+    kw = dict(
+        num_gpus=4,
+        tp=4,
+        pp=1,
+        mbs=1,
+        gbs=16,
+        seq_length=16384,
+        precision="fp8",
+        scaleout_gbps=400.0,
+        params=DEFAULT_PARAMS.with_values(ultra_tensor_ratio=1.0, host_layer_s_grace=0.0),
+    )
     gb200, gb300 = (predict_layout(arch, g, **kw) for g in ("gb200", "gb300"))
     T, s, a = 16384, 16384, arch.num_attention_heads / 4  # heads per GPU at tp=4 (no data parallelism)
     per_layer = T * s * a * (1 / HARDWARE["gb200"].sfu_exp_tera_per_s - 1 / HARDWARE["gb300"].sfu_exp_tera_per_s) / 1e12

@@ -11,9 +11,30 @@ from dse.cli import app
 
 runner = CliRunner()
 
-LAYOUT_405B = ["--model", "llama3_405b", "--gpu", "h100", "--num-gpus", "1024", "--precision", "fp8",
-               "--seq-length", "8192", "--gbs", "512", "--mbs", "1", "--tp", "8", "--pp", "8", "--cp", "2",
-               "--vp", "8"]
+LAYOUT_405B = [
+    "--model",
+    "llama3_405b",
+    "--gpu",
+    "h100",
+    "--num-gpus",
+    "1024",
+    "--precision",
+    "fp8",
+    "--seq-length",
+    "8192",
+    "--gbs",
+    "512",
+    "--mbs",
+    "1",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--cp",
+    "2",
+    "--vp",
+    "8",
+]
 
 GPT3 = """name = "gpt3_175b"
 num_layers = 96
@@ -38,8 +59,9 @@ def test_predict_json_has_the_figures():
 
 def test_flops_convention_changes_tflops_not_tokens():
     causal = json.loads(runner.invoke(app, ["predict", *LAYOUT_405B, "--json"]).stdout)
-    noncausal = json.loads(runner.invoke(app, ["predict", *LAYOUT_405B, "--json",
-                                               "--flops-convention", "noncausal"]).stdout)
+    noncausal = json.loads(
+        runner.invoke(app, ["predict", *LAYOUT_405B, "--json", "--flops-convention", "noncausal"]).stdout
+    )
     assert noncausal["tflops_per_gpu"] > causal["tflops_per_gpu"]
     assert noncausal["tokens_per_s_per_gpu"] == pytest.approx(causal["tokens_per_s_per_gpu"])
 
@@ -53,26 +75,50 @@ def test_table_output_and_recipe_defaults():
 def test_model_file(tmp_path):
     f = tmp_path / "gpt3.toml"
     f.write_text(GPT3)
-    res = runner.invoke(app, ["predict", "--model-file", str(f), "--gpu", "a100", "--num-gpus", "64",
-                              "--seq-length", "2048", "--gbs", "64", "--tp", "8", "--pp", "8",
-                              "--recompute", "selective", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "predict",
+            "--model-file",
+            str(f),
+            "--gpu",
+            "a100",
+            "--num-gpus",
+            "64",
+            "--seq-length",
+            "2048",
+            "--gbs",
+            "64",
+            "--tp",
+            "8",
+            "--pp",
+            "8",
+            "--recompute",
+            "selective",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["model"] == "gpt3_175b" and out["fits"] is True
 
 
-@pytest.mark.parametrize("text,field", [
-    (GPT3.replace("num_attention_heads = 96", 'num_attention_heads = "many"'), "num_attention_heads"),
-    (GPT3.replace("vocab_size = 51200\n", ""), "vocab_size"),
-    (GPT3 + "bias = true\n", "bias"),
-    (GPT3.replace("hidden_size = 12288", "hidden_size = 12289"), "hidden_size"),
-    ("name = [", None),
-])
+@pytest.mark.parametrize(
+    "text,field",
+    [
+        (GPT3.replace("num_attention_heads = 96", 'num_attention_heads = "many"'), "num_attention_heads"),
+        (GPT3.replace("vocab_size = 51200\n", ""), "vocab_size"),
+        (GPT3 + "bias = true\n", "bias"),
+        (GPT3.replace("hidden_size = 12288", "hidden_size = 12289"), "hidden_size"),
+        ("name = [", None),
+    ],
+)
 def test_bad_model_file_is_one_line_and_exit_2(tmp_path, text, field):
     f = tmp_path / "bad.toml"
     f.write_text(text)
-    res = runner.invoke(app, ["predict", "--model-file", str(f), "--gpu", "a100", "--num-gpus", "8",
-                              "--seq-length", "2048"])
+    res = runner.invoke(
+        app, ["predict", "--model-file", str(f), "--gpu", "a100", "--num-gpus", "8", "--seq-length", "2048"]
+    )
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and str(f) in lines[0] and "Traceback" not in res.output
@@ -80,13 +126,16 @@ def test_bad_model_file_is_one_line_and_exit_2(tmp_path, text, field):
         assert field in lines[0]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--tp", "3"], "tp*pp*cp"),
-    (["--tp", "16"], "tp=16"),
-    (["--gpu", "h10"], "h100"),
-    (["--precision", "fp4"], "--precision"),
-    (["--recompute", "some"], "recompute"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--tp", "3"], "tp*pp*cp"),
+        (["--tp", "16"], "tp=16"),
+        (["--gpu", "h10"], "h100"),
+        (["--precision", "fp4"], "--precision"),
+        (["--recompute", "some"], "recompute"),
+    ],
+)
 def test_invalid_input_exits_2_with_the_reason(args, needle):
     base = dict(zip(LAYOUT_405B[::2], LAYOUT_405B[1::2]))
     base.update(dict(zip(args[::2], args[1::2])))
@@ -117,8 +166,28 @@ def test_predict_takes_the_attention_backend_and_fp8_recipe():
     from dse.cli import app
 
     def run(*extra):
-        r = CliRunner().invoke(app, ["predict", "--model", "llama3_70b", "--gpu", "b200", "--num-gpus", "64",
-                                     "--tp", "4", "--pp", "4", "--cp", "1", "--vp", "5", "--json", *extra])
+        r = CliRunner().invoke(
+            app,
+            [
+                "predict",
+                "--model",
+                "llama3_70b",
+                "--gpu",
+                "b200",
+                "--num-gpus",
+                "64",
+                "--tp",
+                "4",
+                "--pp",
+                "4",
+                "--cp",
+                "1",
+                "--vp",
+                "5",
+                "--json",
+                *extra,
+            ],
+        )
         assert r.exit_code == 0, r.output
         return json.loads(r.output)
 
@@ -132,8 +201,22 @@ def test_predict_takes_the_attention_backend_and_fp8_recipe():
     assert bad.exit_code == 2 and "attention_backend takes one of" in bad.output
 
 
-_MODEL_FILE_ARGS = ["predict", "--gpu", "h100", "--num-gpus", "64", "--seq-length", "2048", "--gbs", "64", "--tp", "8",
-                    "--pp", "8", "--json"]
+_MODEL_FILE_ARGS = [
+    "predict",
+    "--gpu",
+    "h100",
+    "--num-gpus",
+    "64",
+    "--seq-length",
+    "2048",
+    "--gbs",
+    "64",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--json",
+]
 
 
 def _model_file_run(tmp_path, name: str, line: str):

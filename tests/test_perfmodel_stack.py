@@ -46,16 +46,32 @@ def test_the_trial_carries_its_spaces_payload():
 
 def _pair(**values):
     space = load_space(SPACE)
-    t = resolve(space, {"mbs": 1, "recompute": "full", "precision": "bf16", "fp8_recipe": "delayed",
-                        "attention_backend": "fused", **values})
+    t = resolve(
+        space,
+        {
+            "mbs": 1,
+            "recompute": "full",
+            "precision": "bf16",
+            "fp8_recipe": "delayed",
+            "attention_backend": "fused",
+            **values,
+        },
+    )
     return predict(t), predict(replace(t, payload="mbridge")), t
 
 
 def test_fp8_without_param_gather_keeps_a_weight_cache_and_fp32_gradients():
     mcore, bridge, t = _pair(precision="fp8")
     a = t.arch
-    lin = a.num_layers * a.hidden_size * ((a.num_attention_heads + 2 * a.num_query_groups) * a.hidden_size
-                                          // a.num_attention_heads + a.hidden_size + 3 * a.ffn_hidden_size)
+    lin = (
+        a.num_layers
+        * a.hidden_size
+        * (
+            (a.num_attention_heads + 2 * a.num_query_groups) * a.hidden_size // a.num_attention_heads
+            + a.hidden_size
+            + 3 * a.ffn_hidden_size
+        )
+    )
     assert mcore.breakdown["mem.fp8_weight_cache_gib"] == pytest.approx(2 * lin / GIB)
     assert bridge.breakdown["mem.fp8_weight_cache_gib"] == 0.0
     # bf16 gradients (2 bytes) for Bridge's FP8 recipes, fp32 (4) for recipes.mcore
@@ -67,7 +83,8 @@ def test_fp8_without_param_gather_keeps_a_weight_cache_and_fp32_gradients():
 def test_the_native_loss_keeps_six_bytes_per_logit():
     mcore, bridge, t = _pair()
     assert mcore.breakdown["mem.logits_gib"] / bridge.breakdown["mem.logits_gib"] == pytest.approx(
-        DEFAULT_PARAMS.logits_bytes_native / DEFAULT_PARAMS.logits_bytes)
+        DEFAULT_PARAMS.logits_bytes_native / DEFAULT_PARAMS.logits_bytes
+    )
     assert DEFAULT_PARAMS.logits_bytes_native == 6.0
     tuned = predict(t, params=DEFAULT_PARAMS.with_values(logits_bytes_native=4.0))
     assert tuned.breakdown["mem.logits_gib"] == pytest.approx(mcore.breakdown["mem.logits_gib"] * 4 / 6)
@@ -106,16 +123,31 @@ def test_dse_predict_takes_the_payload():
     from dse.cli import app
 
     runner = CliRunner()
-    base = ["predict", "--model", "llama3_8b_4l", "--gpu", "h200", "--gpus-per-node", "1", "--num-gpus", "1",
-            "--mbs", "1", "--gbs", "8", "--seq-length", "2048", "--json"]
+    base = [
+        "predict",
+        "--model",
+        "llama3_8b_4l",
+        "--gpu",
+        "h200",
+        "--gpus-per-node",
+        "1",
+        "--num-gpus",
+        "1",
+        "--mbs",
+        "1",
+        "--gbs",
+        "8",
+        "--seq-length",
+        "2048",
+        "--json",
+    ]
     out = {}
     for payload in ("nemo2", "mcore"):
         r = runner.invoke(app, base + ["--payload", payload])
         assert r.exit_code == 0, r.output
         out[payload] = json.loads(r.output)
         assert out[payload]["payload"] == payload
-    assert out["mcore"]["breakdown"]["mem.logits_gib"] == pytest.approx(
-        3 * out["nemo2"]["breakdown"]["mem.logits_gib"])
+    assert out["mcore"]["breakdown"]["mem.logits_gib"] == pytest.approx(3 * out["nemo2"]["breakdown"]["mem.logits_gib"])
     assert out["mcore"]["step_time_s"] > out["nemo2"]["step_time_s"]  # unfused gradient accumulation
     r = runner.invoke(app, base + ["--payload", "megatron"])
     assert r.exit_code == 2 and "--payload" in r.output and "mcore" in r.output
@@ -157,12 +189,23 @@ def test_eager_squared_relu_costs_its_bytes_on_nvidia_stacks_only():
     kw = dict(num_gpus=2, tp=2, pp=1, mbs=1, gbs=16, seq_length=4096, precision="bf16")  # no DP to overlap
     eager, plain = (predict_layout(a, "h100", **kw) for a in (arch, fused))
     m, T = 16, 4096  # micro-batches, tokens per micro-batch
-    extra = m * arch.num_layers * T * SQUARED_RELU_EXTRA_BYTES * arch.ffn_hidden_size / 2 \
-        * DEFAULT_PARAMS.elementwise_scale / (HARDWARE["h100"].hbm_gbps * 1e9)
+    extra = (
+        m
+        * arch.num_layers
+        * T
+        * SQUARED_RELU_EXTRA_BYTES
+        * arch.ffn_hidden_size
+        / 2
+        * DEFAULT_PARAMS.elementwise_scale
+        / (HARDWARE["h100"].hbm_gbps * 1e9)
+    )
     assert eager.step_time_s - plain.step_time_s == pytest.approx(extra, rel=1e-6)
     assert eager.peak_memory_gib == plain.peak_memory_gib
     mc = STACKS["mcore"]
-    assert predict_layout(arch, "h100", stack=mc, **kw).step_time_s == predict_layout(fused, "h100", stack=mc, **kw).step_time_s
+    assert (
+        predict_layout(arch, "h100", stack=mc, **kw).step_time_s
+        == predict_layout(fused, "h100", stack=mc, **kw).step_time_s
+    )
 
 
 def test_the_mcore_entry_runs_no_dropout():
@@ -193,7 +236,10 @@ def test_dropout_costs_its_bytes_on_nvidia_stacks_only():
     extra_b = sum(unfused_score_bytes(True)) - sum(unfused_score_bytes(False))
     assert drop_u.step_time_s - dry_u.step_time_s == pytest.approx(masks + scores * extra_b / hbm, rel=1e-6)
     mc = STACKS["mcore"]
-    assert predict_layout(wet, "h100", stack=mc, **ukw).step_time_s == predict_layout(arch, "h100", stack=mc, **ukw).step_time_s
+    assert (
+        predict_layout(wet, "h100", stack=mc, **ukw).step_time_s
+        == predict_layout(arch, "h100", stack=mc, **ukw).step_time_s
+    )
 
 
 def test_published_stacks_price_the_loss_their_containers_ran():
@@ -208,7 +254,10 @@ def test_published_stacks_price_the_loss_their_containers_ran():
     from dse.recipes.models import RECIPES
 
     assert {n: cross_entropy_bytes(s) for n, s in PUBLISHED_STACKS.items() if not s.cuda_graphs} == {
-        "published:te": 16.0, "published:native_fused": 36.0, "published:native": 52.0}
+        "published:te": 16.0,
+        "published:native_fused": 36.0,
+        "published:native": 52.0,
+    }
     assert payload_stack("published:native_fused").cross_entropy == "native_fused"
     assert payload_stack("published:nonsense") == NVIDIA_RECIPES
     rec = RECIPES["llama3_8b"]
@@ -224,8 +273,10 @@ def test_published_stacks_price_the_loss_their_containers_ran():
         assert {f"published:{r['cross_entropy']}" for r in rows} <= set(PUBLISHED_STACKS), table
         assert {r["cuda_graphs"] for r in rows} <= {"0", "1", ""}, table
         # the column is filled wherever the model's host term applies (Grace), except where no preset says
-        assert [r["id"] for r in rows if r["gpu"] in ("gb200", "gb300") and r["cuda_graphs"] == ""] \
-            in ([], ["nemo2507_gb200_llama3_70b_alt"]), table
+        assert [r["id"] for r in rows if r["gpu"] in ("gb200", "gb300") and r["cuda_graphs"] == ""] in (
+            [],
+            ["nemo2507_gb200_llama3_70b_alt"],
+        ), table
 
 
 def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
@@ -237,8 +288,9 @@ def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
     from dse.recipes.models import RECIPES
 
     arch = RECIPES["llama3_70b"].arch
-    short = dict(num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128, seq_length=8192, precision="fp8",
-                 tp_comm_overlap=True)  # ~6 ms per layer and micro-batch on the GPU
+    short = dict(
+        num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128, seq_length=8192, precision="fp8", tp_comm_overlap=True
+    )  # ~6 ms per layer and micro-batch on the GPU
     graphs = PUBLISHED_STACKS[published_stack_name("te", cuda_graphs=True)]
     off = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.0)
     for gpu in ("gb200", "gb300"):
@@ -252,8 +304,12 @@ def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
         layers = 16  # 80 layers over pp 4: the busiest stage's, as layer_compute_s counts
         m = 128 / (1 * 64 / (2 * 4 * 2))
         assert bound.breakdown["time.host_wait_s"] < m * layers * DEFAULT_PARAMS.host_layer_s_grace
-    assert predict_layout(arch, "b200", **short).step_time_s == predict_layout(arch, "b200", params=off, **short).step_time_s
+    assert (
+        predict_layout(arch, "b200", **short).step_time_s
+        == predict_layout(arch, "b200", params=off, **short).step_time_s
+    )
     # long layers (mbs 2, no CP, tp 1, FSDP) are never host-bound
-    long_ = dict(num_gpus=64, tp=1, pp=1, mbs=2, gbs=256, seq_length=8192, precision="fp8", fsdp=True,
-                 cpu_offload_layers=40)
+    long_ = dict(
+        num_gpus=64, tp=1, pp=1, mbs=2, gbs=256, seq_length=8192, precision="fp8", fsdp=True, cpu_offload_layers=40
+    )
     assert predict_layout(arch, "gb200", **long_).breakdown["time.host_wait_s"] == 0.0

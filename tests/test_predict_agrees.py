@@ -22,9 +22,18 @@ runner = CliRunner()
 
 
 def predict_cli(space, point) -> dict:
-    args = ["predict", "--model", space.recipe, "--system", space.system.name,
-            "--num-gpus", str(space.num_nodes * space.system.gpus_per_node),
-            "--flops-convention", space.backend.flops_convention, "--json"]
+    args = [
+        "predict",
+        "--model",
+        space.recipe,
+        "--system",
+        space.system.name,
+        "--num-gpus",
+        str(space.num_nodes * space.system.gpus_per_node),
+        "--flops-convention",
+        space.backend.flops_convention,
+        "--json",
+    ]
     for name, value in {**space.settings, **point}.items():
         if knobs.is_env(name) or name == "max_steps":
             continue  # not part of the prediction
@@ -55,10 +64,26 @@ def test_the_405b_space_holds_the_recipes_own_layout_at_its_predicted_speed():
     study's best (772 TFLOP/s/GPU) was below the published layout's prediction (799)."""
     space = load_space(SPACES / "llama3_405b_space.toml")
     recipe_layout = {"tp": 8, "pp": 8, "vp": 8, "cp": 2, "mbs": 1, "recompute": "none", "precision": "fp8"}
-    published = json.loads(runner.invoke(app, ["predict", "--model", "llama3_405b", "--gpu", "h100", "--num-gpus",
-                                               "1024", "--precision", "fp8", "--json"]).stdout)
+    published = json.loads(
+        runner.invoke(
+            app,
+            [
+                "predict",
+                "--model",
+                "llama3_405b",
+                "--gpu",
+                "h100",
+                "--num-gpus",
+                "1024",
+                "--precision",
+                "fp8",
+                "--json",
+            ],
+        ).stdout
+    )
     in_space = predict(resolve(space, recipe_layout))
     assert in_space.tflops_per_gpu == published["tflops_per_gpu"]
-    best = max(predict(t).tflops_per_gpu for p in space.points()
-               if check(t := resolve(space, p)) is None and predict(t).fits)
+    best = max(
+        predict(t).tflops_per_gpu for p in space.points() if check(t := resolve(space, p)) is None and predict(t).fits
+    )
     assert best >= published["tflops_per_gpu"]

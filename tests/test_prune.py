@@ -39,7 +39,7 @@ REAL_LOG = ROOT / "tests" / "fixtures" / "logs" / "real_h200" / "small_mbs2_s204
 def test_the_bound_is_the_largest_order_statistic_with_the_coverage(n):
     k_of = {v: i + 1 for i, v in enumerate(range(n))}
     low = median_lower_bound(list(range(n)))
-    cover = lambda k: sum(math.comb(n, j) for j in range(k, n + 1)) / 2 ** n  # noqa: E731  P(Bin(n,1/2) >= k)
+    cover = lambda k: sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n  # noqa: E731  P(Bin(n,1/2) >= k)
     if low is None:
         assert cover(1) < 0.95 and n < 5
         return
@@ -81,7 +81,9 @@ def test_monitor_asks_the_callable_while_the_run_goes_on(tmp_path):
     full = parse_log(REAL_LOG).tflops_per_gpu
     best = {"v": None}
     prune = Prune(0.05, "tflops_per_gpu", True, lambda: best["v"])
-    mon = Monitor(Rule(min_steps=5, window=1000, tolerance=0.01), prune=prune, context=ParseContext())  # never converges
+    mon = Monitor(
+        Rule(min_steps=5, window=1000, tolerance=0.01), prune=prune, context=ParseContext()
+    )  # never converges
     log = tmp_path / "log.txt"
     with open(log, "w") as fh:
         for i, ln in enumerate(lines):
@@ -98,8 +100,11 @@ def test_monitor_asks_the_callable_while_the_run_goes_on(tmp_path):
 
 def test_monitor_does_not_prune_a_trial_close_to_the_best(tmp_path):
     full = parse_log(REAL_LOG).tflops_per_gpu
-    mon = Monitor(Rule(min_steps=5, window=1000, tolerance=0.01), prune=Prune(0.05, "tflops_per_gpu", True, lambda: full),
-                  context=ParseContext())
+    mon = Monitor(
+        Rule(min_steps=5, window=1000, tolerance=0.01),
+        prune=Prune(0.05, "tflops_per_gpu", True, lambda: full),
+        context=ParseContext(),
+    )
     assert not mon(REAL_LOG) and mon.outcome is None
 
 
@@ -198,13 +203,16 @@ def test_resume_keeps_early_stopped_and_pruned_trials(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ settings
-@pytest.mark.parametrize("lines, allowed", [
-    ("enabled = true\nprune_margin = 0", "greater than 0"),
-    ("enabled = true\nprune_margin = -0.1", "greater than 0"),
-    ("enabled = true\nprune_margin = \"ten per cent\"", "number"),
-    ("enabled = true\nprune_margin = 11", "less than or equal to 10"),
-    ("prune_margin = 0.1", "enabled = true"),
-])
+@pytest.mark.parametrize(
+    "lines, allowed",
+    [
+        ("enabled = true\nprune_margin = 0", "greater than 0"),
+        ("enabled = true\nprune_margin = -0.1", "greater than 0"),
+        ('enabled = true\nprune_margin = "ten per cent"', "number"),
+        ("enabled = true\nprune_margin = 11", "less than or equal to 10"),
+        ("prune_margin = 0.1", "enabled = true"),
+    ],
+)
 def test_bad_prune_margin_is_one_line_naming_the_field(tmp_path, lines, allowed):
     path = write_space(tmp_path, SMALL_SPACE + f"\n[backend.early_stop]\n{lines}\n")
     with pytest.raises(UserError) as e:
@@ -231,8 +239,17 @@ def test_local_torchrun_run_is_stopped_by_sigterm_to_its_process_group(tmp_path,
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_LOG", str(REAL_LOG))
     monkeypatch.setenv("FAKE_CHILD", str(tmp_path / "child.pid"))
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=1, tp=1, pp=1,
-              cp=1, vp=1, gbs=4, max_steps=20)
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml"),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=20,
+    )
     settings = BackendSettings(kind="local", payload="nemo2", early_stop=EarlyStopSettings(enabled=True, poll_s=0.1))
     t0 = time.monotonic()
     m = run_trial(t, tmp_path / "run", LocalBackend(), settings)
@@ -264,8 +281,17 @@ def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(fake_slurm, monk
 
     tmp_path = fake_slurm
     monkeypatch.setenv("FAKE_LOG", str(REAL_LOG))
-    t = trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=1, tp=1, pp=1,
-              cp=1, vp=1, gbs=4, max_steps=20)
+    t = trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml"),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=20,
+    )
     # a window longer than the log: the convergence rule cannot hold, only the pruning can stop it
     es = EarlyStopSettings(enabled=True, poll_s=0.01, window=100, prune_margin=0.1)
     settings = BackendSettings(kind="slurm", payload="sim", early_stop=es)
@@ -276,8 +302,14 @@ def test_slurm_job_that_loses_is_scancelled_and_recorded_pruned(fake_slurm, monk
         asked.append(1)
         return full.tflops_per_gpu * 1.5
 
-    m = run_trial(t, tmp_path / "run", SlurmBackend(poll_s=0.01, settle_s=1), settings,
-                  objective=Objective(metric="tflops_per_gpu"), best=best)
+    m = run_trial(
+        t,
+        tmp_path / "run",
+        SlurmBackend(poll_s=0.01, settle_s=1),
+        settings,
+        objective=Objective(metric="tflops_per_gpu"),
+        best=best,
+    )
     assert (tmp_path / "scancel.calls").read_text().split() == ["4242"]
     assert m.status == "pruned" and not m.early_stopped and m.partial and asked, m
     assert m.prune_best == full.tflops_per_gpu * 1.5 and m.prune_bound < m.prune_best * 0.9

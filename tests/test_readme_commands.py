@@ -26,10 +26,8 @@ NOT_RUN = {
     "dse calibrate runs/my_study": "a placeholder: the user's own study directory",
     "dse dry-run --space my_space.toml": "a placeholder: the user's own space file",
     "dse run --space my_space.toml": "a placeholder: the user's own space file, on their cluster",
-    "dse run --space conf/spaces/llama3_70b_2node_space.toml --out runs/w1 --storage postgresql":
-        "needs a PostgreSQL server (.ci/postgres/up.sh); tests/test_workers.py runs workers on one",
-    "dse run --space tests/data/spaces/llama3_70b_16l_local_slurm.toml --backend slurm":
-        "needs the local Slurm cluster (.ci/slurm/up.sh); tests/test_slurm_backend.py runs this space",
+    "dse run --space conf/spaces/llama3_70b_2node_space.toml --out runs/w1 --storage postgresql": "needs a PostgreSQL server (.ci/postgres/up.sh); tests/test_workers.py runs workers on one",
+    "dse run --space tests/data/spaces/llama3_70b_16l_local_slurm.toml --backend slurm": "needs the local Slurm cluster (.ci/slurm/up.sh); tests/test_slurm_backend.py runs this space",
 }
 
 
@@ -43,7 +41,7 @@ def blocks(text: str) -> list[list[str]]:
             for part in line.split("&&"):
                 part = part.split("  #")[0].strip()
                 if part.startswith(".venv/bin/dse "):
-                    part = part[len(".venv/bin/"):]
+                    part = part[len(".venv/bin/") :]
                 if part.startswith("dse "):
                     cmds.append(" ".join(part.split()))
         out.append(cmds)
@@ -65,7 +63,7 @@ def shown_output(cmd: str) -> str | None:
     bodies = list(re.finditer(r"^```[\w-]*\n(.*?)^```", text, re.M | re.S))
     for a, b in zip(bodies, bodies[1:]):
         cmds = blocks(a.group(0))[0]
-        if cmds and cmds[-1] == cmd and text[a.end():b.start()].rstrip().endswith("prints:"):
+        if cmds and cmds[-1] == cmd and text[a.end() : b.start()].rstrip().endswith("prints:"):
             return b.group(1)
     return None
 
@@ -90,7 +88,7 @@ def test_every_readme_command_is_run_or_excused():
 def test_readme_command_runs_as_written(cmd, scratch, monkeypatch):
     monkeypatch.chdir(scratch)
     # absolute /tmp paths (the dry-run example's --out) go to the scratch directory instead
-    args = [str(scratch / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in shlex.split(cmd)[1:]]
+    args = [str(scratch / a[len("/tmp/") :]) if a.startswith("/tmp/") else a for a in shlex.split(cmd)[1:]]
     if args[0] == "run":
         assert "--backend" not in args or args[args.index("--backend") + 1] == "sim"
     r = CliRunner().invoke(app, args)

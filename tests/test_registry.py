@@ -53,8 +53,9 @@ def test_registry_entries_are_type_checked():
 
 
 def test_search_options_reach_the_optuna_sampler(tmp_path):
-    path = write_space(tmp_path, SMALL_SPACE.replace('agent = "grid"', 'agent = "optuna"')
-                       + '\n[search.options]\nsampler = "random"\n')
+    path = write_space(
+        tmp_path, SMALL_SPACE.replace('agent = "grid"', 'agent = "optuna"') + '\n[search.options]\nsampler = "random"\n'
+    )
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["run", "--space", str(path), "--out", str(out), "--trials", "3"])
     assert res.exit_code == 0, res.output

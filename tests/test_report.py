@@ -17,12 +17,21 @@ def rec(n, tp, status="ok", reward=None, recompute="none", reason=None):
     ok = status == "ok"
     reward = (100.0 + 10 * tp + n) if reward is None and ok else (reward or 0.0)
     metrics = {"tflops_per_gpu": reward, "step_time_s": 2.0, "steps": 10, "peak_memory_gib": 40.0 + tp} if ok else {}
-    return TrialRecord(n, {"tp": tp, "recompute": recompute}, status, reward, reason, metrics, f"/r/{n:05d}", "h100", 16)
+    return TrialRecord(
+        n, {"tp": tp, "recompute": recompute}, status, reward, reason, metrics, f"/r/{n:05d}", "h100", 16
+    )
 
 
 def records():
-    return [rec(0, 2, "oom", reason="CUDA out of memory. " * 20), rec(1, 8), rec(2, 4, "nccl_error", reason="NCCL timeout"),
-            rec(3, 2), rec(4, 4, recompute="full"), rec(5, 8, "oom", reason="CUDA out of memory. " * 20), rec(6, 2)]
+    return [
+        rec(0, 2, "oom", reason="CUDA out of memory. " * 20),
+        rec(1, 8),
+        rec(2, 4, "nccl_error", reason="NCCL timeout"),
+        rec(3, 2),
+        rec(4, 4, recompute="full"),
+        rec(5, 8, "oom", reason="CUDA out of memory. " * 20),
+        rec(6, 2),
+    ]
 
 
 def test_fmt_rounds_to_four_significant_digits_and_never_writes_none():
@@ -59,8 +68,10 @@ def test_ordinal_knobs_are_drawn_in_numeric_order():
 
 def test_importance_is_estimated_on_ok_trials_and_skipped_with_too_few():
     assert report.importances(records()[:3], META["knobs"]) == {}
-    many = [rec(n, tp, recompute=rc, reward=float(10 * tp + (5 if rc == "full" else 0) + n % 2))
-            for n, (tp, rc) in enumerate([(t, r) for t in (2, 4, 8) for r in ("none", "full")] * 2)]
+    many = [
+        rec(n, tp, recompute=rc, reward=float(10 * tp + (5 if rc == "full" else 0) + n % 2))
+        for n, (tp, rc) in enumerate([(t, r) for t in (2, 4, 8) for r in ("none", "full")] * 2)
+    ]
     imp = report.importances(many, META["knobs"])
     assert set(imp) == {"tp", "recompute"} and imp["tp"] > imp["recompute"]
 
@@ -94,8 +105,14 @@ def test_a_script_in_a_reason_knob_value_or_name_is_escaped_everywhere():
     """The page is an autoescaped template: a hostile reason, knob value, study name or launch command shows as
     text in the tables and is escaped in Plotly's data too; no value opens a script."""
     meta = {"study_name": XSS, "knobs": {"tp": [8, 4, 2], "recompute": ["none", XSS]}}
-    recs = [rec(0, 2, "oom", reason=XSS), rec(1, 8), rec(2, 4, recompute=XSS), rec(3, 2),
-            rec(4, 4, "pruned", reward=50.0, reason=XSS), rec(5, 8, "nccl_error", reason=XSS)]
+    recs = [
+        rec(0, 2, "oom", reason=XSS),
+        rec(1, 8),
+        rec(2, 4, recompute=XSS),
+        rec(3, 2),
+        rec(4, 4, "pruned", reward=50.0, reason=XSS),
+        rec(5, 8, "nccl_error", reason=XSS),
+    ]
     page = report.render(recs, meta, best={"argv": ["python", XSS], "env": {"K": XSS}})
     assert "<script>alert" not in page and page.count("alert(1)") >= 8
     assert "<td>&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;</td>" in page  # the failures' reason
@@ -107,8 +124,10 @@ def test_the_comparison_page_escapes_study_names_and_knob_values(tmp_path):
 
     from dse import compare
 
-    df = pd.DataFrame([{c: None for c in compare.COLUMNS} | {"study": XSS, "changed_knobs": f"tp 8->{XSS}"}],
-                      columns=list(compare.COLUMNS))
+    df = pd.DataFrame(
+        [{c: None for c in compare.COLUMNS} | {"study": XSS, "changed_knobs": f"tp 8->{XSS}"}],
+        columns=list(compare.COLUMNS),
+    )
     page = compare.page(df, [{"dir": tmp_path / "x'y", "meta": {"study_name": XSS}}])
     assert "<script>alert" not in page and page.count("&lt;script&gt;alert(1)") == 3
     assert "x&#39;y" in page  # the link's quote cannot end its attribute

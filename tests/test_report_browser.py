@@ -57,11 +57,18 @@ def test_failed_heavy_study_report_in_chromium(tmp_path):
     store, meta = open_store(out)
     recs = store.records()
     store.close()
-    classes = [("oom", "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity; " * 3),
-               ("nccl_error", "NCCL watchdog thread terminated with exception: collective operation timeout"),
-               ("timeout", "job exceeded its time limit"), ("rejected", "tp*cp must divide the GPUs of a node")]
-    failed = [dataclasses.replace(r, status=classes[i % 4][0], reason=classes[i % 4][1], reward=0.0, metrics={})
-              if i % 3 else r for i, r in enumerate(recs)]
+    classes = [
+        ("oom", "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity; " * 3),
+        ("nccl_error", "NCCL watchdog thread terminated with exception: collective operation timeout"),
+        ("timeout", "job exceeded its time limit"),
+        ("rejected", "tp*cp must divide the GPUs of a node"),
+    ]
+    failed = [
+        dataclasses.replace(r, status=classes[i % 4][0], reason=classes[i % 4][1], reward=0.0, metrics={})
+        if i % 3
+        else r
+        for i, r in enumerate(recs)
+    ]
     page = tmp_path / "failed.html"
     report.write(failed, meta, page)
     found = probe(page, tmp_path)
@@ -88,8 +95,22 @@ def test_compare_page_in_chromium(tmp_path):
     from tests.helpers import write_space
 
     out = tmp_path / "gen"
-    r = runner.invoke(app, ["run", "--space", str(write_space(tmp_path)), "--systems", "h100,b200,gb200",
-                            "--out", str(out), "--agent", "random", "--trials", "6"])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            "--space",
+            str(write_space(tmp_path)),
+            "--systems",
+            "h100,b200,gb200",
+            "--out",
+            str(out),
+            "--agent",
+            "random",
+            "--trials",
+            "6",
+        ],
+    )
     assert r.exit_code == 0, r.output
     found = probe(out / "compare.html", tmp_path)
     _check(found, plots=1)

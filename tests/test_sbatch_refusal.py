@@ -33,23 +33,28 @@ def fake_sbatch(tmp_path, monkeypatch):
 
     def use(name: str) -> Path:
         exe = bin_dir / "sbatch"
-        exe.write_text(textwrap.dedent(f"""\
+        exe.write_text(
+            textwrap.dedent(f"""\
             #!/bin/sh
-            echo x >> {bin_dir / 'calls'}
-            cat {SBATCH / (name + '.stderr')} >&2
+            echo x >> {bin_dir / "calls"}
+            cat {SBATCH / (name + ".stderr")} >&2
             exit 1
-            """))
+            """)
+        )
         exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
         return bin_dir / "calls"
 
     return use
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("gres", "Invalid generic resource (gres) specification"),
-    ("partition", "invalid partition specified: gpu; Invalid partition name specified"),
-    ("nodes", "Requested node configuration is not available"),  # the warning line is left out
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("gres", "Invalid generic resource (gres) specification"),
+        ("partition", "invalid partition specified: gpu; Invalid partition name specified"),
+        ("nodes", "Requested node configuration is not available"),  # the warning line is left out
+    ],
+)
 def test_sbatch_message_is_sbatchs_words_without_its_prefixes(name, message):
     assert sbatch_message((SBATCH / f"{name}.stderr").read_text()) == message
 
@@ -59,8 +64,17 @@ def test_sbatch_message_keeps_a_warning_when_it_is_all_there_is():
 
 
 def _trial():
-    return trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml"), num_nodes=2, tp=1, pp=1,
-                 cp=1, vp=1, gbs=4, max_steps=2)
+    return trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml"),
+        num_nodes=2,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=2,
+    )
 
 
 def test_refused_trial_has_sbatchs_message_as_its_reason(tmp_path, fake_sbatch):
@@ -99,8 +113,10 @@ def test_study_stops_after_three_identical_refusals_with_a_user_error(tmp_path, 
     recs = store.records()
     store.close()
     assert len(recs) == 3 and all(r.status == "failed" for r in recs)
-    assert all(r.reason == "sbatch refused the job: invalid partition specified: gpu; Invalid partition name "
-                           "specified" for r in recs)
+    assert all(
+        r.reason == "sbatch refused the job: invalid partition specified: gpu; Invalid partition name specified"
+        for r in recs
+    )
     assert (tmp_path / "out" / "leaderboard.csv").exists()
 
 

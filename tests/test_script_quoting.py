@@ -36,8 +36,11 @@ def hostile_values(marker_dir: Path) -> dict[str, str]:
 
 
 def hostile_plan(marker_dir: Path):
-    plan = build_plan(trial(tp=2, pp=1, cp=1, vp=1, max_steps=2), payload="sim",
-                      sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=100.0, gbs=8, max_steps=2))
+    plan = build_plan(
+        trial(tp=2, pp=1, cp=1, vp=1, max_steps=2),
+        payload="sim",
+        sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=100.0, gbs=8, max_steps=2),
+    )
     evil = hostile_values(marker_dir)
     env = {**plan.env, **evil, "DSE_SIM_ECHO_ENV": ",".join(evil)}
     argv = plan.argv + (f"optim.config.lr=$(touch {marker_dir}/argv)",)
@@ -69,7 +72,7 @@ def test_sbatch_exports_are_quoted(tmp_path):
     script = render_sbatch(plan, tmp_path / "run")
     # the environment section of nemo-run's script, run on its own, then the values read back
     start = script.index("export CUDA_DEVICE_MAX_CONNECTIONS")
-    block = script[start:script.index("# Command 1")]
+    block = script[start : script.index("# Command 1")]
     probe = block + "\n" + "\n".join(f'printf "%s\\0" "${name}"' for name in evil)
     r = subprocess.run(["bash", "-c", probe], capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -97,10 +100,17 @@ def test_run_directories_with_shell_characters_are_refused(tmp_path, name):
         render_local_script(plan, tmp_path / name)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("partition", "batch;id"), ("account", "$(id)"), ("time_limit", "1h"), ("container_image", "img`id`"),
-    ("srun_args", ["--mpi=pmix; id"]), ("container_mounts", ["/a:/b $(id)"]),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("partition", "batch;id"),
+        ("account", "$(id)"),
+        ("time_limit", "1h"),
+        ("container_image", "img`id`"),
+        ("srun_args", ["--mpi=pmix; id"]),
+        ("container_mounts", ["/a:/b $(id)"]),
+    ],
+)
 def test_system_slurm_fields_are_validated(tmp_path, field, value):
     from tests.trials import system
 

@@ -26,10 +26,13 @@ def _steps(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("Training epoch")]
 
 
-@pytest.mark.parametrize("gpu, values", [
-    ("h100", dict(tp=2, pp=2, cp=1, vp=2, recompute="full", recompute_num_layers=1, precision="fp8")),
-    ("b200", dict(tp=1, pp=1, cp=2, vp=1, recompute="selective", fsdp=True, sp=False, ep=1)),
-])
+@pytest.mark.parametrize(
+    "gpu, values",
+    [
+        ("h100", dict(tp=2, pp=2, cp=1, vp=2, recompute="full", recompute_num_layers=1, precision="fp8")),
+        ("b200", dict(tp=1, pp=1, cp=2, vp=1, recompute="selective", fsdp=True, sp=False, ep=1)),
+    ],
+)
 def test_every_nemo2_override_applies_and_the_log_follows(gpu, values, monkeypatch, capsys):
     t = trial(sys=system(gpu), gbs=48, max_steps=6, **values)
     plan = build_plan(t, payload="sim", sim_run=SimRun(step_time_s=3.0, tflops_per_gpu=321.0, gbs=999, max_steps=99))
@@ -62,15 +65,18 @@ def test_sim_config_knows_every_catalogue_spelling():
         sim.apply_overrides(sim.base_config(), [a for a in args[3:]])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy.no_such_field=1"], "unknown override path"),
-    (["--factory", "llama3_8b_recipe", "-y", "nothing_here"], "not path=value"),
-    (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy=1"], "names a section"),
-    (["--factory", "llama3_8b", "-y"], "unknown factory"),
-    (["--factory", "llama3_8b_recipe(gpus=8)", "-y"], "takes no argument gpus"),
-    (["--factory", "llama3_8b_recipe(fsdp=__import__('os'))", "-y"], "not keyword=literal"),
-    (["--factory", "llama3_8b_recipe(attention_backend=\"cudnn\")", "-y"], "unknown attention_backend"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy.no_such_field=1"], "unknown override path"),
+        (["--factory", "llama3_8b_recipe", "-y", "nothing_here"], "not path=value"),
+        (["--factory", "llama3_8b_recipe", "-y", "trainer.strategy=1"], "names a section"),
+        (["--factory", "llama3_8b", "-y"], "unknown factory"),
+        (["--factory", "llama3_8b_recipe(gpus=8)", "-y"], "takes no argument gpus"),
+        (["--factory", "llama3_8b_recipe(fsdp=__import__('os'))", "-y"], "not keyword=literal"),
+        (["--factory", 'llama3_8b_recipe(attention_backend="cudnn")', "-y"], "unknown attention_backend"),
+    ],
+)
 def test_bad_command_lines_exit_2(argv, message, capsys):
     assert sim.main(argv) == 2
     assert message in capsys.readouterr().err
@@ -81,9 +87,11 @@ def test_missing_factory_exits_2(capsys):
 
 
 def test_oom_run_prints_the_traceback_and_fails(monkeypatch, capsys):
-    plan = build_plan(trial(tp=2, pp=1, cp=1, vp=1), payload="sim",
-                      sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=1.0, gbs=1, peak_memory_gib=120.0, oom=True,
-                                     oom_after=2))
+    plan = build_plan(
+        trial(tp=2, pp=1, cp=1, vp=1),
+        payload="sim",
+        sim_run=SimRun(step_time_s=1.0, tflops_per_gpu=1.0, gbs=1, peak_memory_gib=120.0, oom=True, oom_after=2),
+    )
     code, out = _run(plan, monkeypatch, capsys)
     assert code == OOM_EXIT_CODE
     assert "torch.OutOfMemoryError: CUDA out of memory" in out.out and len(_steps(out.out)) == 2
@@ -97,11 +105,19 @@ def test_only_rank_zero_prints(monkeypatch, capsys):
 
 def test_process_exit_code_is_write_logs(tmp_path):
     env = {"DSE_SIM_OOM": "1", "DSE_SIM_OOM_AFTER": "1", "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "recipes.sim", "--factory", "llama3_8b_recipe", "-y",
-                        "trainer.max_steps=3"], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "recipes.sim", "--factory", "llama3_8b_recipe", "-y", "trainer.max_steps=3"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == OOM_EXIT_CODE, r.stderr
-    r = subprocess.run([sys.executable, "-m", "recipes.sim", "--factory", "x_recipe", "-y", "bogus.path=1"],
-                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "recipes.sim", "--factory", "x_recipe", "-y", "bogus.path=1"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "unknown override path 'bogus.path'" in r.stderr
 
 
@@ -115,7 +131,8 @@ def test_sim_payload_and_sim_backend_print_the_same_figures_under_the_space_conv
         expected = simulate(t, 3, flops_convention=convention)
         payload_plan = build_plan(t, payload="sim", seed=3, flops_convention=convention)
         assert float(payload_plan.env["DSE_SIM_TFLOPS_PER_GPU"]) == expected.tflops_per_gpu
-        backend_plan = build_plan(t, payload="nemo2", seed=3, flops_convention=convention,
-                                  simulated=SimBackend.simulated)
+        backend_plan = build_plan(
+            t, payload="nemo2", seed=3, flops_convention=convention, simulated=SimBackend.simulated
+        )
         assert backend_plan.sim_run == expected
     assert simulate(t, flops_convention="noncausal").tflops_per_gpu > simulate(t).tflops_per_gpu

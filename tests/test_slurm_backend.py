@@ -28,13 +28,21 @@ SPACE = DATA / "spaces" / "llama3_70b_16l_local_slurm.toml"
 
 
 def local_system(**slurm):
-    return system(DATA / "systems" / "local_slurm.toml", slurm=slurm) if slurm else system(
-        DATA / "systems" / "local_slurm.toml")
+    return (
+        system(DATA / "systems" / "local_slurm.toml", slurm=slurm)
+        if slurm
+        else system(DATA / "systems" / "local_slurm.toml")
+    )
 
 
 def sim_plan(t, **run):
-    return build_plan(t, payload="sim", sim_run=SimRun(**{"step_time_s": 1.0, "tflops_per_gpu": 100.0,
-                                                          "gbs": t.layout.gbs, "max_steps": t.layout.max_steps, **run}))
+    return build_plan(
+        t,
+        payload="sim",
+        sim_run=SimRun(
+            **{"step_time_s": 1.0, "tflops_per_gpu": 100.0, "gbs": t.layout.gbs, "max_steps": t.layout.max_steps, **run}
+        ),
+    )
 
 
 def backend() -> SlurmBackend:
@@ -53,8 +61,9 @@ def step_times(log: Path) -> list[float]:
 def time_limit_job(tmp_path_factory):
     """A job with a 1-minute limit whose trainer hangs; started first, so the other tests run meanwhile."""
     sys_ = local_system(time_limit="1")
-    t = trial("llama3_70b_16l", sys=sys_, num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3,
-              env_DSE_SIM_SLEEP_S="600")
+    t = trial(
+        "llama3_70b_16l", sys=sys_, num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3, env_DSE_SIM_SLEEP_S="600"
+    )
     run_dir = tmp_path_factory.mktemp("timeout") / "trial"
     run_dir.mkdir()
     pool = ThreadPoolExecutor(1)
@@ -68,8 +77,9 @@ def test_grid_of_a_two_node_reproducer_through_sbatch(tmp_path, time_limit_job):
     # a 2-node job that cannot start (a slurmd of the test cluster died) fails the test within minutes
     # instead of hanging it: the jobs here start in seconds when both nodes are up
     sys_ = space.system
-    space = space.model_copy(update={"system": sys_.model_copy(
-        update={"slurm": sys_.slurm.model_copy(update={"max_pending": "5"})})})
+    space = space.model_copy(
+        update={"system": sys_.model_copy(update={"slurm": sys_.slurm.model_copy(update={"max_pending": "5"})})}
+    )
     results = {}
     for i, point in enumerate(space.points()):
         t = resolve(space, point)
@@ -91,8 +101,9 @@ def test_grid_of_a_two_node_reproducer_through_sbatch(tmp_path, time_limit_job):
         assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
         assert status_for(r.scheduler_state) is None  # decided by the log
     # the job really spanned two Slurm nodes
-    acct = subprocess.run(["sacct", "-j", results[0][2].job_id, "-X", "-n", "-P", "-o", "NNodes"],
-                          capture_output=True, text=True).stdout.split()
+    acct = subprocess.run(
+        ["sacct", "-j", results[0][2].job_id, "-X", "-n", "-P", "-o", "NNodes"], capture_output=True, text=True
+    ).stdout.split()
     assert acct == ["2"]
 
 
@@ -130,8 +141,18 @@ def _wait_running(run_dir: Path, timeout: float = 60.0) -> str:
 
 
 def hanging_plan():
-    t = trial("llama3_70b_16l", sys=local_system(), num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3,
-              env_DSE_SIM_SLEEP_S="300")
+    t = trial(
+        "llama3_70b_16l",
+        sys=local_system(),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=3,
+        env_DSE_SIM_SLEEP_S="300",
+    )
     return sim_plan(t)
 
 
@@ -165,8 +186,17 @@ def test_ctrl_c_cancels_the_job_and_propagates(tmp_path, time_limit_job):
 
 
 def test_submission_failure_is_data_not_an_exception(tmp_path):
-    t = trial("llama3_70b_16l", sys=local_system(partition="no_such_partition"), num_nodes=1, tp=1, pp=1, cp=1,
-              vp=1, gbs=4, max_steps=2)
+    t = trial(
+        "llama3_70b_16l",
+        sys=local_system(partition="no_such_partition"),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=2,
+    )
     r = backend().run(sim_plan(t), tmp_path)
     assert r.scheduler_state == "SUBMIT_FAILED" and r.exit_code is None and r.job_id is None
     assert "partition" in r.log_path.read_text().lower()
@@ -180,8 +210,11 @@ def test_hostile_environment_values_stay_inert_under_sbatch(tmp_path, time_limit
     markers.mkdir()
     t = trial("llama3_70b_16l", sys=local_system(), num_nodes=2, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=2)
     plan = sim_plan(t)
-    evil = {"DSE_EVIL_SUBST": f"$(touch {markers}/a)", "DSE_EVIL_TICKS": f"`touch {markers}/b`",
-            "DSE_EVIL_SEMI": f"x; touch {markers}/c"}
+    evil = {
+        "DSE_EVIL_SUBST": f"$(touch {markers}/a)",
+        "DSE_EVIL_TICKS": f"`touch {markers}/b`",
+        "DSE_EVIL_SEMI": f"x; touch {markers}/c",
+    }
     plan = dataclasses.replace(plan, env={**plan.env, **evil, "DSE_SIM_ECHO_ENV": ",".join(evil)})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -206,8 +239,18 @@ def test_a_long_trial_is_stopped_early_by_scancel(tmp_path):
     from dse.space import BackendSettings
     from dse.steady import Monitor, Rule
 
-    t = trial("llama3_70b_16l", sys=local_system(), num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=300,
-              env_DSE_SIM_STEP_S="0.2")
+    t = trial(
+        "llama3_70b_16l",
+        sys=local_system(),
+        num_nodes=1,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=300,
+        env_DSE_SIM_STEP_S="0.2",
+    )
     mon = Monitor(Rule(), poll_s=0.5)
     t0 = time.monotonic()
     r = backend().run(sim_plan(t), tmp_path, stop=mon)

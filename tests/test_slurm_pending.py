@@ -38,13 +38,26 @@ def pending_cluster(tmp_path, monkeypatch):
 
 
 def _trial(**slurm):
-    return trial("llama3_70b_16l", sys=system(DATA / "systems" / "local_slurm.toml", slurm=slurm), num_nodes=2,
-                 tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=2)
+    return trial(
+        "llama3_70b_16l",
+        sys=system(DATA / "systems" / "local_slurm.toml", slurm=slurm),
+        num_nodes=2,
+        tp=1,
+        pp=1,
+        cp=1,
+        vp=1,
+        gbs=4,
+        max_steps=2,
+    )
 
 
 def test_a_job_pending_past_the_limit_is_cancelled_and_failed_with_slurms_reason(tmp_path, pending_cluster, capsys):
-    m = run_trial(_trial(max_pending="00:01"), tmp_path / "t", SlurmBackend(poll_s=0.05),
-                  BackendSettings(kind="slurm", payload="sim"))
+    m = run_trial(
+        _trial(max_pending="00:01"),
+        tmp_path / "t",
+        SlurmBackend(poll_s=0.05),
+        BackendSettings(kind="slurm", payload="sim"),
+    )
     assert m.status == "failed"
     assert m.reason == f"pending longer than slurm.max_pending 00:01 ({REASON}); job 4242 cancelled"
     assert (pending_cluster / "cancelled").read_text().split() == ["4242"]

@@ -36,24 +36,27 @@ def test_shipped_systems_load(gpu):
     assert sysm.gpu == gpu and sysm.scaleout_gbps > 0
 
 
-@pytest.mark.parametrize("edit, field, words", [
-    (('tp = [1, 2, 4, 8]', 'tq = [1, 2]'), "knobs.tq", "did you mean 'tp'"),
-    (('tp = [1, 2, 4, 8]', 'tp = [1, "two"]'), "knobs.tp", "not an integer"),
-    (('tp = [1, 2, 4, 8]', 'tp = [0, 2]'), "knobs.tp", ">= 1"),
-    (('tp = [1, 2, 4, 8]', 'tp = [-2]'), "knobs.tp", ">= 1"),
-    (('tp = [1, 2, 4, 8]', 'tp = []'), "knobs.tp", "empty"),
-    (('tp = [1, 2, 4, 8]', 'tp = [2, 2]'), "knobs.tp", "duplicate"),
-    (('tp = [1, 2, 4, 8]', 'recompute = ["some"]'), "knobs.recompute", "none, selective, full"),
-    (('gbs = 32', 'gbs = 32.5'), "settings.gbs", "not an integer"),
-    (('recipe = "llama3_70b_16l"', 'recipe = "llama3_70"'), "recipe", "unknown recipe"),
-    (('system = "h100"', 'system = "h1000"'), "system", "unknown system"),
-    (('num_nodes = 2', 'num_nodes = 0'), "num_nodes", "greater than or equal to 1"),
-    (('name = "small"', 'nam = "small"'), "nam", "unknown field"),
-    (('name = "small"', ''), "name", "missing"),
-    (('metric = "tflops_per_gpu"', 'metric = "mfu"'), "objective.metric", "tflops_per_gpu"),
-    (('tp = [1, 2, 4, 8]', '"env.NCCL_DEBUG" = ["$(reboot)"]'), "knobs.env.NCCL_DEBUG", "not allowed"),
-    (('tp = [1, 2, 4, 8]', '"env.bad-name" = ["1"]'), "knobs.env.bad-name", "environment variable"),
-])
+@pytest.mark.parametrize(
+    "edit, field, words",
+    [
+        (("tp = [1, 2, 4, 8]", "tq = [1, 2]"), "knobs.tq", "did you mean 'tp'"),
+        (("tp = [1, 2, 4, 8]", 'tp = [1, "two"]'), "knobs.tp", "not an integer"),
+        (("tp = [1, 2, 4, 8]", "tp = [0, 2]"), "knobs.tp", ">= 1"),
+        (("tp = [1, 2, 4, 8]", "tp = [-2]"), "knobs.tp", ">= 1"),
+        (("tp = [1, 2, 4, 8]", "tp = []"), "knobs.tp", "empty"),
+        (("tp = [1, 2, 4, 8]", "tp = [2, 2]"), "knobs.tp", "duplicate"),
+        (("tp = [1, 2, 4, 8]", 'recompute = ["some"]'), "knobs.recompute", "none, selective, full"),
+        (("gbs = 32", "gbs = 32.5"), "settings.gbs", "not an integer"),
+        (('recipe = "llama3_70b_16l"', 'recipe = "llama3_70"'), "recipe", "unknown recipe"),
+        (('system = "h100"', 'system = "h1000"'), "system", "unknown system"),
+        (("num_nodes = 2", "num_nodes = 0"), "num_nodes", "greater than or equal to 1"),
+        (('name = "small"', 'nam = "small"'), "nam", "unknown field"),
+        (('name = "small"', ""), "name", "missing"),
+        (('metric = "tflops_per_gpu"', 'metric = "mfu"'), "objective.metric", "tflops_per_gpu"),
+        (("tp = [1, 2, 4, 8]", '"env.NCCL_DEBUG" = ["$(reboot)"]'), "knobs.env.NCCL_DEBUG", "not allowed"),
+        (("tp = [1, 2, 4, 8]", '"env.bad-name" = ["1"]'), "knobs.env.bad-name", "environment variable"),
+    ],
+)
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path, edit, field, words):
     path = write_space(tmp_path, SMALL_SPACE.replace(*edit))
     with pytest.raises(UserError) as e:
@@ -79,8 +82,10 @@ def test_missing_file(tmp_path):
 
 
 def test_knob_catalogue_has_the_required_knobs():
-    required = ("tp pp vp cp ep sp mbs gbs seq_length recompute recompute_num_layers precision fp8_recipe fsdp "
-                "tp_comm_overlap num_nodes").split()
+    required = (
+        "tp pp vp cp ep sp mbs gbs seq_length recompute recompute_num_layers precision fp8_recipe fsdp "
+        "tp_comm_overlap num_nodes"
+    ).split()
     assert set(required) <= set(knobs.CATALOGUE)
     assert knobs.get("env.NCCL_DEBUG").kind == "str"
     with pytest.raises(UserError, match="did you mean 'mbs'"):

@@ -27,19 +27,31 @@ def _records(n: int) -> list[TrialRecord]:
     out = []
     for i in range(n):
         ok = i % 3 != 0
-        out.append(TrialRecord(number=i, knobs={"tp": [1, 2, 4][i % 3], "recompute": ["none", "full"][i % 2],
-                                                "fp8": bool(i % 5 == 0)},
-                               status="ok" if ok else "oom", reward=float(i) if ok else 0.0,
-                               reason=None if ok else "CUDA out of memory", metrics={"step_time_s": i + 0.5},
-                               run_dir=f"/r/{i}", gpu="h100", num_gpus=8, gpu_hours=0.25 * i))
+        out.append(
+            TrialRecord(
+                number=i,
+                knobs={"tp": [1, 2, 4][i % 3], "recompute": ["none", "full"][i % 2], "fp8": bool(i % 5 == 0)},
+                status="ok" if ok else "oom",
+                reward=float(i) if ok else 0.0,
+                reason=None if ok else "CUDA out of memory",
+                metrics={"step_time_s": i + 0.5},
+                run_dir=f"/r/{i}",
+                gpu="h100",
+                num_gpus=8,
+                gpu_hours=0.25 * i,
+            )
+        )
     return out
 
 
 def test_records_come_back_as_written_in_one_row_layout(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     store = Store(url, "s", KNOBS, batch_size=4)
-    recs = _records(11) + [TrialRecord(11, {"tp": 1, "recompute": "none", "fp8": False}, "failed", math.nan,
-                                       "interrupted", {"steps": None})]
+    recs = _records(11) + [
+        TrialRecord(
+            11, {"tp": 1, "recompute": "none", "fp8": False}, "failed", math.nan, "interrupted", {"steps": None}
+        )
+    ]
     for r in recs:
         store.record(r)
     store.close()
@@ -112,16 +124,44 @@ def _older_dse_study(url: str) -> None:
 
     dists = {"tp": CategoricalDistribution([1, 2]), "recompute": CategoricalDistribution(["none", "full"])}
     study = optuna.create_study(storage=url, study_name="old", direction="maximize")
-    study.add_trial(create_trial(state=TrialState.COMPLETE, value=5.0, params={"tp": 2, "recompute": "full"},
-                                 distributions=dists, user_attrs={"status": "ok", "record": {
-                                     "reward": 5.0, "run_dir": "trials/00000", "gpu": "h100", "num_gpus": 16,
-                                     "gpu_hours": 1.5, "metrics": {"step_time_s": 2.0}}}))
-    study.add_trial(create_trial(state=TrialState.FAIL, params={"tp": 1, "recompute": "none"}, distributions=dists,
-                                 user_attrs={"status": "oom", "record": {"reason": "CUDA out of memory",
-                                                                        "reward": 0.0, "run_dir": "trials/00001"}}))
-    study.add_trial(create_trial(state=TrialState.FAIL, params={"tp": 1, "recompute": "full"}, distributions=dists,
-                                 user_attrs={"status": "rejected", "reason": "rule: why", "reward": 0.0,
-                                             "metrics": {}}))
+    study.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE,
+            value=5.0,
+            params={"tp": 2, "recompute": "full"},
+            distributions=dists,
+            user_attrs={
+                "status": "ok",
+                "record": {
+                    "reward": 5.0,
+                    "run_dir": "trials/00000",
+                    "gpu": "h100",
+                    "num_gpus": 16,
+                    "gpu_hours": 1.5,
+                    "metrics": {"step_time_s": 2.0},
+                },
+            },
+        )
+    )
+    study.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            params={"tp": 1, "recompute": "none"},
+            distributions=dists,
+            user_attrs={
+                "status": "oom",
+                "record": {"reason": "CUDA out of memory", "reward": 0.0, "run_dir": "trials/00001"},
+            },
+        )
+    )
+    study.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            params={"tp": 1, "recompute": "full"},
+            distributions=dists,
+            user_attrs={"status": "rejected", "reason": "rule: why", "reward": 0.0, "metrics": {}},
+        )
+    )
 
 
 def test_an_older_dses_optuna_study_is_migrated_once(tmp_path):
@@ -134,7 +174,10 @@ def test_an_older_dses_optuna_study_is_migrated_once(tmp_path):
     recs = store.records()
     store.close()
     assert [(r.number, r.status, r.reward, r.reason) for r in recs] == [
-        (0, "ok", 5.0, None), (1, "oom", 0.0, "CUDA out of memory"), (2, "rejected", 0.0, "rule: why")]
+        (0, "ok", 5.0, None),
+        (1, "oom", 0.0, "CUDA out of memory"),
+        (2, "rejected", 0.0, "rule: why"),
+    ]
     assert recs[0].knobs == {"tp": 2, "recompute": "full"} and recs[0].metrics == {"step_time_s": 2.0}
     assert (recs[0].gpu, recs[0].num_gpus, recs[0].gpu_hours) == ("h100", 16, 1.5)
     assert recs[0].run_dir == str(tmp_path / "trials" / "00000")

@@ -32,10 +32,18 @@ pytestmark = pytest.mark.xdist_group("store_streaming")
 def _record(n: int) -> TrialRecord:
     ok = n % 4 != 0
     point = {k: v[(n // (i + 1)) % len(v)] for i, (k, v) in enumerate(KNOBS.items())}
-    return TrialRecord(number=n, knobs=point, status="ok" if ok else "oom",
-                       reward=float((n * 7919) % 10_007) if ok else 0.0, reason=None if ok else f"oom {n % 3}",
-                       metrics={"step_time_s": 1.0 + n % 5, "tflops_per_gpu": 100.0 + n % 11, "steps": 50},
-                       run_dir=f"trials/{n:05d}", gpu="h100", num_gpus=16, gpu_hours=0.5 + n % 3)
+    return TrialRecord(
+        number=n,
+        knobs=point,
+        status="ok" if ok else "oom",
+        reward=float((n * 7919) % 10_007) if ok else 0.0,
+        reason=None if ok else f"oom {n % 3}",
+        metrics={"step_time_s": 1.0 + n % 5, "tflops_per_gpu": 100.0 + n % 11, "steps": 50},
+        run_dir=f"trials/{n:05d}",
+        gpu="h100",
+        num_gpus=16,
+        gpu_hours=0.5 + n % 3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +51,19 @@ def big_study(tmp_path_factory) -> Path:
     """A dse output directory holding a generated study of N trials (written through the store's batches)."""
     out = tmp_path_factory.mktemp("big") / "study"
     out.mkdir()
-    meta = {"space": "gen.toml", "space_name": "big", "study_name": "big", "storage": "study.db", "knobs": KNOBS,
-            "recipe": "llama3_8b", "system": "h100", "gpu": "h100", "num_nodes": 2, "agent": "random",
-            "backend": "sim"}
+    meta = {
+        "space": "gen.toml",
+        "space_name": "big",
+        "study_name": "big",
+        "storage": "study.db",
+        "knobs": KNOBS,
+        "recipe": "llama3_8b",
+        "system": "h100",
+        "gpu": "h100",
+        "num_nodes": 2,
+        "agent": "random",
+        "backend": "sim",
+    }
     (out / "dse.json").write_text(json.dumps(meta))
     store = Store(f"sqlite:///{out / 'study.db'}", "big", KNOBS, batch_size=1000)
     for n in range(N):
@@ -140,14 +158,19 @@ def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkey
     from dse.trial import resolve
 
     text = SMALL_SPACE.replace("pp = [1, 2, 4]\nvp = [1, 2]\n", "pp = [1, 2]\n").replace(
-        "max_steps = 20\n", "max_steps = 20\nvp = 1\ncp = 1\n")
+        "max_steps = 20\n", "max_steps = 20\nvp = 1\ncp = 1\n"
+    )
     space = load_space(write_space(tmp_path, text))
     assert set(space.knobs) == {"tp", "pp", "mbs"}
     expected: list[dict] = []
     for r in sorted((r for r in everything if r.ok), key=lambda r: (-r.reward, r.number)):
         point = {k: r.knobs[k] for k in space.knobs}
-        if (point["pp"] in (1, 2) and point not in expected and len(expected) < 3
-                and constraints.check(resolve(space, point)) is None):
+        if (
+            point["pp"] in (1, 2)
+            and point not in expected
+            and len(expected) < 3
+            and constraints.check(resolve(space, point)) is None
+        ):
             expected.append(point)
     assert len(expected) == 3 and warm_start_points(space, big_study, top=3) == expected
 
@@ -179,8 +202,13 @@ def test_a_killed_writer_loses_only_its_unflushed_batch(tmp_path):
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.run([sys.executable, str(script), str(space_file), str(out), "19"], cwd=root,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, str(script), str(space_file), str(out), "19"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     space = load_space(space_file)
     store, _ = open_store(out)
@@ -197,8 +225,9 @@ def test_a_killed_writer_loses_only_its_unflushed_batch(tmp_path):
     grid = run_study(space, out_dir=tmp_path / "fresh", agent="grid")
     assert sorted(points) == sorted(tuple(r.knobs.values()) for r in grid.records)
     # the run directories of the lost trials were set aside, not mixed with their reruns
-    assert sorted(p.name for p in (out / "trials").iterdir() if "orphan" in p.name) == \
-        [f"{n:05d}.orphan0" for n in range(16, 20)]
+    assert sorted(p.name for p in (out / "trials").iterdir() if "orphan" in p.name) == [
+        f"{n:05d}.orphan0" for n in range(16, 20)
+    ]
 
 
 def test_a_copied_study_finds_its_own_run_directories(tmp_path, monkeypatch):
@@ -257,9 +286,17 @@ def test_a_simulated_run_directory_is_compact_and_parses_again(tmp_path):
 def test_the_streamed_summary_says_what_the_list_functions_say():
     from dse.leaderboard import gpu_hours, savings_line
 
-    recs = [TrialRecord(number=n, knobs={}, status=["ok", "pruned", "oom", "ok"][n % 4], reward=float(n % 7),
-                        metrics={"early_stopped": n % 4 == 3, "gpu_hours_saved": 0.25 if n % 4 in (1, 3) else None},
-                        gpu_hours=1.0 + n % 2) for n in range(40)]
+    recs = [
+        TrialRecord(
+            number=n,
+            knobs={},
+            status=["ok", "pruned", "oom", "ok"][n % 4],
+            reward=float(n % 7),
+            metrics={"early_stopped": n % 4 == 3, "gpu_hours_saved": 0.25 if n % 4 in (1, 3) else None},
+            gpu_hours=1.0 + n % 2,
+        )
+        for n in range(40)
+    ]
     s = Summary.of(recs, top=5)
     assert s.savings_line() == savings_line(recs) and "pruned" in s.savings_line()
     assert (s.spent, s.to_best) == gpu_hours(recs)

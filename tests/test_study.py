@@ -37,9 +37,11 @@ def test_store_round_trip_and_optunas_view_of_it(tmp_path):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     knobs = {"tp": [1, 2], "recompute": ["none", "full"]}
     store = Store(url, "s", knobs, batch_size=2)
-    recs = [TrialRecord(0, {"tp": 2, "recompute": "full"}, "ok", 12.5, None, {"step_time_s": 3.0}, "/r/0", "h100", 16),
-            TrialRecord(1, {"tp": 1, "recompute": "none"}, "oom", 0.0, "CUDA out of memory", {}, "/r/1", "h100", 16),
-            TrialRecord(2, {"tp": 1, "recompute": "full"}, "rejected", 0.0, "rule: why", {}, None, "h100", 16)]
+    recs = [
+        TrialRecord(0, {"tp": 2, "recompute": "full"}, "ok", 12.5, None, {"step_time_s": 3.0}, "/r/0", "h100", 16),
+        TrialRecord(1, {"tp": 1, "recompute": "none"}, "oom", 0.0, "CUDA out of memory", {}, "/r/1", "h100", 16),
+        TrialRecord(2, {"tp": 1, "recompute": "full"}, "rejected", 0.0, "rule: why", {}, None, "h100", 16),
+    ]
     for r in recs:
         store.record(r)
     assert store.records() == recs
@@ -156,7 +158,9 @@ def test_best_configuration_is_written_ready_to_launch(tmp_path):
     top = pd.read_csv(res.leaderboard).iloc[0]
     best = json.loads((tmp_path / "out" / "best" / "best.json").read_text())
     assert best["trial"] == top.trial and best["reward"] == pytest.approx(top.reward)
-    assert {k: best["knobs"][k] for k in ("tp", "pp", "vp", "mbs")} == {k: int(top[k]) for k in ("tp", "pp", "vp", "mbs")}
+    assert {k: best["knobs"][k] for k in ("tp", "pp", "vp", "mbs")} == {
+        k: int(top[k]) for k in ("tp", "pp", "vp", "mbs")
+    }
     sbatch = (tmp_path / "out" / "best" / "launch.sbatch").read_text()
     assert f"trainer.strategy.tensor_model_parallel_size={int(top.tp)} " in sbatch
     assert "python -m recipes.nemo2 --factory llama3_70b_recipe" in sbatch  # a real payload, not the simulator
@@ -217,6 +221,7 @@ def test_optuna_gets_the_spaces_ordinal_knobs_and_warm_start(tmp_path):
     from dse.agents.base import load_agents
 
     reg = load_agents()
+
     def opts_of(sp, agent):
         return study_mod.space_options(sp, agent, study_mod.agent_settings(sp, agent, None, reg), reg)
 
@@ -233,10 +238,14 @@ def test_search_warm_start_model_launches_the_models_best_point_first(tmp_path):
     from dse.forecast import model_forecaster
     from tests.helpers import SMALL_SPACE
 
-    space = load_space(write_space(tmp_path, SMALL_SPACE.replace('agent = "grid"', 'agent = "optuna"\nwarm_start = "model"')))
+    space = load_space(
+        write_space(tmp_path, SMALL_SPACE.replace('agent = "grid"', 'agent = "optuna"\nwarm_start = "model"'))
+    )
     f = model_forecaster(space)
-    actions = [dict(zip(space.knob_names, k)) for k in __import__("itertools").product(
-        *(range(len(v)) for v in space.knobs.values()))]
+    actions = [
+        dict(zip(space.knob_names, k))
+        for k in __import__("itertools").product(*(range(len(v)) for v in space.knobs.values()))
+    ]
     fits = [(f(a).reward, a) for a in actions if f(a) is not None and f(a).peak_memory_gib <= f(a).memory_gib]
     best = max(fits, key=lambda x: x[0])[1]
     res = study_mod.run_study(space, out_dir=tmp_path / "out", trials=2)

@@ -13,17 +13,37 @@ KNOBS = ["tp", "pp", "vp", "cp", "mbs", "recompute", "precision"]
 
 
 def records() -> list[TrialRecord]:
-    ok = [TrialRecord(number=i, knobs={"tp": 8, "pp": 16, "vp": 4, "cp": 2, "mbs": 2, "recompute": "selective",
-                                       "precision": "fp8"}, status="ok", reward=771.9 - i,
-                      metrics={"step_time_s": 13.41 + i, "tflops_per_gpu": 771.9 - i,
-                               "tokens_per_s_per_gpu": 12345.6, "peak_memory_gib": 76.45})
-          for i in range(3)]
-    bad = [TrialRecord(number=3, knobs={"tp": 1, "pp": 1, "vp": 1, "cp": 1, "mbs": 4, "recompute": "none",
-                                        "precision": "bf16"}, status="oom", reward=0.0,
-                       reason="CUDA out of memory. Tried to allocate 2.00 GiB on device 0 with 79.1 GiB in use"),
-           TrialRecord(number=4, knobs={"tp": 2, "pp": 1, "vp": 8, "cp": 1, "mbs": 1, "recompute": "full",
-                                        "precision": "bf16"}, status="rejected", reward=0.0,
-                       reason="layers_divisible: pp*vp = 1*8 does not divide the 126 layers")]
+    ok = [
+        TrialRecord(
+            number=i,
+            knobs={"tp": 8, "pp": 16, "vp": 4, "cp": 2, "mbs": 2, "recompute": "selective", "precision": "fp8"},
+            status="ok",
+            reward=771.9 - i,
+            metrics={
+                "step_time_s": 13.41 + i,
+                "tflops_per_gpu": 771.9 - i,
+                "tokens_per_s_per_gpu": 12345.6,
+                "peak_memory_gib": 76.45,
+            },
+        )
+        for i in range(3)
+    ]
+    bad = [
+        TrialRecord(
+            number=3,
+            knobs={"tp": 1, "pp": 1, "vp": 1, "cp": 1, "mbs": 4, "recompute": "none", "precision": "bf16"},
+            status="oom",
+            reward=0.0,
+            reason="CUDA out of memory. Tried to allocate 2.00 GiB on device 0 with 79.1 GiB in use",
+        ),
+        TrialRecord(
+            number=4,
+            knobs={"tp": 2, "pp": 1, "vp": 8, "cp": 1, "mbs": 1, "recompute": "full", "precision": "bf16"},
+            status="rejected",
+            reward=0.0,
+            reason="layers_divisible: pp*vp = 1*8 does not divide the 126 layers",
+        ),
+    ]
     return ok + bad
 
 

@@ -27,12 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # the shared small space with a recompute knob besides: 100+ valid points, enough for four workers to collide
 SPACE = SMALL_SPACE.replace('name = "small"', 'name = "workers"').replace(
-    "mbs = [1, 2]\n", 'mbs = [1, 2]\nrecompute = ["none", "selective", "full"]\n')
+    "mbs = [1, 2]\n", 'mbs = [1, 2]\nrecompute = ["none", "selective", "full"]\n'
+)
 
 
 def dse(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dse", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dse", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
 
 
 def wait_all(procs: list[subprocess.Popen]) -> None:
@@ -92,8 +94,12 @@ def test_a_plain_run_still_refuses_a_directory_in_use(tmp_path):
     out.mkdir()
     with open(out / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_SH)  # a worker holds it
-        r = subprocess.run([sys.executable, "-m", "dse", "run", "--space", str(path), "--out", str(out)],
-                           capture_output=True, text=True, cwd=ROOT)
+        r = subprocess.run(
+            [sys.executable, "-m", "dse", "run", "--space", str(path), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
     assert r.returncode == 2 and "in use by another dse run" in r.stderr and "--worker" in r.stderr
 
 
@@ -156,8 +162,10 @@ def test_workers_on_one_postgresql_study_never_run_a_point_twice(tmp_path, refer
     space, ref = reference
     path = write_space(tmp_path, SPACE)
     # a directory each, as on different machines: the storage is all they share
-    procs = [dse("--space", str(path), "--out", str(tmp_path / f"w{i}"), "--storage", pg_url, "--worker")
-             for i in range(workers)]
+    procs = [
+        dse("--space", str(path), "--out", str(tmp_path / f"w{i}"), "--storage", pg_url, "--worker")
+        for i in range(workers)
+    ]
     wait_all(procs)
     store = Store(pg_url, space.name, {k: list(v) for k, v in space.knobs.items()}, create=False)
     records = store.records()
@@ -184,14 +192,23 @@ def test_a_claim_is_renewed_while_its_worker_lives(tmp_path):
 
 
 def test_a_killed_workers_row_says_interrupted_with_its_run_directory(tmp_path):
-    path = write_space(tmp_path, SPACE.replace("max_steps = 20", 'max_steps = 2000\n"env.DSE_SIM_STEP_S" = "1"')
-                       .replace('system = "h100"', 'system = { gpu = "h100", gpus_per_node = 2, slurm = { use_container = false } }')
-                       .replace("num_nodes = 2", "num_nodes = 1") + '\n[backend]\nkind = "local"\npayload = "sim"\n')
+    path = write_space(
+        tmp_path,
+        SPACE.replace("max_steps = 20", 'max_steps = 2000\n"env.DSE_SIM_STEP_S" = "1"')
+        .replace('system = "h100"', 'system = { gpu = "h100", gpus_per_node = 2, slurm = { use_container = false } }')
+        .replace("num_nodes = 2", "num_nodes = 1")
+        + '\n[backend]\nkind = "local"\npayload = "sim"\n',
+    )
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "-m", "dse", "run", "--space", str(path), "--out", str(out), "--worker"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dse", "run", "--space", str(path), "--out", str(out), "--worker"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not list(out.glob("trials/*/log.txt")) and time.monotonic() < deadline:
         time.sleep(0.2)

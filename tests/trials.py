@@ -19,10 +19,25 @@ def system(ref: str | Path = "h100", **update: Any) -> System:
     return s.model_copy(update=update) if update else s
 
 
-def space(recipe: str = "llama3_70b_16l", sys: System | None = None, num_nodes: int = 2,
-          settings: dict[str, Any] | None = None, knobs: dict[str, list] | None = None, **extra: Any) -> Space:
-    return Space.model_validate({"name": "test", "recipe": recipe, "system": sys or system(), "num_nodes": num_nodes,
-                                 "settings": settings or {}, "knobs": knobs or {}, **extra})
+def space(
+    recipe: str = "llama3_70b_16l",
+    sys: System | None = None,
+    num_nodes: int = 2,
+    settings: dict[str, Any] | None = None,
+    knobs: dict[str, list] | None = None,
+    **extra: Any,
+) -> Space:
+    return Space.model_validate(
+        {
+            "name": "test",
+            "recipe": recipe,
+            "system": sys or system(),
+            "num_nodes": num_nodes,
+            "settings": settings or {},
+            "knobs": knobs or {},
+            **extra,
+        }
+    )
 
 
 def trial(recipe: str = "llama3_70b_16l", sys: System | None = None, num_nodes: int = 2, **values: Any) -> TrialConfig:

@@ -39,8 +39,18 @@ def torchrun_argv(plan: LaunchPlan) -> list[str]:
         entry = ["-m", *argv[2:]]
     else:
         entry = argv[1:] if argv and argv[0] == "python" else argv
-    return ["torchrun", "--nnodes", "1", "--nproc-per-node", str(plan.gpus_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", *entry]
+    return [
+        "torchrun",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(plan.gpus_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        *entry,
+    ]
 
 
 def render_local_script(plan: LaunchPlan, run_dir: Path) -> str:
@@ -62,8 +72,10 @@ def render_local_script(plan: LaunchPlan, run_dir: Path) -> str:
     ]
     for step in plan.pre_steps:
         lines.append(comment(f"pre-step: {step.name} (failure does not stop training)"))
-        lines.append(f"{quoted_command(step.per_node or step.command)} "
-                     f"> {shlex.quote(str(run_dir / (step.name + '.out')))} 2>&1 || true")
+        lines.append(
+            f"{quoted_command(step.per_node or step.command)} "
+            f"> {shlex.quote(str(run_dir / (step.name + '.out')))} 2>&1 || true"
+        )
     lines.append(f"exec {quoted_command(cmd)} > {shlex.quote(str(run_dir / LOG_NAME))} 2>&1")
     return "\n".join(lines) + "\n"
 
@@ -78,7 +90,9 @@ def write_local_script(plan: LaunchPlan, run_dir: Path) -> Path:
 def local_executor(plan: LaunchPlan):
     """nemo-run's LocalExecutor for ``plan``: torchrun, one process per GPU, the plan's environment."""
     run = import_nemo_run()
-    return run.LocalExecutor(ntasks_per_node=plan.gpus_per_node, launcher="torchrun", env_vars=dict(check_env(plan.env)))
+    return run.LocalExecutor(
+        ntasks_per_node=plan.gpus_per_node, launcher="torchrun", env_vars=dict(check_env(plan.env))
+    )
 
 
 class LocalBackend(Backend):
@@ -154,8 +168,9 @@ class LocalBackend(Backend):
         run = import_nemo_run()
         for step in plan.pre_steps:
             with open(run_dir / f"{step.name}.out", "w") as out:
-                subprocess.run(list(step.per_node or step.command), stdout=out, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL)
+                subprocess.run(
+                    list(step.per_node or step.command), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
         argv = list(plan.argv)
         module = argv[2] if argv[:2] == ["python", "-m"] else None
         args = argv[3:] if module else argv[1:]
@@ -167,8 +182,15 @@ class LocalBackend(Backend):
         try:
             # torchx's local scheduler starts the role in the current directory: the staged payload code
             os.chdir(run_dir / CODE_DIR)
-            with run.Experiment(name, executor=executor, base_dir=str(base), log_level="WARN", clean_mode=True,
-                                enable_goodbye_message=False, skip_status_at_exit=True) as exp:
+            with run.Experiment(
+                name,
+                executor=executor,
+                base_dir=str(base),
+                log_level="WARN",
+                clean_mode=True,
+                enable_goodbye_message=False,
+                skip_status_at_exit=True,
+            ) as exp:
                 exp.add(task, name="trial", tail_logs=False)
                 exp.run(sequential=True, detach=False)
             # leaving the experiment's context waits for its jobs and records their end states
@@ -184,6 +206,9 @@ class LocalBackend(Backend):
 
         state = states[0] if states else None
         # torchx reports how the process group ended, not its exit code: 0 for success, 1 otherwise
-        return RunResult(run_dir=run_dir, log_path=log, exit_code=0 if state == AppState.SUCCEEDED else 1,
-                         scheduler_state=getattr(state, "name", None))
-
+        return RunResult(
+            run_dir=run_dir,
+            log_path=log,
+            exit_code=0 if state == AppState.SUCCEEDED else 1,
+            scheduler_state=getattr(state, "name", None),
+        )

@@ -26,6 +26,8 @@ def run_log(run_dir: Path) -> Path | None:
         if (Path(run_dir) / name).is_file():
             return Path(run_dir) / name
     return None
+
+
 CODE_DIR = "code"  # the payload package, staged beside the script (the container's working directory)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match only ("FOO\n" is not a name)
@@ -57,8 +59,10 @@ def check_field(value: str, pattern: str, *, field: str, file: str | None = None
 def check_path(path: Path, *, field: str = "run directory") -> Path:
     """A path that goes into a script unquoted by a library: letters, digits and ``_.,:/+@%=-`` only."""
     if not _SAFE_PATH.fullmatch(str(path)):
-        raise UserError(f"{str(path)!r} has characters a job script cannot carry safely; use letters, digits "
-                        f"and _.-/ in the path", field=field)
+        raise UserError(
+            f"{str(path)!r} has characters a job script cannot carry safely; use letters, digits and _.-/ in the path",
+            field=field,
+        )
     return path
 
 

@@ -29,8 +29,9 @@ class SimBackend(Backend):
     name = "sim"
     simulated = True
 
-    def __init__(self, *, seed: int = 0, flops_convention: str = "causal", twin: Twin | None = None,
-                 startup_s: float = 300.0):
+    def __init__(
+        self, *, seed: int = 0, flops_convention: str = "causal", twin: Twin | None = None, startup_s: float = 300.0
+    ):
         self.seed, self.flops_convention, self.twin, self.startup_s = seed, flops_convention, twin, startup_s
 
     @classmethod
@@ -54,8 +55,13 @@ class SimBackend(Backend):
             with gzip.open(log, "wt", compresslevel=1, encoding="utf-8") as fh:
                 code = write_log(sim, fh)
             steps = sim.oom_after if sim.oom else sim.max_steps
-            return RunResult(run_dir=run_dir, log_path=log, exit_code=code, stopped=False,
-                             wall_s=self.startup_s + steps * sim.step_time_s)
+            return RunResult(
+                run_dir=run_dir,
+                log_path=log,
+                exit_code=code,
+                stopped=False,
+                wall_s=self.startup_s + steps * sim.step_time_s,
+            )
         log = run_dir / LOG_NAME  # the early-stop monitor follows a plain file
         written = [0]  # steps written so far
 
@@ -69,5 +75,10 @@ class SimBackend(Backend):
             code = write_log(sim, fh, after_step=after_step)
         stopped = code is None
         steps = written[0] if stopped else (sim.oom_after if sim.oom else sim.max_steps)
-        return RunResult(run_dir=run_dir, log_path=log, exit_code=None if stopped else code, stopped=stopped,
-                         wall_s=self.startup_s + steps * sim.step_time_s)
+        return RunResult(
+            run_dir=run_dir,
+            log_path=log,
+            exit_code=None if stopped else code,
+            stopped=stopped,
+            wall_s=self.startup_s + steps * sim.step_time_s,
+        )

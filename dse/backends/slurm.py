@@ -83,14 +83,21 @@ def status_for(state: str | None) -> str | None:
 def _check_settings(s: SlurmSettings, file: str | None) -> None:
     check_field(s.partition, _NAME, field="slurm.partition", file=file, what="letters, digits and _.,-")
     check_field(s.account, _NAME, field="slurm.account", file=file, what="letters, digits and _.,-")
-    check_field(s.time_limit, _TIME, field="slurm.time_limit", file=file,
-                what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS")
+    check_field(
+        s.time_limit, _TIME, field="slurm.time_limit", file=file, what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS"
+    )
     if s.max_pending:
-        check_field(s.max_pending, _TIME, field="slurm.max_pending", file=file,
-                    what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS")
+        check_field(
+            s.max_pending, _TIME, field="slurm.max_pending", file=file, what="a Slurm time: MM, HH:MM:SS or D-HH:MM:SS"
+        )
     if s.use_container:
-        check_field(s.container_image, _IMAGE, field="slurm.container_image", file=file,
-                    what="an image reference such as nvcr.io#nvidia/nemo:25.09")
+        check_field(
+            s.container_image,
+            _IMAGE,
+            field="slurm.container_image",
+            file=file,
+            what="an image reference such as nvcr.io#nvidia/nemo:25.09",
+        )
     for m in s.container_mounts:
         check_field(m, _MOUNT, field="slurm.container_mounts", file=file, what="src:dst[:flags] paths")
     for a in s.srun_args:
@@ -265,7 +272,7 @@ def sbatch_message(output: str) -> str:
             for p in _SBATCH_PREFIXES:
                 if line.startswith(p):
                     kind = "error" if p == "error:" or kind == "error" else kind
-                    line, changed = line[len(p):].strip(), True
+                    line, changed = line[len(p) :].strip(), True
         if line.lower().startswith("warning:"):
             kind = "warning"
         if line and line.lower() not in (seen.lower() for _, seen in lines):
@@ -280,7 +287,9 @@ def submit(script: Path) -> tuple[str | None, str]:
     if r is None:
         return None, "sbatch could not be run (is Slurm installed and on PATH?)"
     if r.returncode != 0 or not r.stdout.strip():
-        return None, "\n".join(t.strip() for t in (r.stderr, r.stdout) if t.strip()) or f"sbatch exited with {r.returncode}"
+        return None, "\n".join(
+            t.strip() for t in (r.stderr, r.stdout) if t.strip()
+        ) or f"sbatch exited with {r.returncode}"
     return r.stdout.strip().split(";")[0], ""
 
 
@@ -343,8 +352,10 @@ class SlurmBackend(Backend):
             message, n = self._refusal
         if n < REFUSALS_TO_STOP:
             return None
-        return (f"sbatch refused {n} jobs in a row: {message} (check the system file's [slurm] table: "
-                f"partition, account, gpus_per_node_flag, time_limit)")
+        return (
+            f"sbatch refused {n} jobs in a row: {message} (check the system file's [slurm] table: "
+            f"partition, account, gpus_per_node_flag, time_limit)"
+        )
 
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
         """Submit, wait, collect. With ``stop``: asked at each poll while the job runs (with the log in the
@@ -366,8 +377,13 @@ class SlurmBackend(Backend):
             with self._refusal_lock:
                 last, n = self._refusal
                 self._refusal = (message, n + 1 if message == last else 1)
-            return RunResult(run_dir=run_dir, log_path=err, exit_code=None, scheduler_state=SUBMIT_FAILED,
-                             reason=f"sbatch refused the job: {message}")
+            return RunResult(
+                run_dir=run_dir,
+                log_path=err,
+                exit_code=None,
+                scheduler_state=SUBMIT_FAILED,
+                reason=f"sbatch refused the job: {message}",
+            )
         with self._refusal_lock:
             self._refusal = ("", 0)
         (run_dir / "job_id").write_text(job_id + "\n")
@@ -390,12 +406,23 @@ class SlurmBackend(Backend):
         if end.state == "PENDING":  # pending past slurm.max_pending: cancelled, never ran
             cancel(job_id)
             self.wait(job_id, limit_s=15)
-            return RunResult(run_dir=run_dir, log_path=run_dir / SBATCH_OUT, exit_code=None,
-                             scheduler_state="PENDING", job_id=job_id,
-                             reason=f"pending longer than slurm.max_pending {limit} "
-                                    f"({end.reason or 'Slurm gave no reason'}); job {job_id} cancelled")
-        return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=end.exit_code,
-                         scheduler_state=end.state, job_id=job_id, stopped=stopped)
+            return RunResult(
+                run_dir=run_dir,
+                log_path=run_dir / SBATCH_OUT,
+                exit_code=None,
+                scheduler_state="PENDING",
+                job_id=job_id,
+                reason=f"pending longer than slurm.max_pending {limit} "
+                f"({end.reason or 'Slurm gave no reason'}); job {job_id} cancelled",
+            )
+        return RunResult(
+            run_dir=run_dir,
+            log_path=run_dir / LOG_NAME,
+            exit_code=end.exit_code,
+            scheduler_state=end.state,
+            job_id=job_id,
+            stopped=stopped,
+        )
 
     def finished_after_interrupt(self, trial, run_dir: Path) -> RunResult | None:
         """The job's result when ``sacct`` says it COMPLETED although a Ctrl-C stopped the wait (the cancel came
@@ -419,11 +446,17 @@ class SlurmBackend(Backend):
             for name in (LOG_NAME, SBATCH_OUT):
                 if (job_dir / name).exists():
                     shutil.copy2(job_dir / name, run_dir / name)
-        return RunResult(run_dir=run_dir, log_path=run_dir / LOG_NAME, exit_code=st.exit_code,
-                         scheduler_state=st.state, job_id=job_id)
+        return RunResult(
+            run_dir=run_dir,
+            log_path=run_dir / LOG_NAME,
+            exit_code=st.exit_code,
+            scheduler_state=st.state,
+            job_id=job_id,
+        )
 
-    def wait_or_stop(self, job_id: str, log: Path, stop: StopCheck, *,
-                     pending_limit_s: float | None = None) -> tuple[JobState, bool]:
+    def wait_or_stop(
+        self, job_id: str, log: Path, stop: StopCheck, *, pending_limit_s: float | None = None
+    ) -> tuple[JobState, bool]:
         """Poll until the job ends by itself (state, False), or ``stop(log)`` says so while it runs: then
         ``scancel`` and wait for its end state (state, True). The log is looked at every ``stop.poll_s``.
         ``pending_limit_s`` as for :meth:`wait` (the state returned is then ``PENDING``, not stopped)."""

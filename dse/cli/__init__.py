@@ -25,9 +25,14 @@ import typer
 from dse.cli import exports, importers, model, render, results, spaces, studies
 from dse.errors import InfrastructureError, UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"max_content_width": 120},
-                  help="Design-space exploration for NeMo / Megatron training recipes.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
+    help="Design-space exploration for NeMo / Megatron training recipes.",
+)
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -64,8 +69,9 @@ _COMMANDS: dict[str, Callable] = {
 for _name, _fn in _COMMANDS.items():
     app.command(_name)(user_errors(_fn))
 
-import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                         help="Convert another tool's files into a dse space.")
+import_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Convert another tool's files into a dse space."
+)
 import_app.command("cloudai")(user_errors(importers.cloudai_cmd))
 app.add_typer(import_app, name="import")
 
@@ -84,8 +90,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="print dse's version and exit"),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print dse's version and exit"
+    ),
 ) -> None:
     """Design-space exploration for NeMo / Megatron training recipes."""
 

@@ -14,12 +14,15 @@ from dse.errors import UserError
 def cloudai_cmd(
     test_file: Path = typer.Argument(..., metavar="TEST_FILE", help="CloudAI NeMoRun test or test-scenario TOML"),
     system: Path | None = typer.Option(None, "--system", metavar="PATH", help="CloudAI Slurm system TOML"),
-    out: Path = typer.Option(..., "--out", metavar="PATH",
-                             help="the dse space to write (a system file goes beside it)"),
-    gpu: str | None = typer.Option(None, "--gpu", metavar="TEXT",
-                                      help="GPU generation (CloudAI's files do not name it)"),
-    test: str | None = typer.Option(None, "--test", metavar="TEXT",
-                                       help="the [[Tests]] id to import from a scenario of several"),
+    out: Path = typer.Option(
+        ..., "--out", metavar="PATH", help="the dse space to write (a system file goes beside it)"
+    ),
+    gpu: str | None = typer.Option(
+        None, "--gpu", metavar="TEXT", help="GPU generation (CloudAI's files do not name it)"
+    ),
+    test: str | None = typer.Option(
+        None, "--test", metavar="TEXT", help="the [[Tests]] id to import from a scenario of several"
+    ),
 ) -> None:
     """Write a dse space (and with --system a dse system file) from CloudAI's NeMoRun test and Slurm system."""
     from dse.importers.cloudai import import_cloudai

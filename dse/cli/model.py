@@ -30,26 +30,47 @@ _PREDICT_SKIP = ("num_nodes", "max_steps")
 
 def predict_cmd(
     model: str | None = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
-    model_file: str | None = typer.Option(None, "--model-file", metavar="TEXT", help="TOML architecture: name, "
-                                             "num_layers, hidden_size, num_attention_heads, num_query_groups, "
-                                             "ffn_hidden_size, vocab_size, gated_mlp [, activation: fused | "
-                                             "squared_relu] [, dropout: 0 <= p < 1]"),
-    gpu: str | None = typer.Option(None, "--gpu", metavar="TEXT",
-                                      help="a GPU generation's default system: " + ", ".join(GPU_NAMES)),
-    system_ref: str | None = typer.Option(None, "--system", metavar="TEXT", help="a system as a space names it: "
-                                             "a name from conf/systems or a path to a system file"),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="N", help="override the system's "
-                                                "GPUs per node (e.g. 1 for a one-GPU run)"),
+    model_file: str | None = typer.Option(
+        None,
+        "--model-file",
+        metavar="TEXT",
+        help="TOML architecture: name, "
+        "num_layers, hidden_size, num_attention_heads, num_query_groups, "
+        "ffn_hidden_size, vocab_size, gated_mlp [, activation: fused | "
+        "squared_relu] [, dropout: 0 <= p < 1]",
+    ),
+    gpu: str | None = typer.Option(
+        None, "--gpu", metavar="TEXT", help="a GPU generation's default system: " + ", ".join(GPU_NAMES)
+    ),
+    system_ref: str | None = typer.Option(
+        None,
+        "--system",
+        metavar="TEXT",
+        help="a system as a space names it: a name from conf/systems or a path to a system file",
+    ),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", metavar="N", help="override the system's GPUs per node (e.g. 1 for a one-GPU run)"
+    ),
     num_gpus: int | None = typer.Option(None, "--num-gpus", metavar="N", help="world size (default: the recipe's)"),
-    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE",
-                                             help="any catalogue knob, its value as in a space file (repeatable)"),
+    set_: list[str] | None = typer.Option(
+        None, "--set", metavar="KNOB=VALUE", help="any catalogue knob, its value as in a space file (repeatable)"
+    ),
     flops_convention: str = typer.Option("causal", "--flops-convention", metavar="TEXT", help="causal or noncausal"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    calibration: str | None = typer.Option(None, "--calibration", metavar="TEXT", help="a calibration file from "
-                                              "'dse calibrate' (parameters refitted to your runs)"),
-    payload: str = typer.Option("nemo2", "--payload", metavar="TEXT", help="the payload that would run it (a space's "
-                                "[backend] payload): nemo2, mbridge, mcore, sim; the model knows what its code does "
-                                "beyond the knobs (its loss, FP8 weights, gradient accumulation)"),
+    calibration: str | None = typer.Option(
+        None,
+        "--calibration",
+        metavar="TEXT",
+        help="a calibration file from 'dse calibrate' (parameters refitted to your runs)",
+    ),
+    payload: str = typer.Option(
+        "nemo2",
+        "--payload",
+        metavar="TEXT",
+        help="the payload that would run it (a space's "
+        "[backend] payload): nemo2, mbridge, mcore, sim; the model knows what its code does "
+        "beyond the knobs (its loss, FP8 weights, gradient accumulation)",
+    ),
     **knob_flags: Any,
 ) -> None:
     """Predict step time, throughput and memory of one layout with the analytical performance model.
@@ -85,9 +106,20 @@ def predict_cmd(
         from dse import knobs
 
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
-        out = {"model": trial.recipe.name, "gpu": system.gpu, "system": system.name, "num_gpus": trial.num_gpus,
-               "flops_convention": flops_convention, "calibration": calibration, "payload": payload, **shown,
-               "sp": trial.sequence_parallel, "dp": trial.dp, "recipe_defaults": sorted(from_recipe), **pred.as_dict()}
+        out = {
+            "model": trial.recipe.name,
+            "gpu": system.gpu,
+            "system": system.name,
+            "num_gpus": trial.num_gpus,
+            "flops_convention": flops_convention,
+            "calibration": calibration,
+            "payload": payload,
+            **shown,
+            "sp": trial.sequence_parallel,
+            "dp": trial.dp,
+            "recipe_defaults": sorted(from_recipe),
+            **pred.as_dict(),
+        }
         typer.echo(json.dumps(out, indent=2))
         return
     render.prediction(trial, system, pred, flops_convention, from_recipe)
@@ -103,13 +135,16 @@ def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, pa
     if (gpu is None) == (system_ref is None):
         raise UserError("give exactly one of --gpu GEN and --system NAME|FILE", field="--gpu")
     if gpu is not None and gpu not in HARDWARE:
-        raise UserError(f"{gpu!r} is not allowed{did_you_mean(gpu, HARDWARE)}; use one of {', '.join(HARDWARE)}",
-                        field="--gpu")
+        raise UserError(
+            f"{gpu!r} is not allowed{did_you_mean(gpu, HARDWARE)}; use one of {', '.join(HARDWARE)}", field="--gpu"
+        )
     if flops_convention not in ("causal", "noncausal"):
         raise UserError(f"{flops_convention!r} is not allowed; use causal or noncausal", field="--flops-convention")
     if payload not in PAYLOADS:
-        raise UserError(f"{payload!r} is not allowed{did_you_mean(payload, PAYLOADS)}; use one of "
-                        f"{', '.join(PAYLOADS)}", field="--payload")
+        raise UserError(
+            f"{payload!r} is not allowed{did_you_mean(payload, PAYLOADS)}; use one of {', '.join(PAYLOADS)}",
+            field="--payload",
+        )
 
 
 def _settings(knob_flags: dict[str, Any], set_: list[str]) -> dict[str, Any]:
@@ -156,8 +191,9 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     if model is not None:
         recipe = RECIPES.get(model)
         if recipe is None:
-            raise UserError(f"unknown recipe {model!r}{did_you_mean(model, RECIPES)}; see 'dse recipes'",
-                            field="--model")
+            raise UserError(
+                f"unknown recipe {model!r}{did_you_mean(model, RECIPES)}; see 'dse recipes'", field="--model"
+            )
     else:
         arch = load_model_file(model_file)
         if "seq_length" not in settings or num_gpus is None:
@@ -167,11 +203,21 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
         raise UserError(f"{num_gpus} is out of range; give at least 1", field="--num-gpus")
     world = num_gpus if num_gpus is not None else recipe.num_gpus_default
     if world < 1 or world % system.gpus_per_node:
-        raise UserError(f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
-                        field="--num-gpus")
-    space = Space.model_validate({"name": "predict", "recipe": recipe.name if model else next(iter(RECIPES)),
-                                  "system": system, "num_nodes": world // system.gpus_per_node,
-                                  "settings": settings, "source": "command line", "backend": {"payload": payload}})
+        raise UserError(
+            f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
+            field="--num-gpus",
+        )
+    space = Space.model_validate(
+        {
+            "name": "predict",
+            "recipe": recipe.name if model else next(iter(RECIPES)),
+            "system": system,
+            "num_nodes": world // system.gpus_per_node,
+            "settings": settings,
+            "source": "command line",
+            "backend": {"payload": payload},
+        }
+    )
     return resolve(space, {}, recipe=recipe)
 
 
@@ -179,8 +225,11 @@ def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     """The layout values the recipe chose for the GPU (not passed, not the catalogue's default)."""
     from dse import knobs
 
-    return {k: trial.values[k] for k in knobs.recipe_layout_knobs()
-            if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default}
+    return {
+        k: trial.values[k]
+        for k in knobs.recipe_layout_knobs()
+        if k not in settings and trial.values[k] != knobs.CATALOGUE[k].default
+    }
 
 
 def _refuse_invalid(trial, from_recipe: dict[str, Any]) -> None:
@@ -190,8 +239,11 @@ def _refuse_invalid(trial, from_recipe: dict[str, Any]) -> None:
     rejection = check(trial)
     if rejection is None:
         return
-    hint = "".join(f"; {k} = {v} (the recipe's default; pass --{k.replace('_', '-')})"
-                   for k, v in from_recipe.items() if k in rejection.knobs)
+    hint = "".join(
+        f"; {k} = {v} (the recipe's default; pass --{k.replace('_', '-')})"
+        for k, v in from_recipe.items()
+        if k in rejection.knobs
+    )
     raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}{hint}")
 
 
@@ -239,14 +291,26 @@ def with_knob_flags(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def calibrate_cmd(
-    sources: list[str] = typer.Argument(..., metavar="SOURCES", help="study directories (dse.json + "
-                                        "leaderboard.csv) or TSVs in the format of bench/data/h200_real_runs.tsv"),
+    sources: list[str] = typer.Argument(
+        ...,
+        metavar="SOURCES",
+        help="study directories (dse.json + leaderboard.csv) or TSVs in the format of bench/data/h200_real_runs.tsv",
+    ),
     out: Path = typer.Option(..., "--out", metavar="PATH", help="calibration file to write (TOML)"),
-    params: str | None = typer.Option(None, "--params", metavar="TEXT", help="comma-separated parameters to "
-                                         "refit (default: the stack parameters the runs identify, and the memory "
-                                         "offset)"),
-    gpu: str | None = typer.Option(None, "--gpu", metavar="TEXT", help="the GPU the runs are on (required for a "
-                                      "TSV without a gpu column; checked against the sources otherwise)"),
+    params: str | None = typer.Option(
+        None,
+        "--params",
+        metavar="TEXT",
+        help="comma-separated parameters to "
+        "refit (default: the stack parameters the runs identify, and the memory "
+        "offset)",
+    ),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        metavar="TEXT",
+        help="the GPU the runs are on (required for a TSV without a gpu column; checked against the sources otherwise)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Refit the performance model to your own runs and write a calibration file for --calibration."""
@@ -260,7 +324,19 @@ def calibrate_cmd(
     cal, report = calibrate(sources, params=names, gpu=gpu)
     write(cal, out)  # atomically: never a half-written file
     if as_json:
-        typer.echo(json.dumps({"out": str(out), "gpu": cal.gpu, "runs": cal.runs, "sources": cal.sources,
-                               "params": report, "fit": cal.fit, "leave_one_out": cal.loo}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "gpu": cal.gpu,
+                    "runs": cal.runs,
+                    "sources": cal.sources,
+                    "params": report,
+                    "fit": cal.fit,
+                    "leave_one_out": cal.loo,
+                },
+                indent=2,
+            )
+        )
         return
     render.calibration(cal, report, out)

@@ -25,8 +25,9 @@ err_console = Console(stderr=True)
 def error(message: str, *, resume: bool = False) -> None:
     """One line on stderr: ``error: message`` (with ``resume``, how to continue the study it stopped)."""
     # escaped: messages quote TOML tables ("[search] trials"), which rich would take for markup
-    tail = (" (dse run --resume continues the study; a trial in flight was not recorded and runs again)"
-            if resume else "")
+    tail = (
+        " (dse run --resume continues the study; a trial in flight was not recorded and runs again)" if resume else ""
+    )
     err_console.print(f"[bold red]error:[/] {escape(message)}{tail}", highlight=False, soft_wrap=True)
 
 
@@ -52,12 +53,28 @@ def fmt(v: Any) -> str:
 # -- dse run / dse leaderboard: the top trials fitted to the terminal ----------------------------------------
 
 # The summary's columns: (leaderboard column, short header used when the full names do not fit).
-_SUMMARY_COLUMNS = {"trial": "#", "status": "status", "reward": "reward", "step_time_s": "step s",
-                    "tflops_per_gpu": "TFLOP/s", "tokens_per_s_per_gpu": "tok/s/GPU", "peak_memory_gib": "mem GiB",
-                    "gpu_hours": "GPU-h", "steps": "steps", "early_stopped": "early"}
+_SUMMARY_COLUMNS = {
+    "trial": "#",
+    "status": "status",
+    "reward": "reward",
+    "step_time_s": "step s",
+    "tflops_per_gpu": "TFLOP/s",
+    "tokens_per_s_per_gpu": "tok/s/GPU",
+    "peak_memory_gib": "mem GiB",
+    "gpu_hours": "GPU-h",
+    "steps": "steps",
+    "early_stopped": "early",
+}
 # Dropped first when even short headers do not fit (the space's objective metric is never dropped).
-_DROP_ORDER = ("early_stopped", "steps", "gpu_hours", "tokens_per_s_per_gpu", "peak_memory_gib", "step_time_s",
-               "tflops_per_gpu")
+_DROP_ORDER = (
+    "early_stopped",
+    "steps",
+    "gpu_hours",
+    "tokens_per_s_per_gpu",
+    "peak_memory_gib",
+    "step_time_s",
+    "tflops_per_gpu",
+)
 _TAIL = ("gpu_hours", "steps", "early_stopped")  # metric columns shown after the knobs
 _REASON_MIN = 16  # the reason column's narrowest useful width; the full reason is in leaderboard.csv
 
@@ -88,8 +105,9 @@ class _SummaryTable:
     def build(self, cols: list[str], short: bool, reason_w: int) -> Table:
         table = Table(title=self.title, show_lines=False)
         for c in cols:
-            table.add_column(_SUMMARY_COLUMNS.get(c, c) if short else c, no_wrap=True,
-                             justify="left" if c == "status" else "right")
+            table.add_column(
+                _SUMMARY_COLUMNS.get(c, c) if short else c, no_wrap=True, justify="left" if c == "status" else "right"
+            )
         if self.reason:
             table.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=reason_w)
         for r in self.rows:
@@ -116,8 +134,7 @@ def _fit(table: _SummaryTable, knob_names: list[str], objective: str | None, wid
     return cols, short, dropped
 
 
-def print_summary(records, knob_names, top: int, *, objective: str | None = None,
-                  out: Console | None = None) -> None:
+def print_summary(records, knob_names, top: int, *, objective: str | None = None, out: Console | None = None) -> None:
     """The top trials as a table fitted to the terminal's width, then the statuses counted.
 
     Values are never cut: when the table is too wide, headers are abbreviated first, then metric columns
@@ -140,9 +157,12 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
         out.print(f"not shown: {', '.join(dropped)} (every column is in leaderboard.csv)", highlight=False)
     out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
     spent, to_best = summary.spent, summary.to_best
-    out.print(f"launched runs: {summary.launched}; GPU-hours: {spent:,.1f} spent"
-              + (f", {to_best:,.1f} to the best" if to_best is not None else "") + summary.savings_line(),
-              highlight=False)
+    out.print(
+        f"launched runs: {summary.launched}; GPU-hours: {spent:,.1f} spent"
+        + (f", {to_best:,.1f} to the best" if to_best is not None else "")
+        + summary.savings_line(),
+        highlight=False,
+    )
 
 
 def trial_progress(name: str, objective: str) -> tuple[Progress, Callable]:
@@ -151,8 +171,15 @@ def trial_progress(name: str, objective: str) -> tuple[Progress, Callable]:
     The bar starts with the first trial, so that an error before the study starts is the only line printed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("{task.fields[best]}"), console=err_console, transient=False)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=err_console,
+        transient=False,
+    )
     task = progress.add_task(name, total=None, best="")
     best: dict[str, float | None] = {"reward": None}
 
@@ -161,8 +188,12 @@ def trial_progress(name: str, objective: str) -> tuple[Progress, Callable]:
             progress.start()
         if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):
             best["reward"] = rec.reward
-        progress.update(task, completed=done, total=budget,
-                        best=f"best {objective}: {abs(best['reward']):.4g}" if best["reward"] is not None else "")
+        progress.update(
+            task,
+            completed=done,
+            total=budget,
+            best=f"best {objective}: {abs(best['reward']):.4g}" if best["reward"] is not None else "",
+        )
 
     return progress, on_trial
 
@@ -172,14 +203,18 @@ def run_result(result, knob_names: list[str], objective: str) -> None:
     print_summary(result.summary, knob_names, top=10, objective=objective)
     if result.stop_reason:
         console.print(result.stop_reason, highlight=False)
-    console.print(f"{result.new_trials} new trials, {result.summary.n} in the study; "
-                  f"leaderboard: {result.leaderboard}")
+    console.print(f"{result.new_trials} new trials, {result.summary.n} in the study; leaderboard: {result.leaderboard}")
 
 
 def interrupted(e, resume: str) -> None:
     """Ctrl-C during ``dse run``: what was saved and the command line that continues."""
-    err_console.print(f"interrupted: {e.saved} trials saved in {e.out_dir} ({e.interrupted} interrupted, run "
-                      f"again by --resume); continue with: {resume}", highlight=False, soft_wrap=True, markup=False)
+    err_console.print(
+        f"interrupted: {e.saved} trials saved in {e.out_dir} ({e.interrupted} interrupted, run "
+        f"again by --resume); continue with: {resume}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
 
 
 def sub_study(name: str, sub, out: Path) -> None:
@@ -189,8 +224,18 @@ def sub_study(name: str, sub, out: Path) -> None:
 
 def comparison(df, csv: Path, page: Path) -> None:
     """``dse compare`` (and the end of ``dse run --systems``): the best layout per generation."""
-    cols = ["system", "gpu", "num_gpus", "tflops_per_gpu", "tokens_per_s", "speedup", "gpu_hours_per_1b_tokens",
-            "cost_per_1b_tokens", "search_gpu_hours", "changed_knobs"]
+    cols = [
+        "system",
+        "gpu",
+        "num_gpus",
+        "tflops_per_gpu",
+        "tokens_per_s",
+        "speedup",
+        "gpu_hours_per_1b_tokens",
+        "cost_per_1b_tokens",
+        "search_gpu_hours",
+        "changed_knobs",
+    ]
     cols = [c for c in cols if df[c].notna().any()]  # no price in any system file: no cost column
     table = Table(title="best layout per generation")
     for c in cols:
@@ -208,15 +253,24 @@ def line(text: str, **kw: Any) -> None:
 
 # -- dse recipes / predict / calibrate ---------------------------------------------------------------------
 
+
 def recipes(recipes_) -> None:
     """``dse recipes``: one row per recipe with its architecture."""
     table = Table("recipe", "layers", "hidden", "heads", "groups", "ffn", "vocab", "mlp", "seq", "NeMo 2 recipe")
     for r in recipes_:
         a = r.arch
-        table.add_row(r.name, str(a.num_layers), str(a.hidden_size), str(a.num_attention_heads),
-                      str(a.num_query_groups), str(a.ffn_hidden_size), str(a.vocab_size),
-                      "gated" if a.gated_mlp else "plain", str(r.seq_length),
-                      r.nemo2_recipe + (f" (scaled from {r.scaled_from})" if r.scaled_from else ""))
+        table.add_row(
+            r.name,
+            str(a.num_layers),
+            str(a.hidden_size),
+            str(a.num_attention_heads),
+            str(a.num_query_groups),
+            str(a.ffn_hidden_size),
+            str(a.vocab_size),
+            "gated" if a.gated_mlp else "plain",
+            str(r.seq_length),
+            r.nemo2_recipe + (f" (scaled from {r.scaled_from})" if r.scaled_from else ""),
+        )
     console.print(table)
 
 
@@ -224,15 +278,21 @@ def prediction(trial, system, pred, flops_convention: str, from_recipe: dict[str
     """``dse predict``: the layout in the title, the predicted quantities, the model's breakdown."""
     t = trial
     k = t.layout
-    table = Table("quantity", "value", title=f"{t.recipe.name} on {t.num_gpus} x {system.gpu} ({k.precision}): "
-                  f"tp={k.tp} pp={k.pp} cp={k.cp} vp={k.vp} dp={t.dp} mbs={k.mbs} "
-                  f"gbs={k.gbs} seq={k.seq_length} sp={t.sequence_parallel} fsdp={k.fsdp} "
-                  f"recompute={k.recompute} tp_comm_overlap={k.tp_comm_overlap}")
+    table = Table(
+        "quantity",
+        "value",
+        title=f"{t.recipe.name} on {t.num_gpus} x {system.gpu} ({k.precision}): "
+        f"tp={k.tp} pp={k.pp} cp={k.cp} vp={k.vp} dp={t.dp} mbs={k.mbs} "
+        f"gbs={k.gbs} seq={k.seq_length} sp={t.sequence_parallel} fsdp={k.fsdp} "
+        f"recompute={k.recompute} tp_comm_overlap={k.tp_comm_overlap}",
+    )
     table.add_row("step time", f"{pred.step_time_s:.3f} s")
     table.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     table.add_row(f"model TFLOP/s/GPU ({flops_convention})", f"{pred.tflops_per_gpu:.0f}")
-    table.add_row("peak memory", f"{pred.peak_memory_gib:.1f} of {pred.gpu_memory_gib:.0f} GiB"
-                  + ("" if pred.fits else "  [bold red]OOM[/]"))
+    table.add_row(
+        "peak memory",
+        f"{pred.peak_memory_gib:.1f} of {pred.gpu_memory_gib:.0f} GiB" + ("" if pred.fits else "  [bold red]OOM[/]"),
+    )
     for key, value in pred.breakdown.items():
         table.add_row(f"  {key}", f"{value:.4g}")
     console.print(table)
@@ -244,47 +304,64 @@ def calibration(cal, report: list[dict], out: Path) -> None:
     """``dse calibrate``: each parameter shipped and refitted, the fit's error before, after and left out."""
     table = Table("parameter", "shipped", "calibrated", "moved", title=f"dse calibrate: {cal.runs} runs on {cal.gpu}")
     for r in report:
-        table.add_row(r["name"], f"{r['old']:.4g}", f"{r['new']:.4g}",
-                      f"yes ({r['shift_sigma']:.1f} prior widths)" if r["moved"] else "no")
+        table.add_row(
+            r["name"],
+            f"{r['old']:.4g}",
+            f"{r['new']:.4g}",
+            f"yes ({r['shift_sigma']:.1f} prior widths)" if r["moved"] else "no",
+        )
     console.print(table)
 
     def pct(v):
         return "-" if v is None else f"{v:.1f}%"
+
     b, a, lo = cal.fit["before"], cal.fit["after"], cal.loo or {}
-    line(f"step-time MAPE {pct(b['step_time_mape'])} shipped -> {pct(a['step_time_mape'])} fitted, "
-         f"{pct(lo.get('step_time_mape'))} leave-one-out; peak memory {pct(b['memory_mape'])} -> "
-         f"{pct(a['memory_mape'])}, {pct(lo.get('memory_mape'))} leave-one-out")
+    line(
+        f"step-time MAPE {pct(b['step_time_mape'])} shipped -> {pct(a['step_time_mape'])} fitted, "
+        f"{pct(lo.get('step_time_mape'))} leave-one-out; peak memory {pct(b['memory_mape'])} -> "
+        f"{pct(a['memory_mape'])}, {pct(lo.get('memory_mape'))} leave-one-out"
+    )
     line(f"wrote {out}")
 
 
 # -- dse validate / space / dry-run ------------------------------------------------------------------------
 
+
 def validated(path: Path, s) -> None:
     """``dse validate``: one ``ok`` line per good file."""
-    console.print(f"[green]ok[/] {path}: {s.recipe} on {s.num_nodes} x {s.system.gpus_per_node} {s.system.gpu}, "
-                  f"{len(s.knobs)} knobs, {s.size} points")
+    console.print(
+        f"[green]ok[/] {path}: {s.recipe} on {s.num_nodes} x {s.system.gpus_per_node} {s.system.gpu}, "
+        f"{len(s.knobs)} knobs, {s.size} points"
+    )
 
 
 def space_count(s, data: dict, count) -> None:
     """``dse space``: raw and valid points (exact or estimated), the rejections by rule, the twin's error."""
     valid = data["valid"]
     if count.exact:
-        console.print(f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; "
-                      f"{s.size} raw points, [bold]{valid} valid[/]")
+        console.print(
+            f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; "
+            f"{s.size} raw points, [bold]{valid} valid[/]"
+        )
         table = Table("rule (first broken)", "rejected")
     else:
-        console.print(f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; {s.size:,} raw points, "
-                      f"[bold]about {valid:,} valid[/] (estimated from {count.samples:,} seeded uniform draws; "
-                      f"95% interval {count.valid_low:,} to {count.valid_high:,})", highlight=False)
+        console.print(
+            f"{s.name}: {s.recipe} on {data['num_gpus']} {s.system.gpu} GPUs; {s.size:,} raw points, "
+            f"[bold]about {valid:,} valid[/] (estimated from {count.samples:,} seeded uniform draws; "
+            f"95% interval {count.valid_low:,} to {count.valid_high:,})",
+            highlight=False,
+        )
         table = Table("rule (first broken)", f"rejected (of {count.samples:,} draws)")
     for rule, n in data["rejected_by_rule"].items():
         table.add_row(rule, str(n))
     console.print(table)
     if "twin" in data:
         tw = data["twin"]
-        console.print(f"twin seed {tw['seed']}: step-time MAPE {100 * tw['step_time_mape']:.1f}% against the model "
-                      f"over the {valid} valid points; memory reserve {tw['memory_reserve_gib']:.1f} GiB; "
-                      f"{tw['fit_on_twin']} points fit on the twin, {tw['fit_in_model']} in the model")
+        console.print(
+            f"twin seed {tw['seed']}: step-time MAPE {100 * tw['step_time_mape']:.1f}% against the model "
+            f"over the {valid} valid points; memory reserve {tw['memory_reserve_gib']:.1f} GiB; "
+            f"{tw['fit_on_twin']} points fit on the twin, {tw['fit_in_model']} in the model"
+        )
 
 
 def counting_progress(total: int):
@@ -300,15 +377,21 @@ def dry_run(sp, backend: str, out: str, result) -> None:
     """``dse dry-run``: one row per script written, the rejections counted, what was not written."""
     table = Table("trial", *sp.knob_names, "nodes x GPUs", "script", title=f"dse dry-run: {sp.name} ({backend})")
     for r in result.rows:
-        table.add_row(f"{r.index:05d}", *(str(r.knobs.get(k)) for k in sp.knob_names),
-                      f"{sp.num_nodes} x {sp.system.gpus_per_node}", str(r.script))
+        table.add_row(
+            f"{r.index:05d}",
+            *(str(r.knobs.get(k)) for k in sp.knob_names),
+            f"{sp.num_nodes} x {sp.system.gpus_per_node}",
+            str(r.script),
+        )
     console.print(table)
     for reason, count in result.rejected.most_common():
         console.print(f"[yellow]rejected[/] {count} x {reason}", highlight=False, soft_wrap=True)
     if result.stopped:
         line(result.stopped)
-    console.print(f"{len(result.rows)} {backend} script(s) written under {out}; {sum(result.rejected.values())} "
-                  "rejected; nothing submitted.")
+    console.print(
+        f"{len(result.rows)} {backend} script(s) written under {out}; {sum(result.rejected.values())} "
+        "rejected; nothing submitted."
+    )
 
 
 def imported(files, space, imp) -> None:
@@ -317,6 +400,8 @@ def imported(files, space, imp) -> None:
         line(f"CloudAI's default (the file leaves it out): {default}", soft_wrap=True)
     for n in imp.not_imported:
         line(n.line(), soft_wrap=True)
-    console.print(f"wrote {', '.join(map(str, files))}: {space.recipe} on {space.num_nodes} x "
-                  f"{space.system.gpus_per_node} {space.system.gpu}, {len(space.knobs)} knobs, {space.size} points "
-                  f"(CloudAI's list product: {imp.cloudai_points}); {len(imp.not_imported)} field(s) not imported")
+    console.print(
+        f"wrote {', '.join(map(str, files))}: {space.recipe} on {space.num_nodes} x "
+        f"{space.system.gpus_per_node} {space.system.gpu}, {len(space.knobs)} knobs, {space.size} points "
+        f"(CloudAI's list product: {imp.cloudai_points}); {len(imp.not_imported)} field(s) not imported"
+    )

@@ -13,8 +13,7 @@ from dse.errors import UserError
 
 def leaderboard_cmd(
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="a dse run's output directory"),
-    csv: Path | None = typer.Option(None, "--csv", metavar="PATH",
-                                       help="also write the whole table to this CSV file"),
+    csv: Path | None = typer.Option(None, "--csv", metavar="PATH", help="also write the whole table to this CSV file"),
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
@@ -42,8 +41,9 @@ def leaderboard_cmd(
 
 def report_cmd(
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="a dse run's output directory"),
-    html_file: Path | None = typer.Option(None, "--html", metavar="PATH",
-                                             help="where to write (default: DIR/report.html)"),
+    html_file: Path | None = typer.Option(
+        None, "--html", metavar="PATH", help="where to write (default: DIR/report.html)"
+    ),
 ) -> None:
     """Write the study's HTML report: best configuration, plots, leaderboard (self-contained)."""
     from dse import report
@@ -63,10 +63,10 @@ def report_cmd(
 
 
 def compare_cmd(
-    dirs: list[Path] = typer.Argument(..., metavar="DIRS",
-                                      help="study output directories; the first is the baseline"),
-    out: Path | None = typer.Option(None, metavar="PATH", help="where compare.csv and compare.html go (default: "
-                                       "the first directory's parent)"),
+    dirs: list[Path] = typer.Argument(..., metavar="DIRS", help="study output directories; the first is the baseline"),
+    out: Path | None = typer.Option(
+        None, metavar="PATH", help="where compare.csv and compare.html go (default: the first directory's parent)"
+    ),
 ) -> None:
     """Compare finished studies (one per GPU generation): best layouts, speed-up, GPU-hours, cost, changed knobs."""
     from dse import compare
@@ -74,26 +74,43 @@ def compare_cmd(
     render.comparison(*compare.write(compare.gather(dirs), out or Path(dirs[0]).resolve().parent))
 
 
-_PARSE_KEYS = ("status", "reason", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib",
-               "steps", "loss")
+_PARSE_KEYS = (
+    "status",
+    "reason",
+    "step_time_s",
+    "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "peak_memory_gib",
+    "steps",
+    "loss",
+)
 
 
 def parse_cmd(
-    log: str = typer.Argument(..., metavar="LOG", show_default=False,
-                              help="the training log to read (log.txt, log.txt.gz), or a run directory"),
+    log: str = typer.Argument(
+        ...,
+        metavar="LOG",
+        show_default=False,
+        help="the training log to read (log.txt, log.txt.gz), or a run directory",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of lines"),
     gbs: int | None = typer.Option(None, "--gbs", metavar="N", help="global batch size (for tokens/s/GPU)"),
     seq_length: int | None = typer.Option(None, "--seq-length", metavar="N", help="sequence length (for tokens/s/GPU)"),
     num_gpus: int | None = typer.Option(None, "--num-gpus", metavar="N", help="GPUs of the run (for tokens/s/GPU)"),
     exit_code: int | None = typer.Option(None, "--exit-code", metavar="N", help="the run's exit code, when known"),
-    scheduler_state: str | None = typer.Option(None, "--scheduler-state", metavar="TEXT",
-                                               help="Slurm's final state (COMPLETED, TIMEOUT, ...)"),
+    scheduler_state: str | None = typer.Option(
+        None, "--scheduler-state", metavar="TEXT", help="Slurm's final state (COMPLETED, TIMEOUT, ...)"
+    ),
 ) -> None:
     """Read a training log: status, reason, steady-state step time, TFLOP/s/GPU, tokens/s/GPU, memory."""
     from dse.parse import ParseContext, parse_log
 
-    m = parse_log(_log_source(log), exit_code=exit_code, scheduler_state=scheduler_state,
-                  context=ParseContext(gbs=gbs, seq_length=seq_length, num_gpus=num_gpus))
+    m = parse_log(
+        _log_source(log),
+        exit_code=exit_code,
+        scheduler_state=scheduler_state,
+        context=ParseContext(gbs=gbs, seq_length=seq_length, num_gpus=num_gpus),
+    )
     d = m.to_dict()
     shown = {k: d[k] for k in _PARSE_KEYS} | {k: v for k, v in d.items() if k not in _PARSE_KEYS}
     if json_out:

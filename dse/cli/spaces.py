@@ -23,9 +23,13 @@ def validate_cmd(files: list[Path] = typer.Argument(..., metavar="FILES", help="
 def space_cmd(
     space_file: Path = typer.Argument(..., metavar="SPACE_FILE", help="a space file"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    twin_seed: int | None = typer.Option(None, "--twin-seed", min=0, metavar="N",
-                                            help="also print the twin truth of this seed: its step-time MAPE "
-                                                 "against the model over the valid points"),
+    twin_seed: int | None = typer.Option(
+        None,
+        "--twin-seed",
+        min=0,
+        metavar="N",
+        help="also print the twin truth of this seed: its step-time MAPE against the model over the valid points",
+    ),
 ) -> None:
     """Count a space's raw and valid points, and the rejections by rule: exactly up to 100,000 raw points,
     estimated from 20,000 seeded uniform draws above (the output says which)."""
@@ -33,12 +37,23 @@ def space_cmd(
 
     s = load_space(space_file)
     if twin_seed is not None and s.size > WALK_LIMIT:
-        raise UserError(f"the twin is measured over every valid point; this space has {s.size:,} raw points "
-                        f"(at most {WALK_LIMIT:,})", field="--twin-seed")
+        raise UserError(
+            f"the twin is measured over every valid point; this space has {s.size:,} raw points "
+            f"(at most {WALK_LIMIT:,})",
+            field="--twin-seed",
+        )
     count = _count(s, as_json)
-    data = {"space": s.name, "recipe": s.recipe, "gpu": s.system.gpu,
-            "num_gpus": s.num_nodes * s.system.gpus_per_node, "knobs": {k: list(v) for k, v in s.knobs.items()},
-            "raw": s.size, "valid": count.valid, "exact": count.exact, "rejected_by_rule": count.by_rule}
+    data = {
+        "space": s.name,
+        "recipe": s.recipe,
+        "gpu": s.system.gpu,
+        "num_gpus": s.num_nodes * s.system.gpus_per_node,
+        "knobs": {k: list(v) for k, v in s.knobs.items()},
+        "raw": s.size,
+        "valid": count.valid,
+        "exact": count.exact,
+        "rejected_by_rule": count.by_rule,
+    }
     if not count.exact:
         # JSON numbers are exact integers in Python's json; other readers may round them above 2^53
         data.update({"samples": count.samples, "valid_ci95": [count.valid_low, count.valid_high]})
@@ -60,8 +75,9 @@ def _count(s, quiet: bool):
         with bar:
             return count_valid(s, on_progress=on_progress)
     if s.size > WALK_LIMIT and not quiet:
-        render.note(f"{s.size:,} raw points (more than {WALK_LIMIT:,}): estimating the valid ones from {SAMPLES:,} "
-                    "seeded draws")
+        render.note(
+            f"{s.size:,} raw points (more than {WALK_LIMIT:,}): estimating the valid ones from {SAMPLES:,} seeded draws"
+        )
     return count_valid(s)
 
 
@@ -73,15 +89,21 @@ def _twin(s, seed: int) -> dict:
     trials = valid_trials(s)
     twin = make_twin(s, seed, trials=trials)
     fits = [t for t in trials if twin.predict(t).fits]
-    return {"seed": seed, "step_time_mape": mape(twin, trials), "layout_scale": twin.scale,
-            "memory_reserve_gib": twin.params.memory_reserve_gib,
-            "fit_on_twin": len(fits), "fit_in_model": sum(predict(t).fits for t in trials)}
+    return {
+        "seed": seed,
+        "step_time_mape": mape(twin, trials),
+        "layout_scale": twin.scale,
+        "memory_reserve_gib": twin.params.memory_reserve_gib,
+        "fit_on_twin": len(fits),
+        "fit_in_model": sum(predict(t).fits for t in trials),
+    }
 
 
 def dry_run_cmd(
     space: str = typer.Option(..., "--space", metavar="TEXT", help="space file (TOML)"),
-    backend: str = typer.Option("slurm", "--backend", metavar="TEXT",
-                                help="slurm (sbatch scripts) or local (bash scripts)"),
+    backend: str = typer.Option(
+        "slurm", "--backend", metavar="TEXT", help="slurm (sbatch scripts) or local (bash scripts)"
+    ),
     out: str = typer.Option(..., "--out", metavar="TEXT", help="directory for the scripts (one folder per trial)"),
     limit: int | None = typer.Option(None, "--limit", metavar="N", help="write at most this many valid trials"),
 ) -> None:

@@ -16,43 +16,88 @@ from dse.errors import UserError
 
 def run_cmd(
     space_file: Path = typer.Option(..., "--space", metavar="PATH", help="the space file (TOML)"),
-    agent: str | None = typer.Option(None, metavar="TEXT",
-                                        help="grid | random | optuna | guided (default: the space's [search].agent)"),
-    sampler: str | None = typer.Option(None, metavar="TEXT",
-                                          help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
-    trials: int | None = typer.Option(None, min=1, metavar="N",
-                                         help="trial budget (default: the space's; grid: every valid point)"),
+    agent: str | None = typer.Option(
+        None, metavar="TEXT", help="grid | random | optuna | guided (default: the space's [search].agent)"
+    ),
+    sampler: str | None = typer.Option(None, metavar="TEXT", help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
+    trials: int | None = typer.Option(
+        None, min=1, metavar="N", help="trial budget (default: the space's; grid: every valid point)"
+    ),
     seed: int | None = typer.Option(None, metavar="N", help="seed for the agent and the simulated jitter"),
-    backend: str | None = typer.Option(None, metavar="TEXT",
-                                          help="sim | local | slurm (default: the space's [backend].kind)"),
+    backend: str | None = typer.Option(
+        None, metavar="TEXT", help="sim | local | slurm (default: the space's [backend].kind)"
+    ),
     out: Path | None = typer.Option(None, metavar="PATH", help="output directory (default: runs/<space name>)"),
     resume: bool = typer.Option(False, "--resume", help="continue the study already in --out"),
-    storage: str | None = typer.Option(None, metavar="TEXT",
-                                          help="SQLAlchemy URL of the store (default: sqlite file in --out)"),
-    twin_seed: int | None = typer.Option(None, "--twin-seed", min=0, metavar="N",
-                                            help="simulated backend: measure on the twin truth of this seed "
-                                                 "(sets [backend] truth = \"twin\", twin_seed = N)"),
-    rebuild: bool = typer.Option(False, "--rebuild", help="with --resume: start anew a study whose database "
-                                 "is empty or gone (the old run directories are set aside)"),
-    gpu: str | None = typer.Option(None, metavar="TEXT",
-                                      help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"),
-    systems: str | None = typer.Option(None, metavar="TEXT", help="comma-separated systems (h100,b200,gb200): "
-                                          "one sub-study each in --out/<system>, same GPU count, then `dse compare`"),
-    warm_start: Path | None = typer.Option(None, "--warm-start", metavar="PATH", help="a finished study: its best "
-                                              "points that are valid here run first and seed the agent"),
-    parallel: int | None = typer.Option(None, "--parallel", min=1, max=1024, metavar="N",
-                                           help="trials in flight at once (default: the space's [search] parallel, 1)"),
-    worker: bool = typer.Option(False, "--worker", help="one of several dse run processes on this study (same --out "
-                                "or --storage): each point is claimed in the storage before it runs"),
+    storage: str | None = typer.Option(
+        None, metavar="TEXT", help="SQLAlchemy URL of the store (default: sqlite file in --out)"
+    ),
+    twin_seed: int | None = typer.Option(
+        None,
+        "--twin-seed",
+        min=0,
+        metavar="N",
+        help='simulated backend: measure on the twin truth of this seed (sets [backend] truth = "twin", twin_seed = N)',
+    ),
+    rebuild: bool = typer.Option(
+        False,
+        "--rebuild",
+        help="with --resume: start anew a study whose database "
+        "is empty or gone (the old run directories are set aside)",
+    ),
+    gpu: str | None = typer.Option(
+        None, metavar="TEXT", help="GPU generation for --space cloudai:FILE (CloudAI's files lack it)"
+    ),
+    systems: str | None = typer.Option(
+        None,
+        metavar="TEXT",
+        help="comma-separated systems (h100,b200,gb200): "
+        "one sub-study each in --out/<system>, same GPU count, then `dse compare`",
+    ),
+    warm_start: Path | None = typer.Option(
+        None,
+        "--warm-start",
+        metavar="PATH",
+        help="a finished study: its best points that are valid here run first and seed the agent",
+    ),
+    parallel: int | None = typer.Option(
+        None,
+        "--parallel",
+        min=1,
+        max=1024,
+        metavar="N",
+        help="trials in flight at once (default: the space's [search] parallel, 1)",
+    ),
+    worker: bool = typer.Option(
+        False,
+        "--worker",
+        help="one of several dse run processes on this study (same --out "
+        "or --storage): each point is claimed in the storage before it runs",
+    ),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
     if systems is not None:
         if worker:
-            raise UserError("--worker shares one study between processes; --systems runs one study per system",
-                            field="--worker")
-        return run_systems(space_file, systems, gpu=gpu, agent=agent, sampler=sampler, trials=trials, seed=seed,
-                           backend=backend, out=out, resume=resume, storage=storage, twin_seed=twin_seed,
-                           rebuild=rebuild, warm_start=warm_start, parallel=parallel)
+            raise UserError(
+                "--worker shares one study between processes; --systems runs one study per system", field="--worker"
+            )
+        return run_systems(
+            space_file,
+            systems,
+            gpu=gpu,
+            agent=agent,
+            sampler=sampler,
+            trials=trials,
+            seed=seed,
+            backend=backend,
+            out=out,
+            resume=resume,
+            storage=storage,
+            twin_seed=twin_seed,
+            rebuild=rebuild,
+            warm_start=warm_start,
+            parallel=parallel,
+        )
     from dse.study import Interrupted, run_study
 
     space = with_twin(load_space_arg(space_file, gpu), twin_seed)
@@ -61,9 +106,23 @@ def run_cmd(
     seeds = warm_start_seeds(space, warm_start)
     progress, on_trial = render.trial_progress(space.name, space.objective.metric)
     try:
-        result = run_study(space, out_dir=out_dir, agent=agent, sampler=sampler, trials=trials, seed=seed,
-                           backend=backend, resume=resume, storage=storage, rebuild=rebuild, on_trial=on_trial,
-                           seeds=seeds, default_out=out is None, parallel=parallel, worker=worker)
+        result = run_study(
+            space,
+            out_dir=out_dir,
+            agent=agent,
+            sampler=sampler,
+            trials=trials,
+            seed=seed,
+            backend=backend,
+            resume=resume,
+            storage=storage,
+            rebuild=rebuild,
+            on_trial=on_trial,
+            seeds=seeds,
+            default_out=out is None,
+            parallel=parallel,
+            worker=worker,
+        )
     except Interrupted as e:
         progress.stop()
         render.interrupted(e, resume_command(out_dir))
@@ -95,8 +154,9 @@ def with_twin(space, twin_seed: int | None):
     """``space`` with ``[backend] truth = "twin"`` and ``twin_seed`` set, when ``--twin-seed`` is given."""
     if twin_seed is None:
         return space
-    return space.model_copy(update={"backend": space.backend.model_copy(update={"truth": "twin",
-                                                                                "twin_seed": twin_seed})})
+    return space.model_copy(
+        update={"backend": space.backend.model_copy(update={"truth": "twin", "twin_seed": twin_seed})}
+    )
 
 
 def load_space_arg(space_file: Path, gpu: str | None):
@@ -127,8 +187,18 @@ def warm_start_seeds(space, study_dir: Path | None) -> list:
     return seeds
 
 
-def run_systems(space_file: Path, systems: str, *, gpu: str | None, out: Path | None, resume: bool,
-                storage: str | None, twin_seed: int | None, seed: int | None, **kwargs) -> None:
+def run_systems(
+    space_file: Path,
+    systems: str,
+    *,
+    gpu: str | None,
+    out: Path | None,
+    resume: bool,
+    storage: str | None,
+    twin_seed: int | None,
+    seed: int | None,
+    **kwargs,
+) -> None:
     """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
     from dse import compare
     from dse.generations import parse_systems, run_generations
@@ -136,8 +206,9 @@ def run_systems(space_file: Path, systems: str, *, gpu: str | None, out: Path | 
     if kwargs.get("rebuild") and not resume:
         raise UserError("--rebuild goes with --resume", field="--rebuild")
     if storage is not None:
-        raise UserError("takes no --storage with --systems (each sub-study keeps its own SQLite file)",
-                        field="--storage")
+        raise UserError(
+            "takes no --storage with --systems (each sub-study keeps its own SQLite file)", field="--storage"
+        )
     check_seed(seed)
     space = with_twin(load_space_arg(space_file, gpu), twin_seed)
     names = parse_systems(systems)

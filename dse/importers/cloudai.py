@@ -113,9 +113,13 @@ _TEST_FIELDS_SKIPPED = {
     "agent_metrics": "dse's objective is one metric: set [objective] metric",
     "agent_reward_function": "dse's reward is the objective metric",
     "agent_config": "agent options differ: set [search.options]",
-    "weight": "no dse counterpart", "iterations": "a dse trial runs once", "sol": "no dse counterpart",
-    "ideal_perf": "no dse counterpart", "dependencies": "dse trials are independent",
-    "nodes": "dse leaves node choice to Slurm", "exclude_nodes": "dse leaves node choice to Slurm",
+    "weight": "no dse counterpart",
+    "iterations": "a dse trial runs once",
+    "sol": "no dse counterpart",
+    "ideal_perf": "no dse counterpart",
+    "dependencies": "dse trials are independent",
+    "nodes": "dse leaves node choice to Slurm",
+    "exclude_nodes": "dse leaves node choice to Slurm",
     "extra_srun_args": "set [slurm] srun_args in the dse system",
 }
 _SYSTEM_SKIPPED = {
@@ -135,12 +139,22 @@ _SYSTEM_SKIPPED = {
 # the catalogue maps, so that the imported space runs what CloudAI would (cp = 2 when the test is silent on it).
 # Each one applied is listed in the output and the space.
 CLOUDAI_DEFAULTS = {
-    "data.seq_length": 8192, "data.micro_batch_size": 1, "data.global_batch_size": 1,
-    "trainer.max_steps": 100, "trainer.strategy.tensor_model_parallel_size": 1,
-    "trainer.strategy.pipeline_model_parallel_size": 1, "trainer.strategy.context_parallel_size": 2,
+    "data.seq_length": 8192,
+    "data.micro_batch_size": 1,
+    "data.global_batch_size": 1,
+    "trainer.max_steps": 100,
+    "trainer.strategy.tensor_model_parallel_size": 1,
+    "trainer.strategy.pipeline_model_parallel_size": 1,
+    "trainer.strategy.context_parallel_size": 2,
 }
-_FP8_SPELLED_BY_DSE = {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_param_gather",
-                       "first_last_layers_bf16", "reuse_grad_buf_for_mxfp8_param_ag"}
+_FP8_SPELLED_BY_DSE = {
+    "fp8_margin",
+    "fp8_amax_history_len",
+    "fp8_amax_compute_algo",
+    "fp8_param_gather",
+    "first_last_layers_bf16",
+    "reuse_grad_buf_for_mxfp8_param_ag",
+}
 _IMAGE_VERSION = re.compile(r":(\d\d)\.(\d\d)(?:[.\-].*)?$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # what a TOML comment may not hold (tab may stay)
 
@@ -201,8 +215,11 @@ def _find_recipe(name: Any, num_layers: Any, f: str, where: str) -> Recipe:
     full = [r for r in RECIPES.values() if not r.scaled_from and base in (r.nemo2_recipe, r.name)]
     if not full:
         known = [r.name for r in RECIPES.values() if not r.scaled_from]
-        raise UserError(f"no dse recipe for {name!r}{did_you_mean(base, known)}; dse knows {', '.join(known)}",
-                        file=f, field=f"{where}.recipe_name")
+        raise UserError(
+            f"no dse recipe for {name!r}{did_you_mean(base, known)}; dse knows {', '.join(known)}",
+            file=f,
+            field=f"{where}.recipe_name",
+        )
     recipe = full[0]
     if num_layers is None or num_layers == recipe.arch.num_layers:
         return recipe
@@ -212,9 +229,12 @@ def _find_recipe(name: Any, num_layers: Any, f: str, where: str) -> Recipe:
         if r.scaled_from == recipe.name and r.arch.num_layers == num_layers:
             return r
     scaled = [f"{r.name} ({r.arch.num_layers} layers)" for r in RECIPES.values() if r.scaled_from == recipe.name]
-    raise UserError(f"num_layers = {num_layers} differs from {recipe.name}'s {recipe.arch.num_layers} and dse has "
-                    f"no {num_layers}-layer variant of it" + (f" (it has {', '.join(scaled)})" if scaled else ""),
-                    file=f, field=f"{where}.num_layers")
+    raise UserError(
+        f"num_layers = {num_layers} differs from {recipe.name}'s {recipe.arch.num_layers} and dse has "
+        f"no {num_layers}-layer variant of it" + (f" (it has {', '.join(scaled)})" if scaled else ""),
+        file=f,
+        field=f"{where}.num_layers",
+    )
 
 
 def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImported]) -> dict[str, Any]:
@@ -227,14 +247,22 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
         recipe = plugins.get("fp8_recipe", "mxfp8" if fp8 == "e4m3" else "delayed")
         if recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
             choices = [k for k in knobs.NEMO2_PRECISION if k != "bf16"]
-            raise UserError(f"{recipe!r} is not an FP8 recipe dse knows; one of {', '.join(choices)}",
-                            file=f, field=f"{where}.trainer.plugins.fp8_recipe")
+            raise UserError(
+                f"{recipe!r} is not an FP8 recipe dse knows; one of {', '.join(choices)}",
+                file=f,
+                field=f"{where}.trainer.plugins.fp8_recipe",
+            )
         values = {"precision": "fp8", "fp8_recipe": recipe}
-        spelled = {s.split("=", 1)[0].removeprefix("trainer.plugins."): s.split("=", 1)[1]
-                   for s in knobs.NEMO2_PRECISION[recipe]}
+        spelled = {
+            s.split("=", 1)[0].removeprefix("trainer.plugins."): s.split("=", 1)[1]
+            for s in knobs.NEMO2_PRECISION[recipe]
+        }
     else:
-        raise UserError(f"{fp8!r} is not an FP8 mode dse knows; hybrid or e4m3 (or leave it out for bf16)",
-                        file=f, field=f"{where}.trainer.plugins.fp8")
+        raise UserError(
+            f"{fp8!r} is not an FP8 mode dse knows; hybrid or e4m3 (or leave it out for bf16)",
+            file=f,
+            field=f"{where}.trainer.plugins.fp8",
+        )
     for name, value in plugins.items():
         if name in ("fp8", "fp8_recipe"):
             continue
@@ -246,9 +274,12 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
         elif name == "fp8_params":
             reason = "dse's FP8 recipes set fp8_param_gather themselves"
         else:
-            reason = _REASONS.get(f"trainer.plugins.{name}",
-                                  "dse's precision recipes set this field" if name in _FP8_SPELLED_BY_DSE
-                                  else "no dse knob for this precision field")
+            reason = _REASONS.get(
+                f"trainer.plugins.{name}",
+                "dse's precision recipes set this field"
+                if name in _FP8_SPELLED_BY_DSE
+                else "no dse knob for this precision field",
+            )
         notes.append(NotImported(full, value, reason))
     return values
 
@@ -258,8 +289,9 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
     f = str(path)
     if "Tests" not in data:
         if test_id is not None:
-            raise UserError("--test picks one [[Tests]] entry of a scenario; this is a test file", file=f,
-                            field="--test")
+            raise UserError(
+                "--test picks one [[Tests]] entry of a scenario; this is a test file", file=f, field="--test"
+            )
         return data, {}, "cmd_args"
     tests = data["Tests"]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
@@ -267,12 +299,18 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
     ids = [str(t.get("id")) for t in tests]
     if test_id is not None:
         if test_id not in ids:
-            raise UserError(f"no test {test_id!r}{did_you_mean(test_id, ids)}; the scenario has {', '.join(ids)}",
-                            file=f, field="--test")
+            raise UserError(
+                f"no test {test_id!r}{did_you_mean(test_id, ids)}; the scenario has {', '.join(ids)}",
+                file=f,
+                field="--test",
+            )
         tests = [tests[ids.index(test_id)]]
     elif len(tests) > 1:
-        raise UserError(f"{len(tests)} tests ({', '.join(ids)}); a dse space holds one: pick it with --test ID",
-                        file=f, field="Tests")
+        raise UserError(
+            f"{len(tests)} tests ({', '.join(ids)}); a dse space holds one: pick it with --test ID",
+            file=f,
+            field="Tests",
+        )
     entry = tests[0]
     if "cmd_args" in entry:
         return entry, entry, "Tests.cmd_args"
@@ -287,8 +325,11 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
             continue
         if test.get("name") == name:
             return test, entry, "cmd_args"
-    raise UserError(f"test {name!r} not found in {path.parent.parent / 'test'}; import the test file itself",
-                    file=f, field="Tests[0].test_name")
+    raise UserError(
+        f"test {name!r} not found in {path.parent.parent / 'test'}; import the test file itself",
+        file=f,
+        field="Tests[0].test_name",
+    )
 
 
 def _summary(v: Any) -> Any:
@@ -305,8 +346,11 @@ def _system(path: Path, notes: list[NotImported], gpu: str) -> tuple[dict[str, A
     data = _read_toml(path)
     f = str(path)
     if data.get("scheduler") != "slurm":
-        raise UserError(f"scheduler {data.get('scheduler')!r} is not supported; dse imports Slurm systems",
-                        file=f, field="scheduler")
+        raise UserError(
+            f"scheduler {data.get('scheduler')!r} is not supported; dse imports Slurm systems",
+            file=f,
+            field="scheduler",
+        )
     gpn = data.get("gpus_per_node", 8)
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
         raise UserError(f"{gpn!r} is not a GPU count (an integer >= 1)", file=f, field="gpus_per_node")
@@ -327,18 +371,37 @@ def _system(path: Path, notes: list[NotImported], gpu: str) -> tuple[dict[str, A
     env = data.get("global_env_vars") or {}
     if not isinstance(env, dict):
         raise UserError("expected a table of NAME = value", file=f, field="global_env_vars")
-    handled = {"name", "scheduler", "gpus_per_node", "default_partition", "account", "mpi", "extra_srun_args",
-               "supports_gpu_directives", "global_env_vars"}
+    handled = {
+        "name",
+        "scheduler",
+        "gpus_per_node",
+        "default_partition",
+        "account",
+        "mpi",
+        "extra_srun_args",
+        "supports_gpu_directives",
+        "global_env_vars",
+    }
     for k, v in data.items():
         if k not in handled:
-            notes.append(NotImported(f"system.{k}", _summary(v),
-                                     _SYSTEM_SKIPPED.get(k, "no dse counterpart")))
-    return {"name": str(data.get("name", path.stem)), "gpu": gpu, "gpus_per_node": gpn,
-            "nvlink_domain": min(gpn, 8), "slurm": slurm}, {str(k): v for k, v in env.items()}
+            notes.append(NotImported(f"system.{k}", _summary(v), _SYSTEM_SKIPPED.get(k, "no dse counterpart")))
+    return {
+        "name": str(data.get("name", path.stem)),
+        "gpu": gpu,
+        "gpus_per_node": gpn,
+        "nvlink_domain": min(gpn, 8),
+        "slurm": slurm,
+    }, {str(k): v for k, v in env.items()}
 
 
-def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = None, gpu: str | None = None,
-                   out: str | Path = "space.toml", test_id: str | None = None) -> Imported:
+def import_cloudai(
+    test_path: str | Path,
+    *,
+    system_path: str | Path | None = None,
+    gpu: str | None = None,
+    out: str | Path = "space.toml",
+    test_id: str | None = None,
+) -> Imported:
     """Read CloudAI's files and return the dse space (validated) and, with ``system_path``, its system file."""
     path = Path(test_path)
     f = str(path)
@@ -375,11 +438,21 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
         system_ref: Any = system_file
         system_obj = System.model_validate(system_table)
     else:
-        system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}),
-                      "slurm": slurm}
+        system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}), "slurm": slurm}
         system_obj = System.model_validate({"name": "inline", **system_ref})
-    space = _validated_space({"name": name, "recipe": recipe.name, "system": system_obj, "num_nodes": num_nodes,
-                              "settings": settings, "knobs": varied, "search": search, "source": str(Path(out))}, f)
+    space = _validated_space(
+        {
+            "name": name,
+            "recipe": recipe.name,
+            "system": system_obj,
+            "num_nodes": num_nodes,
+            "settings": settings,
+            "knobs": varied,
+            "search": search,
+            "source": str(Path(out)),
+        },
+        f,
+    )
     applied = [f"{where}.{d} = {_toml_value(v)}" for d, v in args.defaults]
     text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied)
     return Imported(text, space, system_text, system_file, notes, points, applied)
@@ -388,11 +461,14 @@ def import_cloudai(test_path: str | Path, *, system_path: str | Path | None = No
 def _check_gpu(gpu: str | None) -> None:
     """``--gpu`` is required (CloudAI's files do not name the generation) and must be one dse knows."""
     if gpu is None:
-        raise UserError(f"CloudAI's files do not name the GPU generation; give --gpu, one of {', '.join(GPU_NAMES)}",
-                        field="--gpu")
+        raise UserError(
+            f"CloudAI's files do not name the GPU generation; give --gpu, one of {', '.join(GPU_NAMES)}", field="--gpu"
+        )
     if gpu not in GPU_NAMES:
-        raise UserError(f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
-                        field="--gpu")
+        raise UserError(
+            f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
+            field="--gpu",
+        )
 
 
 def _read_test(path: Path, test_id: str | None) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any]]:
@@ -401,8 +477,11 @@ def _read_test(path: Path, test_id: str | None) -> tuple[dict[str, Any], dict[st
     test, entry, where = _test_entry(_read_toml(path), path, test_id)
     template = test.get("test_template_name")
     if template != "NeMoRun":
-        raise UserError(f"test template {template!r} is not supported; dse imports NeMoRun tests", file=f,
-                        field=where.replace("cmd_args", "test_template_name"))
+        raise UserError(
+            f"test template {template!r} is not supported; dse imports NeMoRun tests",
+            file=f,
+            field=where.replace("cmd_args", "test_template_name"),
+        )
     cmd = test.get("cmd_args")
     if not isinstance(cmd, dict):
         raise UserError("required table is missing", file=f, field=where)
@@ -418,8 +497,11 @@ def _container_version(image: Any, where: str, notes: list[NotImported]) -> str 
     m = _IMAGE_VERSION.search(image)
     if m:
         return f"{m.group(1)}.{m.group(2)}"
-    notes.append(NotImported(f"{where}.docker_image_url (version)", image,
-                             "no YY.MM tag; the container gate keeps the system's version"))
+    notes.append(
+        NotImported(
+            f"{where}.docker_image_url (version)", image, "no YY.MM tag; the container gate keeps the system's version"
+        )
+    )
     return None
 
 
@@ -460,8 +542,9 @@ def _read_cmd_args(cmd: dict[str, Any], f: str, where: str, notes: list[NotImpor
             notes.append(NotImported(full, value, _REASONS[top] if top else "no dse knob for this NeMo 2 field"))
             continue
         if name in values and values[name] != value:
-            raise UserError(f"{value!r} disagrees with the other spelling of {name} ({values[name]!r})",
-                            file=f, field=full)
+            raise UserError(
+                f"{value!r} disagrees with the other spelling of {name} ({values[name]!r})", file=f, field=full
+            )
         values[name] = value
     plugins = (cmd.get("trainer") or {}).get("plugins")
     if isinstance(plugins, dict):
@@ -474,8 +557,11 @@ def _merge_env(env: dict[str, Any], sys_env: dict[str, str], notes: list[NotImpo
     system value so overridden is a note)."""
     for k, v in sys_env.items():
         if k in env and env[k] != v:
-            notes.append(NotImported(f"system.global_env_vars.{k}", v,
-                                     f"the test's extra_env_vars sets it to {_toml_value(env[k])}"))
+            notes.append(
+                NotImported(
+                    f"system.global_env_vars.{k}", v, f"the test's extra_env_vars sets it to {_toml_value(env[k])}"
+                )
+            )
     return {**sys_env, **env}
 
 
@@ -486,8 +572,9 @@ def _node_count(entry: dict[str, Any], num_nodes: Any, f: str) -> Any:
     if isinstance(num_nodes, str) and num_nodes.isdigit():
         num_nodes = int(num_nodes)  # CloudAI's release scenarios write num_nodes = "1"
     if isinstance(num_nodes, list):
-        raise UserError(f"{num_nodes!r}: a dse space has one node count; import once per count",
-                        file=f, field="num_nodes")
+        raise UserError(
+            f"{num_nodes!r}: a dse space has one node count; import once per count", file=f, field="num_nodes"
+        )
     return 1 if num_nodes is None else num_nodes
 
 
@@ -499,12 +586,21 @@ def _scenario_search(entry: dict[str, Any], notes: list[NotImported]) -> dict[st
         notes.append(NotImported("agent", entry["agent"], "dse has grid, random and optuna; the space uses grid"))
     if entry.get("agent_steps") is not None:
         search["trials"] = entry["agent_steps"]
-    handled = {"id", "test_name", "num_nodes", "time_limit", "name", "test_template_name", "cmd_args",
-               "extra_env_vars", "agent", "agent_steps"}
+    handled = {
+        "id",
+        "test_name",
+        "num_nodes",
+        "time_limit",
+        "name",
+        "test_template_name",
+        "cmd_args",
+        "extra_env_vars",
+        "agent",
+        "agent_steps",
+    }
     for k, v in entry.items():
         if k not in handled:
-            notes.append(NotImported(k, _summary(v),
-                                     _TEST_FIELDS_SKIPPED.get(k, "no dse counterpart")))
+            notes.append(NotImported(k, _summary(v), _TEST_FIELDS_SKIPPED.get(k, "no dse counterpart")))
     return search
 
 
@@ -535,8 +631,19 @@ def _validated_space(space_dict: dict[str, Any], f: str) -> Space:
         raise _first_error(e, f) from None
 
 
-def _space_text(src: Path, recipe: Recipe, name: str, system_ref: Any, num_nodes: int, settings: dict,
-                varied: dict, search: dict, notes: list[NotImported], test: dict, applied: list[str]) -> str:
+def _space_text(
+    src: Path,
+    recipe: Recipe,
+    name: str,
+    system_ref: Any,
+    num_nodes: int,
+    settings: dict,
+    varied: dict,
+    search: dict,
+    notes: list[NotImported],
+    test: dict,
+    applied: list[str],
+) -> str:
     """The space file: a tomlkit document, so every key and value is quoted by the library and the notes
     (CloudAI's description, defaults applied, fields not imported) are TOML comments."""
     doc = tomlkit.document()

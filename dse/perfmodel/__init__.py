@@ -10,5 +10,13 @@ from dse.perfmodel.flops import model_flops_per_step
 from dse.perfmodel.model import Prediction, predict, predict_layout
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
-__all__ = ["predict", "predict_layout", "Prediction", "model_flops_per_step", "HARDWARE", "GpuSpec",
-           "Params", "DEFAULT_PARAMS"]
+__all__ = [
+    "predict",
+    "predict_layout",
+    "Prediction",
+    "model_flops_per_step",
+    "HARDWARE",
+    "GpuSpec",
+    "Params",
+    "DEFAULT_PARAMS",
+]

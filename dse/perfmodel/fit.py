@@ -69,14 +69,19 @@ PRIORS: dict[str, Prior] = {
 }
 
 
-def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3, iters: int = 600,
-                tol: float = 1e-7) -> np.ndarray:
+def nelder_mead(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3, iters: int = 600, tol: float = 1e-7
+) -> np.ndarray:
     """The best vertex of SciPy's Nelder-Mead from ``x0``: a first simplex of ``step`` along each coordinate, at
     most ``iters`` iterations, stopped when the simplex's values lie within ``tol`` (no tolerance on the points)."""
     x0 = np.asarray(x0, dtype=float)
     simplex = np.vstack([x0, x0 + step * np.eye(len(x0))])
-    return minimize(f, x0, method="Nelder-Mead",
-                    options={"initial_simplex": simplex, "maxiter": iters, "xatol": np.inf, "fatol": tol}).x
+    return minimize(
+        f,
+        x0,
+        method="Nelder-Mead",
+        options={"initial_simplex": simplex, "maxiter": iters, "xatol": np.inf, "fatol": tol},
+    ).x
 
 
 def coordinate_pass(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray) -> np.ndarray:
@@ -88,6 +93,7 @@ def coordinate_pass(loss: Callable[[np.ndarray], float], start: np.ndarray, widt
     z = np.array(start, dtype=float)
     best = loss(z)
     for i in range(len(z)):
+
         def along(x: np.ndarray, i: int = i) -> float:
             trial = z.copy()
             trial[i] = x[0]
@@ -100,8 +106,9 @@ def coordinate_pass(loss: Callable[[np.ndarray], float], start: np.ndarray, widt
     return z
 
 
-def minimise(loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray,
-             restarts: int = 2) -> np.ndarray:
+def minimise(
+    loss: Callable[[np.ndarray], float], start: np.ndarray, width: np.ndarray, restarts: int = 2
+) -> np.ndarray:
     """The lower of two Nelder-Mead descents, each restarted ``restarts`` times from its own optimum (the simplex
     can stall on a face): one from ``start``, one from the end of :func:`coordinate_pass` around it."""
     ends = []
@@ -116,9 +123,15 @@ def params_from_z(z: Sequence[float] | np.ndarray, names: Sequence[str], base: P
     return base.with_values(**{n: PRIORS[n].from_z(float(v)) for n, v in zip(names, z)})
 
 
-def fit(predict_fn: Callable[[object, Params], float], rows: Sequence[tuple[object, float]], *,
-        names: Sequence[str] = tuple(PRIORS), base: Params = DEFAULT_PARAMS, obs_sigma: float = 0.10,
-        restarts: int = 2) -> Params:
+def fit(
+    predict_fn: Callable[[object, Params], float],
+    rows: Sequence[tuple[object, float]],
+    *,
+    names: Sequence[str] = tuple(PRIORS),
+    base: Params = DEFAULT_PARAMS,
+    obs_sigma: float = 0.10,
+    restarts: int = 2,
+) -> Params:
     """Parameters that best predict ``rows`` (pairs of an input and its published tokens/s/GPU).
 
     ``predict_fn(input, params)`` returns the predicted tokens/s/GPU; ``obs_sigma`` is the scatter assumed

@@ -19,9 +19,17 @@ def mlp_factor(arch) -> int:
 def model_flops_per_step(arch, gbs: int, seq_length: int, convention: str = "causal") -> float:
     """Model FLOPs of one training step (forward and backward) of ``gbs`` sequences of ``seq_length``."""
     return contract.model_flops_per_step(
-        num_layers=arch.num_layers, hidden_size=arch.hidden_size, num_attention_heads=arch.num_attention_heads,
-        num_query_groups=arch.num_query_groups, ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size,
-        gated_mlp=arch.gated_mlp, gbs=gbs, seq_length=seq_length, convention=convention)
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        vocab_size=arch.vocab_size,
+        gated_mlp=arch.gated_mlp,
+        gbs=gbs,
+        seq_length=seq_length,
+        convention=convention,
+    )
 
 
 def layer_params(arch) -> int:

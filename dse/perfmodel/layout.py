@@ -89,11 +89,22 @@ class Shape:
         m = layout.gbs / (layout.mbs * dp)
         if m < 1:
             m = 1.0
-        return cls(arch=arch, tp=t, pp=layout.pp, cp=layout.cp, vp=layout.vp, mbs=layout.mbs,
-                   seq_length=layout.seq_length, data_parallel=dp, microbatches=m,
-                   tokens=layout.mbs * layout.seq_length / layout.cp, head_dim=head_dim,
-                   hidden_sp=arch.hidden_size / t if layout.sp else arch.hidden_size,
-                   qkv_cols=(a + 2 * g) * head_dim / t, fc1_cols=(2 * ffn if arch.gated_mlp else ffn) / t)
+        return cls(
+            arch=arch,
+            tp=t,
+            pp=layout.pp,
+            cp=layout.cp,
+            vp=layout.vp,
+            mbs=layout.mbs,
+            seq_length=layout.seq_length,
+            data_parallel=dp,
+            microbatches=m,
+            tokens=layout.mbs * layout.seq_length / layout.cp,
+            head_dim=head_dim,
+            hidden_sp=arch.hidden_size / t if layout.sp else arch.hidden_size,
+            qkv_cols=(a + 2 * g) * head_dim / t,
+            fc1_cols=(2 * ffn if arch.gated_mlp else ffn) / t,
+        )
 
     @property
     def attn_cols(self) -> float:
@@ -142,11 +153,20 @@ class Machine:
             gemm_rate, gemm_in = gpu.fp8_tflops * 1e12 * tensor_ratio * eff8 * mx, 1.0
         else:
             gemm_rate, gemm_in = bf16_peak * P.gemm_eff_bf16, 2.0
-        return cls(gpu=gpu, params=P, nvlink_domain=domain, nic_Bps=scaleout * 1e9 / 8 * P.scaleout_eff,
-                   nvlink_Bps=gpu.nvlink_gbps * 1e9 / 2 * P.nvlink_eff, hbm_Bps=gpu.hbm_gbps * 1e9,
-                   latency_s=P.collective_latency_s, fp8=fp8, bf16_peak=bf16_peak,
-                   attn_eff={"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(gpu.arch, P.attn_eff),
-                   gemm_rate=gemm_rate, gemm_input_bytes=gemm_in)
+        return cls(
+            gpu=gpu,
+            params=P,
+            nvlink_domain=domain,
+            nic_Bps=scaleout * 1e9 / 8 * P.scaleout_eff,
+            nvlink_Bps=gpu.nvlink_gbps * 1e9 / 2 * P.nvlink_eff,
+            hbm_Bps=gpu.hbm_gbps * 1e9,
+            latency_s=P.collective_latency_s,
+            fp8=fp8,
+            bf16_peak=bf16_peak,
+            attn_eff={"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(gpu.arch, P.attn_eff),
+            gemm_rate=gemm_rate,
+            gemm_input_bytes=gemm_in,
+        )
 
     def link_Bps(self, span: float) -> float:
         """A point-to-point or ring link over ``span`` consecutive GPUs: NVLink inside one domain, else the NIC."""

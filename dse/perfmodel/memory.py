@@ -18,10 +18,23 @@ from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
 GIB = float(2**30)
 
 
-def layer_activation_bytes(s: float, b: float, h: int, a: int, t: int = 1, *, sp: bool = True,
-                           recompute: str = "none", g: int | None = None, ffn: int | None = None,
-                           gated: bool = False, flash_attention: bool = False, dropout: bool = True,
-                           fp8: bool = False, fused_softmax: bool = False) -> float:
+def layer_activation_bytes(
+    s: float,
+    b: float,
+    h: int,
+    a: int,
+    t: int = 1,
+    *,
+    sp: bool = True,
+    recompute: str = "none",
+    g: int | None = None,
+    ffn: int | None = None,
+    gated: bool = False,
+    flash_attention: bool = False,
+    dropout: bool = True,
+    fp8: bool = False,
+    fused_softmax: bool = False,
+) -> float:
     """Bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
     ``s`` is the sequence length held by this GPU (divide by cp first), ``b`` the micro-batch size.
@@ -121,11 +134,22 @@ def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: s
     "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused kernel
     (``fused_softmax``); "local" is Megatron's own, counted as Korthikanti does."""
     arch = shape.arch
-    return layer_activation_bytes(shape.seq_length / shape.cp, shape.mbs, arch.hidden_size, arch.num_attention_heads,
-                                  shape.tp, recompute=recompute, sp=layout.sp, g=arch.num_query_groups,
-                                  ffn=arch.ffn_hidden_size, gated=arch.gated_mlp,
-                                  flash_attention=not layout.unfused_attention, dropout=layout.dropout, fp8=fp8,
-                                  fused_softmax=layout.attention_backend == "unfused")
+    return layer_activation_bytes(
+        shape.seq_length / shape.cp,
+        shape.mbs,
+        arch.hidden_size,
+        arch.num_attention_heads,
+        shape.tp,
+        recompute=recompute,
+        sp=layout.sp,
+        g=arch.num_query_groups,
+        ffn=arch.ffn_hidden_size,
+        gated=arch.gated_mlp,
+        flash_attention=not layout.unfused_attention,
+        dropout=layout.dropout,
+        fp8=fp8,
+        fused_softmax=layout.attention_backend == "unfused",
+    )
 
 
 def kept_activations(shape: Shape, layout: ModelLayout, fp8: bool, full_layer: float) -> float:
@@ -172,8 +196,16 @@ class MemoryUse:
     reserve_gib: float
 
 
-def peak_memory(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, stack: Stack, *,
-                full_layer: float, grad_b: float) -> MemoryUse:
+def peak_memory(
+    shape: Shape,
+    layout: ModelLayout,
+    machine: Machine,
+    stages: Stages,
+    stack: Stack,
+    *,
+    full_layer: float,
+    grad_b: float,
+) -> MemoryUse:
     """Model states, the FP8 weight cache, FSDP's buffers and the in-flight activations (with fragmentation) of
     the first and the last stage, the last one's logits, plus the reserve; ``full_layer`` is one layer's
     activations without recompute."""
@@ -206,7 +238,11 @@ def peak_memory(shape: Shape, layout: ModelLayout, machine: Machine, stages: Sta
     return MemoryUse(
         peak_gib=max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib,
         states_gib=max(stages.first_params, stages.last_params) / t * states_b / GIB,
-        activations_gib=max(act_first, act_last - logits_mem) / GIB, logits_gib=logits_mem / GIB,
-        fsdp_buffers_gib=fsdp_buf / GIB, fp8_weight_cache_gib=max(cache_first, cache_last) / GIB,
-        reserve_gib=P.memory_reserve_gib + P.memory_offset_gib
-        + max(act_first, act_last) * P.memory_fragmentation / GIB)
+        activations_gib=max(act_first, act_last - logits_mem) / GIB,
+        logits_gib=logits_mem / GIB,
+        fsdp_buffers_gib=fsdp_buf / GIB,
+        fp8_weight_cache_gib=max(cache_first, cache_last) / GIB,
+        reserve_gib=P.memory_reserve_gib
+        + P.memory_offset_gib
+        + max(act_first, act_last) * P.memory_fragmentation / GIB,
+    )

@@ -72,20 +72,55 @@ class StepTime:
     @property
     def step_s(self) -> float:
         """The step time: every micro-batch slot, then the per-step terms."""
-        return (self.microbatches * self.per_microbatch_s + self.bubble_s + self.pp_p2p_s + self.dp_exposed_s
-                + self.optimizer_s + self.grad_accumulation_s + self.overhead_s)
+        return (
+            self.microbatches * self.per_microbatch_s
+            + self.bubble_s
+            + self.pp_p2p_s
+            + self.dp_exposed_s
+            + self.optimizer_s
+            + self.grad_accumulation_s
+            + self.overhead_s
+        )
 
 
 # The flat keys of a prediction's breakdown (`dse predict` prints them in this order, its JSON and the benches read
 # them): (key, part of the breakdown, field)
 BREAKDOWN_KEYS: tuple[tuple[str, str, str], ...] = tuple(
-    [(f"time.{n}", "time", n) for n in ("layer_compute_s", "host_wait_s", "tp_exposed_s", "cp_exposed_s",
-                                        "recompute_s", "logits_s", "bubble_s", "pp_p2p_s", "dp_exposed_s",
-                                        "optimizer_s", "grad_accumulation_s", "offload_exposed_s", "overhead_s")]
-    + [(f"mem.{n}", "memory", n) for n in ("states_gib", "activations_gib", "logits_gib", "fsdp_buffers_gib",
-                                           "fp8_weight_cache_gib", "reserve_gib")]
-    + [("time.per_microbatch_s", "time", "per_microbatch_s"), ("microbatches", "time", "microbatches"),
-       ("bubble_fraction", "time", "bubble_fraction")])
+    [
+        (f"time.{n}", "time", n)
+        for n in (
+            "layer_compute_s",
+            "host_wait_s",
+            "tp_exposed_s",
+            "cp_exposed_s",
+            "recompute_s",
+            "logits_s",
+            "bubble_s",
+            "pp_p2p_s",
+            "dp_exposed_s",
+            "optimizer_s",
+            "grad_accumulation_s",
+            "offload_exposed_s",
+            "overhead_s",
+        )
+    ]
+    + [
+        (f"mem.{n}", "memory", n)
+        for n in (
+            "states_gib",
+            "activations_gib",
+            "logits_gib",
+            "fsdp_buffers_gib",
+            "fp8_weight_cache_gib",
+            "reserve_gib",
+        )
+    ]
+    + [
+        ("time.per_microbatch_s", "time", "per_microbatch_s"),
+        ("microbatches", "time", "microbatches"),
+        ("bubble_fraction", "time", "bubble_fraction"),
+    ]
+)
 _BY_KEY = {key: (part, name) for key, part, name in BREAKDOWN_KEYS}
 
 
@@ -121,8 +156,17 @@ class Prediction:
     breakdown: Mapping[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu",
-                                             "peak_memory_gib", "gpu_memory_gib", "fits")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "step_time_s",
+                "tokens_per_s_per_gpu",
+                "tflops_per_gpu",
+                "peak_memory_gib",
+                "gpu_memory_gib",
+                "fits",
+            )
+        }
         out["breakdown"] = dict(self.breakdown)
         return out
 
@@ -211,7 +255,6 @@ def fp8_quant_bytes(fp8_recipe: str) -> float:
     return 4.0
 
 
-
 # ---- one transformer layer, one micro-batch, on this GPU ---------------------------------------------------------
 
 
@@ -222,8 +265,9 @@ def gemm_forward_time(shape: Shape, machine: Machine) -> float:
     h, a, d, F = arch.hidden_size, arch.num_attention_heads, shape.head_dim, arch.ffn_hidden_size
     qkv_n, fc1_n, g_in = shape.qkv_cols, shape.fc1_cols, machine.gemm_input_bytes
     gemm_flops = 2.0 * T * h * (qkv_n + a * d / t + fc1_n + F / t)
-    gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in \
-        + 2.0 * T * (qkv_n + h + fc1_n + h)
+    gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in + 2.0 * T * (
+        qkv_n + h + fc1_n + h
+    )
     return gemm_flops / machine.gemm_rate + gemm_bytes / machine.hbm_Bps
 
 
@@ -312,8 +356,15 @@ def cp_exposed_time(shape: Shape, machine: Machine, attention_fwd_bwd: float) ->
     return _exposed(cp_comm, machine.params.cp_overlap * attention_fwd_bwd)
 
 
-def recompute_time(shape: Shape, layout: ModelLayout, gemm_fwd: float, attention_fwd: float, elementwise: float,
-                   tp_one: float, tp_hidden: float) -> float:
+def recompute_time(
+    shape: Shape,
+    layout: ModelLayout,
+    gemm_fwd: float,
+    attention_fwd: float,
+    elementwise: float,
+    tp_one: float,
+    tp_hidden: float,
+) -> float:
     """The forward work that recompute repeats in the backward pass: core attention (selective), or the layer's
     forward (full) for ``recompute_num_layers`` of a model chunk's layers (all when 0)."""
     if layout.recompute == "selective":
@@ -375,8 +426,9 @@ def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack
     cp_exposed = cp_exposed_time(shape, machine, attn_fb)
     rec = recompute_time(shape, layout, gemm_fwd, attn_fwd, elem, tp_one, tp_hidden)
     host_wait = max(0.0, host_layer_time(machine, stack) - (compute + tp_exposed + cp_exposed + rec))
-    return LayerTime(gemm_fwd, attn_fwd, attn_fb, elem, compute, tp_one, tp_hidden, tp_exposed, cp_exposed, rec,
-                     host_wait)
+    return LayerTime(
+        gemm_fwd, attn_fwd, attn_fb, elem, compute, tp_one, tp_hidden, tp_exposed, cp_exposed, rec, host_wait
+    )
 
 
 def offload_time(shape: Shape, layout: ModelLayout, machine: Machine, layer_s: float, layer_bytes: float) -> float:
@@ -387,8 +439,10 @@ def offload_time(shape: Shape, layout: ModelLayout, machine: Machine, layer_s: f
     P = machine.params
     n_off = min(layout.cpu_offload_layers, shape.arch.num_layers)
     t_copy = layer_bytes / (machine.gpu.host_link_gbps * 1e9 * P.host_link_eff)
-    return n_off * (max(0.0, t_copy - P.offload_overlap * layer_s / 3.0)
-                    + max(0.0, t_copy - P.offload_overlap * 2.0 * layer_s / 3.0))
+    return n_off * (
+        max(0.0, t_copy - P.offload_overlap * layer_s / 3.0)
+        + max(0.0, t_copy - P.offload_overlap * 2.0 * layer_s / 3.0)
+    )
 
 
 # ---- stages, pipeline, data parallel and optimizer, per step -----------------------------------------------------
@@ -400,8 +454,10 @@ def logits_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stac
     arch, t, T, P = shape.arch, shape.tp, shape.tokens, machine.params
     h, V = arch.hidden_size, arch.vocab_size
     logits_flops = 2.0 * T * h * V / t
-    logits_gemm = logits_flops / (machine.bf16_peak * P.gemm_eff_bf16) \
+    logits_gemm = (
+        logits_flops / (machine.bf16_peak * P.gemm_eff_bf16)
         + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / machine.hbm_Bps
+    )
     ce = T * V / t * cross_entropy_bytes(stack) * P.elementwise_scale / machine.hbm_Bps  # the payload's loss
     return 3.0 * logits_gemm + ce + (2.0 * tp_one if layout.sp and t > 1 else 0.0)
 
@@ -411,8 +467,9 @@ def microbatch_time(shape: Shape, stages: Stages, layer_s: float, logits_s: floa
     offload copies (pp=1 only) on the first."""
     if shape.pp == 1:
         return shape.arch.num_layers * layer_s + logits_s + offload_s
-    return max(stages.mid_layers * layer_s, stages.last_layers * layer_s + logits_s,
-               stages.first_layers * layer_s + offload_s)
+    return max(
+        stages.mid_layers * layer_s, stages.last_layers * layer_s + logits_s, stages.first_layers * layer_s + offload_s
+    )
 
 
 def pipeline_p2p_time(shape: Shape, machine: Machine, microbatch_s: float) -> float:
@@ -429,8 +486,9 @@ def pipeline_p2p_time(shape: Shape, machine: Machine, microbatch_s: float) -> fl
     return 2.0 * m * v * per + 2.0 * (p - 1) * t_p2p
 
 
-def dp_exposed_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, microbatch_s: float,
-                    grad_b: float) -> float:
+def dp_exposed_time(
+    shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, microbatch_s: float, grad_b: float
+) -> float:
     """Data-parallel communication left exposed per step, over the data- and context-parallel ranks: with the
     distributed optimizer a reduce-scatter of gradients and an all-gather of bf16 weights once per step; with
     FSDP all-gathers of the weights forward and backward and a reduce-scatter per micro-batch; hidden behind
@@ -466,8 +524,9 @@ def grad_accumulation_time(shape: Shape, machine: Machine, stages: Stages, stack
     return shape.microbatches * p_local * (4.0 + 2.0 * grad_b) / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
 
-def step_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, stack: Stack,
-              layer_bytes: float) -> StepTime:
+def step_time(
+    shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, stack: Stack, layer_bytes: float
+) -> StepTime:
     """The terms of one step; ``layer_bytes`` are one layer's activations (what offloading copies)."""
     P, m, p, v = machine.params, shape.microbatches, shape.pp, shape.vp
     grad_b = grad_bytes(layout.precision, stack)
@@ -478,15 +537,23 @@ def step_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stage
     t_mb = microbatch_time(shape, stages, t_layer, t_logits, t_offload)
     layers = stages.first_layers if p == 1 else stages.mid_layers
     return StepTime(
-        layer_compute_s=m * layers * layer.compute, host_wait_s=m * layers * layer.host_wait,
-        tp_exposed_s=m * stages.mid_layers * layer.tp_exposed, cp_exposed_s=m * stages.mid_layers * layer.cp_exposed,
-        recompute_s=m * stages.mid_layers * layer.recompute, logits_s=m * t_logits, bubble_s=(p - 1) / v * t_mb,
+        layer_compute_s=m * layers * layer.compute,
+        host_wait_s=m * layers * layer.host_wait,
+        tp_exposed_s=m * stages.mid_layers * layer.tp_exposed,
+        cp_exposed_s=m * stages.mid_layers * layer.cp_exposed,
+        recompute_s=m * stages.mid_layers * layer.recompute,
+        logits_s=m * t_logits,
+        bubble_s=(p - 1) / v * t_mb,
         pp_p2p_s=pipeline_p2p_time(shape, machine, t_mb),
         dp_exposed_s=dp_exposed_time(shape, layout, machine, stages, t_mb, grad_b),
         optimizer_s=optimizer_time(shape, machine, stages),
         grad_accumulation_s=grad_accumulation_time(shape, machine, stages, stack, grad_b),
-        offload_exposed_s=m * t_offload, overhead_s=P.step_overhead_s, per_microbatch_s=t_mb, microbatches=m,
-        bubble_fraction=(p - 1) / (v * m))
+        offload_exposed_s=m * t_offload,
+        overhead_s=P.step_overhead_s,
+        per_microbatch_s=t_mb,
+        microbatches=m,
+        bubble_fraction=(p - 1) / (v * m),
+    )
 
 
 def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS) -> Prediction:
@@ -498,36 +565,84 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
     sysm = trial.system
     # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here
     return predict_layout(
-        trial.recipe.arch, sysm.gpu, num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
-        **knobs.model_args(trial.values), nvlink_domain=sysm.nvlink_domain,
-        scaleout_gbps=sysm.scaleout_gbps, flops_convention=flops_convention, params=params,
-        stack=payload_stack(getattr(trial, "payload", None)))
+        trial.recipe.arch,
+        sysm.gpu,
+        num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
+        **knobs.model_args(trial.values),
+        nvlink_domain=sysm.nvlink_domain,
+        scaleout_gbps=sysm.scaleout_gbps,
+        flops_convention=flops_convention,
+        params=params,
+        stack=payload_stack(getattr(trial, "payload", None)),
+    )
 
 
-def predict_layout(arch, gpu: str, *, num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, vp: int = 1,
-                   mbs: int = 1, gbs: int = 128, seq_length: int = 4096, sp: bool | None = None,
-                   recompute: str = "none", recompute_num_layers: int = 0, precision: str = "bf16",
-                   fp8_recipe: str = "tensorwise", fsdp: bool = False, tp_comm_overlap: bool = False, cpu_offload_layers: int = 0,
-                   attention_backend: str = "auto", dropout: bool | None = None,
-                   nvlink_domain: int | None = None,
-                   scaleout_gbps: float | None = None, flops_convention: str = "causal",
-                   params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
+def predict_layout(
+    arch,
+    gpu: str,
+    *,
+    num_gpus: int,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    vp: int = 1,
+    mbs: int = 1,
+    gbs: int = 128,
+    seq_length: int = 4096,
+    sp: bool | None = None,
+    recompute: str = "none",
+    recompute_num_layers: int = 0,
+    precision: str = "bf16",
+    fp8_recipe: str = "tensorwise",
+    fsdp: bool = False,
+    tp_comm_overlap: bool = False,
+    cpu_offload_layers: int = 0,
+    attention_backend: str = "auto",
+    dropout: bool | None = None,
+    nvlink_domain: int | None = None,
+    scaleout_gbps: float | None = None,
+    flops_convention: str = "causal",
+    params: Params = DEFAULT_PARAMS,
+    stack: Stack = NVIDIA_RECIPES,
+) -> Prediction:
     """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names;
     ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`); ``dropout`` None
     takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``). The layout
     arguments are :class:`dse.perfmodel.layout.ModelLayout`'s fields (:func:`predict_model_layout` takes one)."""
     layout = ModelLayout(
-        num_gpus=num_gpus, tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, gbs=gbs, seq_length=seq_length,
-        sp=tp > 1 if sp is None else sp, recompute=recompute, recompute_num_layers=recompute_num_layers,
-        precision=precision, fp8_recipe=fp8_recipe, fsdp=fsdp, tp_comm_overlap=tp_comm_overlap,
-        cpu_offload_layers=cpu_offload_layers, attention_backend=attention_backend,
+        num_gpus=num_gpus,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vp=vp,
+        mbs=mbs,
+        gbs=gbs,
+        seq_length=seq_length,
+        sp=tp > 1 if sp is None else sp,
+        recompute=recompute,
+        recompute_num_layers=recompute_num_layers,
+        precision=precision,
+        fp8_recipe=fp8_recipe,
+        fsdp=fsdp,
+        tp_comm_overlap=tp_comm_overlap,
+        cpu_offload_layers=cpu_offload_layers,
+        attention_backend=attention_backend,
         dropout=stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout,
-        nvlink_domain=nvlink_domain, scaleout_gbps=scaleout_gbps)
+        nvlink_domain=nvlink_domain,
+        scaleout_gbps=scaleout_gbps,
+    )
     return predict_model_layout(arch, gpu, layout, flops_convention=flops_convention, params=params, stack=stack)
 
 
-def predict_model_layout(arch, gpu: str, layout: ModelLayout, *, flops_convention: str = "causal",
-                         params: Params = DEFAULT_PARAMS, stack: Stack = NVIDIA_RECIPES) -> Prediction:
+def predict_model_layout(
+    arch,
+    gpu: str,
+    layout: ModelLayout,
+    *,
+    flops_convention: str = "causal",
+    params: Params = DEFAULT_PARAMS,
+    stack: Stack = NVIDIA_RECIPES,
+) -> Prediction:
     """The model for a :class:`ModelLayout`: the step's time terms (:func:`step_time`) and the peak memory
     (:func:`dse.perfmodel.memory.peak_memory`) of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name)."""
     hw = HARDWARE[gpu]
@@ -536,11 +651,17 @@ def predict_model_layout(arch, gpu: str, layout: ModelLayout, *, flops_conventio
     stages = Stages.of(arch, layout.pp, layout.vp)
     layer_bytes = layer_activations(shape, layout, machine.fp8)
     time = step_time(shape, layout, machine, stages, stack, layer_bytes)
-    memory = peak_memory(shape, layout, machine, stages, stack, full_layer=layer_bytes,
-                         grad_b=grad_bytes(layout.precision, stack))
+    memory = peak_memory(
+        shape, layout, machine, stages, stack, full_layer=layer_bytes, grad_b=grad_bytes(layout.precision, stack)
+    )
     step, num_gpus = time.step_s, layout.num_gpus
     mf = _flops.model_flops_per_step(arch, layout.gbs, layout.seq_length, flops_convention)
-    return Prediction(step_time_s=step, tokens_per_s_per_gpu=layout.gbs * layout.seq_length / (step * num_gpus),
-                      tflops_per_gpu=mf / (step * num_gpus) / 1e12, peak_memory_gib=memory.peak_gib,
-                      gpu_memory_gib=hw.memory_gib, fits=memory.peak_gib <= hw.memory_gib,
-                      breakdown=Breakdown(time, memory))
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s_per_gpu=layout.gbs * layout.seq_length / (step * num_gpus),
+        tflops_per_gpu=mf / (step * num_gpus) / 1e12,
+        peak_memory_gib=memory.peak_gib,
+        gpu_memory_gib=hw.memory_gib,
+        fits=memory.peak_gib <= hw.memory_gib,
+        breakdown=Breakdown(time, memory),
+    )

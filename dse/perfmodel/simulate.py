@@ -20,12 +20,24 @@ def trial_seed(trial, seed: int = 0) -> int:
     return zlib.crc32(key.encode())
 
 
-def simulate(trial, seed: int = 0, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS,
-             twin=None) -> SimRun:
+def simulate(
+    trial, seed: int = 0, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS, twin=None
+) -> SimRun:
     """The run the simulated trainer prints for ``trial``: model figures (or a :class:`dse.perfmodel.twin.Twin`'s),
     jitter seed, OOM if it won't fit."""
-    p = twin.predict(trial, flops_convention=flops_convention) if twin is not None else \
-        predict(trial, flops_convention=flops_convention, params=params)
-    return SimRun(step_time_s=p.step_time_s, tflops_per_gpu=p.tflops_per_gpu, gbs=trial.layout.gbs,
-                  max_steps=trial.layout.max_steps, peak_memory_gib=p.peak_memory_gib, gpu_memory_gib=p.gpu_memory_gib,
-                  oom=not p.fits, oom_after=0, seed=trial_seed(trial, seed))
+    p = (
+        twin.predict(trial, flops_convention=flops_convention)
+        if twin is not None
+        else predict(trial, flops_convention=flops_convention, params=params)
+    )
+    return SimRun(
+        step_time_s=p.step_time_s,
+        tflops_per_gpu=p.tflops_per_gpu,
+        gbs=trial.layout.gbs,
+        max_steps=trial.layout.max_steps,
+        peak_memory_gib=p.peak_memory_gib,
+        gpu_memory_gib=p.gpu_memory_gib,
+        oom=not p.fits,
+        oom_after=0,
+        seed=trial_seed(trial, seed),
+    )

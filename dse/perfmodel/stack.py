@@ -92,8 +92,14 @@ STACKS: dict[str, Stack] = {
     "sim": NVIDIA_RECIPES,
     # recipes/mcore/train.py: no cross_entropy_loss_fusion, no fp8_param_gather, grad_reduce_in_fp32=True,
     # gradient_accumulation_fusion=False, its own activation (F.silu / F.gelu) and no dropout
-    "mcore": Stack(cross_entropy="native", fp8_param_gather=False, fp8_grad_reduce_in_fp32=True,
-                   grad_accumulation_fusion=False, arch_activation=False, arch_dropout=False),
+    "mcore": Stack(
+        cross_entropy="native",
+        fp8_param_gather=False,
+        fp8_grad_reduce_in_fp32=True,
+        grad_accumulation_fusion=False,
+        arch_activation=False,
+        arch_dropout=False,
+    ),
 }
 
 
@@ -107,8 +113,11 @@ def published_stack_name(cross_entropy: str, cuda_graphs: bool = False) -> str:
     return f"published:{cross_entropy}" + (":graphs" if cuda_graphs else "")
 
 
-PUBLISHED_STACKS: dict[str, Stack] = {published_stack_name(ce, g): Stack(cross_entropy=ce, cuda_graphs=g)
-                                      for ce in ("te", "native_fused", "native") for g in (False, True)}
+PUBLISHED_STACKS: dict[str, Stack] = {
+    published_stack_name(ce, g): Stack(cross_entropy=ce, cuda_graphs=g)
+    for ce in ("te", "native_fused", "native")
+    for g in (False, True)
+}
 
 
 def payload_stack(payload: str | None) -> Stack:

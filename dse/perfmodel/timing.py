@@ -79,10 +79,21 @@ class Params:
 
 DEFAULT_PARAMS = Params()
 
-FITTED = ("gemm_eff_fp8", "gemm_eff_fp8_blackwell", "attn_eff", "attn_eff_blackwell", "ultra_tensor_ratio", "mxfp8_gemm_ratio",
-          "host_layer_s_grace",
-          "elementwise_scale", "nvlink_eff", "scaleout_eff", "tp_overlap",
-          "cp_overlap", "dp_overlap")
+FITTED = (
+    "gemm_eff_fp8",
+    "gemm_eff_fp8_blackwell",
+    "attn_eff",
+    "attn_eff_blackwell",
+    "ultra_tensor_ratio",
+    "mxfp8_gemm_ratio",
+    "host_layer_s_grace",
+    "elementwise_scale",
+    "nvlink_eff",
+    "scaleout_eff",
+    "tp_overlap",
+    "cp_overlap",
+    "dp_overlap",
+)
 PARAM_NAMES = tuple(f.name for f in fields(Params))
 
 

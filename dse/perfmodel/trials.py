@@ -27,13 +27,19 @@ def default_system(gpu: str) -> System:
     """The GPU's default system (cached: System is immutable)."""
     if gpu not in _SYSTEMS:
         hw = HARDWARE[gpu]
-        _SYSTEMS[gpu] = System(name=gpu, gpu=gpu, gpus_per_node=hw.gpus_per_node, nvlink_domain=hw.nvlink_domain,
-                               scaleout_gbps=hw.scaleout_gbps)
+        _SYSTEMS[gpu] = System(
+            name=gpu,
+            gpu=gpu,
+            gpus_per_node=hw.gpus_per_node,
+            nvlink_domain=hw.nvlink_domain,
+            scaleout_gbps=hw.scaleout_gbps,
+        )
     return _SYSTEMS[gpu]
 
 
-def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None, payload: str = "nemo2",
-               **values: Any) -> TrialConfig:
+def make_trial(
+    recipe, gpu: str, num_gpus: int, *, system: System | None = None, payload: str = "nemo2", **values: Any
+) -> TrialConfig:
     """A trial of ``recipe`` on ``num_gpus`` GPUs of ``gpu`` with the given knob values, for ``payload`` (a payload
     name, or a published stack's: dse.perfmodel.stack.PUBLISHED_STACKS).
 
@@ -41,15 +47,17 @@ def make_trial(recipe, gpu: str, num_gpus: int, *, system: System | None = None,
     """
     system = system or default_system(gpu)
     if num_gpus % system.gpus_per_node:
-        raise UserError(f"{num_gpus} is not a multiple of the {system.gpus_per_node} GPUs per node of {gpu}",
-                        field="num_gpus")
+        raise UserError(
+            f"{num_gpus} is not a multiple of the {system.gpus_per_node} GPUs per node of {gpu}", field="num_gpus"
+        )
     out = {name: k.default for name, k in knobs.CATALOGUE.items()}
     out["seq_length"] = recipe.seq_length
     out.update(values)
     out["num_nodes"] = num_gpus // system.gpus_per_node
     resolve_auto(out, recipe, system)
-    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}),
-                       varied=(), payload=payload)
+    return TrialConfig(
+        recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}), varied=(), payload=payload
+    )
 
 
 class _ModelFile(BaseModel):
@@ -66,7 +74,8 @@ class _ModelFile(BaseModel):
     vocab_size: int = Field(ge=1)
     gated_mlp: bool
     activation: Literal["fused", "squared_relu"] = Field(
-        "fused", description="fused: the stack's fused SwiGLU/GeLU kernel; squared_relu: Nemotron's eager one")
+        "fused", description="fused: the stack's fused SwiGLU/GeLU kernel; squared_relu: Nemotron's eager one"
+    )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="hidden and attention dropout probability (0: none)")
 
 
@@ -80,10 +89,26 @@ def load_model_file(path: str | Path) -> ModelArch:
         raise _first_error(e, f) from None
     groups = m.num_query_groups or m.num_attention_heads
     if m.hidden_size % m.num_attention_heads:
-        raise UserError(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads "
-                        f"{m.num_attention_heads}", file=f, field="hidden_size")
+        raise UserError(
+            f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}",
+            file=f,
+            field="hidden_size",
+        )
     if m.num_attention_heads % groups:
-        raise UserError(f"num_attention_heads {m.num_attention_heads} is not divisible by num_query_groups {groups}",
-                        file=f, field="num_query_groups")
-    return ModelArch(m.name, m.num_layers, m.hidden_size, m.num_attention_heads, groups, m.ffn_hidden_size,
-                     m.vocab_size, m.gated_mlp, activation=m.activation, dropout=m.dropout)
+        raise UserError(
+            f"num_attention_heads {m.num_attention_heads} is not divisible by num_query_groups {groups}",
+            file=f,
+            field="num_query_groups",
+        )
+    return ModelArch(
+        m.name,
+        m.num_layers,
+        m.hidden_size,
+        m.num_attention_heads,
+        groups,
+        m.ffn_hidden_size,
+        m.vocab_size,
+        m.gated_mlp,
+        activation=m.activation,
+        dropout=m.dropout,
+    )

@@ -105,8 +105,12 @@ class Twin:
     @staticmethod
     def _apply(p: Prediction, log_factor: float) -> Prediction:
         f = math.exp(log_factor)
-        return replace(p, step_time_s=p.step_time_s * f, tokens_per_s_per_gpu=p.tokens_per_s_per_gpu / f,
-                       tflops_per_gpu=p.tflops_per_gpu / f)
+        return replace(
+            p,
+            step_time_s=p.step_time_s * f,
+            tokens_per_s_per_gpu=p.tokens_per_s_per_gpu / f,
+            tflops_per_gpu=p.tflops_per_gpu / f,
+        )
 
 
 CALIBRATION_DRAWS = 5_000  # raw points drawn to calibrate the twin of a space too large to walk (a second or two)

@@ -60,5 +60,9 @@ def parse(argv: Sequence[str], env: dict[str, str] | None = None) -> BridgeArgs:
         else:
             overrides.append(arg)
     cfg = known.tp_comm_overlap_cfg
-    return BridgeArgs(recipe=_name(known.recipe, "recipe"), overrides=tuple(overrides), mixed_precision=precision,
-                      tp_comm_overlap_cfg=_name(cfg, "--tp-comm-overlap-cfg") if cfg else None)
+    return BridgeArgs(
+        recipe=_name(known.recipe, "recipe"),
+        overrides=tuple(overrides),
+        mixed_precision=precision,
+        tp_comm_overlap_cfg=_name(cfg, "--tp-comm-overlap-cfg") if cfg else None,
+    )

@@ -38,8 +38,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"recipes.mcore: error: {e}", file=sys.stderr)
         return 2
     if ns.check_only:
-        print(json.dumps({"config": cfg.to_dict(), "model_flops_per_step": model_flops_per_step(cfg),
-                          "flops_convention": "causal"}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "config": cfg.to_dict(),
+                    "model_flops_per_step": model_flops_per_step(cfg),
+                    "flops_convention": "causal",
+                },
+                sort_keys=True,
+            )
+        )
         return 0
     from .train import train
 

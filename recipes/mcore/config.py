@@ -107,9 +107,17 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
 
     try:
         return contract.model_flops_per_step(
-            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-            num_query_groups=cfg.num_query_groups, ffn_hidden_size=cfg.ffn_hidden_size, vocab_size=cfg.vocab_size,
-            gated_mlp=cfg.gated, gbs=cfg.gbs, seq_length=cfg.seq_length, convention=convention)
+            num_layers=cfg.num_layers,
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_query_groups=cfg.num_query_groups,
+            ffn_hidden_size=cfg.ffn_hidden_size,
+            vocab_size=cfg.vocab_size,
+            gated_mlp=cfg.gated,
+            gbs=cfg.gbs,
+            seq_length=cfg.seq_length,
+            convention=convention,
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -124,8 +132,9 @@ def te_importable() -> bool:
         return False
 
 
-def check(cfg: RunConfig, world_size: int, *, te_available: bool | None = None,
-          gpu_capability: tuple[int, int] | None = None) -> RunConfig:
+def check(
+    cfg: RunConfig, world_size: int, *, te_available: bool | None = None, gpu_capability: tuple[int, int] | None = None
+) -> RunConfig:
     """Validate ``cfg`` for ``world_size`` processes; return it with derived defaults filled in.
 
     ``te_available`` (default: :func:`te_importable`) resolves ``layer_spec=auto``. ``gpu_capability`` is the
@@ -135,75 +144,115 @@ def check(cfg: RunConfig, world_size: int, *, te_available: bool | None = None,
     activation offloading; the TE spec has them, but MXFP8 and blockwise FP8 need a Blackwell GPU
     (compute capability 10.x; Hopper is 9.0). Context parallelism and TP comm overlap are wired in neither.
     """
+
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(msg)
 
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                 "vocab_size", "tp", "pp", "vp", "cp", "ep", "mbs", "gbs", "seq_length", "train_iters",
-                 "log_interval"):
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "ffn_hidden_size",
+        "vocab_size",
+        "tp",
+        "pp",
+        "vp",
+        "cp",
+        "ep",
+        "mbs",
+        "gbs",
+        "seq_length",
+        "train_iters",
+        "log_interval",
+    ):
         need(getattr(cfg, name) >= 1, f"{name}={getattr(cfg, name)} must be >= 1")
     need(cfg.lr_decay_iters is None or cfg.lr_decay_iters >= 1, f"lr_decay_iters={cfg.lr_decay_iters} must be >= 1")
-    need(cfg.hidden_size % cfg.num_attention_heads == 0,
-         f"hidden_size={cfg.hidden_size} is not divisible by num_attention_heads={cfg.num_attention_heads}")
-    need(cfg.num_attention_heads % cfg.num_query_groups == 0,
-         f"num_attention_heads={cfg.num_attention_heads} is not divisible by "
-         f"num_query_groups={cfg.num_query_groups}")
+    need(
+        cfg.hidden_size % cfg.num_attention_heads == 0,
+        f"hidden_size={cfg.hidden_size} is not divisible by num_attention_heads={cfg.num_attention_heads}",
+    )
+    need(
+        cfg.num_attention_heads % cfg.num_query_groups == 0,
+        f"num_attention_heads={cfg.num_attention_heads} is not divisible by num_query_groups={cfg.num_query_groups}",
+    )
     need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
     need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
-    need(not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
-         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
-         "pipeline stages only")
-    need(cfg.num_layers % (cfg.pp * cfg.vp) == 0,
-         f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}")
+    need(
+        not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
+        "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
+        "pipeline stages only",
+    )
+    need(
+        cfg.num_layers % (cfg.pp * cfg.vp) == 0,
+        f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}",
+    )
     need(cfg.vp == 1 or cfg.pp > 1, f"vp={cfg.vp} needs pp > 1")
     if te_available is None:
         te_available = te_importable()
     need(cfg.layer_spec in LAYER_SPECS, f"layer_spec={cfg.layer_spec!r}; one of {', '.join(LAYER_SPECS)}")
     spec = cfg.layer_spec if cfg.layer_spec != "auto" else ("te" if te_available else "local")
-    need(spec != "te" or te_available,
-         "layer_spec=te: Transformer Engine (transformer_engine.pytorch) is not installed; use layer_spec=local")
+    need(
+        spec != "te" or te_available,
+        "layer_spec=te: Transformer Engine (transformer_engine.pytorch) is not installed; use layer_spec=local",
+    )
     te = spec == "te"
     need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism is not wired into this payload; cp=1 only")
     need(cfg.ep == 1, f"ep={cfg.ep}: this payload builds dense models only")
     need(cfg.precision in ("bf16", "fp8"), f"precision={cfg.precision!r}; one of bf16, fp8")
-    need(cfg.precision == "bf16" or te,
-         f"precision={cfg.precision}: FP8 needs Transformer Engine's layer spec; the local spec runs bf16 only")
+    need(
+        cfg.precision == "bf16" or te,
+        f"precision={cfg.precision}: FP8 needs Transformer Engine's layer spec; the local spec runs bf16 only",
+    )
     need(cfg.fp8_recipe in (None, *FP8_RECIPES), f"fp8_recipe={cfg.fp8_recipe!r}; one of {', '.join(FP8_RECIPES)}")
     if cfg.precision == "fp8" and cfg.fp8_recipe in BLACKWELL_FP8_RECIPES and gpu_capability is not None:
-        need(gpu_capability[0] >= 10,
-             f"fp8_recipe={cfg.fp8_recipe}: needs a Blackwell GPU (compute capability 10.x); this GPU is "
-             f"{gpu_capability[0]}.{gpu_capability[1]} (Hopper: use fp8_recipe=delayed or tensorwise)")
+        need(
+            gpu_capability[0] >= 10,
+            f"fp8_recipe={cfg.fp8_recipe}: needs a Blackwell GPU (compute capability 10.x); this GPU is "
+            f"{gpu_capability[0]}.{gpu_capability[1]} (Hopper: use fp8_recipe=delayed or tensorwise)",
+        )
     need(not cfg.fsdp, "fsdp=true: Megatron FSDP is not wired into this payload; use the distributed optimizer")
     need(not cfg.tp_comm_overlap, "tp_comm_overlap=true needs Transformer Engine's userbuffers")
-    need(not cfg.cpu_offloading or te, "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
-                                       "Engine's offload context; the local layer spec has none")
+    need(
+        not cfg.cpu_offloading or te,
+        "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
+        "Engine's offload context; the local layer spec has none",
+    )
     if cfg.cpu_offloading:
         # Megatron-Core's TransformerConfig: 0 < cpu_offloading_num_layers < num_layers (one layer stays on)
-        need(0 < cfg.cpu_offloading_num_layers < cfg.num_layers,
-             f"cpu_offloading_num_layers={cfg.cpu_offloading_num_layers} must be between 1 and num_layers-1 "
-             f"({cfg.num_layers - 1})")
-    need(cfg.attention_backend in LOCAL_ATTENTION or cfg.attention_backend in TE_ATTENTION,
-         f"attention_backend={cfg.attention_backend!r}; one of {', '.join(LOCAL_ATTENTION + TE_ATTENTION)}")
-    need(cfg.attention_backend not in TE_ATTENTION or te,
-         f"attention_backend={cfg.attention_backend}: flash and fused attention come from Transformer Engine; the "
-         f"local layer spec computes attention unfused (attention_backend=local, unfused or auto)")
+        need(
+            0 < cfg.cpu_offloading_num_layers < cfg.num_layers,
+            f"cpu_offloading_num_layers={cfg.cpu_offloading_num_layers} must be between 1 and num_layers-1 "
+            f"({cfg.num_layers - 1})",
+        )
+    need(
+        cfg.attention_backend in LOCAL_ATTENTION or cfg.attention_backend in TE_ATTENTION,
+        f"attention_backend={cfg.attention_backend!r}; one of {', '.join(LOCAL_ATTENTION + TE_ATTENTION)}",
+    )
+    need(
+        cfg.attention_backend not in TE_ATTENTION or te,
+        f"attention_backend={cfg.attention_backend}: flash and fused attention come from Transformer Engine; the "
+        f"local layer spec computes attention unfused (attention_backend=local, unfused or auto)",
+    )
     need(not cfg.sp or te, "sp=true: the local layer spec's torch norms have no sequence parallelism; set sp=false")
     need(not cfg.sp or cfg.tp > 1, "sp=true needs tp > 1")
     need(cfg.recompute in RECOMPUTE, f"recompute={cfg.recompute!r}; one of {', '.join(RECOMPUTE)}")
-    need(cfg.recompute_method in (None, *RECOMPUTE_METHODS),
-         f"recompute_method={cfg.recompute_method!r}; one of {', '.join(RECOMPUTE_METHODS)}")
+    need(
+        cfg.recompute_method in (None, *RECOMPUTE_METHODS),
+        f"recompute_method={cfg.recompute_method!r}; one of {', '.join(RECOMPUTE_METHODS)}",
+    )
     layers_per_stage = cfg.num_layers // cfg.pp
     if cfg.recompute == "full":
         n = cfg.recompute_num_layers or None  # dse's 0 means "all layers"
-        need(n is None or 1 <= n <= layers_per_stage,
-             f"recompute_num_layers={n} must be between 1 and the layers per pipeline stage ({layers_per_stage})")
+        need(
+            n is None or 1 <= n <= layers_per_stage,
+            f"recompute_num_layers={n} must be between 1 and the layers per pipeline stage ({layers_per_stage})",
+        )
     model_parallel = cfg.tp * cfg.pp * cfg.cp
-    need(world_size % model_parallel == 0,
-         f"world size {world_size} is not divisible by tp*pp*cp={model_parallel}")
+    need(world_size % model_parallel == 0, f"world size {world_size} is not divisible by tp*pp*cp={model_parallel}")
     dp = world_size // model_parallel
-    need(cfg.gbs % (cfg.mbs * dp) == 0,
-         f"gbs={cfg.gbs} is not divisible by mbs*dp={cfg.mbs}*{dp}")
+    need(cfg.gbs % (cfg.mbs * dp) == 0, f"gbs={cfg.gbs} is not divisible by mbs*dp={cfg.mbs}*{dp}")
     if cfg.pp > 1 and cfg.vp > 1:
         m = cfg.gbs // (cfg.mbs * dp)
         need(m % cfg.pp == 0, f"interleaved pipeline: micro-batches per step ({m}) must be a multiple of pp={cfg.pp}")
@@ -217,12 +266,17 @@ def check(cfg: RunConfig, world_size: int, *, te_available: bool | None = None,
     if cfg.overlap_grad_reduce is None:
         out = replace(out, overlap_grad_reduce=dp > 1)
     if cfg.recompute == "full":
-        out = replace(out, recompute_method=cfg.recompute_method or "uniform",
-                      recompute_num_layers=cfg.recompute_num_layers or (1 if (cfg.recompute_method or "uniform")
-                                                                        == "uniform" else layers_per_stage))
+        out = replace(
+            out,
+            recompute_method=cfg.recompute_method or "uniform",
+            recompute_num_layers=cfg.recompute_num_layers
+            or (1 if (cfg.recompute_method or "uniform") == "uniform" else layers_per_stage),
+        )
     else:
-        need(cfg.recompute_method is None and cfg.recompute_num_layers in (None, 0),
-             "recompute_method / recompute_num_layers apply to recompute=full only")
+        need(
+            cfg.recompute_method is None and cfg.recompute_num_layers in (None, 0),
+            "recompute_method / recompute_num_layers apply to recompute=full only",
+        )
         out = replace(out, recompute_method=None, recompute_num_layers=None)
     return out
 
@@ -277,18 +331,27 @@ _OVERRIDES: dict[str, str] = {
 # Megatron-Bridge settings that dse sends with others (its Megatron-FSDP set, the offload details) and that
 # change nothing here: the knob they come with (ddp.use_megatron_fsdp=true, model.cpu_offloading=true) is
 # refused by check() with the reason.
-IGNORED = ("ddp.data_parallel_sharding_strategy", "ddp.average_in_collective", "model.init_model_with_meta_device",
-           "optimizer.use_precision_aware_optimizer",
-           # what is offloaded (activations, not weights): meaningful only with cpu_offloading, refused by check()
-           "model.cpu_offloading_activations", "model.cpu_offloading_weights")
+IGNORED = (
+    "ddp.data_parallel_sharding_strategy",
+    "ddp.average_in_collective",
+    "model.init_model_with_meta_device",
+    "optimizer.use_precision_aware_optimizer",
+    # what is offloaded (activations, not weights): meaningful only with cpu_offloading, refused by check()
+    "model.cpu_offloading_activations",
+    "model.cpu_offloading_weights",
+)
 _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
 _PRECISIONS = {"bf16": "bf16", "bf16_mixed": "bf16", "bf16-mixed": "bf16"}
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 BLACKWELL_FP8_RECIPES = ("mxfp8", "blockwise")  # MXFP8 and 1x128/128x128 block scaling: sm_100 kernels only
 # Megatron-Bridge's mixed-precision recipe names (what dse's mbridge spelling sends) -> FP8 recipe
-_BRIDGE_FP8 = {"bf16_with_fp8_delayed_scaling_mixed": "delayed", "bf16_with_fp8_current_scaling_mixed": "tensorwise",
-               "bf16_with_mxfp8_mixed": "mxfp8", "bf16_with_fp8_subchannel_scaling_mixed": "blockwise"}
+_BRIDGE_FP8 = {
+    "bf16_with_fp8_delayed_scaling_mixed": "delayed",
+    "bf16_with_fp8_current_scaling_mixed": "tensorwise",
+    "bf16_with_mxfp8_mixed": "mxfp8",
+    "bf16_with_fp8_subchannel_scaling_mixed": "blockwise",
+}
 LAYER_SPECS = ("auto", "te", "local")
 # Megatron-Core AttnBackend names: what the local layer spec runs, and what needs Transformer Engine
 LOCAL_ATTENTION = ("local", "unfused", "auto")
@@ -370,26 +433,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipes.mcore",
         description="Minimal Megatron-core GPT pretraining on mock data; prints Megatron-LM-format iteration "
-                    "lines. Run one process per GPU with torchrun. Overrides (path=value, Megatron-Bridge "
-                    "spellings such as model.tensor_model_parallel_size=2 train.micro_batch_size=2) follow "
-                    "the flags and win over them.",
+        "lines. Run one process per GPU with torchrun. Overrides (path=value, Megatron-Bridge "
+        "spellings such as model.tensor_model_parallel_size=2 train.micro_batch_size=2) follow "
+        "the flags and win over them.",
     )
-    p.add_argument("--model", default=SMALL_GQA.name,
-                   help=f"architecture preset (default {SMALL_GQA.name}); one of: {', '.join(known_models())}")
-    p.add_argument("--factory", "--recipe", dest="factory", default=None,
-                   help="recipe name as dse sends it (llama3_8b, llama3_8b_recipe or Megatron-Bridge's "
-                        "llama3_8b_pretrain_config); sets --model")
+    p.add_argument(
+        "--model",
+        default=SMALL_GQA.name,
+        help=f"architecture preset (default {SMALL_GQA.name}); one of: {', '.join(known_models())}",
+    )
+    p.add_argument(
+        "--factory",
+        "--recipe",
+        dest="factory",
+        default=None,
+        help="recipe name as dse sends it (llama3_8b, llama3_8b_recipe or Megatron-Bridge's "
+        "llama3_8b_pretrain_config); sets --model",
+    )
     p.add_argument("-y", "--yes", action="store_true", help="accepted for nemo-run compatibility; no effect")
     shape = p.add_argument_group("model shape (override the preset)")
-    for flag in ("num-layers", "hidden-size", "num-attention-heads", "num-query-groups", "ffn-hidden-size",
-                 "vocab-size"):
+    for flag in (
+        "num-layers",
+        "hidden-size",
+        "num-attention-heads",
+        "num-query-groups",
+        "ffn-hidden-size",
+        "vocab-size",
+    ):
         shape.add_argument(f"--{flag}", type=int, default=None)
     shape.add_argument("--swiglu", dest="gated", action="store_true", default=None, help="gated SwiGLU MLP")
     shape.add_argument("--no-swiglu", dest="gated", action="store_false", help="plain GeLU MLP")
     lay = p.add_argument_group("layout and batch")
-    for flag, help_ in (("tp", "tensor-parallel size"), ("pp", "pipeline-parallel size"),
-                        ("vp", "virtual-pipeline size"), ("mbs", "micro-batch size"), ("gbs", "global batch size"),
-                        ("seq-length", "sequence length")):
+    for flag, help_ in (
+        ("tp", "tensor-parallel size"),
+        ("pp", "pipeline-parallel size"),
+        ("vp", "virtual-pipeline size"),
+        ("mbs", "micro-batch size"),
+        ("gbs", "global batch size"),
+        ("seq-length", "sequence length"),
+    ):
         lay.add_argument(f"--{flag}", type=int, default=None, help=help_)
     lay.add_argument("--recompute", choices=RECOMPUTE, default=None, help="activation recompute (default none)")
     lay.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, default=None)
@@ -399,17 +481,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-interval", type=int, default=None)
     run.add_argument("--lr", type=float, default=None)
     run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--no-distributed-optimizer", dest="distributed_optimizer", action="store_false",
-                     default=None, help="plain Megatron mixed-precision Adam instead of the distributed optimizer")
-    run.add_argument("--layer-spec", choices=LAYER_SPECS, default=None,
-                     help="transformer layer spec: te (Transformer Engine), local (megatron-core's torch modules) "
-                          "or auto (te when Transformer Engine imports; the default)")
-    run.add_argument("--attention-backend", choices=LOCAL_ATTENTION + TE_ATTENTION, default=None,
-                     help="Megatron-Core AttnBackend (flash and fused need the TE spec)")
-    run.add_argument("--fp8", dest="fp8_recipe", choices=FP8_RECIPES, default=None,
-                     help="FP8 (hybrid) with this scaling recipe; needs the TE spec")
-    run.add_argument("--check-only", action="store_true",
-                     help="print the resolved configuration and the FLOPs per step as JSON and exit")
+    run.add_argument(
+        "--no-distributed-optimizer",
+        dest="distributed_optimizer",
+        action="store_false",
+        default=None,
+        help="plain Megatron mixed-precision Adam instead of the distributed optimizer",
+    )
+    run.add_argument(
+        "--layer-spec",
+        choices=LAYER_SPECS,
+        default=None,
+        help="transformer layer spec: te (Transformer Engine), local (megatron-core's torch modules) "
+        "or auto (te when Transformer Engine imports; the default)",
+    )
+    run.add_argument(
+        "--attention-backend",
+        choices=LOCAL_ATTENTION + TE_ATTENTION,
+        default=None,
+        help="Megatron-Core AttnBackend (flash and fused need the TE spec)",
+    )
+    run.add_argument(
+        "--fp8",
+        dest="fp8_recipe",
+        choices=FP8_RECIPES,
+        default=None,
+        help="FP8 (hybrid) with this scaling recipe; needs the TE spec",
+    )
+    run.add_argument(
+        "--check-only",
+        action="store_true",
+        help="print the resolved configuration and the FLOPs per step as JSON and exit",
+    )
     p.add_argument("overrides", nargs="*", metavar="path=value")
     return p
 
@@ -427,20 +530,54 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
     ns = build_parser().parse_args(list(argv))
     arch = _model_from(ns.factory or ns.model)
     values: dict[str, Any] = dict(
-        model=arch.name, num_layers=arch.num_layers, hidden_size=arch.hidden_size,
-        num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,
-        ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size, gated=arch.gated_mlp)
-    flag_names = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "vocab_size", "gated", "tp", "pp", "vp", "mbs", "gbs", "seq_length", "recompute",
-                  "recompute_method", "recompute_num_layers", "train_iters", "log_interval", "lr", "seed",
-                  "distributed_optimizer", "layer_spec", "attention_backend", "fp8_recipe"}
+        model=arch.name,
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        vocab_size=arch.vocab_size,
+        gated=arch.gated_mlp,
+    )
+    flag_names = {
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "ffn_hidden_size",
+        "vocab_size",
+        "gated",
+        "tp",
+        "pp",
+        "vp",
+        "mbs",
+        "gbs",
+        "seq_length",
+        "recompute",
+        "recompute_method",
+        "recompute_num_layers",
+        "train_iters",
+        "log_interval",
+        "lr",
+        "seed",
+        "distributed_optimizer",
+        "layer_spec",
+        "attention_backend",
+        "fp8_recipe",
+    }
     values.update({k: v for k, v in vars(ns).items() if k in flag_names and v is not None})
     if ns.fp8_recipe is not None:
         values["precision"] = "fp8"
     values.update(parse_overrides(ns.overrides))
-    preset = dict(num_layers=arch.num_layers, hidden_size=arch.hidden_size,
-                  num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,
-                  ffn_hidden_size=arch.ffn_hidden_size, vocab_size=arch.vocab_size, gated=arch.gated_mlp)
+    preset = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        vocab_size=arch.vocab_size,
+        gated=arch.gated_mlp,
+    )
     changed = {k for k, v in preset.items() if values[k] != v}
     if changed == {"num_layers"}:  # a scaled preset, as recipes.models names them (llama3_70b_16l)
         values["model"] = f"{arch.name}_{values['num_layers']}l"
@@ -450,10 +587,22 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
 
 
 # ------------------------------------------------------------------------------------------ log lines
-def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples: int, elapsed_ms: float,
-                          tflops_per_gpu: float | None, learning_rate: float, global_batch_size: int,
-                          losses: dict[str, float], loss_scale: float, grad_norm: float | None,
-                          skipped: int = 0, nan: int = 0, now: datetime | None = None) -> str:
+def format_iteration_line(
+    *,
+    iteration: int,
+    train_iters: int,
+    consumed_samples: int,
+    elapsed_ms: float,
+    tflops_per_gpu: float | None,
+    learning_rate: float,
+    global_batch_size: int,
+    losses: dict[str, float],
+    loss_scale: float,
+    grad_norm: float | None,
+    skipped: int = 0,
+    nan: int = 0,
+    now: datetime | None = None,
+) -> str:
     """One iteration line exactly as Megatron-LM's ``training_log`` prints it (log_throughput on).
 
     Field order and number formats follow ``megatron/training/training.py`` (``{:8d}`` iterations,
@@ -481,8 +630,9 @@ def format_iteration_line(*, iteration: int, train_iters: int, consumed_samples:
     return s
 
 
-def format_memory_line(rank: int, iteration: int, allocated: int, max_allocated: int, reserved: int,
-                       max_reserved: int) -> str:
+def format_memory_line(
+    rank: int, iteration: int, allocated: int, max_allocated: int, reserved: int, max_reserved: int
+) -> str:
     """Megatron-LM's ``report_memory`` line (bytes in, MiB printed with Python's float repr)."""
     mb = 1024.0 * 1024.0
     s = f"(after {iteration} iterations) memory (MB)"

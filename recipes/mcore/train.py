@@ -43,8 +43,9 @@ def _init_distributed(cfg: RunConfig):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if "RANK" not in os.environ:  # plain `python -m recipes.mcore`: one process, one GPU
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
@@ -79,8 +80,12 @@ def _transformer_config(cfg: RunConfig):
         if cfg.fp8_recipe == "delayed":
             extra.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     if cfg.cpu_offloading:
-        extra.update(cpu_offloading=True, cpu_offloading_num_layers=cfg.cpu_offloading_num_layers,
-                     cpu_offloading_activations=True, cpu_offloading_weights=False)
+        extra.update(
+            cpu_offloading=True,
+            cpu_offloading_num_layers=cfg.cpu_offloading_num_layers,
+            cpu_offloading_activations=True,
+            cpu_offloading_weights=False,
+        )
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -156,15 +161,25 @@ def _build_model(cfg: RunConfig, config):
         pre = parallel_state.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=stage)
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=vp is None, vp_stage=stage)
         m = GPTModel(
-            config=config, transformer_layer_spec=spec, vocab_size=cfg.vocab_size,
-            max_sequence_length=cfg.seq_length, pre_process=pre, post_process=post, parallel_output=True,
-            share_embeddings_and_output_weights=False, position_embedding_type="rope", rotary_base=500000,
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=cfg.vocab_size,
+            max_sequence_length=cfg.seq_length,
+            pre_process=pre,
+            post_process=post,
+            parallel_output=True,
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="rope",
+            rotary_base=500000,
             vp_stage=stage,
         )
         chunks.append(m)
     n_params = sum(p.nelement() for m in chunks for p in m.parameters())
     if parallel_state.get_data_parallel_rank() == 0:
-        tp_rank, pp_rank = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+        tp_rank, pp_rank = (
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_pipeline_model_parallel_rank(),
+        )
         _print(f" > number of parameters on (tensor, pipeline) model parallel rank ({tp_rank}, {pp_rank}): {n_params}")
     device = torch.cuda.current_device()
     chunks = [Float16Module(config, m.cuda(device)) for m in chunks]
@@ -174,8 +189,10 @@ def _build_model(cfg: RunConfig, config):
         use_distributed_optimizer=cfg.distributed_optimizer,
         check_for_nan_in_grad=False,
     )
-    return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
-            for i, m in enumerate(chunks)]
+    return [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
+        for i, m in enumerate(chunks)
+    ]
 
 
 def _optimizer(cfg: RunConfig, chunks):
@@ -184,19 +201,33 @@ def _optimizer(cfg: RunConfig, chunks):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     opt_config = OptimizerConfig(
-        optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay, adam_beta1=0.9,
-        adam_beta2=0.95, adam_eps=1e-8, clip_grad=cfg.clip_grad, bf16=True, params_dtype=torch.bfloat16,
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_eps=1e-8,
+        clip_grad=cfg.clip_grad,
+        bf16=True,
+        params_dtype=torch.bfloat16,
         use_distributed_optimizer=cfg.distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(opt_config, chunks)
     # Sample-based schedule, as Megatron steps it (increment = global batch size).
     decay = cfg.lr_decay_iters or cfg.train_iters
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=cfg.lr, min_lr=cfg.min_lr,
+        optimizer,
+        init_lr=0.0,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
         lr_warmup_steps=min(cfg.lr_warmup_iters, decay - 1) * cfg.gbs,  # must be < decay steps
         lr_decay_steps=decay * cfg.gbs,
-        lr_decay_style="cosine", start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
-        wd_incr_steps=max(cfg.train_iters, 1) * cfg.gbs, wd_incr_style="constant",
+        lr_decay_style="cosine",
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=max(cfg.train_iters, 1) * cfg.gbs,
+        wd_incr_style="constant",
     )
     return optimizer, scheduler
 
@@ -219,8 +250,12 @@ def _mock_batches(cfg: RunConfig, dp_rank: int):
         start = torch.randint(0, cfg.vocab_size, (cfg.mbs, 1), generator=gen, device=device)
         stride = torch.randint(1, 8, (cfg.mbs, 1), generator=gen, device=device)
         seq = (start + stride * steps) % cfg.vocab_size
-        yield {"tokens": seq[:, :-1].contiguous(), "labels": seq[:, 1:].contiguous(),
-               "position_ids": position_ids, "loss_mask": loss_mask}
+        yield {
+            "tokens": seq[:, :-1].contiguous(),
+            "labels": seq[:, 1:].contiguous(),
+            "position_ids": position_ids,
+            "loss_mask": loss_mask,
+        }
 
 
 def _forward_step(data_iterator, model):
@@ -243,8 +278,12 @@ def _forward_step(data_iterator, model):
 
 
 def _cuda_mem(torch):
-    return (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved(),
-            torch.cuda.max_memory_reserved())
+    return (
+        torch.cuda.memory_allocated(),
+        torch.cuda.max_memory_allocated(),
+        torch.cuda.memory_reserved(),
+        torch.cuda.max_memory_reserved(),
+    )
 
 
 def train(cfg: RunConfig) -> int:
@@ -261,17 +300,23 @@ def train(cfg: RunConfig) -> int:
     num_micro = cfg.gbs // (cfg.mbs * dp)
     last_rank = world - 1
     if rank == 0:
-        _print(f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
-               f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
-               f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}")
+        _print(
+            f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
+            f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
+            f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}"
+        )
         _print(f"> recipes.mcore: layer spec {cfg.layer_spec}")
         fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
-        _print(f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
-               f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}")
-        _print(f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
-               f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
-               f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
-               f"{model_flops_per_step(cfg):.6e} (causal convention)")
+        _print(
+            f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
+            f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}"
+        )
+        _print(
+            f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
+            f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
+            f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
+            f"{model_flops_per_step(cfg):.6e} (causal convention)"
+        )
         _print("building GPT model ...")
     config = _transformer_config(cfg)
     chunks = _build_model(cfg, config)
@@ -292,8 +337,10 @@ def train(cfg: RunConfig) -> int:
     skipped_total = 0
     dist.barrier()
     if rank == 0:
-        _print(f"[after model, optimizer, and learning rate scheduler are built] datetime: "
-               f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} ")
+        _print(
+            f"[after model, optimizer, and learning rate scheduler are built] datetime: "
+            f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} "
+        )
         _print("training ...")
     torch.cuda.synchronize()
     interval_start = time.perf_counter()
@@ -302,8 +349,13 @@ def train(cfg: RunConfig) -> int:
             c.zero_grad_buffer()
         optimizer.zero_grad()
         losses = forward_backward(
-            forward_step_func=_forward_step, data_iterator=iters, model=chunks, num_microbatches=num_micro,
-            seq_length=cfg.seq_length, micro_batch_size=cfg.mbs, decoder_seq_length=cfg.seq_length,
+            forward_step_func=_forward_step,
+            data_iterator=iters,
+            model=chunks,
+            num_microbatches=num_micro,
+            seq_length=cfg.seq_length,
+            micro_batch_size=cfg.mbs,
+            decoder_seq_length=cfg.seq_length,
             forward_only=False,
         )
         ok, grad_norm, _zeros = optimizer.step()
@@ -325,16 +377,26 @@ def train(cfg: RunConfig) -> int:
                 lr = optimizer.param_groups[0]["lr"]
                 scale = optimizer.get_loss_scale()
                 scale = float(scale.item() if hasattr(scale, "item") else scale)
-                _print(format_iteration_line(
-                    iteration=iteration, train_iters=cfg.train_iters, consumed_samples=iteration * cfg.gbs,
-                    elapsed_ms=per_iter * 1000.0, tflops_per_gpu=flops / (per_iter * 1e12 * world),
-                    learning_rate=lr, global_batch_size=cfg.gbs, losses=averager.pop(), loss_scale=scale,
-                    grad_norm=None if grad_norm is None else float(grad_norm), skipped=skipped_total, nan=0))
+                _print(
+                    format_iteration_line(
+                        iteration=iteration,
+                        train_iters=cfg.train_iters,
+                        consumed_samples=iteration * cfg.gbs,
+                        elapsed_ms=per_iter * 1000.0,
+                        tflops_per_gpu=flops / (per_iter * 1e12 * world),
+                        learning_rate=lr,
+                        global_batch_size=cfg.gbs,
+                        losses=averager.pop(),
+                        loss_scale=scale,
+                        grad_norm=None if grad_norm is None else float(grad_norm),
+                        skipped=skipped_total,
+                        nan=0,
+                    )
+                )
                 skipped_total = 0
             # As Megatron: memory after the first two logged iterations (optimizer state included from the
             # second), and at the end (its --log-memory-interval), by every rank of data-parallel rank 0.
-            if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) \
-                    and dp_rank == 0:
+            if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) and dp_rank == 0:
                 _print(format_memory_line(rank, iteration, *_cuda_mem(torch)))
             dist.barrier()
             torch.cuda.synchronize()

@@ -108,8 +108,9 @@ def build_recipe(
     recipe = _base_recipe(model, task, peft_scheme)
     # One callback per class: some NeMo finetune recipes add a second TimingCallback.
     seen: set = set()
-    recipe.trainer.callbacks = [cb for cb in recipe.trainer.callbacks or []
-                                if not (cb.__fn_or_cls__ in seen or seen.add(cb.__fn_or_cls__))]
+    recipe.trainer.callbacks = [
+        cb for cb in recipe.trainer.callbacks or [] if not (cb.__fn_or_cls__ in seen or seen.add(cb.__fn_or_cls__))
+    ]
 
     # Mock data with a null tokenizer of the real vocabulary: no download, the real embedding/output size.
     if task == "pretrain":
@@ -128,14 +129,16 @@ def build_recipe(
     _ensure_callback(recipe, GarbageCollectionCallback, gc_interval_train=GC_INTERVAL, gc_interval_val=GC_INTERVAL)
     overlap = _ensure_callback(recipe, MegatronCommOverlapCallback)
     overlap.tp_comm_overlap = bool(tp_comm_overlap)
-    overlap.tp_comm_overlap_cfg = userbuffer_config(tp_comm_overlap_cfg) if tp_comm_overlap and tp_comm_overlap_cfg \
-        else None
+    overlap.tp_comm_overlap_cfg = (
+        userbuffer_config(tp_comm_overlap_cfg) if tp_comm_overlap and tp_comm_overlap_cfg else None
+    )
 
     flops = flops_callback_class() if task == "pretrain" else None
     if flops is not None:
         # Shares the model and data Configs, so later dotted overrides (seq_length, gbs) reach it too.
-        recipe.trainer.callbacks.append(run.Config(flops, model_config=recipe.model.config, data_config=recipe.data,
-                                                   model_name=model.flops_name))
+        recipe.trainer.callbacks.append(
+            run.Config(flops, model_config=recipe.model.config, data_config=recipe.data, model_name=model.flops_name)
+        )
 
     # Transformer Engine's fused cross entropy, as NeMo's performance scripts set it (set_perf_optimization_configs
     # since 25.07): the recipes' GPTConfig leaves Megatron-Core's own fused loss ("native"), which streams an fp32 copy
@@ -148,8 +151,9 @@ def build_recipe(
         try:
             recipe.model.config.attention_backend = AttnBackend[attention_backend]
         except KeyError:
-            raise ValueError(f"unknown attention_backend {attention_backend!r}; one of "
-                             f"{', '.join(b.name for b in AttnBackend)}") from None
+            raise ValueError(
+                f"unknown attention_backend {attention_backend!r}; one of {', '.join(b.name for b in AttnBackend)}"
+            ) from None
 
     ddp = recipe.trainer.strategy.ddp
     if not isinstance(ddp, str):  # gradient checks cost time and are for debugging (set_perf_optimization_configs)
@@ -181,8 +185,15 @@ def _make_factory(model: NemoModel, task: str):
         attention_backend: str = "auto",
         peft_scheme: str = "lora",
     ) -> run.Partial:
-        return build_recipe(model, task, tp_comm_overlap=tp_comm_overlap, tp_comm_overlap_cfg=tp_comm_overlap_cfg,
-                            fsdp=fsdp, attention_backend=attention_backend, peft_scheme=peft_scheme)
+        return build_recipe(
+            model,
+            task,
+            tp_comm_overlap=tp_comm_overlap,
+            tp_comm_overlap_cfg=tp_comm_overlap_cfg,
+            fsdp=fsdp,
+            attention_backend=attention_backend,
+            peft_scheme=peft_scheme,
+        )
 
     factory.__name__ = factory.__qualname__ = model.factory
     factory.__module__ = __name__

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from .. import contract
 
 ENV_TASK = contract.ENV_NEMO_TASK  # "pretrain" (default) or "finetune"
-ENV_RECIPE = contract.ENV_NEMO_RECIPE  # a model name (llama3_8b) or factory name (llama3_8b_recipe); used when argv has no --factory
+ENV_RECIPE = (
+    contract.ENV_NEMO_RECIPE
+)  # a model name (llama3_8b) or factory name (llama3_8b_recipe); used when argv has no --factory
 ENV_FLOPS = contract.ENV_FLOPS_CALLBACK  # "1": add FLOPsMeasurementCallback (containers 25.04 and later have it)
 TASKS = ("pretrain", "finetune")
 FACTORY_SUFFIX = "_recipe"
@@ -31,15 +33,18 @@ class NemoModel:
         return self.name + FACTORY_SUFFIX
 
 
-MODELS: dict[str, NemoModel] = {m.name: m for m in (
-    NemoModel("llama3_8b", "llama3_8b", "llama3", 128256),
-    NemoModel("llama3_70b", "llama3_70b", "llama3", 128256),
-    # NeMo ships the 405B recipe as Llama 3.1 (llama31_405b); the architecture is the one dse calls llama3_405b.
-    NemoModel("llama3_405b", "llama31_405b", "llama3", 128256),
-    NemoModel("nemotron3_8b", "nemotron3_8b", "nemotron3", 256000),
-    NemoModel("nemotron4_15b", "nemotron4_15b", "nemotron4", 256000),
-    NemoModel("nemotron4_340b", "nemotron4_340b", "nemotron4", 256000),
-)}
+MODELS: dict[str, NemoModel] = {
+    m.name: m
+    for m in (
+        NemoModel("llama3_8b", "llama3_8b", "llama3", 128256),
+        NemoModel("llama3_70b", "llama3_70b", "llama3", 128256),
+        # NeMo ships the 405B recipe as Llama 3.1 (llama31_405b); the architecture is the one dse calls llama3_405b.
+        NemoModel("llama3_405b", "llama31_405b", "llama3", 128256),
+        NemoModel("nemotron3_8b", "nemotron3_8b", "nemotron3", 256000),
+        NemoModel("nemotron4_15b", "nemotron4_15b", "nemotron4", 256000),
+        NemoModel("nemotron4_340b", "nemotron4_340b", "nemotron4", 256000),
+    )
+}
 
 
 def model_for_factory(factory: str) -> NemoModel:

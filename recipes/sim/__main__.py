@@ -39,26 +39,52 @@ ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 _FACTORY = re.compile(r"^(?P<name>[A-Za-z_]\w*_recipe)(?:\((?P<args>.*)\))?$")
 _DEFAULT_CONFIG: dict[str, Any] = {
     "trainer": {
-        "num_nodes": 1, "devices": 8, "max_steps": 50, "val_check_interval": 50, "limit_val_batches": 0,
-        "log_every_n_steps": 1, "enable_checkpointing": False,
+        "num_nodes": 1,
+        "devices": 8,
+        "max_steps": 50,
+        "val_check_interval": 50,
+        "limit_val_batches": 0,
+        "log_every_n_steps": 1,
+        "enable_checkpointing": False,
         "strategy": {
-            "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-            "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
-            "expert_model_parallel_size": 1, "sequence_parallel": False, "fsdp": None,
-            "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
+            "tensor_model_parallel_size": 1,
+            "pipeline_model_parallel_size": 1,
+            "virtual_pipeline_model_parallel_size": None,
+            "context_parallel_size": 1,
+            "expert_model_parallel_size": 1,
+            "sequence_parallel": False,
+            "fsdp": None,
+            "account_for_embedding_in_pipeline_split": False,
+            "account_for_loss_in_pipeline_split": False,
             "ckpt_async_save": False,
         },
         "plugins": {
-            "precision": "bf16-mixed", "fp8": None, "fp8_recipe": None, "fp8_margin": 0, "fp8_amax_history_len": 1,
-            "fp8_amax_compute_algo": "most_recent", "fp8_param_gather": False, "grad_reduce_in_fp32": False,
-            "first_last_layers_bf16": False, "reuse_grad_buf_for_mxfp8_param_ag": False,
+            "precision": "bf16-mixed",
+            "fp8": None,
+            "fp8_recipe": None,
+            "fp8_margin": 0,
+            "fp8_amax_history_len": 1,
+            "fp8_amax_compute_algo": "most_recent",
+            "fp8_param_gather": False,
+            "grad_reduce_in_fp32": False,
+            "first_last_layers_bf16": False,
+            "reuse_grad_buf_for_mxfp8_param_ag": False,
         },
     },
     "data": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 8192},
-    "model": {"config": {"seq_length": 8192, "recompute_granularity": None, "recompute_method": None,
-                         "recompute_num_layers": None, "num_layers": None, "cpu_offloading": False,
-                         "cpu_offloading_num_layers": 0, "cpu_offloading_activations": True,
-                         "cpu_offloading_weights": False}},
+    "model": {
+        "config": {
+            "seq_length": 8192,
+            "recompute_granularity": None,
+            "recompute_method": None,
+            "recompute_num_layers": None,
+            "num_layers": None,
+            "cpu_offloading": False,
+            "cpu_offloading_num_layers": 0,
+            "cpu_offloading_activations": True,
+            "cpu_offloading_weights": False,
+        }
+    },
     "optim": {"config": {"lr": 3e-4}},
     "log": {"ckpt": {"save_on_train_epoch_end": False, "save_last": False}},
 }
@@ -85,8 +111,10 @@ def parse_factory(text: str) -> tuple[str, dict[str, Any]]:
             raise OverrideError(f"factory arguments {m['args']!r} are not keyword=literal ({e})") from None
     for key, value in args.items():
         if key not in FACTORY_ARGS or not isinstance(value, FACTORY_ARGS[key]):
-            raise OverrideError(f"factory {m['name']} takes no argument {key}={value!r}; "
-                                f"known: {', '.join(f'{k} ({t.__name__})' for k, t in FACTORY_ARGS.items())}")
+            raise OverrideError(
+                f"factory {m['name']} takes no argument {key}={value!r}; "
+                f"known: {', '.join(f'{k} ({t.__name__})' for k, t in FACTORY_ARGS.items())}"
+            )
     backend = args.get("attention_backend")
     if backend is not None and backend not in ATTENTION_BACKENDS:
         raise OverrideError(f"unknown attention_backend {backend!r}; one of {', '.join(ATTENTION_BACKENDS)}")
@@ -119,7 +147,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
         parts = path.split(".")
         for i, part in enumerate(parts):
             if not isinstance(node, dict) or part not in node:
-                raise OverrideError(f"unknown override path {path!r} (no {'.'.join(parts[:i + 1])!r} in the config)")
+                raise OverrideError(f"unknown override path {path!r} (no {'.'.join(parts[: i + 1])!r} in the config)")
             if i == len(parts) - 1:
                 if isinstance(node[part], dict):
                     raise OverrideError(f"override path {path!r} names a section, not a field")
@@ -205,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         # A failed rank takes a moment to tear down (CUDA, NCCL) after printing its error, and the other ranks
         # wait in a collective until the launcher ends them. Exiting at once would let srun
         # --kill-on-bad-exit end the step before it has forwarded rank 0's last lines to the log.
-        time.sleep(_env_num("DSE_SIM_TEARDOWN_S", float, 1.0) if _rank() == 0
-                   else _env_num("DSE_SIM_PEER_WAIT_S", float, 5.0))
+        time.sleep(
+            _env_num("DSE_SIM_TEARDOWN_S", float, 1.0) if _rank() == 0 else _env_num("DSE_SIM_PEER_WAIT_S", float, 5.0)
+        )
     return code
 
 
