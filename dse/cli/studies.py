@@ -14,6 +14,7 @@ from dse.cli import render
 from dse.errors import UserError
 
 
+# house: most of its lines are its Typer options, one per line as the formatter writes them; the body is short
 def run_cmd(
     space_file: Path = typer.Option(..., "--space", metavar="PATH", help="the space file (TOML)"),
     agent: str | None = typer.Option(
