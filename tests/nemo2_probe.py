@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+# The probe runs in the NeMo environment, where dse is not installed: it imports the payload as a training container
+# sees it, the top-level package `recipes` from the repository root (the payload imports itself relatively).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TE_ONLY_FUSIONS = ("apply_rope_fusion",)
@@ -36,7 +38,7 @@ def probe(argv: list[str]) -> dict:
         captured["task"] = fn_or_script
 
     nemo_run.run = fake_run  # nemo-run's CLI looks the function up on the module at call time
-    from dse.recipes.nemo2.__main__ import main as payload_main
+    from recipes.nemo2.__main__ import main as payload_main
 
     payload_main(argv)
     task = captured["task"]
@@ -132,8 +134,8 @@ def tables() -> dict:
     from nemo.collections import llm
     from nemo.collections.llm.recipes.tp_overlap_configs import userbuffers as nemo_ub
 
-    from dse.recipes.models import RECIPES
-    from dse.recipes.nemo2 import spec, userbuffers
+    from recipes.models import RECIPES
+    from recipes.nemo2 import spec, userbuffers
 
     return {
         "missing_modules": [m.module for m in spec.MODELS.values() if not hasattr(llm, m.module)],
