@@ -32,20 +32,36 @@ The reward is only as good as this parser, so it is strict about what counts:
   (caching, fragmentation) is reported separately as ``peak_memory_reserved_gib``. When a log gives only
   reserved figures, ``peak_memory_gib`` is None.
 
-* **Status**, by precedence when several signals are present (root cause first)::
+* **Status**, by precedence: how the run ended, then what ended it, then its progress.
 
-      oom > timeout (time limit, scheduler) > nccl_error > timeout (stall) > failed > no_metrics > ok
+  1. **Exit code and scheduler state.** A clean end is exit code 0 (or an unknown one with ``COMPLETED``,
+     Slurm's, or ``SUCCEEDED``, torchx's as nemo-run's local executor reports it). After a clean end only
+     the evidence *after the last progress line* counts: a run that stepped on past an error survived it.
+     Otherwise (a non-zero exit code, a failing state, or neither known, as in a bare ``dse parse FILE``)
+     all the evidence counts. The state ``OUT_OF_MEMORY`` is oom evidence and ``TIMEOUT``/``DEADLINE``
+     time-limit evidence (ranked in the chain below); ``CANCELLED``, ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``,
+     ``BOOT_FAIL``, any other final state and a non-zero exit code make the run failed when the evidence
+     names nothing more specific.
+  2. **What ended the run** (evidence), root cause first::
 
-  An OOM on one rank makes the others hang or fail in NCCL, so OOM wins. A Slurm time limit kills every
-  rank and the survivors report aborted communicators, so the time limit wins over NCCL errors; a stall
-  that ended in an NCCL watchdog timeout is explained by the watchdog, so NCCL wins over the stall.
-  Scheduler states: ``TIMEOUT``/``DEADLINE`` -> timeout, ``OUT_OF_MEMORY`` -> oom, ``CANCELLED``,
-  ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``, ``BOOT_FAIL`` and any other final state but ``COMPLETED`` (Slurm)
-  or ``SUCCEEDED`` (torchx, as nemo-run's local executor reports it) -> failed. A non-zero exit code ->
-  failed unless something more specific was found. Log evidence counts even with exit code 0: a traceback is a failure (except one announced by ``Exception ignored in``,
-  which Python prints at shutdown for harmless errors). A failed run is never ``ok``; its metrics are
-  kept with ``partial=True``. ``rejected`` is never produced here: it is for configurations the
-  constraint checker refused before launch (:meth:`RunMetrics.rejected`).
+         oom > timeout (time limit, scheduler) > nccl_error > timeout (stall) > failed
+
+     Evidence is only what ends a run: an exception line (the last traceback's is the ``failed`` reason;
+     ``torch.OutOfMemoryError``, ``... out of memory``, ``cudaErrorMemoryAllocation`` -> oom; ``NCCL error``,
+     ``ncclInternalError``, ``ncclSystemError``, ``DistBackendError`` -> nccl_error), C++'s ``what():`` line,
+     the scheduler's OOM kill (``oom-kill event``, ``Out Of Memory``), ``CUDA error: out of memory``, NCCL's
+     watchdog timeout and aborted communicators, ``DUE TO TIME LIMIT``, ``CANCELLED AT``, ``Exited with exit
+     code N``, signals. Warnings (``NCCL WARN``, such as NVLS set-up's harmless ``Cuda failure 'out of
+     memory'``; ``UserWarning``; torch's ``[W...]``; ``[NeMo W``), the allocator's advice and memory reports
+     are never evidence, whatever words they quote. An OOM on one rank makes the others hang or fail in
+     NCCL, so OOM wins; a Slurm time limit kills every rank and the survivors report aborted communicators,
+     so the time limit wins over NCCL errors; a stall that ended in an NCCL watchdog timeout is explained by
+     the watchdog, so NCCL wins over the stall. A traceback announced by ``Exception ignored in`` (printed at
+     shutdown for harmless errors) is no evidence.
+  3. **Progress**: ``ok`` with a steady-state step time, else ``no_metrics``.
+
+  A failed run is never ``ok``; its metrics are kept with ``partial=True``. ``rejected`` is never produced
+  here: it is for configurations the constraint checker refused before launch (:meth:`RunMetrics.rejected`).
 
 * **Stall** (``ParseContext.stall_timeout_s``): the run is a ``timeout`` when the time since its last
   progress exceeds the limit. "Last progress" is the timestamp of the last progress line when the lines
