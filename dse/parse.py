@@ -32,20 +32,36 @@ The reward is only as good as this parser, so it is strict about what counts:
   (caching, fragmentation) is reported separately as ``peak_memory_reserved_gib``. When a log gives only
   reserved figures, ``peak_memory_gib`` is None.
 
-* **Status**, by precedence when several signals are present (root cause first)::
+* **Status**, by precedence: how the run ended, then what ended it, then its progress.
 
-      oom > timeout (time limit, scheduler) > nccl_error > timeout (stall) > failed > no_metrics > ok
+  1. **Exit code and scheduler state.** A clean end is exit code 0 (or an unknown one with ``COMPLETED``,
+     Slurm's, or ``SUCCEEDED``, torchx's as nemo-run's local executor reports it). After a clean end only
+     the evidence *after the last progress line* counts: a run that stepped on past an error survived it.
+     Otherwise (a non-zero exit code, a failing state, or neither known, as in a bare ``dse parse FILE``)
+     all the evidence counts. The state ``OUT_OF_MEMORY`` is oom evidence and ``TIMEOUT``/``DEADLINE``
+     time-limit evidence (ranked in the chain below); ``CANCELLED``, ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``,
+     ``BOOT_FAIL``, any other final state and a non-zero exit code make the run failed when the evidence
+     names nothing more specific.
+  2. **What ended the run** (evidence), root cause first::
 
-  An OOM on one rank makes the others hang or fail in NCCL, so OOM wins. A Slurm time limit kills every
-  rank and the survivors report aborted communicators, so the time limit wins over NCCL errors; a stall
-  that ended in an NCCL watchdog timeout is explained by the watchdog, so NCCL wins over the stall.
-  Scheduler states: ``TIMEOUT``/``DEADLINE`` -> timeout, ``OUT_OF_MEMORY`` -> oom, ``CANCELLED``,
-  ``FAILED``, ``NODE_FAIL``, ``PREEMPTED``, ``BOOT_FAIL`` and any other final state but ``COMPLETED`` (Slurm)
-  or ``SUCCEEDED`` (torchx, as nemo-run's local executor reports it) -> failed. A non-zero exit code ->
-  failed unless something more specific was found. Log evidence counts even with exit code 0: a traceback is a failure (except one announced by ``Exception ignored in``,
-  which Python prints at shutdown for harmless errors). A failed run is never ``ok``; its metrics are
-  kept with ``partial=True``. ``rejected`` is never produced here: it is for configurations the
-  constraint checker refused before launch (:meth:`RunMetrics.rejected`).
+         oom > timeout (time limit, scheduler) > nccl_error > timeout (stall) > failed
+
+     Evidence is only what ends a run: an exception line (the last traceback's is the ``failed`` reason;
+     ``torch.OutOfMemoryError``, ``... out of memory``, ``cudaErrorMemoryAllocation`` -> oom; ``NCCL error``,
+     ``ncclInternalError``, ``ncclSystemError``, ``DistBackendError`` -> nccl_error), C++'s ``what():`` line,
+     the scheduler's OOM kill (``oom-kill event``, ``Out Of Memory``), ``CUDA error: out of memory``, NCCL's
+     watchdog timeout and aborted communicators, ``DUE TO TIME LIMIT``, ``CANCELLED AT``, ``Exited with exit
+     code N``, signals. Warnings (``NCCL WARN``, such as NVLS set-up's harmless ``Cuda failure 'out of
+     memory'``; ``UserWarning``; torch's ``[W...]``; ``[NeMo W``), the allocator's advice and memory reports
+     are never evidence, whatever words they quote. An OOM on one rank makes the others hang or fail in
+     NCCL, so OOM wins; a Slurm time limit kills every rank and the survivors report aborted communicators,
+     so the time limit wins over NCCL errors; a stall that ended in an NCCL watchdog timeout is explained by
+     the watchdog, so NCCL wins over the stall. A traceback announced by ``Exception ignored in`` (printed at
+     shutdown for harmless errors) is no evidence.
+  3. **Progress**: ``ok`` with a steady-state step time, else ``no_metrics``.
+
+  A failed run is never ``ok``; its metrics are kept with ``partial=True``. ``rejected`` is never produced
+  here: it is for configurations the constraint checker refused before launch (:meth:`RunMetrics.rejected`).
 
 * **Stall** (``ParseContext.stall_timeout_s``): the run is a ``timeout`` when the time since its last
   progress exceeds the limit. "Last progress" is the timestamp of the last progress line when the lines
@@ -124,18 +140,23 @@ LOG_FORMATS: tuple[LogFormat, ...] = (
     LogFormat("lightning_tqdm", "train_step_timing in s=", _TQDM_RE, "_tqdm", primary=False),
 )
 
-# Failure markers, checked by substring (a regex alternation over them costs ~15 us a line, these ~1 us).
+# Failure markers, checked by substring (a regex alternation over them costs ~15 us a line, these ~1 us). Only
+# what ends a run counts: an exception line (``torch.OutOfMemoryError: ...``) or an error line of the scheduler,
+# the CUDA runtime or NCCL's watchdog; advice, warnings and reports that quote the words never do.
+# On an exception line (``_EXC_LINE_RE``): these make the exception an OOM.
+_OOM_EXC_MARKS = ("out of memory", "OutOfMemoryError", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED")
+# On any line that is not a warning: the scheduler's OOM kill, the CUDA runtime's own error message.
 _OOM_MARKS = (
-    "CUDA out of memory",
     "CUDA error: out of memory",
     "CUDA Error: out of memory",
-    "OutOfMemoryError",
-    "cudaErrorMemoryAllocation",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "failure 'out of memory'",
-    "oom_kill",
-    "oom-kill",
+    "oom_kill event",
+    "oom-kill event",
+    "oom-kill:",
+    ": Out Of Memory",
 )
+# Warnings (NCCL's ``NCCL WARN`` such as the NVLS set-up's harmless ``Cuda failure 'out of memory'``, torch's
+# ``[W...]``, Python's ``UserWarning``, NeMo's ``[NeMo W``): never evidence of how a run ended.
+_WARN_MARKS = ("WARN", "Warning", "warn(", "[W", "[NeMo W")
 _NCCL_MARKS = (
     "NCCL error",
     "ncclSystemError",
@@ -148,6 +169,8 @@ _NCCL_MARKS = (
     "NCCL communicator was aborted",
     "DistBackendError",
 )
+# On any line that is not a warning: NCCL's watchdog and aborted communicators (the others only on exception lines).
+_NCCL_LINE_MARKS = ("Watchdog caught collective operation timeout", "NCCL communicator was aborted")
 _SIGNAL_MARKS = ("Segmentation fault", "(core dumped)", "Fatal Python error")
 _EXITED_RE = re.compile(r"Exited with exit code (\d+)")
 # Gate in front of the markers: every marker contains one of these substrings.
@@ -157,6 +180,7 @@ _FAIL_GATE = (
     "ALLOC_FAILED",
     "oom_kill",
     "oom-kill",
+    "Out Of Memory",
     "nccl",
     "Watchdog",
     "aborted",
@@ -371,6 +395,8 @@ class _Scan:
         self.mem_alloc: float | None = None
         self.mem_reserved: float | None = None
         self.evidence: dict[str, str] = {}  # class -> first line (reason)
+        self.progress_lines = 0  # progress lines read so far
+        self.evidence_at: dict[str, int] = {}  # class -> progress lines read when it was last seen
         self.exit_code_seen: int | None = None
         self.pending_trace = False  # a traceback was seen; its exception line is the reason
         self.ignore_next_trace = False
@@ -471,13 +497,32 @@ class _Scan:
     def _note(self, cls: str, line: str) -> None:
         if cls not in self.evidence:
             self.evidence[cls] = _clip(_strip_prefix(line))
+        self.evidence_at[cls] = self.progress_lines
 
     def _failure(self, line: str) -> None:
+        if ("Error" in line or "Exception" in line) and (e := _EXC_LINE_RE.match(line.rstrip("\n"))) is not None:
+            self._exception(e["exc"], line)
+        elif "what():" in line:  # C++'s "terminate called after throwing ...  what():  <the exception>"
+            self._exception(line, line)
+        elif not any(w in line for w in _WARN_MARKS):
+            self._marker(line)
+
+    def _exception(self, exc: str, line: str) -> None:
+        """An exception line: an OOM or NCCL error when its text says so (the traceback's reason is set by
+        :meth:`_exception_line`)."""
+        if any(k in exc for k in _OOM_EXC_MARKS):
+            self._note("oom", line)
+        elif any(k in exc for k in _NCCL_MARKS):
+            self._note("nccl_error", line)
+
+    def _marker(self, line: str) -> None:
+        """A line that is not a warning: the scheduler's, the runtime's and NCCL's error lines, tracebacks,
+        exit codes, signals."""
         for k in _OOM_MARKS:
             if k in line:
                 self._note("oom", line)
                 break
-        for k in _NCCL_MARKS:
+        for k in _NCCL_LINE_MARKS:
             if k in line:
                 self._note("nccl_error", line)
                 break
@@ -507,6 +552,7 @@ class _Scan:
                 m = match(line)
                 if m is not None:
                     read(m, steps)
+                    self.progress_lines += 1
                     return True
         return False
 
@@ -523,6 +569,7 @@ class _Scan:
         e = _EXC_LINE_RE.match(line.rstrip("\n"))
         if e is not None:
             self.evidence["traceback"] = _clip(e["exc"])
+            self.evidence_at["traceback"] = self.progress_lines
             self.pending_trace = False
 
     def feed(self, lines: Iterator[str]) -> None:
@@ -720,9 +767,10 @@ def _status(
     scheduler_state: str | None,
     ctx: ParseContext,
 ) -> tuple[str, str | None]:
-    """(status, reason), by precedence: OOM, timeout, NCCL error, stall, other failures, missing metrics, ok."""
-    ev = scan.evidence
+    """(status, reason), by precedence: OOM, timeout, NCCL error, stall, other failures, missing metrics, ok.
+    After a clean end only what came after the last progress line counts (what ended the run)."""
     state = (scheduler_state or "").strip().upper().split(" ")[0].rstrip("+") or None
+    ev = _ending_evidence(scan) if _clean_end(exit_code, state) else scan.evidence
     verdict = _resource_failure(ev, state)
     if verdict is not None:
         return verdict
@@ -733,6 +781,19 @@ def _status(
     if verdict is not None:
         return verdict
     return _metrics_verdict(series, times, warm)
+
+
+def _clean_end(exit_code: int | None, state: str | None) -> bool:
+    """The run ended cleanly: exit code 0 (or unknown with a clean scheduler state), no failing state."""
+    if exit_code is None:
+        return state in _SCHED_DONE
+    return exit_code == 0 and (state is None or state in _SCHED_DONE or state in _SCHED_RUNNING)
+
+
+def _ending_evidence(scan: _Scan) -> dict[str, str]:
+    """The evidence seen after the last progress line: what a run that went on stepping survived is not what
+    ended it."""
+    return {k: v for k, v in scan.evidence.items() if scan.evidence_at.get(k) == scan.progress_lines}
 
 
 def _resource_failure(ev: dict[str, str], state: str | None) -> tuple[str, str] | None:

@@ -531,10 +531,10 @@ def test_logwriter_oom_ending_is_oom_with_partial_metrics():
 
 # ---------------------------------------------------------------------------------- robustness
 def test_failure_gate_covers_every_marker():
-    from dse.parse import _FAIL_GATE, _NCCL_MARKS, _OOM_MARKS, _SIGNAL_MARKS
+    from dse.parse import _FAIL_GATE, _NCCL_LINE_MARKS, _NCCL_MARKS, _OOM_EXC_MARKS, _OOM_MARKS, _SIGNAL_MARKS
 
     fixed = ("CANCELLED AT", "Traceback (most recent call last)", "Exited with exit code")
-    for marker in _OOM_MARKS + _NCCL_MARKS + _SIGNAL_MARKS + fixed:
+    for marker in _OOM_MARKS + _OOM_EXC_MARKS + _NCCL_MARKS + _NCCL_LINE_MARKS + _SIGNAL_MARKS + fixed:
         assert any(g in marker for g in _FAIL_GATE), marker
 
 

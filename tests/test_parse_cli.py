@@ -80,3 +80,15 @@ def test_parse_missing_file_is_a_user_error(tmp_path):
     assert "no such log file" in res.output
     assert str(missing) in res.output
     assert "Traceback" not in res.output
+
+
+def test_parse_nvls_warning_in_a_completed_run_is_ok(tmp_path):
+    """NCCL's NVLS set-up warning (``Cuda failure 'out of memory'``, then a fallback) in a completed run."""
+    lines = (LOGS / "nemo2_ok.log").read_text().splitlines(keepends=True)
+    lines.insert(2, "0: node1:1:1 [0] transport/nvls.cc:158 NCCL WARN Cuda failure 'out of memory'\n")
+    p = tmp_path / "log.txt"
+    p.write_text("".join(lines))
+    res = runner.invoke(app, ["parse", str(p), "--json", "--exit-code", "0", "--scheduler-state", "COMPLETED"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert (d["status"], d["reason"], d["steps"]) == ("ok", None, 12)
