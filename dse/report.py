@@ -36,14 +36,118 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.leaderboard import frame
+from dse.space import Objective, Space, load_space
 from dse.store import TrialRecord
 
 REASON_CHARS = 48  # reason cut in tables (full text in the cell's title)
 PLOT_TRIALS = 5_000  # at most this many trials (every k-th one, plus the top rows) in the plots of a large study
 REPORT_ROWS = 500  # leaderboard rows in the page (leaderboard.csv has every row)
 MIN_IMPORTANCE_TRIALS = 4  # fewer ok trials than this: importance is not estimated (noise)
+
+
+# each objective metric as an axis title: what it is and its unit
+METRIC_TITLES = {
+    "tflops_per_gpu": "TFLOP/s per GPU",
+    "tokens_per_s_per_gpu": "tokens/s per GPU",
+    "step_time_s": "step time (s)",
+    "peak_memory_gib": "peak memory (GiB)",
+}
+
+
+def metric_title(metric: str) -> str:
+    """``metric`` as an axis title, with its unit (``step time (s)``); an unknown name as it is."""
+    return METRIC_TITLES.get(metric, metric)
+
+
+def _fingerprint_fields(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The fields of ``dse.json``'s study fingerprint, when the study has one ({} otherwise)."""
+    fp = meta.get("fingerprint")
+    fields = fp.get("fields") if isinstance(fp, Mapping) else None
+    return fields if isinstance(fields, Mapping) else {}
+
+
+def study_space(meta: Mapping[str, Any]) -> Space | None:
+    """The space file ``dse.json`` names, when it still reads as the same space (its name); None otherwise (moved,
+    changed, or a study from elsewhere): what a study's ``dse.json`` lacks may come from it."""
+    source, name = meta.get("space"), meta.get("space_name")
+    if not isinstance(source, str) or not source:
+        return None
+    try:
+        space = load_space(source)
+    except UserError:
+        return None
+    return space if space.name == name else None
+
+
+def study_objective(meta: Mapping[str, Any], space: Space | None = None) -> Objective:
+    """The study's objective: from ``dse.json`` (its ``objective`` or its fingerprint's), else from its space file,
+    else the default (TFLOP/s per GPU, maximised), which is what a study without one ran under."""
+    for raw in (meta.get("objective"), _fingerprint_fields(meta).get("objective")):
+        if isinstance(raw, Mapping):
+            try:
+                return Objective.model_validate(dict(raw))
+            except (UserError, ValueError):
+                continue
+    space = space or study_space(meta)
+    return space.objective if space is not None else Objective()
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where a study's figures come from: ``backend`` (sim, local, slurm), and for simulated figures the truth
+    (exact: the model itself; twin: a perturbed model) and the calibration (none, or the file's name)."""
+
+    backend: str | None
+    truth: str | None = None
+    calibration: str | None = None
+    simulated: bool = False
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any], space: Space | None = None) -> Provenance:
+        """From ``dse.json`` (its own fields, then its fingerprint's), then the space file; absent ones stay None."""
+        fields = _fingerprint_fields(meta)
+        backend = meta.get("backend") or fields.get("backend")
+        if space is None and (not {"payload", "truth", "calibration"} <= set(fields) or fields.get("calibration")):
+            # dse.json lacks some of them (or keeps only the calibration's hash): the space file may say
+            space = study_space(meta)
+        payload = fields.get("payload") or (space.backend.payload if space is not None else None)
+        simulated = backend == "sim" or payload == "sim"
+        if not simulated:
+            return cls(str(backend) if backend else None)
+        return cls(str(backend), cls._truth(meta, fields, space), cls._calibration(meta, fields, space), simulated=True)
+
+    @staticmethod
+    def _truth(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
+        truth, seed = meta.get("truth") or fields.get("truth"), fields.get("twin_seed")
+        if truth is None and space is not None:
+            truth, seed = space.backend.truth, space.backend.twin_seed
+        if truth == "twin" and seed is not None and "seed" not in str(meta.get("truth") or ""):
+            return f"twin (seed {seed})"
+        return None if truth is None else str(truth)
+
+    @staticmethod
+    def _calibration(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
+        if "calibration" in meta:  # dse.json's own field: a name, or None for none
+            return str(meta["calibration"]) if meta["calibration"] else "none"
+        if space is not None:
+            return Path(space.backend.calibration).name if space.backend.calibration else "none"
+        if "calibration" in fields:  # the fingerprint keeps the file's hash: the file's name is not known
+            return str(fields["calibration"])[:19] if fields["calibration"] else "none"
+        return None
+
+    def sentence(self) -> str:
+        """One sentence for a page's header: simulated figures are the model's, the others measured."""
+        if self.simulated:
+            extra = [f"{k} {v}" for k, v in (("truth", self.truth), ("calibration", self.calibration)) if v]
+            return "Simulated: every figure is predicted by the performance model, not measured" + (
+                f" ({', '.join(extra)})." if extra else "."
+            )
+        if self.backend:
+            return f"Measured: every figure comes from runs launched by the {self.backend} backend."
+        return "Where the figures come from is not recorded (dse.json names no backend)."
 
 
 def fmt(v: Any) -> str:
@@ -103,58 +207,74 @@ def _int_ticks(n: int) -> dict:
     return dict(tickmode="linear", tick0=0, dtick=step, tickformat="d")
 
 
+def objective_values(rewards: pd.Series, objective: Objective) -> pd.Series:
+    """Rewards back as the objective's values (a reward is the metric signed so that higher is better)."""
+    return rewards if objective.sense == "maximize" else -rewards
+
+
 def _figures(
     df: pd.DataFrame,
     records: Sequence[TrialRecord],
     knob_values: Mapping[str, Sequence[Any]],
-    metric: str,
+    objective: Objective,
     *,
     counts: Mapping[str, int] | None = None,
     best_line: pd.Series | None = None,
     note: str = "",
 ) -> list:
     """The plots of ``df`` (every trial, or a sample of a large study: ``counts`` and ``best_line``, the
-    best-so-far step line by trial, then come from the whole study, and ``note`` says what is shown)."""
+    best-so-far step line by trial in rewards, then come from the whole study, and ``note`` says what is shown).
+    Every plot shows the objective's metric in its own direction, never the reward."""
     by_trial = df.sort_values("trial")
-    figs = [_reward_figure(by_trial, best_line, note), _status_figure(Counter(df.status) if counts is None else counts)]
-    ok = by_trial[by_trial.status == "ok"]
+    figs = [
+        _reward_figure(by_trial, objective, best_line, note),
+        _status_figure(Counter(df.status) if counts is None else counts),
+    ]
+    ok = by_trial[by_trial.status == "ok"].copy()
     if ok.empty:
         return figs
-    y = metric if metric in ok and ok[metric].notna().any() else "reward"
+    y = objective.metric
+    if y not in ok or ok[y].isna().all():  # an ok trial's reward is its metric, signed
+        ok[y] = objective_values(ok.reward, objective)
+    minimize = objective.sense == "minimize"
     figs += [_knob_box(ok, knob, knob_values[knob], y, note) for knob in knob_values]
     if knob_values:
-        figs.append(_parallel_coordinates(ok, knob_values, y))
+        figs.append(_parallel_coordinates(ok, knob_values, y, minimize))
     imp = importances(records, knob_values)
     if imp:
         figs.append(_importance_figure(imp, len(ok)))
     if "peak_memory_gib" in ok and ok.peak_memory_gib.notna().any():
-        figs.append(_memory_figure(ok, list(knob_values), y))
+        figs.append(_memory_figure(ok, list(knob_values), y, minimize))
     return figs
 
 
-def _reward_figure(by_trial: pd.DataFrame, best_line: pd.Series | None, note: str):
-    """Reward by trial: ok trials, the best so far as a step line over all trials, pruned trials at their
-    reward (the optimistic bound they lost with), failures as marks at the bottom of the axis (one trace
-    per status, the reason on hover)."""
+def _reward_figure(by_trial: pd.DataFrame, objective: Objective, best_line: pd.Series | None, note: str):
+    """The objective by trial: ok trials, the best so far in the objective's direction as a step line over all
+    trials, pruned trials at their bound (the most they could have scored), failures as marks beyond the worst
+    value (below it when maximising, above it when minimising; one trace per status, the reason on hover)."""
     import plotly.graph_objects as go
 
+    metric, minimize = objective.metric, objective.sense == "minimize"
     ok = by_trial[by_trial.status == "ok"]
     pruned = by_trial[by_trial.status == "pruned"]
     failed = by_trial[~by_trial.status.isin(("ok", "pruned"))]
     fig = go.Figure()
     best = by_trial.reward.where(by_trial.status == "ok").cummax().ffill() if best_line is None else best_line
+    best = objective_values(best, objective)
+    values = objective_values(ok.reward, objective)
     if not ok.empty:
-        lo, hi = float(ok.reward.min()), float(ok.reward.max())
-        floor = lo - 0.06 * ((hi - lo) or abs(hi) or 1.0)
+        lo, hi = float(values.min()), float(values.max())
+        pad = 0.06 * ((hi - lo) or abs(hi) or 1.0)
+        mark = hi + pad if minimize else lo - pad
     else:
-        floor = 0.0
+        mark = 0.0
     fig.add_trace(
         go.Scatter(
             x=ok.trial,
-            y=ok.reward,
+            y=values,
             mode="markers",
             name="ok",
-            hovertemplate="trial %{x}<br>reward %{y:.4g}<extra></extra>",
+            hovertemplate=f"trial %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
         )
     )
     if best.notna().any():
@@ -166,14 +286,14 @@ def _reward_figure(by_trial: pd.DataFrame, best_line: pd.Series | None, note: st
                 name="best so far",
                 line_shape="hv",
                 connectgaps=False,
-                hovertemplate="trial %{x}<br>best %{y:.4g}<extra></extra>",
+                hovertemplate=f"trial %{{x}}<br>best {metric} %{{y:.4g}}<extra></extra>",
             )
         )
     if not pruned.empty:
         fig.add_trace(
             go.Scatter(
                 x=pruned.trial,
-                y=pruned.reward,
+                y=objective_values(pruned.reward, objective),
                 mode="markers",
                 name="pruned (bound)",
                 marker=dict(symbol="triangle-down", size=8),
@@ -185,7 +305,7 @@ def _reward_figure(by_trial: pd.DataFrame, best_line: pd.Series | None, note: st
         fig.add_trace(
             go.Scatter(
                 x=grp.trial,
-                y=[floor] * len(grp),
+                y=[mark] * len(grp),
                 mode="markers",
                 name=str(status),
                 marker=dict(symbol="x", size=8),
@@ -193,10 +313,12 @@ def _reward_figure(by_trial: pd.DataFrame, best_line: pd.Series | None, note: st
                 hovertemplate=f"trial %{{x}}: {html.escape(str(status))}<br>%{{customdata}}<extra></extra>",
             )
         )
+    better = "lower" if minimize else "higher"
     fig.update_layout(
-        title="Reward by trial (failures marked at the bottom)" + note,
+        title=f"{metric_title(metric)} by trial ({better} is better; failures marked at the "
+        f"{'top' if minimize else 'bottom'})" + note,
         xaxis_title="trial",
-        yaxis_title="reward",
+        yaxis_title=metric_title(metric),
         yaxis_tickformat=".4~g",
         xaxis=_int_ticks(int(by_trial.trial.max()) if len(by_trial) else 1),
     )
@@ -233,9 +355,9 @@ def _knob_box(ok: pd.DataFrame, knob: str, values: Sequence[Any], y: str, note: 
         )
     )
     fig.update_layout(
-        title=f"{y} by {knob} (ok trials{note})",
+        title=f"{metric_title(y)} by {knob} (ok trials{note})",
         xaxis_title=knob,
-        yaxis_title=y,
+        yaxis_title=metric_title(y),
         yaxis_tickformat=".4~g",
         xaxis=dict(type="category", categoryorder="array", categoryarray=order),
         showlegend=False,
@@ -243,8 +365,9 @@ def _knob_box(ok: pd.DataFrame, knob: str, values: Sequence[Any], y: str, note: 
     return fig
 
 
-def _parallel_coordinates(ok: pd.DataFrame, knob_values: Mapping[str, Sequence[Any]], y: str):
-    """One axis per knob (its values coded by their place in the space's order), then ``y``."""
+def _parallel_coordinates(ok: pd.DataFrame, knob_values: Mapping[str, Sequence[Any]], y: str, minimize: bool):
+    """One axis per knob (its values coded by their place in the space's order), then ``y``; the lines coloured
+    by ``y``, the best trials bright whatever the direction (the scale reversed when minimising)."""
     import plotly.graph_objects as go
 
     dims = []
@@ -261,10 +384,17 @@ def _parallel_coordinates(ok: pd.DataFrame, knob_values: Mapping[str, Sequence[A
                 range=[0, max(len(order) - 1, 1)],
             )
         )
-    dims.append(dict(label=y, values=list(ok[y]), tickformat=".4~g"))
+    dims.append(dict(label=metric_title(y), values=list(ok[y]), tickformat=".4~g"))
+    line = dict(
+        color=list(ok[y]),
+        colorscale="Viridis",
+        reversescale=minimize,
+        showscale=True,
+        colorbar=dict(title=dict(text=metric_title(y))),
+    )
     return go.Figure(
-        go.Parcoords(line=dict(color=list(ok[y]), colorscale="Viridis", showscale=True), dimensions=dims),
-        layout=dict(title=f"Parallel coordinates: knobs against {y} (ok trials)"),
+        go.Parcoords(line=line, dimensions=dims),
+        layout=dict(title=f"Parallel coordinates: knobs against {metric_title(y)} (ok trials)"),
     )
 
 
@@ -283,8 +413,9 @@ def _importance_figure(imp: Mapping[str, float], n_ok: int):
     )
 
 
-def _memory_figure(ok: pd.DataFrame, knob_names: list[str], y: str):
-    """``y`` against peak memory, one point per ok trial, its knobs on hover."""
+def _memory_figure(ok: pd.DataFrame, knob_names: list[str], y: str, minimize: bool):
+    """``y`` against peak memory, one point per ok trial coloured by ``y`` (the best bright, as in the parallel
+    coordinates), its knobs on hover."""
     import plotly.graph_objects as go
 
     text = (
@@ -298,12 +429,19 @@ def _memory_figure(ok: pd.DataFrame, knob_names: list[str], y: str):
             y=ok[y],
             mode="markers",
             text=text,
+            marker=dict(
+                color=list(ok[y]),
+                colorscale="Viridis",
+                reversescale=minimize,
+                showscale=True,
+                colorbar=dict(title=dict(text=metric_title(y))),
+            ),
             hovertemplate="%{text}<br>%{x:.4g} GiB<br>" + y + " %{y:.4g}<extra></extra>",
         ),
         layout=dict(
-            title=f"{y} against peak memory (ok trials)",
-            xaxis_title="peak memory, GiB",
-            yaxis_title=y,
+            title=f"{metric_title(y)} against peak memory (ok trials)",
+            xaxis_title=metric_title("peak_memory_gib"),
+            yaxis_title=metric_title(y),
             xaxis_tickformat=".4~g",
             yaxis_tickformat=".4~g",
         ),
@@ -391,7 +529,8 @@ def _best_section(df: pd.DataFrame, knob_names: Sequence[str], best: Mapping[str
     if ok.empty:
         return None
     row = ok.iloc[0]
-    cols = ["trial", "reward", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", *knob_names]
+    # no reward column: it is the objective's metric, signed (negative seconds for a step-time study)
+    cols = ["trial", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", *knob_names]
     return {
         "table": table(pd.DataFrame([{c: row[c] for c in cols}])),
         "run_dir": str(row.run_dir) if isinstance(row.run_dir, str) else None,
@@ -454,14 +593,14 @@ def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
     return what, stats
 
 
-def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]], metric: str) -> list[dict]:
+def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]], objective: Objective) -> list[dict]:
     """The plots as Plotly divs (plotly.js embedded once, in the first). Marked as HTML: Plotly writes its data
     as JSON with ``<``, ``>`` and ``/`` escaped, so a value cannot close its script."""
     if not len(df):
         return []
     note = f"; every {p.stride}th of {p.summary.n:,} trials and the top {len(p.summary.rows)}" if p.stride > 1 else ""
     ok_sample = [r for r in p.sample if r.ok] if p.stride > 1 else p.sample
-    figs = _figures(df, ok_sample, knob_values, metric, counts=p.summary.counts, best_line=p.best_line(), note=note)
+    figs = _figures(df, ok_sample, knob_values, objective, counts=p.summary.counts, best_line=p.best_line(), note=note)
     out = []
     for i, fig in enumerate(figs):
         fig.update_layout(height=420, margin=dict(l=60, r=30, t=60, b=50), template="plotly_white")
@@ -493,13 +632,14 @@ def render(
     records: Iterable[TrialRecord],
     meta: dict,
     *,
-    metric: str = "tflops_per_gpu",
+    objective: Objective | None = None,
     best: Mapping[str, Any] | None = None,
     extra_html: str = "",
     total: int | None = None,
 ) -> str:
-    """The report as one HTML string. ``best`` is ``best/best.json`` (for the launch command) when there is one;
-    ``extra_html`` is a section the caller built as HTML (inserted as it is).
+    """The report as one HTML string. ``objective``: what the plots show (default: the study's, from ``dse.json``
+    or its space file: :func:`study_objective`); ``best`` is ``best/best.json`` (for the launch command) when
+    there is one; ``extra_html`` is a section the caller built as HTML (inserted as it is).
 
     ``records`` is read once, as a stream (``Store.iter_records``); ``total``, the number of trials, when the
     stream cannot say (a list can). What is held is bounded by what the page shows: the top
@@ -517,14 +657,18 @@ def render(
     df = frame(p.sample + [r for r in top if r.number not in in_sample], knob_names)
     what, stats = _headline(meta, p.summary)
     name = str(meta.get("study_name", ""))
+    space = study_space(meta)
+    objective = objective or study_objective(meta, space)
     return page(
         "report.html.j2",
         title=f"dse {name}",
         study=name,
         summary_line=what,
         stats=stats,
+        provenance=Provenance.of(meta, space).sentence(),
+        goal=f"Objective: {metric_title(objective.metric)}, {objective.sense}d ({objective.metric}).",
         best=_best_section(df, knob_names, best),
-        plots=_plots(df, p, knob_values, metric),
+        plots=_plots(df, p, knob_values, objective),
         failures=p.failures.html() if len(df) else None,
         extra=Markup(extra_html),
         leaderboard=_leaderboard(frame(top, knob_names), knob_names, total),
@@ -544,7 +688,7 @@ def write(
     meta: dict,
     path: str | Path,
     *,
-    metric: str = "tflops_per_gpu",
+    objective: Objective | None = None,
     best: Mapping[str, Any] | None = None,
     extra_html: str = "",
     total: int | None = None,
@@ -552,7 +696,7 @@ def write(
     from dse.leaderboard import checked_output, output_error
 
     path = checked_output(Path(path), "--html")
-    text = render(records, meta, metric=metric, best=best, extra_html=extra_html, total=total)
+    text = render(records, meta, objective=objective, best=best, extra_html=extra_html, total=total)
     try:
         return write_text(path, text)
     except OSError as e:

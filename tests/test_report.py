@@ -8,8 +8,11 @@ import shlex
 import pytest
 
 from dse import report
+from dse.space import Objective
 from dse.store import TrialRecord
 
+TFLOPS = Objective(metric="tflops_per_gpu")
+STEP_TIME = Objective(metric="step_time_s")
 META = {"study_name": "s", "knobs": {"tp": [8, 4, 2], "recompute": ["none", "full"]}}
 
 
@@ -43,7 +46,7 @@ def test_fmt_rounds_to_four_significant_digits_and_never_writes_none():
 
 
 def test_best_so_far_is_a_step_line_over_every_trial_after_the_first_success():
-    fig = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], "tflops_per_gpu")[0]
+    fig = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], TFLOPS)[0]
     best = next(t for t in fig.data if t.name == "best so far")
     assert best.line.shape == "hv"
     assert list(best.x) == list(range(7))
@@ -57,7 +60,7 @@ def test_best_so_far_is_a_step_line_over_every_trial_after_the_first_success():
 
 
 def test_ordinal_knobs_are_drawn_in_numeric_order():
-    figs = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], "tflops_per_gpu")
+    figs = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], TFLOPS)
     by_tp = next(f for f in figs if f.layout.title.text.endswith("by tp (ok trials)"))
     assert list(by_tp.layout.xaxis.categoryarray) == ["2", "4", "8"]
     by_rc = next(f for f in figs if f.layout.title.text.endswith("by recompute (ok trials)"))
@@ -131,3 +134,72 @@ def test_the_comparison_page_escapes_study_names_and_knob_values(tmp_path):
     page = compare.page(df, [{"dir": tmp_path / "x'y", "meta": {"study_name": XSS}}])
     assert "<script>alert" not in page and page.count("&lt;script&gt;alert(1)") == 3
     assert "x&#39;y" in page  # the link's quote cannot end its attribute
+
+
+def step_rec(n, tp, status="ok", step=None):
+    """A trial of a step-time study: its reward is minus its step time (seconds)."""
+    ok = status == "ok"
+    step = step if step is not None else 1.0 + 0.1 * tp + 0.01 * n
+    metrics = {"step_time_s": step, "tflops_per_gpu": 400 / step, "peak_memory_gib": 40.0 + tp} if ok else {}
+    reward = -step if ok else -3600.0
+    return TrialRecord(n, {"tp": tp, "recompute": "none"}, status, reward, None if ok else "oom", metrics, None)
+
+
+def step_records():
+    return [step_rec(0, 8), step_rec(1, 2, "oom"), step_rec(2, 4), step_rec(3, 8, step=3.0), step_rec(4, 2)]
+
+
+def test_a_step_time_study_plots_seconds_and_its_best_so_far_decreases():
+    recs = step_records()
+    figs = report._figures(report.frame(recs, ["tp", "recompute"]), recs, META["knobs"], STEP_TIME)
+    by_trial = figs[0]
+    assert "step time (s)" in by_trial.layout.title.text and by_trial.layout.yaxis.title.text == "step time (s)"
+    ok = next(t for t in by_trial.data if t.name == "ok")
+    assert sorted(ok.y) == sorted(r.metrics["step_time_s"] for r in recs if r.ok)  # seconds, never negative
+    best = [y for y in next(t for t in by_trial.data if t.name == "best so far").y if not math.isnan(y)]
+    assert best[0] == recs[0].metrics["step_time_s"] and best[-1] == min(ok.y)
+    assert all(b <= a for a, b in zip(best, best[1:])) and best[-1] < best[0]
+    oom = next(t for t in by_trial.data if t.name == "oom")
+    assert list(oom.x) == [1] and oom.y[0] > max(ok.y)  # a failure is marked beyond the worst, above it
+    by_tp = next(f for f in figs if f.layout.title.text.endswith("by tp (ok trials)"))
+    assert by_tp.layout.yaxis.title.text == "step time (s)" and min(by_tp.data[0].y) > 0
+    par = next(f for f in figs if type(f.data[0]).__name__ == "Parcoords")
+    assert par.data[0].line.reversescale is True and list(par.data[0].line.color) == list(by_tp.data[0].y)
+    assert par.data[0].dimensions[-1].label == "step time (s)"
+    memory = figs[-1]
+    assert memory.layout.yaxis.title.text == "step time (s)" and memory.data[0].marker.reversescale is True
+
+
+def test_a_throughput_study_keeps_higher_is_better():
+    figs = report._figures(report.frame(records(), ["tp", "recompute"]), records(), META["knobs"], TFLOPS)
+    assert figs[0].layout.yaxis.title.text == "TFLOP/s per GPU" and "higher is better" in figs[0].layout.title.text
+    par = next(f for f in figs if type(f.data[0]).__name__ == "Parcoords")
+    assert par.data[0].line.reversescale is False
+
+
+def test_the_objective_comes_from_dse_json_then_the_space_file_then_the_default(tmp_path):
+    from tests.helpers import SMALL_SPACE, write_space
+
+    fingerprint = {"fields": {"objective": {"metric": "step_time_s", "direction": None}}}
+    assert report.study_objective({"fingerprint": fingerprint}).sense == "minimize"
+    space = write_space(tmp_path, SMALL_SPACE.replace('"tflops_per_gpu"', '"tokens_per_s_per_gpu"'))
+    meta = {"space": str(space), "space_name": "small"}
+    assert report.study_objective(meta).metric == "tokens_per_s_per_gpu"
+    assert report.study_objective({**meta, "space_name": "another"}).metric == "tflops_per_gpu"  # not that space
+    assert report.study_objective({"space": str(tmp_path / "gone.toml")}) == Objective()
+
+
+def test_the_header_says_where_the_figures_come_from(tmp_path):
+    from tests.helpers import SMALL_SPACE, write_space
+
+    twin = SMALL_SPACE + '\n[backend]\ntruth = "twin"\ntwin_seed = 3\n'
+    meta = {**META, "space": str(write_space(tmp_path, twin)), "space_name": "small", "backend": "sim"}
+    prov = report.Provenance.of(meta)
+    assert (prov.backend, prov.truth, prov.calibration, prov.simulated) == ("sim", "twin (seed 3)", "none", True)
+    page = report.render([r for r in records() if r.ok], meta)
+    assert "predicted by the performance model, not measured (truth twin (seed 3), calibration none)" in page
+    measured = report.render([r for r in records() if r.ok], {**META, "backend": "slurm"})
+    assert "Measured: every figure comes from runs launched by the slurm backend." in measured
+    assert "predicted by" not in measured
+    fields = {"backend": "sim", "payload": "sim", "truth": "exact", "twin_seed": None, "calibration": None}
+    assert report.Provenance.of({"fingerprint": {"fields": fields}}) == report.Provenance("sim", "exact", "none", True)
