@@ -3,7 +3,8 @@
 The page is copied with a probe script first in ``<head>``: it records console errors, uncaught errors and
 rejected promises, and after load writes, into a ``<pre id="dse-probe">``, per plot the points Plotly was
 given and the marks it drew, and the page's and the leaderboard's widths. ``chromium --dump-dom`` returns the
-DOM with that element; a second run takes the screenshot. Why not Playwright/Selenium: neither is a
+DOM with that element (with each plot's title, y-axis title and best-so-far line as drawn); a second run
+takes the screenshot. Why not Playwright/Selenium: neither is a
 dependency, and the CLI of the distribution's Chromium does all this test needs.
 """
 
@@ -32,7 +33,11 @@ window.__dseErrors = [];
       var drawn = gd.querySelectorAll('.scatterlayer .point, .scatterlayer .js-line, .boxlayer .trace path, ' +
                                       '.barlayer .point, .parcoords .axis .tick, .parcoords-line-layers canvas').length;
       var title = (gd.layout && gd.layout.title && (gd.layout.title.text || gd.layout.title)) || '';
-      return {title: String(title), points: points, drawn: drawn};
+      var yaxis = (gd._fullLayout && gd._fullLayout.yaxis) || {};
+      var ytitle = (yaxis.title && yaxis.title.text) || '';
+      var best = (gd._fullData || []).filter(function (t) { return t.name === 'best so far'; })
+                   .map(function (t) { return Array.prototype.slice.call(t.y || []); });
+      return {title: String(title), ytitle: String(ytitle), best: best[0] || [], points: points, drawn: drawn};
     });
     var tables = Array.prototype.map.call(document.querySelectorAll('table'), function (t) { return t.scrollWidth; });
     var pre = document.createElement('pre');

@@ -50,6 +50,32 @@ def test_quick_start_study_report_in_chromium(tmp_path):
         shutil.copy(shot, Path(os.environ["DSE_SCREENSHOT_DIR"]) / "report.png")
 
 
+def test_step_time_study_report_plots_seconds_in_chromium(tmp_path):
+    """A minimising study (``step_time_s``): every plot of the objective names step time on its axis, and the best
+    so far, as Chromium draws it, only goes down."""
+    chromium()
+    from tests.helpers import SMALL_SPACE, write_space
+
+    space = write_space(tmp_path, SMALL_SPACE.replace('metric = "tflops_per_gpu"', 'metric = "step_time_s"'))
+    out = tmp_path / "steps"
+    r = runner.invoke(app, ["run", "--space", str(space), "--out", str(out), "--agent", "random", "--trials", "16"])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    found = probe(out / "report.html", tmp_path)
+    _check(found, plots=6)
+    by_trial = next(p for p in found["plots"] if "by trial" in p["title"])
+    assert by_trial["ytitle"] == "step time (s)" and "lower is better" in by_trial["title"]
+    best = [y for y in by_trial["best"] if y is not None]
+    assert best and all(y > 0 for y in best), best  # seconds, not the reward's negative seconds
+    assert all(b <= a for a, b in zip(best, best[1:])) and best[-1] < best[0], best
+    knob_plots = [
+        p for p in found["plots"] if p["title"].startswith("step time (s) by ") and "by trial" not in p["title"]
+    ]
+    assert len(knob_plots) == 4 and all(p["ytitle"] == "step time (s)" for p in knob_plots), knob_plots
+    assert "Parallel coordinates: knobs against step time (s) (ok trials)" in [p["title"] for p in found["plots"]]
+    assert "predicted by the performance model" in found["text"]
+
+
 def test_failed_heavy_study_report_in_chromium(tmp_path):
     """Two thirds of the trials failed, in every class, with long reasons: still one readable page."""
     chromium()
