@@ -462,12 +462,17 @@ def page(name: str, **context: Any) -> str:
     return _templates().get_template(name).render(**context)
 
 
-def table(df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, css: str = "tbl") -> Markup:
-    """An HTML table of ``df`` with values as :func:`fmt` writes them; columns in ``cut`` are truncated."""
-    cut = dict(cut or {})
+def table(
+    df: pd.DataFrame, *, cut: Mapping[str, int] | None = None, wrap: Iterable[str] = (), css: str = "tbl"
+) -> Markup:
+    """An HTML table of ``df`` with values as :func:`fmt` writes them; columns in ``cut`` are truncated, those in
+    ``wrap`` break over lines (a long list the reader needs whole, which neither a cut nor a scroll may hide)."""
+    cut, wrapped = dict(cut or {}), set(wrap)
     limits = [cut.get(c) for c in df.columns]
     rows = [[(fmt(v), limit) for v, limit in zip(row, limits)] for row in df.itertuples(index=False, name=None)]
-    return Markup(page("table.html.j2", columns=[str(c) for c in df.columns], rows=rows, css=css))  # escaped there
+    columns = [str(c) for c in df.columns]
+    wraps = [c in wrapped for c in columns]
+    return Markup(page("table.html.j2", columns=columns, rows=rows, wraps=wraps, css=css))  # escaped there
 
 
 class Failures:
