@@ -3,7 +3,12 @@
 One row per study, in the order given (the first is the baseline): the system and GPU, its best layout's
 metrics, the job's throughput (tokens/s over all its GPUs), the speed-up over the first, the GPU-hours (and,
 with ``price_per_gpu_hour`` in the system file, the cost) of training 1B tokens with that layout, the
-GPU-hours the search itself spent, and the knobs whose values differ from the first study's best layout.
+GPU-hours the search itself spent, where the figures come from (``backend``, and for simulated ones ``truth``
+and ``calibration``, from each study's ``dse.json``), and every knob whose resolved value (recipe defaults
+applied: FSDP, offloaded layers, TP overlap, FP8 recipe, ...) differs from the first study's best layout.
+
+Studies of different recipes (models) are refused: a speed-up between two models measures the models, not the
+hardware. ``--allow-different-recipes`` compares them anyway, and the ``warning`` column says so on each row.
 
 Price: the system's ``price_per_gpu_hour`` as the study recorded it in ``dse.json``; for a study made before
 that field existed, the shipped system file of the same name (if there is one). No price: cost is empty.
@@ -11,6 +16,7 @@ that field existed, the shipped system file of the same name (if there is one). 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,10 +28,14 @@ from dse import report
 from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.leaderboard import Summary, write_csv
+from dse.space import Space, load_system
+from dse.store import TrialRecord
 from dse.study import open_store
+from dse.trial import resolve
 
 COLUMNS = (
     "study",
+    "recipe",
     "system",
     "gpu",
     "num_gpus",
@@ -42,24 +52,30 @@ COLUMNS = (
     "search_cost",
     "trials",
     "ok",
+    "backend",
+    "truth",
+    "calibration",
     "changed_knobs",
+    "warning",
 )
+# best.json's keys that are columns of their own (or the recipe, which must match), not knobs
+NOT_KNOBS = ("recipe", "gpu", "num_gpus")
 
 
 def _price(meta: dict[str, Any]) -> float | None:
     if "price_per_gpu_hour" in meta:
         return meta["price_per_gpu_hour"]
     try:
-        from dse.space import load_system
-
         return load_system(str(meta.get("system"))).price_per_gpu_hour
     except UserError:
         return None
 
 
-def gather(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """What the comparison needs from each study directory: its meta and a :class:`dse.leaderboard.Summary`
-    of its trials (best record, counts, GPU-hours), read as a stream: no study is held whole."""
+def gather(dirs: Sequence[str | Path], *, allow_different_recipes: bool = False) -> list[dict[str, Any]]:
+    """What the comparison needs from each study directory: its meta, a :class:`dse.leaderboard.Summary` of its
+    trials (best record, counts, GPU-hours), read as a stream (no study is held whole), where its figures come
+    from and its best layout resolved. Studies of different recipes are refused unless
+    ``allow_different_recipes``."""
     if not dirs:
         raise UserError("give one or more study directories", field="DIR")
     studies = []
@@ -69,56 +85,122 @@ def gather(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
             summary = Summary.of(store.iter_records(), top=0)
         finally:
             store.close()
-        studies.append({"dir": Path(d), "meta": meta, "summary": summary, "best": summary.best})
+        space = report.study_space(meta)
+        studies.append(
+            {
+                "dir": Path(d),
+                "meta": meta,
+                "summary": summary,
+                "best": summary.best,
+                "provenance": report.Provenance.of(meta, space),
+                "layout": resolved_layout(Path(d), meta, summary.best, space),
+            }
+        )
+    recipes = {str(s["meta"].get("recipe")) for s in studies}
+    if len(recipes) > 1 and not allow_different_recipes:
+        named = ", ".join(f"{s['dir']} ({s['meta'].get('recipe')})" for s in studies)
+        raise UserError(
+            f"the studies are of different recipes: {named}; a speed-up between different models compares the "
+            "models, not the systems (--allow-different-recipes compares them anyway)",
+            field="DIRS",
+        )
     return studies
 
 
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as ``best.json`` holds them (JSON), so that a layout read back and one resolved here compare."""
+    return {k: v for k, v in json.loads(json.dumps(values, default=str)).items() if k not in NOT_KNOBS}
+
+
+def resolved_layout(
+    out_dir: Path, meta: dict[str, Any], best: TrialRecord | None, space: Space | None
+) -> dict[str, Any] | None:
+    """Every knob of the best trial's layout, recipe defaults applied (``best/best.json``'s ``knobs``, written for
+    that trial); else resolved again from the study's space file (moved onto the study's system, as a
+    ``--systems`` sub-study is); else only the knobs the space varied (None: no ok trial)."""
+    if best is None:
+        return None
+    written = report.read_best(out_dir)
+    if written and written.get("trial") == best.number and isinstance(written.get("knobs"), dict):
+        return _plain(written["knobs"])
+    if space is not None:
+        try:
+            if space.system.name != meta.get("system") or space.num_nodes != meta.get("num_nodes"):
+                data = space.model_dump()
+                data.update(system=load_system(str(meta.get("system"))).model_dump(), num_nodes=meta.get("num_nodes"))
+                space = Space.model_validate(data)
+            return _plain(resolve(space, best.knobs).as_dict())
+        except (UserError, ValueError, KeyError):  # the system is no longer there, or the point does not resolve
+            pass
+    return _plain(best.knobs)
+
+
+def _fmt_value(v: Any) -> str:
+    return "unset" if v is None else report.fmt(v)
+
+
 def _changed(base: dict[str, Any] | None, knobs: dict[str, Any] | None, order: Sequence[str] = ()) -> str:
-    """The knobs whose values differ, in the space's order (``order``), as ``tp 4->2, cp 2->1``."""
+    """The knobs whose values differ, the space's (``order``) first, then the catalogue's: ``tp 4->2, fsdp
+    False->True``."""
     if base is None or knobs is None:
         return ""
     names = list(dict.fromkeys([*(k for k in order if k in base or k in knobs), *base, *knobs]))
-    diffs = [f"{k} {report.fmt(base.get(k))}->{report.fmt(knobs.get(k))}" for k in names if base.get(k) != knobs.get(k)]
+    diffs = [f"{k} {_fmt_value(base.get(k))}->{_fmt_value(knobs.get(k))}" for k in names if base.get(k) != knobs.get(k)]
     return ", ".join(diffs) if diffs else "none"
 
 
-def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    rows, base_tps, base_knobs = [], None, None
-    for i, s in enumerate(studies):
-        meta, best, summary = s["meta"], s["best"], s["summary"]
-        m = best.metrics if best else {}
-        num_gpus = best.num_gpus if best else None
-        tps_gpu = m.get("tokens_per_s_per_gpu")
-        tps = tps_gpu * num_gpus if tps_gpu and num_gpus else None
-        if i == 0:
-            base_tps, base_knobs = tps, (best.knobs if best else None)
-        price = _price(meta)
-        gph = (1e9 / tps) * num_gpus / 3600.0 if tps else None
-        spent = summary.spent
-        rows.append(
-            {
-                "study": meta.get("study_name"),
-                "system": meta.get("system"),
-                "gpu": meta.get("gpu"),
-                "num_gpus": num_gpus,
-                "best_trial": best.number if best else None,
-                "tflops_per_gpu": m.get("tflops_per_gpu"),
-                "tokens_per_s_per_gpu": tps_gpu,
-                "step_time_s": m.get("step_time_s"),
-                "tokens_per_s": tps,
-                "speedup": tps / base_tps if tps and base_tps else None,
-                "gpu_hours_per_1b_tokens": gph,
-                "price_per_gpu_hour": price,
-                "cost_per_1b_tokens": gph * price if gph is not None and price else None,
-                "search_gpu_hours": spent,
-                "search_cost": spent * price if price else None,
-                "trials": summary.n,
-                "ok": summary.counts["ok"],
-                "changed_knobs": "(baseline)"
-                if i == 0 and best
-                else _changed(base_knobs, best.knobs if best else None, list(meta.get("knobs", {}))),
-            }
+def _row(s: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """One study's row; ``base`` is the first study's (None for the first itself)."""
+    meta, best, summary, prov = s["meta"], s["best"], s["summary"], s["provenance"]
+    m = best.metrics if best else {}
+    num_gpus = best.num_gpus if best else None
+    tps_gpu = m.get("tokens_per_s_per_gpu")
+    tps = tps_gpu * num_gpus if tps_gpu and num_gpus else None
+    base_tps = tps if base is None else base["tokens_per_s"]
+    price = _price(meta)
+    gph = (1e9 / tps) * num_gpus / 3600.0 if tps else None
+    spent = summary.spent
+    if base is None:
+        changed, warning = ("(baseline)" if best else ""), ""
+    else:
+        changed = _changed(base["layout"], s["layout"], list(meta.get("knobs", {})))
+        other = meta.get("recipe") != base["recipe"]
+        warning = (
+            f"recipe {meta.get('recipe')}, not the baseline's {base['recipe']}: a different model" if other else ""
         )
+    return {
+        "study": meta.get("study_name"),
+        "recipe": meta.get("recipe"),
+        "system": meta.get("system"),
+        "gpu": meta.get("gpu"),
+        "num_gpus": num_gpus,
+        "best_trial": best.number if best else None,
+        "tflops_per_gpu": m.get("tflops_per_gpu"),
+        "tokens_per_s_per_gpu": tps_gpu,
+        "step_time_s": m.get("step_time_s"),
+        "tokens_per_s": tps,
+        "speedup": tps / base_tps if tps and base_tps else None,
+        "gpu_hours_per_1b_tokens": gph,
+        "price_per_gpu_hour": price,
+        "cost_per_1b_tokens": gph * price if gph is not None and price else None,
+        "search_gpu_hours": spent,
+        "search_cost": spent * price if price else None,
+        "trials": summary.n,
+        "ok": summary.counts["ok"],
+        "backend": prov.backend,
+        "truth": prov.truth,
+        "calibration": prov.calibration,
+        "changed_knobs": changed,
+        "warning": warning,
+    }
+
+
+def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per study (:data:`COLUMNS`), the first the baseline of the speed-up and the changed knobs."""
+    rows: list[dict[str, Any]] = []
+    for s in studies:
+        base = None if not rows else {**rows[0], "layout": studies[0].get("layout")}
+        rows.append(_row(s, base))
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -147,13 +229,32 @@ def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
         )
         plot = Markup(fig.to_html(full_html=False, include_plotlyjs=True))  # Plotly escapes its JSON's < > /
     links = [(str(Path(s["dir"]).resolve() / "report.html"), str(s["meta"].get("study_name"))) for s in studies]
+    warnings = [f"{name}: {w}" for name, w in zip(df.study, df.warning) if isinstance(w, str) and w]
+    shown, same = html_columns(df)
     return report.page(
         "compare.html.j2",
         title="dse compare",
-        table=report.table(df, cut={"changed_knobs": 80}),
+        table=report.table(shown, wrap=("changed_knobs", "warning")),
+        same=same,
         plot=plot,
         links=links,
+        warnings=warnings,
     )
+
+
+def html_columns(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The page's table and the line said above it. What tells the studies apart comes first (the changed knobs
+    right after the system, so that no scroll hides them), the figures after; a column with one value in every
+    row (the recipe, the backend) is said once in the line, and one empty in every row (no price, no warning) is
+    left out (``compare.csv`` keeps every column)."""
+    first = ["study", "recipe", "system", "gpu", "num_gpus", "changed_knobs", "warning", "backend", "truth"]
+    keep = ("study", "system", "changed_knobs")
+    cols = [*first, *(c for c in df.columns if c not in first)]
+    text = df[cols].map(report.fmt)
+    empty = [c for c in cols if c not in keep and (text[c] == "").all()]
+    same = [c for c in cols if c not in keep and c not in empty and len(df) > 1 and text[c].nunique() == 1]
+    line = ", ".join(f"{c} {text[c].iloc[0]}" for c in same)
+    return df[[c for c in cols if c not in empty and c not in same]], line
 
 
 def write(studies: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[pd.DataFrame, Path, Path]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -68,8 +70,15 @@ def test_run_systems_then_compare_and_resume(tmp_path):
     assert df.changed_knobs[0] == "(baseline)"
     board = {s: pd.read_csv(out / d / "leaderboard.csv") for s, d in [("h100", "h100"), ("gb200", "gb200")]}
     best = {s: b[b.status == "ok"].iloc[0] for s, b in board.items()}
-    changed = [k for k in ("tp", "pp", "vp", "mbs") if best["h100"][k] != best["gb200"][k]]
-    assert df.changed_knobs[2] == (", ".join(f"{k} {best['h100'][k]}->{best['gb200'][k]}" for k in changed) or "none")
+    varied = [k for k in ("tp", "pp", "vp", "mbs") if best["h100"][k] != best["gb200"][k]]
+    assert df.changed_knobs[2].startswith(", ".join(f"{k} {best['h100'][k]}->{best['gb200'][k]}" for k in varied))
+    # every resolved knob that differs (recipe defaults applied), not only those the space varies
+    layout = {s: json.loads((out / s / "best" / "best.json").read_text())["knobs"] for s in ("h100", "gb200")}
+    rest = [k for k in layout["h100"] if k not in ("recipe", "gpu", "num_gpus", "tp", "pp", "vp", "mbs")]
+    others = [f"{k} {layout['h100'][k]}->{layout['gb200'][k]}" for k in rest if layout["h100"][k] != layout["gb200"][k]]
+    assert "num_nodes 2->4" in others  # 16 GPUs: 2 nodes of 8 H100, 4 of 4 GB200
+    assert df.changed_knobs[2] == ", ".join([*(f"{k} {best['h100'][k]}->{best['gb200'][k]}" for k in varied), *others])
+    assert list(df.backend) == ["sim"] * 3 and list(df.truth) == ["exact"] * 3 and list(df.calibration) == ["none"] * 3
     assert (out / "compare.html").exists() and (out / "h100" / "report.html").exists()
     # each sub-study resumes
     r = runner.invoke(app, [*args, "--trials", "7", "--resume"])

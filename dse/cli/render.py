@@ -234,6 +234,7 @@ def comparison(df, csv: Path, page: Path) -> None:
         "gpu_hours_per_1b_tokens",
         "cost_per_1b_tokens",
         "search_gpu_hours",
+        "backend",
         "changed_knobs",
     ]
     cols = [c for c in cols if df[c].notna().any()]  # no price in any system file: no cost column
@@ -243,6 +244,9 @@ def comparison(df, csv: Path, page: Path) -> None:
     for _, row in df.iterrows():
         table.add_row(*[fmt(row[c]) for c in cols])
     console.print(table)
+    for study, warning in zip(df.study, df.warning):
+        if isinstance(warning, str) and warning:
+            note(f"warning: {study}: {warning}")
     console.print(f"comparison: {csv}, {page}")
 
 

@@ -67,11 +67,17 @@ def compare_cmd(
     out: Path | None = typer.Option(
         None, metavar="PATH", help="where compare.csv and compare.html go (default: the first directory's parent)"
     ),
+    allow_different_recipes: bool = typer.Option(
+        False,
+        "--allow-different-recipes",
+        help="compare studies of different recipes (models) too; their rows carry a warning",
+    ),
 ) -> None:
     """Compare finished studies (one per GPU generation): best layouts, speed-up, GPU-hours, cost, changed knobs."""
     from dse import compare
 
-    render.comparison(*compare.write(compare.gather(dirs), out or Path(dirs[0]).resolve().parent))
+    studies = compare.gather(dirs, allow_different_recipes=allow_different_recipes)
+    render.comparison(*compare.write(studies, out or Path(dirs[0]).resolve().parent))
 
 
 _PARSE_KEYS = (
