@@ -141,6 +141,10 @@ def test_compare_page_in_chromium(tmp_path):
     found = probe(out / "compare.html", tmp_path)
     _check(found, plots=1)
     assert "Across generations" in found["text"] and "(baseline)" in found["text"]
+    import pandas as pd
+
+    for changed in pd.read_csv(out / "compare.csv").changed_knobs:  # whole on the page, within its width
+        assert changed in found["text"], changed
 
 
 @pytest.mark.slurm
