@@ -78,7 +78,7 @@ def gather(dirs: Sequence[str | Path], *, allow_different_recipes: bool = False)
     ``allow_different_recipes``."""
     if not dirs:
         raise UserError("give one or more study directories", field="DIR")
-    studies = []
+    studies: list[dict[str, Any]] = []
     for d in dirs:
         store, meta = open_store(Path(d))
         try:
