@@ -130,8 +130,8 @@ class Provenance:
 
     @staticmethod
     def _calibration(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
-        if "calibration" in meta:  # dse.json's own field: a name, or None for none
-            return str(meta["calibration"]) if meta["calibration"] else "none"
+        if "calibration" in meta:  # dse.json's own field: a file (its name shown: no machine path), or none
+            return Path(str(meta["calibration"])).name if meta["calibration"] else "none"
         if space is not None:
             return Path(space.backend.calibration).name if space.backend.calibration else "none"
         if "calibration" in fields:  # the fingerprint keeps the file's hash: the file's name is not known
@@ -614,13 +614,18 @@ def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]],
     return out
 
 
-def _leaderboard(lb_df: pd.DataFrame, knob_names: Sequence[str], total: int) -> dict | None:
+def _leaderboard(
+    lb_df: pd.DataFrame, knob_names: Sequence[str], total: int, objective: Objective | None = None
+) -> dict | None:
     """The leaderboard section: its table, and the columns with one value in every row (gpu, num_gpus,
     early_stopped when nothing stopped early, ...) said once above it, so the table fits the page; the CSV
-    keeps every column."""
+    keeps every column. A minimising study's table has no reward column: its metric's column says the same
+    without the sign (the reward of a 2 s step is -2)."""
     if not len(lb_df):
         return None
     lb = lb_df.copy()
+    if objective is not None and objective.sense == "minimize" and objective.metric in lb:
+        lb = lb.drop(columns=["reward"], errors="ignore")
     lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
     lb = lb.rename(columns={"run_dir": "run"})
     keep = {"trial", "status", "reward", "reason", *knob_names}
@@ -676,7 +681,7 @@ def render(
         plots=_plots(df, p, knob_values, objective),
         failures=p.failures.html() if len(df) else None,
         extra=Markup(extra_html),
-        leaderboard=_leaderboard(frame(top, knob_names), knob_names, total),
+        leaderboard=_leaderboard(frame(top, knob_names), knob_names, total, objective),
     )
 
 

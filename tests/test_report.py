@@ -203,3 +203,11 @@ def test_the_header_says_where_the_figures_come_from(tmp_path):
     assert "predicted by" not in measured
     fields = {"backend": "sim", "payload": "sim", "truth": "exact", "twin_seed": None, "calibration": None}
     assert report.Provenance.of({"fingerprint": {"fields": fields}}) == report.Provenance("sim", "exact", "none", True)
+
+
+def test_a_step_time_studys_leaderboard_shows_seconds_not_rewards():
+    page = report.render(step_records(), META, objective=STEP_TIME)
+    board = page.split("<h2>Leaderboard</h2>")[1]
+    assert "<th>reward</th>" not in board and "<th>step_<wbr>time_<wbr>s</th>" in board
+    assert "-1.24" not in board and "<td>1.24</td>" in board  # trial 4: a 1.24 s step, never its reward -1.24
+    assert "<th>reward</th>" in report.render(records(), META).split("<h2>Leaderboard</h2>")[1]
