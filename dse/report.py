@@ -1,6 +1,10 @@
-"""The HTML report of a study, in one file: summary, best configuration with its launch command, plots
-(best so far, statuses, metric by knob, parallel coordinates, knob importance, memory), failures by class
-and the leaderboard.
+"""The HTML report of a study, in one file: where its figures come from (predicted by the performance model,
+or measured), summary, best configuration with its launch command, plots (best so far, statuses, metric by
+knob, parallel coordinates, knob importance, memory), failures by class and the leaderboard.
+
+The plots show the study's objective (``dse.json``, else its space file's ``[objective]``) in its direction:
+a ``step_time_s`` study plots seconds, its best so far going down, never the reward (the metric signed so
+that higher is better).
 
 Plots are Plotly figures; the report embeds plotly.js once, so it opens on a machine without network
 access (clusters often have none). Everything comes from the store (and ``best/best.json``), as the
