@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from dse import logpack
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
+from dse.leaderboard import Provenance
 from dse.space import Space
 from dse.store import Store, check_url, sqlite_path
 from dse.store import exists as study_exists
@@ -94,6 +95,7 @@ def new_meta(
         "storage": storage or DB,
         "knobs": knob_lists(space),
         "recipe": space.recipe,
+        "provenance": Provenance.of_space(space, backend).as_dict(),
         "system": space.system.name,
         "gpu": space.system.gpu,
         "num_nodes": space.num_nodes,
@@ -280,3 +282,4 @@ def serialized(out: Path, worker: bool) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+

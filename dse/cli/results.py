@@ -17,7 +17,7 @@ def leaderboard_cmd(
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
-    from dse.leaderboard import Summary, checked_output, frame, write_csv
+    from dse.leaderboard import Provenance, Summary, checked_output, frame, write_csv
     from dse.store import READ_BATCH
     from dse.study import open_store
 
@@ -25,10 +25,11 @@ def leaderboard_cmd(
         checked_output(csv, "--csv")  # a bad --csv is refused before the study is read
     store, meta = open_store(out_dir)
     knob_names = list(meta["knobs"])
-    summary = Summary(top)
+    summary = Summary(top, Provenance.of_meta(meta))
     try:  # one pass over the study, in batches: the summary keeps the top rows, the CSV its compact table
         if csv is not None:
-            write_csv(frame(summary.feed(store.iter_records()), knob_names, batch=READ_BATCH), csv)
+            rows = summary.feed(store.iter_records())
+            write_csv(frame(rows, knob_names, batch=READ_BATCH, provenance=summary.provenance), csv)
         else:
             for r in store.iter_records():
                 summary.add(r)
