@@ -96,6 +96,7 @@ def new_meta(
         "knobs": knob_lists(space),
         "recipe": space.recipe,
         "provenance": Provenance.of_space(space, backend).as_dict(),
+        "objective": {"metric": space.objective.metric, "direction": space.objective.sense},
         "system": space.system.name,
         "gpu": space.system.gpu,
         "num_nodes": space.num_nodes,
