@@ -106,7 +106,10 @@ def frame(
     if provenance is not None:
         for i, (c, v) in enumerate(provenance.as_dict().items()):
             # one value for every row: a category holds it once
-            df.insert(len(HEAD) + i, c, pd.Categorical([v] * len(df), categories=[] if v is None else [v]))
+            code = -1 if v is None else 0  # -1: empty
+            cats = pd.Index([] if v is None else [v], dtype=str)
+            values = pd.Categorical.from_codes(np.full(len(df), code, np.int8), categories=cats)
+            df.insert(len(HEAD) + i, c, pd.Series(values, index=df.index))
     return df
 
 
