@@ -53,11 +53,12 @@ def slurm_time(seconds: float) -> str:
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def time_limit(trial, metrics: dict) -> tuple[str, str]:
-    """The best's Slurm time limit and where it comes from (one sentence for ``best/README``)."""
+def time_limit(trial, metrics: dict, *, simulated: bool = False) -> tuple[str, str]:
+    """The best's Slurm time limit and where it comes from (one sentence for ``best/README``; ``simulated``:
+    the trial's step time is itself the model's)."""
     configured = trial.system.slurm.time_limit
     step = metrics.get("step_time_s")
-    source = "the trial's"
+    source = "the trial's, predicted by the model" if simulated else "the trial's, measured"
     if not isinstance(step, (int, float)) or not step > 0:
         from dse.perfmodel import predict
 
@@ -103,7 +104,7 @@ def write_best(
         return None
     prov = provenance or Provenance.of_space(space, space.backend.kind)
     trial = resolve(space, rec.knobs)
-    limit, limit_source = time_limit(trial, rec.metrics)
+    limit, limit_source = time_limit(trial, rec.metrics, simulated=prov.simulated)
     trial = with_time_limit(trial, limit)
     payload = "nemo2" if space.backend.payload == "sim" else space.backend.payload
     plan = build_plan(trial, payload=payload)

@@ -35,7 +35,9 @@ def test_a_simulated_study_says_its_figures_are_predicted(tmp_path):
     best = json.loads((out / "best" / "best.json").read_text())
     assert best["figures"] == "predicted by the model"
     assert best["provenance"] == {"backend": "sim", "truth": "exact", "calibration": "none"}
-    assert "predicted by the model, not measured" in (out / "best" / "README").read_text()
+    readme = (out / "best" / "README").read_text()
+    assert "predicted by the model, not measured" in readme
+    assert "(the trial's, predicted by the model)" in readme  # the time limit's step time is the model's too
     again = dse("leaderboard", out, "--csv", tmp_path / "all.csv")  # the same columns from dse.json
     assert again.exit_code == 0 and SIMULATED_NOTE in " ".join(again.stdout.split())
     assert pd.read_csv(tmp_path / "all.csv")[PROVENANCE].equals(board[PROVENANCE])
@@ -108,7 +110,8 @@ def test_a_local_backend_study_says_its_figures_are_measured(tmp_path, monkeypat
     best = json.loads((out / "best" / "best.json").read_text())
     assert best["figures"] == "measured" and best["provenance"]["backend"] == "local"
     readme = (out / "best" / "README").read_text()
-    assert "Its figures were measured (local backend)." in readme and "predicted" not in readme.split("\n\n")[0]
+    assert "Its figures were measured (local backend)." in readme and "predicted" not in readme
+    assert "(the trial's, measured)" in readme
 
 
 @pytest.mark.parametrize("truth", ["exact", "twin"])
