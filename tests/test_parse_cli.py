@@ -145,3 +145,10 @@ def test_parse_of_a_study_directory_reads_its_best_trial(study):
     assert d["status"] == "ok" and d["tokens_per_s_per_gpu"] is not None
     assert f"the study's best trial: {best['run_dir']}" in d["notes"]
     assert d["tflops_per_gpu"] == pytest.approx(best["metrics"]["tflops_per_gpu"], rel=1e-5)
+
+
+def test_parse_of_a_study_without_a_best_is_one_line(tmp_path):
+    from tests.helpers import one_line_error
+
+    (tmp_path / "dse.json").write_text("{}")
+    one_line_error(runner.invoke(app, ["parse", str(tmp_path)]), "study directory without a best trial")
