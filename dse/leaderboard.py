@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,9 @@ import pandas as pd
 from dse.errors import UserError, infrastructure
 from dse.fsutil import atomic_write
 from dse.store import TrialRecord
+
+if TYPE_CHECKING:
+    from dse.space import Space
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
@@ -60,7 +63,8 @@ class Provenance:
         return "predicted by the model" if self.simulated else "measured"
 
     def as_dict(self) -> dict[str, str | None]:
-        return {"backend": self.backend, "truth": self.truth, "calibration": self.calibration}
+        """The leaderboard's provenance columns and their values (``dse.json``'s and ``best.json``'s table)."""
+        return {c: getattr(self, c) for c in PROVENANCE_COLUMNS}
 
     def describe(self) -> str:
         """One clause naming the backend and, for simulated figures, the truth and the calibration."""
@@ -69,7 +73,7 @@ class Provenance:
         return f"{self.backend} backend, truth {self.truth}, calibration {self.calibration}"
 
     @classmethod
-    def of_space(cls, space: Any, backend: str) -> Provenance:
+    def of_space(cls, space: Space, backend: str) -> Provenance:
         """The provenance of a study of ``space`` run on ``backend`` (a name of the backend registry). The twin
         truth is the ``sim`` backend's alone and uses no calibration (:mod:`dse.perfmodel.twin`); the ``sim``
         payload under another backend prints the model's figures, calibrated when the space names a file."""
@@ -104,8 +108,8 @@ def frame(
     ``provenance``: the ``backend``, ``truth`` and ``calibration`` columns after the metrics."""
     df = _framed(records, knob_names, batch)
     if provenance is not None:
-        for i, (c, v) in enumerate(provenance.as_dict().items()):
-            # one value for every row: a category holds it once
+        for i, c in enumerate(PROVENANCE_COLUMNS):
+            v = getattr(provenance, c)  # one value for every row: a category holds it once
             code = -1 if v is None else 0  # -1: empty
             cats = pd.Index([] if v is None else [v], dtype=str)
             values = pd.Categorical.from_codes(np.full(len(df), code, np.int8), categories=cats)
