@@ -22,7 +22,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from dse import logpack
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
-from dse.leaderboard import Provenance
 from dse.space import Space
 from dse.store import Store, check_url, sqlite_path
 from dse.store import exists as study_exists
@@ -88,6 +87,8 @@ def new_meta(
     space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int, backend: str
 ) -> dict[str, Any]:
     """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
+    from dse.leaderboard import Provenance  # here, not at the top: the study's description reads it once
+
     return {
         "space": space.source,
         "space_name": space.name,

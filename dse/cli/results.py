@@ -135,6 +135,24 @@ def parse_cmd(
         typer.echo(f"note: {n}")
 
 
+def _log_source(log: str) -> Path | list[str]:
+    """What ``dse parse LOG`` reads: a log file, a run directory's log, or a packed simulated trial's lines."""
+    from dse import logpack
+    from dse.backends.scripts import run_log
+
+    path = Path(log)
+    if path.is_dir():  # a run directory: its log (a simulated trial's is log.txt.gz)
+        found = run_log(path)
+        if found is None:
+            raise UserError("holds no log.txt or log.txt.gz (give a run directory or a training log)", file=log)
+        return found
+    if not path.exists() and (packed := logpack.read(path)) is not None:
+        return packed.splitlines()  # a simulated trial whose run directory was packed (trials/logs-*.tar.xz)
+    if not path.is_file():
+        raise UserError("no such log file (give the path of a training log)", file=log)
+    return path
+
+
 SIGNIFICANT = 6  # digits of a figure in `dse parse` output, text and JSON alike
 
 
@@ -195,21 +213,3 @@ def _trial_knobs(study: Path, number: int) -> dict:
         return next((dict(r.knobs) for r in store.iter_records() if r.number == number), {})
     finally:
         store.close()
-
-
-def _log_source(log: str) -> Path | list[str]:
-    """What ``dse parse LOG`` reads: a log file, a run directory's log, or a packed simulated trial's lines."""
-    from dse import logpack
-    from dse.backends.scripts import run_log
-
-    path = Path(log)
-    if path.is_dir():  # a run directory: its log (a simulated trial's is log.txt.gz)
-        found = run_log(path)
-        if found is None:
-            raise UserError("holds no log.txt or log.txt.gz (give a run directory or a training log)", file=log)
-        return found
-    if not path.exists() and (packed := logpack.read(path)) is not None:
-        return packed.splitlines()  # a simulated trial whose run directory was packed (trials/logs-*.tar.xz)
-    if not path.is_file():
-        raise UserError("no such log file (give the path of a training log)", file=log)
-    return path
