@@ -87,7 +87,7 @@ def new_meta(
     space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int, backend: str
 ) -> dict[str, Any]:
     """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
-    from dse.leaderboard import Provenance  # here, not at the top: the study's description reads it once
+    from dse.leaderboard import Provenance  # imported where used: only a new study's description needs it
 
     return {
         "space": space.source,
