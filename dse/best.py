@@ -13,6 +13,10 @@ The time limit (decided here; the issue left the margin open). The estimate is t
 plus :data:`START_UP_S` for the image import, NCCL set-up and the first (compiling) steps, rounded up to
 whole :data:`ROUND_S`. The system file's ``slurm.time_limit`` (what each trial ran under) is kept when it is
 longer; ``README`` says which one was used and why.
+
+Where the figures come from: ``best.json``'s ``figures`` is "predicted by the model" for a simulated study
+(the ``sim`` backend or payload) and "measured" otherwise, and its ``provenance`` holds the backend, truth and
+calibration as ``leaderboard.csv`` names them; ``README`` says the same in a sentence.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dse.backends.base import Backend
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
 from dse.launch import build_plan
+from dse.leaderboard import Provenance
 from dse.space import Space
 from dse.store import TrialRecord
 from dse.trial import resolve
@@ -48,11 +53,12 @@ def slurm_time(seconds: float) -> str:
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def time_limit(trial, metrics: dict) -> tuple[str, str]:
-    """The best's Slurm time limit and where it comes from (one sentence for ``best/README``)."""
+def time_limit(trial, metrics: dict, *, simulated: bool = False) -> tuple[str, str]:
+    """The best's Slurm time limit and where it comes from (one sentence for ``best/README``; ``simulated``:
+    the trial's step time is itself the model's)."""
     configured = trial.system.slurm.time_limit
     step = metrics.get("step_time_s")
-    source = "the trial's"
+    source = "the trial's, predicted by the model" if simulated else "the trial's, measured"
     if not isinstance(step, (int, float)) or not step > 0:
         from dse.perfmodel import predict
 
@@ -85,16 +91,20 @@ def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
     return max(ok, key=lambda r: (r.reward, -r.number)) if ok else None
 
 
-def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> Path | None:
-    """Write ``out_dir/best/`` for the best ``ok`` trial; None when no trial succeeded."""
+def write_best(
+    space: Space, records: Sequence[TrialRecord], out_dir: Path, *, provenance: Provenance | None = None
+) -> Path | None:
+    """Write ``out_dir/best/`` for the best ``ok`` trial; None when no trial succeeded. ``provenance``: where
+    the figures come from (by default the space's own backend's), which ``best.json`` and ``README`` say."""
     from dse.backends import load_backends
     from dse.backends.scripts import stage_code
 
     rec = best_record(records)
     if rec is None:
         return None
+    prov = provenance or Provenance.of_space(space, space.backend.kind)
     trial = resolve(space, rec.knobs)
-    limit, limit_source = time_limit(trial, rec.metrics)
+    limit, limit_source = time_limit(trial, rec.metrics, simulated=prov.simulated)
     trial = with_time_limit(trial, limit)
     payload = "nemo2" if space.backend.payload == "sim" else space.backend.payload
     plan = build_plan(trial, payload=payload)
@@ -108,6 +118,8 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
         "knobs": trial.as_dict(),
         "varied": rec.knobs,
         "metrics": rec.metrics,
+        "figures": prov.figures,
+        "provenance": prov.as_dict(),
         "payload": payload,
         "argv": list(plan.argv),
         "env": dict(plan.env),
@@ -125,7 +137,7 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
         local.write_script(plan, d)
     elif stale.exists():  # from an earlier best of this study (resumed) that fitted one node
         stale.unlink()
-    _write_readme(d, rec.number, trial, limit, limit_source, one_node)
+    _write_readme(d, rec.number, trial, limit, limit_source, one_node, prov)
     return d
 
 
@@ -140,12 +152,17 @@ def _relative(run_dir: str | None, out_dir: Path) -> str | None:
         return run_dir
 
 
-def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool) -> None:
+def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool, prov: Provenance) -> None:
     k = trial.layout
     n, g = k.num_nodes, trial.system.gpus_per_node
+    if prov.simulated:
+        figures = f"Its figures were predicted by the model, not measured ({prov.describe()}): run it to measure them."
+    else:
+        figures = f"Its figures were measured ({prov.describe()})."
     lines = [
         f"Best trial {number}: {trial.recipe.name} on {n} x {g} {trial.system.gpu} "
         f"(tp {k.tp}, pp {k.pp}, cp {k.cp}, vp {k.vp}, mbs {k.mbs}, gbs {k.gbs}).",
+        figures,
         "",
         "Launch: sbatch launch.sbatch  (the Slurm script for the space's system; payload in code/)",
     ]

@@ -8,7 +8,7 @@ outcome (a failure, a rejected point, an interrupted run) is FAIL with no value:
 sentinel value in Optuna. The user attributes carry what dse knows of the trial: ``status``, ``reason``,
 ``reward`` (the one the agent saw, failures included), ``run_dir``, ``gpu``, ``num_gpus``, ``gpu_hours`` and
 the parsed ``metrics``, whatever is not None. The study's user attributes name its recipe, system and
-backend.
+backend; its metric name (``Study.set_metric_names``) is the objective's, so optuna-dashboard labels the value.
 
 Decision: Optuna's RDB storage writes a trial at a time (an ORM round trip per parameter, about 15 ms a
 trial on SQLite), so a large study is faster exported into a journal file (``--storage NAME.log``), which
@@ -18,6 +18,7 @@ optuna-dashboard opens as well.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,16 @@ def frozen_trial(rec: TrialRecord, distributions: dict[str, Any]):
     )
 
 
+def metric_name(meta: dict[str, Any]) -> str:
+    """The name of the exported value (the reward) for optuna-dashboard: the objective's metric, shown negated
+    for a minimised one (the reward is the metric signed so that higher is better); ``reward`` for a study
+    whose ``dse.json`` does not name its objective."""
+    objective = meta.get("objective")
+    if not isinstance(objective, dict) or not isinstance(objective.get("metric"), str):
+        return "reward"
+    return objective["metric"] if objective.get("direction") != "minimize" else f"reward = -{objective['metric']}"
+
+
 def _open_storage(url: str):
     """The Optuna storage ``url`` names: a journal file ``NAME.log``, or an SQLAlchemy URL."""
     import optuna
@@ -113,6 +124,9 @@ def write(store: Store, url: str, meta: dict[str, Any]) -> int:
                 "delete it first (optuna delete-study)",
                 field="--storage",
             ) from None
+        with warnings.catch_warnings():  # marked experimental since Optuna 3.2; the dashboard reads it
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([metric_name(meta)])  # optuna-dashboard labels the value by it
         for key in STUDY_ATTRS:
             if meta.get(key) is not None:
                 study.set_user_attr(key, meta[key])

@@ -7,6 +7,12 @@ steps; 0 for rejected points; ``steps``: logged steps the run ran; ``early_stopp
 state had converged, ``gpu_hours_saved`` then what running on to ``max_steps`` would have cost more, also for a
 ``pruned`` trial). Metrics of a failed or pruned trial are left empty (its partial metrics stay in the store,
 flagged, never ranked); a pruned trial ranks after the ``ok`` ones, by the reward of its optimistic bound.
+
+Where the figures come from (:class:`Provenance`, one value for the whole study, from its ``dse.json``): after
+the metric columns, ``backend`` (``sim``, ``local``, ``slurm``: the backend that ran the trials), ``truth``
+(simulated figures only: ``exact``, the performance model's own, or ``twin (seed N)``, a seeded machine that
+differs from the model) and ``calibration`` (simulated figures only: ``none`` or the calibration file's name).
+``truth`` and ``calibration`` are empty for measured figures.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -24,15 +32,92 @@ from dse.errors import UserError, infrastructure
 from dse.fsutil import atomic_write
 from dse.store import TrialRecord
 
+if TYPE_CHECKING:
+    from dse.space import Space
+
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
 TAIL = ("gpu", "num_gpus", "gpu_hours", "steps", "early_stopped", "gpu_hours_saved", "run_dir", "reason")
+PROVENANCE_COLUMNS = ("backend", "truth", "calibration")
+SIMULATED_NOTE = "simulated: figures are the performance model's predictions, not measurements"
+UNKNOWN = "unknown"
 
 
-def frame(records: Iterable[TrialRecord], knob_names: Sequence[str], *, batch: int | None = None) -> pd.DataFrame:
+@dataclass(frozen=True)
+class Provenance:
+    """Where a study's figures come from: the backend that ran its trials and, when the figures are simulated
+    (the ``sim`` backend, or the ``sim`` payload under another backend), the truth they were drawn from and the
+    calibration of the model. ``truth`` None: the figures are measurements."""
+
+    backend: str
+    truth: str | None = None
+    calibration: str | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.truth is not None
+
+    @property
+    def figures(self) -> str:
+        """What the figures are, in the words ``best/`` uses."""
+        return "predicted by the model" if self.simulated else "measured"
+
+    def as_dict(self) -> dict[str, str | None]:
+        """The leaderboard's provenance columns and their values (``dse.json``'s and ``best.json``'s table)."""
+        return {c: getattr(self, c) for c in PROVENANCE_COLUMNS}
+
+    def describe(self) -> str:
+        """One clause naming the backend and, for simulated figures, the truth and the calibration."""
+        if not self.simulated:
+            return f"{self.backend} backend"
+        return f"{self.backend} backend, truth {self.truth}, calibration {self.calibration}"
+
+    @classmethod
+    def of_space(cls, space: Space, backend: str) -> Provenance:
+        """The provenance of a study of ``space`` run on ``backend`` (a name of the backend registry). The twin
+        truth is the ``sim`` backend's alone and uses no calibration (:mod:`dse.perfmodel.twin`); the ``sim``
+        payload under another backend prints the model's figures, calibrated when the space names a file."""
+        b = space.backend
+        if backend != "sim" and b.payload != "sim":
+            return cls(backend)
+        if backend == "sim" and b.truth == "twin":
+            return cls(backend, f"twin (seed {b.twin_seed})", "none")
+        return cls(backend, "exact", Path(b.calibration).name if b.calibration else "none")
+
+    @classmethod
+    def of_meta(cls, meta: Mapping[str, Any]) -> Provenance:
+        """The provenance a study's ``dse.json`` records; a study written before it did: its backend, and
+        ``unknown`` truth and calibration for the ``sim`` backend (its figures were simulated)."""
+        p = meta.get("provenance")
+        if isinstance(p, Mapping) and isinstance(p.get("backend"), str):
+            return cls(p["backend"], p.get("truth"), p.get("calibration"))
+        backend = str(meta.get("backend") or UNKNOWN)
+        return cls(backend, UNKNOWN, UNKNOWN) if backend == "sim" else cls(backend)
+
+
+def frame(
+    records: Iterable[TrialRecord],
+    knob_names: Sequence[str],
+    *,
+    batch: int | None = None,
+    provenance: Provenance | None = None,
+) -> pd.DataFrame:
     """The leaderboard table of ``records``, ranked. ``batch``: build it ``batch`` records at a time from a
     stream (a frame per batch, concatenated), so no list of records is held: the table of a 200k-trial study
-    is ~25 cells a row, far less than its records with their metric dicts (bench/big_grid.py)."""
+    is ~25 cells a row, far less than its records with their metric dicts (bench/big_grid.py).
+    ``provenance``: the ``backend``, ``truth`` and ``calibration`` columns after the metrics."""
+    df = _framed(records, knob_names, batch)
+    if provenance is not None:
+        for i, c in enumerate(PROVENANCE_COLUMNS):
+            v = getattr(provenance, c)  # one value for every row: a category holds it once
+            code = -1 if v is None else 0  # -1: empty
+            cats = pd.Index([] if v is None else [v], dtype=str)
+            values = pd.Categorical.from_codes(np.full(len(df), code, np.int8), categories=cats)
+            df.insert(len(HEAD) + i, c, pd.Series(values, index=df.index))
+    return df
+
+
+def _framed(records: Iterable[TrialRecord], knob_names: Sequence[str], batch: int | None) -> pd.DataFrame:
     if batch is not None:
         parts, chunk = [], []
         for r in records:
@@ -120,10 +205,12 @@ class Summary:
     """What a study's summary shows, from one pass over its trials: the ``top`` rows in leaderboard order,
     the statuses counted, launched runs, GPU-hours (spent, and up to the best), early stops, the best ``ok``
     trial. Holds ``top`` records (at most twice that while adding) and one (number, GPU-hours) pair per trial,
-    16 bytes, for the GPU-hours up to the best, which is known only at the end; never the study's records."""
+    16 bytes, for the GPU-hours up to the best, which is known only at the end; never the study's records.
+    ``provenance``: where the study's figures come from, when the caller knows (the summary says so)."""
 
-    def __init__(self, top: int = 20):
+    def __init__(self, top: int = 20, provenance: Provenance | None = None):
         self.top = max(0, int(top))
+        self.provenance = provenance
         self._rows: list[TrialRecord] = []
         self.counts: Counter = Counter()
         self.n = self.launched = self.stopped = self.pruned = 0

@@ -87,6 +87,8 @@ def new_meta(
     space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int, backend: str
 ) -> dict[str, Any]:
     """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
+    from dse.leaderboard import Provenance  # imported where used: only a new study's description needs it
+
     return {
         "space": space.source,
         "space_name": space.name,
@@ -94,6 +96,9 @@ def new_meta(
         "storage": storage or DB,
         "knobs": knob_lists(space),
         "recipe": space.recipe,
+        "provenance": Provenance.of_space(space, backend).as_dict(),
+        "objective": {"metric": space.objective.metric, "direction": space.objective.sense},
+        "sizes": trial_sizes(space),
         "system": space.system.name,
         "gpu": space.system.gpu,
         "num_nodes": space.num_nodes,
@@ -280,3 +285,17 @@ def serialized(out: Path, worker: bool) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def trial_sizes(space: Space) -> dict[str, dict[str, int]]:
+    """The global batch size and sequence length of the space's trials by precision (the recipe's defaults
+    depend on it; a knob of the space overrides them): what ``dse parse`` of a trial directory needs, with the
+    GPUs, for tokens/s/GPU, kept in ``dse.json`` so that a moved study needs no space file."""
+    from dse.trial import resolve
+
+    precisions = space.knobs.get("precision") or [space.settings.get("precision", "bf16")]
+    sizes = {}
+    for p in dict.fromkeys(str(v) for v in precisions):
+        layout = resolve(space, {"precision": p}).layout
+        sizes[p] = {"gbs": layout.gbs, "seq_length": layout.seq_length}
+    return sizes

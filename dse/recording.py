@@ -18,8 +18,8 @@ from dse import logpack
 from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
-from dse.leaderboard import Summary, frame, write_csv
-from dse.outdir import LEADERBOARD, io_error, serialized, stored_run_dir
+from dse.leaderboard import Provenance, Summary, frame, write_csv
+from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
 from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
 from dse.trial import TrialConfig
@@ -113,13 +113,14 @@ class Recorder:
 
     def finish(self, space: Space, *, worker: bool) -> tuple[Summary, Path]:
         """Flush and close the store; write the leaderboard from one streamed pass that also computes the
-        summary (top rows, counts, the best). Workers take turns: the last to read the store is the last to
-        write the leaderboard."""
+        summary (top rows, counts, the best), both with the provenance the study's ``dse.json`` records.
+        Workers take turns: the last to read the store is the last to write the leaderboard."""
         with serialized(self.out, worker):
             self.store.flush()
-            summary = Summary(SUMMARY_ROWS)
+            summary = Summary(SUMMARY_ROWS, Provenance.of_meta(read_meta(self.out)))
             try:
-                df = frame(summary.feed(self.store.iter_records()), list(space.knobs), batch=READ_BATCH)
+                rows = summary.feed(self.store.iter_records())
+                df = frame(rows, list(space.knobs), batch=READ_BATCH, provenance=summary.provenance)
             finally:
                 self.store.close()
             return summary, write_leaderboard(df, self.out)
@@ -139,8 +140,9 @@ def write_leaderboard(df, out: Path) -> Path:
 
 
 def write_best_of(space: Space, summary: Summary, out: Path) -> None:
-    """``out/best/`` for the study's best trial (only when the study ended normally)."""
+    """``out/best/`` for the study's best trial (only when the study ended normally), saying where its figures
+    come from (the summary's provenance)."""
     try:
-        write_best(space, [summary.best] if summary.best else [], out)
+        write_best(space, [summary.best] if summary.best else [], out, provenance=summary.provenance)
     except OSError as e:
         raise io_error(e, f"cannot write {out / 'best'}") from None

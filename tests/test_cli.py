@@ -59,7 +59,8 @@ def test_run_then_leaderboard_csv(tmp_path):
         "tokens_per_s_per_gpu",
         "peak_memory_gib",
     ]
-    assert list(df.columns[7:11]) == ["tp", "pp", "vp", "mbs"]
+    assert list(df.columns[7:10]) == ["backend", "truth", "calibration"]  # where the figures come from
+    assert list(df.columns[10:14]) == ["tp", "pp", "vp", "mbs"]
     assert {"gpu", "num_gpus", "run_dir"} <= set(df.columns)
     assert len(df) == 12
     ok = df[df.status == "ok"]

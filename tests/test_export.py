@@ -56,6 +56,7 @@ def test_an_exported_study_opens_in_optuna_dashboard(tmp_path, target):
         if isinstance(storage, optuna.storages.RDBStorage):
             storage.remove_session()
             storage.engine.dispose()
+    assert detail["objective_names"] == ["tflops_per_gpu"]  # the dashboard labels the value by the objective
     trials = detail["trials"]
     assert [t["number"] for t in trials] == [r.number for r in recs]
     for t, rec in zip(trials, recs):
@@ -78,3 +79,19 @@ def test_export_refuses_a_bad_storage_in_one_line(tmp_path):
     assert r.exit_code == 2 and "--storage" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["export", "optuna", str(tmp_path / "nothere"), "--storage", "x.log"])
     assert r.exit_code == 2 and "not a dse output directory" in r.output
+
+
+def test_a_minimised_objective_is_named_as_the_negated_metric(tmp_path):
+    """The exported value is the reward (higher is better), so a step_time_s study's is named for what it is."""
+    text = (write_space(tmp_path).read_text()).replace('metric = "tflops_per_gpu"', 'metric = "step_time_s"')
+    space = load_space(write_space(tmp_path, text))
+    out = tmp_path / "out"
+    run_study(space, out_dir=out, agent="random", trials=2, seed=2)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert runner.invoke(app, ["export", "optuna", str(out), "--storage", url]).exit_code == 0
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        assert optuna.load_study(study_name="small", storage=storage).metric_names == ["reward = -step_time_s"]
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()

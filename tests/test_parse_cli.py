@@ -54,7 +54,8 @@ def test_parse_context_flags():
         ],
     )
     d = json.loads(res.output)
-    assert d["tokens_per_s_per_gpu"] == pytest.approx(512 * 4096 / (d["step_time_s"] * 16))
+    # both figures rounded to 6 significant digits
+    assert d["tokens_per_s_per_gpu"] == pytest.approx(512 * 4096 / (d["step_time_s"] * 16), rel=2e-5)
     res = runner.invoke(app, ["parse", str(LOGS / "megatron_lm_ok.log"), "--json"])
     assert json.loads(res.output)["tokens_per_s_per_gpu"] is None
 
@@ -92,3 +93,62 @@ def test_parse_nvls_warning_in_a_completed_run_is_ok(tmp_path):
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert (d["status"], d["reason"], d["steps"]) == ("ok", None, 12)
+
+
+def test_parse_json_figures_are_rounded_as_the_log_carries_them():
+    res = runner.invoke(app, ["parse", str(LOGS / "nemo2_ok.log"), "--json", "--exit-code", "0"])
+    assert '"step_time_s": 4.206,' in res.output  # the mean of logged step times, not 4.2059999999999995
+    d = json.loads(res.output)
+    assert all(len(f"{v:.15g}".replace(".", "").lstrip("0")) <= 6 for v in d.values() if isinstance(v, float))
+
+
+def test_a_bare_log_says_its_exit_code_is_unknown():
+    d = json.loads(runner.invoke(app, ["parse", str(LOGS / "nemo2_ok.log"), "--json"]).output)
+    assert d["exit_code"] is None and any("exit code unknown" in n for n in d["notes"])
+    assert d["status"] == "ok"  # judged by what ended the log
+    text = runner.invoke(app, ["parse", str(LOGS / "nemo2_ok.log")]).output
+    assert "exit_code: null" in text and "note: exit code unknown" in text
+    known = json.loads(runner.invoke(app, ["parse", str(LOGS / "nemo2_ok.log"), "--json", "--exit-code", "0"]).output)
+    assert known["exit_code"] == 0 and not any("exit code unknown" in n for n in known["notes"])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A small simulated study whose gbs, sequence length and GPUs only its dse.json knows."""
+    from tests.helpers import write_space
+
+    tmp = tmp_path_factory.mktemp("study")
+    out = tmp / "out"
+    res = runner.invoke(app, ["run", "--space", str(write_space(tmp)), "--out", str(out), "--trials", "6"])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_parse_of_a_trial_directory_takes_gbs_sequence_and_gpus_from_dse_json(study):
+    import pandas as pd
+
+    board = pd.read_csv(study / "leaderboard.csv")
+    best = board[board.status == "ok"].iloc[0]
+    d = json.loads(runner.invoke(app, ["parse", str(study / best.run_dir), "--json"]).output)
+    # tests/helpers.SMALL_SPACE: gbs 32, seq_length 4096, 2 nodes of 8 GPUs
+    assert d["tokens_per_s_per_gpu"] == pytest.approx(32 * 4096 / (d["step_time_s"] * 16), rel=2e-5)
+    assert d["tokens_per_s_per_gpu"] == pytest.approx(best.tokens_per_s_per_gpu, rel=1e-5)
+    assert any("dse.json" in n for n in d["notes"])
+    flags = ["--gbs", "64", "--seq-length", "4096", "--num-gpus", "16", "--json"]
+    given = json.loads(runner.invoke(app, ["parse", str(study / best.run_dir), *flags]).output)
+    assert given["tokens_per_s_per_gpu"] == pytest.approx(2 * d["tokens_per_s_per_gpu"], rel=2e-5)  # flags win
+
+
+def test_parse_of_a_study_directory_reads_its_best_trial(study):
+    best = json.loads((study / "best" / "best.json").read_text())
+    d = json.loads(runner.invoke(app, ["parse", str(study), "--json"]).output)
+    assert d["status"] == "ok" and d["tokens_per_s_per_gpu"] is not None
+    assert f"the study's best trial: {best['run_dir']}" in d["notes"]
+    assert d["tflops_per_gpu"] == pytest.approx(best["metrics"]["tflops_per_gpu"], rel=1e-5)
+
+
+def test_parse_of_a_study_without_a_best_is_one_line(tmp_path):
+    from tests.helpers import one_line_error
+
+    (tmp_path / "dse.json").write_text("{}")
+    one_line_error(runner.invoke(app, ["parse", str(tmp_path)]), "study directory without a best trial")

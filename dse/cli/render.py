@@ -141,8 +141,9 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
     are dropped (early-stopped, steps, GPU-hours, tokens/s, memory, step time, TFLOP/s; never ``objective``),
     then knob columns from the last; a line names what is not shown. The reason column (why a trial failed)
     takes what width is left and is shortened with an ellipsis, the whole text being in ``leaderboard.csv``.
+    A summary that knows its study's provenance ends with where the figures come from (simulated: the model's).
     """
-    from dse.leaderboard import Summary, frame
+    from dse.leaderboard import SIMULATED_NOTE, Summary, frame
 
     out = out or console
     summary = records if isinstance(records, Summary) else Summary.of(records, top)
@@ -163,6 +164,8 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
         + summary.savings_line(),
         highlight=False,
     )
+    if (p := summary.provenance) is not None:
+        out.print(f"{SIMULATED_NOTE} ({p.describe()})" if p.simulated else f"measured: {p.describe()}", highlight=False)
 
 
 def trial_progress(name: str, objective: str) -> tuple[Progress, Callable]:

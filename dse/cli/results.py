@@ -17,7 +17,7 @@ def leaderboard_cmd(
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
-    from dse.leaderboard import Summary, checked_output, frame, write_csv
+    from dse.leaderboard import Provenance, Summary, checked_output, frame, write_csv
     from dse.store import READ_BATCH
     from dse.study import open_store
 
@@ -25,10 +25,11 @@ def leaderboard_cmd(
         checked_output(csv, "--csv")  # a bad --csv is refused before the study is read
     store, meta = open_store(out_dir)
     knob_names = list(meta["knobs"])
-    summary = Summary(top)
+    summary = Summary(top, Provenance.of_meta(meta))
     try:  # one pass over the study, in batches: the summary keeps the top rows, the CSV its compact table
         if csv is not None:
-            write_csv(frame(summary.feed(store.iter_records()), knob_names, batch=READ_BATCH), csv)
+            rows = summary.feed(store.iter_records())
+            write_csv(frame(rows, knob_names, batch=READ_BATCH, provenance=summary.provenance), csv)
         else:
             for r in store.iter_records():
                 summary.add(r)
@@ -97,7 +98,7 @@ def parse_cmd(
         ...,
         metavar="LOG",
         show_default=False,
-        help="the training log to read (log.txt, log.txt.gz), or a run directory",
+        help="the training log to read (log.txt, log.txt.gz), a run directory, or a study directory (its best trial)",
     ),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of lines"),
     gbs: int | None = typer.Option(None, "--gbs", metavar="N", help="global batch size (for tokens/s/GPU)"),
@@ -108,24 +109,36 @@ def parse_cmd(
         None, "--scheduler-state", metavar="TEXT", help="Slurm's final state (COMPLETED, TIMEOUT, ...)"
     ),
 ) -> None:
-    """Read a training log: status, reason, steady-state step time, TFLOP/s/GPU, tokens/s/GPU, memory."""
+    """Read a training log: status, reason, steady-state step time, TFLOP/s/GPU, tokens/s/GPU, memory.
+
+    A trial directory of a study takes its batch, sequence length and GPUs from the study's dse.json (the
+    flags override them); without --exit-code or --scheduler-state the exit code is unknown and the verdict
+    is what ended the log."""
     from dse.parse import ParseContext, parse_log
 
+    log, notes = _study_log(log)
+    sizes, note = _study_sizes(log)
+    given = {"gbs": gbs, "seq_length": seq_length, "num_gpus": num_gpus}
+    context = {k: v if v is not None else sizes.get(k) for k, v in given.items()}
+    if exit_code is None and scheduler_state is None:
+        notes.append("exit code unknown (no --exit-code or --scheduler-state): judged by what ended the log")
     m = parse_log(
-        _log_source(log),
-        exit_code=exit_code,
-        scheduler_state=scheduler_state,
-        context=ParseContext(gbs=gbs, seq_length=seq_length, num_gpus=num_gpus),
+        _log_source(log), exit_code=exit_code, scheduler_state=scheduler_state, context=ParseContext(**context)
     )
-    d = m.to_dict()
+    d = {k: _rounded(v) for k, v in m.to_dict().items()}
     shown = {k: d[k] for k in _PARSE_KEYS} | {k: v for k, v in d.items() if k not in _PARSE_KEYS}
+    shown |= {"exit_code": exit_code, "scheduler_state": scheduler_state}
+    notes += [note] if note and any(given[k] is None and sizes.get(k) is not None for k in given) else []
     if json_out:
-        typer.echo(json.dumps(shown))
+        typer.echo(json.dumps(shown | {"notes": notes}))
         return
-    for k in _PARSE_KEYS + ("partial", "step_time_mean_s", "step_time_p10_s", "step_time_p90_s", "log_format"):
+    keys = _PARSE_KEYS + ("partial", "step_time_mean_s", "step_time_p10_s", "step_time_p90_s", "log_format")
+    for k in (*keys, "exit_code", "scheduler_state"):
         v = shown[k]
         text = json.dumps(v) if v is None or isinstance(v, bool) else f"{v:.6g}" if isinstance(v, float) else v
         typer.echo(f"{k}: {text}")
+    for n in notes:
+        typer.echo(f"note: {n}")
 
 
 def _log_source(log: str) -> Path | list[str]:
@@ -144,3 +157,65 @@ def _log_source(log: str) -> Path | list[str]:
     if not path.is_file():
         raise UserError("no such log file (give the path of a training log)", file=log)
     return path
+
+
+SIGNIFICANT = 6  # digits of a figure in `dse parse` output, text and JSON alike
+
+
+def _rounded(v):
+    """A float to :data:`SIGNIFICANT` significant digits, the precision of the logged figures it comes from
+    (a mean of logged step times prints 4.206, not 4.2059999999999995); anything else as it is."""
+    return float(f"{v:.{SIGNIFICANT}g}") if isinstance(v, float) else v
+
+
+def _study_log(log: str) -> tuple[str, list[str]]:
+    """``log``, or for a study directory (it holds ``dse.json``) its best trial's run directory, with a note
+    saying so; a study without a best is a one-line error."""
+    from dse.best import BEST_DIR
+    from dse.outdir import META
+
+    study = Path(log)
+    if not (study / META).is_file():
+        return log, []
+    best = study / BEST_DIR / "best.json"
+    try:
+        run_dir = json.loads(best.read_text()).get("run_dir")
+    except (OSError, ValueError, AttributeError):
+        run_dir = None
+    if not isinstance(run_dir, str):
+        raise UserError("is a study directory without a best trial; give one of its trials/NNNNN", file=log)
+    return str(study / run_dir), [f"the study's best trial: {run_dir}"]
+
+
+def _study_sizes(log: str) -> tuple[dict[str, int], str | None]:
+    """The global batch size, sequence length and GPUs of a trial directory's run (``STUDY/trials/NNNNN``)
+    from the study's ``dse.json`` and the trial's knobs in its store; ({}, None) for a log outside a study."""
+    from dse.outdir import META, read_meta
+
+    path = Path(log).absolute()
+    study = path.parent.parent
+    if not (path.name.isdigit() and path.parent.name == "trials" and (study / META).is_file()):
+        return {}, None
+    meta = read_meta(study)
+    knobs = _trial_knobs(study, int(path.name))
+    by_precision = meta.get("sizes") or {}
+    precision = knobs.get("precision", next(iter(by_precision), None) if len(by_precision) == 1 else None)
+    sizes = dict(by_precision.get(str(precision)) or {})
+    sizes |= {k: knobs[k] for k in ("gbs", "seq_length") if k in knobs}
+    if isinstance(meta.get("gpus_per_node"), int):
+        sizes["num_gpus"] = int(knobs.get("num_nodes", meta.get("num_nodes", 1))) * meta["gpus_per_node"]
+    return sizes, f"gbs, sequence length and GPUs from the study's dse.json (trial {int(path.name)})"
+
+
+def _trial_knobs(study: Path, number: int) -> dict:
+    """The varied knobs of trial ``number`` in the study's store (one streamed pass; {} when it is not there)."""
+    from dse.study import open_store
+
+    try:
+        store, _ = open_store(study)
+    except UserError:  # a copied trial directory and dse.json without the store: the study's sizes only
+        return {}
+    try:
+        return next((dict(r.knobs) for r in store.iter_records() if r.number == number), {})
+    finally:
+        store.close()
