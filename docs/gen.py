@@ -265,11 +265,12 @@ REPO = DOCS.parent
 
 @contextlib.contextmanager
 def _scratch() -> Iterator[Path]:
-    """A temporary working directory that sees the repository's ``bench/`` (the examples' model files); every
-    path an example prints is relative to it."""
+    """A temporary working directory that sees the repository's ``bench/`` and ``tests/`` (the examples' model
+    and CloudAI files); every path an example prints is relative to it."""
     old = Path.cwd()
     with tempfile.TemporaryDirectory(prefix="dse-docs-") as d:
-        (Path(d) / "bench").symlink_to(REPO / "bench")
+        for name in ("bench", "tests"):
+            (Path(d) / name).symlink_to(REPO / name)
         os.chdir(d)
         try:
             yield Path(d)
@@ -347,7 +348,25 @@ def example_systems() -> dict[str, str]:
     return {"examples/systems.txt": out}
 
 
+def example_cloudai() -> dict[str, str]:
+    """A CloudAI NeMoRun scenario and Slurm system imported as a dse space: what the command prints and the space
+    file it writes."""
+    with _scratch() as d:
+        out = _dse(
+            "dse import cloudai tests/fixtures/cloudai/test_scenario/dse_llama3_8b_fp8.toml "
+            "--system tests/fixtures/cloudai/system/slurm_cluster.toml --gpu h100 --out spaces/llama3_8b_fp8.toml"
+        )
+        space = (d / "spaces" / "llama3_8b_fp8.toml").read_text()
+        system = (d / "spaces" / "lab-cluster.toml").read_text()
+    return {
+        "examples/cloudai-import.txt": out,
+        "examples/cloudai-space.txt": space,
+        "examples/cloudai-system.txt": system,
+    }
+
+
 EXAMPLES: dict[str, Callable[[], dict[str, str]]] = {
+    "cloudai": example_cloudai,
     "quickstart": example_quickstart,
     "two_node": example_two_node,
     "predict": example_predict,
