@@ -365,7 +365,16 @@ def example_cloudai() -> dict[str, str]:
     }
 
 
+def example_parse() -> dict[str, str]:
+    """``dse parse`` on two logs of the parser's fixtures: a completed NeMo 2 run and one that ran out of memory."""
+    with _scratch():
+        ok = _dse("dse parse tests/fixtures/logs/nemo2_ok.log --gbs 512 --seq-length 4096 --num-gpus 16 --exit-code 0")
+        oom = _dse("dse parse tests/fixtures/logs/verdict/torch_oom_traceback.log --json --exit-code 1")
+    return {"examples/parse.txt": ok + "\n" + oom}
+
+
 EXAMPLES: dict[str, Callable[[], dict[str, str]]] = {
+    "parse": example_parse,
     "cloudai": example_cloudai,
     "quickstart": example_quickstart,
     "two_node": example_two_node,
