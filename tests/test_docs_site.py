@@ -4,6 +4,7 @@ resolve in the repository, and no page carries an issue number, a date of work o
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -12,6 +13,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md")), *(ROOT / "docs" / "examples").iterdir()]
+
+
+def _check_links():
+    spec = importlib.util.spec_from_file_location("check_links", ROOT / "docs" / "check_links.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_link_checker_finds_broken_files_and_anchors(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "index.html").write_text('<a href="a/">A</a> <a href="a/#x">x</a> <a href="https://x.org/y">ext</a>')
+    (tmp_path / "a" / "index.html").write_text(
+        '<h2 id="x">x</h2><a href="../b/">B</a> <a href="/index.html#nope">n</a>'
+    )
+    assert _check_links().broken(tmp_path) == [
+        "a/index.html: ../b/ (no such file)",
+        "a/index.html: /index.html#nope (no such anchor)",
+    ]
 
 
 def test_readme_is_short():
