@@ -72,14 +72,16 @@ def _spelling(k: knobs.Knob, family: str) -> str:
     sp = knobs.SPELLINGS[family]
     own = k.spell.get(sp.family)
     paths = "<br>".join(f"`{p}`" for p in sp.paths(k))
+    factory = family == "nemo2" and k.nemo2_factory
     if own and k.kind == "choice":
         value = k.choices[-1]
         spelled = sp.spell(k, value, {k.name: value})
-        return "<br>".join(f"`{s}`" for s in spelled) + f" (for `{value}`)" if spelled else f"(`{value}`: none)"
-    if own:
-        return f"{paths or '—'} (value spelled by dse: `{own.__name__}`)"
-    if not paths and family == "nemo2" and k.nemo2_factory:
+        if spelled:
+            return "<br>".join(f"`{s}`" for s in spelled) + f" (for `{value}`)"
+    if factory and not (own and paths):
         return f"factory argument `{k.nemo2_factory}`"
+    if own:
+        return f"{paths or '—'} (value spelled by dse)"
     return paths or "—"
 
 
@@ -105,8 +107,8 @@ def knobs_page() -> str:
         )
     protected = sorted(knobs._PROTECTED_ENV)
     out += [
-        f"| `env.NAME` | {_md(knobs.ENV_KNOB.help)}: NAME `[A-Z_][A-Z0-9_]*`, value letters, digits and "
-        "`_.,:=/+-` | | an environment variable of the training process | | | exported | exported |",
+        "| `env.NAME` | NAME `[A-Z_][A-Z0-9_]*`; value: letters, digits and `_.,:=/+-` | | "
+        f"{_md(knobs.ENV_KNOB.help)} | | | exported | exported |",
         "",
         "Environment names that change which program or library runs are refused unless the space lists them in "
         f"`[backend] allow_env`: {', '.join(f'`{n}`' for n in protected)}, and every name starting with "
