@@ -92,7 +92,7 @@ def gather(dirs: Sequence[str | Path], *, allow_different_recipes: bool = False)
                 "meta": meta,
                 "summary": summary,
                 "best": summary.best,
-                "provenance": report.Provenance.of(meta, space),
+                "provenance": report.study_provenance(meta, space),
                 "layout": resolved_layout(Path(d), meta, summary.best, space),
             }
         )

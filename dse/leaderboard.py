@@ -72,6 +72,17 @@ class Provenance:
             return f"{self.backend} backend"
         return f"{self.backend} backend, truth {self.truth}, calibration {self.calibration}"
 
+    def sentence(self) -> str:
+        """One sentence for a page's header (the report): simulated figures are the model's, the others measured."""
+        if self.simulated:
+            return (
+                "Simulated: every figure is predicted by the performance model, not measured "
+                f"(truth {self.truth}, calibration {self.calibration})."
+            )
+        if self.backend != UNKNOWN:
+            return f"Measured: every figure comes from runs launched by the {self.backend} backend."
+        return "Where the figures come from is not recorded (dse.json names no backend)."
+
     @classmethod
     def of_space(cls, space: Space, backend: str) -> Provenance:
         """The provenance of a study of ``space`` run on ``backend`` (a name of the backend registry). The twin

@@ -42,7 +42,7 @@ from markupsafe import Markup
 
 from dse.errors import UserError
 from dse.fsutil import write_text
-from dse.leaderboard import frame
+from dse.leaderboard import UNKNOWN, Provenance, frame
 from dse.space import Objective, Space, load_space
 from dse.store import TrialRecord
 
@@ -99,59 +99,40 @@ def study_objective(meta: Mapping[str, Any], space: Space | None = None) -> Obje
     return space.objective if space is not None else Objective()
 
 
-@dataclasses.dataclass(frozen=True)
-class Provenance:
-    """Where a study's figures come from: ``backend`` (sim, local, slurm), and for simulated figures the truth
-    (exact: the model itself; twin: a perturbed model) and the calibration (none, or the file's name)."""
+def study_provenance(meta: Mapping[str, Any], space: Space | None = None) -> Provenance:
+    """Where a study's figures come from: what ``dse.json`` records (:meth:`Provenance.of_meta`); a study written
+    before it did: its fingerprint's fields, then its space file (absent ones ``unknown``)."""
+    if isinstance(meta.get("provenance"), Mapping):
+        return Provenance.of_meta(meta)
+    fields = _fingerprint_fields(meta)
+    backend = meta.get("backend") or fields.get("backend")
+    if space is None and (not {"payload", "truth", "calibration"} <= set(fields) or fields.get("calibration")):
+        # dse.json lacks some of them (or keeps only the calibration's hash): the space file may say
+        space = study_space(meta)
+    payload = fields.get("payload") or (space.backend.payload if space is not None else None)
+    if not (backend == "sim" or payload == "sim"):
+        return Provenance(str(backend) if backend else UNKNOWN)
+    truth, calibration = _truth(meta, fields, space), _calibration(meta, fields, space)
+    return Provenance(str(backend), truth or UNKNOWN, calibration or UNKNOWN)
 
-    backend: str | None
-    truth: str | None = None
-    calibration: str | None = None
-    simulated: bool = False
 
-    @classmethod
-    def of(cls, meta: Mapping[str, Any], space: Space | None = None) -> Provenance:
-        """From ``dse.json`` (its own fields, then its fingerprint's), then the space file; absent ones stay None."""
-        fields = _fingerprint_fields(meta)
-        backend = meta.get("backend") or fields.get("backend")
-        if space is None and (not {"payload", "truth", "calibration"} <= set(fields) or fields.get("calibration")):
-            # dse.json lacks some of them (or keeps only the calibration's hash): the space file may say
-            space = study_space(meta)
-        payload = fields.get("payload") or (space.backend.payload if space is not None else None)
-        simulated = backend == "sim" or payload == "sim"
-        if not simulated:
-            return cls(str(backend) if backend else None)
-        return cls(str(backend), cls._truth(meta, fields, space), cls._calibration(meta, fields, space), simulated=True)
+def _truth(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
+    truth, seed = meta.get("truth") or fields.get("truth"), fields.get("twin_seed")
+    if truth is None and space is not None:
+        truth, seed = space.backend.truth, space.backend.twin_seed
+    if truth == "twin" and seed is not None and "seed" not in str(meta.get("truth") or ""):
+        return f"twin (seed {seed})"
+    return None if truth is None else str(truth)
 
-    @staticmethod
-    def _truth(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
-        truth, seed = meta.get("truth") or fields.get("truth"), fields.get("twin_seed")
-        if truth is None and space is not None:
-            truth, seed = space.backend.truth, space.backend.twin_seed
-        if truth == "twin" and seed is not None and "seed" not in str(meta.get("truth") or ""):
-            return f"twin (seed {seed})"
-        return None if truth is None else str(truth)
 
-    @staticmethod
-    def _calibration(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
-        if "calibration" in meta:  # dse.json's own field: a file (its name shown: no machine path), or none
-            return Path(str(meta["calibration"])).name if meta["calibration"] else "none"
-        if space is not None:
-            return Path(space.backend.calibration).name if space.backend.calibration else "none"
-        if "calibration" in fields:  # the fingerprint keeps the file's hash: the file's name is not known
-            return str(fields["calibration"])[:19] if fields["calibration"] else "none"
-        return None
-
-    def sentence(self) -> str:
-        """One sentence for a page's header: simulated figures are the model's, the others measured."""
-        if self.simulated:
-            extra = [f"{k} {v}" for k, v in (("truth", self.truth), ("calibration", self.calibration)) if v]
-            return "Simulated: every figure is predicted by the performance model, not measured" + (
-                f" ({', '.join(extra)})." if extra else "."
-            )
-        if self.backend:
-            return f"Measured: every figure comes from runs launched by the {self.backend} backend."
-        return "Where the figures come from is not recorded (dse.json names no backend)."
+def _calibration(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Space | None) -> str | None:
+    if "calibration" in meta:  # dse.json's own field: a file (its name shown: no machine path), or none
+        return Path(str(meta["calibration"])).name if meta["calibration"] else "none"
+    if space is not None:
+        return Path(space.backend.calibration).name if space.backend.calibration else "none"
+    if "calibration" in fields:  # the fingerprint keeps the file's hash: the file's name is not known
+        return str(fields["calibration"])[:19] if fields["calibration"] else "none"
+    return None
 
 
 def fmt(v: Any) -> str:
@@ -679,7 +660,7 @@ def render(
         study=name,
         summary_line=what,
         stats=stats,
-        provenance=Provenance.of(meta, space).sentence(),
+        provenance=study_provenance(meta, space).sentence(),
         goal=f"Objective: {metric_title(objective.metric)}, {objective.sense}d ({objective.metric}).",
         best=_best_section(df, knob_names, best),
         plots=_plots(df, p, knob_values, objective),

@@ -64,15 +64,16 @@ def test_compare_csv_says_where_each_studys_figures_come_from(tmp_path):
     measured = _study(tmp_path, "m")
     meta = json.loads((measured / "dse.json").read_text())
     meta["backend"] = "slurm"  # as a study run through Slurm records it
+    meta["provenance"] = {"backend": "slurm", "truth": None, "calibration": None}
     (measured / "dse.json").write_text(json.dumps(meta))
     bare = _study(tmp_path, "bare")
     meta = json.loads((bare / "dse.json").read_text())
-    for key in ("backend", "space", "fingerprint"):  # a dse.json from an older dse: nothing to say
+    for key in ("backend", "space", "fingerprint", "provenance"):  # a dse.json from an older dse: nothing to say
         meta.pop(key, None)
     (bare / "dse.json").write_text(json.dumps(meta))
     assert dse("compare", a, b, measured, bare, "--out", tmp_path / "c").exit_code == 0
     df = pd.read_csv(tmp_path / "c" / "compare.csv", keep_default_na=False)
-    assert list(df.backend) == ["sim", "sim", "slurm", ""]
+    assert list(df.backend) == ["sim", "sim", "slurm", "unknown"]
     assert list(df.truth) == ["exact", "twin (seed 3)", "", ""]
     assert list(df.calibration) == ["none", "none", "", ""]
 

@@ -190,11 +190,12 @@ def test_the_objective_comes_from_dse_json_then_the_space_file_then_the_default(
 
 
 def test_the_header_says_where_the_figures_come_from(tmp_path):
+    from dse.leaderboard import Provenance
     from tests.helpers import SMALL_SPACE, write_space
 
     twin = SMALL_SPACE + '\n[backend]\ntruth = "twin"\ntwin_seed = 3\n'
     meta = {**META, "space": str(write_space(tmp_path, twin)), "space_name": "small", "backend": "sim"}
-    prov = report.Provenance.of(meta)
+    prov = report.study_provenance(meta)
     assert (prov.backend, prov.truth, prov.calibration, prov.simulated) == ("sim", "twin (seed 3)", "none", True)
     page = report.render([r for r in records() if r.ok], meta)
     assert "predicted by the performance model, not measured (truth twin (seed 3), calibration none)" in page
@@ -202,7 +203,9 @@ def test_the_header_says_where_the_figures_come_from(tmp_path):
     assert "Measured: every figure comes from runs launched by the slurm backend." in measured
     assert "predicted by" not in measured
     fields = {"backend": "sim", "payload": "sim", "truth": "exact", "twin_seed": None, "calibration": None}
-    assert report.Provenance.of({"fingerprint": {"fields": fields}}) == report.Provenance("sim", "exact", "none", True)
+    assert report.study_provenance({"fingerprint": {"fields": fields}}) == Provenance("sim", "exact", "none")
+    recorded = {"provenance": {"backend": "sim", "truth": "exact", "calibration": "cal.toml"}, "backend": "slurm"}
+    assert report.study_provenance(recorded) == Provenance("sim", "exact", "cal.toml")  # dse.json's record first
 
 
 def test_a_step_time_studys_leaderboard_shows_seconds_not_rewards():
