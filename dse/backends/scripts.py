@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from dse import allowlists
 from dse.errors import UserError
 from dse.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
 from dse.recipes import contract
@@ -37,12 +38,14 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_.,:/+@=\-]+")
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Environment names must be identifiers; values are strings (quoted by the writer, never checked for
-    content here, so that a value reaches the process literally)."""
+    """Environment names must be identifiers outside :data:`dse.allowlists.ENV_NEVER`; values are strings (quoted
+    by the writer, never checked for content here, so that a value reaches the process literally)."""
     out = {}
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name):
             raise UserError(f"{name!r} is not an environment variable name (letters, digits, _)", field=f"env.{name}")
+        if why := allowlists.env_never(name):  # belt and braces: a space file never gets one this far
+            raise UserError(f"{name} is never set by a launch: {why}", field=f"env.{name}")
         if not isinstance(value, str) or "\0" in value:
             raise UserError(f"{value!r} is not a string value", field=f"env.{name}")
         out[name] = value

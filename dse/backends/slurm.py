@@ -30,6 +30,7 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dse import allowlists
 from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
     LOG_NAME,
@@ -41,6 +42,7 @@ from dse.backends.scripts import (
     quoted_command,
     stage_code,
 )
+from dse.errors import UserError
 from dse.launch import LaunchPlan
 from dse.recipes import contract
 from dse.space import (
@@ -48,7 +50,6 @@ from dse.space import (
     SLURM_MOUNT,
     SLURM_NAME,
     SLURM_PATH,
-    SLURM_SRUN_ARG,
     SLURM_TIME,
     SlurmSettings,
     Space,
@@ -70,7 +71,7 @@ TERMINAL = frozenset(SLURM_STATE_STATUS) - {SUBMIT_FAILED, UNKNOWN}
 
 # What the system file may put into a script: the rules the system file is read with (dse.space), checked
 # again here before quoting, for a SlurmSettings built in code.
-_NAME, _TIME, _IMAGE, _MOUNT, _SRUN_ARG = SLURM_NAME, SLURM_TIME, SLURM_IMAGE, SLURM_MOUNT, SLURM_SRUN_ARG
+_NAME, _TIME, _IMAGE, _MOUNT = SLURM_NAME, SLURM_TIME, SLURM_IMAGE, SLURM_MOUNT
 # pyxis jobs as NeMo's performance scripts launch them (scripts/performance/executors.py)
 CONTAINER_SRUN_ARGS = ("--mpi=pmix", "--no-container-mount-home")
 
@@ -100,8 +101,11 @@ def _check_settings(s: SlurmSettings, file: str | None) -> None:
         )
     for m in s.container_mounts:
         check_field(m, _MOUNT, field="slurm.container_mounts", file=file, what="src:dst[:flags] paths")
-    for a in s.srun_args:
-        check_field(a, _SRUN_ARG, field="slurm.srun_args", file=file, what="options such as --mpi=pmix")
+    for field, check in (("srun_args", allowlists.parse_srun_args), ("sbatch_options", allowlists.sbatch_options)):
+        try:
+            check(getattr(s, field))
+        except allowlists.OptionError as e:
+            raise UserError(str(e), file=file, field=f"slurm.{field}") from None
     if s.job_dir:
         check_field(s.job_dir, SLURM_PATH, field="slurm.job_dir", file=file, what="a path without % patterns")
 
@@ -112,6 +116,15 @@ def cluster_dir(run_dir: Path, settings: SlurmSettings) -> Path:
         return run_dir
     tag = f"{zlib.crc32(str(run_dir.resolve()).encode()):08x}"
     return Path(settings.job_dir) / f"{run_dir.name}-{tag}"
+
+
+def segment(nodes: int, gpus_per_node: int, nvlink_domain: int, options: dict) -> int | None:
+    """``--segment``: the system file's ``sbatch_options.segment``, else whole NVLink domains where one spans
+    nodes (GB200/GB300 NVL72: 18 nodes), as Megatron-Bridge's performance scripts ask, so that the job gets the
+    NVLink domain the performance model assumed."""
+    if "segment" in options:
+        return int(options["segment"])
+    return allowlists.nvlink_segment(nodes, gpus_per_node, nvlink_domain)
 
 
 def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
@@ -146,7 +159,8 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
         def srun_stderr(self) -> Path:
             return Path(self.folder) / LOG_NAME
 
-    srun_args = list(CONTAINER_SRUN_ARGS if s.use_container else ()) + list(s.srun_args)
+    srun_args = list(CONTAINER_SRUN_ARGS if s.use_container else ()) + allowlists.parse_srun_args(s.srun_args)
+    options = allowlists.sbatch_options(s.sbatch_options)
     executor = run.SlurmExecutor(
         account=s.account or "",
         partition=s.partition or None,
@@ -162,7 +176,8 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
         srun_args=srun_args,
         env_vars={k: shlex.quote(v) for k, v in env.items()},
         setup_lines="\n".join(quoted_command(step.command) for step in plan.pre_steps) or None,
-        additional_parameters={"chdir": str(job_dir)},
+        segment=segment(plan.nodes, system.gpus_per_node, system.nvlink_domain, options),
+        additional_parameters={**{k: v for k, v in options.items() if k != "segment"}, "chdir": str(job_dir)},
         job_details=_JobDetails(job_name=name, folder=str(job_dir)),
         tunnel=run.LocalTunnel(job_dir=str(job_dir.parent)),
         packager=run.Packager(),

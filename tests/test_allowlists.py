@@ -1,0 +1,175 @@
+"""Default deny for what reaches a launch: environment names, srun options, sbatch options; --segment; a movable
+best/; the docs' copies of the allowlists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dse import allowlists
+from dse.backends.slurm import render_sbatch
+from dse.launch import build_plan
+from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
+from tests.trials import system, trial
+
+
+def space_text(**repl: str) -> str:
+    text = SMALL_SPACE
+    for old, new in repl.items():
+        text = text.replace(old, new)
+    return text
+
+
+def _with_env(tmp_path, var: str, allow: list[str] | None = None, name: str = "space.toml") -> Path:
+    edits = {"max_steps = 20": f'max_steps = 20\n"env.{var}" = "1"'}
+    if allow is not None:
+        edits["[search]"] = f"[backend]\nallow_env = {allow!r}\n\n[search]".replace("'", '"')
+    return write_space(tmp_path, space_text(**edits), name=name)
+
+
+# -- environment names -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "var", ["PYTHONPYCACHEPREFIX", "SLURM_TASK_PROLOG", "SRUN_EXPORT_ENV", "SLURM_EXPORT_ENV", "SLURM_TASK_EPILOG"]
+)
+def test_names_that_choose_code_or_srun_options_are_refused_even_when_allowed(tmp_path, var):
+    one_line_error(dse("validate", _with_env(tmp_path, var)), f"settings.env.{var}", "never set by a space")
+    r = dse("validate", _with_env(tmp_path, var, allow=[var], name="allowed.toml"))
+    one_line_error(r, "backend.allow_env", f"{var} cannot be allowed")
+
+
+def test_a_plan_built_in_code_cannot_export_them_either():
+    from dse.backends.scripts import check_env
+    from dse.errors import UserError
+
+    with pytest.raises(UserError, match="PYTHONPYCACHEPREFIX is never set"):
+        check_env({"NCCL_DEBUG": "INFO", "PYTHONPYCACHEPREFIX": "/tmp/planted"})
+
+
+@pytest.mark.parametrize("var", ["NCCL_IB_TIMEOUT", "NVTE_FLASH_ATTN", "TORCH_NCCL_AVOID_RECORD_STREAMS", "UB_SKIPMC"])
+def test_tuning_families_need_no_opt_in(tmp_path, var):
+    r = dse("validate", _with_env(tmp_path, var))
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("var", ["MY_SETTING", "NCCL_NET_PLUGIN", "NCCL_DEBUG_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])
+def test_other_names_need_allow_env(tmp_path, var):
+    one_line_error(dse("validate", _with_env(tmp_path, var)), f"settings.env.{var}", "allow_env")
+    r = dse("validate", _with_env(tmp_path, var, allow=[var], name="allowed.toml"))
+    assert r.exit_code == 0, r.output
+
+
+# -- srun options ------------------------------------------------------------------------------------------------
+def _system_file(tmp_path, slurm_lines: str, gpu: str = "h100") -> Path:
+    f = tmp_path / "sys.toml"
+    f.write_text(f'gpu = "{gpu}"\n[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n{slurm_lines}\n')
+    return f
+
+
+def _validate_with_system(tmp_path, slurm_lines: str):
+    sysfile = _system_file(tmp_path, slurm_lines)
+    return dse("validate", write_space(tmp_path, space_text(**{'system = "h100"': f'system = "{sysfile}"'})))
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--expor=LD_PRELOAD=/x.so"], "--expor (--export) is not allowed"),
+        (["--task-prolog=/tmp/x"], "runs a program"),
+        (["--prolog=/tmp/x"], "runs a program"),
+        (["--task-ep", "/tmp/x"], "runs a program"),
+        (["--output=/etc/cron.d/x"], "reads or writes files"),
+        (["-o", "/etc/cron.d/x"], "-o (--output)"),
+        (["-lE"], "-E (--preserve-env)"),
+        (["--container-mounts=/:/host"], "reads or writes files"),
+        (["--ex"], "ambiguous"),
+        (["--nodes=3"], "dse sets it"),
+        (["--bogus"], "srun has no option --bogus"),
+        (["python", "evil.py"], "not an srun option"),
+        (["--cpu-bind=cores;id"], "not allowed as the value of --cpu-bind"),
+    ],
+)
+def test_srun_args_outside_the_allowlist_are_refused_in_one_line(tmp_path, args, needle):
+    one_line_error(
+        _validate_with_system(tmp_path, f"srun_args = {args!r}".replace("'", '"')), "slurm.srun_args", needle
+    )
+
+
+def test_srun_args_are_written_in_srun_s_full_spelling():
+    got = allowlists.parse_srun_args(["--cpu-b", "cores", "-lu", "-c4", "--mpi=pmi2", "-K1", "--overl"])
+    assert got == [
+        "--cpu-bind=cores",
+        "--label",
+        "--unbuffered",
+        "--cpus-per-task=4",
+        "--mpi=pmi2",
+        "--kill-on-bad-exit=1",
+        "--overlap",
+    ]
+    sys_ = system("h100", slurm={"srun_args": ["--cpu-b", "cores"]})
+    text = render_sbatch(build_plan(trial(sys=sys_, tp=2, pp=1, cp=1, vp=1)), Path("/tmp/dse-allow/run"))
+    assert "--cpu-bind=cores " in text and "--cpu-b " not in text
+
+
+# -- sbatch options ----------------------------------------------------------------------------------------------
+def test_sbatch_options_become_sbatch_lines():
+    opts = {"qos": "high", "reservation": "perf-res", "constraint": "nvl72&ib", "time_min": "00:20:00", "nice": 10}
+    sys_ = system("h100", slurm={"sbatch_options": {**opts, "spread-job": True, "contiguous": False}})
+    text = render_sbatch(build_plan(trial(sys=sys_, tp=2, pp=1, cp=1, vp=1)), Path("/tmp/dse-allow/run"))
+    for line in (
+        "#SBATCH --qos=high",
+        "#SBATCH --reservation=perf-res",
+        "#SBATCH --constraint='nvl72&ib'",
+        "#SBATCH --time-min=00:20:00",
+        "#SBATCH --nice=10",
+        "#SBATCH --spread-job",
+    ):
+        assert line in text.splitlines(), line
+    assert "contiguous" not in text
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ('output = "/etc/cron.d/x"', "'output' is not an sbatch option dse writes"),
+        ('wrap = "id"', "'wrap' is not an sbatch option"),
+        ('export = "ALL,LD_PRELOAD=/x.so"', "'export' is not an sbatch option"),
+        ('partition = "batch"', "set slurm.partition instead"),
+        ('qos = "high\\nid"', "is not allowed; use a quality of service name"),
+        ('nice = "x"', "nice: an integer"),
+        ("segment = 0", "segment: an integer from 1"),
+    ],
+)
+def test_refused_sbatch_options(tmp_path, line, needle):
+    r = _validate_with_system(tmp_path, f"[slurm.sbatch_options]\n{line}")
+    one_line_error(r, "slurm.sbatch_options", needle)
+
+
+# -- --segment for NVLink domains that span nodes ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "gpu, nodes, options, segment",
+    [
+        ("gb200", 2, {}, "2"),
+        ("gb200", 18, {}, "18"),
+        ("gb200", 32, {}, "16"),  # the largest divisor of 32 nodes within one 18-node domain
+        ("gb200", 32, {"segment": 8}, "8"),  # the system file's own
+        ("h100", 4, {}, None),  # an 8-GPU domain is one node
+    ],
+)
+def test_segment_keeps_the_job_in_nvlink_domains(gpu, nodes, options, segment):
+    sys_ = system(gpu, slurm={"sbatch_options": options})
+    text = render_sbatch(build_plan(trial("llama3_70b", sys=sys_, num_nodes=nodes)), Path("/tmp/dse-allow/run"))
+    got = re.findall(r"^#SBATCH --segment=(\S+)$", text, re.M)
+    assert got == ([segment] if segment else [])
+
+
+# -- container images as squashfs files --------------------------------------------------------------------------
+def test_a_squashfs_image_path_is_accepted_and_reaches_srun(tmp_path):
+    f = tmp_path / "squash-system.toml"
+    f.write_text('gpu = "h100"\n[slurm]\ncontainer_image = "/lustre/images/nemo-25.09.sqsh"\n')
+    r = dse("validate", write_space(tmp_path, space_text(**{'system = "h100"': f'system = "{f}"'})))
+    assert r.exit_code == 0, r.output
+    sys_ = system("h100", slurm={"container_image": "/lustre/images/nemo-25.09.sqsh"})
+    text = render_sbatch(build_plan(trial(sys=sys_, tp=2, pp=1, cp=1, vp=1)), Path("/tmp/dse-allow/run"))
+    assert "--container-image /lustre/images/nemo-25.09.sqsh " in text
