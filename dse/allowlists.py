@@ -284,7 +284,7 @@ SBATCH_ALLOWED: dict[str, SbatchOption] = {
     "gres": SbatchOption("generic resources such as gpu:4", _FEATURES),
     "gres-flags": SbatchOption("GRES flags such as enforce-binding", _NAMES),
     "licenses": SbatchOption("licenses such as fs:2", _FEATURES),
-    "segment": SbatchOption("nodes per segment (NVLink domain)", integer=(1, 1_000_000)),
+    "segment": SbatchOption("nodes per segment (NVLink domain); 0 writes none", integer=(0, 1_000_000)),
     "switches": SbatchOption("a switch count, optionally @max-wait", r"\d+(@" + _TIME + ")?"),
     "nodelist": SbatchOption("a host list such as node[1-4]", _HOSTLIST),
     "exclude": SbatchOption("a host list such as node[1-4]", _HOSTLIST),

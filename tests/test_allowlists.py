@@ -138,7 +138,7 @@ def test_sbatch_options_become_sbatch_lines():
         ('partition = "batch"', "set slurm.partition instead"),
         ('qos = "high\\nid"', "is not allowed; use a quality of service name"),
         ('nice = "x"', "nice: an integer"),
-        ("segment = 0", "segment: an integer from 1"),
+        ("segment = -1", "segment: an integer from 0"),
     ],
 )
 def test_refused_sbatch_options(tmp_path, line, needle):
@@ -154,6 +154,7 @@ def test_refused_sbatch_options(tmp_path, line, needle):
         ("gb200", 18, {}, "18"),
         ("gb200", 32, {}, "16"),  # the largest divisor of 32 nodes within one 18-node domain
         ("gb200", 32, {"segment": 8}, "8"),  # the system file's own
+        ("gb200", 32, {"segment": 0}, None),  # none: a Slurm without the topology/block plugin
         ("h100", 4, {}, None),  # an 8-GPU domain is one node
     ],
 )

@@ -43,6 +43,7 @@ from dse.backends.scripts import (
     stage_code,
 )
 from dse.errors import UserError
+from dse.hardware import HARDWARE
 from dse.launch import LaunchPlan
 from dse.recipes import contract
 from dse.space import (
@@ -53,6 +54,7 @@ from dse.space import (
     SLURM_TIME,
     SlurmSettings,
     Space,
+    System,
 )
 
 SCRIPT_NAME = "launch.sbatch"
@@ -118,13 +120,16 @@ def cluster_dir(run_dir: Path, settings: SlurmSettings) -> Path:
     return Path(settings.job_dir) / f"{run_dir.name}-{tag}"
 
 
-def segment(nodes: int, gpus_per_node: int, nvlink_domain: int, options: dict) -> int | None:
-    """``--segment``: the system file's ``sbatch_options.segment``, else whole NVLink domains where one spans
-    nodes (GB200/GB300 NVL72: 18 nodes), as Megatron-Bridge's performance scripts ask, so that the job gets the
-    NVLink domain the performance model assumed."""
+def segment(nodes: int, system: System, options: dict) -> int | None:
+    """``--segment``: the system file's ``sbatch_options.segment`` (0: none), else, on GPUs whose NVLink domain
+    spans nodes (GB200/GB300 NVL72: 18 nodes of 4), whole NVLink domains as Megatron-Bridge's performance scripts
+    ask, so that the job gets the NVLink domain the performance model assumed."""
     if "segment" in options:
-        return int(options["segment"])
-    return allowlists.nvlink_segment(nodes, gpus_per_node, nvlink_domain)
+        return int(options["segment"]) or None
+    row = HARDWARE[system.gpu]
+    if row.nvlink_domain <= row.gpus_per_node:  # an NVLink domain is one node (HGX): nothing to keep together
+        return None
+    return allowlists.nvlink_segment(nodes, system.gpus_per_node, system.nvlink_domain)
 
 
 def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
@@ -176,7 +181,7 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
         srun_args=srun_args,
         env_vars={k: shlex.quote(v) for k, v in env.items()},
         setup_lines="\n".join(quoted_command(step.command) for step in plan.pre_steps) or None,
-        segment=segment(plan.nodes, system.gpus_per_node, system.nvlink_domain, options),
+        segment=segment(plan.nodes, system, options),
         additional_parameters={**{k: v for k, v in options.items() if k != "segment"}, "chdir": str(job_dir)},
         job_details=_JobDetails(job_name=name, folder=str(job_dir)),
         tunnel=run.LocalTunnel(job_dir=str(job_dir.parent)),
