@@ -4,15 +4,18 @@ best/; the docs' copies of the allowlists."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from dse import allowlists
-from dse.backends.slurm import render_sbatch
+from dse.backends.scripts import stage_code
+from dse.backends.slurm import render_sbatch, write_relocatable_sbatch
 from dse.launch import build_plan
 from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
-from tests.trials import system, trial
+from tests.trials import DATA, system, trial
 
 
 def space_text(**repl: str) -> str:
@@ -174,3 +177,48 @@ def test_a_squashfs_image_path_is_accepted_and_reaches_srun(tmp_path):
     sys_ = system("h100", slurm={"container_image": "/lustre/images/nemo-25.09.sqsh"})
     text = render_sbatch(build_plan(trial(sys=sys_, tp=2, pp=1, cp=1, vp=1)), Path("/tmp/dse-allow/run"))
     assert "--container-image /lustre/images/nemo-25.09.sqsh " in text
+
+
+# -- best/ names no path of the controller -----------------------------------------------------------------------
+def test_best_scripts_name_no_path_of_the_study(tmp_path):
+    from dse import study as study_mod
+    from dse.space import load_space
+
+    space = load_space(write_space(tmp_path, SMALL_SPACE.replace("num_nodes = 2", "num_nodes = 1")))
+    out = tmp_path / "study-out"
+    study_mod.run_study(space, out_dir=out, agent="grid")
+    for name in ("launch.sbatch", "launch.sh"):
+        text = (out / "best" / name).read_text()
+        assert str(tmp_path) not in text and "/DSE_RELOCATABLE" not in text, name
+        assert '"${DSE_DIR}"' in text
+    sbatch = (out / "best" / "launch.sbatch").read_text()
+    assert "#SBATCH --output=sbatch.out" in sbatch and "--chdir" not in sbatch.split("# Command 1")[0]
+    assert subprocess.run(["bash", "-n", str(out / "best" / "launch.sbatch")]).returncode == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.usefixtures("slurm_cluster")
+def test_best_moved_to_another_directory_still_submits(tmp_path):
+    from dse.backends.slurm import SlurmBackend, query_state
+    from dse.recipes.sim.logwriter import SimRun
+
+    sys_ = system(DATA / "systems" / "local_slurm.toml")
+    t = trial("llama3_70b_16l", sys=sys_, num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3)
+    run = SimRun(step_time_s=1.0, tflops_per_gpu=100.0, gbs=4, max_steps=3)
+    best = tmp_path / "study" / "best"
+    write_relocatable_sbatch(build_plan(t, payload="sim", sim_run=run), best)
+    stage_code(best)
+    moved = tmp_path / "login-node" / "copied-best"
+    shutil.copytree(best, moved.parent / "copied-best")
+    shutil.rmtree(tmp_path / "study")  # nothing of the old place is left to find
+    r = subprocess.run(["sbatch", "--parsable", "launch.sbatch"], cwd=moved, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    end = SlurmBackend(poll_s=0.5, settle_s=20).wait(job_id, limit_s=240)
+    assert end.state == "COMPLETED", (
+        end,
+        (moved / "sbatch.out").read_text() if (moved / "sbatch.out").exists() else "",
+    )
+    log = (moved / "log.txt").read_text()
+    assert log.count("train_step_timing in s") == 3, log[-2000:]
+    assert query_state(job_id).state == "COMPLETED"

@@ -69,6 +69,29 @@ def check_path(path: Path, *, field: str = "run directory") -> Path:
     return path
 
 
+# A script that must move with its folder (best/) is rendered for a stand-in directory under this root, then each
+# mention of the stand-in becomes the variable DIR_VAR, which the script sets at its top (relocatable()).
+RELOCATABLE_ROOT = "/DSE_RELOCATABLE"
+DIR_VAR = "DSE_DIR"
+
+
+def relocatable(text: str, stand_in: Path) -> str:
+    """``text``, rendered for directory ``stand_in``, with every mention of it made relative: in comments and
+    ``#SBATCH`` lines (which no shell expands) a path inside it loses the prefix (sbatch reads it relative to the
+    submit directory); in commands it becomes ``"${DSE_DIR}"``. A mention left over is an error, not a script."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            line = line.replace(f"{stand_in}/", "")
+        else:
+            line = line.replace(str(stand_in), f'"${{{DIR_VAR}}}"')
+        out.append(line)
+    result = "\n".join(out) + "\n"
+    if RELOCATABLE_ROOT in result:
+        raise ValueError(f"a relocatable script still names {stand_in}")  # a writer's bug: it must not ship
+    return result
+
+
 def comment(text: str) -> str:
     """A ``#`` comment line of a script saying ``text``: anything but letters, digits, space and ``_.,:/+@=()-``
     becomes ``_`` (a newline in a comment would end it and start a command)."""

@@ -33,13 +33,16 @@ from pathlib import Path
 from dse import allowlists
 from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
+    DIR_VAR,
     LOG_NAME,
+    RELOCATABLE_ROOT,
     check_env,
     check_field,
     check_path,
     import_nemo_run,
     job_name,
     quoted_command,
+    relocatable,
     stage_code,
 )
 from dse.errors import UserError
@@ -207,6 +210,31 @@ def write_sbatch(plan: LaunchPlan, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / SCRIPT_NAME
     path.write_text(render_sbatch(plan, run_dir).rstrip("\n") + "\n")
+    return path
+
+
+# The lines a relocatable sbatch script opens with: its files are where it was submitted from (sbatch runs a copy
+# of the script, so the script's own path says nothing), unless DSE_DIR says otherwise.
+SUBMIT_DIR_LINES = (
+    "# This script's files (code/, log.txt) are in the directory sbatch is run from: cd there, then sbatch "
+    + SCRIPT_NAME,
+    "# (or: sbatch --export=ALL,DSE_DIR=/path/to/this/folder " + SCRIPT_NAME + ")",
+    f'{DIR_VAR}="${{{DIR_VAR}:-${{SLURM_SUBMIT_DIR}}}}"',
+)
+
+
+def write_relocatable_sbatch(plan: LaunchPlan, out_dir: Path) -> Path:
+    """Write ``out_dir/launch.sbatch`` naming no absolute path of this machine: the job's files are found through
+    ``DSE_DIR`` (the submit directory by default) and sbatch's own output is relative to it, so the folder can be
+    copied to a login node and submitted there (``best/``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stand_in = Path(RELOCATABLE_ROOT) / out_dir.name  # the job is named after the folder, as a trial's is
+    text = render_sbatch(plan, stand_in)
+    lines = [ln for ln in text.splitlines() if not ln.startswith(f"#SBATCH --chdir={stand_in}")]
+    last = max(i for i, ln in enumerate(lines) if ln.startswith("#SBATCH "))
+    lines[last + 1 : last + 1] = ["", *SUBMIT_DIR_LINES]
+    path = out_dir / SCRIPT_NAME
+    path.write_text(relocatable("\n".join(lines), stand_in).rstrip("\n") + "\n")
     return path
 
 
