@@ -194,6 +194,12 @@ def test_best_scripts_name_no_path_of_the_study(tmp_path):
     sbatch = (out / "best" / "launch.sbatch").read_text()
     assert "#SBATCH --output=sbatch.out" in sbatch and "--chdir" not in sbatch.split("# Command 1")[0]
     assert subprocess.run(["bash", "-n", str(out / "best" / "launch.sbatch")]).returncode == 0
+    # submitted from another folder, it stops at once and says why instead of starting srun without its code
+    head = sbatch.split("set -evx")[0]
+    r = subprocess.run(["bash", "-c", head], env={"SLURM_SUBMIT_DIR": str(tmp_path)}, capture_output=True, text=True)
+    assert r.returncode == 2 and "submit from the folder of launch.sbatch" in r.stderr
+    r = subprocess.run(["bash", "-c", head], env={"SLURM_SUBMIT_DIR": str(out / "best")}, capture_output=True)
+    assert r.returncode == 0
 
 
 @pytest.mark.slurm

@@ -220,6 +220,8 @@ SUBMIT_DIR_LINES = (
     + SCRIPT_NAME,
     "# (or: sbatch --export=ALL,DSE_DIR=/path/to/this/folder " + SCRIPT_NAME + ")",
     f'{DIR_VAR}="${{{DIR_VAR}:-${{SLURM_SUBMIT_DIR}}}}"',
+    f'[ -d "${{{DIR_VAR}}}/code" ] || {{ echo "no code/ in ${{{DIR_VAR}}}: submit from the folder of {SCRIPT_NAME}, '
+    f'or set {DIR_VAR}" >&2; exit 2; }}',
 )
 
 
