@@ -228,3 +228,39 @@ def test_best_moved_to_another_directory_still_submits(tmp_path):
     log = (moved / "log.txt").read_text()
     assert log.count("train_step_timing in s") == 3, log[-2000:]
     assert query_state(job_id).state == "COMPLETED"
+
+
+# -- the docs list what the code allows --------------------------------------------------------------------------
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _doc_names(section: str) -> set[str]:
+    text = (DOCS / "security.md").read_text()
+    body = text.split(f"<!-- {section} -->")[1].split("<!-- end -->")[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", body, re.M))
+
+
+def test_security_doc_lists_the_code_s_allowlists():
+    assert _doc_names("env-prefixes") == {p + "*" for p in allowlists.ENV_PREFIXES}
+    assert _doc_names("env-names") == set(allowlists.ENV_NAMES)
+    assert _doc_names("env-never") == {p + "*" for p in allowlists.ENV_NEVER}
+    assert _doc_names("srun-allowed") == {"--" + n for n in allowlists.SRUN_ALLOWED}
+    assert _doc_names("sbatch-allowed") == set(allowlists.SBATCH_ALLOWED)
+    suffixes = (DOCS / "security.md").read_text().split("a name that ends in")[1].split("names a file")[0]
+    assert set(re.findall(r"`([A-Z_]+)`", suffixes)) == set(allowlists.ENV_FILE_SUFFIXES)
+
+
+def test_the_slurm_page_s_system_file_is_valid_and_asks_for_its_options(tmp_path):
+    from dse.space import load_system
+
+    text = (DOCS / "slurm.md").read_text()
+    example = text.split("```toml\n")[1].split("```")[0]
+    f = tmp_path / "gb200-cluster.toml"
+    f.write_text(example)
+    sys_ = load_system(str(f))
+    assert sys_.slurm.sbatch_options == {"qos": "high", "reservation": "perf-week", "constraint": "gb200&nvl72"}
+    plan = build_plan(trial("llama3_70b", sys=sys_, num_nodes=32))
+    script = render_sbatch(plan, Path("/tmp/dse-allow/run"))
+    for line in ("#SBATCH --qos=high", "#SBATCH --segment=16", "#SBATCH --constraint='gb200&nvl72'"):
+        assert line in script.splitlines()
+    assert "--container-image /lustre/images/nemo-25.09.sqsh " in script and "--cpu-bind=none " in script
