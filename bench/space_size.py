@@ -48,7 +48,9 @@ def main() -> None:
         c = count_valid(walk)
         dt = time.perf_counter() - t
         print(f"exact count of {c.raw:,} raw points ({c.valid:,} valid): {dt:.2f} s = {1e6 * dt / c.raw:.1f} us/point")
-        big = load_space(write(Path(d) / "big.toml", {**core, **{f"env.NCCL_K{i}": list(range(10)) for i in range(11)}}))
+        big = load_space(
+            write(Path(d) / "big.toml", {**core, **{f"env.NCCL_K{i}": list(range(10)) for i in range(11)}})
+        )
         t = time.perf_counter()
         c = count_valid(big)
         print(

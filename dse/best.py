@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
-from dse.launch import build_plan
+from dse.launch import LaunchPlan, build_plan
 from dse.space import Space
 from dse.store import TrialRecord
 from dse.trial import resolve
@@ -117,7 +117,7 @@ def write_best(space: Space, records: Sequence[TrialRecord], out_dir: Path) -> P
     return d
 
 
-def _write_scripts(plan, d: Path, one_node: bool) -> None:
+def _write_scripts(plan: LaunchPlan, d: Path, one_node: bool) -> None:
     """``launch.sbatch`` (and ``launch.sh`` when the best fits one node) naming no path of this machine: each finds
     its files through ``DSE_DIR`` (sbatch: the submit directory; bash: the script's own folder), so ``best/`` can be
     copied to a login node and launched there."""
