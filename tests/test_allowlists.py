@@ -230,6 +230,28 @@ def test_best_moved_to_another_directory_still_submits(tmp_path):
     assert query_state(job_id).state == "COMPLETED"
 
 
+@pytest.mark.slurm
+@pytest.mark.usefixtures("slurm_cluster")
+def test_sbatch_options_reach_slurm_as_the_job_s_settings(tmp_path):
+    """nemo-run quotes values (``--nodelist='node[1]'``); sbatch reads its #SBATCH lines with the quotes removed."""
+    from dse.backends.slurm import cancel, write_sbatch
+
+    options = {"nodelist": "node[1]", "comment": "dse-options", "nice": 7}
+    sys_ = system(DATA / "systems" / "local_slurm.toml", slurm={"sbatch_options": options})
+    t = trial("llama3_70b_16l", sys=sys_, num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3)
+    script = write_sbatch(build_plan(t, payload="nemo2"), tmp_path)
+    assert "#SBATCH --nodelist='node[1]'" in script.read_text()
+    r = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    try:
+        show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    finally:
+        cancel(job_id)
+    fields = dict(p.split("=", 1) for p in show.split() if "=" in p)
+    assert (fields["ReqNodeList"], fields["Comment"], fields["Nice"]) == ("node1", "dse-options", "7"), show
+
+
 # -- the docs list what the code allows --------------------------------------------------------------------------
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
