@@ -153,12 +153,12 @@ SRUN_REFUSED: dict[str, Option] = {
         "acctg-freq bb bbf begin clusters cluster-constraint comment compress core-spec deadline delay-boot "
         "dependency extra extra-node-info licenses mail-type mail-user mcs-label msg-timeout nice power prefer "
         "priority profile reboot relative signal slurmd-debug stepmgr thread-spec time-min tmp wckey mincpus "
-        "cpus-per-task-hint segment tree-width x11 debugger-test",
+        "cpus-per-task-hint segment tree-width x11 debugger-test threads",
         refused=_NOT_RESOURCE + " of the step (sbatch options go in [slurm] sbatch_options)",
     ),
     **_opts(
         "disable-status help hold immediate no-allocate oversubscribe pty quiet quit-on-interrupt test-only "
-        "usage verbose version external-launcher",
+        "usage verbose version external-launcher use-min-nodes",
         ARG_NONE,
         refused=_NOT_RESOURCE,
     ),
@@ -167,12 +167,12 @@ SRUN_OPTIONS: dict[str, Option] = {**SRUN_REFUSED, **SRUN_ALLOWED}
 
 # srun's short options (its getopt string) and the long option each stands for.
 SRUN_SHORT: dict[str, str] = {
-    "A": "account", "B": "extra-node-info", "c": "cpus-per-task", "C": "constraint", "d": "dependency",
+    "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task", "C": "constraint", "d": "dependency",
     "D": "chdir", "e": "error", "E": "preserve-env", "G": "gpus", "h": "help", "H": "hold", "i": "input",
     "I": "immediate", "J": "job-name", "k": "no-kill", "K": "kill-on-bad-exit", "l": "label", "L": "licenses",
     "m": "distribution", "M": "clusters", "n": "ntasks", "N": "nodes", "o": "output", "O": "overcommit",
     "p": "partition", "q": "qos", "Q": "quiet", "r": "relative", "s": "oversubscribe", "S": "core-spec",
-    "t": "time", "T": "thread-spec", "u": "unbuffered", "v": "verbose", "V": "version", "w": "nodelist",
+    "t": "time", "T": "threads", "u": "unbuffered", "v": "verbose", "V": "version", "w": "nodelist",
     "W": "wait", "x": "exclude", "X": "disable-status", "Z": "no-allocate",
 }  # fmt: skip
 # What a value may hold: it goes into the srun line of a script (quoted by the writer as well).

@@ -99,6 +99,17 @@ def test_srun_args_outside_the_allowlist_are_refused_in_one_line(tmp_path, args,
     )
 
 
+@pytest.mark.skipif(shutil.which("srun") is None, reason="no srun on PATH")
+def test_every_option_of_the_installed_srun_is_in_the_table():
+    """Abbreviations are resolved against the table: an option srun has and the table lacks would make dse resolve
+    a prefix that srun calls ambiguous (harmless, as dse writes the full name) or refuse a real option."""
+    text = subprocess.run(["srun", "--help"], capture_output=True, text=True).stdout
+    real = set(re.findall(r"--([a-z][a-z0-9-]*)", text))
+    assert real - set(allowlists.SRUN_OPTIONS) == set()
+    shorts = dict(re.findall(r"^\s+-([A-Za-z]), --([a-z0-9-]+)", text, re.M))
+    assert {k: allowlists.SRUN_SHORT.get(k) for k in shorts} == shorts
+
+
 def test_srun_args_are_written_in_srun_s_full_spelling():
     got = allowlists.parse_srun_args(["--cpu-b", "cores", "-lu", "-c4", "--mpi=pmi2", "-K1", "--overl"])
     assert got == [
