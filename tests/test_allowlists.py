@@ -213,6 +213,29 @@ def test_best_scripts_name_no_path_of_the_study(tmp_path):
     assert r.returncode == 0
 
 
+def test_best_launch_sh_moved_to_another_directory_still_runs(tmp_path):
+    import os
+    import sys
+
+    from dse import best as best_mod
+    from dse.recipes.sim.logwriter import SimRun
+
+    t = trial("llama3_70b_16l", sys=system("h100"), num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3)
+    run = SimRun(step_time_s=0.01, tflops_per_gpu=100.0, gbs=4, max_steps=3)
+    best = tmp_path / "study" / "best"
+    best.mkdir(parents=True)
+    stage_code(best)
+    best_mod._write_scripts(build_plan(t, payload="sim", sim_run=run), best, one_node=True)
+    moved = tmp_path / "elsewhere" / "best-copy"
+    shutil.copytree(best, moved)
+    shutil.rmtree(tmp_path / "study")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("DSE_DIR", None)
+    r = subprocess.run(["bash", "best-copy/launch.sh"], cwd=moved.parent, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (moved / "log.txt").read_text().count("train_step_timing in s") == 3
+
+
 @pytest.mark.slurm
 @pytest.mark.usefixtures("slurm_cluster")
 def test_best_moved_to_another_directory_still_submits(tmp_path):
