@@ -58,6 +58,7 @@ ENV_NEVER: dict[str, str] = {
     "LD_": "the dynamic loader reads it before any program starts (LD_PRELOAD loads a library into every program)",
     "PYTHON": "Python reads it before the trainer starts (PYTHONPATH, PYTHONPYCACHEPREFIX choose the code it runs)",
     "BASH_FUNC_": "bash defines a function from it",
+    "DSE_DIR": "best/'s launch scripts find their files through it",
 }
 
 
