@@ -122,15 +122,15 @@ SRUN_ALLOWED: dict[str, Option] = {
     **_opts(
         "accel-bind cpu-bind cpu-freq cpus-per-gpu cpus-per-task distribution gpu-bind gpu-freq gres gres-flags "
         "hint mem-bind mem-per-cpu mem-per-gpu mpi network ntasks-per-core ntasks-per-gpu ntasks-per-socket "
-        "cores-per-socket sockets-per-node threads-per-core resv-ports switches tres-bind tres-per-task wait "
+        "cores-per-socket sockets-per-node threads-per-core switches tres-bind tres-per-task wait "
         "gpus-per-task"
     ),
     **_opts(
         "exact overlap overcommit label unbuffered spread-job contiguous no-container-mount-home "
-        "container-mount-home container-writable container-readonly no-kill",
+        "container-writable container-readonly",
         ARG_NONE,
     ),
-    **_opts("exclusive kill-on-bad-exit propagate", ARG_OPTIONAL),
+    **_opts("exclusive kill-on-bad-exit propagate resv-ports no-kill", ARG_OPTIONAL),
 }
 # Every other long option srun (and pyxis) knows, with why it is refused: the abbreviations srun accepts are
 # resolved against this whole list, so ``--expor`` is ``--export``.
@@ -141,6 +141,7 @@ SRUN_REFUSED: dict[str, Option] = {
     **_opts("container-image container-name container-id container", refused=f"{_RUNS} (use slurm.container_image)"),
     **_opts("output error input open-mode chdir container-workdir container-save nodefile", refused=_FILES),
     **_opts("container-mounts", refused=f"{_FILES} (use slurm.container_mounts)"),
+    **_opts("container-mount-home", ARG_NONE, refused=f"{_FILES} (the home directory, inside the container)"),
     **_opts("export container-env", refused=_ENV),
     **_opts("preserve-env get-user-env", ARG_NONE, refused=_ENV),
     **_opts("container-remap-root no-container-remap-root", ARG_NONE, refused="changes the user the step runs as"),
