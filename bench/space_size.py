@@ -41,14 +41,16 @@ def main() -> None:
         walk = load_space(
             write(
                 Path(d) / "walk.toml",
-                {**core, "env.MY_A": list(range(40)), "env.MY_B": list(range(WALK_LIMIT // 54 // 40))},
+                {**core, "env.NCCL_A": list(range(40)), "env.NCCL_B": list(range(WALK_LIMIT // 54 // 40))},
             )
         )
         t = time.perf_counter()
         c = count_valid(walk)
         dt = time.perf_counter() - t
         print(f"exact count of {c.raw:,} raw points ({c.valid:,} valid): {dt:.2f} s = {1e6 * dt / c.raw:.1f} us/point")
-        big = load_space(write(Path(d) / "big.toml", {**core, **{f"env.MY_K{i}": list(range(10)) for i in range(11)}}))
+        big = load_space(
+            write(Path(d) / "big.toml", {**core, **{f"env.NCCL_K{i}": list(range(10)) for i in range(11)}})
+        )
         t = time.perf_counter()
         c = count_valid(big)
         print(
@@ -56,7 +58,7 @@ def main() -> None:
             f"(95% {c.valid_low:,} to {c.valid_high:,}; truth {c.raw // 3:,}) in {time.perf_counter() - t:.2f} s"
         )
         bad = load_space(
-            write(Path(d) / "bad.toml", {"tp": [3, 5, 6, 7], **{f"env.MY_K{i}": list(range(10)) for i in range(12)}})
+            write(Path(d) / "bad.toml", {"tp": [3, 5, 6, 7], **{f"env.NCCL_K{i}": list(range(10)) for i in range(12)}})
         )
         env = RecipeEnv(bad, make_backend("sim", bad, 0), Path(d) / "runs", run_dirs=lambda: Path(d) / "runs" / "x")
         agent = RandomAgent(env.action_space, seed=0, action_mask=env.action_mask)

@@ -26,12 +26,10 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
-from dse.backends.base import Backend
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
-from dse.launch import build_plan
+from dse.launch import LaunchPlan, build_plan
 from dse.leaderboard import Provenance
 from dse.space import Space
 from dse.store import TrialRecord
@@ -96,7 +94,6 @@ def write_best(
 ) -> Path | None:
     """Write ``out_dir/best/`` for the best ``ok`` trial; None when no trial succeeded. ``provenance``: where
     the figures come from (by default the space's own backend's), which ``best.json`` and ``README`` say."""
-    from dse.backends import load_backends
     from dse.backends.scripts import stage_code
 
     rec = best_record(records)
@@ -110,6 +107,7 @@ def write_best(
     plan = build_plan(trial, payload=payload)
     d = Path(out_dir) / BEST_DIR
     d.mkdir(parents=True, exist_ok=True)
+    one_node = trial.layout.num_nodes == 1
     info = {
         "trial": rec.number,
         "reward": rec.reward,
@@ -126,19 +124,31 @@ def write_best(
     }
     write_text(d / "best.json", json.dumps(info, indent=2, default=str))
     stage_code(d)
-    registry = load_backends()
-    one_node = trial.layout.num_nodes == 1
-    # the registry's loaders return classes (typed object: an entry point may load anything); these two are the
-    # built-in script-writing backends
-    cast("type[Backend]", registry["slurm"]()).write_script(plan, d)
-    local = cast("type[Backend]", registry["local"]())
-    stale = d / (local.script_name or "launch.sh")
-    if one_node:
-        local.write_script(plan, d)
-    elif stale.exists():  # from an earlier best of this study (resumed) that fitted one node
-        stale.unlink()
+    _write_scripts(plan, d, one_node)
     _write_readme(d, rec.number, trial, limit, limit_source, one_node, prov)
     return d
+
+
+def _write_scripts(plan: LaunchPlan, d: Path, one_node: bool) -> None:
+    """``launch.sbatch`` (and ``launch.sh`` when the best fits one node) naming no path of this machine: each finds
+    its files through ``DSE_DIR`` (sbatch: the submit directory; bash: the script's own folder), so ``best/`` can be
+    copied to a login node and launched there."""
+    from dse.backends.local import SCRIPT_NAME as LOCAL_SCRIPT
+    from dse.backends.local import render_local_script
+    from dse.backends.scripts import DIR_VAR, RELOCATABLE_ROOT, relocatable
+    from dse.backends.slurm import write_relocatable_sbatch
+
+    write_relocatable_sbatch(plan, d)
+    stale = d / LOCAL_SCRIPT
+    if not one_node:
+        if stale.exists():  # from an earlier best of this study (resumed) that fitted one node
+            stale.unlink()
+        return
+    stand_in = Path(RELOCATABLE_ROOT) / d.name
+    lines = render_local_script(plan, stand_in).splitlines()
+    at = lines.index("set -euo pipefail") + 1
+    lines[at:at] = [f'{DIR_VAR}="${{{DIR_VAR}:-$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)}}"']
+    write_text(stale, relocatable("\n".join(lines), stand_in))
 
 
 def _relative(run_dir: str | None, out_dir: Path) -> str | None:
@@ -164,7 +174,8 @@ def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, on
         f"(tp {k.tp}, pp {k.pp}, cp {k.cp}, vp {k.vp}, mbs {k.mbs}, gbs {k.gbs}).",
         figures,
         "",
-        "Launch: sbatch launch.sbatch  (the Slurm script for the space's system; payload in code/)",
+        "Launch from this folder (or a copy of it): sbatch launch.sbatch  (the Slurm script for the space's",
+        "system; payload in code/; DSE_DIR overrides where it looks for code/)",
     ]
     if one_node:
         lines.append("    or: bash launch.sh       (torchrun on one machine with its GPUs)")

@@ -25,51 +25,7 @@ _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # full match: "FOO\n" is not a name
 # Values that reach a shell are validated against this before quoting (belt and braces).
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=/+\-]*")
 
-# Environment variables that decide which program, library or startup code runs (the dynamic loader's,
-# the shells', Python's and a few runtimes'), so a space that sets one could run anything. A space may set
-# one only when it lists it in ``[backend] allow_env``.
-_PROTECTED_ENV = {
-    "PATH": "selects which programs run",
-    "BASH_ENV": "bash runs that file at start",
-    "ENV": "sh runs that file at start",
-    "SHELLOPTS": "changes how bash runs scripts",
-    "BASHOPTS": "changes how bash runs scripts",
-    "IFS": "changes how the shell splits words",
-    "PS4": "bash expands it for each traced line",
-    "PROMPT_COMMAND": "bash runs it",
-    "CDPATH": "changes where cd goes",
-    "GLOBIGNORE": "changes shell globbing",
-    "PYTHONPATH": "selects which Python modules are imported",
-    "PYTHONHOME": "selects the Python installation",
-    "PYTHONSTARTUP": "Python runs that file",
-    "PYTHONUSERBASE": "selects which Python modules are imported",
-    "PYTHONSAFEPATH": "changes which Python modules are imported",
-    "PYTHONINSPECT": "changes what Python runs",
-    "PYTHONEXECUTABLE": "changes which Python runs",
-    "PYTHONBREAKPOINT": "selects code Python runs",
-    "PYTHONWARNINGS": "imports the warning categories it names",
-    "PERL5LIB": "selects which Perl modules load",
-    "PERL5OPT": "adds Perl options",
-    "NODE_OPTIONS": "adds Node.js options",
-    "RUBYOPT": "adds Ruby options",
-    "LD_PRELOAD": "loads that library into every program",
-    "LD_LIBRARY_PATH": "selects which libraries load",
-    "LD_AUDIT": "loads that library into every program",
-    "HOME": "changes where startup files are read",
-}
-_PROTECTED_PREFIXES = {
-    "LD_": "configures the dynamic loader",
-    "DYLD_": "configures the dynamic loader",
-    "BASH_FUNC_": "defines a bash function",
-    "GCONV_": "selects which libraries load",
-}
-
-
-def protected_env(name: str) -> str | None:
-    """Why setting environment variable ``name`` could change which program or library runs, or None."""
-    if name in _PROTECTED_ENV:
-        return _PROTECTED_ENV[name]
-    return next((why for p, why in _PROTECTED_PREFIXES.items() if name.startswith(p)), None)
+# Which environment names a space may set at all is dse.allowlists' (default deny).
 
 
 # A knob's own spelling for one payload family: (knob, value, every value of the trial, the payload's spelling)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dse import knobs
+from dse import allowlists, knobs
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
 from dse.recipes import contract
@@ -77,9 +77,10 @@ def check_name(v: str) -> str:
 # `dse run` refuse the same values before anything is written; the script writers quote them as well).
 SLURM_NAME = r"[A-Za-z0-9_.,\-]*"
 SLURM_TIME = r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE"
-SLURM_IMAGE = r"[A-Za-z0-9][A-Za-z0-9_.:/#@+\-]*"  # never a leading '#': that would comment the srun line out
+# an image reference (never a leading '#': that would comment the srun line out), or the absolute path of a squashfs
+# file made by `enroot import` (pyxis reads a value starting with '/' as a file: no registry pull at job start)
+SLURM_IMAGE = r"[A-Za-z0-9][A-Za-z0-9_.:/#@+\-]*|/[A-Za-z0-9_.+@=\-]+(/[A-Za-z0-9_.+@=\-]+)*"
 SLURM_MOUNT = r"[A-Za-z0-9_.:/+@=,\-]+"
-SLURM_SRUN_ARG = r"--?[A-Za-z][A-Za-z0-9_\-]*(=[A-Za-z0-9_.,:/+@=\-]*)?"
 SLURM_PATH = r"/?[A-Za-z0-9_.,:+@=\-]+(/[A-Za-z0-9_.,:+@=\-]+)*/?"  # no '%': Slurm expands %j, %u, ...
 _SLURM_RULES = {
     "partition": (SLURM_NAME, "letters, digits and _.,-"),
@@ -87,10 +88,10 @@ _SLURM_RULES = {
     "time_limit": (SLURM_TIME, "a Slurm time: MM, HH:MM:SS or D-HH:MM:SS"),
     "container_image": (
         SLURM_IMAGE + "|",
-        "an image reference such as nvcr.io#nvidia/nemo:25.09 (not starting with #)",
+        "an image reference such as nvcr.io#nvidia/nemo:25.09 (not starting with #), or a squashfs file's absolute "
+        "path such as /lustre/images/nemo.sqsh",
     ),
     "container_mounts": (SLURM_MOUNT, "src:dst[:flags] paths"),
-    "srun_args": (SLURM_SRUN_ARG, "options such as --mpi=pmix"),
     "job_dir": (SLURM_PATH + "|", "a path of letters, digits and _.,:+@=- (no % patterns)"),
     "max_pending": (SLURM_TIME + "|", "a Slurm time: MM, HH:MM:SS or D-HH:MM:SS (empty: wait)"),
 }
@@ -107,7 +108,11 @@ class SlurmSettings(_Strict):
     use_container: bool = True
     gpus_per_node_flag: bool = True  # emit --gpus-per-node (off for clusters without GRES)
     exclusive: bool = True
+    # srun options of the training step, parsed as srun parses them and limited to options that select resources
+    # (dse.allowlists.SRUN_ALLOWED); kept in their full spelling (`--cpu-b cores` -> `--cpu-bind=cores`)
     srun_args: list[str] = Field(default_factory=list)
+    # `#SBATCH --name=value` lines: options that select or account resources (dse.allowlists.SBATCH_ALLOWED)
+    sbatch_options: dict[str, Any] = Field(default_factory=dict)
     job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
     max_pending: str = ""  # a Slurm time; a job pending longer is cancelled and failed with Slurm's reason ("": wait)
 
@@ -117,7 +122,6 @@ class SlurmSettings(_Strict):
         "time_limit",
         "container_image",
         "container_mounts",
-        "srun_args",
         "job_dir",
         "max_pending",
     )
@@ -129,14 +133,21 @@ class SlurmSettings(_Strict):
                 raise ValueError(f"{item!r} is not allowed; use {what}")
         return v
 
-    def exported_names(self) -> list[str]:
-        """Environment names that ``srun_args``' ``--export=...`` would set (``ALL``/``NONE`` aside)."""
-        names = []
-        for a in self.srun_args:
-            opt, eq, val = a.partition("=")
-            if opt == "--export" and eq:
-                names += [item.partition("=")[0] for item in val.split(",") if item not in ("ALL", "NONE", "NIL")]
-        return names
+    @field_validator("srun_args")
+    @classmethod
+    def _allowed_srun_args(cls, v: list[str]) -> list[str]:
+        try:
+            return allowlists.parse_srun_args(v)
+        except allowlists.OptionError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("sbatch_options")
+    @classmethod
+    def _allowed_sbatch_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return allowlists.sbatch_options(v)
+        except allowlists.OptionError as e:
+            raise ValueError(str(e)) from None
 
 
 class System(_Strict):
@@ -241,10 +252,18 @@ class BackendSettings(_Strict):
     twin_seed: int = Field(0, ge=0)
     allow_env: list[str] = Field(
         default_factory=list,
-        description="protected environment names the space may "
-        "set (LD_PRELOAD, PATH, PYTHONPATH...): an explicit opt-in",
+        description="environment names outside the tuning families (dse.allowlists) the space may set: an explicit "
+        "opt-in; never SLURM_*, SRUN_*, LD_*, PYTHON*",
     )
     early_stop: EarlyStopSettings = Field(default_factory=EarlyStopSettings)
+
+    @field_validator("allow_env")
+    @classmethod
+    def _allowable_env(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if why := allowlists.env_never(name):
+                raise ValueError(f"{name} cannot be allowed: {why}")
+        return v
 
     @field_validator("payload")
     @classmethod
@@ -346,24 +365,14 @@ class Space(_Strict):
                 raise UserError(str(e), file=f, field="backend.calibration") from None
 
     def _check_env_opt_in(self, f: str | None) -> None:
-        """A protected environment variable (from settings, knobs or the system's srun arguments) needs the
-        space's explicit ``[backend] allow_env`` opt-in."""
-        allowed = set(self.backend.allow_env)
-        env_names = [
-            (f"{part}.{n}", n[len(knobs.ENV_PREFIX) :])
-            for part, names in (("settings", self.settings), ("knobs", self.knobs))
-            for n in names
-            if knobs.is_env(n)
-        ]
-        env_names += [("system.slurm.srun_args", n) for n in self.system.slurm.exported_names()]
-        for field, var in env_names:
-            why = knobs.protected_env(var)
-            if why and var not in allowed:
-                raise UserError(
-                    f'{var} {why}, so a space may set it only by opting in: [backend] allow_env = ["{var}"]',
-                    file=f,
-                    field=field,
-                )
+        """Environment names are denied by default: a space sets only the tuning families of
+        :mod:`dse.allowlists`, and other names it lists in ``[backend] allow_env``."""
+        for part, names in (("settings", self.settings), ("knobs", self.knobs)):
+            for n in names:
+                if knobs.is_env(n) and (
+                    why := allowlists.env_refusal(n[len(knobs.ENV_PREFIX) :], self.backend.allow_env)
+                ):
+                    raise UserError(why, file=f, field=f"{part}.{n}")
 
     @property
     def recipe_obj(self) -> Recipe:

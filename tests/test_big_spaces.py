@@ -31,7 +31,7 @@ def _toml_value(v) -> str:
 def write_space(
     path, knobs: dict, *, env_knobs: int = 0, env_values: int = 0, settings: dict | None = None, name: str = "big"
 ):
-    env = {f"env.MY_K{i}": list(range(env_values)) for i in range(env_knobs)}
+    env = {f"env.NCCL_K{i}": list(range(env_values)) for i in range(env_knobs)}
     lines = [
         f'name = "{name}"',
         'recipe = "llama3_8b"',

@@ -100,8 +100,8 @@ def test_sbatch_script_with_a_hostile_system_name_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
-# -- 2. environment names that change which program runs need an opt-in ---------------------------------------
-@pytest.mark.parametrize("var", ["LD_PRELOAD", "PATH", "PYTHONPATH", "BASH_ENV", "LD_AUDIT", "BASH_FUNC_x%%"])
+# -- 2. environment names outside the tuning families need an opt-in (LD_*, PYTHON*: tests/test_allowlists.py) ---
+@pytest.mark.parametrize("var", ["PATH", "BASH_ENV", "HOME", "BASH_FUNC_x%%"])
 def test_protected_environment_names_need_an_opt_in(tmp_path, var):
     path = write_space(tmp_path, space_text(**{"max_steps = 20": f'max_steps = 20\n"env.{var}" = "/tmp/x"'}))
     r = dse("validate", path)
@@ -135,14 +135,14 @@ def test_environment_name_with_a_trailing_newline_is_refused():
         check_env({"FOO\n": "1"})
 
 
-def test_srun_export_of_a_protected_name_needs_the_opt_in(tmp_path):
+def test_srun_export_is_refused(tmp_path):
     sysfile = tmp_path / "sys.toml"
     sysfile.write_text(
         'gpu = "h100"\n[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n'
         'srun_args = ["--export=ALL,LD_PRELOAD=/tmp/evil.so"]\n'
     )
     path = write_space(tmp_path, space_text(**{'system = "h100"': f'system = "{sysfile}"'}))
-    one_line_error(dse("validate", path), "srun_args", "LD_PRELOAD", "allow_env")
+    one_line_error(dse("validate", path), "slurm.srun_args", "--export is not allowed", "changes the environment")
 
 
 # -- 3. every Slurm field is checked when the file is read ---------------------------------------------------

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 ONE_NODE = """
 name = "par_slurm"
 recipe = "llama3_8b"
-system = { gpu = "gb300", gpus_per_node = 1, nvlink_domain = 72, slurm = { partition = "debug", time_limit = "00:05:00", use_container = false, gpus_per_node_flag = false, exclusive = false } }
+system = { gpu = "gb300", gpus_per_node = 1, nvlink_domain = 72, slurm = { partition = "debug", time_limit = "00:05:00", use_container = false, gpus_per_node_flag = false, exclusive = false, sbatch_options = { segment = 0 } } }
 num_nodes = 1
 
 [settings]

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from dse import allowlists
 from dse.errors import UserError
 from dse.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
 from dse.recipes import contract
@@ -37,12 +38,14 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_.,:/+@=\-]+")
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Environment names must be identifiers; values are strings (quoted by the writer, never checked for
-    content here, so that a value reaches the process literally)."""
+    """Environment names must be identifiers outside :data:`dse.allowlists.ENV_NEVER`; values are strings (quoted
+    by the writer, never checked for content here, so that a value reaches the process literally)."""
     out = {}
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name):
             raise UserError(f"{name!r} is not an environment variable name (letters, digits, _)", field=f"env.{name}")
+        if why := allowlists.env_never(name):  # belt and braces: a space file never gets one this far
+            raise UserError(f"{name} is never set by a launch: {why}", field=f"env.{name}")
         if not isinstance(value, str) or "\0" in value:
             raise UserError(f"{value!r} is not a string value", field=f"env.{name}")
         out[name] = value
@@ -64,6 +67,29 @@ def check_path(path: Path, *, field: str = "run directory") -> Path:
             field=field,
         )
     return path
+
+
+# A script that must move with its folder (best/) is rendered for a stand-in directory under this root, then each
+# mention of the stand-in becomes the variable DIR_VAR, which the script sets at its top (relocatable()).
+RELOCATABLE_ROOT = "/DSE_RELOCATABLE"
+DIR_VAR = "DSE_DIR"
+
+
+def relocatable(text: str, stand_in: Path) -> str:
+    """``text``, rendered for directory ``stand_in``, with every mention of it made relative: in comments and
+    ``#SBATCH`` lines (which no shell expands) a path inside it loses the prefix (sbatch reads it relative to the
+    submit directory); in commands it becomes ``"${DSE_DIR}"``. A mention left over is an error, not a script."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            line = line.replace(f"{stand_in}/", "")
+        else:
+            line = line.replace(str(stand_in), f'"${{{DIR_VAR}}}"')
+        out.append(line)
+    result = "\n".join(out) + "\n"
+    if RELOCATABLE_ROOT in result:
+        raise ValueError(f"a relocatable script still names {stand_in}")  # a writer's bug: it must not ship
+    return result
 
 
 def comment(text: str) -> str:

@@ -30,17 +30,23 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dse import allowlists
 from dse.backends.base import Backend, RunResult, StopCheck
 from dse.backends.scripts import (
+    DIR_VAR,
     LOG_NAME,
+    RELOCATABLE_ROOT,
     check_env,
     check_field,
     check_path,
     import_nemo_run,
     job_name,
     quoted_command,
+    relocatable,
     stage_code,
 )
+from dse.errors import UserError
+from dse.hardware import HARDWARE
 from dse.launch import LaunchPlan
 from dse.recipes import contract
 from dse.space import (
@@ -48,10 +54,10 @@ from dse.space import (
     SLURM_MOUNT,
     SLURM_NAME,
     SLURM_PATH,
-    SLURM_SRUN_ARG,
     SLURM_TIME,
     SlurmSettings,
     Space,
+    System,
 )
 
 SCRIPT_NAME = "launch.sbatch"
@@ -70,7 +76,7 @@ TERMINAL = frozenset(SLURM_STATE_STATUS) - {SUBMIT_FAILED, UNKNOWN}
 
 # What the system file may put into a script: the rules the system file is read with (dse.space), checked
 # again here before quoting, for a SlurmSettings built in code.
-_NAME, _TIME, _IMAGE, _MOUNT, _SRUN_ARG = SLURM_NAME, SLURM_TIME, SLURM_IMAGE, SLURM_MOUNT, SLURM_SRUN_ARG
+_NAME, _TIME, _IMAGE, _MOUNT = SLURM_NAME, SLURM_TIME, SLURM_IMAGE, SLURM_MOUNT
 # pyxis jobs as NeMo's performance scripts launch them (scripts/performance/executors.py)
 CONTAINER_SRUN_ARGS = ("--mpi=pmix", "--no-container-mount-home")
 
@@ -100,8 +106,11 @@ def _check_settings(s: SlurmSettings, file: str | None) -> None:
         )
     for m in s.container_mounts:
         check_field(m, _MOUNT, field="slurm.container_mounts", file=file, what="src:dst[:flags] paths")
-    for a in s.srun_args:
-        check_field(a, _SRUN_ARG, field="slurm.srun_args", file=file, what="options such as --mpi=pmix")
+    for field, check in (("srun_args", allowlists.parse_srun_args), ("sbatch_options", allowlists.sbatch_options)):
+        try:
+            check(getattr(s, field))
+        except allowlists.OptionError as e:
+            raise UserError(str(e), file=file, field=f"slurm.{field}") from None
     if s.job_dir:
         check_field(s.job_dir, SLURM_PATH, field="slurm.job_dir", file=file, what="a path without % patterns")
 
@@ -112,6 +121,18 @@ def cluster_dir(run_dir: Path, settings: SlurmSettings) -> Path:
         return run_dir
     tag = f"{zlib.crc32(str(run_dir.resolve()).encode()):08x}"
     return Path(settings.job_dir) / f"{run_dir.name}-{tag}"
+
+
+def segment(nodes: int, system: System, options: dict) -> int | None:
+    """``--segment``: the system file's ``sbatch_options.segment`` (0: none), else, on GPUs whose NVLink domain
+    spans nodes (GB200/GB300 NVL72: 18 nodes of 4), whole NVLink domains as Megatron-Bridge's performance scripts
+    ask, so that the job gets the NVLink domain the performance model assumed."""
+    if "segment" in options:
+        return int(options["segment"]) or None
+    row = HARDWARE[system.gpu]
+    if row.nvlink_domain <= row.gpus_per_node:  # an NVLink domain is one node (HGX): nothing to keep together
+        return None
+    return allowlists.nvlink_segment(nodes, system.gpus_per_node, system.nvlink_domain)
 
 
 def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
@@ -146,7 +167,8 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
         def srun_stderr(self) -> Path:
             return Path(self.folder) / LOG_NAME
 
-    srun_args = list(CONTAINER_SRUN_ARGS if s.use_container else ()) + list(s.srun_args)
+    srun_args = list(CONTAINER_SRUN_ARGS if s.use_container else ()) + allowlists.parse_srun_args(s.srun_args)
+    options = allowlists.sbatch_options(s.sbatch_options)
     executor = run.SlurmExecutor(
         account=s.account or "",
         partition=s.partition or None,
@@ -162,7 +184,8 @@ def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
         srun_args=srun_args,
         env_vars={k: shlex.quote(v) for k, v in env.items()},
         setup_lines="\n".join(quoted_command(step.command) for step in plan.pre_steps) or None,
-        additional_parameters={"chdir": str(job_dir)},
+        segment=segment(plan.nodes, system, options),
+        additional_parameters={**{k: v for k, v in options.items() if k != "segment"}, "chdir": str(job_dir)},
         job_details=_JobDetails(job_name=name, folder=str(job_dir)),
         tunnel=run.LocalTunnel(job_dir=str(job_dir.parent)),
         packager=run.Packager(),
@@ -187,6 +210,33 @@ def write_sbatch(plan: LaunchPlan, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / SCRIPT_NAME
     path.write_text(render_sbatch(plan, run_dir).rstrip("\n") + "\n")
+    return path
+
+
+# The lines a relocatable sbatch script opens with: its files are where it was submitted from (sbatch runs a copy
+# of the script, so the script's own path says nothing), unless DSE_DIR says otherwise.
+SUBMIT_DIR_LINES = (
+    "# This script's files (code/, log.txt) are in the directory sbatch is run from: cd there, then sbatch "
+    + SCRIPT_NAME,
+    "# (or: sbatch --export=ALL,DSE_DIR=/path/to/this/folder " + SCRIPT_NAME + ")",
+    f'{DIR_VAR}="${{{DIR_VAR}:-${{SLURM_SUBMIT_DIR}}}}"',
+    f'[ -d "${{{DIR_VAR}}}/code" ] || {{ echo "no code/ in ${{{DIR_VAR}}}: submit from the folder of {SCRIPT_NAME}, '
+    f'or set {DIR_VAR}" >&2; exit 2; }}',
+)
+
+
+def write_relocatable_sbatch(plan: LaunchPlan, out_dir: Path) -> Path:
+    """Write ``out_dir/launch.sbatch`` naming no absolute path of this machine: the job's files are found through
+    ``DSE_DIR`` (the submit directory by default) and sbatch's own output is relative to it, so the folder can be
+    copied to a login node and submitted there (``best/``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stand_in = Path(RELOCATABLE_ROOT) / out_dir.name  # the job is named after the folder, as a trial's is
+    text = render_sbatch(plan, stand_in)
+    lines = [ln for ln in text.splitlines() if not ln.startswith(f"#SBATCH --chdir={stand_in}")]
+    last = max(i for i, ln in enumerate(lines) if ln.startswith("#SBATCH "))
+    lines[last + 1 : last + 1] = ["", *SUBMIT_DIR_LINES]
+    path = out_dir / SCRIPT_NAME
+    path.write_text(relocatable("\n".join(lines), stand_in).rstrip("\n") + "\n")
     return path
 
 
