@@ -11,7 +11,6 @@ import importlib.resources
 import itertools
 import math
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dse import knobs
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
+from dse.inputs import load_toml
 from dse.recipes import contract
 from dse.recipes.models import RECIPES, Recipe
 
@@ -390,15 +390,9 @@ class Space(_Strict):
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError("no such file", file=str(path)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"malformed TOML: {e}", file=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read: {e}", file=str(path)) from None
+    """An input TOML file: a regular file of at most :data:`dse.inputs.MAX_INPUT_BYTES`, parsed with one-line
+    errors (dse.inputs)."""
+    return load_toml(path)
 
 
 def _known_fields() -> set[str]:
@@ -470,7 +464,7 @@ def load_space(path: str | Path) -> Space:
     """Read and validate a space file (a path, or a shipped space: :func:`space_path`); every problem is a
     one-line :class:`UserError`."""
     path = space_path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a symlink loop is said so by the reader
         known = sorted(p.stem for p in SPACES_DIR.glob("*.toml"))
         raise UserError(
             f"no such file (nor a shipped space{did_you_mean(path.stem, known)}; shipped: {', '.join(known)})",
