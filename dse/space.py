@@ -50,7 +50,10 @@ WALK_LIMIT = 100_000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown fields refused; strict types: a boolean is not a number, a string not an integer, "yes" not a
+    boolean (pydantic's strict mode; an integer is still a float)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # A name (of a space, a system) is a name: it becomes a directory under runs/ and words in generated
