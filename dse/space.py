@@ -37,9 +37,23 @@ METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 PAYLOADS = contract.PAYLOADS
 
 
+# Knobs one space may vary, and fixed settings it may give. The catalogue has a few dozen knobs; the rest are
+# environment variables, and each stored trial carries every one (1,000 env knobs cost 8 MB per trial, 100,000
+# one-value knobs kept a one-point study busy for minutes), so a space is bounded far above any real one.
+MAX_KNOBS = 64
+MAX_SETTINGS = 128
+
+# GPUs of one node: far above any machine built (8 today, 72 in one NVL72 rack's domain).
+GPUS_PER_NODE_MAX = 1024
+
 # Values one knob may list. The store keeps each trial's params with Optuna's distributions, which carry the
 # whole list, so a knob of 10^6 values costs megabytes per trial; no real knob has more than a few dozen.
 MAX_VALUES_PER_KNOB = 1024
+# Values all of a space's knobs list together (what each stored trial's distributions carry): eight knobs of
+# the largest lists.
+MAX_VALUES_PER_SPACE = 8192
+# Trials one study may run ([search] trials): ten million, far beyond any study on real GPUs.
+MAX_TRIALS = 10_000_000
 
 # Raw points that any walk over a whole space examines one by one (`dse space`'s exact count, the grid, `dse
 # dry-run`, the grid's progress bar, the twin's screen). Checking a point's rules costs 18-34 us (measured by
@@ -106,7 +120,7 @@ class SlurmSettings(_Strict):
     account: str = ""
     time_limit: str = "00:30:00"
     container_image: str = ""
-    container_mounts: list[str] = Field(default_factory=list)
+    container_mounts: list[str] = Field(default_factory=list, max_length=64)
     use_container: bool = True
     gpus_per_node_flag: bool = True  # emit --gpus-per-node (off for clusters without GRES)
     exclusive: bool = True
@@ -147,7 +161,7 @@ class System(_Strict):
 
     name: str
     gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
-    gpus_per_node: int = Field(8, ge=1, le=1024)
+    gpus_per_node: int = Field(8, ge=1, le=GPUS_PER_NODE_MAX)
     nvlink_domain: int = Field(
         8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)"
     )
@@ -158,11 +172,17 @@ class System(_Strict):
     startup_s: float = Field(
         300.0,
         ge=0,
+        le=86400,
+        allow_inf_nan=False,
         description="a job's start-up before its first step (container, "
         "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it",
     )
     price_per_gpu_hour: float | None = Field(
-        None, gt=0, description="what one GPU-hour costs (any currency); `dse compare` prices GPU-hours with it"
+        None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="what one GPU-hour costs (any currency); `dse compare` prices GPU-hours with it",
     )
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
@@ -177,7 +197,9 @@ class System(_Strict):
 class Objective(_Strict):
     metric: Literal["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s"] = "tflops_per_gpu"
     direction: Literal["maximize", "minimize"] | None = None
-    failure_reward: float | None = Field(None, allow_inf_nan=False)  # finite: a reward the agents can rank
+    failure_reward: float | None = Field(
+        None, ge=-1e12, le=1e12, allow_inf_nan=False
+    )  # finite: a reward the agents can rank
 
     @property
     def sense(self) -> str:
@@ -195,7 +217,7 @@ class Search(_Strict):
     agent: str = "optuna"
     sampler: str = "tpe"
     warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
-    trials: int | None = Field(None, ge=1, le=10_000_000)
+    trials: int | None = Field(None, ge=1, le=MAX_TRIALS)
     seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and Optuna's seeds are unsigned 32-bit
     parallel: int = Field(1, ge=1, le=1024, description="trials in flight at once (dse run --parallel)")
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
@@ -241,9 +263,10 @@ class BackendSettings(_Strict):
     # from the model (dse.perfmodel.twin, drawn around the shipped parameters; a calibration is not used),
     # so that a search is judged against a truth that is not its model
     truth: Literal["exact", "twin"] = "exact"
-    twin_seed: int = Field(0, ge=0)
+    twin_seed: int = Field(0, ge=0, le=2**32 - 1)
     allow_env: list[str] = Field(
         default_factory=list,
+        max_length=MAX_SETTINGS,
         description="protected environment names the space may "
         "set (LD_PRELOAD, PATH, PYTHONPATH...): an explicit opt-in",
     )
@@ -298,6 +321,7 @@ class Space(_Strict):
     def _check_knobs(self) -> Space:
         """The space's cross-field rules, in this order (the first broken one is the error the user sees)."""
         f = self.source or None
+        self._check_caps(f)
         for name, value in self.settings.items():
             knobs.get(name, file=f, field=f"settings.{name}").coerce(value, file=f, field=f"settings.{name}")
         for name, values in self.knobs.items():
@@ -309,6 +333,27 @@ class Space(_Strict):
                 "set num_nodes at the top level of the space, not in [settings]", file=f, field="settings.num_nodes"
             )
         return self
+
+    def _check_caps(self, f: str | None) -> None:
+        """At most MAX_KNOBS knobs, MAX_SETTINGS settings and MAX_VALUES_PER_SPACE values over all knobs."""
+        why = "each stored trial carries them all"
+        if len(self.knobs) > MAX_KNOBS:
+            raise UserError(
+                f"{len(self.knobs):,} knobs; a space varies at most {MAX_KNOBS} ({why})", file=f, field="knobs"
+            )
+        if len(self.settings) > MAX_SETTINGS:
+            raise UserError(
+                f"{len(self.settings):,} settings; a space fixes at most {MAX_SETTINGS} ({why})",
+                file=f,
+                field="settings",
+            )
+        total = sum(len(v) for v in self.knobs.values())
+        if total > MAX_VALUES_PER_SPACE:
+            raise UserError(
+                f"{total:,} values over all knobs; a space lists at most {MAX_VALUES_PER_SPACE:,} ({why})",
+                file=f,
+                field="knobs",
+            )
 
     def _check_knob_values(self, name: str, values: list[Any], f: str | None) -> None:
         """One ``[knobs]`` entry: a known knob, 1 to MAX_VALUES_PER_KNOB valid distinct values, not also a setting."""
@@ -416,7 +461,8 @@ def _first_error(e: ValidationError, file: str, prefix: str = "") -> UserError:
     elif err["type"] == "missing":
         msg = "required field is missing"
     elif "input" in err and err["type"] not in ("value_error",):
-        msg = f"{msg} (got {err['input']!r})"
+        got = repr(err["input"])
+        msg = f"{msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
     return UserError(msg, file=file, field=field)
 
 
