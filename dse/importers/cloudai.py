@@ -436,10 +436,10 @@ def import_cloudai(
         system_file = re.sub(r"[^A-Za-z0-9_.-]+", "_", system_table["name"]) + ".toml"
         system_text = _system_text(system_table, Path(system_path))  # type: ignore[arg-type]
         system_ref: Any = system_file
-        system_obj = System.model_validate(system_table)
+        system_obj = _validated_system(system_table, str(system_path))
     else:
         system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}), "slurm": slurm}
-        system_obj = System.model_validate({"name": "inline", **system_ref})
+        system_obj = _validated_system({"name": "inline", **system_ref}, f)
     space = _validated_space(
         {
             "name": name,
@@ -613,6 +613,19 @@ def _settings_and_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[st
             settings[k] = v[0]
             del varied[k]
     return settings, varied
+
+
+def _validated_system(table: dict[str, Any], f: str) -> System:
+    """The imported system, validated; an error is one line naming the CloudAI file its values came from."""
+    from pydantic import ValidationError
+
+    from dse.space import _first_error
+
+    try:
+        return System.model_validate(table)
+    except ValidationError as e:
+        err = _first_error(e, f, "system.")
+        raise UserError(f"{err.message} (imported from {f})", file=err.file, field=err.field) from None
 
 
 def _validated_space(space_dict: dict[str, Any], f: str) -> Space:
