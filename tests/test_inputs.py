@@ -313,6 +313,15 @@ def test_predict_counts_are_bounded(args, needles):
     one_line_error(dse("predict", "--model", "llama3_8b", "--gpu", "h100", *args), *needles)
 
 
+@pytest.mark.parametrize("trials", ["10000001", "99999999999999999999999"])
+def test_run_trials_are_bounded(tmp_path, trials):
+    out = tmp_path / "out"
+    one_line_error(
+        dse("run", "--space", write_space(tmp_path), "--out", out, "--trials", trials), "--trials", "10,000,000"
+    )
+    assert not out.exists()
+
+
 def test_calibrate_out_that_is_a_directory_is_refused_before_the_fit(tmp_path):
     (tmp_path / "d").mkdir()
     one_line_error(dse("calibrate", tmp_path / "nothing", "--out", tmp_path / "d"), "--out", "is a directory")

@@ -77,6 +77,7 @@ def run_cmd(
     ),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
+    check_trials(trials)
     if systems is not None:
         if worker:
             raise UserError(
@@ -131,6 +132,14 @@ def run_cmd(
     finally:
         progress.stop()
     render.run_result(result, list(space.knobs), space.objective.metric)
+
+
+def check_trials(trials: int | None) -> None:
+    """``--trials`` within the space file's bound (:data:`dse.space.MAX_TRIALS`)."""
+    from dse.space import MAX_TRIALS
+
+    if trials is not None and trials > MAX_TRIALS:
+        raise UserError(f"{trials} is out of range; a study runs at most {MAX_TRIALS:,} trials", field="--trials")
 
 
 def check_seed(seed: int | None) -> None:
