@@ -203,6 +203,28 @@ def test_strict_types_and_ranges(tmp_path, repl, needles):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "agent, option, needles",
+    [
+        ("guided", "tau_bias = inf", ("search.options.tau_bias", "finite")),
+        ("guided", 'tau_bias = "0.1"', ("search.options.tau_bias", "valid number")),
+        ("guided", "stop_prob = 1.5", ("search.options.stop_prob",)),
+        ("random", "max_invalid_draws = true", ("search.options.max_invalid_draws", "valid integer")),
+        ("random", "seed = 3", ("search.options.seed", "has no option 'seed'")),
+        ("optuna", "parallel = 2.5", ("search.options.parallel", "valid integer")),
+    ],
+)
+def test_agent_options_are_strict(tmp_path, agent, option, needles):
+    """``[search.options]`` is typed and bounded as the rest of the space; an option named like one of the agent
+    constructor's own keywords (seed) is refused as unknown, not a TypeError."""
+    text = SMALL_SPACE.replace('agent = "grid"', f'agent = "{agent}"') + f"\n[search.options]\n{option}\n"
+    out = tmp_path / "out"
+    one_line_error(
+        dse("run", "--space", write_space(tmp_path, text), "--out", out, "--trials", "2"), "space.toml", *needles
+    )
+    assert not out.exists()
+
+
 def test_a_system_file_is_strict_too(tmp_path):
     sysf = tmp_path / "sys.toml"
     sysf.write_text('name = "s"\ngpu = "h100"\ngpus_per_node = true\n')
