@@ -335,6 +335,23 @@ def test_predict_counts_are_bounded(args, needles):
     one_line_error(dse("predict", "--model", "llama3_8b", "--gpu", "h100", *args), *needles)
 
 
+@pytest.mark.parametrize("value", ["9" * 5000, "[" * 5000])
+def test_predict_set_values_python_cannot_read_are_one_line(value):
+    one_line_error(dse("predict", "--model", "llama3_8b", "--gpu", "h100", "--set", f"tp={value}"), "--set tp")
+
+
+@pytest.mark.parametrize("cmd", ["space", "run"])
+def test_twin_seeds_are_bounded_on_the_command_line(tmp_path, cmd):
+    path, out = write_space(tmp_path), tmp_path / "out"
+    args = (
+        [path, "--twin-seed", str(2**64)]
+        if cmd == "space"
+        else ["--space", path, "--out", out, "--twin-seed", str(2**64)]
+    )
+    one_line_error(dse(cmd, *args), "--twin-seed", "4294967295")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("trials", ["10000001", "99999999999999999999999"])
 def test_run_trials_are_bounded(tmp_path, trials):
     out = tmp_path / "out"

@@ -176,6 +176,8 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text
+        except (ValueError, RecursionError):  # an integer of more than 4,300 digits; nesting Python cannot follow
+            raise UserError(f"{text[:40]!r}... is not a value dse can read", field=f"--set {name.strip()}") from None
         out[name.strip()] = value
     return out
 

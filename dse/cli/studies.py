@@ -164,6 +164,8 @@ def with_twin(space, twin_seed: int | None):
     """``space`` with ``[backend] truth = "twin"`` and ``twin_seed`` set, when ``--twin-seed`` is given."""
     if twin_seed is None:
         return space
+    if not 0 <= twin_seed < 2**32:  # as [backend] twin_seed: numpy's seeds are unsigned 32-bit
+        raise UserError(f"{twin_seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--twin-seed")
     return space.model_copy(
         update={"backend": space.backend.model_copy(update={"truth": "twin", "twin_seed": twin_seed})}
     )
