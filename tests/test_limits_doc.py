@@ -68,6 +68,18 @@ def space_fields() -> str:
     )
 
 
+def guided_options() -> str:
+    from dse.agents.guided import GuidedOptions
+
+    return field_table([("search.options.", GuidedOptions)])
+
+
+def random_options() -> str:
+    from dse.agents.random import RandomOptions
+
+    return field_table([("search.options.", RandomOptions)])
+
+
 def model_fields() -> str:
     from dse.perfmodel.trials import _ModelFile
 
@@ -110,7 +122,14 @@ def calibration() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"caps": caps, "space and system fields": space_fields, "model file": model_fields, "calibration": calibration}
+TABLES = {
+    "caps": caps,
+    "space and system fields": space_fields,
+    "guided agent options": guided_options,
+    "random agent options": random_options,
+    "model file": model_fields,
+    "calibration": calibration,
+}
 
 
 def test_every_table_of_limits_is_in_the_page():
