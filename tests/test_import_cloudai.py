@@ -257,6 +257,8 @@ EDITS = [
     (("tensor_model_parallel_size = [1, 2, 4]", "tensor_model_parallel_size = [1, 0]"), "must be >= 1"),
     (("num_nodes = 1", "num_nodes = [1, 2]"), "a dse space has one node count"),
     (("[cmd_args]", "[cmd_args"), "malformed TOML"),
+    (("num_nodes = 1", 'num_nodes = "' + "9" * 5000 + '"'), "num_nodes"),
+    (("num_nodes = 1", 'num_nodes = 1\nplugins = {fp8 = "hybrid", fp8_recipe = [1]}'), "not an FP8 recipe dse knows"),
 ]
 
 
@@ -271,6 +273,16 @@ def test_bad_files_one_line_exit_2_nothing_written(tmp_path, edit, msg):
     assert r.exit_code == 2 and msg in r.output and r.output.strip().count("\n") == 0, r.output
     assert str(src) in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_trainer_that_is_no_table_is_a_note_not_a_traceback(tmp_path):
+    text = TEST.read_text()
+    head, _, rest = text.partition("  [cmd_args.trainer]")
+    _, _, tail = rest.partition("  [cmd_args.log.ckpt]")
+    src = tmp_path / "t.toml"
+    src.write_text(head.replace("[cmd_args]", "[cmd_args]\ntrainer = 5") + "  [cmd_args.log.ckpt]" + tail)
+    imp = import_cloudai(src, gpu="h100")
+    assert "cmd_args.trainer" in {n.field for n in imp.not_imported}
 
 
 def test_non_slurm_system_refused(tmp_path):

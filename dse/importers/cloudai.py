@@ -245,7 +245,7 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
         spelled: dict[str, str] = {}
     elif fp8 in ("hybrid", "e4m3"):
         recipe = plugins.get("fp8_recipe", "mxfp8" if fp8 == "e4m3" else "delayed")
-        if recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
+        if not isinstance(recipe, str) or recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
             choices = [k for k in knobs.NEMO2_PRECISION if k != "bf16"]
             raise UserError(
                 f"{recipe!r} is not an FP8 recipe dse knows; one of {', '.join(choices)}",
@@ -546,7 +546,8 @@ def _read_cmd_args(cmd: dict[str, Any], f: str, where: str, notes: list[NotImpor
                 f"{value!r} disagrees with the other spelling of {name} ({values[name]!r})", file=f, field=full
             )
         values[name] = value
-    plugins = (cmd.get("trainer") or {}).get("plugins")
+    trainer = cmd.get("trainer")
+    plugins = trainer.get("plugins") if isinstance(trainer, dict) else None
     if isinstance(plugins, dict):
         values.update(_plugins(plugins, f, where, notes))
     return _CmdArgs(values, num_nodes, points, defaults)
@@ -569,7 +570,7 @@ def _node_count(entry: dict[str, Any], num_nodes: Any, f: str) -> Any:
     """The scenario's node count, else ``trainer.num_nodes``, else 1; one per space (a list is refused)."""
     if entry.get("num_nodes") is not None:
         num_nodes = entry["num_nodes"]
-    if isinstance(num_nodes, str) and num_nodes.isdigit():
+    if isinstance(num_nodes, str) and num_nodes.isdigit() and len(num_nodes) <= 9:
         num_nodes = int(num_nodes)  # CloudAI's release scenarios write num_nodes = "1"
     if isinstance(num_nodes, list):
         raise UserError(
