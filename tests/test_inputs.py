@@ -361,6 +361,21 @@ def test_run_trials_are_bounded(tmp_path, trials):
     assert not out.exists()
 
 
+def test_calibrate_sources_that_are_binary_or_no_study_are_one_line(study, tmp_path):
+    binary = tmp_path / "runs.tsv"
+    binary.write_bytes(b"name\tgpu\n\x94\xff\xfe" * 50)
+    one_line_error(dse("calibrate", binary, "--gpu", "h100", "--out", tmp_path / "c.toml"), "runs.tsv", "not UTF-8")
+    header = "\t".join(["model", "gpu", "step_time_ms"]) + "\n"
+    wide = tmp_path / "wide.tsv"
+    wide.write_text(header + "x" * 200_000 + "\n")
+    r = dse("calibrate", wide, "--gpu", "h100", "--out", tmp_path / "c.toml")
+    one_line_error(r, "wide.tsv")
+    out = _copy(study, tmp_path)
+    (out / "dse.json").write_text("[1]")
+    one_line_error(dse("calibrate", out, "--out", tmp_path / "c.toml"), "dse.json", "not a dse.json")
+    assert not (tmp_path / "c.toml").exists()
+
+
 def test_calibrate_out_that_is_a_directory_is_refused_before_the_fit(tmp_path):
     (tmp_path / "d").mkdir()
     one_line_error(dse("calibrate", tmp_path / "nothing", "--out", tmp_path / "d"), "--out", "is a directory")
