@@ -34,24 +34,24 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Range:
-    """The values a calibration parameter may take: ``low`` (excluded when ``open_low``: a divisor) to ``high``."""
+    """The values a calibration parameter may take: ``low`` to ``high``, both included."""
 
     low: float
     high: float
-    open_low: bool = False
     why: str = ""
 
     def holds(self, v: float) -> bool:
-        return (v > self.low if self.open_low else v >= self.low) and v <= self.high
+        return self.low <= v <= self.high
 
     def text(self) -> str:
-        return f"{'>' if self.open_low else '>='} {self.low:g} and <= {self.high:g}"
+        return f">= {self.low:g} and <= {self.high:g}"
 
 
 # Every parameter of dse.perfmodel.timing.Params, with the values a calibration may give it (tests check the
-# names against Params). Rates divide a time, so 0 is refused; shares are fractions; times and memory are
-# bounded far beyond any measured value, so no value makes a prediction negative, infinite or turns a check off.
-_RATE = Range(0.0, 10.0, open_low=True, why="a rate relative to a peak; it divides a time")
+# names against Params). Rates divide a time, so they stay at least 0.001 of a peak (0 divides by zero, 1e-300
+# overflows); shares are fractions; times and memory are bounded far beyond any measured value, so no value makes
+# a prediction negative, infinite or turns a check off.
+_RATE = Range(1e-3, 10.0, why="a rate relative to a peak; it divides a time")
 _SHARE = Range(0.0, 1.0, why="a share of a time that is hidden")
 _TIME = Range(0.0, 3600.0, why="seconds")
 PARAM_RANGES: dict[str, Range] = {

@@ -117,8 +117,7 @@ def calibration() -> str:
 
     lines = ["| parameter | allowed | why |", "| --- | --- | --- |"]
     for name, r in sorted(PARAM_RANGES.items()):
-        low = f"{'> ' if r.open_low else ''}{_num(r.low)}"
-        lines.append(f"| `{name}` | {low} to {_num(r.high)} | {r.why} |")
+        lines.append(f"| `{name}` | {_num(r.low)} to {_num(r.high)} | {r.why} |")
     return "\n".join(lines)
 
 
