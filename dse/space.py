@@ -166,7 +166,7 @@ class System(_Strict):
         8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)"
     )
     scaleout_gbps: float = Field(
-        400.0, gt=0, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s"
+        400.0, ge=1, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s (at least 1)"
     )
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
     startup_s: float = Field(

@@ -190,6 +190,10 @@ SYSTEM_INLINE = 'system = {name = "s", gpu = "h100", gpus_per_node = 8, %s}'
         (('system = "h100"', SYSTEM_INLINE % "price_per_gpu_hour = inf"), ("price_per_gpu_hour", "finite")),
         (('system = "h100"', SYSTEM_INLINE % "nvlink_domain = true"), ("nvlink_domain", "valid integer")),
         (('system = "h100"', SYSTEM_INLINE % "scaleout_gbps = nan"), ("scaleout_gbps", "finite")),
+        (
+            ('system = "h100"', SYSTEM_INLINE % "scaleout_gbps = 1e-300"),
+            ("scaleout_gbps", "greater than or equal to 1"),
+        ),
         (('system = "h100"', SYSTEM_INLINE % 'scaleout_gbps = "400"'), ("scaleout_gbps", "valid number")),
         (('system = "h100"', SYSTEM_INLINE % "slurm = {exclusive = 1}"), ("slurm.exclusive", "boolean")),
         (('metric = "tflops_per_gpu"', 'metric = "tflops_per_gpu"\nfailure_reward = 1e300'), ("failure_reward",)),
