@@ -40,9 +40,10 @@ Forecaster = Callable[[Action], "Forecast | None"]
 
 
 class NoOptions(BaseModel):
-    """An agent's options (``[search.options]`` in the space file): a strict pydantic model per agent."""
+    """An agent's options (``[search.options]`` in the space file): a strict pydantic model per agent (strict
+    types as the space's: a string is not a number, a number not a boolean)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def action_key(action: Mapping[str, Any], names: Iterable[str]) -> tuple[int, ...]:

@@ -67,12 +67,13 @@ def _u(reward: float) -> float:
 class GuidedOptions(NoOptions):
     """``[search.options]`` of the guided agent (the defaults are the ones measured in the README)."""
 
-    tau_bias: float = Field(0.15, gt=0)
-    tau_knob: float = Field(0.06, gt=0)
-    tau_pair: float = Field(0.04, gt=0)
-    sigma: float = Field(0.03, gt=0)
-    min_gain: float = Field(0.005, ge=0)
-    stop_prob: float = Field(0.02, gt=0, lt=1)
+    # relative rewards and probabilities: bounded far beyond any useful value, finite
+    tau_bias: float = Field(0.15, gt=0, le=100, allow_inf_nan=False)
+    tau_knob: float = Field(0.06, gt=0, le=100, allow_inf_nan=False)
+    tau_pair: float = Field(0.04, gt=0, le=100, allow_inf_nan=False)
+    sigma: float = Field(0.03, gt=0, le=100, allow_inf_nan=False)
+    min_gain: float = Field(0.005, ge=0, le=100, allow_inf_nan=False)
+    stop_prob: float = Field(0.02, gt=0, lt=1, allow_inf_nan=False)
 
 
 class GuidedAgent(Agent):

@@ -44,6 +44,7 @@ from dse.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-expo
 from dse.calibration_file import load_calibration as _load
 from dse.calibration_file import loads as _loads
 from dse.errors import UserError
+from dse.inputs import read_text
 from dse.perfmodel.fit import PRIORS, Prior, minimise
 from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, PARAM_NAMES, Params
@@ -204,7 +205,12 @@ def _study_space(path: Path):
     for p in (meta_p, board_p):
         if not p.is_file():
             raise UserError("not a study directory (needs dse.json and leaderboard.csv) nor a TSV", file=str(p))
-    meta = json.loads(meta_p.read_text())
+    try:
+        meta = json.loads(read_text(meta_p))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"cannot read: {str(e)[:200] or type(e).__name__}", file=str(meta_p)) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("space", ""), str):
+        raise UserError("not a dse.json (an object naming its space file)", file=str(meta_p))
     space_ref = Path(meta.get("space", ""))
     cands = [space_ref, path / space_ref, path / space_ref.name]
     space_p = next((c for c in cands if c.is_file()), None)
@@ -271,12 +277,17 @@ def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[li
     seen: dict[str, str] = {}
     for src in sources:
         p = Path(src)
-        if p.is_dir():
-            got, g = runs_from_study(p, gpu)
-        elif p.is_file():
-            got, g = runs_from_tsv(p, gpu)
-        else:
-            raise UserError("no such file or directory", file=str(p))
+        try:
+            if p.is_dir():
+                got, g = runs_from_study(p, gpu)
+            elif p.is_file():
+                got, g = runs_from_tsv(p, gpu)
+            else:
+                raise UserError("no such file or directory", file=str(p))
+        except UnicodeDecodeError as e:  # a binary file given as a TSV, or in place of a leaderboard.csv
+            raise UserError(f"not UTF-8 text (a binary file?): {e.reason} at byte {e.start}", file=str(p)) from None
+        except csv.Error as e:  # a line longer than the csv module reads, a NUL byte
+            raise UserError(f"not a table dse can read: {e}", file=str(p)) from None
         if g is not None:
             seen[str(p)] = g
         runs += got

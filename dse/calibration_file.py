@@ -8,7 +8,6 @@ Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.s
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import tomlkit
 
 from dse.errors import UserError
 from dse.fsutil import write_text
+from dse.inputs import parse_toml, read_text
 
 
 @dataclass
@@ -32,7 +32,56 @@ class Calibration:
     loo: dict | None = None
 
 
-# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    """The values a calibration parameter may take: ``low`` to ``high``, both included."""
+
+    low: float
+    high: float
+    why: str = ""
+
+    def holds(self, v: float) -> bool:
+        return self.low <= v <= self.high
+
+    def text(self) -> str:
+        return f">= {self.low:g} and <= {self.high:g}"
+
+
+# Every parameter of dse.perfmodel.timing.Params, with the values a calibration may give it (tests check the
+# names against Params). Rates divide a time, so they stay at least 0.001 of a peak (0 divides by zero, 1e-300
+# overflows); shares are fractions; times and memory are bounded far beyond any measured value, so no value makes
+# a prediction negative, infinite or turns a check off.
+_RATE = Range(1e-3, 10.0, why="a rate relative to a peak; it divides a time")
+_SHARE = Range(0.0, 1.0, why="a share of a time that is hidden")
+_TIME = Range(0.0, 3600.0, why="seconds")
+PARAM_RANGES: dict[str, Range] = {
+    **dict.fromkeys(
+        (
+            "gemm_eff_bf16",
+            "gemm_eff_fp8",
+            "gemm_eff_fp8_blackwell",
+            "attn_eff",
+            "attn_eff_blackwell",
+            "attn_eff_ampere",
+            "ultra_tensor_ratio",
+            "mxfp8_gemm_ratio",
+            "elementwise_scale",
+            "unfused_scores_scale",
+            "nvlink_eff",
+            "scaleout_eff",
+            "optimizer_bw_eff",
+            "host_link_eff",
+        ),
+        _RATE,
+    ),
+    **dict.fromkeys(("tp_overlap", "cp_overlap", "dp_overlap", "tp_overlap_base", "offload_overlap"), _SHARE),
+    **dict.fromkeys(("host_layer_s_grace", "collective_latency_s", "layer_overhead_s", "step_overhead_s"), _TIME),
+    "memory_reserve_gib": Range(0.0, 1024.0, why="GiB"),
+    "memory_offset_gib": Range(-1024.0, 1024.0, why="GiB, added to every predicted peak"),
+    "memory_fragmentation": Range(0.0, 100.0, why="a share of the activation memory"),
+    "logits_bytes": Range(0.0, 64.0, why="bytes per logit"),
+    "logits_bytes_native": Range(0.0, 64.0, why="bytes per logit"),
+}
 
 
 def dumps(cal: Calibration) -> str:
@@ -74,39 +123,62 @@ def write(cal: Calibration, path: str | Path) -> Path:
 def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | None = None) -> Calibration:
     """Parse a calibration file; ``names`` given, a parameter outside them is refused (dse.calibrate passes
     the model's; dse.space, below the model, checks the rest of the file when a space is read)."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"not valid TOML: {e}", file=file) from None
+    doc = parse_toml(text, file=file)
     params = doc.get("params")
     if not isinstance(params, dict) or not params:
         raise UserError("no [params] table; a calibration file has [params] name = value", file=file, field="params")
-    out = {}
-    for k, v in params.items():
-        if names is not None and k not in names:
-            raise UserError(f"unknown parameter; allowed: {', '.join(sorted(names))}", file=file, field=f"params.{k}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise UserError(f"{v!r} is not a number", file=file, field=f"params.{k}")
-        out[k] = float(v)
+    out = {k: _param(k, v, file, names) for k, v in params.items()}
     prov = doc.get("provenance") or {}
+    if not isinstance(prov, dict):
+        raise UserError("expected a table", file=file, field="provenance")
     gpu = prov.get("gpu")
     if not isinstance(gpu, str):
         raise UserError("missing provenance.gpu (the GPU the runs were on)", file=file, field="provenance.gpu")
     return Calibration(
         gpu=gpu,
         params=out,
-        sources=list(prov.get("sources", [])),
-        runs=int(prov.get("runs", 0)),
+        sources=_sources(prov.get("sources", []), file),
+        runs=_runs(prov.get("runs", 0), file),
         date=str(prov.get("date", "")),
     )
+
+
+def _param(name: str, v: object, file: str, names: Collection[str] | None) -> float:
+    """One ``[params]`` value: a known parameter (of ``names``, else of :data:`PARAM_RANGES`), a finite number
+    in its range."""
+    known = PARAM_RANGES if names is None else names
+    if name not in known:
+        raise UserError(f"unknown parameter; allowed: {', '.join(sorted(known))}", file=file, field=f"params.{name}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserError(f"{v!r} is not a number; give a finite one", file=file, field=f"params.{name}")
+    r = PARAM_RANGES.get(name)
+    if r is not None and not r.holds(float(v)):
+        raise UserError(
+            f"{v!r} is out of range; {name} ({r.why}) must be {r.text()}", file=file, field=f"params.{name}"
+        )
+    return float(v)
+
+
+def _sources(v: object, file: str) -> list[str]:
+    """``provenance.sources``: the runs' files (informational), a list of strings."""
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise UserError(f"{v!r} is not a list of file names", file=file, field="provenance.sources")
+    return list(v)
+
+
+def _runs(v: object, file: str) -> int:
+    """``provenance.runs``: how many runs were fitted (a count, informational)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10**9:
+        raise UserError(f"{v!r} is not a count of runs (0 to 10^9)", file=file, field="provenance.runs")
+    return v
 
 
 def load_calibration(path: str | Path, gpu: str | None = None, names: Collection[str] | None = None) -> Calibration:
     """Read a calibration file; ``gpu`` given, refuse one made on another GPU."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():  # a symlink loop is said so by the reader
         raise UserError("calibration file not found", file=str(p))
-    cal = loads(p.read_text(), file=str(p), names=names)
+    cal = loads(read_text(p), file=str(p), names=names)
     if gpu is not None and cal.gpu != gpu:
         raise UserError(f"calibrated on {cal.gpu}, not on {gpu}", file=str(p), field="provenance.gpu")
     return cal

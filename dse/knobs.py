@@ -8,6 +8,7 @@ leaderboard, report) uses the canonical name. Environment knobs are ``env.NAME``
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -100,7 +101,12 @@ class Knob:
                     field=field,
                 )
             return value
-        # str (environment values): the characters that can never start a shell expansion
+        # str (environment values): the characters that can never start a shell expansion; a number as its text,
+        # but nan and inf are no setting a program reads as a number
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(
+                f"{value!r} is not allowed; {self.name} takes a finite number or text", file=file, field=field
+            )
         text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
         if not isinstance(text, str) or not _ENV_VALUE.fullmatch(text):
             raise UserError(

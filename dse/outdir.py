@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from dse import logpack
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
+from dse.inputs import read_text
 from dse.space import Space
 from dse.store import Store, check_url, sqlite_path
 from dse.store import exists as study_exists
@@ -75,12 +76,34 @@ def io_error(e: OSError, what: str) -> InfrastructureError:
 
 def read_meta(out_dir: Path) -> dict[str, Any]:
     path = Path(out_dir) / META
+    if not path.exists() and not path.is_symlink():
+        raise UserError(f"not a dse output directory (no {META})", file=str(out_dir))
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"not a dse output directory (no {META})", file=str(out_dir)) from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read: {e}", file=str(path)) from None
+        return _checked_meta(json.loads(read_text(path)), str(path))
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:
+        raise UserError(
+            f"cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=str(path)
+        ) from None
+
+
+# What every reader of dse.json takes from it, with its JSON type (the rest is read with defaults).
+_META_FIELDS: dict[str, tuple[type, str]] = {
+    "study_name": (str, "string"),
+    "storage": (str, "string"),
+    "knobs": (dict, "object (knob name: list of values)"),
+}
+
+
+def _checked_meta(meta: Any, f: str) -> dict[str, Any]:
+    """``dse.json`` as read, when it is an object with the fields every reader needs (knobs: name -> list)."""
+    if not isinstance(meta, dict):
+        raise UserError("not a JSON object; a dse.json holds the study's description", file=f)
+    for name, (kind, what) in _META_FIELDS.items():
+        if not isinstance(meta.get(name), kind):
+            raise UserError(f"missing or not a JSON {what} (got {meta.get(name)!r:.60})", file=f, field=name)
+    if not all(isinstance(v, list) for v in meta["knobs"].values()):
+        raise UserError("each knob's values must be a JSON list", file=f, field="knobs")
+    return meta
 
 
 def new_meta(

@@ -76,11 +76,13 @@ Parsing streams line by line; memory grows with the number of logged steps, not 
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import re
 import statistics
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -336,14 +338,21 @@ def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterator[str], st
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         # Universal newlines turn each tqdm '\r' refresh into its own line; bad bytes never stop a parse.
-        if path.endswith(".gz"):  # a compressed log (the simulated backend keeps its run directories small)
-            import gzip
-
+        if path.endswith(".gz") and _is_gzip(path):  # compressed (the simulated backend keeps its runs small)
             fh = gzip.open(path, "rt", encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115
-        else:
+        else:  # a log, or a file named .gz that is not gzip: read as the text it is
             fh = open(path, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed in _iter_file
         return _iter_file(fh), path
     return _split_cr(source), None
+
+
+def _is_gzip(path: str) -> bool:
+    """Whether ``path`` starts with gzip's magic bytes (a missing file: True, so the open says it is missing)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"\x1f\x8b"
+    except FileNotFoundError:
+        return True
 
 
 MAX_LINE = 1 << 20  # characters of one line that are read; the rest of a longer line is skipped unread
@@ -354,11 +363,14 @@ def _iter_file(fh) -> Iterator[str]:
     a runaway progress bar) is read in bounded chunks, so memory stays bounded whatever the file."""
     with fh:
         readline = fh.readline
-        while line := readline(MAX_LINE):
-            yield line
-            if len(line) == MAX_LINE and not line.endswith("\n"):
-                while (rest := readline(MAX_LINE)) and not rest.endswith("\n"):
-                    pass  # the tail of an overlong line: no progress record is that long
+        try:
+            while line := readline(MAX_LINE):
+                yield line
+                if len(line) == MAX_LINE and not line.endswith("\n"):
+                    while (rest := readline(MAX_LINE)) and not rest.endswith("\n"):
+                        pass  # the tail of an overlong line: no progress record is that long
+        except (EOFError, zlib.error, gzip.BadGzipFile):  # a truncated or corrupt log.txt.gz ends where it breaks
+            return
 
 
 def _split_cr(lines: Iterable[str]) -> Iterator[str]:

@@ -11,7 +11,6 @@ import importlib.resources
 import itertools
 import math
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dse import allowlists, knobs
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
+from dse.inputs import load_toml
 from dse.recipes import contract
 from dse.recipes.models import RECIPES, Recipe
 
@@ -37,9 +37,23 @@ METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 PAYLOADS = contract.PAYLOADS
 
 
+# Knobs one space may vary, and fixed settings it may give. The catalogue has a few dozen knobs; the rest are
+# environment variables, and each stored trial carries every one (1,000 env knobs cost 8 MB per trial, 100,000
+# one-value knobs kept a one-point study busy for minutes), so a space is bounded far above any real one.
+MAX_KNOBS = 64
+MAX_SETTINGS = 128
+
+# GPUs of one node: far above any machine built (8 today, 72 in one NVL72 rack's domain).
+GPUS_PER_NODE_MAX = 1024
+
 # Values one knob may list. The store keeps each trial's params with Optuna's distributions, which carry the
 # whole list, so a knob of 10^6 values costs megabytes per trial; no real knob has more than a few dozen.
 MAX_VALUES_PER_KNOB = 1024
+# Values all of a space's knobs list together (what each stored trial's distributions carry): eight knobs of
+# the largest lists.
+MAX_VALUES_PER_SPACE = 8192
+# Trials one study may run ([search] trials): ten million, far beyond any study on real GPUs.
+MAX_TRIALS = 10_000_000
 
 # Raw points that any walk over a whole space examines one by one (`dse space`'s exact count, the grid, `dse
 # dry-run`, the grid's progress bar, the twin's screen). Checking a point's rules costs 18-34 us (measured by
@@ -50,7 +64,10 @@ WALK_LIMIT = 100_000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown fields refused; strict types: a boolean is not a number, a string not an integer, "yes" not a
+    boolean (pydantic's strict mode; an integer is still a float)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # A name (of a space, a system) is a name: it becomes a directory under runs/ and words in generated
@@ -104,7 +121,7 @@ class SlurmSettings(_Strict):
     account: str = ""
     time_limit: str = "00:30:00"
     container_image: str = ""
-    container_mounts: list[str] = Field(default_factory=list)
+    container_mounts: list[str] = Field(default_factory=list, max_length=64)
     use_container: bool = True
     gpus_per_node_flag: bool = True  # emit --gpus-per-node (off for clusters without GRES)
     exclusive: bool = True
@@ -155,22 +172,28 @@ class System(_Strict):
 
     name: str
     gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
-    gpus_per_node: int = Field(8, ge=1, le=1024)
+    gpus_per_node: int = Field(8, ge=1, le=GPUS_PER_NODE_MAX)
     nvlink_domain: int = Field(
         8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)"
     )
     scaleout_gbps: float = Field(
-        400.0, gt=0, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s"
+        400.0, ge=1, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s (at least 1)"
     )
     container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
     startup_s: float = Field(
         300.0,
         ge=0,
+        le=86400,
+        allow_inf_nan=False,
         description="a job's start-up before its first step (container, "
         "NCCL init, checkpoint-free model build): the simulated runs' GPU-hours count it",
     )
     price_per_gpu_hour: float | None = Field(
-        None, gt=0, description="what one GPU-hour costs (any currency); `dse compare` prices GPU-hours with it"
+        None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="what one GPU-hour costs (any currency); `dse compare` prices GPU-hours with it",
     )
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
 
@@ -185,7 +208,9 @@ class System(_Strict):
 class Objective(_Strict):
     metric: Literal["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s"] = "tflops_per_gpu"
     direction: Literal["maximize", "minimize"] | None = None
-    failure_reward: float | None = Field(None, allow_inf_nan=False)  # finite: a reward the agents can rank
+    failure_reward: float | None = Field(
+        None, ge=-1e12, le=1e12, allow_inf_nan=False
+    )  # finite: a reward the agents can rank
 
     @property
     def sense(self) -> str:
@@ -203,7 +228,7 @@ class Search(_Strict):
     agent: str = "optuna"
     sampler: str = "tpe"
     warm_start: Literal["none", "model"] = "none"  # optuna: "model" enqueues the model's top points first
-    trials: int | None = Field(None, ge=1, le=10_000_000)
+    trials: int | None = Field(None, ge=1, le=MAX_TRIALS)
     seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and Optuna's seeds are unsigned 32-bit
     parallel: int = Field(1, ge=1, le=1024, description="trials in flight at once (dse run --parallel)")
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
@@ -249,9 +274,10 @@ class BackendSettings(_Strict):
     # from the model (dse.perfmodel.twin, drawn around the shipped parameters; a calibration is not used),
     # so that a search is judged against a truth that is not its model
     truth: Literal["exact", "twin"] = "exact"
-    twin_seed: int = Field(0, ge=0)
+    twin_seed: int = Field(0, ge=0, le=2**32 - 1)
     allow_env: list[str] = Field(
         default_factory=list,
+        max_length=MAX_SETTINGS,
         description="environment names outside the tuning families (dse.allowlists) the space may set: an explicit "
         "opt-in; never SLURM_*, SRUN_*, LD_*, PYTHON*",
     )
@@ -314,6 +340,7 @@ class Space(_Strict):
     def _check_knobs(self) -> Space:
         """The space's cross-field rules, in this order (the first broken one is the error the user sees)."""
         f = self.source or None
+        self._check_caps(f)
         for name, value in self.settings.items():
             knobs.get(name, file=f, field=f"settings.{name}").coerce(value, file=f, field=f"settings.{name}")
         for name, values in self.knobs.items():
@@ -325,6 +352,27 @@ class Space(_Strict):
                 "set num_nodes at the top level of the space, not in [settings]", file=f, field="settings.num_nodes"
             )
         return self
+
+    def _check_caps(self, f: str | None) -> None:
+        """At most MAX_KNOBS knobs, MAX_SETTINGS settings and MAX_VALUES_PER_SPACE values over all knobs."""
+        why = "each stored trial carries them all"
+        if len(self.knobs) > MAX_KNOBS:
+            raise UserError(
+                f"{len(self.knobs):,} knobs; a space varies at most {MAX_KNOBS} ({why})", file=f, field="knobs"
+            )
+        if len(self.settings) > MAX_SETTINGS:
+            raise UserError(
+                f"{len(self.settings):,} settings; a space fixes at most {MAX_SETTINGS} ({why})",
+                file=f,
+                field="settings",
+            )
+        total = sum(len(v) for v in self.knobs.values())
+        if total > MAX_VALUES_PER_SPACE:
+            raise UserError(
+                f"{total:,} values over all knobs; a space lists at most {MAX_VALUES_PER_SPACE:,} ({why})",
+                file=f,
+                field="knobs",
+            )
 
     def _check_knob_values(self, name: str, values: list[Any], f: str | None) -> None:
         """One ``[knobs]`` entry: a known knob, 1 to MAX_VALUES_PER_KNOB valid distinct values, not also a setting."""
@@ -399,15 +447,9 @@ class Space(_Strict):
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError("no such file", file=str(path)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"malformed TOML: {e}", file=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read: {e}", file=str(path)) from None
+    """An input TOML file: a regular file of at most :data:`dse.inputs.MAX_INPUT_BYTES`, parsed with one-line
+    errors (dse.inputs)."""
+    return load_toml(path)
 
 
 def _known_fields() -> set[str]:
@@ -428,7 +470,8 @@ def _first_error(e: ValidationError, file: str, prefix: str = "") -> UserError:
     elif err["type"] == "missing":
         msg = "required field is missing"
     elif "input" in err and err["type"] not in ("value_error",):
-        msg = f"{msg} (got {err['input']!r})"
+        got = repr(err["input"])
+        msg = f"{msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
     return UserError(msg, file=file, field=field)
 
 
@@ -479,7 +522,7 @@ def load_space(path: str | Path) -> Space:
     """Read and validate a space file (a path, or a shipped space: :func:`space_path`); every problem is a
     one-line :class:`UserError`."""
     path = space_path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a symlink loop is said so by the reader
         known = sorted(p.stem for p in SPACES_DIR.glob("*.toml"))
         raise UserError(
             f"no such file (nor a shipped space{did_you_mean(path.stem, known)}; shipped: {', '.join(known)})",

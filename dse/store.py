@@ -173,10 +173,26 @@ def check_url(url: str, *, field: str = "--storage") -> str:
             f"{url!r} is not an SQL storage URL (e.g. sqlite:///study.db or postgresql+psycopg://host/db)", field=field
         )
     try:
-        sa.make_url(url).get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
+        parsed = sa.make_url(url)
+        parsed.get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
     except Exception as e:  # ArgumentError, NoSuchModuleError, ImportError: all mean "cannot use this URL"
         raise UserError(f"cannot use storage {url!r}: {_one_line(e)}", field=field) from None
+    if _in_memory(parsed):
+        raise UserError(
+            f"{url!r} is an in-memory database: the study would vanish when dse exits; give a file "
+            "(sqlite:///study.db) or a server",
+            field=field,
+        )
     return url
+
+
+def _in_memory(url: sa.URL) -> bool:
+    """Whether an SQLite URL names no file: ``sqlite://``, ``sqlite:///:memory:``, or a ``mode=memory`` or
+    ``:memory:`` URI (SQLAlchemy's and SQLite's spellings of an in-memory database)."""
+    if url.get_backend_name() != "sqlite":
+        return False
+    db = url.database or ""
+    return db in ("", ":memory:") or db.startswith("file::memory:") or url.query.get("mode") == "memory"
 
 
 def make_engine(url: str) -> sa.Engine:

@@ -22,7 +22,7 @@ from gymnasium import spaces
 
 from dse import knobs, outdir
 from dse import registry as reg
-from dse.agents.base import agent_class, load_agents, make_agent
+from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.scripts import check_path
 from dse.claims import LEASE_S, Claims
@@ -94,6 +94,10 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
         options["sampler"] = sampler or options.get("sampler") or space.search.sampler
     elif sampler is not None:
         raise UserError(f"agent {agent!r} takes no sampler (only agents with a sampler option do)", field="--sampler")
+    try:  # names and types checked here, so an option called seed is refused, not a keyword clash later
+        agent_options(cls, options)
+    except UserError as e:
+        raise UserError(e.message, file=space.source or None, field=e.field) from None
     return options
 
 

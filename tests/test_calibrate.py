@@ -225,7 +225,7 @@ def test_calibration_file_refusals(tmp_path):
     with pytest.raises(UserError, match="not a number"):
         load_calibration(p)
     p.write_text("[params\n")
-    with pytest.raises(UserError, match="not valid TOML"):
+    with pytest.raises(UserError, match="malformed TOML"):
         load_calibration(p)
 
 

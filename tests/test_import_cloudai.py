@@ -257,6 +257,8 @@ EDITS = [
     (("tensor_model_parallel_size = [1, 2, 4]", "tensor_model_parallel_size = [1, 0]"), "must be >= 1"),
     (("num_nodes = 1", "num_nodes = [1, 2]"), "a dse space has one node count"),
     (("[cmd_args]", "[cmd_args"), "malformed TOML"),
+    (("num_nodes = 1", 'num_nodes = "' + "9" * 5000 + '"'), "num_nodes"),
+    (("num_nodes = 1", 'num_nodes = 1\nplugins = {fp8 = "hybrid", fp8_recipe = [1]}'), "not an FP8 recipe dse knows"),
 ]
 
 
@@ -271,6 +273,16 @@ def test_bad_files_one_line_exit_2_nothing_written(tmp_path, edit, msg):
     assert r.exit_code == 2 and msg in r.output and r.output.strip().count("\n") == 0, r.output
     assert str(src) in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_trainer_that_is_no_table_is_a_note_not_a_traceback(tmp_path):
+    text = TEST.read_text()
+    head, _, rest = text.partition("  [cmd_args.trainer]")
+    _, _, tail = rest.partition("  [cmd_args.log.ckpt]")
+    src = tmp_path / "t.toml"
+    src.write_text(head.replace("[cmd_args]", "[cmd_args]\ntrainer = 5") + "  [cmd_args.log.ckpt]" + tail)
+    imp = import_cloudai(src, gpu="h100")
+    assert "cmd_args.trainer" in {n.field for n in imp.not_imported}
 
 
 def test_non_slurm_system_refused(tmp_path):
@@ -349,7 +361,57 @@ def test_a_space_that_does_not_load_leaves_the_users_files_as_they_were(tmp_path
 
     monkeypatch.setattr(dse.space, "load_space", refuse)
     r = runner.invoke(
-        app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)]
+        app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out), "--force"]
     )
-    assert r.exit_code == 2
+    assert r.exit_code == 2 and "does not load" in r.output, r.output
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == edited
+
+
+@pytest.mark.parametrize("existing", ["space.toml", "lab-cluster.toml"])
+def test_an_existing_out_or_system_file_needs_force(tmp_path, existing):
+    """An import never replaces a file that is there (the space, or the system file it writes beside it) unless
+    --force; with --force both are replaced by the import's."""
+    out = tmp_path / "space.toml"
+    (tmp_path / existing).write_text("# the user's own file\n")
+    args = ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "already exists; pass --force" in r.output, r.output
+    assert r.output.strip().count("\n") == 0 and existing in r.output
+    assert [p.name for p in tmp_path.iterdir()] == [existing]
+    assert (tmp_path / existing).read_text() == "# the user's own file\n"
+    r = runner.invoke(app, [*args, "--force"])
+    assert r.exit_code == 0, r.output
+    assert load_space(out).recipe == "llama3_8b"
+    assert "user's own" not in (tmp_path / existing).read_text()
+
+
+def test_an_out_that_is_a_directory_is_refused_even_with_force(tmp_path):
+    out = tmp_path / "space.toml"
+    out.mkdir()
+    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--gpu", "h100", "--out", str(out), "--force"])
+    assert r.exit_code == 2 and "is not a file" in r.output, r.output
+    assert out.is_dir() and not any(out.iterdir())
+
+
+@pytest.mark.parametrize(
+    "edit, msg",
+    [
+        (("num_nodes = 2", "num_nodes = true"), "num_nodes"),
+        (("num_nodes = 2", 'num_nodes = "x"'), "num_nodes"),
+        (("agent_steps = 12", 'agent_steps = "12"'), "search.trials"),
+        (('time_limit = "01:00:00"', 'time_limit = "soon; reboot"'), "time_limit"),
+        (("gpus_per_node = 8", "gpus_per_node = 100000"), "gpus_per_node"),
+    ],
+)
+def test_cloudai_values_reach_no_traceback(tmp_path, edit, msg):
+    """Values of a CloudAI scenario or system that dse's models refuse are one line naming the field, exit 2."""
+    src, sysf = tmp_path / "scenario.toml", tmp_path / "system.toml"
+    src.write_text(SCENARIO.read_text())
+    sysf.write_text(SYSTEM.read_text())
+    for f in (src, sysf):
+        f.write_text(f.read_text().replace(*edit))
+    assert edit[1] in src.read_text() + sysf.read_text()
+    out = tmp_path / "o" / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(src), "--system", str(sysf), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 2 and msg in r.output and r.output.strip().count("\n") == 0, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "o").exists()

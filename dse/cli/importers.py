@@ -23,6 +23,7 @@ def cloudai_cmd(
     test: str | None = typer.Option(
         None, "--test", metavar="TEXT", help="the [[Tests]] id to import from a scenario of several"
     ),
+    force: bool = typer.Option(False, "--force", help="replace an existing --out (and the system file beside it)"),
 ) -> None:
     """Write a dse space (and with --system a dse system file) from CloudAI's NeMoRun test and Slurm system."""
     from dse.importers.cloudai import import_cloudai
@@ -32,6 +33,7 @@ def cloudai_cmd(
     # Everything is built, written and loaded in a scratch directory before anything of the user's is replaced:
     # a space that does not load leaves the user's files as they were.
     files = imported.files(out)
+    _check_targets(list(files), force)
     with tempfile.TemporaryDirectory(prefix=".dse-import-", dir=out.parent if out.parent.is_dir() else None) as tmp:
         scratch = Path(tmp) / out.name
         imported.write(scratch)
@@ -43,3 +45,13 @@ def cloudai_cmd(
         raise UserError(f"cannot write: {e}", file=str(out)) from None
     space = load_space(out)
     render.imported(files, space, imported)
+
+
+def _check_targets(paths: list[Path], force: bool) -> None:
+    """Refuse to replace a file that is there (the space, or the system file beside it) unless ``--force``; a
+    directory or a non-file is never replaced."""
+    for p in paths:
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            raise UserError("is not a file; give the path of the space to write", file=str(p), field="--out")
+        if (p.exists() or p.is_symlink()) and not force:
+            raise UserError("already exists; pass --force to replace it (or another --out)", file=str(p), field="--out")

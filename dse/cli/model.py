@@ -83,13 +83,13 @@ def predict_cmd(
     # predicted by the same call, so one layout has one prediction whichever command asks.
     from dse.perfmodel import predict
     from dse.perfmodel.trials import default_system
-    from dse.space import load_system
+    from dse.space import GPUS_PER_NODE_MAX, load_system
 
     _check_choices(model, model_file, gpu, system_ref, flops_convention, payload)
     system = default_system(gpu) if gpu is not None else load_system(cast(str, system_ref))  # one of the two
     if gpus_per_node is not None:
-        if gpus_per_node < 1:
-            raise UserError(f"{gpus_per_node} is out of range; give at least 1", field="--gpus-per-node")
+        if not 1 <= gpus_per_node <= GPUS_PER_NODE_MAX:
+            raise UserError(f"{gpus_per_node} is out of range; give 1 to {GPUS_PER_NODE_MAX}", field="--gpus-per-node")
         system = system.model_copy(update={"gpus_per_node": gpus_per_node})
     settings = _settings(knob_flags, set_ or [])
     trial = _one_point(model, model_file, system, num_gpus, settings, payload)
@@ -176,6 +176,8 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text
+        except (ValueError, RecursionError):  # an integer of more than 4,300 digits; nesting Python cannot follow
+            raise UserError(f"{text[:40]!r}... is not a value dse can read", field=f"--set {name.strip()}") from None
         out[name.strip()] = value
     return out
 
@@ -184,6 +186,7 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     """The layout as a one-point space resolves it in a study: the same resolve -> check -> predict. A
     ``--model-file`` architecture is not in the registry, so the space names a registered recipe and
     ``resolve`` gets the architecture itself."""
+    from dse import knobs
     from dse.perfmodel.trials import load_model_file
     from dse.recipes.models import RECIPES, Recipe
     from dse.space import Space
@@ -200,8 +203,12 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
         if "seq_length" not in settings or num_gpus is None:
             raise UserError("--seq-length and --num-gpus are required with --model-file", field="--model-file")
         recipe = Recipe(arch.name, arch, "", None, settings["seq_length"], num_gpus)
-    if num_gpus is not None and num_gpus < 1:
-        raise UserError(f"{num_gpus} is out of range; give at least 1", field="--num-gpus")
+    most = knobs.NODES_MAX * system.gpus_per_node
+    if num_gpus is not None and not 1 <= num_gpus <= most:
+        raise UserError(
+            f"{num_gpus} is out of range; give 1 to {most:,} ({knobs.NODES_MAX:,} nodes of {system.gpus_per_node})",
+            field="--num-gpus",
+        )
     world = num_gpus if num_gpus is not None else recipe.num_gpus_default
     if world < 1 or world % system.gpus_per_node:
         raise UserError(
@@ -318,12 +325,17 @@ def calibrate_cmd(
     from dse.calibrate import calibrate
     from dse.calibration_file import write
     from dse.hardware import HARDWARE
+    from dse.leaderboard import checked_output, output_error
 
     if gpu is not None and gpu not in HARDWARE:
         raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
+    checked_output(out, "--out")  # a directory or a missing folder is refused before the fit
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
     cal, report = calibrate(sources, params=names, gpu=gpu)
-    write(cal, out)  # atomically: never a half-written file
+    try:
+        write(cal, out)  # atomically: never a half-written file
+    except OSError as e:
+        raise output_error(e, out, "--out") from None
     if as_json:
         typer.echo(
             json.dumps(

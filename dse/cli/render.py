@@ -6,6 +6,7 @@ layout (or a test of it) touches one file.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,13 +23,23 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 
+# C0 and C1 control characters but tab: a terminal acts on them (ESC starts a colour or a cursor move, CSI too).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def plain(text: str) -> str:
+    """``text`` from a user's file made inert for the terminal: control characters spelled ``\\xNN`` and rich's
+    markup escaped (a model named ``"\\x1b[2J"`` or ``"[red]x"`` prints as those characters, it does nothing)."""
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text))
+
+
 def error(message: str, *, resume: bool = False) -> None:
     """One line on stderr: ``error: message`` (with ``resume``, how to continue the study it stopped)."""
     # escaped: messages quote TOML tables ("[search] trials"), which rich would take for markup
     tail = (
         " (dse run --resume continues the study; a trial in flight was not recorded and runs again)" if resume else ""
     )
-    err_console.print(f"[bold red]error:[/] {escape(message)}{tail}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {plain(message)}{tail}", highlight=False, soft_wrap=True)
 
 
 def note(line: str) -> None:
@@ -288,7 +299,7 @@ def prediction(trial, system, pred, flops_convention: str, from_recipe: dict[str
     table = Table(
         "quantity",
         "value",
-        title=f"{t.recipe.name} on {t.num_gpus} x {system.gpu} ({k.precision}): "
+        title=f"{plain(t.recipe.name)} on {t.num_gpus} x {system.gpu} ({k.precision}): "
         f"tp={k.tp} pp={k.pp} cp={k.cp} vp={k.vp} dp={t.dp} mbs={k.mbs} "
         f"gbs={k.gbs} seq={k.seq_length} sp={t.sequence_parallel} fsdp={k.fsdp} "
         f"recompute={k.recompute} tp_comm_overlap={k.tp_comm_overlap}",

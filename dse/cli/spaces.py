@@ -35,6 +35,8 @@ def space_cmd(
     estimated from 20,000 seeded uniform draws above (the output says which)."""
     from dse.space import WALK_LIMIT, load_space
 
+    if twin_seed is not None and not 0 <= twin_seed < 2**32:  # as [backend] twin_seed: unsigned 32-bit
+        raise UserError(f"{twin_seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--twin-seed")
     s = load_space(space_file)
     if twin_seed is not None and s.size > WALK_LIMIT:
         raise UserError(

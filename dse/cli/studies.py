@@ -77,6 +77,7 @@ def run_cmd(
     ),
 ) -> None:
     """Run a design-space exploration: one trial per step until the budget or the space is exhausted."""
+    check_trials(trials)
     if systems is not None:
         if worker:
             raise UserError(
@@ -133,6 +134,14 @@ def run_cmd(
     render.run_result(result, list(space.knobs), space.objective.metric)
 
 
+def check_trials(trials: int | None) -> None:
+    """``--trials`` within the space file's bound (:data:`dse.space.MAX_TRIALS`)."""
+    from dse.space import MAX_TRIALS
+
+    if trials is not None and trials > MAX_TRIALS:
+        raise UserError(f"{trials} is out of range; a study runs at most {MAX_TRIALS:,} trials", field="--trials")
+
+
 def check_seed(seed: int | None) -> None:
     """``--seed`` is what NumPy and Optuna accept: 0 to 2^32 - 1."""
     if seed is not None and not 0 <= seed < 2**32:
@@ -155,6 +164,8 @@ def with_twin(space, twin_seed: int | None):
     """``space`` with ``[backend] truth = "twin"`` and ``twin_seed`` set, when ``--twin-seed`` is given."""
     if twin_seed is None:
         return space
+    if not 0 <= twin_seed < 2**32:  # as [backend] twin_seed: numpy's seeds are unsigned 32-bit
+        raise UserError(f"{twin_seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--twin-seed")
     return space.model_copy(
         update={"backend": space.backend.model_copy(update={"truth": "twin", "twin_seed": twin_seed})}
     )

@@ -245,7 +245,7 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
         spelled: dict[str, str] = {}
     elif fp8 in ("hybrid", "e4m3"):
         recipe = plugins.get("fp8_recipe", "mxfp8" if fp8 == "e4m3" else "delayed")
-        if recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
+        if not isinstance(recipe, str) or recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
             choices = [k for k in knobs.NEMO2_PRECISION if k != "bf16"]
             raise UserError(
                 f"{recipe!r} is not an FP8 recipe dse knows; one of {', '.join(choices)}",
@@ -436,10 +436,10 @@ def import_cloudai(
         system_file = re.sub(r"[^A-Za-z0-9_.-]+", "_", system_table["name"]) + ".toml"
         system_text = _system_text(system_table, Path(system_path))  # type: ignore[arg-type]
         system_ref: Any = system_file
-        system_obj = System.model_validate(system_table)
+        system_obj = _validated_system(system_table, str(system_path))
     else:
         system_ref = {"gpu": gpu, "gpus_per_node": 8, **({"container": container} if container else {}), "slurm": slurm}
-        system_obj = System.model_validate({"name": "inline", **system_ref})
+        system_obj = _validated_system({"name": "inline", **system_ref}, f)
     space = _validated_space(
         {
             "name": name,
@@ -546,7 +546,8 @@ def _read_cmd_args(cmd: dict[str, Any], f: str, where: str, notes: list[NotImpor
                 f"{value!r} disagrees with the other spelling of {name} ({values[name]!r})", file=f, field=full
             )
         values[name] = value
-    plugins = (cmd.get("trainer") or {}).get("plugins")
+    trainer = cmd.get("trainer")
+    plugins = trainer.get("plugins") if isinstance(trainer, dict) else None
     if isinstance(plugins, dict):
         values.update(_plugins(plugins, f, where, notes))
     return _CmdArgs(values, num_nodes, points, defaults)
@@ -569,7 +570,7 @@ def _node_count(entry: dict[str, Any], num_nodes: Any, f: str) -> Any:
     """The scenario's node count, else ``trainer.num_nodes``, else 1; one per space (a list is refused)."""
     if entry.get("num_nodes") is not None:
         num_nodes = entry["num_nodes"]
-    if isinstance(num_nodes, str) and num_nodes.isdigit():
+    if isinstance(num_nodes, str) and num_nodes.isdigit() and len(num_nodes) <= 9:
         num_nodes = int(num_nodes)  # CloudAI's release scenarios write num_nodes = "1"
     if isinstance(num_nodes, list):
         raise UserError(
@@ -613,6 +614,19 @@ def _settings_and_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[st
             settings[k] = v[0]
             del varied[k]
     return settings, varied
+
+
+def _validated_system(table: dict[str, Any], f: str) -> System:
+    """The imported system, validated; an error is one line naming the CloudAI file its values came from."""
+    from pydantic import ValidationError
+
+    from dse.space import _first_error
+
+    try:
+        return System.model_validate(table)
+    except ValidationError as e:
+        err = _first_error(e, f, "system.")
+        raise UserError(f"{err.message} (imported from {f})", file=err.file, field=err.field) from None
 
 
 def _validated_space(space_dict: dict[str, Any], f: str) -> Space:

@@ -63,15 +63,17 @@ def make_trial(
 class _ModelFile(BaseModel):
     """A ``--model-file``: an architecture outside the registry (e.g. a GPT-3 style model)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
-    num_query_groups: int | None = Field(None, ge=1, description="default: num_attention_heads (no GQA)")
-    ffn_hidden_size: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
+    # bounds far beyond any published model (hidden 16,384 and 126 layers for Llama 3 405B), low enough that no
+    # value overflows a float in the model's arithmetic
+    name: str = Field(min_length=1, max_length=128)
+    num_layers: int = Field(ge=1, le=knobs.LAYERS_MAX)
+    hidden_size: int = Field(ge=1, le=2**20)
+    num_attention_heads: int = Field(ge=1, le=2**16)
+    num_query_groups: int | None = Field(None, ge=1, le=2**16, description="default: num_attention_heads (no GQA)")
+    ffn_hidden_size: int = Field(ge=1, le=2**22)
+    vocab_size: int = Field(ge=1, le=2**24)
     gated_mlp: bool
     activation: Literal["fused", "squared_relu"] = Field(
         "fused", description="fused: the stack's fused SwiGLU/GeLU kernel; squared_relu: Nemotron's eager one"
