@@ -81,7 +81,7 @@ def study_space(meta: Mapping[str, Any]) -> Space | None:
         return None
     try:
         space = load_space(source)
-    except UserError:
+    except (UserError, OSError):  # gone, changed, or not readable by this user (a study copied or shared)
         return None
     return space if space.name == name else None
 
