@@ -322,7 +322,9 @@ def calibrate_cmd(
     if gpu is not None and gpu not in HARDWARE:
         raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
-    cal, report = calibrate(sources, params=names, gpu=gpu)
+    bar, on_progress = render.calibrate_progress()
+    with bar:
+        cal, report = calibrate(sources, params=names, gpu=gpu, progress=on_progress)
     write(cal, out)  # atomically: never a half-written file
     if as_json:
         typer.echo(
