@@ -568,18 +568,30 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
 def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
     """What of ``trial``'s prediction no parameter changes (:class:`Prepared`): :func:`predict` is
     ``prepare(trial).predict(params)``, and a fit prepares each run once and evaluates it under many parameters."""
-    sysm = trial.system
-    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here
-    return prepare_layout(
-        trial.recipe.arch,
-        sysm.gpu,
+    sysm, arch = trial.system, trial.recipe.arch
+    stack = payload_stack(getattr(trial, "payload", None))
+    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here; the
+    # layout built here rather than through prepare_layout's keywords, which would bind them all a second time
+    args = knobs.model_args(trial.values)
+    args["sp"] = _sp(args["tp"], args["sp"])
+    layout = ModelLayout(
         num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
-        **knobs.model_args(trial.values),
+        **args,
+        dropout=_dropout(arch, stack, None),
         nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps,
-        flops_convention=flops_convention,
-        stack=payload_stack(getattr(trial, "payload", None)),
     )
+    return Prepared.of(arch, sysm.gpu, layout, stack, flops_convention)
+
+
+def _sp(tp: int, sp: bool | None) -> bool:
+    """Sequence parallelism: None reads as tp > 1, as NVIDIA's recipes set it."""
+    return tp > 1 if sp is None else sp
+
+
+def _dropout(arch, stack: Stack, dropout: bool | None) -> bool:
+    """Dropout: None takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``)."""
+    return stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout
 
 
 def predict_layout(
@@ -658,7 +670,7 @@ def prepare_layout(
         mbs=mbs,
         gbs=gbs,
         seq_length=seq_length,
-        sp=tp > 1 if sp is None else sp,
+        sp=_sp(tp, sp),
         recompute=recompute,
         recompute_num_layers=recompute_num_layers,
         precision=precision,
@@ -667,7 +679,7 @@ def prepare_layout(
         tp_comm_overlap=tp_comm_overlap,
         cpu_offload_layers=cpu_offload_layers,
         attention_backend=attention_backend,
-        dropout=stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout,
+        dropout=_dropout(arch, stack, dropout),
         nvlink_domain=nvlink_domain,
         scaleout_gbps=scaleout_gbps,
     )
