@@ -565,7 +565,8 @@ def calibrate(
     after each leave-one-out refit (total: 1, or 1 + the runs with a step time)."""
     runs, g = load_runs(sources, gpu)
     t_names, m_names = choose_params(runs, params)
-    total = 1 + (sum(1 for r in runs if r.step_time_s) if loo else 0)
+    n_timed = sum(1 for r in runs if r.step_time_s)
+    total = 1 + (n_timed if loo and n_timed >= 2 else 0)  # leave_one_out refits nothing with fewer than two
     P = fit_runs(runs, t_names, m_names)
     if progress is not None:
         progress(1, total)
