@@ -309,25 +309,25 @@ def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[li
 # A run's share of a fit's loss is one squared log error, so the loss of a fit on every run but one (leave-one-out)
 # is the full loss less that run's term: each source below gives every run's term under a parameter set at once
 # (the runs prepared once, dse.perfmodel.model.prepare: only what the parameters change is evaluated), summed in
-# the order of the runs as the plain loss always was. ``skip`` leaves one run's term out.
+# the order of the runs as the plain loss always was.
 Terms = Callable[[Params], list[float]]
 
 
 @dataclass(frozen=True)
 class Loss:
     """A fit's data term: each run's term under a parameter set (:data:`Terms`), the order they are summed in and
-    the scale (1/sigma^2); :meth:`of` is the loss of every run but ``skip``."""
+    the scale (sigma^2, which the sum is divided by); called with parameters, the loss over every run."""
 
     terms: Terms
     order: tuple[int, ...]
     scale: float
 
-    def of(self, P: Params, skip: int | None = None) -> float:
-        t = self.terms(P)
-        return sum(t[i] for i in self.order if i != skip) / self.scale
+    def total(self, terms: list[float], skip: int | None = None) -> float:
+        """The loss of ``terms`` (one per run, as :attr:`terms` gives them) over every run but ``skip``."""
+        return sum(terms[i] for i in self.order if i != skip) / self.scale
 
     def __call__(self, P: Params) -> float:
-        return self.of(P)
+        return self.total(self.terms(P))
 
 
 def _z_space(names: Sequence[str], base: Params):
@@ -365,7 +365,7 @@ LOO_ITERS = 400
 class _Memo:
     """Each run's terms at the parameter vectors (z) already evaluated, shared by the leave-one-out refits."""
 
-    def __init__(self, loss: Loss, to_params, size: int = 64) -> None:
+    def __init__(self, loss: Loss, to_params: Callable[[np.ndarray], Params], size: int = 64) -> None:
         self.loss, self.to_params, self.size = loss, to_params, size
         self.seen: dict[bytes, list[float]] = {}
 
@@ -385,9 +385,7 @@ def _refit_without(names: Sequence[str], loss: Loss, fitted: Params, skip: int, 
     start = np.array([CALIBRATION_PRIORS[n].to_z(getattr(fitted, n)) for n in names])
 
     def objective(z: np.ndarray) -> float:
-        t = memo.terms(z)
-        data = sum(t[i] for i in loss.order if i != skip) / loss.scale
-        return data + float(np.sum(((z - centre_prior) / width) ** 2))
+        return loss.total(memo.terms(z), skip) + float(np.sum(((z - centre_prior) / width) ** 2))
 
     return memo.to_params(nelder_mead(objective, start, step=LOO_STEP, iters=LOO_ITERS, tol=LOO_TOL))
 
@@ -497,7 +495,15 @@ def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
 Progress = Callable[[int, int], None]  # (fits done, fits in all): dse calibrate's progress bar
 
 
-def _loo_fit(runs: Sequence[Run], i: int, time_names, mem_names, base: Params, full: Params, memos) -> Params:
+def _loo_fit(
+    runs: Sequence[Run],
+    i: int,
+    time_names: Sequence[str],
+    mem_names: Sequence[str],
+    base: Params,
+    full: Params,
+    memos: tuple[tuple[Loss, _Memo], tuple[Loss, _Memo]],
+) -> Params:
     """The parameters fitted on every run but ``i``: refitted from the full fit's (:func:`_refit_without`), or from
     scratch as the full fit is when the remaining runs are fewer than the parameters (then fewer are fitted)."""
     rest = [r for j, r in enumerate(runs) if j != i]
