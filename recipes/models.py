@@ -7,7 +7,7 @@ the ones of NeMo's / Megatron-Bridge's performance recipes for that GPU generati
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
@@ -60,6 +60,9 @@ class Layout:
     cpu_offload_layers: int = 0  # layers whose activations go to host memory (Megatron-Core cpu_offloading)
 
 
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+
+
 @dataclass(frozen=True)
 class Recipe:
     """One trainable recipe: architecture, NeMo 2 / Megatron-Bridge recipe names, defaults."""
@@ -82,7 +85,10 @@ class Recipe:
     def default_values(self, gpu: str, precision: str) -> dict[str, Any]:
         """The knob values this recipe chooses on ``gpu`` in ``precision``: its layout and its sequence length
         (the knobs the controller's catalogue marks ``recipe_layout``)."""
-        return {**asdict(self.default_layout(gpu, precision)), "seq_length": self.seq_length}
+        layout = self.default_layout(gpu, precision)
+        # the fields one by one: dataclasses.asdict deep-copies each (scalars all), which cost more than the rest of
+        # resolving a point (dse.trial.resolve, once per point a space walk checks)
+        return {**{name: getattr(layout, name) for name in LAYOUT_FIELDS}, "seq_length": self.seq_length}
 
 
 LLAMA3_8B = ModelArch("llama3_8b", 32, 4096, 32, 8, 14336, 128256, True)

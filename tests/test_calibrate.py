@@ -313,3 +313,63 @@ def test_a_grace_hosts_time_per_layer_is_learnt_from_gb200_runs(tmp_path, host):
     assert cal.fit["after"]["step_time_mape"] < 0.5 < cal.fit["before"]["step_time_mape"]
     h200, _ = runs_from_tsv(REAL, "h200")
     assert "host_layer_s_grace" not in identifiable(h200, STACK_TIME)
+
+
+def test_the_prepared_runs_give_predicts_figures_under_any_parameters():
+    """A fit evaluates each run prepared once (dse.perfmodel.model.prepare): its step time and peak memory must be
+    predict's under the parameters the fit tries, not the ones it was prepared under."""
+    from dse.perfmodel.model import prepare
+
+    runs, _ = runs_from_tsv(REAL, "h200")
+    moved = DEFAULT_PARAMS.with_values(
+        **KNOWN, memory_fragmentation=0.2, logits_bytes_native=9.0, layer_overhead_s=2e-4, step_overhead_s=0.05
+    )
+    for run in runs:
+        prepared = prepare(run.trial)
+        for P in (DEFAULT_PARAMS, moved):
+            full = predict(run.trial, params=P)
+            assert prepared.step_time_s(P) == full.step_time_s
+            assert prepared.peak_memory_gib(P) == full.peak_memory_gib
+    assert prepare(runs[0].trial).step_time_s(moved) != prepare(runs[0].trial).step_time_s(DEFAULT_PARAMS)
+
+
+def test_a_leave_one_out_refit_from_the_full_fit_lands_where_a_fit_from_scratch_does(tmp_path):
+    """Leave-one-out refits start at the full fit's values with fewer evaluations: the left-out run's predicted step
+    time must match that of the full MAP fit on the other runs (the refit the old leave-one-out ran)."""
+    from dse.calibrate import _loo_fit, _Memo, _z_space, choose_params, fit_runs, load_runs, memory_loss, time_loss
+
+    runs, _ = load_runs([synthetic_tsv(tmp_path / "runs.tsv", KNOWN)], "h200")
+    t_names, m_names = choose_params(runs, None)
+    full = fit_runs(runs, t_names, m_names)
+    t_loss, m_loss = time_loss(runs), memory_loss(runs)
+    memos = (
+        (t_loss, _Memo(t_loss, _z_space(t_names, DEFAULT_PARAMS)[3])),
+        (m_loss, _Memo(m_loss, _z_space(m_names, full)[3])),
+    )
+    for i in (0, len(runs) // 2):
+        rest = [r for j, r in enumerate(runs) if j != i]
+        scratch = predict(runs[i].trial, params=fit_runs(rest, t_names, m_names))
+        warm = predict(runs[i].trial, params=_loo_fit(runs, i, t_names, m_names, DEFAULT_PARAMS, full, memos))
+        assert warm.step_time_s == pytest.approx(scratch.step_time_s, rel=0.005)
+        assert warm.peak_memory_gib == pytest.approx(scratch.peak_memory_gib, rel=0.005)
+
+
+def test_calibrate_reports_its_progress_fit_then_each_refit(tmp_path):
+    src = synthetic_tsv(tmp_path / "runs.tsv", KNOWN, n=5)
+    seen: list[tuple[int, int]] = []
+    calibrate([src], gpu="h200", progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 6) for k in range(1, 7)]  # the fit, then one refit per run with a step time
+    seen.clear()
+    calibrate([src], gpu="h200", loo=False, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 1)]
+    seen.clear()  # one run: no leave-one-out, so the fit is all there is to count
+    calibrate([synthetic_tsv(tmp_path / "one.tsv", KNOWN, n=1)], gpu="h200", progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(1, 1)]
+
+
+def test_cli_prints_no_progress_when_stderr_is_not_a_terminal(tmp_path):
+    src = synthetic_tsv(tmp_path / "runs.tsv", KNOWN, n=4)
+    res = runner.invoke(app, ["calibrate", str(src), "--gpu", "h200", "--out", str(tmp_path / "c.toml")])
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    assert "leave-one-out" in res.stdout

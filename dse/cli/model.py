@@ -331,7 +331,9 @@ def calibrate_cmd(
         raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
     checked_output(out, "--out")  # a directory or a missing folder is refused before the fit
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
-    cal, report = calibrate(sources, params=names, gpu=gpu)
+    bar, on_progress = render.calibrate_progress()
+    with bar:
+        cal, report = calibrate(sources, params=names, gpu=gpu, progress=on_progress)
     try:
         write(cal, out)  # atomically: never a half-written file
     except OSError as e:

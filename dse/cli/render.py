@@ -391,6 +391,29 @@ def counting_progress(total: int):
     return bar, (lambda done, raw: bar.update(task, completed=done))
 
 
+def calibrate_progress():
+    """A transient bar on stderr while ``dse calibrate`` fits and refits leaving each run out, quiet when stderr is
+    not a terminal: (context manager, on_progress(done, total))."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    )
+    task = bar.add_task("fitting", total=None)
+
+    def on_progress(done: int, total: int) -> None:
+        what = "fitting" if done < 1 else "leave-one-out refits"
+        bar.update(task, description=what, completed=done, total=total)
+
+    return bar, on_progress
+
+
 def dry_run(sp, backend: str, out: str, result) -> None:
     """``dse dry-run``: one row per script written, the rejections counted, what was not written."""
     table = Table("trial", *sp.knob_names, "nodes x GPUs", "script", title=f"dse dry-run: {sp.name} ({backend})")

@@ -140,7 +140,7 @@ class Machine:
         P = params
         domain = gpu.nvlink_domain if layout.nvlink_domain is None else layout.nvlink_domain
         scaleout = gpu.scaleout_gbps if layout.scaleout_gbps is None else layout.scaleout_gbps
-        fp8 = layout.precision == "fp8" and gpu.fp8_tflops is not None
+        fp8 = uses_fp8(gpu, layout)
         # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
         # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
         tensor_ratio = P.ultra_tensor_ratio if gpu.blackwell_ultra else 1.0
@@ -171,6 +171,33 @@ class Machine:
     def link_Bps(self, span: float) -> float:
         """A point-to-point or ring link over ``span`` consecutive GPUs: NVLink inside one domain, else the NIC."""
         return self.nvlink_Bps if span <= self.nvlink_domain else self.nic_Bps
+
+
+def uses_fp8(gpu: GpuSpec, layout: ModelLayout) -> bool:
+    """Whether ``layout``'s GEMMs run in FP8 on ``gpu``: an FP8 layout on a GPU with FP8 tensor cores."""
+    return layout.precision == "fp8" and gpu.fp8_tflops is not None
+
+
+# Machines built, by the identity of the GPU and the parameters and the layout fields Machine.of reads: a grid or a
+# study predicts thousands of points with a few machines. Keyed by id() rather than by value because hashing a Params
+# (some thirty floats) costs more than building a Machine; each entry holds its GpuSpec and Params (Machine.gpu,
+# .params), so no id is reused while its entry lives. Cleared when full: a fit (dse.calibrate) makes new Params at
+# every evaluation, and a plain dict cleared now and then is cheaper per call than functools.lru_cache's bookkeeping.
+_MACHINES: dict[tuple, Machine] = {}
+_MACHINES_MAX = 256
+
+
+def machine_for(gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
+    """:meth:`Machine.of`, built once per GPU, parameters and layout fields it reads (precision, FP8 recipe,
+    NVLink domain, scale-out bandwidth); never changed afterwards, so shared between predictions."""
+    key = (id(gpu), id(params), layout.precision, layout.fp8_recipe, layout.nvlink_domain, layout.scaleout_gbps)
+    m = _MACHINES.get(key)
+    if m is not None and m.params is params and m.gpu is gpu:
+        return m
+    if len(_MACHINES) >= _MACHINES_MAX:
+        _MACHINES.clear()
+    m = _MACHINES[key] = Machine.of(gpu, params, layout)
+    return m
 
 
 def grad_bytes(precision: str, stack: Stack) -> float:
@@ -225,3 +252,20 @@ class Stages:
             last_params = last_l * lp + emb
             stage_params = max(first_params, mid_l * lp, last_params)
         return cls(first_l, mid_l, last_l, accounted, lp, first_params, last_params, stage_params)
+
+
+_STAGES: dict[tuple[int, int, int], tuple[ModelArch, Stages]] = {}
+
+
+def stages_of(arch: ModelArch, p: int, v: int) -> Stages:
+    """:meth:`Stages.of`, once per architecture and pipeline split (a grid has a few dozen); shared, never changed.
+    Keyed by the architecture's identity, as :func:`machine_for` is (hashing a ModelArch costs as much as Stages.of)."""
+    key = (id(arch), p, v)
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    if len(_STAGES) >= _MACHINES_MAX:
+        _STAGES.clear()
+    stages = Stages.of(arch, p, v)
+    _STAGES[key] = (arch, stages)
+    return stages

@@ -10,10 +10,12 @@ closed forms for a GPT-3 layer and serves Llama and Nemotron as well.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages
+from dse.perfmodel.layout import ModelLayout, Shape, Stages
 from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
+from dse.perfmodel.timing import Params
 
 GIB = float(2**30)
 
@@ -172,14 +174,23 @@ def inflight_layers(shape: Shape, stages: Stages, offloaded: int) -> tuple[float
     (:func:`inflight_chunks`; the embedding and loss units are not layers), less the offloaded ones."""
     p, v, m = shape.pp, shape.vp, int(shape.microbatches)
     chunk = (stages.first_layers + (1 if stages.accounted else 0)) / v  # layers per model chunk (units when accounted)
-    counts = inflight_chunks(p, v, m, 0)
-    first = sum(counts) * chunk - (counts[0] if stages.accounted else 0)
+    n_first, first_chunk0, n_last, last_chunk_end = _inflight_counts(p, v, m)
+    first = n_first * chunk - (first_chunk0 if stages.accounted else 0)
     if p > 1:
-        counts_last = inflight_chunks(p, v, m, p - 1)
-        last = sum(counts_last) * chunk - (counts_last[-1] if stages.accounted else 0)
+        last = n_last * chunk - (last_chunk_end if stages.accounted else 0)
     else:
         last = first
     return offload_kept_layers(first, offloaded), offload_kept_layers(last, offloaded)
+
+
+@functools.lru_cache(maxsize=4096)
+def _inflight_counts(p: int, v: int, m: int) -> tuple[int, int, int, int]:
+    """What :func:`inflight_layers` reads of :func:`inflight_chunks` for the first and the last stage: the sum of
+    the first's, its first chunk's, the sum of the last's and its last chunk's; once per (p, v, m), since a grid
+    has a few hundred and the lists cost more than the rest of the count."""
+    counts = inflight_chunks(p, v, m, 0)
+    counts_last = inflight_chunks(p, v, m, p - 1)
+    return sum(counts), counts[0], sum(counts_last), counts_last[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,24 +207,44 @@ class MemoryUse:
     reserve_gib: float
 
 
-def peak_memory(
-    shape: Shape,
-    layout: ModelLayout,
-    machine: Machine,
-    stages: Stages,
-    stack: Stack,
-    *,
-    full_layer: float,
-    grad_b: float,
-) -> MemoryUse:
-    """Model states, the FP8 weight cache, FSDP's buffers and the in-flight activations (with fragmentation) of
-    the first and the last stage, the last one's logits, plus the reserve; ``full_layer`` is one layer's
-    activations without recompute."""
-    P, arch, t, fp8 = machine.params, shape.arch, shape.tp, machine.fp8
+@dataclass(slots=True)
+class MemoryCounts:
+    """The bytes of one GPU's peak that no fitted parameter changes, counted once per layout (:func:`memory_counts`):
+    the first and the last stage's model states, FP8 weight cache and FSDP buffers (``fixed_*``), the first stage's
+    activations and the last stage's before its logits (``act_first``, ``act_last_layers``), the working set of one
+    layer's backward (``work``) and the logit elements on the last stage. :func:`peak_memory` adds what the
+    parameters set (fragmentation, bytes per logit, reserve, offset), so that a fit re-evaluates only that."""
+
+    fixed_first: float
+    fixed_last: float
+    act_first: float
+    act_last_layers: float
+    work: float
+    logits_elements: float
+    states_b: float
+    states_params: float  # the larger of the first and last stage's parameters, over tp
+    fsdp_buf: float
+    cache_first: float
+    cache_last: float
+
+    def peak_gib(self, P: Params, stack: Stack) -> float:
+        """The peak (GiB) under ``P``: the larger stage's bytes with fragmentation, plus the reserve and offset."""
+        logits_mem = self.logits_elements * logits_peak_bytes(stack, P)
+        act_last = self.act_last_layers + max(self.work, logits_mem)
+        mem_first = self.fixed_first + self.act_first * (1.0 + P.memory_fragmentation)
+        mem_last = self.fixed_last + act_last * (1.0 + P.memory_fragmentation)
+        return max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib
+
+
+def memory_counts(
+    shape: Shape, layout: ModelLayout, fp8: bool, stages: Stages, stack: Stack, *, full_layer: float, grad_b: float
+) -> MemoryCounts:
+    """Model states, the FP8 weight cache, FSDP's buffers and the in-flight activations of the first and the last
+    stage, and the last one's logit elements; ``full_layer`` is one layer's activations without recompute."""
+    arch, t = shape.arch, shape.tp
     h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
     act_kept = kept_activations(shape, layout, fp8, full_layer)
     first_layers, last_layers = inflight_layers(shape, stages, min(layout.cpu_offload_layers, L))
-    logits_mem = shape.tokens * arch.vocab_size / t * logits_peak_bytes(stack, P)
     # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
     weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
     # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
@@ -229,20 +260,38 @@ def peak_memory(
     # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
     s_loc = shape.seq_length / shape.cp
     work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
-    # The logits live at the end of the forward pass and are gone (the loss's backward) before the first
-    # layer's backward needs its working set: the last stage peaks at the larger of the two.
-    act_first = first_layers * act_kept + work
-    act_last = last_layers * act_kept + max(work, logits_mem)
-    mem_first = stages.first_params / t * states_b + cache_first + fsdp_buf + act_first * (1.0 + P.memory_fragmentation)
-    mem_last = stages.last_params / t * states_b + cache_last + fsdp_buf + act_last * (1.0 + P.memory_fragmentation)
+    return MemoryCounts(
+        fixed_first=stages.first_params / t * states_b + cache_first + fsdp_buf,
+        fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf,
+        act_first=first_layers * act_kept + work,
+        act_last_layers=last_layers * act_kept,
+        work=work,
+        logits_elements=shape.tokens * arch.vocab_size / t,
+        states_b=states_b,
+        states_params=max(stages.first_params, stages.last_params) / t,
+        fsdp_buf=fsdp_buf,
+        cache_first=cache_first,
+        cache_last=cache_last,
+    )
+
+
+def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
+    """The peak and its parts under the parameters ``P``: the counts of :func:`memory_counts`, the last stage's
+    logits (bytes per element by the payload's loss), fragmentation of the activations, the reserve and offset.
+
+    The logits live at the end of the forward pass and are gone (the loss's backward) before the first layer's
+    backward needs its working set: the last stage peaks at the larger of the two."""
+    c = counts
+    logits_mem = c.logits_elements * logits_peak_bytes(stack, P)
+    act_last = c.act_last_layers + max(c.work, logits_mem)
     return MemoryUse(
-        peak_gib=max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib,
-        states_gib=max(stages.first_params, stages.last_params) / t * states_b / GIB,
-        activations_gib=max(act_first, act_last - logits_mem) / GIB,
+        peak_gib=c.peak_gib(P, stack),
+        states_gib=c.states_params * c.states_b / GIB,
+        activations_gib=max(c.act_first, act_last - logits_mem) / GIB,
         logits_gib=logits_mem / GIB,
-        fsdp_buffers_gib=fsdp_buf / GIB,
-        fp8_weight_cache_gib=max(cache_first, cache_last) / GIB,
+        fsdp_buffers_gib=c.fsdp_buf / GIB,
+        fp8_weight_cache_gib=max(c.cache_first, c.cache_last) / GIB,
         reserve_gib=P.memory_reserve_gib
         + P.memory_offset_gib
-        + max(act_first, act_last) * P.memory_fragmentation / GIB,
+        + max(c.act_first, act_last) * P.memory_fragmentation / GIB,
     )

@@ -37,10 +37,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from dse import knobs
-from dse.hardware import HARDWARE
+from dse.hardware import HARDWARE, GpuSpec
 from dse.perfmodel import flops as _flops
-from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages, grad_bytes
-from dse.perfmodel.memory import MemoryUse, layer_activations, peak_memory
+from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages, grad_bytes, machine_for, stages_of, uses_fp8
+from dse.perfmodel.memory import MemoryCounts, MemoryUse, layer_activations, memory_counts, peak_memory
 from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
@@ -562,19 +562,36 @@ def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT
     Never raises for a point that breaks a validity rule in a way the formulas survive (non-divisible
     sizes are taken as fractions); callers check ``dse.constraints`` first.
     """
-    sysm = trial.system
-    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here
-    return predict_layout(
-        trial.recipe.arch,
-        sysm.gpu,
+    return prepare(trial, flops_convention=flops_convention).predict(params)
+
+
+def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
+    """What of ``trial``'s prediction no parameter changes (:class:`Prepared`): :func:`predict` is
+    ``prepare(trial).predict(params)``, and a fit prepares each run once and evaluates it under many parameters."""
+    sysm, arch = trial.system, trial.recipe.arch
+    stack = payload_stack(getattr(trial, "payload", None))
+    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here; the
+    # layout built here rather than through prepare_layout's keywords, which would bind them all a second time
+    args = knobs.model_args(trial.values)
+    args["sp"] = _sp(args["tp"], args["sp"])
+    layout = ModelLayout(
         num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
-        **knobs.model_args(trial.values),
+        **args,
+        dropout=_dropout(arch, stack, None),
         nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps,
-        flops_convention=flops_convention,
-        params=params,
-        stack=payload_stack(getattr(trial, "payload", None)),
     )
+    return Prepared.of(arch, sysm.gpu, layout, stack, flops_convention)
+
+
+def _sp(tp: int, sp: bool | None) -> bool:
+    """Sequence parallelism: None reads as tp > 1, as NVIDIA's recipes set it."""
+    return tp > 1 if sp is None else sp
+
+
+def _dropout(arch, stack: Stack, dropout: bool | None) -> bool:
+    """Dropout: None takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``)."""
+    return stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout
 
 
 def predict_layout(
@@ -609,6 +626,41 @@ def predict_layout(
     ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`); ``dropout`` None
     takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``). The layout
     arguments are :class:`dse.perfmodel.layout.ModelLayout`'s fields (:func:`predict_model_layout` takes one)."""
+    # prepare_layout takes every keyword but the parameters: passed on by name, so that the list above is the one
+    # the knob catalogue's test and dse predict's flags read
+    args = dict(locals())
+    del args["arch"], args["gpu"], args["params"]
+    return prepare_layout(arch, gpu, **args).predict(params)
+
+
+def prepare_layout(
+    arch,
+    gpu: str,
+    *,
+    num_gpus: int,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    vp: int = 1,
+    mbs: int = 1,
+    gbs: int = 128,
+    seq_length: int = 4096,
+    sp: bool | None = None,
+    recompute: str = "none",
+    recompute_num_layers: int = 0,
+    precision: str = "bf16",
+    fp8_recipe: str = "tensorwise",
+    fsdp: bool = False,
+    tp_comm_overlap: bool = False,
+    cpu_offload_layers: int = 0,
+    attention_backend: str = "auto",
+    dropout: bool | None = None,
+    nvlink_domain: int | None = None,
+    scaleout_gbps: float | None = None,
+    flops_convention: str = "causal",
+    stack: Stack = NVIDIA_RECIPES,
+) -> Prepared:
+    """:class:`Prepared` on plain values, the keyword arguments of :func:`predict_layout` but the parameters."""
     layout = ModelLayout(
         num_gpus=num_gpus,
         tp=tp,
@@ -618,7 +670,7 @@ def predict_layout(
         mbs=mbs,
         gbs=gbs,
         seq_length=seq_length,
-        sp=tp > 1 if sp is None else sp,
+        sp=_sp(tp, sp),
         recompute=recompute,
         recompute_num_layers=recompute_num_layers,
         precision=precision,
@@ -627,11 +679,11 @@ def predict_layout(
         tp_comm_overlap=tp_comm_overlap,
         cpu_offload_layers=cpu_offload_layers,
         attention_backend=attention_backend,
-        dropout=stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout,
+        dropout=_dropout(arch, stack, dropout),
         nvlink_domain=nvlink_domain,
         scaleout_gbps=scaleout_gbps,
     )
-    return predict_model_layout(arch, gpu, layout, flops_convention=flops_convention, params=params, stack=stack)
+    return Prepared.of(arch, gpu, layout, stack, flops_convention)
 
 
 def predict_model_layout(
@@ -645,23 +697,63 @@ def predict_model_layout(
 ) -> Prediction:
     """The model for a :class:`ModelLayout`: the step's time terms (:func:`step_time`) and the peak memory
     (:func:`dse.perfmodel.memory.peak_memory`) of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name)."""
-    hw = HARDWARE[gpu]
-    machine = Machine.of(hw, params, layout)
-    shape = Shape.of(arch, layout)
-    stages = Stages.of(arch, layout.pp, layout.vp)
-    layer_bytes = layer_activations(shape, layout, machine.fp8)
-    time = step_time(shape, layout, machine, stages, stack, layer_bytes)
-    memory = peak_memory(
-        shape, layout, machine, stages, stack, full_layer=layer_bytes, grad_b=grad_bytes(layout.precision, stack)
-    )
-    step, num_gpus = time.step_s, layout.num_gpus
-    mf = _flops.model_flops_per_step(arch, layout.gbs, layout.seq_length, flops_convention)
-    return Prediction(
-        step_time_s=step,
-        tokens_per_s_per_gpu=layout.gbs * layout.seq_length / (step * num_gpus),
-        tflops_per_gpu=mf / (step * num_gpus) / 1e12,
-        peak_memory_gib=memory.peak_gib,
-        gpu_memory_gib=hw.memory_gib,
-        fits=memory.peak_gib <= hw.memory_gib,
-        breakdown=Breakdown(time, memory),
-    )
+    return Prepared.of(arch, gpu, layout, stack, flops_convention).predict(params)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One prediction's values that no fitted parameter changes: the layout, one micro-batch's shape on one GPU,
+    the pipeline stages, one layer's activations, the memory's byte counts and the model FLOPs of a step. Built
+    once per point (:func:`prepare`); :meth:`predict` adds the GPU's rates under the parameters and the time
+    terms. A fit (``dse calibrate``) prepares each run once and asks only for the figure it fits
+    (:meth:`step_time_s`, :meth:`peak_memory_gib`) under each parameter set it tries."""
+
+    hw: GpuSpec
+    layout: ModelLayout
+    stack: Stack
+    shape: Shape
+    stages: Stages
+    layer_bytes: float
+    memory: MemoryCounts
+    model_flops: float
+
+    @classmethod
+    def of(cls, arch, gpu: str, layout: ModelLayout, stack: Stack, flops_convention: str = "causal") -> Prepared:
+        """The prepared values of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name) under ``layout``."""
+        hw = HARDWARE[gpu]
+        fp8 = uses_fp8(hw, layout)
+        shape = Shape.of(arch, layout)
+        stages = stages_of(arch, layout.pp, layout.vp)
+        layer_bytes = layer_activations(shape, layout, fp8)
+        grad_b = grad_bytes(layout.precision, stack)
+        memory = memory_counts(shape, layout, fp8, stages, stack, full_layer=layer_bytes, grad_b=grad_b)
+        mf = _flops.model_flops_per_step(arch, layout.gbs, layout.seq_length, flops_convention)
+        return cls(hw, layout, stack, shape, stages, layer_bytes, memory, mf)
+
+    def step_time(self, params: Params) -> StepTime:
+        """The step's time terms under ``params``."""
+        machine = machine_for(self.hw, params, self.layout)
+        return step_time(self.shape, self.layout, machine, self.stages, self.stack, self.layer_bytes)
+
+    def step_time_s(self, params: Params) -> float:
+        """The step time (s) under ``params``: :meth:`predict`'s ``step_time_s`` without the rest."""
+        return self.step_time(params).step_s
+
+    def peak_memory_gib(self, params: Params) -> float:
+        """The peak memory (GiB) under ``params``: :meth:`predict`'s ``peak_memory_gib`` without the rest."""
+        return self.memory.peak_gib(params, self.stack)
+
+    def predict(self, params: Params = DEFAULT_PARAMS) -> Prediction:
+        """The prediction under ``params``: step time and its terms, throughput, peak memory and its parts."""
+        time = self.step_time(params)
+        memory = peak_memory(self.memory, params, self.stack)
+        step, num_gpus, layout, hw = time.step_s, self.layout.num_gpus, self.layout, self.hw
+        return Prediction(
+            step_time_s=step,
+            tokens_per_s_per_gpu=layout.gbs * layout.seq_length / (step * num_gpus),
+            tflops_per_gpu=self.model_flops / (step * num_gpus) / 1e12,
+            peak_memory_gib=memory.peak_gib,
+            gpu_memory_gib=hw.memory_gib,
+            fits=memory.peak_gib <= hw.memory_gib,
+            breakdown=Breakdown(time, memory),
+        )
