@@ -135,13 +135,16 @@ def lines(run_dir: str | os.PathLike) -> Iterator[str] | None:
     return None
 
 
+def _find(tar: tarfile.TarFile, member: str) -> tarfile.TarInfo | None:
+    """``member`` of ``tar``, reached by reading forward (``getmember`` would read the whole pack first, and
+    seeking within a huge compressed member costs memory in the standard library's xz reader: measured)."""
+    return next((info for info in tar if info.name == member and info.isfile()), None)
+
+
 def _holds(pack_path: Path, member: str) -> bool:
     try:
         with tarfile.open(pack_path, "r:xz") as tar:
-            try:
-                return tar.getmember(member).isfile()
-            except KeyError:
-                return False
+            return _find(tar, member) is not None
     except _BROKEN as e:
         raise UserError(f"cannot read this pack of logs: {e}", file=str(pack_path)) from None
 
@@ -149,8 +152,9 @@ def _holds(pack_path: Path, member: str) -> bool:
 def _member_lines(pack_path: Path, member: str) -> Iterator[str]:
     try:
         with tarfile.open(pack_path, "r:xz") as tar:
-            raw = tar.extractfile(member)
-            assert raw is not None  # _holds saw a regular file
+            info = _find(tar, member)
+            raw = tar.extractfile(info) if info is not None else None
+            assert raw is not None  # _holds found it
             text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
             # dse.parse reads a file the same way; not imported from there: the two modules are independent layers
             while line := text.readline(MAX_LINE):

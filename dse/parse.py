@@ -71,7 +71,9 @@ The reward is only as good as this parser, so it is strict about what counts:
   that hung and was then killed with a timestamped message is judged by its own clock). Timestamps in a
   log are read as local time.
 
-Parsing streams line by line; memory grows with the number of logged steps, not with the log's size.
+Parsing streams line by line, and memory is bounded: each line is read to at most :data:`MAX_LINE`
+characters, each log format keeps its last :data:`MAX_STEPS` steps (a longer log is judged on those, the
+warm-up still counted over all of its steps), and integers are read from at most 12 digits.
 """
 
 from __future__ import annotations
