@@ -24,6 +24,7 @@ from dse import knobs, outdir
 from dse import registry as reg
 from dse.agents.base import agent_class, load_agents, make_agent
 from dse.backends import Backend, load_backends
+from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
 from dse.claims import LEASE_S, Claims
 from dse.counting import count_valid
@@ -302,14 +303,20 @@ def _point(knobs: dict[str, Any]) -> tuple:
     return tuple(sorted(knobs.items()))
 
 
+def _rerun(r: TrialRecord) -> bool:
+    """Whether a resume runs this stored trial again: interrupted, or failed for infrastructure (a launch that
+    could not start; not the layout's failure)."""
+    return r.interrupted or is_infrastructure(r.status, r.reason)
+
+
 def _reruns(store: Store, interrupted: list[TrialRecord]) -> list[TrialRecord]:
-    """The interrupted rows to run again, one per point. A row whose point ran again later anyway (a study from
+    """The interrupted (and infrastructure-failed) rows to run again, one per point. A row whose point ran again later anyway (a study from
     a dse that appended reruns) is left as it is: rerunning it would run the point twice (a second streamed
     pass, only when there are such rows)."""
     if not interrupted:
         return []
     wanted = {_point(r.knobs) for r in interrupted}
-    finished = {_point(r.knobs) for r in store.iter_records() if not r.interrupted and _point(r.knobs) in wanted}
+    finished = {_point(r.knobs) for r in store.iter_records() if not _rerun(r) and _point(r.knobs) in wanted}
     reruns: list[TrialRecord] = []
     for r in interrupted:
         if _point(r.knobs) not in finished and all(r.knobs != q.knobs for q in reruns):
@@ -384,7 +391,7 @@ class StudyLoop:
 
     def _history(self, interrupted: list[TrialRecord], ran: list[dict[str, Any]] | None) -> Iterator[tuple]:
         for r in self.recorder.store.iter_records():
-            if r.interrupted:
+            if _rerun(r):
                 interrupted.append(r)
                 continue
             if self.req.worker:
