@@ -792,7 +792,7 @@ def _step_stats(times: list[float]) -> tuple[float | None, float | None, float |
 
 
 def _tflops(
-    scan: _Scan, series: list, fmt: str | None, step_time: float | None, ctx: ParseContext
+    scan: _Scan, series: _Series, fmt: str | None, step_time: float | None, ctx: ParseContext
 ) -> tuple[float | None, str | None]:
     """TFLOP/s per GPU and where it came from: the log's steady values (the series', else Megatron-Bridge's
     summary lines), else the model's FLOPs per step over the measured step time; (None, None) without either."""
