@@ -179,5 +179,5 @@ class RejectionRun:
             return None
         return (
             f"{agent}: {self.run:,} proposed points in a row were rejected before launch; the space may hold no "
-            "valid point (`dse space FILE` counts them): loosen [settings] or list other knob values"
+            "valid point (`dse space FILE` counts them): change the fixed settings or list other knob values"
         )
