@@ -75,14 +75,27 @@ def io_error(e: OSError, what: str) -> InfrastructureError:
     return infrastructure(e, what) or InfrastructureError(f"{what}: {e.strerror or e}")
 
 
+# What every reader of dse.json takes from it, with the type it must have (a hand-edited or cut file is refused
+# in one line naming the field, not a KeyError at its first use)
+_META_FIELDS: dict[str, type] = {"space_name": str, "study_name": str, "storage": str, "knobs": dict}
+
+
 def read_meta(out_dir: Path) -> dict[str, Any]:
     path = Path(out_dir) / META
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"not a dse output directory (no {META})", file=str(out_dir)) from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise UserError(f"cannot read: {e}", file=str(path)) from None
+    if not isinstance(meta, dict):
+        raise UserError("is not a JSON object (a study's dse.json is)", file=str(path))
+    for key, kind in _META_FIELDS.items():
+        if not isinstance(meta.get(key), kind):
+            raise UserError(f"lacks {key!r} or it is not a {kind.__name__} (a study's dse.json has it)", file=str(path))
+    if not all(isinstance(v, list) for v in meta["knobs"].values()):
+        raise UserError("'knobs' must map each knob to its list of values", file=str(path))
+    return meta
 
 
 def new_meta(

@@ -83,3 +83,13 @@ def test_changes_are_named_by_dotted_path():
     old = {"a": 1, "system": {"gpu": "h100", "slurm": {"container_image": "x"}}, "gone": 1}
     new = {"a": 1, "system": {"gpu": "h200", "slurm": {"container_image": "y"}}, "added": 2}
     assert fingerprint_changes(old, new) == ["added", "gone", "system.gpu", "system.slurm.container_image"]
+
+
+@pytest.mark.parametrize("edit", [lambda m: m.pop("knobs"), lambda m: m.update(knobs=[1]), lambda m: m.clear()])
+def test_a_damaged_dse_json_is_one_line_naming_it(tmp_path, edit):
+    path, out = _study(tmp_path)
+    meta = json.loads((out / META).read_text())
+    edit(meta)
+    (out / META).write_text(json.dumps(meta))
+    for args in (("run", "--space", path, "--out", out, "--resume"), ("leaderboard", out)):
+        one_line_error(dse(*args), "dse.json")
