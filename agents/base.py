@@ -157,3 +157,28 @@ def make_agent(
         **agent_options(cls, options),
         **extra,
     )
+
+
+#: Statuses of points that cost nothing because they were never launched (a constraint refused them, or the
+#: memory screen did): a run of them does not spend the budget, so an agent counts them itself to stop.
+NOT_LAUNCHED = ("rejected", "screened")
+
+
+class RejectionRun:
+    """The run of consecutive proposals that were not launched; an agent stops once it reaches ``limit``
+    (a space with no valid point would otherwise be proposed from forever, the budget counting launches)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.run = limit, 0
+
+    def observe(self, status: str | None) -> None:
+        self.run = self.run + 1 if status in NOT_LAUNCHED else 0
+
+    def stop_reason(self, agent: str) -> str | None:
+        """Why the agent stops now (None: it goes on)."""
+        if self.run < self.limit:
+            return None
+        return (
+            f"{agent}: {self.run:,} proposed points in a row were rejected before launch; the space may hold no "
+            "valid point (`dse space FILE` counts them): change the fixed settings or list other knob values"
+        )

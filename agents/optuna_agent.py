@@ -36,8 +36,9 @@ import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
+from pydantic import Field
 
-from dse.agents.base import Action, Agent, NoOptions
+from dse.agents.base import Action, Agent, NoOptions, RejectionRun
 from dse.errors import UserError, did_you_mean
 from dse.space import WALK_LIMIT
 
@@ -81,6 +82,8 @@ class OptunaOptions(NoOptions):
     warm_start: str = "none"  # "model": the model's top points first ([search] warm_start sets it)
     ordinal: list[str] = []  # knobs to hand the sampler as ordered integers (the study fills it in)
     parallel: int = 1  # trials in flight at once (the study fills it in from --parallel)
+    # proposals in a row that were rejected before launch, after which the agent stops (and says so)
+    max_rejected: int = Field(500, ge=1, le=10**9)
 
 
 class OptunaAgent(Agent):
@@ -100,6 +103,7 @@ class OptunaAgent(Agent):
         ordinal=(),
         forecast=None,
         parallel: int = 1,
+        max_rejected: int = 500,
         **kw,
     ):
         super().__init__(action_space, **kw)
@@ -147,9 +151,13 @@ class OptunaAgent(Agent):
         self._total = total
         self._pending: dict[tuple[int, ...], optuna.trial.Trial | None] = {}
         self._rng = np.random.default_rng(self.seed)
+        self._rejected = RejectionRun(max_rejected)
 
     def propose(self) -> Action | None:
         if len(self.outcomes) + len(self._pending) >= self._total:
+            return None
+        if (why := self._rejected.stop_reason("optuna")) is not None:
+            self.stop_reason = why
             return None
         for _ in range(self.MAX_REPEATS):
             with warnings.catch_warnings():
@@ -190,6 +198,7 @@ class OptunaAgent(Agent):
 
     def observe(self, action: Action, reward: float, ok: bool, **kw) -> None:
         super().observe(action, reward, ok, **kw)
+        self._rejected.observe(kw.get("status"))
         key = self.key(action)
         pruned = kw.get("status") == "pruned" and math.isfinite(reward)
         self.outcomes[key] = (reward, ok, pruned)

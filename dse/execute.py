@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from dse.backends.base import Backend, RunResult, StopCheck
+from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
 from dse.calibrate import calibrated_params
 from dse.errors import Cancelled, InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
@@ -174,7 +174,8 @@ def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: 
         raise infra from None
     if isinstance(e, InfrastructureError) or not isinstance(e, backend.run_errors):
         raise e
-    return RunMetrics("failed", f"backend {backend.name} raised {type(e).__name__}: {e}", wall_s=wall_s)
+    # an infrastructure failure (the reason says so): --resume runs the trial again (dse.study)
+    return RunMetrics("failed", f"{INFRASTRUCTURE}backend {backend.name} raised {type(e).__name__}: {e}", wall_s=wall_s)
 
 
 def _metrics(

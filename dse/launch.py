@@ -78,7 +78,7 @@ class LaunchPlan:
 
 def container_version(version: str) -> tuple[int, int]:
     """``"25.04"`` (also ``"25.04.01"``, ``"25.04.rc3"``) as ``(25, 4)``; a :class:`UserError` otherwise."""
-    m = re.match(r"^(\d{2})\.(\d{2})(?:\.[A-Za-z0-9]+)*$", version)
+    m = re.fullmatch(r"(\d{2})\.(\d{2})(?:\.[A-Za-z0-9]+)*", version)  # fullmatch: "$" would let "25.09\n" by
     if not m:
         raise UserError(f"{version!r} is not a container version; write YY.MM, e.g. 25.04", field="system.container")
     return int(m.group(1)), int(m.group(2))

@@ -35,7 +35,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from dse.errors import InfrastructureError, UserError, infrastructure
@@ -45,6 +45,7 @@ from dse.recipes import contract
 LOG_NAME = contract.LOG_NAME
 COMPRESSED_LOG = LOG_NAME + ".gz"  # the simulated backend's log, gzip-compressed
 PACK_SIZE = 256
+MAX_LINE = 1 << 20  # characters of one packed log's line that are read (as dse.parse.MAX_LINE)
 _PACK = re.compile(r"logs-(\d+)-(\d+)(?:-\d+)?\.tar\.xz")
 _BROKEN = (tarfile.TarError, EOFError, lzma.LZMAError, zlib.error, OSError)  # what a cut or damaged pack raises
 
@@ -114,25 +115,55 @@ def _packs(trials_dir: Path) -> list[tuple[int, int, Path]]:
 
 
 def read(run_dir: str | os.PathLike) -> str | None:
-    """The log of the trial whose run directory ``run_dir`` was packed (None when no pack holds it); a pack
-    that cannot be read is a one-line :class:`UserError` naming it."""
+    """The log of the trial whose run directory ``run_dir`` was packed, whole (None when no pack holds it); a
+    pack that cannot be read is a one-line :class:`UserError` naming it. For small logs; :func:`lines` streams."""
+    found = lines(run_dir)
+    return None if found is None else "".join(found)
+
+
+def lines(run_dir: str | os.PathLike) -> Iterator[str] | None:
+    """The lines of the packed log of ``run_dir``, read from the pack as they are consumed (None when no pack
+    holds it): a small pack may decompress to a huge log, which is never held whole. Lines are split as the
+    parser splits a file (universal newlines, at most :data:`MAX_LINE` characters read of each)."""
     run_dir = Path(run_dir)
     if not run_dir.name.isdigit():
         return None
     n, member = int(run_dir.name), f"{run_dir.name}/{LOG_NAME}"
     for first, last, p in _packs(run_dir.parent):
-        if first <= n <= last:
-            try:
-                with tarfile.open(p, "r:xz") as tar:
-                    try:
-                        f = tar.extractfile(member)
-                    except KeyError:
-                        continue
-                    if f is not None:
-                        return f.read().decode("utf-8", errors="replace")
-            except _BROKEN as e:
-                raise UserError(f"cannot read this pack of logs: {e}", file=str(p)) from None
+        if first <= n <= last and _holds(p, member):
+            return _member_lines(p, member)
     return None
+
+
+def _find(tar: tarfile.TarFile, member: str) -> tarfile.TarInfo | None:
+    """``member`` of ``tar``, reached by reading forward (``getmember`` would read the whole pack first, and
+    seeking within a huge compressed member costs memory in the standard library's xz reader: measured)."""
+    return next((info for info in tar if info.name == member and info.isfile()), None)
+
+
+def _holds(pack_path: Path, member: str) -> bool:
+    try:
+        with tarfile.open(pack_path, "r:xz") as tar:
+            return _find(tar, member) is not None
+    except _BROKEN as e:
+        raise UserError(f"cannot read this pack of logs: {e}", file=str(pack_path)) from None
+
+
+def _member_lines(pack_path: Path, member: str) -> Iterator[str]:
+    try:
+        with tarfile.open(pack_path, "r:xz") as tar:
+            info = _find(tar, member)
+            raw = tar.extractfile(info) if info is not None else None
+            assert raw is not None  # _holds found it
+            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+            # dse.parse reads a file the same way; not imported from there: the two modules are independent layers
+            while line := text.readline(MAX_LINE):
+                yield line
+                if len(line) == MAX_LINE and not line.endswith("\n"):
+                    while (rest := text.readline(MAX_LINE)) and not rest.endswith("\n"):
+                        pass  # the tail of an overlong line (no progress record is that long)
+    except _BROKEN as e:
+        raise UserError(f"cannot read this pack of logs: {e}", file=str(pack_path)) from None
 
 
 def count(trials_dir: str | os.PathLike) -> int:

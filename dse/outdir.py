@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,7 @@ def read_meta(out_dir: Path) -> dict[str, Any]:
 
 # What every reader of dse.json takes from it, with its JSON type (the rest is read with defaults).
 _META_FIELDS: dict[str, tuple[type, str]] = {
+    "space_name": (str, "string"),
     "study_name": (str, "string"),
     "storage": (str, "string"),
     "knobs": (dict, "object (knob name: list of values)"),
@@ -132,7 +135,63 @@ def new_meta(
         "options": options,
         "seed": seed,
         "backend": backend,
+        "fingerprint": fingerprint(space, backend),
     }
+
+
+# [system.slurm] fields that say how a job is submitted, not what it runs: a resume may change them
+_SUBMISSION = ("partition", "account", "time_limit", "job_dir", "max_pending", "exclusive")
+
+
+def fingerprint_fields(space: Space, backend: str) -> dict[str, Any]:
+    """What defines a study, as ``dse.json`` keeps it: trials measured under different values of any of these
+    are not comparable, so ``--resume`` refuses a change. The budget, the parallelism, the agent and its
+    settings, the seed, the system's name, price and submission settings (account, partition...) may change.
+    The system is its content (a renamed or moved file is the same system); a calibration its file's hash."""
+    system = space.system.model_dump(mode="json", exclude={"name", "price_per_gpu_hour"})
+    system["slurm"] = {k: v for k, v in system["slurm"].items() if k not in _SUBMISSION}
+    b = space.backend
+    return {
+        "recipe": space.recipe,
+        "payload": b.payload,
+        "system": system,
+        "num_nodes": space.num_nodes,
+        "settings": dict(space.settings),
+        "knobs": knob_lists(space),
+        "objective": space.objective.model_dump(mode="json"),
+        "backend": backend,
+        "flops_convention": b.flops_convention,
+        "truth": b.truth if backend == "sim" else None,
+        "twin_seed": b.twin_seed if backend == "sim" and b.truth == "twin" else None,
+        "calibration": _file_hash(b.calibration) if b.calibration is not None else None,
+    }
+
+
+def fingerprint(space: Space, backend: str) -> dict[str, Any]:
+    """The study's fingerprint: a hash of :func:`fingerprint_fields` (canonical JSON) and the fields."""
+    fields = json.loads(json.dumps(fingerprint_fields(space, backend), default=str))  # as dse.json will hold it
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+    return {"hash": digest, "fields": fields}
+
+
+def _file_hash(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror or e}", file=path, field="backend.calibration") from None
+
+
+def fingerprint_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted names of the fields that differ between two fingerprints' ``fields`` (``system.gpu``)."""
+    changed = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += fingerprint_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changed.append(f"{prefix}{key}")
+    return changed
 
 
 def knob_lists(space: Space) -> dict[str, list[Any]]:
@@ -245,6 +304,7 @@ def open_study(
     resumed one reads its own and is refused for another space, or for a storage that lost the study
     (unless ``rebuild``: it starts anew under the old numbers)."""
     if resume:
+        new_print = meta["fingerprint"]
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != knob_lists(space):
             raise UserError(
@@ -252,6 +312,7 @@ def open_study(
                 file=space.source,
                 field="knobs",
             )
+        _check_fingerprint(out, meta, new_print, space.source)
         url = stored_storage(meta["storage"], out)
         _check_rebuild(out, url, meta["study_name"], rebuild)
     else:
@@ -264,6 +325,30 @@ def open_study(
             store.close()
             raise io_error(e, f"cannot write {out / META}") from None
     return store, meta, url
+
+
+def _check_fingerprint(out: Path, meta: dict[str, Any], new: dict[str, Any], source: str) -> None:
+    """A resume is the same study: refused in one line naming the fields that differ. A ``dse.json`` written
+    before fingerprints were kept is accepted and given this one (said on stderr), since nothing says it differs."""
+    old = meta.get("fingerprint")
+    if not isinstance(old, dict) or not isinstance(old.get("fields"), dict):
+        meta["fingerprint"] = new
+        try:
+            _write_json(out / META, meta)
+        except OSError as e:
+            raise io_error(e, f"cannot write {out / META}") from None
+        print(f"{out / META}: no fingerprint of the study (an older dse); recorded this space's", file=sys.stderr)
+        return
+    if old.get("hash") == new["hash"]:
+        return
+    changed = fingerprint_changes(old["fields"], new["fields"])
+    if changed:  # equal fields under another hash: only the hashing changed
+        raise UserError(
+            f"differs from the study in {out} in {', '.join(changed)}; --resume continues the same study (the "
+            "trial budget, parallelism and agent settings may change): use a fresh --out for a different one",
+            file=source or None,
+            field="--resume",
+        )
 
 
 def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:

@@ -71,11 +71,14 @@ The reward is only as good as this parser, so it is strict about what counts:
   that hung and was then killed with a timestamped message is judged by its own clock). Timestamps in a
   log are read as local time.
 
-Parsing streams line by line; memory grows with the number of logged steps, not with the log's size.
+Parsing streams line by line, and memory is bounded: each line is read to at most :data:`MAX_LINE`
+characters, each log format keeps its last :data:`MAX_STEPS` steps (a longer log is judged on those, the
+warm-up still counted over all of its steps), and integers are read from at most 12 digits.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import math
 import os
@@ -102,16 +105,20 @@ _REASON_MAX = 240
 
 # Launcher prefixes, possibly stacked: srun --label ("0: ", " 12: "), torchrun ("[rank3]:", "[default0]:"),
 # mpirun --tag-output ("[1,0]<stdout>:"), task labels ("pretrain_llama/0 ").
-_PREFIX = r"(?:\s*(?:\d+:|\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:|[\w.\-]+/\d+(?=\s)))*\s*"
-_TS = r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?\]\s*"
+_PREFIX = r"(?:\s*(?:\d{1,12}:|\[(?:rank|default)\d{1,12}\]:|\[\d{1,12},\d{1,12}\]<std(?:out|err)>:|[\w.\-]+/\d{1,12}(?=\s)))*\s*"
+_TS = r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d{1,12})?\]\s*"
 
-_MEGATRON_RE = re.compile(_PREFIX + r"(?:" + _TS + r")?iteration\s+(?P<it>\d+)/\s*(?P<total>\d+)\s*\|(?P<rest>.*)")
-_NEMO_RE = re.compile(_PREFIX + r"Training epoch (?P<epoch>\d+), iteration (?P<it>\d+)/(?P<total>\d+)(?P<rest>.*)")
+_MEGATRON_RE = re.compile(
+    _PREFIX + r"(?:" + _TS + r")?iteration\s+(?P<it>\d{1,12})/\s*(?P<total>\d{1,12})\s*\|(?P<rest>.*)"
+)
+_NEMO_RE = re.compile(
+    _PREFIX + r"Training epoch (?P<epoch>\d{1,12}), iteration (?P<it>\d{1,12})/(?P<total>\d{1,12})(?P<rest>.*)"
+)
 _STEP_TIME_RE = re.compile(
     _PREFIX + r"Step Time\s*:\s*(?P<t>\S+?)s\s+GPU utilization:\s*(?P<tf>[^\sM]+)\s*MODEL_TFLOP/s/GPU"
 )
-_TQDM_RE = re.compile(_PREFIX + r"Epoch \d+:.*\[(?P<post>[^\[\]]*train_step_timing in s=[^\[\]]*)\]")
-_MEM_HEADER_RE = re.compile(r"\[Rank \d+\] \(after \d+ iterations\) memory \((?P<unit>MB|GB)\)")
+_TQDM_RE = re.compile(_PREFIX + r"Epoch \d{1,12}:.*\[(?P<post>[^\[\]]*train_step_timing in s=[^\[\]]*)\]")
+_MEM_HEADER_RE = re.compile(r"\[Rank \d{1,12}\] \(after \d{1,12} iterations\) memory \((?P<unit>MB|GB)\)")
 _MEM_STANDALONE_RE = re.compile(_PREFIX + r"mem-")
 _ANY_TS_RE = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
 # The exception line that ends a traceback: "RuntimeError: ...", "torch.OutOfMemoryError: ...", "KeyboardInterrupt".
@@ -174,7 +181,7 @@ _NCCL_MARKS = (
 # On any line that is not a warning: NCCL's watchdog and aborted communicators (the others only on exception lines).
 _NCCL_LINE_MARKS = ("Watchdog caught collective operation timeout", "NCCL communicator was aborted")
 _SIGNAL_MARKS = ("Segmentation fault", "(core dumped)", "Fatal Python error")
-_EXITED_RE = re.compile(r"Exited with exit code (\d+)")
+_EXITED_RE = re.compile(r"Exited with exit code (\d{1,12})")
 # Gate in front of the markers: every marker contains one of these substrings.
 _FAIL_GATE = (
     "rror",
@@ -381,11 +388,57 @@ def _split_cr(lines: Iterable[str]) -> Iterator[str]:
             yield line
 
 
-def _steady(values: list[float | None]) -> tuple[int, list[float]]:
-    """Drop the warm-up (first max(2, ceil(10 %)) logged steps); return (dropped, valid steady values)."""
-    n = len(values)
+def _steady(values: list[float | None], before: int = 0) -> tuple[int, list[float]]:
+    """Drop the warm-up (first max(2, ceil(10 %)) logged steps); return (dropped, valid steady values).
+    ``before``: logged steps that preceded ``values`` and were not kept (a log longer than :data:`MAX_STEPS`)."""
+    n = len(values) + before
     warm = min(n, max(2, math.ceil(0.1 * n)))
-    return warm, [v for v in values[warm:] if v is not None]
+    return warm, [v for v in values[max(0, warm - before) :] if v is not None]
+
+
+#: Logged steps kept per log format: the last ones (the steady-state window); a longer log's earlier steps are
+#: counted, not kept, so a log of millions of progress lines is parsed in bounded memory.
+MAX_STEPS = 50_000
+
+
+class _Steps(dict):
+    """One format's steps by key (in the order logged), holding at most ``2 * MAX_STEPS`` of them: past that,
+    the earliest keys are dropped (counted in :attr:`dropped`) and a later line repeating one is ignored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+        self.floor: object = None  # the largest key dropped
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (self.floor is not None and key <= self.floor)  # type: ignore[operator]
+
+    @property
+    def total(self) -> int:
+        return len(self) + self.dropped
+
+    def __setitem__(self, key: object, value: object) -> None:
+        dict.__setitem__(self, key, value)
+        if len(self) > 2 * MAX_STEPS:
+            self.trim(MAX_STEPS)
+
+    def trim(self, keep: int) -> None:
+        """Keep the ``keep`` largest keys."""
+        keys = sorted(self)
+        for k in keys[: len(keys) - keep]:
+            dict.__delitem__(self, k)
+            self.dropped += 1
+            self.floor = k
+
+
+class _Series(list):
+    """A format's step records in step order: the last :data:`MAX_STEPS` logged, after ``dropped`` earlier ones."""
+
+    dropped = 0
+
+    @property
+    def total(self) -> int:
+        return len(self) + self.dropped
 
 
 def _quantiles(xs: list[float]) -> tuple[float, float]:
@@ -402,7 +455,7 @@ class _Scan:
     def __init__(self, want_ts: bool):
         self.want_ts = want_ts
         # per log format: step key -> (step_time_s, tflops, loss, timestamp, gbs); None where a line gave nothing
-        self.steps: dict[str, dict] = {f.name: {} for f in LOG_FORMATS}
+        self.steps: dict[str, _Steps] = {f.name: _Steps() for f in LOG_FORMATS}
         self.last_iteration: int | None = None
         self.mem_alloc: float | None = None
         self.mem_reserved: float | None = None
@@ -484,8 +537,8 @@ class _Scan:
             _pos(d.get("global_batch_size")),
         )
 
-    def _step_time(self, m: re.Match, steps: dict) -> None:
-        steps[len(steps)] = (_pos(m["t"]), _pos(m["tf"]), None, None, None)
+    def _step_time(self, m: re.Match, steps: _Steps) -> None:
+        steps[steps.total] = (_pos(m["t"]), _pos(m["tf"]), None, None, None)
 
     def _tqdm(self, m: re.Match, steps: dict) -> None:
         d = _fields(m["post"], sep=",", kv="=")
@@ -614,17 +667,22 @@ def steady_split(values: list[float | None]) -> tuple[int, list[float]]:
     return _steady(values)
 
 
-def _series(scan: _Scan) -> tuple[list[tuple], str | None]:
+def _series(scan: _Scan) -> tuple[_Series, str | None]:
     """The step series the log's result is computed from: per-iteration formats first (the longest wins),
-    then the fallbacks in order."""
-    series: list[tuple] = []
+    then the fallbacks in order; at most the last :data:`MAX_STEPS` steps (``dropped``: the earlier ones)."""
+    series = _Series()
     fmt: str | None = None
     for f in LOG_FORMATS:
         recs = scan.steps[f.name]
-        if recs and (len(recs) > len(series) if f.primary else not series):
-            series = [recs[k] for k in sorted(recs)]
+        if recs and (recs.total > series.total if f.primary else not series):
+            keys = sorted(recs)[-MAX_STEPS:]
+            series = _Series(recs[k] for k in keys)
+            series.dropped = recs.total - len(keys)
             fmt = f.name
     return series, fmt
+
+
+_CHUNK = 4 << 20  # bytes of a followed log read at a time
 
 
 class LogFollower:
@@ -641,23 +699,27 @@ class LogFollower:
         self.scan = _Scan(want_ts=want_ts)
         self._offset = 0
         self._tail = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def poll(self) -> bool:
         """Read what was appended; True if anything was (a missing log is not an error: not started yet)."""
+        read = False
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self._offset)
-                data = fh.read()
+                while data := fh.read(_CHUNK):  # bounded pieces: a log that grew by a gigabyte is not held whole
+                    self._offset += len(data)
+                    self._feed(data)
+                    read = True
         except OSError:
-            return False
-        if not data:
-            return False
-        self._offset += len(data)
-        text = self._tail + data.decode("utf-8", errors="replace")
+            return read
+        return read
+
+    def _feed(self, data: bytes) -> None:
+        text = self._tail + self._decoder.decode(data)  # a character cut at a chunk's end waits for its rest
         lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
         self._tail = lines.pop()[:MAX_LINE]
         self.scan.feed(iter([ln[:MAX_LINE] + "\n" for ln in lines]))
-        return True
 
     def step_times(self) -> list[float | None]:
         """The step times logged so far (None where a progress line gave none), in step order."""
@@ -705,7 +767,7 @@ def _conclude(
 ) -> RunMetrics:
     """The run's result from a finished scan: step statistics, throughput, memory, loss and the verdict."""
     series, fmt = _series(scan)
-    warm, times = _steady([r[0] for r in series])
+    warm, times = _steady([r[0] for r in series], series.dropped)
     step_time, mean, p10, p90 = _step_stats(times)
     tflops, tflops_source = _tflops(scan, series, fmt, step_time, ctx)
     losses = [r[2] for r in series if r[2] is not None]
@@ -722,8 +784,8 @@ def _conclude(
         tokens_per_s_per_gpu=_tokens_per_gpu(series, step_time, ctx),
         peak_memory_gib=scan.mem_alloc,
         loss=losses[-1] if losses else None,
-        steps=len(series),
-        partial=failed and len(series) > 0,
+        steps=series.total,
+        partial=failed and series.total > 0,
         log_format=fmt,
         warmup_steps=warm,
         last_iteration=scan.last_iteration,
@@ -742,14 +804,15 @@ def _step_stats(times: list[float]) -> tuple[float | None, float | None, float |
 
 
 def _tflops(
-    scan: _Scan, series: list, fmt: str | None, step_time: float | None, ctx: ParseContext
+    scan: _Scan, series: _Series, fmt: str | None, step_time: float | None, ctx: ParseContext
 ) -> tuple[float | None, str | None]:
     """TFLOP/s per GPU and where it came from: the log's steady values (the series', else Megatron-Bridge's
     summary lines), else the model's FLOPs per step over the measured step time; (None, None) without either."""
-    _, tfs = _steady([r[1] for r in series])
-    summary = [tf for _, tf, *_ in scan.steps["megatron_bridge_summary"].values()]
+    _, tfs = _steady([r[1] for r in series], series.dropped)
+    summaries = scan.steps["megatron_bridge_summary"]
+    summary = [tf for _, tf, *_ in summaries.values()]
     if not tfs and fmt != "megatron_bridge_summary" and summary:
-        _, tfs = _steady(summary)
+        _, tfs = _steady(summary, summaries.dropped)
     if tfs:
         return statistics.median(tfs), "log"
     if step_time is not None and ctx.model_flops_per_step and ctx.num_gpus:
@@ -772,7 +835,7 @@ def _tokens_per_gpu(series: list, step_time: float | None, ctx: ParseContext) ->
 def _status(
     scan: _Scan,
     path: str | None,
-    series: list,
+    series: _Series,
     times: list,
     warm: int,
     exit_code: int | None,
@@ -839,13 +902,13 @@ def _run_failure(ev: dict[str, str], state: str | None, exit_code: int | None) -
     return None
 
 
-def _metrics_verdict(series: list, times: list, warm: int) -> tuple[str, str | None]:
+def _metrics_verdict(series: _Series, times: list, warm: int) -> tuple[str, str | None]:
     """``ok`` if a steady step time exists, else ``no_metrics`` with what was missing."""
     if not series:
         return "no_metrics", "no progress line with a step time in the log"
     if not times:
-        if len(series) <= warm:
-            return "no_metrics", f"{len(series)} logged step(s), all warm-up (the first {warm} are dropped)"
+        if series.total <= warm:
+            return "no_metrics", f"{series.total} logged step(s), all warm-up (the first {warm} are dropped)"
         return "no_metrics", "no valid step time after warm-up"
     return "ok", None
 

@@ -10,6 +10,7 @@ claim points in the storage (:mod:`dse.claims`).
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
@@ -24,13 +25,16 @@ from dse import knobs, outdir
 from dse import registry as reg
 from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
+from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
+from dse.calibrate import calibrated_params
 from dse.claims import LEASE_S, Claims
 from dse.counting import count_valid
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
 from dse.forecast import model_forecaster
+from dse.launch import build_plan
 from dse.leaderboard import Summary
 from dse.outdir import (
     DB,
@@ -49,6 +53,7 @@ from dse.parse import parse_log
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
+from dse.trial import resolve
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
 # dse.generations, dse.compare and the tests.
@@ -76,8 +81,7 @@ __all__ = [
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:
     """The backend called ``name`` from the ``dse.backends`` registry, built for ``space``."""
-    cls = reg.get(load_backends(), name, Backend, group=reg.BACKENDS, field="--backend")
-    return cls.from_space(space, seed=seed)
+    return make_backend_class(name).from_space(space, seed=seed)
 
 
 def ordinal_knobs(space: Space) -> list[str]:
@@ -271,7 +275,46 @@ def _probe(space: Space, req: Request) -> None:
         seed=req.seed,
         **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
     )
-    make_backend(req.backend, space, req.seed)
+    _preflight(space, req, make_backend(req.backend, space, req.seed))
+
+
+def _preflight(space: Space, req: Request, backend: Backend) -> None:
+    """What every trial and ``best/`` will need, checked before the first trial (one line, nothing run): the
+    launch plan the backend runs and the script it writes, and ``best/``'s plan and scripts (a Slurm script
+    always, a local one for one node). Checked on the space's first point: the system's values and the
+    settings are every point's, so a study that would fail at every launch, or at its end, never starts."""
+    trial = resolve(space, next(iter(space.points())))
+    settings = space.backend
+    # best/ writes the payload a real run uses (dse.best.write_best: the sim payload's is nemo2)
+    best_payload = "nemo2" if settings.payload == "sim" else settings.payload
+    needed = "needed by every trial's launch"
+    try:
+        plan = build_plan(
+            trial,
+            payload=settings.payload,
+            seed=req.seed,
+            flops_convention=settings.flops_convention,
+            simulated=backend.simulated,
+            params=calibrated_params(settings.calibration),
+        )
+        with tempfile.TemporaryDirectory(prefix="dse-preflight-") as tmp:
+            if backend.script_name is not None:
+                type(backend).write_script(plan, Path(tmp) / "trial")
+            needed = "needed by best/, the launch scripts of the best layout"
+            best = build_plan(trial, payload=best_payload)
+            for name in ("slurm", "local") if trial.layout.num_nodes == 1 else ("slurm",):
+                make_backend_class(name).write_script(best, Path(tmp) / name)
+    except UserError as e:
+        raise UserError(
+            f"{e.message} ({needed}; checked before the first trial)",
+            file=e.file or space.source or None,
+            field=e.field,
+        ) from None
+
+
+def make_backend_class(name: str) -> type[Backend]:
+    """The backend class called ``name`` in the ``dse.backends`` registry."""
+    return reg.get(load_backends(), name, Backend, group=reg.BACKENDS, field="--backend")
 
 
 def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> StudyResult:
@@ -306,14 +349,20 @@ def _point(knobs: dict[str, Any]) -> tuple:
     return tuple(sorted(knobs.items()))
 
 
+def _rerun(r: TrialRecord) -> bool:
+    """Whether a resume runs this stored trial again: interrupted, or failed for infrastructure (a launch that
+    could not start; not the layout's failure)."""
+    return r.interrupted or is_infrastructure(r.status, r.reason)
+
+
 def _reruns(store: Store, interrupted: list[TrialRecord]) -> list[TrialRecord]:
-    """The interrupted rows to run again, one per point. A row whose point ran again later anyway (a study from
+    """The interrupted (and infrastructure-failed) rows to run again, one per point. A row whose point ran again later anyway (a study from
     a dse that appended reruns) is left as it is: rerunning it would run the point twice (a second streamed
     pass, only when there are such rows)."""
     if not interrupted:
         return []
     wanted = {_point(r.knobs) for r in interrupted}
-    finished = {_point(r.knobs) for r in store.iter_records() if not r.interrupted and _point(r.knobs) in wanted}
+    finished = {_point(r.knobs) for r in store.iter_records() if not _rerun(r) and _point(r.knobs) in wanted}
     reruns: list[TrialRecord] = []
     for r in interrupted:
         if _point(r.knobs) not in finished and all(r.knobs != q.knobs for q in reruns):
@@ -388,7 +437,7 @@ class StudyLoop:
 
     def _history(self, interrupted: list[TrialRecord], ran: list[dict[str, Any]] | None) -> Iterator[tuple]:
         for r in self.recorder.store.iter_records():
-            if r.interrupted:
+            if _rerun(r):
                 interrupted.append(r)
                 continue
             if self.req.worker:

@@ -50,7 +50,7 @@ def test_a_declared_error_of_the_backend_is_a_failed_trial(tmp_path):
     m = run_trial(
         _trial(), tmp_path / "a", Raising(FileNotFoundError(errno.ENOENT, "no such file", "torchrun")), SETTINGS
     )
-    assert m.status == "failed" and m.reason.startswith("backend sim raised FileNotFoundError")
+    assert m.status == "failed" and m.reason.startswith("infrastructure: backend sim raised FileNotFoundError")
     m = run_trial(_trial(), tmp_path / "b", Raising(RuntimeError("launcher gone"), declared=(RuntimeError,)), SETTINGS)
     assert m.status == "failed" and "launcher gone" in m.reason
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -47,6 +48,46 @@ class RunResult:
     # True when the backend stopped the run because its StopCheck said so (not when it ended by itself)
     stopped: bool = False
     reason: str | None = None
+
+
+#: How a trial's reason begins when the machinery around the trial failed (a launcher that cannot start, a
+#: command not found), not its layout: ``--resume`` runs such trials again (dse.study), as interrupted ones.
+INFRASTRUCTURE = "infrastructure: "
+
+
+def is_infrastructure(status: str, reason: str | None) -> bool:
+    """Whether a trial failed for infrastructure (see :data:`INFRASTRUCTURE`), not for its layout."""
+    return status == "failed" and (reason or "").startswith(INFRASTRUCTURE)
+
+
+#: The same launch failure this many times in a row ends the study: nothing launched will start (a missing
+#: torchrun, a misconfigured cluster), so every further trial would be spent on it.
+FAILURES_TO_STOP = 3
+
+
+class LaunchFailures:
+    """A backend's run of identical launch failures (the last message, how many times in a row), shared by
+    the runs in flight at once (a lock): :meth:`failed` counts one, :meth:`launched` ends the run."""
+
+    def __init__(self, limit: int = FAILURES_TO_STOP):
+        self.limit = limit
+        self._last: tuple[str, int] = ("", 0)
+        self._lock = threading.Lock()
+
+    def failed(self, message: str) -> None:
+        with self._lock:
+            last, n = self._last
+            self._last = (message, n + 1 if message == last else 1)
+
+    def launched(self) -> None:
+        with self._lock:
+            self._last = ("", 0)
+
+    def repeated(self) -> tuple[str, int] | None:
+        """(message, times) once the same failure came ``limit`` times in a row; None before."""
+        with self._lock:
+            message, n = self._last
+        return (message, n) if n >= self.limit else None
 
 
 class Backend(abc.ABC):

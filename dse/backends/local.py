@@ -12,9 +12,10 @@ import os
 import shlex
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
-from dse.backends.base import Backend, RunResult, StopCheck
+from dse.backends.base import INFRASTRUCTURE, Backend, LaunchFailures, RunResult, StopCheck
 from dse.backends.scripts import (
     CODE_DIR,
     LOG_NAME,
@@ -87,6 +88,22 @@ def write_local_script(plan: LaunchPlan, run_dir: Path) -> Path:
     return path
 
 
+_NOT_FOUND = 127  # bash's exit code when a command cannot be found: the launch, not the trainer, failed
+
+
+def _not_found(log: Path, run_dir: Path) -> str:
+    """What the shell said of the command it could not find (the log's last line, without the run directory's
+    path, so that the same failure reads the same in every trial)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            tail = fh.read().decode("utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        tail = []
+    last = tail[-1].replace(str(run_dir), "<run dir>")[:200] if tail else ""
+    return f"exit code {_NOT_FOUND}, a command not found" + (f" ({last})" if last else "")
+
+
 def local_executor(plan: LaunchPlan):
     """nemo-run's LocalExecutor for ``plan``: torchrun, one process per GPU, the plan's environment."""
     run = import_nemo_run()
@@ -108,8 +125,35 @@ class LocalBackend(Backend):
 
     def __init__(self, space: Space | None = None):
         self.space = space
+        self._failures = LaunchFailures()
+
+    def stop_reason(self) -> str | None:
+        """Set once :data:`~dse.backends.base.FAILURES_TO_STOP` launches in a row failed the same way (no
+        ``torchrun`` on this machine, a launcher that cannot start): every further trial would fail alike."""
+        if (repeated := self._failures.repeated()) is None:
+            return None
+        message, n = repeated
+        return (
+            f"{n} trials in a row could not be launched here: {message} (is torchrun on PATH, in the training "
+            "environment?); fix it and --resume runs them again"
+        )
 
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
+        """Run the plan (see :meth:`_run`), counting launch failures: an error raised by the launcher, or a
+        launch script whose command was not found (exit code 127), is an infrastructure failure."""
+        try:
+            result = self._run(plan, run_dir, stop)
+        except self.run_errors as e:
+            self._failures.failed(f"{type(e).__name__}: {e}")
+            raise
+        if result.exit_code == _NOT_FOUND and not result.stopped:
+            message = _not_found(result.log_path, run_dir)
+            self._failures.failed(message)
+            return replace(result, reason=INFRASTRUCTURE + message)
+        self._failures.launched()
+        return result
+
+    def _run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:
         """Run the plan; with ``stop``, ``launch.sh`` (the simulated trainer, or torchrun) runs in its own
         process group, which is stopped as a user would (SIGTERM, then SIGKILL after ``grace_s``) once
         ``stop`` says so.

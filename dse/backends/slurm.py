@@ -24,14 +24,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dse import allowlists
-from dse.backends.base import Backend, RunResult, StopCheck
+from dse.backends.base import Backend, LaunchFailures, RunResult, StopCheck
 from dse.backends.scripts import (
     DIR_VAR,
     LOG_NAME,
@@ -392,16 +391,14 @@ class SlurmBackend(Backend):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
         # The last sbatch refusal and how many times in a row: the study's, not one run's (runs in flight at
         # once each update it, under the lock). A run's own state lives in its wait (_Pending).
-        self._refusal: tuple[str, int] = ("", 0)
-        self._refusal_lock = threading.Lock()
+        self._refusals = LaunchFailures(REFUSALS_TO_STOP)
 
     def stop_reason(self) -> str | None:
         """Set once sbatch refused :data:`REFUSALS_TO_STOP` submissions in a row with the same message: a
         misconfigured partition, account or GRES fails every trial, and the study should not go on."""
-        with self._refusal_lock:
-            message, n = self._refusal
-        if n < REFUSALS_TO_STOP:
+        if (repeated := self._refusals.repeated()) is None:
             return None
+        message, n = repeated
         return (
             f"sbatch refused {n} jobs in a row: {message} (check the system file's [slurm] table: "
             f"partition, account, gpus_per_node_flag, time_limit)"
@@ -424,9 +421,7 @@ class SlurmBackend(Backend):
             err = run_dir / SBATCH_OUT
             err.write_text(error.rstrip("\n") + "\n")  # as sbatch printed it (its own "sbatch: error:" prefix)
             message = sbatch_message(error)
-            with self._refusal_lock:
-                last, n = self._refusal
-                self._refusal = (message, n + 1 if message == last else 1)
+            self._refusals.failed(message)
             return RunResult(
                 run_dir=run_dir,
                 log_path=err,
@@ -434,8 +429,7 @@ class SlurmBackend(Backend):
                 scheduler_state=SUBMIT_FAILED,
                 reason=f"sbatch refused the job: {message}",
             )
-        with self._refusal_lock:
-            self._refusal = ("", 0)
+        self._refusals.launched()
         (run_dir / "job_id").write_text(job_id + "\n")
         stopped = False
         limit = settings.max_pending

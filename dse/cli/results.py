@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -141,7 +142,7 @@ def parse_cmd(
         typer.echo(f"note: {n}")
 
 
-def _log_source(log: str) -> Path | list[str]:
+def _log_source(log: str) -> Path | Iterator[str]:
     """What ``dse parse LOG`` reads: a log file, a run directory's log, or a packed simulated trial's lines."""
     from dse import logpack
     from dse.backends.scripts import run_log
@@ -152,8 +153,8 @@ def _log_source(log: str) -> Path | list[str]:
         if found is None:
             raise UserError("holds no log.txt or log.txt.gz (give a run directory or a training log)", file=log)
         return found
-    if not path.exists() and (packed := logpack.read(path)) is not None:
-        return packed.splitlines()  # a simulated trial whose run directory was packed (trials/logs-*.tar.xz)
+    if not path.exists() and (packed := logpack.lines(path)) is not None:
+        return packed  # a simulated trial whose run directory was packed (trials/logs-*.tar.xz), streamed
     if not path.is_file():
         raise UserError("no such log file (give the path of a training log)", file=log)
     return path
