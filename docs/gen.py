@@ -105,14 +105,12 @@ def knobs_page() -> str:
             f"| `{k.name}` | {_values(k)} | {default} | {_md(k.help)} | {'yes' if k.ordinal else ''} | "
             f"{'yes' if k.recipe_layout else ''} | {_spelling(k, 'nemo2')} | {_spelling(k, 'mbridge')} |"
         )
-    protected = sorted(knobs._PROTECTED_ENV)
     out += [
         "| `env.NAME` | NAME `[A-Z_][A-Z0-9_]*`; value: letters, digits and `_.,:=/+-` | | "
         f"{_md(knobs.ENV_KNOB.help)} | | | exported | exported |",
         "",
-        "Environment names that change which program or library runs are refused unless the space lists them in "
-        f"`[backend] allow_env`: {', '.join(f'`{n}`' for n in protected)}, and every name starting with "
-        f"{', '.join(f'`{p}`' for p in sorted(knobs._PROTECTED_PREFIXES))}.",
+        "Environment names are denied by default: the tuning families a training run is set with pass, any other "
+        "name needs `[backend] allow_env`, and some never pass ([the allowlists](../security.md)).",
         "",
     ]
     return "\n".join(out)
