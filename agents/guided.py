@@ -220,7 +220,7 @@ class GuidedAgent(Agent):
     ) -> None:
         super().observe(action, reward, ok, status=status, metrics=metrics)
         i = self.index.get(self.key(action))
-        if status != "rejected":
+        if status not in ("rejected", "screened"):  # points never launched are no runs
             self.runs += 1
         if i is None:
             return
