@@ -146,3 +146,21 @@ def test_dry_run_shows_each_points_peak_fit_and_step_time(tmp_path):
     for row in result.rows:
         f = fc[tuple(row.knobs.values())]
         assert row.forecast == f and row.forecast.step_time_s > 0
+
+
+def test_quick_start_launches_nothing_the_screen_removes_and_reaches_the_grid_optimum(tmp_path):
+    """The shipped 405B space (the README's quick start): no launched run is a point the screen removes, none
+    runs out of memory, and the best is within 1% of the grid optimum (on the simulated backend's exact truth:
+    the model's best fitting point, measured with the simulator's jitter) within the space's budget."""
+    from dse.perfmodel import predict
+    from dse.perfmodel.twin import valid_trials
+
+    space = load_space("conf/spaces/llama3_405b_space.toml")
+    optimum = max(p.tflops_per_gpu for p in map(predict, valid_trials(space)) if p.fits)
+    fc = forecasts(space)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out")
+    launched = [r for r in res.records if r.status not in ("screened", "rejected")]
+    assert len(launched) <= space.search.trials
+    assert not any(fc[tuple(r.knobs.values())].screened for r in launched)
+    assert res.summary.counts["oom"] == 0
+    assert res.summary.best is not None and res.summary.best.metrics["tflops_per_gpu"] >= 0.99 * optimum
