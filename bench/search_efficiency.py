@@ -59,6 +59,8 @@ def search(space, agent_key, twin_table, seed, budget, forecast, screened=frozen
     registry = load_agents()
     opts = space_options(space, name, agent_settings(space, name, None, registry), registry)
     opts.update(extra)
+    if not screened and "screen_margin" in opts:
+        opts["screen_margin"] = None  # the screen off: the guided agent ranks every valid point
     names = space.knob_names
 
     def mask(action):

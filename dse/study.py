@@ -100,8 +100,8 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
 
 def space_options(space: Space, agent: str, options: dict[str, Any], registry, *, parallel: int = 1) -> dict[str, Any]:
     """``options`` plus what the study derives from the space for an agent that declares it: the ordinal knobs,
-    the warm start (``[search] warm_start`` unless ``[search.options]`` sets it) and the trials in flight at
-    once (``parallel``). Not recorded in ``dse.json`` (the space file and the command line say them)."""
+    the warm start (``[search] warm_start`` unless ``[search.options]`` sets it), the trials in flight at
+    once (``parallel``) and the memory screen's margin when the screen is on (``screen_margin``). Not recorded in ``dse.json`` (the space file and the command line say them)."""
     fields = agent_class(agent, registry).Options.model_fields
     derived: dict[str, Any] = {}
     if "parallel" in fields:
@@ -110,6 +110,8 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry, *
         derived["ordinal"] = ordinal_knobs(space)
     if "warm_start" in fields:
         derived["warm_start"] = space.search.warm_start
+    if "screen_margin" in fields and space.search.screen != "none":
+        derived["screen_margin"] = space.search.screen_margin  # an agent that skips what the screen removes
     return {**derived, **options}
 
 
