@@ -164,3 +164,16 @@ def test_quick_start_launches_nothing_the_screen_removes_and_reaches_the_grid_op
     assert not any(fc[tuple(r.knobs.values())].screened for r in launched)
     assert res.summary.counts["oom"] == 0
     assert res.summary.best is not None and res.summary.best.metrics["tflops_per_gpu"] >= 0.99 * optimum
+
+
+@pytest.mark.parametrize("kw", [{"worker": True}, {"parallel": 2}])
+def test_the_screen_with_a_worker_and_with_trials_in_flight(tmp_path, kw):
+    space = small(tmp_path)
+    fc = forecasts(space)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", **kw)
+    points = [tuple(r.knobs.values()) for r in res.records]
+    assert sorted(points) == sorted(fc)  # every valid point once, screened or run
+    assert {tuple(r.knobs.values()) for r in res.records if r.status == "screened"} == {
+        k for k, f in fc.items() if f.screened
+    }
+    assert all(r.run_dir is None for r in res.records if r.status == "screened")
