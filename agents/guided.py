@@ -21,7 +21,10 @@ What it keeps (all refitted after every observation, in well under a second on t
 
 Without a forecast (a space with no model, or the agent contract tests) the same machinery runs on the
 rewards themselves (standardised), with a flat prior and the action mask for validity.
-Rejected points are never proposed (the forecast, or the mask, says which they are).
+Rejected points are never proposed (the forecast, or the mask, says which they are). With the study's memory
+screen on (``screen_margin``, filled in by the study), the points the screen removes are left out from the start:
+the study would record them ``screened`` without a run, and the agent's own probability of fitting would rank
+them last anyway; leaving them out makes each proposal's scoring proportionally cheaper.
 
 Several trials in flight (``dse run --parallel N``): a batch is chosen by the *kriging believer*: each point
 proposed and not yet observed is fitted as if it had measured its posterior mean at the time it was proposed.
@@ -74,6 +77,8 @@ class GuidedOptions(NoOptions):
     sigma: float = Field(0.03, gt=0, le=100, allow_inf_nan=False)
     min_gain: float = Field(0.005, ge=0, le=100, allow_inf_nan=False)
     stop_prob: float = Field(0.02, gt=0, lt=1, allow_inf_nan=False)
+    # the study's memory screen ([search] screen_margin; None: off)
+    screen_margin: float | None = Field(None, ge=0, le=10, allow_inf_nan=False)
 
 
 class GuidedAgent(Agent):
@@ -93,6 +98,7 @@ class GuidedAgent(Agent):
         sigma: float = 0.03,
         min_gain: float = 0.005,
         stop_prob: float = 0.02,
+        screen_margin: float | None = None,
         **kw,
     ):
         super().__init__(action_space, **kw)
@@ -113,6 +119,8 @@ class GuidedAgent(Agent):
                 f = forecast(action)
                 if f is None or not (f.reward and math.isfinite(f.reward)):
                     continue
+                if screen_margin is not None and f.peak_memory_gib > f.memory_gib * (1.0 + screen_margin):
+                    continue  # the study's screen would record it without a run
                 keys.append(key)
                 base.append(_u(f.reward))
                 peak.append(f.peak_memory_gib)
@@ -221,7 +229,7 @@ class GuidedAgent(Agent):
     ) -> None:
         super().observe(action, reward, ok, status=status, metrics=metrics)
         i = self.index.get(self.key(action))
-        if status != "rejected":
+        if status not in ("rejected", "screened"):  # points never launched are no runs
             self.runs += 1
         if i is None:
             return

@@ -6,6 +6,9 @@ cost nothing and count for nothing; the guided agent may stop earlier by itself)
 agent: launched runs to 99% (median and 90th percentile over twin seeds; a seed that never gets there
 counts as more than the budget, shown ">B"), GPU-hours spent up to that run, the best found after 10 and
 25 launched runs (fraction of the twin's best, median), and the share of launched runs that ran out of memory.
+Each agent runs with the memory screen on (as ``dse run`` by default: a point the model predicts beyond the GPU's
+memory by more than the space's ``screen_margin`` is shown to the agent as ``screened``, costs nothing and is
+no launched run) and off (``[search] screen = "none"``); ``--screen`` picks one.
 
 The outcomes come straight from the twin (``dse.perfmodel.twin``: the figures the simulated backend
 writes into its logs), without the log / parser / store round trip of ``dse run`` (the same numbers up to
@@ -13,7 +16,7 @@ the 1% per-step jitter that the parser averages away), so that the table takes m
 GPU-hours per run: GPUs x (step time x max_steps + the system's start-up time) / 3600, as ``dse run``
 records them.
 
-    python bench/search_efficiency.py [--seeds 20] [--budget 150] [--spaces a.toml b.toml ...]
+    python bench/search_efficiency.py [--seeds 20] [--budget 150] [--spaces a.toml b.toml ...] [--screen on off]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 from gymnasium import spaces
 
 from dse.agents.base import load_agents, make_agent
-from dse.forecast import model_forecaster
+from dse.forecast import Screen, model_forecaster
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
 from dse.study import agent_settings, space_options
@@ -42,13 +45,22 @@ AGENTS = {
 }
 
 
-def search(space, agent_key, twin_table, seed, budget, forecast):
-    """Run one agent against a twin; the list of (reward-or-None, gpu_hours, oom) per launched run."""
+def screened_keys(space, keys, trials) -> set:
+    """The points the memory screen removes (the space's margin, the screen on whatever the space says)."""
+    screen = Screen(space.model_copy(update={"search": space.search.model_copy(update={"screen": "memory"})}))
+    return {k for k, t in zip(keys, trials) if screen.point(t).screened}
+
+
+def search(space, agent_key, twin_table, seed, budget, forecast, screened=frozenset()):
+    """Run one agent against a twin; the list of (reward-or-None, gpu_hours, oom) per launched run. A point in
+    ``screened`` is shown to the agent as the study shows it (a failure, status ``screened``) and not run."""
     name, extra = AGENTS[agent_key]
     act = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     registry = load_agents()
     opts = space_options(space, name, agent_settings(space, name, None, registry), registry)
     opts.update(extra)
+    if not screened and "screen_margin" in opts:
+        opts["screen_margin"] = None  # the screen off: the guided agent ranks every valid point
     names = space.knob_names
 
     def mask(action):
@@ -67,6 +79,9 @@ def search(space, agent_key, twin_table, seed, budget, forecast):
         row = twin_table.get(key)
         if row is None:
             agent.observe(action, fail, False, status="rejected", metrics={})
+            continue
+        if key in screened:
+            agent.observe(action, fail, False, status="screened", metrics={})
             continue
         pred, gpu_hours = row
         if pred.fits:
@@ -88,13 +103,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20, help="twin seeds per space (0..N-1)")
     ap.add_argument("--budget", type=int, default=150, help="launched runs per search")
     ap.add_argument("--agents", nargs="+", default=list(AGENTS), choices=list(AGENTS))
+    ap.add_argument("--screen", nargs="+", default=["on", "off"], choices=["on", "off"], help="the memory screen")
     args = ap.parse_args()
     t0 = time.perf_counter()
     print(
-        "| space | agent | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
+        "| space | agent | screen | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"
         " guided stopped after (median) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.spaces:
         space = load_space(path)
         trials = valid_trials(space)
@@ -102,7 +118,9 @@ def main() -> None:
         keys = [tuple(space.knobs[n].index(t.values[n]) for n in names) for t in trials]
         forecast = model_forecaster(space)
         startup = space.system.startup_s
-        results = {a: [] for a in args.agents}
+        runs_of = [(a, sc) for a in args.agents for sc in args.screen]
+        results = {r: [] for r in runs_of}
+        screened = screened_keys(space, keys, trials)
         for tseed in range(args.seeds):
             twin = make_twin(space, tseed, trials=trials)
             table = {}
@@ -117,12 +135,12 @@ def main() -> None:
                 if p.fits
             ]
             best = max(rewards)
-            for a in args.agents:
-                runs, stop = search(space, a, table, tseed, args.budget, forecast)
-                results[a].append((runs, best, stop))
-        for a in args.agents:
+            for a, sc in runs_of:
+                runs, stop = search(space, a, table, tseed, args.budget, forecast, screened if sc == "on" else set())
+                results[a, sc].append((runs, best, stop))
+        for a, sc in runs_of:
             to99, gpuh, at10, at25, ooms, stops = [], [], [], [], [], []
-            for runs, best, _stop in results[a]:
+            for runs, best, _stop in results[a, sc]:
                 # fraction of the best: rewards are positive rates, or negated step times
                 def frac(r, best=best):
                     return r / best if best > 0 else best / r
@@ -149,11 +167,11 @@ def main() -> None:
             med = float(np.median(to99))
             p90 = float(np.percentile(to99, 90, method="higher"))
             print(
-                f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
+                f"| {space.name} | {a} | {sc} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
                 f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | "
                 f"{np.median(stops):.0f} |"
                 if a == "guided"
-                else f"| {space.name} | {a} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
+                else f"| {space.name} | {a} | {sc} | {show(med)} | {show(p90)} | {show(float(np.median(gpuh)), '{:,.0f}')} | "
                 f"{np.median(at10):.3f} | {np.median(at25):.3f} | {100 * np.mean(ooms):.0f}% | |",
                 flush=True,
             )

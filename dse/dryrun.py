@@ -1,7 +1,9 @@
 """``dse dry-run``: write each valid trial's launch script, submit nothing.
 
 Trials are taken in grid order; a point that a constraint rejects (or that cannot be launched, e.g.
-tp_comm_overlap without a userbuffer config) is counted and skipped, with its reason.
+tp_comm_overlap without a userbuffer config) is counted and skipped, with its reason. Each written point
+carries the model's forecast (:class:`dse.forecast.PointForecast`: predicted peak memory, fit, step time, and
+whether the memory screen would keep a study from launching it); its script is written all the same.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dse.backends import load_backends
 from dse.backends.base import Backend
 from dse.constraints import check
 from dse.errors import UserError
+from dse.forecast import PointForecast, Screen
 from dse.launch import build_plan
 from dse.space import WALK_LIMIT, Space
 from dse.trial import resolve
@@ -26,6 +29,7 @@ class DryRunRow:
     index: int
     knobs: dict[str, Any]
     script: Path
+    forecast: PointForecast | None = None
 
 
 @dataclass
@@ -37,6 +41,11 @@ class DryRun:
     rejected: Counter[str] = field(default_factory=Counter)
     examined: int = 0
     stopped: str | None = None
+
+    @property
+    def screened(self) -> int:
+        """Written points that the memory screen would keep a study from launching."""
+        return sum(r.forecast is not None and r.forecast.screened for r in self.rows)
 
 
 def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> DryRun:
@@ -64,6 +73,7 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
             field="--limit",
         )
     result = DryRun()
+    screen = Screen(space)
     for index, point in enumerate(space.points()):
         if limit is not None and len(result.rows) >= limit:
             break
@@ -86,5 +96,5 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
             result.rejected[reason] += 1
             continue
         script = cls.write_script(plan, (out / f"{index:05d}").absolute())
-        result.rows.append(DryRunRow(index, dict(point), script))
+        result.rows.append(DryRunRow(index, dict(point), script, screen.point(trial)))
     return result

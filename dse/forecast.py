@@ -1,19 +1,33 @@
-"""The performance model's forecast of each point of a space, for agents that use a model.
+"""The performance model's forecast of each point of a space: for agents that use a model, for the memory
+screen that every agent's study applies before a launch, and for the cost of a study before it starts.
 
 The shipped model (``dse.perfmodel.predict``), or the model calibrated to the user's stack when the space
 names a ``[backend] calibration`` (``dse calibrate``), so the guided agent starts from what the user's own runs
 taught; never a backend's truth: on the simulated backend's ``twin`` truth the agent is judged against a
 machine that differs from what it is told.
+
+The memory screen: a valid point whose predicted peak memory exceeds the GPU's memory by more than
+``[search] screen_margin`` is not launched (status ``screened``). The default margin comes from the model's
+memory error on every known outcome (``bench/screen_evidence.py``).
 """
 
 from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
 
 from dse import constraints
 from dse.agents.base import Action, Forecast, Forecaster
 from dse.calibrate import calibrated_params
 from dse.perfmodel import predict
-from dse.space import Space
-from dse.trial import resolve
+from dse.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
+from dse.trial import TrialConfig, resolve
+
+__all__ = ["DEFAULT_SCREEN_MARGIN", "Screen", "StudyCost", "model_forecaster", "screened_peak", "study_cost"]
+COST_SAMPLES = 2_000  # seeded draws for the cost of a space too large to walk
 
 
 def model_forecaster(space: Space) -> Forecaster:
@@ -36,3 +50,108 @@ def model_forecaster(space: Space) -> Forecaster:
         )
 
     return forecast
+
+
+def screened_peak(peak_gib: float, capacity_gib: float, margin: float) -> bool:
+    """Whether a predicted peak is beyond the screen: above the GPU's memory by more than ``margin`` of it."""
+    return peak_gib > capacity_gib * (1.0 + margin)
+
+
+@dataclass(frozen=True)
+class PointForecast:
+    """The model's figures for one valid point: its peak memory against the GPU's, the step time, the cost of a
+    run (GPUs x (steps x step time + the system's start-up) in GPU-hours) and the screen's verdict."""
+
+    peak_memory_gib: float
+    memory_gib: float
+    step_time_s: float
+    gpu_hours: float
+    screened: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_gib <= self.memory_gib
+
+
+class Screen:
+    """The memory screen of a space (``[search] screen``, ``screen_margin``): ``reason(trial)`` says why a valid
+    point is not launched, or None. Off (``screen = "none"``) it screens nothing but still forecasts."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        self.on = space.search.screen != "none"
+        self.margin = space.search.screen_margin
+        self.params = calibrated_params(space.backend.calibration)
+        self.source = "the space's calibration" if space.backend.calibration else "the shipped model"
+
+    def point(self, trial: TrialConfig) -> PointForecast:
+        """The model's forecast of one valid point."""
+        p = predict(trial, flops_convention=self.space.backend.flops_convention, params=self.params)
+        steps = int(trial.values["max_steps"])
+        hours = trial.num_gpus * (p.step_time_s * steps + self.space.system.startup_s) / 3600.0
+        screened = self.on and screened_peak(p.peak_memory_gib, p.gpu_memory_gib, self.margin)
+        return PointForecast(p.peak_memory_gib, p.gpu_memory_gib, p.step_time_s, hours, screened)
+
+    def reason(self, trial: TrialConfig) -> str | None:
+        """Why the screen keeps ``trial`` from launching (its predicted peak and the GPU's memory), or None."""
+        if not self.on:
+            return None
+        f = self.point(trial)
+        if not f.screened:
+            return None
+        return (
+            f"predicted peak memory {f.peak_memory_gib:.1f} GiB > {f.memory_gib:.0f} GiB GPU memory "
+            f"+ {100 * self.margin:.0f}% margin ({self.source})"
+        )
+
+
+@dataclass(frozen=True)
+class StudyCost:
+    """What a study is forecast to cost before it starts. ``points``: the valid points forecast (all of them,
+    or ``samples`` seeded draws' worth when ``exact`` is False); ``screened``: how many of them the screen
+    removes; ``runs``: the launched runs counted; ``gpu_hours``: their predicted cost; ``median_run``: the
+    median predicted cost of one launched run (start-up included)."""
+
+    points: int
+    screened: int
+    runs: int
+    gpu_hours: float
+    median_run: float
+    exact: bool
+    budget: int | None
+
+
+def _valid_trials(space: Space, seed: int = 0) -> tuple[Iterator[TrialConfig], bool, float]:
+    """The valid points' trials: all of them up to the walk limit; else seeded uniform draws, with the factor
+    that scales a draw count to the space (valid points are estimated, not enumerated)."""
+    if space.size <= WALK_LIMIT:
+        trials = (resolve(space, p) for p in space.points())
+        return (t for t in trials if constraints.check(t) is None), True, 1.0
+    sizes = np.asarray([len(v) for v in space.knobs.values()], dtype=np.int64)
+    rows = np.random.default_rng(seed).integers(0, sizes, size=(COST_SAMPLES, len(sizes)))
+    trials = (resolve(space, space.point_at(tuple(int(i) for i in r))) for r in rows)
+    return (t for t in trials if constraints.check(t) is None), False, space.size / COST_SAMPLES
+
+
+def study_cost(space: Space, budget: int | None) -> StudyCost:
+    """The forecast cost of a study of ``space``: without a budget (a grid) every valid point the screen keeps
+    runs once; with one, ``budget`` runs (at most the points kept) at the median predicted cost of a run."""
+    screen = Screen(space)
+    trials, exact, scale = _valid_trials(space)
+    costs: list[float] = []
+    points = screened = 0
+    for t in trials:
+        f = screen.point(t)
+        points += 1
+        if f.screened:
+            screened += 1
+        else:
+            costs.append(f.gpu_hours)
+    median = statistics.median(costs) if costs else 0.0
+    kept = round(len(costs) * scale)
+    if budget is None:
+        runs, hours = kept, sum(costs) * scale
+    else:
+        runs = min(budget, kept)
+        hours = runs * median
+    return StudyCost(round(points * scale), round(screened * scale), runs, hours, median, exact, budget)

@@ -3,7 +3,7 @@
 Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_gpu, peak_memory_gib``,
 one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, steps, early_stopped,
 gpu_hours_saved, run_dir, reason`` (``gpu_hours``: GPUs x the run's wall time, simulated runs: start-up plus
-steps; 0 for rejected points; ``steps``: logged steps the run ran; ``early_stopped``: stopped once its steady
+steps; 0 for rejected and screened points, never launched; ``steps``: logged steps the run ran; ``early_stopped``: stopped once its steady
 state had converged, ``gpu_hours_saved`` then what running on to ``max_steps`` would have cost more, also for a
 ``pruned`` trial). Metrics of a failed or pruned trial are left empty (its partial metrics stay in the store,
 flagged, never ranked); a pruned trial ranks after the ``ok`` ones, by the reward of its optimistic bound.
@@ -30,6 +30,7 @@ import pandas as pd
 
 from dse.errors import UserError, infrastructure
 from dse.fsutil import atomic_write
+from dse.parse import UNLAUNCHED_STATUSES
 from dse.store import TrialRecord
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def _unranked(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.D
             gpu=r.gpu,
             num_gpus=r.num_gpus,
             gpu_hours=r.gpu_hours,
-            steps=r.metrics.get("steps") if r.status != "rejected" else None,
+            steps=r.metrics.get("steps") if r.status not in UNLAUNCHED_STATUSES else None,
             early_stopped=bool(r.metrics.get("early_stopped", False)),
             gpu_hours_saved=r.metrics.get("gpu_hours_saved"),
             run_dir=r.run_dir,
@@ -245,7 +246,7 @@ class Summary:
     def add(self, r: TrialRecord) -> None:
         self.n += 1
         self.counts[r.status] += 1
-        self.launched += r.status != "rejected"
+        self.launched += r.status not in UNLAUNCHED_STATUSES
         h = r.gpu_hours or 0.0  # trials without a figure (recorded before GPU-hours were) count as 0
         self.spent += h
         self._numbers.append(r.number)

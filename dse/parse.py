@@ -92,7 +92,10 @@ from datetime import datetime
 
 from dse.recipes import contract
 
-STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned")
+# "screened": a valid point the memory screen kept from launch (dse.forecast): neither ok nor a launched failure
+STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned", "screened")
+#: Statuses of points never launched: they cost nothing and count for no launched run.
+UNLAUNCHED_STATUSES = ("rejected", "screened")
 
 #: Statuses of runs that ended badly; their metrics are partial and never a reward.
 FAILURE_STATUSES = ("oom", "timeout", "nccl_error", "failed")
@@ -290,6 +293,11 @@ class RunMetrics:
     def rejected(cls, reason: str) -> RunMetrics:
         """The metrics of a configuration refused before launch (nothing ran)."""
         return cls(status="rejected", reason=reason)
+
+    @classmethod
+    def screened(cls, reason: str) -> RunMetrics:
+        """The metrics of a valid point the memory screen kept from launch (nothing ran)."""
+        return cls(status="screened", reason=reason)
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from dse import knobs, outdir
+from dse import constraints, knobs, outdir
 from dse import registry as reg
 from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
@@ -33,7 +33,7 @@ from dse.counting import count_valid
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
-from dse.forecast import model_forecaster
+from dse.forecast import Screen, StudyCost, model_forecaster, study_cost
 from dse.launch import build_plan
 from dse.leaderboard import Summary
 from dse.outdir import (
@@ -49,7 +49,7 @@ from dse.outdir import (
     trial_dir,
 )
 from dse.parallel import Done, Pool
-from dse.parse import parse_log
+from dse.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
@@ -66,6 +66,7 @@ __all__ = [
     "StudyResult",
     "absolute_storage",
     "agent_settings",
+    "forecast_cost",
     "make_backend",
     "open_store",
     "ordinal_knobs",
@@ -107,8 +108,8 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
 
 def space_options(space: Space, agent: str, options: dict[str, Any], registry, *, parallel: int = 1) -> dict[str, Any]:
     """``options`` plus what the study derives from the space for an agent that declares it: the ordinal knobs,
-    the warm start (``[search] warm_start`` unless ``[search.options]`` sets it) and the trials in flight at
-    once (``parallel``). Not recorded in ``dse.json`` (the space file and the command line say them)."""
+    the warm start (``[search] warm_start`` unless ``[search.options]`` sets it), the trials in flight at
+    once (``parallel``) and the memory screen's margin when the screen is on (``screen_margin``). Not recorded in ``dse.json`` (the space file and the command line say them)."""
     fields = agent_class(agent, registry).Options.model_fields
     derived: dict[str, Any] = {}
     if "parallel" in fields:
@@ -117,6 +118,8 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry, *
         derived["ordinal"] = ordinal_knobs(space)
     if "warm_start" in fields:
         derived["warm_start"] = space.search.warm_start
+    if "screen_margin" in fields and space.search.screen != "none":
+        derived["screen_margin"] = space.search.screen_margin  # an agent that skips what the screen removes
     return {**derived, **options}
 
 
@@ -375,7 +378,7 @@ class StudyLoop:
     run before the agent proposes: (number or None, action)), ``in_flight`` (number -> action, while a trial
     runs in the pool), ``best`` (the best value of the objective's metric measured so far, resumed trials and
     other workers' included: for pruning) and ``done`` (launched trials: the budget counts these; a rejected
-    point costs nothing). ``new`` counts the trials this run recorded.
+    point and a screened one cost nothing). ``new`` counts the trials this run recorded.
 
     Without a pool (``--parallel 1``, no ``--worker``) each trial runs in the calling thread; with one, the
     calling thread proposes, launches and records, the pool's threads only run trials."""
@@ -394,6 +397,7 @@ class StudyLoop:
         self.claims: Claims | None = None
         self.pool = Pool(req.parallel) if req.parallel > 1 or req.worker else None
         self.budget, self.total = _budget(space, req)
+        self.screen = Screen(space) if space.search.screen != "none" else None
         self._running = threading.local()  # the number of the trial this thread runs (its run directory)
         self._synced = time.monotonic()
         self.env = RecipeEnv(
@@ -442,7 +446,7 @@ class StudyLoop:
                 continue
             if self.req.worker:
                 self.known.add(r.number)
-            self.done += r.status != "rejected"
+            self.done += r.status not in UNLAUNCHED_STATUSES
             self.best = better(self.best, r.metrics, self.space.objective, ok=r.ok)
             if ran is not None:
                 ran.append(r.knobs)
@@ -480,6 +484,8 @@ class StudyLoop:
             if chosen is None:
                 return
             number, action = chosen
+            if number is None and self._screened(action):
+                continue
             if self.pool is None:
                 if number is None or not self._ended_meanwhile(number, action):
                     self._run_here(
@@ -507,6 +513,32 @@ class StudyLoop:
                 self.stop_reason = self.agent.stop_reason
             return None
         return None, action
+
+    def _screened(self, action: dict[str, int]) -> bool:
+        """The memory screen (``[search] screen``): a valid point the model predicts beyond the GPU's memory by
+        more than the margin is recorded ``screened`` at once (never launched, no GPU-hours, no launched run)
+        and shown to the agent as a failure; True when the point was screened (or another worker has it)."""
+        if self.screen is None:
+            return False
+        trial = self.env.trial(action)
+        if constraints.check(trial) is not None:
+            return False  # rejected: the environment records it as such
+        why = self.screen.reason(trial)
+        if why is None:
+            return False
+        over = False
+        if self.claims is not None:
+            point = self.env.decode(action)
+            if not self.claims.claim(point):
+                return True  # another worker has (or had) the point
+            number = self.recorder.numbered(self._placeholder(0, action))
+            self.claims.numbered(point, number)
+            over = True
+        else:
+            number = self.recorder.next_number()
+        result = StepResult(*self.env.outcome(action, RunMetrics.screened(why), launched=False, trial=trial))
+        self._finish(number, action, result, over=over)
+        return True
 
     def _step(self, number: int, action: dict[str, int]) -> StepResult:
         """One environment step, in trial ``number``'s run directory (in whichever thread runs it)."""
@@ -607,7 +639,7 @@ class StudyLoop:
         self.agent.observe(
             action, result.reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"]
         )
-        self.done += info["status"] != "rejected"
+        self.done += info["status"] not in UNLAUNCHED_STATUSES
         self.new += 1
         if self.req.on_trial:
             self.req.on_trial(rec, self.done, self.total)
@@ -651,17 +683,28 @@ class StudyLoop:
             self.known.add(r.number)
             self.best = better(self.best, r.metrics, self.space.objective, ok=r.ok)  # pruning: every worker's best
             self.agent.observe(self.env.encode(r.knobs), r.reward, r.ok, status=r.status, metrics=r.metrics)
-            self.done += r.status != "rejected"
+            self.done += r.status not in UNLAUNCHED_STATUSES
+
+
+def forecast_cost(space: Space, *, agent: str | None = None, trials: int | None = None) -> StudyCost:
+    """What a study of ``space`` by ``agent`` (default: the space's) is forecast to cost, before it starts: its
+    budget as ``_budget`` resolves it (``--trials``, else the space's own agent's ``[search] trials``), or every
+    valid point the memory screen keeps."""
+    agent = agent or space.search.agent
+    budget = trials if trials is not None else (space.search.trials if agent == space.search.agent else None)
+    return study_cost(space, budget)
 
 
 def _budget(space: Space, req: Request) -> tuple[int | None, int | None]:
     """The study's budget (launched runs) and the total its progress counts to. ``--trials`` wins; the space's
     ``[search].trials`` belongs to the space's own agent; otherwise no budget: the agent runs until it has
-    nothing left (grid: every valid point once, counted for the progress bar when the space is small enough)."""
+    nothing left (grid: every valid point the screen keeps once, counted for the progress bar when the space is
+    small enough)."""
     budget = (
         req.trials if req.trials is not None else (space.search.trials if req.agent == space.search.agent else None)
     )
     total = budget
     if total is None and req.agent == "grid" and space.size <= WALK_LIMIT:
-        total = count_valid(space).valid  # exact at this size (the grid refuses a larger space)
+        # exact at this size (the grid refuses a larger space); screened points are no launched runs
+        total = count_valid(space).valid if space.search.screen == "none" else study_cost(space, None).runs
     return budget, total

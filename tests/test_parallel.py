@@ -262,6 +262,7 @@ payload = "sim"
 
 [search]
 agent = "grid"
+screen = "none"  # both points launch (the memory screen would record some of them screened first)
 """
 
 

@@ -417,9 +417,21 @@ def test_oom_scheduler_state_with_clean_log():
 
 
 def test_statuses_and_rejected():
-    assert STATUSES == ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned")
+    assert STATUSES == (
+        "ok",
+        "oom",
+        "nccl_error",
+        "timeout",
+        "failed",
+        "no_metrics",
+        "rejected",
+        "pruned",
+        "screened",
+    )
     r = RunMetrics.rejected("tp * pp * cp does not divide the GPU count")
     assert (r.status, r.step_time_s, r.steps, r.ok) == ("rejected", None, 0, False)
+    s = RunMetrics.screened("predicted peak memory 90.0 GiB > 80 GiB GPU memory + 5% margin")
+    assert (s.status, s.step_time_s, s.steps, s.ok, s.reason) == ("screened", None, 0, False, s.reason)
     with pytest.raises(ValueError, match="unknown status"):
         RunMetrics(status="success")
 

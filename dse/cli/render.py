@@ -170,7 +170,9 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
     out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
     spent, to_best = summary.spent, summary.to_best
     out.print(
-        f"launched runs: {summary.launched}; GPU-hours: {spent:,.1f} spent"
+        f"launched runs: {summary.launched}"
+        + (f"; screened (not launched): {n}" if (n := summary.counts.get("screened", 0)) else "")
+        + f"; GPU-hours: {spent:,.1f} spent"
         + (f", {to_best:,.1f} to the best" if to_best is not None else "")
         + summary.savings_line(),
         highlight=False,
@@ -353,7 +355,7 @@ def validated(path: Path, s) -> None:
     )
 
 
-def space_count(s, data: dict, count) -> None:
+def space_count(s, data: dict, count, cost=None) -> None:
     """``dse space``: raw and valid points (exact or estimated), the rejections by rule, the twin's error."""
     valid = data["valid"]
     if count.exact:
@@ -380,6 +382,29 @@ def space_count(s, data: dict, count) -> None:
             f"over the {valid} valid points; memory reserve {tw['memory_reserve_gib']:.1f} GiB; "
             f"{tw['fit_on_twin']} points fit on the twin, {tw['fit_in_model']} in the model"
         )
+    if cost is not None:
+        study_cost(s, cost)
+
+
+def study_cost(s, cost) -> None:
+    """The forecast cost of a study (a :class:`dse.forecast.StudyCost`; ``dse space``, the first lines of
+    ``dse run``): GPU-hours, launched runs, the points the memory screen removes."""
+    about = "" if cost.exact else "about "
+    if s.search.screen == "none":
+        screen = "memory screen off"
+    else:
+        screen = (
+            f"memory screen: {about}{cost.screened:,} of {about}{cost.points:,} valid points predicted "
+            f"beyond the GPU's memory + {100 * s.search.screen_margin:.0f}%, never launched"
+        )
+    runs = (
+        f"budget {cost.runs:,} runs x {cost.median_run:,.1f} GPU-hours (median predicted run, start-up included)"
+        if cost.budget is not None
+        else f"{about}{cost.runs:,} runs (every valid point the screen keeps)"
+    )
+    console.print(
+        f"predicted cost: {about}{cost.gpu_hours:,.0f} GPU-hours, {runs}; {screen}", highlight=False, soft_wrap=True
+    )
 
 
 def counting_progress(total: int):
@@ -415,13 +440,27 @@ def calibrate_progress():
 
 
 def dry_run(sp, backend: str, out: str, result) -> None:
-    """``dse dry-run``: one row per script written, the rejections counted, what was not written."""
-    table = Table("trial", *sp.knob_names, "nodes x GPUs", "script", title=f"dse dry-run: {sp.name} ({backend})")
+    """``dse dry-run``: one row per script written with the model's forecast (peak memory against the GPU's,
+    fit, step time), the rejections counted, what was not written."""
+    table = Table(
+        "trial",
+        *sp.knob_names,
+        "nodes x GPUs",
+        "peak / GPU GiB",
+        "fits",
+        "step s",
+        "script",
+        title=f"dse dry-run: {sp.name} ({backend})",
+    )
     for r in result.rows:
+        f = r.forecast
         table.add_row(
             f"{r.index:05d}",
             *(str(r.knobs.get(k)) for k in sp.knob_names),
             f"{sp.num_nodes} x {sp.system.gpus_per_node}",
+            f"{f.peak_memory_gib:.1f} / {f.memory_gib:.0f}" if f else "",
+            ("screened" if f.screened else "yes" if f.fits else "no") if f else "",
+            f"{f.step_time_s:.2f}" if f else "",
             str(r.script),
         )
     console.print(table)
@@ -433,6 +472,12 @@ def dry_run(sp, backend: str, out: str, result) -> None:
         f"{len(result.rows)} {backend} script(s) written under {out}; {sum(result.rejected.values())} "
         "rejected; nothing submitted."
     )
+    if result.screened:
+        console.print(
+            f"{result.screened} of the points written are predicted beyond the GPU's memory by more than the "
+            f"{100 * sp.search.screen_margin:.0f}% margin: a study screens them (launches none of them)",
+            highlight=False,
+        )
 
 
 def imported(files, space, imp) -> None:

@@ -1,5 +1,6 @@
 """A space before any run: ``dse validate`` (does it load), ``dse space`` (how many valid points, which rules
-reject the others) and ``dse dry-run`` (the launch scripts, nothing submitted)."""
+reject the others, what a study of it is forecast to cost) and ``dse dry-run`` (the launch scripts with the
+model's forecast of each point, nothing submitted)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def space_cmd(
     ),
 ) -> None:
     """Count a space's raw and valid points, and the rejections by rule: exactly up to 100,000 raw points,
-    estimated from 20,000 seeded uniform draws above (the output says which)."""
+    estimated from 20,000 seeded uniform draws above (the output says which). Print the study's forecast cost:
+    predicted GPU-hours and the points the memory screen removes."""
+    from dse.forecast import study_cost
     from dse.space import WALK_LIMIT, load_space
 
     if twin_seed is not None and not 0 <= twin_seed < 2**32:  # as [backend] twin_seed: unsigned 32-bit
@@ -59,12 +62,27 @@ def space_cmd(
     if not count.exact:
         # JSON numbers are exact integers in Python's json; other readers may round them above 2^53
         data.update({"samples": count.samples, "valid_ci95": [count.valid_low, count.valid_high]})
+    cost = study_cost(s, s.search.trials)
+    data["cost"] = cost_data(cost)
     if twin_seed is not None:
         data["twin"] = _twin(s, twin_seed)
     if as_json:
         print(json.dumps(data))
         return
-    render.space_count(s, data, count)
+    render.space_count(s, data, count, cost)
+
+
+def cost_data(cost) -> dict:
+    """A :class:`dse.forecast.StudyCost` as JSON-ready figures (``dse space --json``'s ``cost``)."""
+    return {
+        "gpu_hours": round(cost.gpu_hours, 1),
+        "runs": cost.runs,
+        "budget": cost.budget,
+        "median_run_gpu_hours": round(cost.median_run, 2),
+        "valid_points": cost.points,
+        "screened": cost.screened,
+        "exact": cost.exact,
+    }
 
 
 def _count(s, quiet: bool):

@@ -100,12 +100,13 @@ def run_cmd(
             warm_start=warm_start,
             parallel=parallel,
         )
-    from dse.study import Interrupted, run_study
+    from dse.study import Interrupted, forecast_cost, run_study
 
     space = with_twin(load_space_arg(space_file, gpu), twin_seed)
     out_dir = out or Path("runs") / space.name
     check_seed(seed)
     seeds = warm_start_seeds(space, warm_start)
+    render.study_cost(space, forecast_cost(space, agent=agent, trials=trials))
     progress, on_trial = render.trial_progress(space.name, space.objective.metric)
     try:
         result = run_study(
