@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dse import registry as reg
 from dse.errors import UserError
+from dse.parse import UNLAUNCHED_STATUSES
 
 Action = dict[str, int]
 ActionMask = Callable[[Action], bool]
@@ -161,7 +162,7 @@ def make_agent(
 
 #: Statuses of points that cost nothing because they were never launched (a constraint refused them, or the
 #: memory screen did): a run of them does not spend the budget, so an agent counts them itself to stop.
-NOT_LAUNCHED = ("rejected", "screened")
+NOT_LAUNCHED = UNLAUNCHED_STATUSES
 
 
 class RejectionRun:
@@ -179,6 +180,7 @@ class RejectionRun:
         if self.run < self.limit:
             return None
         return (
-            f"{agent}: {self.run:,} proposed points in a row were rejected before launch; the space may hold no "
-            "valid point (`dse space FILE` counts them): change the fixed settings or list other knob values"
+            f"{agent}: {self.run:,} proposed points in a row were rejected or screened before launch; the space may "
+            "hold no valid point that fits (`dse space FILE` counts them): change the fixed settings or list other "
+            "knob values"
         )
