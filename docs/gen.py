@@ -210,6 +210,8 @@ STATUS_MEANING = {
     "no_metrics": "the run ended cleanly but logged no steady-state step (warm-up only, or nothing)",
     "rejected": "a constraint rule refused the point; nothing was launched (never from the parser)",
     "pruned": "dse stopped the run as a loser (`prune_margin`); it ran, and lost (never from the parser)",
+    "screened": "the memory screen kept the point from launch: its predicted peak exceeds the GPU's memory by more "
+    "than `[search] screen_margin` (never from the parser; [the economy](../economy.md))",
 }
 
 
