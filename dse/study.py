@@ -209,6 +209,7 @@ def run_study(
     parallel: int | None = None,
     worker: bool = False,
     lease_s: float = LEASE_S,
+    on_start: Callable[[], None] | None = None,
 ) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports
     progress (total: the budget, or for a grid without one the number of valid points; None when unknown).
@@ -232,7 +233,10 @@ def run_study(
     (:mod:`dse.claims`; a dead worker's claims expire after ``lease_s``), trial numbers come from the
     storage, and each worker's agent is shown the others' results as they come. A worker starts the study
     when there is none yet, and joins it otherwise (``--resume`` is implied). ``trials`` is the study's
-    budget; the workers may overshoot it by the trials the others have in flight."""
+    budget; the workers may overshoot it by the trials the others have in flight.
+
+    ``on_start()`` is called once every check has passed, before the first trial (the CLI prints the study's
+    predicted cost there, so a refused study prints only its refusal)."""
     out = Path(out_dir)
     parallel = space.search.parallel if parallel is None else parallel
     if parallel < 1:
@@ -259,6 +263,8 @@ def run_study(
     # goes into best/'s scripts, so it must be one a script can carry; a storage URL must be usable.
     check_path(out.absolute(), field="--out")
     storage = absolute_storage(storage) if storage is not None else None
+    if on_start is not None:
+        on_start()
     try:
         with outdir.locked(out, worker=worker) as ready:
             resume = resume or (worker and (out / META).exists())  # another worker started it meanwhile

@@ -106,7 +106,6 @@ def run_cmd(
     out_dir = out or Path("runs") / space.name
     check_seed(seed)
     seeds = warm_start_seeds(space, warm_start)
-    render.study_cost(space, forecast_cost(space, agent=agent, trials=trials))
     progress, on_trial = render.trial_progress(space.name, space.objective.metric)
     try:
         result = run_study(
@@ -125,6 +124,7 @@ def run_cmd(
             default_out=out is None,
             parallel=parallel,
             worker=worker,
+            on_start=lambda: render.study_cost(space, forecast_cost(space, agent=agent, trials=trials)),
         )
     except Interrupted as e:
         progress.stop()
