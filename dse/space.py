@@ -247,7 +247,7 @@ class Search(_Strict):
 class EarlyStopSettings(_Strict):
     """``[backend.early_stop]``: stop a trial once its steady-state step time has converged (dse.steady).
 
-    Defaults from the recorded real H200 logs (``bench/early_stop.py``; README "Early stop"). Off unless
+    Defaults from the recorded real H200 logs (``bench/early_stop.py``; docs/early-stop.md). Off unless
     ``enabled = true``: turning it on changes every study's steps and GPU-hours, so a space asks for it.
     ``poll_s``: how often the local and Slurm backends look at the growing log. ``prune_margin`` (off unless
     set; needs ``enabled``): stop a trial as ``pruned`` once even its optimistic figure (a 95 % bound,
@@ -331,7 +331,7 @@ class Space(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _calibration_path(cls, data: Any) -> Any:
-        """A relative ``[backend] calibration`` path is relative to the space file (as the README says)."""
+        """A relative ``[backend] calibration`` path is relative to the space file (as docs/calibration.md says)."""
         if isinstance(data, dict) and isinstance(data.get("backend"), dict) and data.get("source"):
             cal = data["backend"].get("calibration")
             src = Path(str(data["source"]))

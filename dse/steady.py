@@ -10,7 +10,7 @@ The rule (:func:`converged`), on the step times a log has printed so far:
 
 The defaults (:class:`dse.space.EarlyStopSettings`) were chosen on the recorded real H200 logs in the
 repository (``bench/early_stop.py`` prints, for each log, the steps the rule needed and the error of its
-estimate against the full-run median); the README has the figures.
+estimate against the full-run median); docs/early-stop.md has the figures.
 
 :class:`Monitor` is the stop condition a backend is handed (it knows no parser): the backend calls it with
 the path of the log it is writing, every ``poll_s`` seconds (or after each step, for the simulated backend),

@@ -2,7 +2,7 @@
 
 Public API: :func:`predict` (a resolved :class:`dse.trial.TrialConfig` to a :class:`Prediction`),
 :func:`predict_layout` (the same on plain values), :func:`flops.model_flops_per_step`,
-:data:`hardware.HARDWARE`. Calibrated by ``bench/model_accuracy.py`` (see the README, "Simulated backend and the performance model").
+:data:`hardware.HARDWARE`. Calibrated by ``bench/model_accuracy.py`` (see the docs, docs/performance-model.md).
 """
 
 from dse.hardware import HARDWARE, GpuSpec

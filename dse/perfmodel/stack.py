@@ -12,8 +12,8 @@ step time by percents, are made by the payload's own code and differ between the
   ``recipes.mcore`` leaves the fusion off, so ``GPTModel.compute_language_model_loss`` calls
   ``tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)``: an fp32 copy beside the bf16
   logits (2 + 4 = 6 bytes; ``Params.logits_bytes_native``). The 70B-width TE study's out-of-memory trial
-  died allocating the logits, and with 6 the model calls it (README, "The first H200 studies on the TE
-  stack"). recipes.mcore could switch TE's fused loss on when TE imports (``cross_entropy_loss_fusion=True,
+  died allocating the logits, and with 6 the model calls it (docs/payloads.md, "The first H200 studies on the
+  TE stack"). recipes.mcore could switch TE's fused loss on when TE imports (``cross_entropy_loss_fusion=True,
   cross_entropy_fusion_impl="te"`` in its TransformerConfig, as Bridge does); that is not done here because it
   was not measured on a GPU.
 * **FP8 weights.** NeMo's and Bridge's FP8 precision recipes (``bf16_with_fp8_*_mixed`` in
