@@ -523,7 +523,8 @@ def _best_section(df: pd.DataFrame, knob_names: Sequence[str], best: Mapping[str
     cols = ["trial", "step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", *knob_names]
     return {
         "table": table(pd.DataFrame([{c: row[c] for c in cols}])),
-        "run_dir": str(row.run_dir) if isinstance(row.run_dir, str) else None,
+        # relative to the study directory (trials/NNNNN): the page names no path of the machine it was made on
+        "run_dir": str(Path(*Path(row.run_dir).parts[-2:])) if isinstance(row.run_dir, str) else None,
         "command": launch_command(best) if best and best.get("argv") else None,
     }
 
@@ -566,6 +567,7 @@ class _Pass:
 def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
     """The page's two summary sentences: what the study ran, and what its trials came to."""
     g = {k: fmt(meta.get(k)) or "?" for k in ("recipe", "num_nodes", "gpu", "system", "agent", "backend", "space")}
+    g["space"] = Path(g["space"]).name  # the file's name: the page names no path of the machine it was made on
     what = (
         f"recipe {g['recipe']} on {g['num_nodes']} nodes of {g['gpu']} ({g['system']}); "
         f"agent {g['agent']}, backend {g['backend']}; space {g['space']}"
