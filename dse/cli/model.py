@@ -96,9 +96,9 @@ def predict_cmd(
     settings = _settings(knob_flags, set_ or [])
     trial, dropped = _as_given(model, model_file, system, num_gpus, settings, payload)
     # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
-    # the output, so that the user sees which values are not theirs.
+    # the output, and in an error about them, so a refusal points at the flag to pass.
     from_recipe = _from_recipe(trial, settings)
-    _refuse_invalid(trial)
+    _refuse_invalid(trial, from_recipe)
     params = None
     if calibration is not None:
         from dse.calibrate import apply, load_calibration
@@ -236,10 +236,12 @@ def _as_given(model, model_file, system, num_gpus: int | None, settings: dict[st
     """The trial for the user's layout taken as given, and one line per recipe default dropped for it.
 
     Recipe defaults fill only the knobs the user did not pass, and never make the given layout invalid: while a
-    rule rejects the trial and names a knob whose value came from the recipe (FSDP on GB200 against ``--pp 4``:
-    ``fsdp_no_pp``), that knob goes back to the catalogue's default and the point resolves again. A rule that
-    names only the user's knobs still refuses the layout (``_refuse_invalid``). Each pass drops at least one
-    default that is never filled again, so the loop ends.
+    rule rejects the trial and names both a knob the user passed and one whose value came from the recipe (FSDP
+    on GB200 against ``--pp 4``: ``fsdp_no_pp``), the recipe's knob goes back to the catalogue's default and the
+    point resolves again. A rule that names only the user's knobs, or only the recipe's (defaults that conflict
+    with each other or with the world size), still refuses the layout (``_refuse_invalid``, which names the
+    recipe's values and their flags). Each pass drops at least one default that is never filled again, so the
+    loop ends.
 
     Studies do not do this: a space's ``[settings]`` and points resolve with the recipe's defaults as they are
     (``dse.trial.resolve``), and a point a default makes invalid is rejected with its rule. A study compares its
@@ -259,9 +261,9 @@ def _as_given(model, model_file, system, num_gpus: int | None, settings: dict[st
             return trial, dropped
         from_recipe = _from_recipe(trial, given)
         culprits = [k for k in rejection.knobs if k in from_recipe]
-        if not culprits:
+        against = ", ".join(f"{k} {trial.values[k]}" for k in rejection.knobs if k in settings)
+        if not culprits or not against:
             return trial, dropped
-        against = ", ".join(f"{k} {trial.values[k]}" for k in rejection.knobs if k in settings) or "the given layout"
         for k in culprits:
             dropped.append(f"recipe default {k}={trial.values[k]} dropped: conflicts with {against} ({rejection.rule})")
             given[k] = knobs.CATALOGUE[k].default
@@ -278,14 +280,21 @@ def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _refuse_invalid(trial) -> None:
-    """A layout a rule rejects is a user error. Recipe defaults a rule named are already dropped (``_as_given``),
-    so what is left is about the knobs the user passed."""
+def _refuse_invalid(trial, from_recipe: dict[str, Any]) -> None:
+    """A layout a rule rejects is a user error; the recipe's values the rule is about are named with their flag
+    (a rule that names only recipe defaults: they conflict with each other or with the world size, not with a
+    knob the user passed, so ``_as_given`` kept them)."""
     from dse.constraints import check
 
     rejection = check(trial)
-    if rejection is not None:
-        raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}")
+    if rejection is None:
+        return
+    hint = "".join(
+        f"; {k} = {v} (the recipe's default; pass --{k.replace('_', '-')})"
+        for k, v in from_recipe.items()
+        if k in rejection.knobs
+    )
+    raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}{hint}")
 
 
 def _knob_parameters() -> list[inspect.Parameter]:
