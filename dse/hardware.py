@@ -113,6 +113,17 @@ HARDWARE: dict[str, GpuSpec] = {
             5.0,
             grace_host=True,
         ),
+        # HGX B300 (Blackwell Ultra, x86 host), per GPU, from NVIDIA's HGX platform page for an 8-GPU HGX B300:
+        # FP16/BF16 36 PF and FP8 72 PF with 2:4 sparsity, so 2.25 and 4.5 PF dense (as B200: the HGX part runs at
+        # a lower power than GB300's, and NVIDIA quotes B200's peaks for it), dense FP4 108 PF (13.5 PF per GPU),
+        # up to 2.3 TB HBM3E (288 GB per GPU, read as 279 GiB as for GB300: the same stacks), 14.4 TB/s NVLink
+        # (1.8 TB/s per GPU) and 1.6 TB/s networking in both directions (8 ConnectX-8 at 800 Gb/s). Not on that
+        # page, so taken from the Blackwell Ultra chip GB300 shares: 8 TB/s HBM bandwidth and the doubled special
+        # function units (NVIDIA blogs cited for GB300 below). Host link: the GPU has PCIe Gen6, but the x86 hosts
+        # (DGX B300: Intel Xeon 6) are Gen5, so 64 GB/s each way as on B200 (an assumption: no published figure).
+        # blackwell_ultra stays False: GB300's sustained rate over its quoted peaks is fitted from GB300 rows at
+        # GB300's power; no published B300 row says whether the HGX part holds it too, so B300 runs at its quotes.
+        GpuSpec("b300", "blackwell", 2250.0, 4500.0, 13500.0, 279.0, 8000.0, 1800.0, 8, 8, 800.0, 64.0, "b200", 10.7),
         # GB300 (Blackwell Ultra), per GPU: dense BF16 2.5 and FP8 5 PFLOP/s, as GB200 (GB300 NVL72 product page:
         # 180 PF dense BF16 and 360 PF dense FP8 for 72 GPUs; Blackwell Ultra raises dense NVFP4 to 15 PF, not FP8:
         # NVIDIA technical blog "Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory Era", 2025);
