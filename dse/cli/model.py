@@ -8,13 +8,16 @@ import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from dse.cli import render
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
+
+if TYPE_CHECKING:
+    from dse.trial import TrialConfig
 
 
 def recipes_cmd() -> None:
@@ -232,7 +235,9 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     return resolve(space, {}, recipe=recipe)
 
 
-def _as_given(model, model_file, system, num_gpus: int | None, settings: dict[str, Any], payload: str):
+def _as_given(
+    model, model_file, system, num_gpus: int | None, settings: dict[str, Any], payload: str
+) -> tuple[TrialConfig, list[str]]:
     """The trial for the user's layout taken as given, and one line per recipe default dropped for it.
 
     Recipe defaults fill only the knobs the user did not pass, and never make the given layout invalid: while a
@@ -280,7 +285,7 @@ def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _refuse_invalid(trial, from_recipe: dict[str, Any]) -> None:
+def _refuse_invalid(trial: TrialConfig, from_recipe: dict[str, Any]) -> None:
     """A layout a rule rejects is a user error; the recipe's values the rule is about are named with their flag
     (a rule that names only recipe defaults: they conflict with each other or with the world size, not with a
     knob the user passed, so ``_as_given`` kept them)."""
