@@ -5,18 +5,20 @@ here (plus its system file in ``conf/systems``); every rule, default and help te
 Plain data at the bottom of the controller's layers (the space file validates GPU names against it; the
 performance model reads its figures).
 
-Figures are the vendors' datasheet values for dense math (no 2:4 sparsity), per GPU:
-NVIDIA A100 datasheet (SXM4 80 GB), H100 datasheet (SXM5), H200 datasheet (SXM), DGX B200 and
-GB200 NVL72 / GB300 NVL72 product pages, as summarised in ``shared/reference/README.md``. NVLink
-bandwidth is the total (both directions) per GPU; a collective moves data one way per link, so the
-model uses half of it. Memory capacities are the datasheet figures read as GiB (HBM stacks come in
-binary sizes; the driver shows e.g. 81,559 MiB on an "80 GB" H100); the model's reserve covers the
-CUDA context and library workspaces.
+Figures are the vendors' datasheet values for dense math (no 2:4 sparsity), per GPU: NVIDIA A100 datasheet
+(SXM4 80 GB), H100 datasheet (SXM5), H200 datasheet (SXM), DGX B200 and GB200 NVL72 / GB300 NVL72 product
+pages, as summarised in ``shared/reference/README.md``, and the HGX platform page for HGX B300 (halving its
+2:4-sparse BF16/FP8 figures; where it quotes none, the comment at B300's row says what was taken). NVLink
+bandwidth is the total (both directions) per GPU; a collective moves data one way per link, so the model uses
+half of it. Memory capacities are the datasheet figures read as GiB (HBM stacks come in binary sizes; the
+driver shows e.g. 81,559 MiB on an "80 GB" H100); the model's reserve covers the CUDA context and library
+workspaces.
 
 Host link (activation offloading): nominal bandwidth per GPU and direction between the GPU and host memory.
-HGX A100: PCIe Gen4 x16, 32 GB/s; HGX H100 / H200 / B200: PCIe Gen5 x16, 64 GB/s (PCI-SIG: 32 GT/s per
-lane); GB200 / GB300: NVLink-C2C, 900 GB/s both directions per Grace CPU (NVIDIA GB200 NVL72 and Grace
-Hopper product pages), i.e. 450 GB/s each way, shared by the two GPUs of a Grace: 225 GB/s per GPU.
+HGX A100: PCIe Gen4 x16, 32 GB/s; HGX H100 / H200 / B200: PCIe Gen5 x16, 64 GB/s (PCI-SIG: 32 GT/s per lane),
+and HGX B300 the same (its GPUs have PCIe Gen6, its x86 hosts Gen5: an assumption); GB200 / GB300:
+NVLink-C2C, 900 GB/s both directions per Grace CPU (NVIDIA GB200 NVL72 and Grace Hopper product pages), i.e.
+450 GB/s each way, shared by the two GPUs of a Grace: 225 GB/s per GPU.
 """
 
 from __future__ import annotations
@@ -96,6 +98,17 @@ HARDWARE: dict[str, GpuSpec] = {
         GpuSpec("h100", "hopper", 989.0, 1979.0, None, 80.0, 3350.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
         GpuSpec("h200", "hopper", 989.0, 1979.0, None, 141.0, 4800.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
         GpuSpec("b200", "blackwell", 2250.0, 4500.0, 9000.0, 180.0, 8000.0, 1800.0, 8, 8, 400.0, 64.0, "b200", 5.0),
+        # HGX B300 (Blackwell Ultra, x86 host), per GPU, from NVIDIA's HGX platform page for an 8-GPU HGX B300:
+        # FP16/BF16 36 PF and FP8 72 PF with 2:4 sparsity, so 2.25 and 4.5 PF dense (as B200: the HGX part runs at
+        # a lower power than GB300's, and NVIDIA quotes B200's peaks for it), dense FP4 108 PF (13.5 PF per GPU),
+        # up to 2.3 TB HBM3E (288 GB per GPU, read as 279 GiB as for GB300: the same stacks), 14.4 TB/s NVLink
+        # (1.8 TB/s per GPU) and 1.6 TB/s networking in both directions (8 ConnectX-8 at 800 Gb/s). Not on that
+        # page, so taken from the Blackwell Ultra chip GB300 shares: 8 TB/s HBM bandwidth and the doubled special
+        # function units (NVIDIA blogs cited for GB300 below). Host link: the GPU has PCIe Gen6, but the x86 hosts
+        # (DGX B300: Intel Xeon 6) are Gen5, so 64 GB/s each way as on B200 (an assumption: no published figure).
+        # blackwell_ultra stays False: GB300's sustained rate over its quoted peaks is fitted from GB300 rows at
+        # GB300's power; no published B300 row says whether the HGX part holds it too, so B300 runs at its quotes.
+        GpuSpec("b300", "blackwell", 2250.0, 4500.0, 13500.0, 279.0, 8000.0, 1800.0, 8, 8, 800.0, 64.0, "b200", 10.7),
         GpuSpec(
             "gb200",
             "blackwell",

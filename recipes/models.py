@@ -119,6 +119,10 @@ def _recipes() -> dict[str, Recipe]:
                 "h100/fp8": Layout(1, 1, 2, 1, 1, 128),
                 "b200/fp8": Layout(1, 1, 1, 1, 2, 128),
                 "gb200/fp8": Layout(1, 1, 1, 1, 2, 128),
+                # B300 rows: Megatron-Bridge's performance presets (scripts/performance/configs/llama,
+                # LLAMA3_*/LLAMA31_*_PRETRAIN_CONFIG_B300_{BF16,FP8_CS}_V1), here and in the two recipes below
+                "b300/bf16": Layout(1, 1, 1, 1, 4, 128),
+                "b300/fp8": Layout(1, 1, 1, 1, 4, 128),
             },
         ),
         Recipe(
@@ -133,6 +137,8 @@ def _recipes() -> dict[str, Recipe]:
                 "h100/fp8": Layout(4, 8, 1, 5, 1, 128),
                 "b200/fp8": Layout(2, 4, 2, 5, 1, 128),
                 "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True, cpu_offload_layers=40),
+                "b300/bf16": Layout(1, 1, 1, 1, 1, 128, fsdp=True),
+                "b300/fp8": Layout(1, 1, 1, 1, 1, 128, fsdp=True),
             },
         ),
         Recipe(
@@ -147,6 +153,8 @@ def _recipes() -> dict[str, Recipe]:
                 "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
                 "b200/fp8": Layout(4, 8, 2, 8, 1, 64),
                 "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536),
+                "b300/bf16": Layout(2, 8, 1, 8, 1, 64),
+                "b300/fp8": Layout(2, 8, 1, 8, 1, 64),
             },
         ),
         Recipe(

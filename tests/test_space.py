@@ -30,7 +30,7 @@ def test_inline_system_table(tmp_path):
     assert s.system.gpu == "gb200" and s.system.nvlink_domain == 72
 
 
-@pytest.mark.parametrize("gpu", ["a100", "h100", "h200", "b200", "gb200", "gb300"])
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200", "b200", "b300", "gb200", "gb300"])
 def test_shipped_systems_load(gpu):
     sysm = load_system(gpu)
     assert sysm.gpu == gpu and sysm.scaleout_gbps > 0

@@ -8,13 +8,16 @@ import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from dse.cli import render
 from dse.errors import UserError, did_you_mean
 from dse.hardware import GPU_NAMES
+
+if TYPE_CHECKING:
+    from dse.trial import TrialConfig
 
 
 def recipes_cmd() -> None:
@@ -76,7 +79,9 @@ def predict_cmd(
 ) -> None:
     """Predict step time, throughput and memory of one layout with the analytical performance model.
 
-    Unset knobs resolve as in a space: catalogue defaults, then the recipe's layout for the GPU. --payload
+    Unset knobs resolve as in a space: catalogue defaults, then the recipe's layout for the GPU. The layout
+    given is taken as given: a recipe default that a validity rule finds in conflict with it is dropped (back to
+    the catalogue default), with one line saying which and why. --payload
     is the space's [backend] payload: what that payload's code does beyond the knobs (dse.perfmodel.stack).
     """
     # The layout resolves as a point of a one-point space does in `dse run`, is checked by the same rules and
@@ -92,7 +97,7 @@ def predict_cmd(
             raise UserError(f"{gpus_per_node} is out of range; give 1 to {GPUS_PER_NODE_MAX}", field="--gpus-per-node")
         system = system.model_copy(update={"gpus_per_node": gpus_per_node})
     settings = _settings(knob_flags, set_ or [])
-    trial = _one_point(model, model_file, system, num_gpus, settings, payload)
+    trial, dropped = _as_given(model, model_file, system, num_gpus, settings, payload)
     # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
     # the output, and in an error about them, so a refusal points at the flag to pass.
     from_recipe = _from_recipe(trial, settings)
@@ -119,11 +124,12 @@ def predict_cmd(
             "sp": trial.sequence_parallel,
             "dp": trial.dp,
             "recipe_defaults": sorted(from_recipe),
+            "recipe_defaults_dropped": dropped,
             **pred.as_dict(),
         }
         typer.echo(json.dumps(out, indent=2))
         return
-    render.prediction(trial, system, pred, flops_convention, from_recipe)
+    render.prediction(trial, system, pred, flops_convention, from_recipe, dropped)
 
 
 def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, payload: str) -> None:
@@ -229,6 +235,45 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     return resolve(space, {}, recipe=recipe)
 
 
+def _as_given(
+    model, model_file, system, num_gpus: int | None, settings: dict[str, Any], payload: str
+) -> tuple[TrialConfig, list[str]]:
+    """The trial for the user's layout taken as given, and one line per recipe default dropped for it.
+
+    Recipe defaults fill only the knobs the user did not pass, and never make the given layout invalid: while a
+    rule rejects the trial and names both a knob the user passed and one whose value came from the recipe (FSDP
+    on GB200 against ``--pp 4``: ``fsdp_no_pp``), the recipe's knob goes back to the catalogue's default and the
+    point resolves again. A rule that names only the user's knobs, or only the recipe's (defaults that conflict
+    with each other or with the world size), still refuses the layout (``_refuse_invalid``, which names the
+    recipe's values and their flags). Each pass drops at least one default that is never filled again, so the
+    loop ends.
+
+    Studies do not do this: a space's ``[settings]`` and points resolve with the recipe's defaults as they are
+    (``dse.trial.resolve``), and a point a default makes invalid is rejected with its rule. A study compares its
+    points, so every point keeps the same defaults; dropping a knob for some points and not others would make
+    trials differ in knobs the space does not list, and change a study's resolved points (and so its
+    fingerprint on resume). A space sets the knob in ``[settings]`` or varies it instead.
+    """
+    from dse import knobs
+    from dse.constraints import check
+
+    given = dict(settings)
+    dropped: list[str] = []
+    while True:
+        trial = _one_point(model, model_file, system, num_gpus, given, payload)
+        rejection = check(trial)
+        if rejection is None:
+            return trial, dropped
+        from_recipe = _from_recipe(trial, given)
+        culprits = [k for k in rejection.knobs if k in from_recipe]
+        against = ", ".join(f"{k} {trial.values[k]}" for k in rejection.knobs if k in settings)
+        if not culprits or not against:
+            return trial, dropped
+        for k in culprits:
+            dropped.append(f"recipe default {k}={trial.values[k]} dropped: conflicts with {against} ({rejection.rule})")
+            given[k] = knobs.CATALOGUE[k].default
+
+
 def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     """The layout values the recipe chose for the GPU (not passed, not the catalogue's default)."""
     from dse import knobs
@@ -240,8 +285,10 @@ def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _refuse_invalid(trial, from_recipe: dict[str, Any]) -> None:
-    """A layout a rule rejects is a user error; the recipe's values the rule is about are named with their flag."""
+def _refuse_invalid(trial: TrialConfig, from_recipe: dict[str, Any]) -> None:
+    """A layout a rule rejects is a user error; the recipe's values the rule is about are named with their flag
+    (a rule that names only recipe defaults: they conflict with each other or with the world size, not with a
+    knob the user passed, so ``_as_given`` kept them)."""
     from dse.constraints import check
 
     rejection = check(trial)

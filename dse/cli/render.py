@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -294,8 +294,11 @@ def recipes(recipes_) -> None:
     console.print(table)
 
 
-def prediction(trial, system, pred, flops_convention: str, from_recipe: dict[str, Any]) -> None:
-    """``dse predict``: the layout in the title, the predicted quantities, the model's breakdown."""
+def prediction(
+    trial, system, pred, flops_convention: str, from_recipe: dict[str, Any], dropped: Sequence[str] = ()
+) -> None:
+    """``dse predict``: the layout in the title, the predicted quantities, the model's breakdown, and the recipe
+    defaults dropped because they conflicted with the layout given."""
     t = trial
     k = t.layout
     table = Table(
@@ -318,6 +321,8 @@ def prediction(trial, system, pred, flops_convention: str, from_recipe: dict[str
     console.print(table)
     if from_recipe:
         line("not passed, the recipe's default: " + ", ".join(f"{k} = {v}" for k, v in from_recipe.items()))
+    for note in dropped:
+        line(note)
 
 
 def calibration(cal, report: list[dict], out: Path) -> None:
