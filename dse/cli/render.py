@@ -264,9 +264,9 @@ def comparison(df, csv: Path, page: Path) -> None:
     for _, row in df.iterrows():
         table.add_row(*[fmt(row[c]) for c in cols])
     console.print(table)
-    for study, gain in zip(df.study, df.get("recipe_layout_gain", [])):
+    for system, gain in zip(df.system, df.get("recipe_layout_gain", [])):
         if isinstance(gain, str) and gain:
-            line(f"{study}: {gain}")
+            line(f"baseline of {system}: {gain}")
     for study, warning in zip(df.study, df.warning):
         if isinstance(warning, str) and warning:
             note(f"warning: {study}: {warning}")
