@@ -342,7 +342,7 @@ def baseline_of(space: Space) -> Baseline:
     broken = constraints.check(resolve(space, point)) if not outside else None
     if not outside and broken is None:
         return Baseline(point, True, metric, direction)
-    note = f"{', '.join(outside)} not among the space's values" if outside else f"it breaks {broken.rule}"
+    note = f"{', '.join(outside)} not among the space's values" if outside else f"it breaks {_rule(broken)}"
     if constraints.check(trial) is not None:
         return Baseline(point, False, metric, direction, None, note + "; the model cannot predict a broken layout")
     p = predict(
@@ -350,6 +350,11 @@ def baseline_of(space: Space) -> Baseline:
     )
     figures = {m: float(getattr(p, m)) for m in ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu")}
     return Baseline(point, False, metric, direction, figures, note)
+
+
+def _rule(broken: constraints.Rejection | None) -> str:
+    """The name of the rule a layout breaks, for the baseline's note."""
+    return broken.rule if broken is not None else "no rule"
 
 
 def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> StudyResult:
