@@ -3,7 +3,8 @@
 One row per study, in the order given (the first is the baseline): the system and GPU, its best layout's
 metrics, the job's throughput (tokens/s over all its GPUs), the speed-up over the first, the GPU-hours (and,
 with ``price_per_gpu_hour`` in the system file, the cost) of training 1B tokens with that layout, the
-GPU-hours the search itself spent, where the figures come from (``backend``, and for simulated ones ``truth``
+GPU-hours the search itself spent, the best's gain over the study's own baseline (``recipe_layout_gain``: the
+recipe's default layout for its GPU, measured or predicted, as :class:`dse.leaderboard.Baseline` says it), where the figures come from (``backend``, and for simulated ones ``truth``
 and ``calibration``, from each study's ``dse.json``), and every knob whose resolved value (recipe defaults
 applied: FSDP, offloaded layers, TP overlap, FP8 recipe, ...) differs from the first study's best layout.
 
@@ -27,7 +28,7 @@ from markupsafe import Markup
 from dse import report
 from dse.errors import UserError
 from dse.fsutil import write_text
-from dse.leaderboard import Summary, write_csv
+from dse.leaderboard import Baseline, Summary, write_csv
 from dse.space import Space, load_system
 from dse.store import TrialRecord
 from dse.study import open_store
@@ -52,6 +53,7 @@ COLUMNS = (
     "search_cost",
     "trials",
     "ok",
+    "recipe_layout_gain",
     "backend",
     "truth",
     "calibration",
@@ -82,7 +84,9 @@ def gather(dirs: Sequence[str | Path], *, allow_different_recipes: bool = False)
     for d in dirs:
         store, meta = open_store(Path(d))
         try:
-            summary = Summary.of(store.iter_records(), top=0)
+            summary = Summary(0, baseline=Baseline.of_meta(meta))
+            for r in store.iter_records():
+                summary.add(r)
         finally:
             store.close()
         space = report.study_space(meta)
@@ -187,6 +191,7 @@ def _row(s: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
         "search_cost": spent * price if price else None,
         "trials": summary.n,
         "ok": summary.counts["ok"],
+        "recipe_layout_gain": summary.baseline_line(),
         "backend": prov.backend,
         "truth": prov.truth,
         "calibration": prov.calibration,

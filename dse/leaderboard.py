@@ -1,7 +1,7 @@
 """The leaderboard: one row per trial, ranked by reward with failures last; CSV export.
 
-Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_gpu, peak_memory_gib``,
-one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, steps, early_stopped,
+Columns: ``trial, status, reward, step_time_s, tflops_per_gpu, tokens_per_s_per_gpu, peak_memory_gib, mfu``
+(``mfu``: see :func:`mfu`; after the older metrics, since readers of the CSV read its first columns by position), one column per varying knob named as in the space file, ``gpu, num_gpus, gpu_hours, steps, early_stopped,
 gpu_hours_saved, run_dir, reason`` (``gpu_hours``: GPUs x the run's wall time, simulated runs: start-up plus
 steps; 0 for rejected and screened points, never launched; ``steps``: logged steps the run ran; ``early_stopped``: stopped once its steady
 state had converged, ``gpu_hours_saved`` then what running on to ``max_steps`` would have cost more, also for a
@@ -30,18 +30,32 @@ import pandas as pd
 
 from dse.errors import UserError, infrastructure
 from dse.fsutil import atomic_write
+from dse.hardware import HARDWARE
 from dse.parse import UNLAUNCHED_STATUSES
 from dse.store import TrialRecord
 
 if TYPE_CHECKING:
     from dse.space import Space
 
-METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
+METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", "mfu")
 HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
 TAIL = ("gpu", "num_gpus", "gpu_hours", "steps", "early_stopped", "gpu_hours_saved", "run_dir", "reason")
 PROVENANCE_COLUMNS = ("backend", "truth", "calibration")
 SIMULATED_NOTE = "simulated: figures are the performance model's predictions, not measurements"
 UNKNOWN = "unknown"
+
+
+def mfu(tflops_per_gpu: float | None, gpu: str | None, precision: str) -> float | None:
+    """Model FLOPs utilisation: the run's model FLOP/s per GPU (``tflops_per_gpu``, same FLOPs convention) over
+    the GPU's dense peak for the format its GEMMs run in: the BF16 peak for a ``bf16`` run, the FP8 peak for an
+    ``fp8`` one (:meth:`dse.hardware.GpuSpec.peak_tflops`). Decision: the peak of the run's own precision, as
+    PaLM's definition of MFU (observed over theoretical peak FLOP/s of the hardware for the computation run) and
+    Megatron-Bridge's performance tables (FP8 MFU against the FP8 peak) do; an FP8 run measured against the BF16
+    peak would read up to twice as high. None when a figure or the GPU is unknown."""
+    spec = HARDWARE.get(gpu or "")
+    if tflops_per_gpu is None or spec is None:
+        return None
+    return tflops_per_gpu / spec.peak_tflops(precision)
 
 
 @dataclass(frozen=True)
@@ -213,16 +227,88 @@ def _ranked(df: pd.DataFrame) -> pd.DataFrame:
     return df.take(order).reset_index(drop=True)  # pandas' copy-on-write: the new index copies no column
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The layout a study measures itself against: the recipe's default layout for the GPU (NVIDIA's published
+    one where dse ships it), as ``dse.json``'s ``baseline`` records it. ``in_space``: the study runs it as its
+    first trial; otherwise ``predicted`` holds the model's figures for it (a reference, never launched) and
+    ``note`` why it is not measured (not in the space, or a broken rule). ``metric``/``direction``: the
+    objective the gain is counted in."""
+
+    knobs: dict[str, Any]
+    in_space: bool
+    metric: str
+    direction: str
+    predicted: dict[str, float] | None = None
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``dse.json``'s ``baseline`` table."""
+        return {
+            "knobs": self.knobs,
+            "in_space": self.in_space,
+            "metric": self.metric,
+            "direction": self.direction,
+            "predicted": self.predicted,
+            "note": self.note,
+        }
+
+    @classmethod
+    def of_meta(cls, meta: Mapping[str, Any]) -> Baseline | None:
+        """The baseline a study's ``dse.json`` records (None for a study written before dse recorded one)."""
+        b = meta.get("baseline")
+        if not isinstance(b, Mapping) or not isinstance(b.get("knobs"), Mapping):
+            return None
+        return cls(
+            dict(b["knobs"]),
+            bool(b.get("in_space")),
+            str(b.get("metric", "tflops_per_gpu")),
+            str(b.get("direction", "maximize")),
+            b.get("predicted"),
+            b.get("note"),
+        )
+
+    def gain(self, best: float, base: float) -> float:
+        """The best's gain over the baseline, as a fraction: more of a maximised metric, the speed-up of a
+        minimised one (a step time 10% shorter is a gain of 11.1%)."""
+        return best / base - 1.0 if self.direction == "maximize" else base / best - 1.0
+
+    def line(self, best: TrialRecord, measured: TrialRecord | None) -> str:
+        """One sentence: "+3.4% over the recipe's layout (trial 0)"; for a baseline outside the space, the gain
+        over the model's prediction for it; for a baseline that ran but has no figure, what became of it."""
+        layout = ", ".join(f"{k}={v}" for k, v in self.knobs.items())
+        if not self.in_space:
+            value = (self.predicted or {}).get(self.metric)
+            if not value:
+                return f"the recipe's layout ({layout}) is not in the space and has no prediction: {self.note}"
+            return (
+                f"{self.gain(best.metrics[self.metric], value):+.1%} over the recipe's layout as the model "
+                f"predicts it ({layout}: {value:.4g} {self.metric}; not measured: {self.note})"
+            )
+        if measured is None:
+            return f"the recipe's layout ({layout}) has not run yet"
+        if not measured.ok:
+            why = f": {measured.reason}" if measured.reason else ""
+            return f"the recipe's layout (trial {measured.number}, {layout}) was {measured.status}{why}"
+        if measured.number == best.number:
+            return f"the best is the recipe's layout itself (trial {measured.number})"
+        base = measured.metrics[self.metric]
+        return f"{self.gain(best.metrics[self.metric], base):+.1%} over the recipe's layout (trial {measured.number})"
+
+
 class Summary:
     """What a study's summary shows, from one pass over its trials: the ``top`` rows in leaderboard order,
     the statuses counted, launched runs, GPU-hours (spent, and up to the best), early stops, the best ``ok``
     trial. Holds ``top`` records (at most twice that while adding) and one (number, GPU-hours) pair per trial,
     16 bytes, for the GPU-hours up to the best, which is known only at the end; never the study's records.
-    ``provenance``: where the study's figures come from, when the caller knows (the summary says so)."""
+    ``provenance``: where the study's figures come from, when the caller knows (the summary says so).
+    ``baseline``: the study's baseline as ``dse.json`` records it (:class:`Baseline`), when it does."""
 
-    def __init__(self, top: int = 20, provenance: Provenance | None = None):
+    def __init__(self, top: int = 20, provenance: Provenance | None = None, baseline: Baseline | None = None):
         self.top = max(0, int(top))
         self.provenance = provenance
+        self.baseline = baseline
+        self.baseline_trial: TrialRecord | None = None  # the first trial that ran the baseline's point
         self._rows: list[TrialRecord] = []
         self.counts: Counter = Counter()
         self.n = self.launched = self.stopped = self.pruned = 0
@@ -246,6 +332,14 @@ class Summary:
     def add(self, r: TrialRecord) -> None:
         self.n += 1
         self.counts[r.status] += 1
+        if (
+            self.baseline is not None
+            and self.baseline.in_space
+            and r.knobs == self.baseline.knobs
+            and not r.interrupted
+        ):
+            if self.baseline_trial is None or r.number < self.baseline_trial.number:
+                self.baseline_trial = r
         self.launched += r.status not in UNLAUNCHED_STATUSES
         h = r.gpu_hours or 0.0  # trials without a figure (recorded before GPU-hours were) count as 0
         self.spent += h
@@ -267,6 +361,12 @@ class Summary:
         """The top records, in leaderboard order."""
         self._rows = sorted(self._rows, key=rank_key)[: self.top]
         return list(self._rows)
+
+    def baseline_line(self) -> str:
+        """The best's gain over the study's baseline ('' when the study records none, or has no best yet)."""
+        if self.baseline is None or self.best is None:
+            return ""
+        return self.baseline.line(self.best, self.baseline_trial)
 
     @property
     def rows_held(self) -> int:

@@ -18,7 +18,7 @@ from dse import logpack
 from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
-from dse.leaderboard import Provenance, Summary, frame, write_csv
+from dse.leaderboard import Baseline, Provenance, Summary, frame, mfu, write_csv
 from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
 from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
@@ -27,15 +27,19 @@ from dse.trial import TrialConfig
 SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
 
 
-def record_of(number: int, info: dict[str, Any], reward: float) -> TrialRecord:
-    """The store's record of one environment step (``info`` as :class:`envs.recipe_env.RecipeEnv` gives it)."""
+def record_of(number: int, info: dict[str, Any], reward: float, *, precision: str = "bf16") -> TrialRecord:
+    """The store's record of one environment step (``info`` as :class:`envs.recipe_env.RecipeEnv` gives it), its
+    metrics with the run's ``mfu`` (:func:`dse.leaderboard.mfu`; ``precision``: the trial's) when it has TFLOP/s."""
+    metrics = info["metrics"]
+    if (u := mfu(metrics.get("tflops_per_gpu"), info["gpu"], precision)) is not None:
+        metrics = {**metrics, "mfu": u}
     return TrialRecord(
         number=number,
         knobs=info["knobs"],
         status=info["status"],
         reward=reward,
         reason=info["reason"],
-        metrics=info["metrics"],
+        metrics=metrics,
         run_dir=stored_run_dir(number) if info["launched"] else None,
         gpu=info["gpu"],
         num_gpus=info["num_gpus"],
@@ -117,7 +121,8 @@ class Recorder:
         Workers take turns: the last to read the store is the last to write the leaderboard."""
         with serialized(self.out, worker):
             self.store.flush()
-            summary = Summary(SUMMARY_ROWS, Provenance.of_meta(read_meta(self.out)))
+            meta = read_meta(self.out)
+            summary = Summary(SUMMARY_ROWS, Provenance.of_meta(meta), Baseline.of_meta(meta))
             try:
                 rows = summary.feed(self.store.iter_records())
                 df = frame(rows, list(space.knobs), batch=READ_BATCH, provenance=summary.provenance)

@@ -542,10 +542,11 @@ class _Pass:
     best_y: list[float] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def over(cls, records: Iterable[TrialRecord], total: int) -> _Pass:
-        from dse.leaderboard import Summary
+    def over(cls, records: Iterable[TrialRecord], total: int, meta: Mapping[str, Any] | None = None) -> _Pass:
+        """One pass over ``records``; the summary knows the study's baseline when ``meta`` (``dse.json``) has one."""
+        from dse.leaderboard import Baseline, Summary
 
-        p = cls(max(1, math.ceil(total / PLOT_TRIALS)), Summary(REPORT_ROWS))
+        p = cls(max(1, math.ceil(total / PLOT_TRIALS)), Summary(REPORT_ROWS, baseline=Baseline.of_meta(meta or {})))
         for r in records:
             p.summary.add(r)
             p.failures.add(r.number, r.status, r.reason)
@@ -582,6 +583,8 @@ def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
         + (f", {fmt(to_best)} to the best" if to_best is not None else "")
         + summary.savings_line()
     )
+    if line := summary.baseline_line():
+        stats += f". Baseline: {line}"
     return what, stats
 
 
@@ -648,7 +651,7 @@ def render(
     if total is None:
         records = records if isinstance(records, Sequence) else list(records)
         total = len(records)
-    p = _Pass.over(records, total)
+    p = _Pass.over(records, total, meta)
     top = p.summary.rows
     in_sample = {r.number for r in p.sample}
     df = frame(p.sample + [r for r in top if r.number not in in_sample], knob_names)

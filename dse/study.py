@@ -35,7 +35,7 @@ from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
 from dse.forecast import Screen, StudyCost, model_forecaster, study_cost
 from dse.launch import build_plan
-from dse.leaderboard import Summary
+from dse.leaderboard import Baseline, Summary
 from dse.outdir import (
     DB,
     LEADERBOARD,
@@ -50,6 +50,7 @@ from dse.outdir import (
 )
 from dse.parallel import Done, Pool
 from dse.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
+from dse.perfmodel import predict
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
@@ -326,12 +327,47 @@ def make_backend_class(name: str) -> type[Backend]:
     return reg.get(load_backends(), name, Backend, group=reg.BACKENDS, field="--backend")
 
 
+def baseline_of(space: Space) -> Baseline:
+    """The study's baseline: the recipe's default layout for the GPU (what ``resolve`` gives the knobs the space
+    varies when the point sets none: the recipe's ``recipe_layout`` knobs, NVIDIA's published layout where dse
+    ships it, under the space's settings). In the space (each value one the space lists, no rule broken) it is
+    measured as the study's first trial; otherwise the model predicts it (calibrated as the space says) and the
+    study shows it as a reference."""
+    trial = resolve(space, {})
+    point = {
+        k: (trial.env.get(k[len(knobs.ENV_PREFIX) :]) if knobs.is_env(k) else trial.values[k]) for k in space.knobs
+    }
+    metric, direction = space.objective.metric, space.objective.sense
+    outside = [k for k, v in point.items() if v not in space.knobs[k]]
+    broken = constraints.check(resolve(space, point)) if not outside else None
+    if not outside and broken is None:
+        return Baseline(point, True, metric, direction)
+    note = f"{', '.join(outside)} not among the space's values" if outside else f"it breaks {_rule(broken)}"
+    if constraints.check(trial) is not None:
+        return Baseline(point, False, metric, direction, None, note + "; the model cannot predict a broken layout")
+    p = predict(
+        trial, flops_convention=space.backend.flops_convention, params=calibrated_params(space.backend.calibration)
+    )
+    figures = {m: float(getattr(p, m)) for m in ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu")}
+    return Baseline(point, False, metric, direction, figures, note)
+
+
+def _rule(broken: constraints.Rejection | None) -> str:
+    """The name of the rule a layout breaks, for the baseline's note."""
+    return broken.rule if broken is not None else "no rule"
+
+
 def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> StudyResult:
-    """The study in ``out``, which this process holds: open (or create) it, run the loop, write what it found."""
+    """The study in ``out``, which this process holds: open (or create) it, run the loop, write what it found.
+    A new study records its baseline in ``dse.json`` (:func:`baseline_of`); one in the space runs first."""
     meta = outdir.new_meta(
         space, storage=req.storage, agent=req.agent, options=req.options, seed=req.seed, backend=req.backend
     )
+    meta["baseline"] = baseline_of(space).as_dict()
     store, meta, url = outdir.open_study(out, space, meta, resume=req.resume, rebuild=req.rebuild, worker=req.worker)
+    base = Baseline.of_meta(meta)
+    if base is not None and base.in_space:  # like a warm-start seed: skipped once the study has run it
+        req = replace(req, seeds=[base.knobs, *req.seeds])
     ready()  # the study is there: other workers may join
     backend = make_backend(req.backend, space, req.seed)
     recorder = Recorder(store, out, packs_logs=backend.packs_logs)
@@ -636,7 +672,7 @@ class StudyLoop:
         """Record a result (``over``: in place of the trial's stored row) and show it to the agent; ``check``:
         then ask the backend whether the study should end (sbatch refusing every job the same way)."""
         info = result.info
-        rec = record_of(number, info, result.reward)
+        rec = record_of(number, info, result.reward, precision=self.env.trial(action).values["precision"])
         self.recorder.record(rec, over=over)
         self.best = better(self.best, rec.metrics, self.space.objective, ok=rec.ok)
         if self.claims is not None:

@@ -50,7 +50,7 @@ def test_run_then_leaderboard_csv(tmp_path):
     r = runner.invoke(app, ["leaderboard", str(out), "--csv", str(csv), "--top", "3"])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(csv)
-    assert list(df.columns[:7]) == [
+    assert list(df.columns[:8]) == [
         "trial",
         "status",
         "reward",
@@ -58,9 +58,10 @@ def test_run_then_leaderboard_csv(tmp_path):
         "tflops_per_gpu",
         "tokens_per_s_per_gpu",
         "peak_memory_gib",
+        "mfu",  # after the older metrics: the columns before it keep their places
     ]
-    assert list(df.columns[7:10]) == ["backend", "truth", "calibration"]  # where the figures come from
-    assert list(df.columns[10:14]) == ["tp", "pp", "vp", "mbs"]
+    assert list(df.columns[8:11]) == ["backend", "truth", "calibration"]  # where the figures come from
+    assert list(df.columns[11:15]) == ["tp", "pp", "vp", "mbs"]
     assert {"gpu", "num_gpus", "run_dir"} <= set(df.columns)
     assert len(df) == 12
     ok = df[df.status == "ok"]

@@ -288,9 +288,11 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # both trials running: their logs are growing
+    # the baseline (the recipe's layout, a point of this space) runs first and alone, as a seed; then two trials
+    # run at once: their logs are growing
+    while time.monotonic() < deadline:
         logs = list(out.glob("trials/*/log.txt"))
-        if len(logs) == 2 and all(p.stat().st_size > 0 for p in logs):
+        if len(logs) == 3 and all(p.stat().st_size > 0 for p in logs):
             break
         time.sleep(0.1)
     else:
@@ -301,7 +303,7 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     assert proc.returncode == 130, stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip() and "━" not in ln]
     assert len(lines) == 1, stderr
-    assert "2 trials saved" in lines[0] and "2 interrupted" in lines[0]
+    assert "3 trials saved" in lines[0] and "2 interrupted" in lines[0]
     assert f"--out {out}" in lines[0] and lines[0].endswith("--resume")
     assert "Traceback" not in stderr
     assert not _alive(str(out / "trials"))  # no trial outlives dse

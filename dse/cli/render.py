@@ -70,6 +70,7 @@ _SUMMARY_COLUMNS = {
     "reward": "reward",
     "step_time_s": "step s",
     "tflops_per_gpu": "TFLOP/s",
+    "mfu": "MFU",
     "tokens_per_s_per_gpu": "tok/s/GPU",
     "peak_memory_gib": "mem GiB",
     "gpu_hours": "GPU-h",
@@ -81,6 +82,7 @@ _DROP_ORDER = (
     "early_stopped",
     "steps",
     "gpu_hours",
+    "mfu",
     "tokens_per_s_per_gpu",
     "peak_memory_gib",
     "step_time_s",
@@ -177,6 +179,8 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
         + summary.savings_line(),
         highlight=False,
     )
+    if line := summary.baseline_line():
+        out.print(f"baseline: {line}", highlight=False)
     if (p := summary.provenance) is not None:
         out.print(f"{SIMULATED_NOTE} ({p.describe()})" if p.simulated else f"measured: {p.describe()}", highlight=False)
 
@@ -260,6 +264,9 @@ def comparison(df, csv: Path, page: Path) -> None:
     for _, row in df.iterrows():
         table.add_row(*[fmt(row[c]) for c in cols])
     console.print(table)
+    for system, gain in zip(df.system, df.get("recipe_layout_gain", [])):
+        if isinstance(gain, str) and gain:
+            line(f"baseline of {system}: {gain}")
     for study, warning in zip(df.study, df.warning):
         if isinstance(warning, str) and warning:
             note(f"warning: {study}: {warning}")

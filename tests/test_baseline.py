@@ -1,0 +1,95 @@
+"""A baseline in every study: the recipe's default layout measured first (or predicted when the space lacks it),
+the best's gain over it in the summary, the report and ``dse compare``; the ``mfu`` column."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dse import study as study_mod
+from dse.hardware import HARDWARE
+from dse.leaderboard import Baseline, Summary
+from dse.space import load_space
+from dse.store import TrialRecord
+
+SHIPPED = Path(__file__).resolve().parents[1] / "conf" / "spaces" / "llama3_70b_space.toml"
+DEFAULT = {"tp": 4, "pp": 4, "vp": 5, "cp": 2, "mbs": 1, "recompute": "none", "precision": "bf16"}
+
+
+def _space(tmp_path: Path, tp: str = "[1, 2, 4, 8]"):
+    text = SHIPPED.read_text().replace("tp = [1, 2, 4, 8]", f"tp = {tp}")
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    return load_space(path)
+
+
+def test_baseline_in_the_space_runs_first_and_the_summary_says_the_gain(tmp_path):
+    space = _space(tmp_path)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=5)
+    meta = json.loads((tmp_path / "out" / "dse.json").read_text())
+    assert meta["baseline"]["in_space"] and meta["baseline"]["knobs"] == DEFAULT
+    first = min(res.records, key=lambda r: r.number)
+    assert first.number == 0 and first.knobs == DEFAULT  # measured before the agent proposes
+    line = res.summary.baseline_line()
+    best, base = res.summary.best.metrics["tflops_per_gpu"], first.metrics["tflops_per_gpu"]
+    if res.summary.best.number == 0:
+        assert line == "the best is the recipe's layout itself (trial 0)"
+    else:
+        assert line == f"{best / base - 1:+.1%} over the recipe's layout (trial 0)"
+
+
+def test_a_resumed_study_does_not_run_its_baseline_again(tmp_path):
+    space = _space(tmp_path)
+    study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=2)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=4, resume=True)
+    assert sum(r.knobs == DEFAULT for r in res.records) == 1
+
+
+def test_baseline_outside_the_space_is_predicted_and_shown_as_a_reference(tmp_path):
+    space = _space(tmp_path, "[1, 2, 8]")
+    base = study_mod.baseline_of(space)
+    assert not base.in_space and base.knobs["tp"] == 4 and "tp not among the space's values" in base.note
+    from dse.perfmodel import predict
+    from dse.trial import resolve
+
+    assert base.predicted["tflops_per_gpu"] == pytest.approx(predict(resolve(space, {})).tflops_per_gpu)
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=3)
+    assert all(r.knobs["tp"] != 4 for r in res.records)  # never launched
+    line = res.summary.baseline_line()
+    gain = res.summary.best.metrics["tflops_per_gpu"] / base.predicted["tflops_per_gpu"] - 1
+    assert line.startswith(f"{gain:+.1%} over the recipe's layout as the model predicts it (")
+    assert "not measured: tp not among the space's values" in line
+
+
+def test_screened_baseline_says_so():
+    base = Baseline(DEFAULT, True, "tflops_per_gpu", "maximize")
+    s = Summary(5, baseline=base)
+    s.add(TrialRecord(0, DEFAULT, "screened", 0.0, reason="predicted peak memory 99 GiB > 80 GiB"))
+    s.add(TrialRecord(1, {**DEFAULT, "tp": 8}, "ok", 500.0, metrics={"tflops_per_gpu": 500.0}))
+    assert s.baseline_line() == (
+        "the recipe's layout (trial 0, tp=4, pp=4, vp=5, cp=2, mbs=1, recompute=none, precision=bf16) was "
+        "screened: predicted peak memory 99 GiB > 80 GiB"
+    )
+
+
+def test_gain_of_a_minimised_metric_is_the_speed_up():
+    base = Baseline(DEFAULT, True, "step_time_s", "minimize")
+    assert base.gain(best=9.0, base=10.0) == pytest.approx(10.0 / 9.0 - 1)
+
+
+def test_mfu_is_tflops_over_the_dense_peak_of_the_runs_precision(tmp_path):
+    space = _space(tmp_path)
+    study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=8)
+    lb = pd.read_csv(tmp_path / "out" / "leaderboard.csv")
+    cols = list(lb.columns)
+    assert cols.index("mfu") == cols.index("peak_memory_gib") + 1
+    ok = lb[lb.status == "ok"]
+    assert len(ok) and {"bf16", "fp8"} & set(ok.precision)
+    h100 = HARDWARE["h100"]
+    for _, row in ok.iterrows():
+        peak = h100.fp8_tflops if row.precision == "fp8" else h100.bf16_tflops
+        assert row.mfu == pytest.approx(row.tflops_per_gpu / peak)
+    assert lb[lb.status != "ok"].mfu.isna().all()
