@@ -332,8 +332,10 @@ def baseline_of(space: Space) -> Baseline:
     varies when the point sets none: the recipe's ``recipe_layout`` knobs, NVIDIA's published layout where dse
     ships it, under the space's settings). In the space (each value one the space lists, no rule broken) it is
     measured as the study's first trial; otherwise the model predicts it (calibrated as the space says) and the
-    study shows it as a reference."""
-    trial = resolve(space, {})
+    study shows it as a reference. A space that varies the precision gets the recipe's layout at the precision the
+    model predicts best for the objective (fitting in memory): a user who allows FP8 would run NVIDIA's FP8 layout,
+    so a BF16 baseline would credit the search with the precision's gain."""
+    trial = resolve(space, _baseline_precision(space))
     point = {
         k: (trial.env.get(k[len(knobs.ENV_PREFIX) :]) if knobs.is_env(k) else trial.values[k]) for k in space.knobs
     }
@@ -350,6 +352,25 @@ def baseline_of(space: Space) -> Baseline:
     )
     figures = {m: float(getattr(p, m)) for m in ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu")}
     return Baseline(point, False, metric, direction, figures, note)
+
+
+def _baseline_precision(space: Space) -> dict[str, Any]:
+    """``{"precision": P}`` for a space that lists several precisions: the one whose recipe layout the model
+    predicts best (valid and fitting); ``{}`` otherwise (the settings' precision, else the knob's default)."""
+    listed = space.knobs.get("precision") or []
+    if len(listed) < 2:
+        return {}
+    params = calibrated_params(space.backend.calibration)
+    scored = []
+    for p in listed:
+        trial = resolve(space, {"precision": p})
+        if constraints.check(trial) is not None:
+            continue
+        pred = predict(trial, flops_convention=space.backend.flops_convention, params=params)
+        if pred.fits:
+            value = float(getattr(pred, space.objective.metric))
+            scored.append((value if space.objective.sense == "maximize" else -value, p))
+    return {"precision": max(scored)[1]} if scored else {}
 
 
 def _rule(broken: constraints.Rejection | None) -> str:

@@ -16,7 +16,8 @@ from dse.space import load_space
 from dse.store import TrialRecord
 
 SHIPPED = Path(__file__).resolve().parents[1] / "conf" / "spaces" / "llama3_70b_space.toml"
-DEFAULT = {"tp": 4, "pp": 4, "vp": 5, "cp": 2, "mbs": 1, "recompute": "none", "precision": "bf16"}
+# the 70B space lists bf16 and fp8: the baseline is the recipe's layout at the precision the model predicts faster
+DEFAULT = {"tp": 4, "pp": 8, "vp": 5, "cp": 1, "mbs": 1, "recompute": "none", "precision": "fp8"}
 
 
 def _space(tmp_path: Path, tp: str = "[1, 2, 4, 8]"):
@@ -55,7 +56,9 @@ def test_baseline_outside_the_space_is_predicted_and_shown_as_a_reference(tmp_pa
     from dse.perfmodel import predict
     from dse.trial import resolve
 
-    assert base.predicted["tflops_per_gpu"] == pytest.approx(predict(resolve(space, {})).tflops_per_gpu)
+    assert base.predicted["tflops_per_gpu"] == pytest.approx(
+        predict(resolve(space, {"precision": "fp8"})).tflops_per_gpu
+    )
     res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=3)
     assert all(r.knobs["tp"] != 4 for r in res.records)  # never launched
     line = res.summary.baseline_line()
@@ -70,7 +73,7 @@ def test_screened_baseline_says_so():
     s.add(TrialRecord(0, DEFAULT, "screened", 0.0, reason="predicted peak memory 99 GiB > 80 GiB"))
     s.add(TrialRecord(1, {**DEFAULT, "tp": 8}, "ok", 500.0, metrics={"tflops_per_gpu": 500.0}))
     assert s.baseline_line() == (
-        "the recipe's layout (trial 0, tp=4, pp=4, vp=5, cp=2, mbs=1, recompute=none, precision=bf16) was "
+        "the recipe's layout (trial 0, tp=4, pp=8, vp=5, cp=1, mbs=1, recompute=none, precision=fp8) was "
         "screened: predicted peak memory 99 GiB > 80 GiB"
     )
 
@@ -93,3 +96,20 @@ def test_mfu_is_tflops_over_the_dense_peak_of_the_runs_precision(tmp_path):
         peak = h100.fp8_tflops if row.precision == "fp8" else h100.bf16_tflops
         assert row.mfu == pytest.approx(row.tflops_per_gpu / peak)
     assert lb[lb.status != "ok"].mfu.isna().all()
+
+
+def test_the_baseline_takes_the_precision_the_model_predicts_faster(tmp_path):
+    """A space listing bf16 and fp8: the recipe's fp8 layout (NVIDIA's, predicted faster), not bf16's; a space of
+    bf16 alone: the recipe's bf16 layout."""
+    from dse.perfmodel import predict
+    from dse.trial import resolve
+
+    both = _space(tmp_path)
+    assert both.knobs["precision"] == ["bf16", "fp8"]
+    fast = {p: predict(resolve(both, {"precision": p})).tflops_per_gpu for p in ("bf16", "fp8")}
+    assert fast["fp8"] > fast["bf16"] and study_mod.baseline_of(both).knobs["precision"] == "fp8"
+    text = SHIPPED.read_text().replace('precision = ["bf16", "fp8"]', 'precision = ["bf16"]')
+    assert text != SHIPPED.read_text()
+    (tmp_path / "bf16.toml").write_text(text)
+    base = study_mod.baseline_of(load_space(tmp_path / "bf16.toml"))
+    assert base.knobs["precision"] == "bf16" and (base.knobs["pp"], base.knobs["cp"]) == (4, 2)
