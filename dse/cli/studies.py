@@ -190,14 +190,15 @@ def load_space_arg(space_file: Path, gpu: str | None):
 
 
 def warm_start_seeds(space, study_dir: Path | None) -> list:
-    """The points of a finished study (``--warm-start``) that are valid in ``space``, to run first."""
+    """The points of a finished study (``--warm-start``, any space) mapped into ``space`` and valid there, to run
+    first; one line says what was carried and why the rest was not."""
     if study_dir is None:
         return []
-    from dse.generations import warm_start_points
+    from dse.generations import carry_points
 
-    seeds = warm_start_points(space, study_dir)
-    render.warm_start(len(seeds), study_dir)
-    return seeds
+    carried = carry_points(space, study_dir)
+    render.note(carried.line(study_dir, f"at {space.num_nodes} nodes of {space.system.name}"))
+    return carried.points
 
 
 def run_systems(
