@@ -40,6 +40,13 @@ def run_cmd(
         metavar="N",
         help='simulated backend: measure on the twin truth of this seed (sets [backend] truth = "twin", twin_seed = N)',
     ),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        metavar="FILE",
+        help="a calibration file from 'dse calibrate' for the model-guided agent and the memory screen "
+        "(sets [backend] calibration = FILE)",
+    ),
     rebuild: bool = typer.Option(
         False,
         "--rebuild",
@@ -59,7 +66,7 @@ def run_cmd(
         None,
         "--warm-start",
         metavar="PATH",
-        help="a finished study: its best points that are valid here run first and seed the agent",
+        help="a finished study, of any space: its best ok points, mapped into this space and valid here, run first",
     ),
     parallel: int | None = typer.Option(
         None,
@@ -83,6 +90,8 @@ def run_cmd(
             raise UserError(
                 "--worker shares one study between processes; --systems runs one study per system", field="--worker"
             )
+        if calibration is not None:
+            raise UserError("a calibration is made on one GPU; --systems runs several", field="--calibration")
         return run_systems(
             space_file,
             systems,
@@ -102,7 +111,7 @@ def run_cmd(
         )
     from dse.study import Interrupted, forecast_cost, run_study
 
-    space = with_twin(load_space_arg(space_file, gpu), twin_seed)
+    space = with_calibration(with_twin(load_space_arg(space_file, gpu), twin_seed), calibration)
     out_dir = out or Path("runs") / space.name
     check_seed(seed)
     seeds = warm_start_seeds(space, warm_start)
@@ -170,6 +179,21 @@ def with_twin(space, twin_seed: int | None):
     return space.model_copy(
         update={"backend": space.backend.model_copy(update={"truth": "twin", "twin_seed": twin_seed})}
     )
+
+
+def with_calibration(space, calibration: Path | None):
+    """``space`` with ``[backend] calibration`` set to ``calibration`` (checked as the space file's would be: it
+    loads and was made on the space's GPU), when ``--calibration`` is given."""
+    if calibration is None:
+        return space
+    from dse.calibration_file import load_calibration
+
+    try:
+        load_calibration(calibration, gpu=space.system.gpu)
+    except UserError as e:
+        raise UserError(e.message, file=e.file or str(calibration), field="--calibration") from None
+    update = {"calibration": str(calibration.resolve())}
+    return space.model_copy(update={"backend": space.backend.model_copy(update=update)})
 
 
 def load_space_arg(space_file: Path, gpu: str | None):
