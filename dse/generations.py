@@ -19,6 +19,7 @@ from typing import Any
 
 from dse import constraints
 from dse.errors import UserError
+from dse.forecast import Screen
 from dse.space import Space, load_system
 from dse.study import StudyResult, open_store, run_study
 from dse.trial import resolve
@@ -89,7 +90,9 @@ class Carried:
     seed); ``unlisted``: a value ``space`` does not list for a knob it varies (dropped, not mapped to a near
     value: that would be a layout the old study never measured); ``duplicates``: the same point here as a better
     one (the knobs ``space`` does not vary, or settles itself, no longer tell them apart); ``invalid``: a layout a
-    constraint rejects on ``space``'s system and scale; ``beyond``: valid points past the best ``top``."""
+    constraint rejects on ``space``'s system and scale; ``screened``: one ``space``'s memory screen removes (it
+    would not be launched: a reproducer's small layouts often do not fit at full scale); ``beyond``: valid points
+    past the best ``top``."""
 
     points: list[dict[str, Any]]
     trials: int
@@ -97,6 +100,7 @@ class Carried:
     unlisted: int
     duplicates: int
     invalid: int
+    screened: int
     beyond: int
 
     def line(self, study_dir: str | Path, where: str) -> str:
@@ -107,6 +111,7 @@ class Carried:
                 (self.not_ok, "not ok there"),
                 (self.unlisted, "with a value not listed here"),
                 (self.invalid, f"invalid {where}"),
+                (self.screened, f"predicted beyond the GPU's memory {where}"),
                 (self.duplicates, "duplicates"),
                 (self.beyond, "beyond the best seeds"),
             )
@@ -128,7 +133,7 @@ def carry_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_T
 
     Knobs the old study varied keep their values when ``space`` lists them (else the point is dropped); knobs it
     did not vary take ``space``'s settings or recipe default (:func:`_target_defaults`); the mapped point must
-    pass every constraint on ``space``'s system. Best first (the old study's rewards rank them; they are not
+    pass every constraint on ``space``'s system and its memory screen. Best first (the old study's rewards rank them; they are not
     shown to the agent as outcomes: the seeds run again here). The study is read as a stream."""
     defaults = _target_defaults(space)
     store, _ = open_store(Path(study_dir))
@@ -149,19 +154,23 @@ def carry_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_T
         store.close()
     points: list[dict[str, Any]] = []
     seen: set[tuple] = set()
-    invalid = beyond = 0
+    invalid = screened = beyond = 0
+    screen = Screen(space)
     for _, _, values in sorted(ok, key=lambda t: t[:2]):
         if values in seen:
             continue
         seen.add(values)
         point = dict(zip(space.knobs, values))
-        if constraints.check(resolve(space, point)) is not None:
+        trial = resolve(space, point)
+        if constraints.check(trial) is not None:
             invalid += 1
+        elif screen.reason(trial) is not None:
+            screened += 1
         elif len(points) >= top:
             beyond += 1
         else:
             points.append(point)
-    return Carried(points, trials, not_ok, unlisted, len(ok) - len(seen), invalid, beyond)
+    return Carried(points, trials, not_ok, unlisted, len(ok) - len(seen), invalid, screened, beyond)
 
 
 def warm_start_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_TOP) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from dse import constraints
 from dse.cli import app
+from dse.forecast import Screen
 from dse.generations import carry_points
 from dse.space import load_space
 from dse.study import open_store
@@ -44,10 +45,12 @@ def test_reproducer_seeds_the_full_space(reproducer):
     default_precision = resolve(full, {}).values["precision"]
     for p in carried.points:
         assert set(p) == set(full.knobs) and constraints.check(resolve(full, p)) is None
+        assert Screen(full).reason(resolve(full, p)) is None  # launched at full scale, not screened
         assert p["precision"] == default_precision  # the reproducer did not vary it: the target's value
         assert {k: v for k, v in p.items() if k != "precision"} in ok  # the rest is a point the reproducer ran ok
     c = carried
-    assert c.trials == c.not_ok + c.unlisted + c.duplicates + c.invalid + c.beyond + len(c.points)
+    assert c.screened > 0  # the reproducer's small layouts that would not fit at 8 nodes stayed behind
+    assert c.trials == c.not_ok + c.unlisted + c.duplicates + c.invalid + c.screened + c.beyond + len(c.points)
     assert c.line(reproducer, "at 8 nodes").startswith(f"warm start: carried 8 of {c.trials} points from ")
 
 
