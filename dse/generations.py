@@ -13,11 +13,13 @@ that GPU count is refused with a one-line error before anything runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dse import constraints
 from dse.errors import UserError
+from dse.forecast import Screen
 from dse.space import Space, load_system
 from dse.study import StudyResult, open_store, run_study
 from dse.trial import resolve
@@ -81,28 +83,96 @@ def run_generations(
     return results
 
 
-def warm_start_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_TOP) -> list[dict[str, Any]]:
-    """The finished study's best ``top`` ok points that are points of ``space`` and valid on its system.
+@dataclass(frozen=True)
+class Carried:
+    """What ``--warm-start`` took from a finished study into ``space``: ``points`` (best first) and why the others
+    stayed behind. ``trials``: the old study's trials; ``not_ok``: they did not run ok (nothing to learn as a
+    seed); ``unlisted``: a value ``space`` does not list for a knob it varies (dropped, not mapped to a near
+    value: that would be a layout the old study never measured); ``duplicates``: the same point here as a better
+    one (the knobs ``space`` does not vary, or settles itself, no longer tell them apart); ``invalid``: a layout a
+    constraint rejects on ``space``'s system and scale; ``screened``: one ``space``'s memory screen removes (it
+    would not be launched: a reproducer's small layouts often do not fit at full scale); ``beyond``: valid points
+    past the best ``top``."""
 
-    A point is taken when every knob ``space`` varies has a value in the old point that ``space`` lists
-    (knobs the old study did not vary are not guessed) and no constraint rejects it on ``space``'s system;
-    best first (the old study's rewards rank them; they are not shown to the agent as outcomes here: the
-    seeds are run again, on this system)."""
-    store, _ = open_store(Path(study_dir))
-    try:
-        # streamed: only the ok trials whose point is one of ``space``'s are kept, as (-reward, number, values)
-        ok = [
-            (-r.reward, r.number, tuple(r.knobs[k] for k in space.knobs))
-            for r in store.iter_records()
-            if r.ok and all(k in r.knobs and r.knobs[k] in vals for k, vals in space.knobs.items())
+    points: list[dict[str, Any]]
+    trials: int
+    not_ok: int
+    unlisted: int
+    duplicates: int
+    invalid: int
+    screened: int
+    beyond: int
+
+    def line(self, study_dir: str | Path, where: str) -> str:
+        """One line: what was carried and why the rest was not (``where``: the target, e.g. "at 8 nodes")."""
+        why = [
+            f"{n} {label}"
+            for n, label in (
+                (self.not_ok, "not ok there"),
+                (self.unlisted, "with a value not listed here"),
+                (self.invalid, f"invalid {where}"),
+                (self.screened, f"predicted beyond the GPU's memory {where}"),
+                (self.duplicates, "duplicates"),
+                (self.beyond, "beyond the best seeds"),
+            )
+            if n
         ]
+        tail = f": {', '.join(why)}" if why else ""
+        return f"warm start: carried {len(self.points)} of {self.trials} points from {study_dir}{tail}"
+
+
+def _target_defaults(space: Space) -> dict[str, Any]:
+    """The value each knob ``space`` varies takes when a point leaves it out: the space's settings, else the
+    recipe's layout for the system, as :func:`dse.trial.resolve` settles them (a knob an old study did not vary)."""
+    base = resolve(space, {}).values
+    return {k: base.get(k) for k in space.knobs}
+
+
+def carry_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_TOP) -> Carried:
+    """The finished study's best ``top`` ok points mapped into ``space`` and valid on its system and scale.
+
+    Knobs the old study varied keep their values when ``space`` lists them (else the point is dropped); knobs it
+    did not vary take ``space``'s settings or recipe default (:func:`_target_defaults`); the mapped point must
+    pass every constraint on ``space``'s system and its memory screen. Best first (the old study's rewards rank them; they are not
+    shown to the agent as outcomes: the seeds run again here). The study is read as a stream."""
+    defaults = _target_defaults(space)
+    store, _ = open_store(Path(study_dir))
+    trials = not_ok = unlisted = 0
+    ok: list[tuple[float, int, tuple]] = []  # (-reward, number, values): only the mapped ok points are kept
+    try:
+        for r in store.iter_records():
+            trials += 1
+            if not r.ok:
+                not_ok += 1
+                continue
+            values = tuple(r.knobs.get(k, defaults[k]) for k in space.knobs)
+            if all(v in vals for v, vals in zip(values, space.knobs.values())):
+                ok.append((-r.reward, r.number, values))
+            else:
+                unlisted += 1
     finally:
         store.close()
     points: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    invalid = screened = beyond = 0
+    screen = Screen(space)
     for _, _, values in sorted(ok, key=lambda t: t[:2]):
-        if len(points) >= top:
-            break
+        if values in seen:
+            continue
+        seen.add(values)
         point = dict(zip(space.knobs, values))
-        if point not in points and constraints.check(resolve(space, point)) is None:
+        trial = resolve(space, point)
+        if constraints.check(trial) is not None:
+            invalid += 1
+        elif screen.reason(trial) is not None:
+            screened += 1
+        elif len(points) >= top:
+            beyond += 1
+        else:
             points.append(point)
-    return points
+    return Carried(points, trials, not_ok, unlisted, len(ok) - len(seen), invalid, screened, beyond)
+
+
+def warm_start_points(space: Space, study_dir: str | Path, *, top: int = WARM_START_TOP) -> list[dict[str, Any]]:
+    """The points :func:`carry_points` carries from a finished study into ``space``."""
+    return carry_points(space, study_dir, top=top).points

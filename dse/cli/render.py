@@ -47,11 +47,6 @@ def note(line: str) -> None:
     err_console.print(line, highlight=False, soft_wrap=True)
 
 
-def warm_start(n: int, study_dir: Path) -> None:
-    """``dse run --warm-start``: how many of the finished study's best points run first."""
-    err_console.print(f"warm start: {n} points of {study_dir} are valid here and run first")
-
-
 def fmt(v: Any) -> str:
     """A table cell: empty for a missing value, 4 significant digits, integers above 10^4 without exponent."""
     if v is None or (isinstance(v, float) and math.isnan(v)):

@@ -40,6 +40,13 @@ def run_cmd(
         metavar="N",
         help='simulated backend: measure on the twin truth of this seed (sets [backend] truth = "twin", twin_seed = N)',
     ),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        metavar="FILE",
+        help="a calibration file from 'dse calibrate' for the model-guided agent and the memory screen "
+        "(sets [backend] calibration = FILE)",
+    ),
     rebuild: bool = typer.Option(
         False,
         "--rebuild",
@@ -59,7 +66,7 @@ def run_cmd(
         None,
         "--warm-start",
         metavar="PATH",
-        help="a finished study: its best points that are valid here run first and seed the agent",
+        help="a finished study, of any space: its best ok points, mapped into this space and valid here, run first",
     ),
     parallel: int | None = typer.Option(
         None,
@@ -83,6 +90,8 @@ def run_cmd(
             raise UserError(
                 "--worker shares one study between processes; --systems runs one study per system", field="--worker"
             )
+        if calibration is not None:
+            raise UserError("a calibration is made on one GPU; --systems runs several", field="--calibration")
         return run_systems(
             space_file,
             systems,
@@ -102,7 +111,7 @@ def run_cmd(
         )
     from dse.study import Interrupted, forecast_cost, run_study
 
-    space = with_twin(load_space_arg(space_file, gpu), twin_seed)
+    space = with_calibration(with_twin(load_space_arg(space_file, gpu), twin_seed), calibration)
     out_dir = out or Path("runs") / space.name
     check_seed(seed)
     seeds = warm_start_seeds(space, warm_start)
@@ -172,6 +181,21 @@ def with_twin(space, twin_seed: int | None):
     )
 
 
+def with_calibration(space, calibration: Path | None):
+    """``space`` with ``[backend] calibration`` set to ``calibration`` (checked as the space file's would be: it
+    loads and was made on the space's GPU), when ``--calibration`` is given."""
+    if calibration is None:
+        return space
+    from dse.calibration_file import load_calibration
+
+    try:
+        load_calibration(calibration, gpu=space.system.gpu)
+    except UserError as e:
+        raise UserError(e.message, file=e.file or str(calibration), field="--calibration") from None
+    update = {"calibration": str(calibration.resolve())}
+    return space.model_copy(update={"backend": space.backend.model_copy(update=update)})
+
+
 def load_space_arg(space_file: Path, gpu: str | None):
     """A space file, or ``cloudai:FILE.toml``: a CloudAI NeMoRun test imported on the fly (nothing written)."""
     from dse.space import load_space
@@ -190,14 +214,15 @@ def load_space_arg(space_file: Path, gpu: str | None):
 
 
 def warm_start_seeds(space, study_dir: Path | None) -> list:
-    """The points of a finished study (``--warm-start``) that are valid in ``space``, to run first."""
+    """The points of a finished study (``--warm-start``, any space) mapped into ``space`` and valid there, to run
+    first; one line says what was carried and why the rest was not."""
     if study_dir is None:
         return []
-    from dse.generations import warm_start_points
+    from dse.generations import carry_points
 
-    seeds = warm_start_points(space, study_dir)
-    render.warm_start(len(seeds), study_dir)
-    return seeds
+    carried = carry_points(space, study_dir)
+    render.note(carried.line(study_dir, f"at {space.num_nodes} nodes of {space.system.name}"))
+    return carried.points
 
 
 def run_systems(
