@@ -43,10 +43,17 @@ from dse.errors import UserError, did_you_mean
 from dse.space import WALK_LIMIT
 
 
-def _samplers(seed: int, parallel: int = 1) -> dict[str, Callable[[], optuna.samplers.BaseSampler]]:
+def _samplers(
+    seed: int, parallel: int = 1, tpe_startup: int = 10, tpe_multivariate: bool = False
+) -> dict[str, Callable[[], optuna.samplers.BaseSampler]]:
     return {
         # several trials in flight: the constant liar scores running trials as bad ones, so parallel asks spread
-        "tpe": lambda: optuna.samplers.TPESampler(seed=seed, constant_liar=parallel > 1),
+        "tpe": lambda: optuna.samplers.TPESampler(
+            seed=seed,
+            constant_liar=parallel > 1,
+            n_startup_trials=tpe_startup,
+            multivariate=tpe_multivariate,
+        ),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
         # scrambled, so that the seed chooses the sequence (an unscrambled Sobol sequence is the same for all)
         "qmc": lambda: optuna.samplers.QMCSampler(seed=seed, scramble=True),
@@ -84,6 +91,9 @@ class OptunaOptions(NoOptions):
     parallel: int = 1  # trials in flight at once (the study fills it in from --parallel)
     # proposals in a row that were rejected before launch, after which the agent stops (and says so)
     max_rejected: int = Field(500, ge=1, le=10**9)
+    # TPE's random start (trials before the model) and its joint density over the knobs (Optuna's multivariate)
+    tpe_startup: int = Field(10, ge=0, le=10_000)
+    tpe_multivariate: bool = False
 
 
 class OptunaAgent(Agent):
@@ -104,12 +114,14 @@ class OptunaAgent(Agent):
         forecast=None,
         parallel: int = 1,
         max_rejected: int = 500,
+        tpe_startup: int = 10,
+        tpe_multivariate: bool = False,
         **kw,
     ):
         super().__init__(action_space, **kw)
         if warm_start not in ("none", "model"):
             raise UserError(f"unknown warm start {warm_start!r}; use none or model", field="search.warm_start")
-        makers = _samplers(self.seed, parallel)
+        makers = _samplers(self.seed, parallel, tpe_startup, tpe_multivariate)
         if sampler not in makers:
             raise UserError(
                 f"unknown sampler {sampler!r}{did_you_mean(sampler, makers)}; known: {', '.join(makers)}",

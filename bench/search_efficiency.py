@@ -41,6 +41,8 @@ AGENTS = {
     "random": ("random", {}),
     "tpe": ("optuna", {"warm_start": "none"}),
     "tpe+warm": ("optuna", {"warm_start": "model"}),
+    # TPE with a joint density over the knobs ([search.options] tpe_multivariate = true)
+    "tpe+mv": ("optuna", {"warm_start": "none", "tpe_multivariate": True}),
     "guided": ("guided", {}),
 }
 

@@ -151,3 +151,15 @@ def test_a_sampler_without_its_dependency_names_the_extra(monkeypatch):
 def test_cmaes_is_refused_on_categorical_knobs_with_the_reason():
     with pytest.raises(UserError, match="cmaes samples only ordered knobs"):
         make_agent("optuna", load_agents(), SPACE, sampler="cmaes")
+
+
+def test_optuna_tpe_settings_reach_the_sampler():
+    """``tpe_startup`` is TPE's random start: the same seed gives the same first points, then TPE takes over
+    sooner; ``tpe_multivariate`` models the knobs jointly, so its proposals after the start differ too."""
+    plain = drive(new("optuna", seed=3), 16)
+    early = drive(new("optuna", seed=3, tpe_startup=2), 16)
+    joint = drive(new("optuna", seed=3, tpe_multivariate=True), 16)
+    assert early[:2] == plain[:2] and early != plain
+    assert joint[:5] == plain[:5] and joint != plain
+    with pytest.raises(UserError, match="tpe_startup"):
+        new("optuna", tpe_startup=-1)
