@@ -536,6 +536,26 @@ def _cli_cases() -> list[Case]:
         "file:///etc/passwd",
     ]:
         cases.append(Case(f"cli.storage={url}", [*run, "--storage", url], dict(space)))
+    # a path longer than the file system allows, wherever a path or a name of a file goes
+    long = "9" * 5000
+    for i, argv in enumerate(
+        [
+            ["validate", long],
+            [*run, "--systems", long],
+            ["run", "--space", "space.toml", "--out", long],
+            [*run, "--warm-start", long],
+            ["dry-run", "--space", "space.toml", "--out", long, "--limit", "1"],
+            ["parse", long],
+            ["leaderboard", long],
+            ["report", long],
+            ["calibrate", long, "--gpu", "h100", "--out", "c.toml"],
+            [*predict, "--calibration", long],
+            ["predict", "--model", "llama3_8b", "--system", long],
+            ["predict", "--model-file", long, "--gpu", "h100"],
+            ["import", "cloudai", long, "--gpu", "h100", "--out", "o.toml"],
+        ]
+    ):
+        cases.append(Case(f"cli.long_path.{argv[0]}#{i}", argv, dict(space)))
     # predict with a world size of 10^12, a calibrate --out that is a directory, a leaderboard of a read-only study
     cases.append(Case("cli.predict.num_gpus_1e12", [*predict, "--num-gpus", str(10**12)]))
     cases.append(
