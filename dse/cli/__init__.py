@@ -16,6 +16,7 @@ value with a ``metavar`` (a flag none).
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from collections.abc import Callable
@@ -48,6 +49,15 @@ def user_errors(fn: Callable) -> Callable:
         except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
             render.error(str(e), resume=True)
             raise typer.Exit(1) from None
+        except OSError as e:
+            # A path longer than the file system allows is the user's input, whichever command and option it
+            # reached (a space, a system name, --out, a log): one line here rather than a check at every open.
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            name = str(e.filename)
+            shown = name if len(name) <= 80 else name[:77] + "..."
+            render.error(f"{shown}: a file name too long ({len(name):,} characters); give a shorter path")
+            raise typer.Exit(2) from None
 
     return wrapper
 
