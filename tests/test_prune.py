@@ -182,7 +182,7 @@ def test_resume_keeps_early_stopped_and_pruned_trials(tmp_path):
     space = prune_space(tmp_path, 0.02, agent="optuna")
     out = tmp_path / "out"
     first = study_mod.run_study(space, out_dir=out, trials=8, seed=3)
-    res = study_mod.run_study(space, out_dir=out, trials=16, seed=3, resume=True)
+    res = study_mod.run_study(space, out_dir=out, trials=24, seed=3, resume=True)
     n = len(first.records)
     assert res.records[:n] == first.records
     for status in ("pruned",):
