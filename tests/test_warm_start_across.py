@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,4 +84,7 @@ def test_run_says_what_it_carried(reproducer, tmp_path):
         ran = [x.knobs for x in sorted(store.iter_records(), key=lambda x: x.number)]
     finally:
         store.close()
-    assert ran[: len(seeds)] == seeds  # the carried points ran first, best first
+    # the study's baseline (the recipe's layout) runs first, then the carried points, best first
+    assert ran[0] == json.loads((out / "dse.json").read_text())["baseline"]["knobs"]
+    carried = [p for p in seeds if p != ran[0]]  # a carried point that is the baseline ran once, as the baseline
+    assert ran[1:] == carried[: len(ran) - 1]  # as many as the budget of 8 leaves
