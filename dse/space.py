@@ -238,6 +238,10 @@ class Search(_Strict):
     # the memory screen (dse.forecast.Screen): "memory" keeps from launch a point predicted to exceed the GPU's
     # memory by more than screen_margin (a share of it); "none" launches every valid point
     screen: Literal["memory", "none"] = "memory"
+    # the study's baseline (dse.study.baseline_of): "run" measures the recipe's layout first when the space holds it
+    # (a trial of the budget, run alone before the agent proposes); "predict" never launches it and shows the
+    # model's figures for it as the reference instead (a parallel study loses no wall time to it)
+    baseline: Literal["run", "predict"] = "run"
     screen_margin: float = Field(
         DEFAULT_SCREEN_MARGIN, ge=0, le=10, allow_inf_nan=False, description="share of the GPU's memory"
     )

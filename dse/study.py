@@ -342,9 +342,12 @@ def baseline_of(space: Space) -> Baseline:
     metric, direction = space.objective.metric, space.objective.sense
     outside = [k for k, v in point.items() if v not in space.knobs[k]]
     broken = constraints.check(resolve(space, point)) if not outside else None
-    if not outside and broken is None:
+    if not outside and broken is None and space.search.baseline == "run":
         return Baseline(point, True, metric, direction)
-    note = f"{', '.join(outside)} not among the space's values" if outside else f"it breaks {_rule(broken)}"
+    if outside:
+        note = f"{', '.join(outside)} not among the space's values"
+    else:
+        note = f"it breaks {_rule(broken)}" if broken is not None else '[search] baseline = "predict"'
     if constraints.check(trial) is not None:
         return Baseline(point, False, metric, direction, None, note + "; the model cannot predict a broken layout")
     p = predict(

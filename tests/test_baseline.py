@@ -113,3 +113,16 @@ def test_the_baseline_takes_the_precision_the_model_predicts_faster(tmp_path):
     (tmp_path / "bf16.toml").write_text(text)
     base = study_mod.baseline_of(load_space(tmp_path / "bf16.toml"))
     assert base.knobs["precision"] == "bf16" and (base.knobs["pp"], base.knobs["cp"]) == (4, 2)
+
+
+def test_a_predicted_baseline_is_never_launched(tmp_path):
+    """``[search] baseline = "predict"``: the recipe's layout, though in the space, is the model's reference only."""
+    text = SHIPPED.read_text().replace("[search]", '[search]\nbaseline = "predict"')
+    assert text != SHIPPED.read_text()
+    (tmp_path / "p.toml").write_text(text)
+    space = load_space(tmp_path / "p.toml")
+    base = study_mod.baseline_of(space)
+    assert not base.in_space and base.predicted and base.note == '[search] baseline = "predict"'
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=3)
+    assert all(r.knobs != base.knobs for r in res.records)
+    assert res.summary.baseline_line().endswith('; not measured: [search] baseline = "predict")')

@@ -39,6 +39,7 @@ payload = "sim"
 
 [search]
 agent = "grid"
+baseline = "predict"  # the jobs start two at once from the first: no baseline run alone before them
 """
 
 
