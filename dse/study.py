@@ -67,6 +67,7 @@ __all__ = [
     "StudyResult",
     "absolute_storage",
     "agent_settings",
+    "check_study",
     "forecast_cost",
     "make_backend",
     "open_store",
@@ -272,6 +273,18 @@ def run_study(
             return _run(space, out, replace(req, resume=resume, storage=storage), ready)
     except KeyboardInterrupt:
         raise Interrupted(out, *outdir.saved_counts(out)) from None
+
+
+def check_study(space: Space, *, agent: str | None = None, sampler: str | None = None) -> None:
+    """What ``dse run`` checks before its first trial, with nothing written or launched: the agent, its sampler and
+    options, the backend, and the launch scripts every trial and ``best/`` need (``dse validate`` runs it, so a
+    space it accepts does not fail at ``dse run``'s start)."""
+    agent = agent or space.search.agent
+    registry = load_agents()
+    options = agent_settings(space, agent, sampler, registry)
+    _probe(
+        space, Request(agent, options, registry, space.search.seed, space.backend.kind, parallel=space.search.parallel)
+    )
 
 
 def _probe(space: Space, req: Request) -> None:

@@ -237,7 +237,9 @@ def test_a_system_file_is_strict_too(tmp_path):
 
 
 def test_an_integer_is_still_a_float(tmp_path):
-    text = SMALL_SPACE.replace('system = "h100"', SYSTEM_INLINE % "scaleout_gbps = 400, startup_s = 60")
+    # (no container: validate runs dse run's checks, and best/'s Slurm script would need an image otherwise)
+    fields = "scaleout_gbps = 400, startup_s = 60, slurm = {use_container = false}"
+    text = SMALL_SPACE.replace('system = "h100"', SYSTEM_INLINE % fields)
     r = dse("validate", write_space(tmp_path, text))
     assert r.exit_code == 0, r.output
 

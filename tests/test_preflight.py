@@ -27,6 +27,22 @@ def test_a_study_that_would_fail_at_launch_or_at_its_end_does_not_start(tmp_path
     assert not out.exists()  # nothing ran, nothing written
 
 
+@pytest.mark.parametrize(
+    "replace,field",
+    [
+        ((SYSTEM_LINE, 'system = {gpu = "gb200", gpus_per_node = 4, nvlink_domain = 72}'), "slurm.container_image"),
+        ((SYSTEM_LINE, 'system = {gpu = "h100", gpus_per_node = 8, container = "abc"}'), "system.container"),
+        (('agent = "grid"', 'agent = "optuna"\nsampler = "nosuch"'), "sampler"),
+    ],
+)
+def test_validate_refuses_what_run_would_refuse_at_its_start(tmp_path, replace, field):
+    """``dse validate`` runs ``dse run``'s checks before the first trial: a space it accepts starts."""
+    text = SMALL_SPACE.replace(*replace)
+    assert text != SMALL_SPACE
+    line = one_line_error(dse("validate", write_space(tmp_path, text)), field)
+    assert "Traceback" not in line
+
+
 def test_a_system_without_a_container_passes_the_check(tmp_path):
     system = '{gpu = "gb200", gpus_per_node = 4, nvlink_domain = 72, slurm = {use_container = false}}'
     path = write_space(tmp_path, SMALL_SPACE.replace(SYSTEM_LINE, f"system = {system}"))

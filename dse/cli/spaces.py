@@ -14,11 +14,15 @@ from dse.errors import UserError
 
 
 def validate_cmd(files: list[Path] = typer.Argument(..., metavar="FILES", help="space files")) -> None:
-    """Check space files: schema, knob names and values, recipe, system. Exit 2 on the first bad file."""
+    """Check space files: schema, knob names and values, recipe, system, and what `dse run` checks before its first
+    trial (agent, sampler, backend, launch scripts). Exit 2 on the first bad file."""
     from dse.space import load_space
+    from dse.study import check_study
 
     for f in files:
-        render.validated(f, load_space(f))
+        space = load_space(f)
+        check_study(space)
+        render.validated(f, space)
 
 
 def space_cmd(
