@@ -115,3 +115,26 @@ def test_unknown_backend_is_one_line_and_writes_nothing(tmp_path):
     r = runner.invoke(app, ["run", "--space", str(path), "--out", str(tmp_path / "o"), "--backend", "slurn"])
     assert r.exit_code == 2 and "did you mean 'slurm'" in r.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["run", "--trials", "abc"], ["'--trials'", "run --help"]),
+        (["run", "--bogus"], ["--bogus", "run --help"]),
+        (["run", "--space"], ["'--space' requires an argument", "run --help"]),
+        (["import", "cloudai"], ["Missing argument", "import cloudai --help"]),
+        (["export", "optuna", "--x"], ["--x", "export optuna --help"]),
+        (["frob"], ["No such command 'frob'", " --help"]),
+    ],
+)
+def test_usage_errors_are_one_line(args, needles):
+    """Click's usage errors (an unknown option or command, a value of the wrong type, a missing argument) end as
+    every bad input does: one line naming what was wrong and where the help is, exit code 2."""
+    line = one_line_error(dse(*args), *needles)
+    assert line.startswith("error: ") and "Usage:" not in line
+
+
+def test_no_arguments_still_prints_the_help():
+    r = dse()
+    assert "Commands:" in r.output and "error" not in r.output

@@ -16,17 +16,68 @@ value with a ``metavar`` (a flag none).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from dse.cli import exports, importers, model, render, results, spaces, studies
 from dse.errors import InfrastructureError, UserError
 
+# Typer vendors Click and exports, of its exceptions, only BadParameter: the usage error is its base class.
+_UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _UsageLine(_UsageError):  # type: ignore[misc,valid-type]
+    """A usage error (an unknown option, a value of the wrong type) shown as dse shows every bad input: one line on
+    stderr, exit code 2, instead of click's usage block (the command's help is one ``--help`` away)."""
+
+    def show(self, file=None) -> None:
+        ctx = getattr(self, "ctx", None)
+        where = ctx.command_path if ctx is not None else "dse"
+        render.error(f"{self.format_message()} ({where} --help lists what it takes)")
+
+
+class _Group(TyperGroup):
+    """The ``dse`` group: click's usage errors, of the group or any command under it, become :class:`_UsageLine`.
+
+    Written here rather than found in Typer, which formats them as a block (plain or rich) with no option for one line.
+    """
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _one_line():
+            return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:  # Typer's vendored click.Context
+        with _one_line(ctx):
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line(ctx: Any = None) -> Iterator[None]:
+    """Re-raise a usage error as :class:`_UsageLine`; one without a context (a parser error, such as an option
+    missing its value) takes the command being invoked under ``ctx``."""
+    try:
+        yield
+    except _UsageLine:
+        raise
+    except _UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `dse` or `dse import` alone: the help, as asked
+            raise
+        where = e.ctx  # type: ignore[attr-defined]
+        if where is None and ctx is not None and ctx.invoked_subcommand:
+            where = ctx.command.get_command(ctx, ctx.invoked_subcommand)
+            where = typer.Context(where, info_name=ctx.invoked_subcommand, parent=ctx) if where else ctx
+        raise _UsageLine(e.format_message(), where) from None  # type: ignore[attr-defined]
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
