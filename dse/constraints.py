@@ -262,6 +262,116 @@ def fp8_recipe_needs_fp8(t: TrialConfig) -> Broken | None:
     return None
 
 
+# --- CUDA graphs: Megatron-Core's own checks (megatron/core/transformer/transformer_config.py,
+# TransformerConfig.__post_init__ at core_v0.16.0, the core of the 26.x containers), and what each payload can spell
+def _graph_parts(t: TrialConfig) -> list[str]:
+    return t.values["cuda_graph_scope"].split(",")
+
+
+def cuda_graph_scope_needs_graph(t: TrialConfig) -> Broken | None:
+    """A space varying ``cuda_graph_scope`` would run each ungraphed point once per scope: the scope means nothing
+    without a graph. The first listed scope keeps the point; the others are rejected as duplicates (free)."""
+    first = t.first_listed.get("cuda_graph_scope")
+    scope = t.values["cuda_graph_scope"]
+    if t.values["cuda_graph"] == "none" and "cuda_graph_scope" in t.varied and scope != first:
+        return broken(
+            f"cuda_graph_scope={scope} has no effect with cuda_graph=none: the same run as cuda_graph_scope={first}",
+            "cuda_graph_scope",
+            "cuda_graph",
+        )
+    return None
+
+
+def cuda_graph_scope_impl(t: TrialConfig) -> Broken | None:
+    """``full_iteration`` is Megatron-Core's own (local) implementation: "To use full iteration cuda graph, please
+    use cuda_graph_impl=local instead of cuda_graph_impl=transformer_engine" (transformer_config.py)."""
+    if t.values["cuda_graph"] == "transformer_engine" and t.values["cuda_graph_scope"] == "full_iteration":
+        return broken(
+            "cuda_graph_scope=full_iteration needs cuda_graph=local (Megatron-Core's own graphs); "
+            "transformer_engine graphs one layer at a time",
+            "cuda_graph_scope",
+            "cuda_graph",
+        )
+    return None
+
+
+def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
+    """The scope's parts must exist in the model: ``moe``/``moe_router`` need experts ("moe cuda graph is only
+    supported for MoE"), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's MoE
+    architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
+    if t.values["cuda_graph"] == "none":
+        return None
+    parts, moe = _graph_parts(t), t.arch.num_experts > 0
+    if not moe and any(p.startswith("moe") for p in parts):
+        return broken(
+            f"cuda_graph_scope={t.values['cuda_graph_scope']} graphs MoE parts; {t.arch.name} is dense",
+            "cuda_graph_scope",
+        )
+    if moe and "mlp" in parts:
+        return broken(
+            f"cuda_graph_scope with mlp needs dense layers; {t.arch.name} has experts in every layer (use moe or moe_router)",
+            "cuda_graph_scope",
+        )
+    if "mamba" in parts:
+        return broken(
+            f"cuda_graph_scope with mamba needs a hybrid Mamba model; {t.arch.name} has none", "cuda_graph_scope"
+        )
+    return None
+
+
+def cuda_graph_no_offload(t: TrialConfig) -> Broken | None:
+    """Megatron-Core: "CUDA graphs not supported with CPU offloading." (activation offloading)."""
+    n = t.layout.cpu_offload_layers
+    if t.values["cuda_graph"] != "none" and n:
+        return broken(
+            f"cuda_graph={t.values['cuda_graph']} cannot run with cpu_offload_layers={n}; Megatron-Core does not "
+            "graph offloaded layers",
+            "cuda_graph",
+            "cpu_offload_layers",
+        )
+    return None
+
+
+def cuda_graph_recompute(t: TrialConfig) -> Broken | None:
+    """Megatron-Core: "full recompute is only supported with full iteration CUDA graph"."""
+    if (
+        t.values["cuda_graph"] != "none"
+        and t.layout.recompute == "full"
+        and t.values["cuda_graph_scope"] != "full_iteration"
+    ):
+        return broken(
+            f"recompute=full with cuda_graph={t.values['cuda_graph']} needs cuda_graph_scope=full_iteration",
+            "recompute",
+            "cuda_graph_scope",
+        )
+    return None
+
+
+def cuda_graph_payload(t: TrialConfig) -> Broken | None:
+    """What each payload can spell. NeMo 2 (and the sim payload, which takes its command line): its performance
+    scripts express a graph only as ``enable_cuda_graph`` (Megatron-Core's local graphs of the whole layer) and turn
+    it off with Megatron FSDP ("Currently, cuda graphs are not supported with FSDP", scripts/performance/
+    helpers.py). recipes.mcore builds a TransformerConfig but has no graph capture in its training loop (no
+    CudaGraphManager warm-up, no TE make_graphed_callables), so it runs none."""
+    impl, scope = t.values["cuda_graph"], t.values["cuda_graph_scope"]
+    if impl == "none":
+        return None
+    if t.payload == "mcore":
+        return broken(
+            "recipes.mcore does not capture CUDA graphs; use cuda_graph=none or the mbridge payload", "cuda_graph"
+        )
+    if t.payload in ("nemo2", "sim") and (impl, scope) != ("local", "full"):
+        return broken(
+            f"NeMo 2 spells CUDA graphs as enable_cuda_graph only (cuda_graph=local, cuda_graph_scope=full); "
+            f"cuda_graph={impl} with cuda_graph_scope={scope} needs the mbridge payload",
+            "cuda_graph",
+            "cuda_graph_scope",
+        )
+    if t.payload in ("nemo2", "sim") and t.layout.fsdp:
+        return broken("NeMo 2 runs no CUDA graphs with Megatron FSDP (fsdp=true)", "cuda_graph", "fsdp")
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     world_divisible,
     heads_divisible,
@@ -280,6 +390,12 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     cpu_offload_supported,
     cp_needs_te_attention,
     fp8_recipe_needs_fp8,
+    cuda_graph_scope_needs_graph,
+    cuda_graph_scope_impl,
+    cuda_graph_scope_fits_arch,
+    cuda_graph_no_offload,
+    cuda_graph_recompute,
+    cuda_graph_payload,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 
