@@ -264,10 +264,6 @@ def fp8_recipe_needs_fp8(t: TrialConfig) -> Broken | None:
 
 # --- CUDA graphs: Megatron-Core's own checks (megatron/core/transformer/transformer_config.py,
 # TransformerConfig.__post_init__ at core_v0.16.0, the core of the 26.x containers), and what each payload can spell
-def _graph_parts(t: TrialConfig) -> list[str]:
-    return t.values["cuda_graph_scope"].split(",")
-
-
 def cuda_graph_scope_needs_graph(t: TrialConfig) -> Broken | None:
     """A space varying ``cuda_graph_scope`` would run each ungraphed point once per scope: the scope means nothing
     without a graph. The first listed scope keeps the point; the others are rejected as duplicates (free)."""
@@ -301,31 +297,28 @@ def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
     architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
     if t.values["cuda_graph"] == "none":
         return None
-    parts, moe = _graph_parts(t), t.arch.num_experts > 0
+    scope, name, moe = t.values["cuda_graph_scope"], t.arch.name, t.arch.num_experts > 0
+    parts = scope.split(",")
     if not moe and any(p.startswith("moe") for p in parts):
-        return broken(
-            f"cuda_graph_scope={t.values['cuda_graph_scope']} graphs MoE parts; {t.arch.name} is dense",
-            "cuda_graph_scope",
-        )
+        return broken(f"cuda_graph_scope={scope} graphs MoE parts; {name} is dense", "cuda_graph_scope")
     if moe and "mlp" in parts:
         return broken(
-            f"cuda_graph_scope with mlp needs dense layers; {t.arch.name} has experts in every layer (use moe or moe_router)",
+            f"cuda_graph_scope={scope} graphs a dense MLP; {name} has experts in every layer (use moe or moe_router)",
             "cuda_graph_scope",
         )
     if "mamba" in parts:
         return broken(
-            f"cuda_graph_scope with mamba needs a hybrid Mamba model; {t.arch.name} has none", "cuda_graph_scope"
+            f"cuda_graph_scope={scope} needs a hybrid Mamba model; {name} has no Mamba layers", "cuda_graph_scope"
         )
     return None
 
 
 def cuda_graph_no_offload(t: TrialConfig) -> Broken | None:
     """Megatron-Core: "CUDA graphs not supported with CPU offloading." (activation offloading)."""
-    n = t.layout.cpu_offload_layers
-    if t.values["cuda_graph"] != "none" and n:
+    impl, n = t.values["cuda_graph"], t.layout.cpu_offload_layers
+    if impl != "none" and n:
         return broken(
-            f"cuda_graph={t.values['cuda_graph']} cannot run with cpu_offload_layers={n}; Megatron-Core does not "
-            "graph offloaded layers",
+            f"cuda_graph={impl} cannot run with cpu_offload_layers={n}; Megatron-Core does not graph offloaded layers",
             "cuda_graph",
             "cpu_offload_layers",
         )
@@ -334,13 +327,10 @@ def cuda_graph_no_offload(t: TrialConfig) -> Broken | None:
 
 def cuda_graph_recompute(t: TrialConfig) -> Broken | None:
     """Megatron-Core: "full recompute is only supported with full iteration CUDA graph"."""
-    if (
-        t.values["cuda_graph"] != "none"
-        and t.layout.recompute == "full"
-        and t.values["cuda_graph_scope"] != "full_iteration"
-    ):
+    impl, scope = t.values["cuda_graph"], t.values["cuda_graph_scope"]
+    if impl != "none" and t.layout.recompute == "full" and scope != "full_iteration":
         return broken(
-            f"recompute=full with cuda_graph={t.values['cuda_graph']} needs cuda_graph_scope=full_iteration",
+            f"recompute=full with cuda_graph={impl} needs cuda_graph_scope=full_iteration, not {scope}",
             "recompute",
             "cuda_graph_scope",
         )

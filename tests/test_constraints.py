@@ -187,7 +187,7 @@ def test_cpu_offload_follows_megatron_core(kw, words):
         (dict(cuda_graph="local", payload="mcore"), "recipes.mcore does not capture"),
         (dict(cuda_graph="local", cuda_graph_scope="full_iteration"), "enable_cuda_graph only"),
         (dict(cuda_graph="local", fsdp=True, pp=1, tp=8, gbs=64), "Megatron FSDP"),
-        (dict(cuda_graph="local", cuda_graph_scope="mamba", payload="mbridge"), "hybrid Mamba"),
+        (dict(cuda_graph="local", cuda_graph_scope="mamba", payload="mbridge"), "hybrid Mamba model"),
     ],
 )
 def test_cuda_graph_rules_name_what_cannot_run(kw, words):
