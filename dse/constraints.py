@@ -293,14 +293,21 @@ def cuda_graph_scope_impl(t: TrialConfig) -> Broken | None:
 
 def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
     """The scope's parts must exist in the model: ``moe``/``moe_router`` need experts ("moe cuda graph is only
-    supported for MoE"), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's MoE
-    architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
+    supported for MoE"), ``moe`` a drop-and-pad MoE ("moe cuda graph is only supported with drop-padding MoE":
+    dse sets no capacity factor), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's
+    MoE architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
     if t.values["cuda_graph"] == "none":
         return None
     scope, name, moe = t.values["cuda_graph_scope"], t.arch.name, t.arch.num_experts > 0
     parts = scope.split(",")
     if not moe and any(p.startswith("moe") for p in parts):
         return broken(f"cuda_graph_scope={scope} graphs MoE parts; {name} is dense", "cuda_graph_scope")
+    if moe and "moe" in parts:
+        return broken(
+            f"cuda_graph_scope={scope} graphs the whole MoE layer, which Megatron-Core allows only for drop-and-pad "
+            "MoE (a capacity factor with padding); dse runs dropless MoE: use moe_router",
+            "cuda_graph_scope",
+        )
     if moe and "mlp" in parts:
         return broken(
             f"cuda_graph_scope={scope} graphs a dense MLP; {name} has experts in every layer (use moe or moe_router)",

@@ -203,3 +203,21 @@ def test_nvidias_graphed_presets_are_valid():
     assert constraints.check(make(cuda_graph="local", cuda_graph_scope="full_iteration", **bridge)) is None
     assert constraints.check(make(cuda_graph="transformer_engine", cuda_graph_scope="mlp", **bridge)) is None
     assert constraints.check(make(cuda_graph="local", tp=4, pp=4)) is None
+
+
+@pytest.mark.parametrize(
+    ("scope", "words"),
+    [("moe", "drop-and-pad"), ("mlp", "experts in every layer"), ("moe_router,moe_preprocess", None)],
+)
+def test_moe_graph_scopes_follow_megatron_core(scope, words):
+    """On an MoE model (every layer with experts, dropless): the router may be graphed, the whole MoE layer only
+    with drop-and-pad, and a dense MLP scope names nothing that exists."""
+    from dataclasses import replace
+
+    base = RECIPES["llama3_8b"]
+    moe = replace(base, arch=replace(base.arch, num_experts=8))
+    values = {n: k.default for n, k in knobs.CATALOGUE.items()}
+    values.update(tp=1, pp=1, num_nodes=1, gbs=128, cuda_graph="transformer_engine", cuda_graph_scope=scope)
+    t = TrialConfig(recipe=moe, system=load_system("h100"), values=MappingProxyType(values), payload="mbridge")
+    why = constraints.cuda_graph_scope_fits_arch(t)
+    assert (why is None) if words is None else (why is not None and words in why.reason), why
