@@ -344,6 +344,21 @@ def cuda_graph_recompute(t: TrialConfig) -> Broken | None:
     return None
 
 
+def cuda_graph_te_allocator(t: TrialConfig) -> Broken | None:
+    """Megatron-LM's arguments.py: Transformer Engine's graphs with PyTorch's expandable segments need
+    NCCL_GRAPH_REGISTER=0 ("to avoid illegal memory access when using CUDA Graph with
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"); Bridge's runs set the same environment."""
+    alloc = t.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if t.values["cuda_graph"] == "transformer_engine" and "expandable_segments:True" in alloc:
+        if t.env.get("NCCL_GRAPH_REGISTER") != "0":
+            return broken(
+                "cuda_graph=transformer_engine with env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True needs "
+                "env.NCCL_GRAPH_REGISTER=0",
+                "cuda_graph",
+            )
+    return None
+
+
 def cuda_graph_payload(t: TrialConfig) -> Broken | None:
     """What each payload can spell. NeMo 2 (and the sim payload, which takes its command line): its performance
     scripts express a graph only as ``enable_cuda_graph`` (Megatron-Core's local graphs of the whole layer) and turn
@@ -392,6 +407,7 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     cuda_graph_scope_fits_arch,
     cuda_graph_no_offload,
     cuda_graph_recompute,
+    cuda_graph_te_allocator,
     cuda_graph_payload,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )

@@ -17,7 +17,7 @@ def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
     values.update(tp=4, pp=4, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, num_nodes=8, precision="bf16")
     system_kw = kw.pop("system", {})
-    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed", "payload") if k in kw}
+    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed", "payload", "env") if k in kw}
     values.update(kw)
     system = load_system(gpu).model_copy(update=system_kw)
     return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values), **space_kw)
@@ -28,6 +28,7 @@ def test_baseline_is_valid():
 
 
 _G = {"cuda_graph": "none", "cuda_graph_scope": "full"}  # a space's first listed graph values
+_EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 # rule -> (breaking point, a nearby valid point)
 CASES = {
@@ -99,6 +100,15 @@ CASES = {
     "cuda_graph_recompute": (
         dict(cuda_graph="local", recompute="full"),
         dict(cuda_graph="local", cuda_graph_scope="full_iteration", recompute="full", payload="mbridge"),
+    ),
+    "cuda_graph_te_allocator": (
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="attn", payload="mbridge", env=_EXPANDABLE),
+        dict(
+            cuda_graph="transformer_engine",
+            cuda_graph_scope="attn",
+            payload="mbridge",
+            env={**_EXPANDABLE, "NCCL_GRAPH_REGISTER": "0"},
+        ),
     ),
     "cuda_graph_payload": (
         dict(cuda_graph="transformer_engine", cuda_graph_scope="attn"),
