@@ -243,18 +243,19 @@ class MemoryCounts:
         return max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib
 
 
-def graph_static_bytes(shape: Shape, layout: ModelLayout, layers: float) -> float:
-    """The static buffers of per-layer CUDA graphs on a stage of ``layers`` layers: a captured graph reads its input
-    from and writes its output to fixed addresses, so each graphed layer keeps an input and an output buffer of the
-    micro-batch's hidden states (bf16, split over TP with sequence parallelism) for the graphs' lifetime
-    (Megatron-Core's ``CudaGraphManager`` and TE's ``make_graphed_callables`` allocate ``static_input_surface`` /
-    ``static_outputs`` per graph; the graphs of successive micro-batches share one pool, so one set per layer is
-    counted). A ``full_iteration`` graph's inputs are the batch's token ids, labels, mask and positions: nothing
-    next to the activations. A partial scope keeps buffers for each part it captures (at most two per layer)."""
+def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> float:
+    """The static buffers of per-layer CUDA graphs: a captured graph reads its input from and writes its output to
+    fixed addresses, so each graph keeps an input and an output buffer of the micro-batch's hidden states (bf16,
+    split over TP with sequence parallelism) for its lifetime. Megatron-Core's local graphs
+    (``megatron/core/transformer/cuda_graphs.py``: a ``CudaGraphManager`` per layer records a new runner whenever
+    every runner it has is between its forward and its backward) hold one graph per layer and micro-batch in
+    flight: ``graphs`` is that count, the stage's in-flight layers (:func:`inflight_layers`). A partial scope keeps
+    buffers for each part it captures (at most two a layer). A ``full_iteration`` graph's inputs are the batch's
+    token ids, labels, mask and positions: nothing next to the activations."""
     if layout.graph_share == 0.0 or layout.cuda_graph_scope == "full_iteration":
         return 0.0
     parts = 1 if layout.cuda_graph_scope == "full" else min(2, len(layout.cuda_graph_scope.split(",")))
-    return layers * parts * 2.0 * shape.tokens * shape.hidden_sp * 2.0
+    return graphs * parts * 2.0 * shape.tokens * shape.hidden_sp * 2.0
 
 
 def memory_counts(
@@ -281,8 +282,8 @@ def memory_counts(
     # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
     s_loc = shape.seq_length / shape.cp
     work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
-    graph_first = graph_static_bytes(shape, layout, L if shape.pp == 1 else stages.first_layers)
-    graph_last = graph_static_bytes(shape, layout, L if shape.pp == 1 else stages.last_layers)
+    graph_first = graph_static_bytes(shape, layout, first_layers)
+    graph_last = graph_static_bytes(shape, layout, last_layers)
     return MemoryCounts(
         fixed_first=stages.first_params / t * states_b + cache_first + fsdp_buf + graph_first,
         fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf + graph_last,
