@@ -344,6 +344,21 @@ def cuda_graph_recompute(t: TrialConfig) -> Broken | None:
     return None
 
 
+def cuda_graph_fsdp_hooks(t: TrialConfig) -> Broken | None:
+    """Megatron-Core's own per-layer graphs replay a layer only with Megatron-Core DDP's forward pre-hooks on it
+    (megatron/core/transformer/cuda_graphs.py, ``CudaGraphManager.call_ddp_preforward_hook``: "Tried to cudagraph a
+    module with user registered pre-forward hooks, which is not allowed."); Megatron FSDP gathers each layer's
+    weights in a hook of its own, so local per-layer graphs cannot run with it."""
+    if t.values["cuda_graph"] == "local" and t.values["cuda_graph_scope"] != "full_iteration" and t.layout.fsdp:
+        return broken(
+            "cuda_graph=local graphs each layer, which Megatron FSDP's weight-gather hooks forbid; use "
+            "cuda_graph_scope=full_iteration, cuda_graph=transformer_engine or fsdp=false",
+            "cuda_graph",
+            "fsdp",
+        )
+    return None
+
+
 def cuda_graph_te_allocator(t: TrialConfig) -> Broken | None:
     """Megatron-LM's arguments.py: Transformer Engine's graphs with PyTorch's expandable segments need
     NCCL_GRAPH_REGISTER=0 ("to avoid illegal memory access when using CUDA Graph with
@@ -407,6 +422,7 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     cuda_graph_scope_fits_arch,
     cuda_graph_no_offload,
     cuda_graph_recompute,
+    cuda_graph_fsdp_hooks,
     cuda_graph_te_allocator,
     cuda_graph_payload,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)

@@ -101,6 +101,10 @@ CASES = {
         dict(cuda_graph="local", recompute="full"),
         dict(cuda_graph="local", cuda_graph_scope="full_iteration", recompute="full", payload="mbridge"),
     ),
+    "cuda_graph_fsdp_hooks": (
+        dict(cuda_graph="local", fsdp=True, pp=1, tp=8, gbs=64, payload="mbridge"),
+        dict(cuda_graph="local", cuda_graph_scope="full_iteration", fsdp=True, pp=1, tp=8, gbs=64, payload="mbridge"),
+    ),
     "cuda_graph_te_allocator": (
         dict(cuda_graph="transformer_engine", cuda_graph_scope="attn", payload="mbridge", env=_EXPANDABLE),
         dict(

@@ -248,8 +248,9 @@ def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> floa
     fixed addresses, so each graph keeps an input and an output buffer of the micro-batch's hidden states (bf16,
     split over TP with sequence parallelism) for its lifetime. Megatron-Core's local graphs
     (``megatron/core/transformer/cuda_graphs.py``: a ``CudaGraphManager`` per layer records a new runner whenever
-    every runner it has is between its forward and its backward) hold one graph per layer and micro-batch in
-    flight: ``graphs`` is that count, the stage's in-flight layers (:func:`inflight_layers`). A partial scope keeps
+    every runner it has is between its forward and its backward; with pipeline parallelism one per micro-batch,
+    whose buffers go back to a shared reuse pool once its backward has run) keep one set live per layer and
+    micro-batch in flight: ``graphs`` is that count, the stage's in-flight layers (:func:`inflight_layers`). A partial scope keeps
     buffers for each part it captures (at most two a layer). A ``full_iteration`` graph's inputs are the batch's
     token ids, labels, mask and positions: nothing next to the activations."""
     if layout.graph_share == 0.0 or layout.cuda_graph_scope == "full_iteration":
