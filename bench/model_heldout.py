@@ -22,7 +22,10 @@ Transformer Engine's: NeMo 25.07 (its performance scripts' ``set_perf_optimizati
 ``cross_entropy_fusion_impl="te"`` since the 25.07 refactor) and Megatron-Bridge. ``cuda_graphs`` (also in the
 calibration table), on the GB200 / GB300 rows, whose Grace hosts the model's host-time term prices: 1 where
 NVIDIA's preset for the row's container graphs the layers or the step, 0 where it does not, empty where no
-preset says (NeMo 25.07's alternative 70B layout); NeMo's ``scripts/performance/recommended_model_configs/
+preset says (NeMo 25.07's alternative 70B layout); the same as the knobs a user passes in the last two columns
+(both tables), which the benches read: ``cuda_graph`` and ``cuda_graph_scope`` (NeMo 2's ``enable_cuda_graph``
+and Bridge 25.09's ``cuda_graphs: true``: local, the whole layer; Bridge 25.11 and 26.02: local,
+full_iteration); NeMo's ``scripts/performance/recommended_model_configs/
 model_configs_gb200.csv`` at 2025-04-07 (NeMo 25.04) and 2025-06-14 / 07-10 (25.07), Megatron-Bridge's
 ``scripts/performance/configs`` at v0.1.0rc4 (25.09: the 8B per-tensor row not graphed, the MXFP8 one graphed),
 v0.2.0 (25.11) and df0289c18 (26.02): graphs for Llama 3 8B, NeMo's GPT-3 175B and Nemotron 4 rows, none for
