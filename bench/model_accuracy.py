@@ -54,6 +54,7 @@ def row_trial(row: dict, **override):
         fsdp=row["fsdp"] == "1",
         tp_comm_overlap=tp > 1,
         cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),
+        **row_graph(row),
     )
     knobs.update(override)
     knobs["tp_comm_overlap"] = knobs["tp"] > 1
@@ -62,9 +63,15 @@ def row_trial(row: dict, **override):
 
 def row_stack(row: dict) -> str:
     """The published stack a row's container ran (dse.perfmodel.stack.PUBLISHED_STACKS): its ``cross_entropy``
-    column, TE's fused loss where the column is empty, and its ``cuda_graphs`` column (1: graphed; 0 or empty:
-    not, as dse's own payloads)."""
-    return published_stack_name(row.get("cross_entropy") or "te", row.get("cuda_graphs") == "1")
+    column, TE's fused loss where the column is empty."""
+    return published_stack_name(row.get("cross_entropy") or "te")
+
+
+def row_graph(row: dict) -> dict:
+    """The CUDA graph knobs a row's script set (its ``cuda_graph`` and ``cuda_graph_scope`` columns: the
+    implementation and scope of the preset NVIDIA's script ran for the row's container; empty: none and the
+    default scope). The older ``cuda_graphs`` column (1 / 0) says the same as a flag and is no longer read."""
+    return {"cuda_graph": row.get("cuda_graph") or "none", "cuda_graph_scope": row.get("cuda_graph_scope") or "full"}
 
 
 def tokens(trial, params) -> float:

@@ -22,7 +22,10 @@ Transformer Engine's: NeMo 25.07 (its performance scripts' ``set_perf_optimizati
 ``cross_entropy_fusion_impl="te"`` since the 25.07 refactor) and Megatron-Bridge. ``cuda_graphs`` (also in the
 calibration table), on the GB200 / GB300 rows, whose Grace hosts the model's host-time term prices: 1 where
 NVIDIA's preset for the row's container graphs the layers or the step, 0 where it does not, empty where no
-preset says (NeMo 25.07's alternative 70B layout); NeMo's ``scripts/performance/recommended_model_configs/
+preset says (NeMo 25.07's alternative 70B layout); the same as the knobs a user passes in the last two columns
+(both tables), which the benches read: ``cuda_graph`` and ``cuda_graph_scope`` (NeMo 2's ``enable_cuda_graph``
+and Bridge 25.09's ``cuda_graphs: true``: local, the whole layer; Bridge 25.11 and 26.02: local,
+full_iteration); NeMo's ``scripts/performance/recommended_model_configs/
 model_configs_gb200.csv`` at 2025-04-07 (NeMo 25.04) and 2025-06-14 / 07-10 (25.07), Megatron-Bridge's
 ``scripts/performance/configs`` at v0.1.0rc4 (25.09: the 8B per-tensor row not graphed, the MXFP8 one graphed),
 v0.2.0 (25.11) and df0289c18 (26.02): graphs for Llama 3 8B, NeMo's GPT-3 175B and Nemotron 4 rows, none for
@@ -88,6 +91,7 @@ def row_knobs(row: dict) -> dict:
         attention_backend=row.get("attention_backend") or "auto",
         # "mx" / "mx (assumed)": MXFP8; "cs" and unstated: per-tensor current scaling
         fp8_recipe="mxfp8" if row.get("fp8_recipe", "").startswith("mx") else "tensorwise",
+        **model_accuracy.row_graph(row),
     )
 
 
@@ -219,6 +223,30 @@ def summary(results) -> None:
         print(f"  {x['row']['id']:32s} {model_accuracy.pct(x['err'])}  " + " ".join(f"{100 * s:4.0f}%" for s in shares))
 
 
+def graphed_group(results) -> None:
+    """The graphed GB200/GB300 rows (a Grace host, ``cuda_graph`` set by the row's preset): their MAPE with the
+    graph knobs as NVIDIA's script set them, and without (what a user could pass before the knobs existed: the
+    host's launch time on every layer)."""
+    xs = [
+        x for x in results if x["row"]["gpu"] in ("gb200", "gb300") and (x["row"].get("cuda_graph") or "none") != "none"
+    ]
+    if not xs:
+        return
+    off = [predict(row_trial(x["row"], cuda_graph="none")).tokens_per_s_per_gpu for x in xs]
+    errs_off = [o / float(x["row"]["tokens_per_s_per_gpu"]) - 1 for o, x in zip(off, xs, strict=True)]
+    print(
+        f"\ngraphed GB200/GB300 rows: n={len(xs)}  MAPE {mape(x['err'] for x in xs):.1f}% (goal <= 6%)  "
+        f"mean signed {model_accuracy.pct(sum(x['err'] for x in xs) / len(xs))}; "
+        f"predicted without the graph knobs: MAPE {mape(errs_off):.1f}%"
+    )
+    for x, e_off in zip(xs, errs_off, strict=True):
+        r = x["row"]
+        print(
+            f"  {r['id']:32s} {r['cuda_graph']}/{r['cuda_graph_scope']:15s} {model_accuracy.pct(x['err'])}  "
+            f"(cuda_graph=none: {model_accuracy.pct(e_off)})"
+        )
+
+
 def spearman(x, y) -> float:
     """Spearman's rank correlation: Pearson's on average ranks (ties share a rank). pandas' own
     ``corr(method="spearman")`` would import SciPy, which is not a dependency."""
@@ -321,6 +349,7 @@ def main(argv=None) -> None:
     print("== held-out accuracy of the shipped model (never fitted on these rows)")
     results = accuracy(rows)
     summary(results)
+    graphed_group(results)
     within_group_spearman(results)
     oom_table(results)
     if not args.no_rank:

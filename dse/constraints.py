@@ -262,6 +262,143 @@ def fp8_recipe_needs_fp8(t: TrialConfig) -> Broken | None:
     return None
 
 
+# --- CUDA graphs: Megatron-Core's own checks (megatron/core/transformer/transformer_config.py,
+# TransformerConfig.__post_init__ at core_v0.16.0, the core of the 26.x containers), and what each payload can spell
+def cuda_graph_scope_needs_graph(t: TrialConfig) -> Broken | None:
+    """A space varying ``cuda_graph_scope`` would run each ungraphed point once per scope: the scope means nothing
+    without a graph. The first listed scope keeps the point; the others are rejected as duplicates (free)."""
+    first = t.first_listed.get("cuda_graph_scope")
+    scope = t.values["cuda_graph_scope"]
+    if t.values["cuda_graph"] == "none" and "cuda_graph_scope" in t.varied and scope != first:
+        return broken(
+            f"cuda_graph_scope={scope} has no effect with cuda_graph=none: the same run as cuda_graph_scope={first}",
+            "cuda_graph_scope",
+            "cuda_graph",
+        )
+    return None
+
+
+def cuda_graph_scope_impl(t: TrialConfig) -> Broken | None:
+    """``full_iteration`` is Megatron-Core's own (local) implementation: "To use full iteration cuda graph, please
+    use cuda_graph_impl=local instead of cuda_graph_impl=transformer_engine" (transformer_config.py)."""
+    if t.values["cuda_graph"] == "transformer_engine" and t.values["cuda_graph_scope"] == "full_iteration":
+        return broken(
+            "cuda_graph_scope=full_iteration needs cuda_graph=local (Megatron-Core's own graphs); "
+            "transformer_engine graphs one layer at a time",
+            "cuda_graph_scope",
+            "cuda_graph",
+        )
+    return None
+
+
+def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
+    """The scope's parts must exist in the model: ``moe``/``moe_router`` need experts ("moe cuda graph is only
+    supported for MoE"), ``moe`` a drop-and-pad MoE ("moe cuda graph is only supported with drop-padding MoE":
+    dse sets no capacity factor), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's
+    MoE architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
+    if t.values["cuda_graph"] == "none":
+        return None
+    scope, name, moe = t.values["cuda_graph_scope"], t.arch.name, t.arch.num_experts > 0
+    parts = scope.split(",")
+    if not moe and any(p.startswith("moe") for p in parts):
+        return broken(f"cuda_graph_scope={scope} graphs MoE parts; {name} is dense", "cuda_graph_scope")
+    if moe and "moe" in parts:
+        return broken(
+            f"cuda_graph_scope={scope} graphs the whole MoE layer, which Megatron-Core allows only for drop-and-pad "
+            "MoE (a capacity factor with padding); dse runs dropless MoE: use moe_router",
+            "cuda_graph_scope",
+        )
+    if moe and "mlp" in parts:
+        return broken(
+            f"cuda_graph_scope={scope} graphs a dense MLP; {name} has experts in every layer (use moe or moe_router)",
+            "cuda_graph_scope",
+        )
+    if "mamba" in parts:
+        return broken(
+            f"cuda_graph_scope={scope} needs a hybrid Mamba model; {name} has no Mamba layers", "cuda_graph_scope"
+        )
+    return None
+
+
+def cuda_graph_no_offload(t: TrialConfig) -> Broken | None:
+    """Megatron-Core: "CUDA graphs not supported with CPU offloading." (activation offloading)."""
+    impl, n = t.values["cuda_graph"], t.layout.cpu_offload_layers
+    if impl != "none" and n:
+        return broken(
+            f"cuda_graph={impl} cannot run with cpu_offload_layers={n}; Megatron-Core does not graph offloaded layers",
+            "cuda_graph",
+            "cpu_offload_layers",
+        )
+    return None
+
+
+def cuda_graph_recompute(t: TrialConfig) -> Broken | None:
+    """Megatron-Core: "full recompute is only supported with full iteration CUDA graph"."""
+    impl, scope = t.values["cuda_graph"], t.values["cuda_graph_scope"]
+    if impl != "none" and t.layout.recompute == "full" and scope != "full_iteration":
+        return broken(
+            f"recompute=full with cuda_graph={impl} needs cuda_graph_scope=full_iteration, not {scope}",
+            "recompute",
+            "cuda_graph_scope",
+        )
+    return None
+
+
+def cuda_graph_fsdp_hooks(t: TrialConfig) -> Broken | None:
+    """Megatron-Core's own per-layer graphs replay a layer only with Megatron-Core DDP's forward pre-hooks on it
+    (megatron/core/transformer/cuda_graphs.py, ``CudaGraphManager.call_ddp_preforward_hook``: "Tried to cudagraph a
+    module with user registered pre-forward hooks, which is not allowed."); Megatron FSDP gathers each layer's
+    weights in a hook of its own, so local per-layer graphs cannot run with it."""
+    if t.values["cuda_graph"] == "local" and t.values["cuda_graph_scope"] != "full_iteration" and t.layout.fsdp:
+        return broken(
+            "cuda_graph=local graphs each layer, which Megatron FSDP's weight-gather hooks forbid; use "
+            "cuda_graph_scope=full_iteration, cuda_graph=transformer_engine or fsdp=false",
+            "cuda_graph",
+            "fsdp",
+        )
+    return None
+
+
+def cuda_graph_te_allocator(t: TrialConfig) -> Broken | None:
+    """Megatron-LM's arguments.py: Transformer Engine's graphs with PyTorch's expandable segments need
+    NCCL_GRAPH_REGISTER=0 ("to avoid illegal memory access when using CUDA Graph with
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"); Bridge's runs set the same environment."""
+    alloc = t.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if t.values["cuda_graph"] == "transformer_engine" and "expandable_segments:True" in alloc:
+        if t.env.get("NCCL_GRAPH_REGISTER") != "0":
+            return broken(
+                "cuda_graph=transformer_engine with env.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True needs "
+                "env.NCCL_GRAPH_REGISTER=0",
+                "cuda_graph",
+            )
+    return None
+
+
+def cuda_graph_payload(t: TrialConfig) -> Broken | None:
+    """What each payload can spell. NeMo 2 (and the sim payload, which takes its command line): its performance
+    scripts express a graph only as ``enable_cuda_graph`` (Megatron-Core's local graphs of the whole layer) and turn
+    it off with Megatron FSDP ("Currently, cuda graphs are not supported with FSDP", scripts/performance/
+    helpers.py). recipes.mcore builds a TransformerConfig but has no graph capture in its training loop (no
+    CudaGraphManager warm-up, no TE make_graphed_callables), so it runs none."""
+    impl, scope = t.values["cuda_graph"], t.values["cuda_graph_scope"]
+    if impl == "none":
+        return None
+    if t.payload == "mcore":
+        return broken(
+            "recipes.mcore does not capture CUDA graphs; use cuda_graph=none or the mbridge payload", "cuda_graph"
+        )
+    if t.payload in ("nemo2", "sim") and (impl, scope) != ("local", "full"):
+        return broken(
+            f"NeMo 2 spells CUDA graphs as enable_cuda_graph only (cuda_graph=local, cuda_graph_scope=full); "
+            f"cuda_graph={impl} with cuda_graph_scope={scope} needs the mbridge payload",
+            "cuda_graph",
+            "cuda_graph_scope",
+        )
+    if t.payload in ("nemo2", "sim") and t.layout.fsdp:
+        return broken("NeMo 2 runs no CUDA graphs with Megatron FSDP (fsdp=true)", "cuda_graph", "fsdp")
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     world_divisible,
     heads_divisible,
@@ -280,6 +417,14 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     cpu_offload_supported,
     cp_needs_te_attention,
     fp8_recipe_needs_fp8,
+    cuda_graph_scope_needs_graph,
+    cuda_graph_scope_impl,
+    cuda_graph_scope_fits_arch,
+    cuda_graph_no_offload,
+    cuda_graph_recompute,
+    cuda_graph_fsdp_hooks,
+    cuda_graph_te_allocator,
+    cuda_graph_payload,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 

@@ -303,6 +303,59 @@ def _mbridge_max_steps(knob: Knob, value: Any, values: Mapping[str, Any], sp: Sp
     return [*sp.plain(knob, value), f"scheduler.lr_decay_iters={value}", f"scheduler.lr_warmup_iters={warmup}"]
 
 
+# CUDA graphs. Megatron-Core's TransformerConfig (megatron/core/transformer/transformer_config.py, core_v0.16.0):
+# ``cuda_graph_impl`` none | local (Megatron-Core's own CudaGraphManager: per-layer graphs, or with scope
+# full_iteration one graph of the whole forward-backward) | transformer_engine (TE's make_graphed_callables, per
+# layer); ``cuda_graph_scope`` a list of CudaGraphScope names, "full" (deprecated, the default) or empty meaning
+# the whole layer. dse offers the scope as a choice of the combinations NVIDIA's scripts use (Megatron-Bridge
+# scripts/performance/configs/*_workload_base_configs.py @ df0289c18: "full_iteration", "mlp", ["attn",
+# "moe_router", "moe_preprocess"], ["moe_router", "moe_preprocess"], ["mamba", "attn"], ["mamba"], []) plus the
+# single scopes Megatron-Core documents, each a comma-joined name: a sampler sees a handful of values instead of
+# every subset, and each value is one Megatron-Core accepts as it stands (no "moe" with "moe_router").
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+CUDA_GRAPH_SCOPES = (
+    "full",
+    "full_iteration",
+    "attn",
+    "mlp",
+    "attn,mlp",
+    "moe",
+    "moe_router",
+    "moe_router,moe_preprocess",
+    "attn,moe_router,moe_preprocess",
+    "mamba",
+    "mamba,attn",
+)
+# What Bridge's performance scripts set with a graph (scripts/performance/utils/overrides.py
+# _set_cuda_graph_overrides @ df0289c18): TE's RNG tracker in the model and the rng config, which graph capture
+# needs (Megatron-LM's arguments.py turns it on itself); with full_iteration, the NaN checks off
+# (Bridge's ConfigContainer.validate asserts rerun_state_machine.check_for_nan_in_loss=False; Megatron-LM's
+# arguments.py asks for --no-check-for-nan-in-loss-and-grad), as _set_common_perf_overrides sets for every run.
+MBRIDGE_GRAPH = ("model.use_te_rng_tracker=true", "rng.te_rng_tracker=true")
+MBRIDGE_FULL_ITERATION = ("rerun_state_machine.check_for_nan_in_loss=false", "ddp.check_for_nan_in_grad=false")
+# NeMo 2: its performance scripts (scripts/performance/helpers.py set_cuda_graph_configs) spell a graph as
+# enable_cuda_graph (Megatron-Core's deprecated flag for cuda_graph_impl="local", whole-layer scope) with TE's RNG
+# tracker; nothing else (dse.constraints.cuda_graph_payload refuses what NeMo 2 cannot express this way).
+NEMO2_GRAPH = ("model.config.enable_cuda_graph=true", "trainer.strategy.use_te_rng_tracker=true")
+
+
+def _cuda_graph(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    """The graph implementation and scope together, as each family's performance scripts spell them; ``none``
+    (the recipes' own default: Bridge's ``cuda_graph_impl="none"``, NeMo's ``enable_cuda_graph=False``) adds
+    nothing, so that ungraphed command lines stay as they were."""
+    if _spelled_by("cuda_graph", knob, values):
+        return []
+    impl = values.get("cuda_graph", CATALOGUE["cuda_graph"].default)
+    if impl == "none":
+        return []
+    if sp.family == "nemo2":
+        return list(NEMO2_GRAPH)
+    scope = values.get("cuda_graph_scope", CATALOGUE["cuda_graph_scope"].default)
+    names = "" if scope == "full" else scope  # "full": the whole layer, an empty list since core 0.16
+    out = [f"model.cuda_graph_impl={impl}", f"model.cuda_graph_scope=[{names}]", *MBRIDGE_GRAPH]
+    return out + list(MBRIDGE_FULL_ITERATION) if scope == "full_iteration" else out
+
+
 def _both(fn: SpellFn) -> dict[str, SpellFn]:
     return {"nemo2": fn, "mbridge": fn}
 
@@ -524,6 +577,32 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_attention),
             model_arg="attention_backend",
         ),
+        Knob(
+            "cuda_graph",
+            "choice",
+            "CUDA graph implementation (Megatron-Core cuda_graph_impl): none, local (Megatron-Core's, per layer or "
+            "the full iteration) or transformer_engine (TE's make_graphed_callables, per layer)",
+            "none",
+            choices=CUDA_GRAPH_IMPLS,
+            nemo2=("model.config.enable_cuda_graph", "trainer.strategy.use_te_rng_tracker"),
+            mbridge=("model.cuda_graph_impl", "model.use_te_rng_tracker", "rng.te_rng_tracker"),
+            nemo2_reads=(),
+            spell=_both(_cuda_graph),
+            model_arg="cuda_graph",
+        ),
+        Knob(
+            "cuda_graph_scope",
+            "choice",
+            "what a CUDA graph captures (Megatron-Core cuda_graph_scope, comma-joined): full (the whole layer), "
+            "full_iteration (local only: the whole forward-backward), or the layer's parts NVIDIA's scripts graph",
+            "full",
+            choices=CUDA_GRAPH_SCOPES,
+            nemo2=("model.config.enable_cuda_graph",),
+            mbridge=("model.cuda_graph_scope",),
+            nemo2_reads=(),
+            spell=_both(_cuda_graph),
+            model_arg="cuda_graph_scope",
+        ),
         # the model reads the world size (num_nodes x the system's GPUs per node), not the node count
         _int("num_nodes", "nodes in the job", 1, maximum=NODES_MAX, nemo2=["trainer.num_nodes"], mbridge=[]),
         _int(
@@ -563,6 +642,8 @@ class KnobValues:
     tp_comm_overlap: bool | None
     cpu_offload_layers: int
     attention_backend: str
+    cuda_graph: str
+    cuda_graph_scope: str
     num_nodes: int
     max_steps: int
 

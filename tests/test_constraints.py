@@ -17,7 +17,7 @@ def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
     values.update(tp=4, pp=4, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, num_nodes=8, precision="bf16")
     system_kw = kw.pop("system", {})
-    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed") if k in kw}
+    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed", "payload", "env") if k in kw}
     values.update(kw)
     system = load_system(gpu).model_copy(update=system_kw)
     return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values), **space_kw)
@@ -26,6 +26,9 @@ def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
 def test_baseline_is_valid():
     assert constraints.check(make()) is None
 
+
+_G = {"cuda_graph": "none", "cuda_graph_scope": "full"}  # a space's first listed graph values
+_EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 # rule -> (breaking point, a nearby valid point)
 CASES = {
@@ -76,6 +79,44 @@ CASES = {
             varied=("precision", "fp8_recipe"),
             first_listed={"precision": "bf16", "fp8_recipe": "delayed"},
         ),
+    ),
+    # CUDA graphs (Megatron-Core's TransformerConfig checks, and what each payload can spell)
+    "cuda_graph_scope_needs_graph": (
+        dict(cuda_graph="none", cuda_graph_scope="attn", varied=("cuda_graph", "cuda_graph_scope"), first_listed=_G),
+        dict(cuda_graph="none", cuda_graph_scope="full", varied=("cuda_graph", "cuda_graph_scope"), first_listed=_G),
+    ),
+    "cuda_graph_scope_impl": (
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="full_iteration", payload="mbridge"),
+        dict(cuda_graph="local", cuda_graph_scope="full_iteration", payload="mbridge"),
+    ),
+    "cuda_graph_scope_fits_arch": (
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="moe_router", payload="mbridge"),
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="attn", payload="mbridge"),
+    ),
+    "cuda_graph_no_offload": (
+        dict(cuda_graph="local", cpu_offload_layers=40, pp=1, tp=8, gbs=64),
+        dict(cuda_graph="none", cpu_offload_layers=40, pp=1, tp=8, gbs=64),
+    ),
+    "cuda_graph_recompute": (
+        dict(cuda_graph="local", recompute="full"),
+        dict(cuda_graph="local", cuda_graph_scope="full_iteration", recompute="full", payload="mbridge"),
+    ),
+    "cuda_graph_fsdp_hooks": (
+        dict(cuda_graph="local", fsdp=True, pp=1, tp=8, gbs=64, payload="mbridge"),
+        dict(cuda_graph="local", cuda_graph_scope="full_iteration", fsdp=True, pp=1, tp=8, gbs=64, payload="mbridge"),
+    ),
+    "cuda_graph_te_allocator": (
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="attn", payload="mbridge", env=_EXPANDABLE),
+        dict(
+            cuda_graph="transformer_engine",
+            cuda_graph_scope="attn",
+            payload="mbridge",
+            env={**_EXPANDABLE, "NCCL_GRAPH_REGISTER": "0"},
+        ),
+    ),
+    "cuda_graph_payload": (
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="attn"),
+        dict(cuda_graph="transformer_engine", cuda_graph_scope="attn", payload="mbridge"),
     ),
 }
 
@@ -152,3 +193,45 @@ def test_cpu_offload_follows_megatron_core(kw, words):
     """Megatron-Core's TransformerConfig refuses offloading all layers, with pp > 1, and with recompute."""
     assert [(r.rule, words in r.reason) for r in constraints.check_all(make(**kw))] == [("cpu_offload_supported", True)]
     assert constraints.check(make(**dict(kw, cpu_offload_layers=0))) is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        (dict(cuda_graph="local", payload="mcore"), "recipes.mcore does not capture"),
+        (dict(cuda_graph="local", cuda_graph_scope="full_iteration"), "enable_cuda_graph only"),
+        (dict(cuda_graph="local", fsdp=True, pp=1, tp=8, gbs=64), "Megatron FSDP"),
+        (dict(cuda_graph="local", cuda_graph_scope="mamba", payload="mbridge"), "hybrid Mamba model"),
+    ],
+)
+def test_cuda_graph_rules_name_what_cannot_run(kw, words):
+    """Megatron-Core's and the payloads' limits on graphs, each refused with its own reason."""
+    rejected = constraints.check(make(**kw))
+    assert rejected is not None and words in rejected.reason, rejected
+
+
+def test_nvidias_graphed_presets_are_valid():
+    """The layouts NVIDIA graphs pass: Bridge's Llama 3 8B GB200 preset (local, full_iteration) on the mbridge
+    payload, NeMo 2's per-layer graphs (enable_cuda_graph) with pipeline parallelism, and TE's MLP graphs."""
+    bridge = dict(gpu="gb200", recipe="llama3_8b", tp=1, pp=1, mbs=2, num_nodes=2, precision="fp8", payload="mbridge")
+    assert constraints.check(make(cuda_graph="local", cuda_graph_scope="full_iteration", **bridge)) is None
+    assert constraints.check(make(cuda_graph="transformer_engine", cuda_graph_scope="mlp", **bridge)) is None
+    assert constraints.check(make(cuda_graph="local", tp=4, pp=4)) is None
+
+
+@pytest.mark.parametrize(
+    ("scope", "words"),
+    [("moe", "drop-and-pad"), ("mlp", "experts in every layer"), ("moe_router,moe_preprocess", None)],
+)
+def test_moe_graph_scopes_follow_megatron_core(scope, words):
+    """On an MoE model (every layer with experts, dropless): the router may be graphed, the whole MoE layer only
+    with drop-and-pad, and a dense MLP scope names nothing that exists."""
+    from dataclasses import replace
+
+    base = RECIPES["llama3_8b"]
+    moe = replace(base, arch=replace(base.arch, num_experts=8))
+    values = {n: k.default for n, k in knobs.CATALOGUE.items()}
+    values.update(tp=1, pp=1, num_nodes=1, gbs=128, cuda_graph="transformer_engine", cuda_graph_scope=scope)
+    t = TrialConfig(recipe=moe, system=load_system("h100"), values=MappingProxyType(values), payload="mbridge")
+    why = constraints.cuda_graph_scope_fits_arch(t)
+    assert (why is None) if words is None else (why is not None and words in why.reason), why

@@ -18,9 +18,13 @@ INTS = ("num_gpus", "seq_length", "gbs", "mbs", "tp", "pp", "cp", "vp")
 
 
 def test_columns_extend_the_calibration_table():
+    """Same leading columns, the held-out table's own before ``source``; columns added since (the CUDA graph
+    knobs) follow ``source`` in both tables, in the same order."""
     cols = list(ROWS[0])
-    assert cols[: len(CAL_COLUMNS) - 1] == CAL_COLUMNS[:-1]  # same leading columns; source last in both
-    assert cols[-1] == "source" == CAL_COLUMNS[-1]
+    cal_src, src = CAL_COLUMNS.index("source"), cols.index("source")
+    assert cols[:cal_src] == CAL_COLUMNS[:cal_src]
+    assert cols[src + 1 :] == CAL_COLUMNS[cal_src + 1 :]
+    assert {"cuda_graph", "cuda_graph_scope"} <= set(cols[src + 1 :])
     assert {"recompute", "sp", "tp_comm_overlap", "fp8_recipe", "model_file", "cross_entropy"} <= set(cols)
 
 

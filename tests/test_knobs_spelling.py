@@ -317,3 +317,73 @@ def test_attention_backend_auto_is_not_spelled_and_others_are():
     assert knobs.factory_args({"attention_backend": "auto"}, gpu="h100", hidden_size=4096) == {}
     with pytest.raises(UserError, match="takes one of auto, flash, fused, unfused, local"):
         knobs.get("attention_backend").coerce("cudnn")
+
+
+GRAPH = dict(BASE, cuda_graph="none", cuda_graph_scope="full")
+
+
+def test_no_cuda_graph_is_not_spelled():
+    """cuda_graph=none is every recipe's own default: ungraphed command lines stay as they were."""
+    for flavour in ("nemo2", "mbridge"):
+        assert not [o for o in knobs.overrides(GRAPH, flavour) if "graph" in o or "rng" in o]
+
+
+def test_nemo2_spells_graphs_as_its_performance_scripts():
+    """NeMo's scripts/performance helpers: enable_cuda_graph with TE's RNG tracker."""
+    got = knobs.overrides(dict(GRAPH, cuda_graph="local"), "nemo2")
+    assert [o for o in got if "graph" in o or "rng" in o] == [
+        "model.config.enable_cuda_graph=true",
+        "trainer.strategy.use_te_rng_tracker=true",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("impl", "scope", "expected"),
+    [
+        (
+            "local",
+            "full_iteration",
+            [
+                "model.cuda_graph_impl=local",
+                "model.cuda_graph_scope=[full_iteration]",
+                "model.use_te_rng_tracker=true",
+                "rng.te_rng_tracker=true",
+                "rerun_state_machine.check_for_nan_in_loss=false",
+                "ddp.check_for_nan_in_grad=false",
+            ],
+        ),
+        (
+            "transformer_engine",
+            "attn,mlp",
+            [
+                "model.cuda_graph_impl=transformer_engine",
+                "model.cuda_graph_scope=[attn,mlp]",
+                "model.use_te_rng_tracker=true",
+                "rng.te_rng_tracker=true",
+            ],
+        ),
+        (
+            "local",
+            "full",
+            [
+                "model.cuda_graph_impl=local",
+                "model.cuda_graph_scope=[]",
+                "model.use_te_rng_tracker=true",
+                "rng.te_rng_tracker=true",
+            ],
+        ),
+    ],
+)
+def test_mbridge_spells_graphs_as_bridges_performance_scripts(impl, scope, expected):
+    """Bridge's _set_cuda_graph_overrides: impl, scope as a list, TE's RNG tracker in model and rng; with
+    full_iteration the NaN checks off that Bridge's config validation asks for."""
+    got = knobs.overrides(dict(GRAPH, cuda_graph=impl, cuda_graph_scope=scope), "mbridge")
+    assert [o for o in got if "graph" in o or "rng" in o or "nan" in o] == expected
+
+
+def test_payload_args_mbridge_with_full_iteration_graphs():
+    """A whole command line: Bridge's Llama 3 8B GB200 preset (local, full_iteration)."""
+    values = dict(GRAPH, cp=1, mbs=2, precision="fp8", cuda_graph="local", cuda_graph_scope="full_iteration")
+    argv = knobs.payload_args("mbridge", RECIPES["llama3_8b"], values, gpu="gb200", gpus_per_node=4)
+    assert argv[:2] == ("--recipe", RECIPES["llama3_8b"].mbridge_recipe)
+    assert "model.cuda_graph_impl=local" in argv and "model.cuda_graph_scope=[full_iteration]" in argv

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dse.knobs import CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES
 from dse.perfmodel import predict
 from dse.perfmodel.memory import GIB, layer_activation_bytes
 from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, payload_stack
@@ -253,7 +254,7 @@ def test_published_stacks_price_the_loss_their_containers_ran():
     from dse.perfmodel.trials import make_trial
     from dse.recipes.models import RECIPES
 
-    assert {n: cross_entropy_bytes(s) for n, s in PUBLISHED_STACKS.items() if not s.cuda_graphs} == {
+    assert {n: cross_entropy_bytes(s) for n, s in PUBLISHED_STACKS.items()} == {
         "published:te": 16.0,
         "published:native_fused": 36.0,
         "published:native": 52.0,
@@ -272,8 +273,12 @@ def test_published_stacks_price_the_loss_their_containers_ran():
             rows = list(csv.DictReader(fh, delimiter="\t"))
         assert {f"published:{r['cross_entropy']}" for r in rows} <= set(PUBLISHED_STACKS), table
         assert {r["cuda_graphs"] for r in rows} <= {"0", "1", ""}, table
-        # the column is filled wherever the model's host term applies (Grace), except where no preset says
-        assert [r["id"] for r in rows if r["gpu"] in ("gb200", "gb300") and r["cuda_graphs"] == ""] in (
+        # the graph knobs' columns: catalogue values, and the same rows graphed as the older 1/0 column says
+        assert {r["cuda_graph"] for r in rows} <= {*CUDA_GRAPH_IMPLS, ""}, table
+        assert {r["cuda_graph_scope"] for r in rows} <= {*CUDA_GRAPH_SCOPES, ""}, table
+        assert all((r["cuda_graph"] not in ("none", "")) == (r["cuda_graphs"] == "1") for r in rows), table
+        # filled wherever the model's host term applies (Grace), except where no preset says
+        assert [r["id"] for r in rows if r["gpu"] in ("gb200", "gb300") and r["cuda_graph"] == ""] in (
             [],
             ["nemo2507_gb200_llama3_70b_alt"],
         ), table
@@ -281,24 +286,26 @@ def test_published_stacks_price_the_loss_their_containers_ran():
 
 def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
     """On a Grace host (GB200, GB300) a layer takes at least the host's time to launch it
-    (Params.host_layer_s_grace), unless the payload runs in CUDA graphs (Stack.cuda_graphs); x86 hosts (B200) and
+    (Params.host_layer_s_grace), unless CUDA graphs capture it (the cuda_graph knob); x86 hosts (B200) and
     layers longer than the host's time are untouched, and the wait shows in the breakdown."""
     from dse.perfmodel.model import predict_layout
-    from dse.perfmodel.stack import PUBLISHED_STACKS, published_stack_name
     from dse.recipes.models import RECIPES
 
     arch = RECIPES["llama3_70b"].arch
     short = dict(
         num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128, seq_length=8192, precision="fp8", tp_comm_overlap=True
     )  # ~6 ms per layer and micro-batch on the GPU
-    graphs = PUBLISHED_STACKS[published_stack_name("te", cuda_graphs=True)]
     off = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.0)
     for gpu in ("gb200", "gb300"):
         bound = predict_layout(arch, gpu, **short)
         free = predict_layout(arch, gpu, params=off, **short)
-        graphed = predict_layout(arch, gpu, stack=graphs, **short)
+        graphed = predict_layout(arch, gpu, cuda_graph="local", cuda_graph_scope="full_iteration", **short)
         assert bound.step_time_s > 1.3 * free.step_time_s, gpu
-        assert graphed.step_time_s == pytest.approx(free.step_time_s), gpu
+        # no host wait, and the captured layers' launch overhead (layer_overhead_s) gone too
+        assert graphed.breakdown["time.host_wait_s"] == 0.0
+        assert (
+            graphed.step_time_s == pytest.approx(free.step_time_s, rel=0.02) and graphed.step_time_s < free.step_time_s
+        )
         assert bound.breakdown["time.host_wait_s"] > 0.0 and free.breakdown["time.host_wait_s"] == 0.0
         # the wait is what the host's time adds over the GPU's, layer by layer
         layers = 16  # 80 layers over pp 4: the busiest stage's, as layer_compute_s counts
@@ -313,3 +320,36 @@ def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
         num_gpus=64, tp=1, pp=1, mbs=2, gbs=256, seq_length=8192, precision="fp8", fsdp=True, cpu_offload_layers=40
     )
     assert predict_layout(arch, "gb200", **long_).breakdown["time.host_wait_s"] == 0.0
+
+
+def test_a_graphed_layout_is_faster_by_the_host_term_and_uses_more_memory():
+    """CUDA graphs on a Grace host: the whole layer graphed waits for no host and drops the launch overhead;
+    graphing half a layer (attn) waits for the other half's launches; graphs cost memory (static buffers of
+    per-layer graphs, the graph pool), and nothing changes on an x86 host's time."""
+    from dse.perfmodel.model import predict_layout
+    from dse.recipes.models import RECIPES
+
+    arch = RECIPES["nemotron4_340b"].arch
+    lay = dict(num_gpus=128, tp=8, pp=4, vp=12, mbs=1, gbs=32, seq_length=4096, precision="fp8", tp_comm_overlap=True)
+    none = predict_layout(arch, "gb200", **lay)
+    full = predict_layout(arch, "gb200", cuda_graph="local", **lay)
+    attn = predict_layout(arch, "gb200", cuda_graph="transformer_engine", cuda_graph_scope="attn", **lay)
+    it = predict_layout(arch, "gb200", cuda_graph="local", cuda_graph_scope="full_iteration", **lay)
+    assert none.breakdown["time.host_wait_s"] > 0.0 and full.breakdown["time.host_wait_s"] == 0.0
+    saved = none.step_time_s - full.step_time_s
+    overhead = none.breakdown["time.host_wait_s"] + none.breakdown["time.layer_compute_s"]
+    overhead -= full.breakdown["time.layer_compute_s"]
+    # what the step saves is the host's wait and the launch overhead, in every micro-batch slot and the bubble
+    # (the DP and pipeline transfers it overlaps with move a little with the slot)
+    bubble = none.breakdown["time.bubble_s"] - full.breakdown["time.bubble_s"]
+    assert saved == pytest.approx(overhead + bubble, rel=0.01)
+    assert none.step_time_s > attn.step_time_s > full.step_time_s
+    assert it.step_time_s == pytest.approx(full.step_time_s)
+    # memory: static buffers for per-layer graphs, the pool for both
+    assert none.breakdown["mem.cuda_graphs_gib"] == 0.0
+    assert full.peak_memory_gib > it.peak_memory_gib > none.peak_memory_gib
+    assert full.breakdown["mem.cuda_graphs_gib"] > it.breakdown["mem.cuda_graphs_gib"] > 0.0
+    # x86 (B200): no host term to remove, only the launch overhead of the captured layers
+    b_none, b_full = (predict_layout(arch, "b200", cuda_graph=g, **lay) for g in ("none", "local"))
+    assert b_none.breakdown["time.host_wait_s"] == b_full.breakdown["time.host_wait_s"] == 0.0
+    assert b_full.step_time_s < b_none.step_time_s < 1.01 * b_full.step_time_s

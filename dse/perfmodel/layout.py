@@ -21,6 +21,34 @@ from dse.recipes.models import ModelArch
 UNFUSED_BACKENDS = ("unfused", "local")
 
 
+# The share of one transformer layer's kernel launches in each part Megatron-Core can graph
+# (megatron/core/transformer/transformer_layer.py: ``_forward_attention`` is the input norm, QKV GEMM, RoPE, core
+# attention, projection and residual; ``_forward_mlp`` the pre-MLP norm, fc1, activation, fc2 and residual: about
+# as many kernels and autograd nodes each, so half a layer's host time each). "full" (the whole layer) and
+# "full_iteration" (the whole forward-backward) capture every launch of the layer. The MoE parts split the MLP
+# half: the router (gating GEMM, top-k, aux loss) and its preprocessing (the dispatcher's permutation metadata);
+# the experts' own GEMMs and the token exchange stay outside those graphs.
+GRAPH_PART_SHARE = {
+    "full": 1.0,
+    "full_iteration": 1.0,
+    "attn": 0.5,
+    "mlp": 0.5,
+    "moe": 0.5,
+    "moe_router": 0.15,
+    "moe_preprocess": 0.1,
+    "mamba": 0.5,
+}
+
+
+def graph_captured_share(cuda_graph: str, cuda_graph_scope: str) -> float:
+    """The share (0-1) of a layer's kernel launches inside a CUDA graph: 0 without graphs, else the sum of the
+    scope's parts (:data:`GRAPH_PART_SHARE`, a comma-joined scope as ``dse.knobs.CUDA_GRAPH_SCOPES`` spells it),
+    at most 1."""
+    if cuda_graph == "none":
+        return 0.0
+    return min(1.0, sum(GRAPH_PART_SHARE.get(part, 0.0) for part in cuda_graph_scope.split(",")))
+
+
 @dataclass(slots=True)
 class ModelLayout:
     """The layout and options of one prediction: :func:`dse.perfmodel.model.predict_layout`'s keyword arguments,
@@ -44,9 +72,16 @@ class ModelLayout:
     tp_comm_overlap: bool = False
     cpu_offload_layers: int = 0
     attention_backend: str = "auto"
+    cuda_graph: str = "none"
+    cuda_graph_scope: str = "full"
     dropout: bool = False
     nvlink_domain: int | None = None
     scaleout_gbps: float | None = None
+
+    @property
+    def graph_share(self) -> float:
+        """The share of a layer's kernel launches that a CUDA graph captures (:func:`graph_captured_share`)."""
+        return graph_captured_share(self.cuda_graph, self.cuda_graph_scope)
 
     @property
     def unfused_attention(self) -> bool:

@@ -204,6 +204,7 @@ class MemoryUse:
     logits_gib: float
     fsdp_buffers_gib: float
     fp8_weight_cache_gib: float
+    cuda_graphs_gib: float
     reserve_gib: float
 
 
@@ -226,14 +227,36 @@ class MemoryCounts:
     fsdp_buf: float
     cache_first: float
     cache_last: float
+    graph_static: float = 0.0  # CUDA graphs' static input/output buffers (in fixed_*), :func:`graph_static_bytes`
+    graphed: float = 0.0  # 1 when CUDA graphs capture the layers: their private pool (Params.cuda_graph_pool_share)
+
+    def slack(self, P: Params) -> float:
+        """The share of the activations the allocator cannot reuse: fragmentation, and the CUDA graphs' pool."""
+        return P.memory_fragmentation + self.graphed * P.cuda_graph_pool_share
 
     def peak_gib(self, P: Params, stack: Stack) -> float:
         """The peak (GiB) under ``P``: the larger stage's bytes with fragmentation, plus the reserve and offset."""
         logits_mem = self.logits_elements * logits_peak_bytes(stack, P)
         act_last = self.act_last_layers + max(self.work, logits_mem)
-        mem_first = self.fixed_first + self.act_first * (1.0 + P.memory_fragmentation)
-        mem_last = self.fixed_last + act_last * (1.0 + P.memory_fragmentation)
+        mem_first = self.fixed_first + self.act_first * (1.0 + self.slack(P))
+        mem_last = self.fixed_last + act_last * (1.0 + self.slack(P))
         return max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib
+
+
+def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> float:
+    """The static buffers of per-layer CUDA graphs: a captured graph reads its input from and writes its output to
+    fixed addresses, so each graph keeps an input and an output buffer of the micro-batch's hidden states (bf16,
+    split over TP with sequence parallelism) for its lifetime. Megatron-Core's local graphs
+    (``megatron/core/transformer/cuda_graphs.py``: a ``CudaGraphManager`` per layer records a new runner whenever
+    every runner it has is between its forward and its backward; with pipeline parallelism one per micro-batch,
+    whose buffers go back to a shared reuse pool once its backward has run) keep one set live per layer and
+    micro-batch in flight: ``graphs`` is that count, the stage's in-flight layers (:func:`inflight_layers`). A partial scope keeps
+    buffers for each part it captures (at most two a layer). A ``full_iteration`` graph's inputs are the batch's
+    token ids, labels, mask and positions: nothing next to the activations."""
+    if layout.graph_share == 0.0 or layout.cuda_graph_scope == "full_iteration":
+        return 0.0
+    parts = 1 if layout.cuda_graph_scope == "full" else min(2, len(layout.cuda_graph_scope.split(",")))
+    return graphs * parts * 2.0 * shape.tokens * shape.hidden_sp * 2.0
 
 
 def memory_counts(
@@ -260,9 +283,11 @@ def memory_counts(
     # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
     s_loc = shape.seq_length / shape.cp
     work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
+    graph_first = graph_static_bytes(shape, layout, first_layers)
+    graph_last = graph_static_bytes(shape, layout, last_layers)
     return MemoryCounts(
-        fixed_first=stages.first_params / t * states_b + cache_first + fsdp_buf,
-        fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf,
+        fixed_first=stages.first_params / t * states_b + cache_first + fsdp_buf + graph_first,
+        fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf + graph_last,
         act_first=first_layers * act_kept + work,
         act_last_layers=last_layers * act_kept,
         work=work,
@@ -272,6 +297,8 @@ def memory_counts(
         fsdp_buf=fsdp_buf,
         cache_first=cache_first,
         cache_last=cache_last,
+        graph_static=max(graph_first, graph_last),
+        graphed=1.0 if layout.graph_share > 0.0 else 0.0,
     )
 
 
@@ -291,6 +318,7 @@ def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
         logits_gib=logits_mem / GIB,
         fsdp_buffers_gib=c.fsdp_buf / GIB,
         fp8_weight_cache_gib=max(c.cache_first, c.cache_last) / GIB,
+        cuda_graphs_gib=(c.graph_static + max(c.act_first, act_last) * c.graphed * P.cuda_graph_pool_share) / GIB,
         reserve_gib=P.memory_reserve_gib
         + P.memory_offset_gib
         + max(c.act_first, act_last) * P.memory_fragmentation / GIB,

@@ -112,6 +112,7 @@ BREAKDOWN_KEYS: tuple[tuple[str, str, str], ...] = tuple(
             "logits_gib",
             "fsdp_buffers_gib",
             "fp8_weight_cache_gib",
+            "cuda_graphs_gib",
             "reserve_gib",
         )
     ]
@@ -377,16 +378,20 @@ def recompute_time(
     return frac * (gemm_fwd + attention_fwd + elementwise / 3.0 + 4.0 * tp_one * (1.0 - tp_hidden))
 
 
-def host_layer_time(machine: Machine, stack: Stack) -> float:
-    """The host's (CPU's) time to launch one layer's kernels for one micro-batch.
+def host_layer_time(machine: Machine, layout: ModelLayout) -> float:
+    """The host's (CPU's) time to launch one layer's kernels for one micro-batch, outside CUDA graphs.
 
     Every kernel of a layer is launched by Python (TE's modules, autograd, Megatron's hooks), and the GPU cannot
     run ahead of its launches, so a layer takes at least the host's time for it. Grace costs ~2.75x an x86 host
     per PyTorch op (TransformerEngine issue 2053: 37.08 vs 13.48 µs on a Xeon 8480C); on x86 the host time stays
     under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6.2% at 3.4 ms
-    layers), so the term applies to Grace hosts only, and not to a CUDA-graphed step (Stack.cuda_graphs).
+    layers), so the term applies to Grace hosts only. A CUDA graph replays its captured launches in one call: the
+    share of the layer that the graph's scope captures (``ModelLayout.graph_share``: the knobs ``cuda_graph`` and
+    ``cuda_graph_scope``) costs the host nothing.
     """
-    return machine.params.host_layer_s_grace if machine.gpu.grace_host and not stack.cuda_graphs else 0.0
+    if not machine.gpu.grace_host:
+        return 0.0
+    return machine.params.host_layer_s_grace * (1.0 - layout.graph_share)
 
 
 @dataclass(slots=True)
@@ -418,14 +423,15 @@ def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack
     gemm_fwd = gemm_forward_time(shape, machine)
     attn_fwd, attn_fb = attention_time(shape, layout, machine)
     elem = elementwise_time(shape, layout, machine, stack)
-    compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s
+    # the fixed per-layer overhead is launch gaps and small kernels: a graph replays the part it captures back to back
+    compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s * (1.0 - layout.graph_share)
     # tensor parallel: 4 all-gather/reduce-scatter (or 2 all-reduce) forward and as many backward
     tp_one = tp_collective_time(shape, machine)
     tp_hidden = tp_hidden_share(layout, P)
     tp_exposed = 8.0 * tp_one * (1.0 - tp_hidden)
     cp_exposed = cp_exposed_time(shape, machine, attn_fb)
     rec = recompute_time(shape, layout, gemm_fwd, attn_fwd, elem, tp_one, tp_hidden)
-    host_wait = max(0.0, host_layer_time(machine, stack) - (compute + tp_exposed + cp_exposed + rec))
+    host_wait = max(0.0, host_layer_time(machine, layout) - (compute + tp_exposed + cp_exposed + rec))
     return LayerTime(
         gemm_fwd, attn_fwd, attn_fb, elem, compute, tp_one, tp_hidden, tp_exposed, cp_exposed, rec, host_wait
     )
@@ -615,6 +621,8 @@ def predict_layout(
     tp_comm_overlap: bool = False,
     cpu_offload_layers: int = 0,
     attention_backend: str = "auto",
+    cuda_graph: str = "none",
+    cuda_graph_scope: str = "full",
     dropout: bool | None = None,
     nvlink_domain: int | None = None,
     scaleout_gbps: float | None = None,
@@ -654,6 +662,8 @@ def prepare_layout(
     tp_comm_overlap: bool = False,
     cpu_offload_layers: int = 0,
     attention_backend: str = "auto",
+    cuda_graph: str = "none",
+    cuda_graph_scope: str = "full",
     dropout: bool | None = None,
     nvlink_domain: int | None = None,
     scaleout_gbps: float | None = None,
@@ -679,6 +689,8 @@ def prepare_layout(
         tp_comm_overlap=tp_comm_overlap,
         cpu_offload_layers=cpu_offload_layers,
         attention_backend=attention_backend,
+        cuda_graph=cuda_graph,
+        cuda_graph_scope=cuda_graph_scope,
         dropout=_dropout(arch, stack, dropout),
         nvlink_domain=nvlink_domain,
         scaleout_gbps=scaleout_gbps,

@@ -1,5 +1,5 @@
 """What a payload's training code does that no knob says: its loss, its FP8 weights and gradients, its gradient
-accumulation, whether it runs the architecture's own activation and dropout, and whether it runs in CUDA graphs.
+accumulation, and whether it runs the architecture's own activation and dropout.
 
 The knobs say *what* runs (precision, recipe, layout); these choices, which move the peak by gigabytes or the
 step time by percents, are made by the payload's own code and differ between the payloads dse drives:
@@ -41,10 +41,12 @@ step time by percents, are made by the payload's own code and differ between the
   says (``recipes.models.ModelArch.activation``: Nemotron's eager squared ReLU; ``ModelArch.dropout``), time terms
   of dse.perfmodel.model (``SQUARED_RELU_EXTRA_BYTES``, ``HIDDEN_DROPOUT_BYTES``, unfused attention's score bytes);
   recipes.mcore runs ``F.silu`` / ``F.gelu`` and sets both dropouts to 0 whatever the arch.
-* **CUDA graphs.** None of dse's payloads captures CUDA graphs, so their host launches every kernel, and a step
-  whose layers are shorter on the GPU than on a Grace host waits for the host (``Params.host_layer_s_grace``).
-  Some of NVIDIA's published runs graph their layers or the whole step (``Stack.cuda_graphs``, the tables'
-  ``cuda_graphs`` column).
+* **CUDA graphs are a knob, not a stack fact.** Whether a step is captured in CUDA graphs is a choice every
+  payload that can run graphs offers (Bridge's ``model.cuda_graph_impl`` / ``cuda_graph_scope``, NeMo 2's
+  ``model.config.enable_cuda_graph``), so it is the catalogue's ``cuda_graph`` and ``cuda_graph_scope``
+  (dse.knobs), priced by the model's host-time term (``Params.host_layer_s_grace`` for the share of a layer the
+  scope leaves outside the graph) and memory (static buffers, the graph pool); published rows carry them as the
+  script of each row's container set them (the tables' ``cuda_graph`` and ``cuda_graph_scope`` columns).
 
 Decision: the payload is recorded on the trial (:attr:`dse.trial.TrialConfig.payload`, from the space's
 ``[backend] payload``) and this table says what each one does; no new knob, because none of these is a choice
@@ -74,11 +76,6 @@ class Stack:
     # the payload trains with the architecture's dropout (ModelArch.dropout); recipes.mcore sets hidden_dropout and
     # attention_dropout to 0 whatever the arch
     arch_dropout: bool = True
-    # the payload captures its layers (or the whole step) in CUDA graphs, so the host launches a graph instead of
-    # each kernel and the model's host-time term does not apply; dse's payloads do not (NeMo 2's
-    # enable_cuda_graph and Bridge's cuda_graph_impl stay at their defaults, off), some of NVIDIA's published
-    # runs do (the tables' cuda_graphs column)
-    cuda_graphs: bool = False
 
 
 # NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
@@ -104,19 +101,16 @@ STACKS: dict[str, Stack] = {
 
 
 # The stacks of published measurements that dse does not drive (bench/model_accuracy.py, bench/model_heldout.py):
-# NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column) and with
-# or without CUDA graphs (the cuda_graphs column), named "published:<cross_entropy>[:graphs]" so that a trial's
-# payload field can carry one
-def published_stack_name(cross_entropy: str, cuda_graphs: bool = False) -> str:
-    """The name of the published stack that ran ``cross_entropy``, with or without CUDA graphs (a key of
-    :data:`PUBLISHED_STACKS`)."""
-    return f"published:{cross_entropy}" + (":graphs" if cuda_graphs else "")
+# NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column), named
+# "published:<cross_entropy>" so that a trial's payload field can carry one. Their CUDA graphs are knobs
+# (cuda_graph, cuda_graph_scope), read from the tables' columns of those names.
+def published_stack_name(cross_entropy: str) -> str:
+    """The name of the published stack that ran ``cross_entropy`` (a key of :data:`PUBLISHED_STACKS`)."""
+    return f"published:{cross_entropy}"
 
 
 PUBLISHED_STACKS: dict[str, Stack] = {
-    published_stack_name(ce, g): Stack(cross_entropy=ce, cuda_graphs=g)
-    for ce in ("te", "native_fused", "native")
-    for g in (False, True)
+    published_stack_name(ce): Stack(cross_entropy=ce) for ce in ("te", "native_fused", "native")
 }
 
 

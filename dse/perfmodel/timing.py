@@ -62,6 +62,12 @@ class Params:
     offload_overlap: float = 0.90
     memory_reserve_gib: float = 3.0  # CUDA context, NCCL and cuBLAS / TE workspaces
     memory_fragmentation: float = 0.05  # allocator slack, as a share of the activation memory
+    # fixed prior, not fitted (no measured peak of a graphed run): what CUDA graphs' private memory pool adds, as a
+    # share of the activations. Memory a graph allocates during capture stays in the graph's pool and is reused
+    # only by the graphs that share it (PyTorch's CUDA graph pools, torch.cuda.graph_pool_handle; Megatron-Core's
+    # cuda_graph_use_single_mempool), never by eager work between replays, so blocks freed inside the graphs are
+    # not available to the optimizer step or the loss: twice the allocator's own fragmentation (0.05)
+    cuda_graph_pool_share: float = 0.10
     # a stack's constant memory difference (GiB, may be negative), learnt by ``dse calibrate`` from measured
     # peaks; 0 leaves the shipped model as it is
     memory_offset_gib: float = 0.0

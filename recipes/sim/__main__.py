@@ -57,6 +57,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "account_for_embedding_in_pipeline_split": False,
             "account_for_loss_in_pipeline_split": False,
             "ckpt_async_save": False,
+            "use_te_rng_tracker": False,
         },
         "plugins": {
             "precision": "bf16-mixed",
@@ -83,6 +84,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "cpu_offloading_num_layers": 0,
             "cpu_offloading_activations": True,
             "cpu_offloading_weights": False,
+            "enable_cuda_graph": False,
         }
     },
     "optim": {"config": {"lr": 3e-4}},
