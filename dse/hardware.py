@@ -77,6 +77,12 @@ class GpuSpec:
         return self.sm100_or_newer
 
     @property
+    def nvfp4(self) -> bool:
+        """NVFP4 (E2M1 with 16-element E4M3 block scales) in the tensor cores: Blackwell (SM 10.0+, Transformer
+        Engine's NVFP4BlockScaling recipe, "Supported devices: Blackwell and later") with a quoted dense FP4 peak."""
+        return self.sm100_or_newer and self.fp4_tflops is not None
+
+    @property
     def cuda_device_max_connections(self) -> int:
         """What PerfEnvPlugin sets when tp or cp > 1: 32 on SM100+, 1 on Hopper and older (program order)."""
         return 32 if self.sm100_or_newer else 1

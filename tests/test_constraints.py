@@ -17,7 +17,7 @@ def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
     values.update(tp=4, pp=4, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, num_nodes=8, precision="bf16")
     system_kw = kw.pop("system", {})
-    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed") if k in kw}
+    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed", "payload") if k in kw}
     values.update(kw)
     system = load_system(gpu).model_copy(update=system_kw)
     return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values), **space_kw)
@@ -45,6 +45,19 @@ CASES = {
     "sp_needs_tp": (dict(tp=1, pp=4, sp=True), dict(tp=1, pp=4, sp=False)),
     "ep_divides_experts": (dict(ep=2), dict(ep=1)),
     "fp8_needs_hopper": (dict(gpu="a100", precision="fp8"), dict(gpu="a100", precision="bf16")),
+    "nvfp4_needs_blackwell": (
+        dict(gpu="h100", precision="nvfp4", payload="mbridge"),
+        dict(gpu="b200", precision="nvfp4", payload="mbridge"),
+    ),
+    "nvfp4_payload": (
+        dict(gpu="gb300", precision="nvfp4", payload="nemo2"),
+        dict(gpu="gb300", precision="nvfp4", payload="mbridge"),
+    ),
+    # 8200 tokens per micro-batch: not a multiple of NVFP4's 32
+    "nvfp4_dims_aligned": (
+        dict(gpu="b300", precision="nvfp4", payload="mbridge", seq_length=8200),
+        dict(gpu="b300", precision="nvfp4", payload="mbridge", seq_length=8192),
+    ),
     "tp_within_nvlink": (
         dict(recipe="nemotron3_8b", tp=16, pp=1, num_nodes=2, gbs=32, seq_length=4096),
         dict(recipe="nemotron3_8b", tp=8, pp=1, num_nodes=2, gbs=32, seq_length=4096),
