@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from dse.perfmodel.layout import ModelLayout, Shape, Stages
+from dse.perfmodel.layout import NVFP4_ELEMENT_BYTES, ModelLayout, Shape, Stages
 from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
 from dse.perfmodel.timing import Params
 
@@ -245,12 +245,14 @@ def memory_counts(
     h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
     act_kept = kept_activations(shape, layout, fp8, full_layer)
     first_layers, last_layers = inflight_layers(shape, stages, min(layout.cpu_offload_layers, L))
-    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
-    weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
+    nvfp4 = fp8 and layout.precision == "nvfp4"
+    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter; NVFP4 keeps bf16 weights
+    # (bf16_with_nvfp4_mixed sets fp8_param_gather=False: Megatron-Core has no FP4 parameter gather)
+    weight_b = 1.0 if fp8 and stack.fp8_param_gather and not nvfp4 else 2.0
     # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
-    # stage's layers, kept for the whole step (dse.perfmodel.stack)
+    # stage's layers, kept for the whole step (dse.perfmodel.stack); NVFP4's row-wise and column-wise copies
     lin_layer = h * (shape.qkv_cols + a * shape.head_dim / t + shape.fc1_cols + arch.ffn_hidden_size / t)
-    cache_b = fp8_weight_cache_bytes(fp8, stack) * lin_layer
+    cache_b = (2.0 * NVFP4_ELEMENT_BYTES if nvfp4 else fp8_weight_cache_bytes(fp8, stack)) * lin_layer
     cache_first = (L if shape.pp == 1 else stages.first_layers) * cache_b
     cache_last = (L if shape.pp == 1 else stages.last_layers) * cache_b
     d_r = shape.data_parallel * shape.cp
