@@ -200,8 +200,8 @@ def uses_nvfp4(gpu: GpuSpec, layout: ModelLayout) -> bool:
 
 
 def uses_low_precision(gpu: GpuSpec, layout: ModelLayout) -> bool:
-    """Whether ``layout``'s GEMM inputs are quantised on ``gpu`` (FP8 or NVFP4): saved for the backward in one
-    byte per element (an NVFP4 input keeps a row-wise and a column-wise copy, about one byte together)."""
+    """Whether ``layout``'s GEMM inputs are quantised on ``gpu`` (FP8 or NVFP4): saved for the backward as a
+    quantised copy (dse.perfmodel.memory.layer_activation_bytes) and cast by element-wise kernels."""
     return uses_fp8(gpu, layout) or uses_nvfp4(gpu, layout)
 
 

@@ -36,6 +36,7 @@ def layer_activation_bytes(
     dropout: bool = True,
     fp8: bool = False,
     fused_softmax: bool = False,
+    low_bytes: float = 1.0,
 ) -> float:
     """Bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
@@ -44,7 +45,9 @@ def layer_activation_bytes(
     layer norms 4sbh; attention 2sbh (QKV input) + Q, K, V + 2sbh (projection input) + sbh (dropout mask)
     + 5as²b (scores, softmax, dropout); MLP 2sbh (fc1 input) + activation input + fc2 input + sbh (mask).
     With flash attention the scores are never stored (only a log-sum-exp per row); with ``fp8`` the GEMM
-    inputs that Transformer Engine keeps for the weight gradient are 1-byte copies. Without sequence
+    inputs that Transformer Engine keeps for the weight gradient are quantised copies of ``low_bytes`` per element
+    (1 for FP8; NVFP4's column-wise copy, E2M1 and its block scales, is :data:`NVFP4_ELEMENT_BYTES`: TE's linear
+    layers drop the row-wise half before saving it). Without sequence
     parallelism the layer-norm, dropout and GEMM-input tensors are replicated over the tensor-parallel
     ranks (Korthikanti eq. 2: ``sbh(10 + 24/t + 5as/(ht))``).
 
@@ -63,7 +66,7 @@ def layer_activation_bytes(
     sb = s * b
     if recompute == "full":  # only the layer input is kept (sharded over t with sequence parallelism)
         return 2.0 * sb * h / (t if sp else 1)
-    low = 1.0 if fp8 else 2.0  # bytes per element of a saved GEMM input
+    low = low_bytes if fp8 else 2.0  # bytes per element of a saved GEMM input
     mask = 1.0 if dropout else 0.0
     # replicated over TP ranks unless sequence parallel: norms, QKV and fc1 inputs, dropout masks
     rep = sb * h * (4.0 + low + low + 2.0 * mask)
@@ -151,6 +154,7 @@ def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: s
         dropout=layout.dropout,
         fp8=fp8,
         fused_softmax=layout.attention_backend == "unfused",
+        low_bytes=NVFP4_ELEMENT_BYTES if layout.precision == "nvfp4" else 1.0,
     )
 
 
