@@ -89,3 +89,11 @@ def test_shipped_nvfp4_spaces_load_and_offer_nvfp4_and_fp8(name):
     assert set(space.knobs["precision"]) == {"fp8", "nvfp4"}
     assert "cpu_offload_layers" in space.knobs
     assert space.backend.payload == "mbridge"
+
+
+def test_sim_payload_accepts_its_nvfp4_overrides():
+    from dse.recipes.sim.__main__ import _DEFAULT_CONFIG, apply_overrides
+
+    config = apply_overrides(_DEFAULT_CONFIG, knobs.overrides({"precision": "nvfp4"}, "sim"))
+    plugins = config["trainer"]["plugins"]
+    assert (plugins["fp4"], plugins["fp4_recipe"], plugins["fp8"]) == ("e2m1", "nvfp4", None)
