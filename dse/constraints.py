@@ -172,7 +172,8 @@ def nvfp4_needs_blackwell(t: TrialConfig) -> Broken | None:
 
 
 def nvfp4_payload(t: TrialConfig) -> Broken | None:
-    """Only Megatron-Bridge ships an NVFP4 precision recipe (and the sim payload describes it): :data:`NVFP4_REFUSED`."""
+    """NVFP4 needs Megatron-Bridge's bf16_with_nvfp4_mixed: NeMo 2 has no NVFP4 precision plugin and recipes.mcore
+    builds BF16 and FP8 only (the sim payload describes Bridge's recipe)."""
     why = NVFP4_REFUSED.get(t.payload) if t.layout.precision == "nvfp4" else None
     if why:
         return broken(
@@ -183,7 +184,8 @@ def nvfp4_payload(t: TrialConfig) -> Broken | None:
 
 
 def nvfp4_dims_aligned(t: TrialConfig) -> Broken | None:
-    """Every GEMM dimension of a layer on one GPU a multiple of :data:`NVFP4_ALIGN` under NVFP4."""
+    """Under NVFP4 the hidden size, the QKV and MLP widths over tp and a micro-batch's tokens are multiples of 32:
+    16-element blocks along both dimensions of each GEMM operand, and Megatron-Core's FP4 width alignment."""
     if t.layout.precision != "nvfp4":
         return None
     a, tp = t.arch, t.layout.tp
