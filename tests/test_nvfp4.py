@@ -97,3 +97,10 @@ def test_sim_payload_accepts_its_nvfp4_overrides():
     config = apply_overrides(_DEFAULT_CONFIG, knobs.overrides({"precision": "nvfp4"}, "sim"))
     plugins = config["trainer"]["plugins"]
     assert (plugins["fp4"], plugins["fp4_recipe"], plugins["fp8"]) == ("e2m1", "nvfp4", None)
+
+
+def test_nvfp4_launches_with_transformer_engines_fast_math_as_nvidias_presets_do():
+    from dse.launch import perf_env
+
+    assert perf_env(make(gpu="gb300", precision="nvfp4", payload="mbridge"))["NVTE_USE_FAST_MATH"] == "1"
+    assert "NVTE_USE_FAST_MATH" not in perf_env(make(gpu="gb300", precision="fp8", payload="mbridge"))
