@@ -88,10 +88,10 @@ class GpuSpec:
         return 32 if self.sm100_or_newer else 1
 
     def peak_tflops(self, precision: str) -> float:
-        """Dense peak for GEMMs in ``precision`` (bf16, fp8, fp4); falls back to the next wider format."""
-        if precision == "fp4" and self.fp4_tflops:
+        """Dense peak for GEMMs in ``precision`` (bf16, fp8, fp4 or nvfp4); falls back to the next wider format."""
+        if precision in ("fp4", "nvfp4") and self.fp4_tflops:
             return self.fp4_tflops
-        if precision in ("fp8", "fp4") and self.fp8_tflops:
+        if precision in ("fp8", "fp4", "nvfp4") and self.fp8_tflops:
             return self.fp8_tflops
         return self.bf16_tflops
 
