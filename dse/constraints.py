@@ -205,6 +205,21 @@ def nvfp4_dims_aligned(t: TrialConfig) -> Broken | None:
     return None
 
 
+def nvfp4_no_tp_comm_overlap(t: TrialConfig) -> Broken | None:
+    """NVIDIA's Megatron-Bridge performance scripts turn TP communication overlap off for every NVFP4 run
+    (scripts/performance/configs/llama/llama3_llm_pretrain.py at v0.4.0, container 26.04:
+    ``tp_comm_overlap = False if precision == "nvfp4"``; every NVFP4 preset of megatron/bridge/perf_recipes sets it
+    False): no userbuffer configuration has been run with NVFP4."""
+    if t.layout.precision == "nvfp4" and t.layout.tp_comm_overlap and t.layout.tp > 1:
+        return broken(
+            "tp_comm_overlap with precision=nvfp4: Megatron-Bridge runs NVFP4 without TP overlap (no userbuffer "
+            "config for NVFP4); turn tp_comm_overlap off",
+            "tp_comm_overlap",
+            "precision",
+        )
+    return None
+
+
 def userbuffer_config(trial: TrialConfig) -> str | None:
     """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
 
@@ -220,6 +235,8 @@ def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
     NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
     """
     if not trial.layout.tp_comm_overlap or trial.layout.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
+        return None
+    if trial.layout.precision == "nvfp4":  # the rule nvfp4_no_tp_comm_overlap says why
         return None
     if userbuffer_config(trial) is not None:
         return None
@@ -336,6 +353,7 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     nvfp4_needs_blackwell,
     nvfp4_payload,
     nvfp4_dims_aligned,
+    nvfp4_no_tp_comm_overlap,
     tp_within_nvlink,
     recompute_layers_in_stage,
     fsdp_no_pp,

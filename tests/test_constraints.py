@@ -58,6 +58,10 @@ CASES = {
         dict(gpu="b300", precision="nvfp4", payload="mbridge", seq_length=8200),
         dict(gpu="b300", precision="nvfp4", payload="mbridge", seq_length=8192),
     ),
+    "nvfp4_no_tp_comm_overlap": (
+        dict(gpu="gb300", precision="nvfp4", payload="mbridge", tp=2, tp_comm_overlap=True),
+        dict(gpu="gb300", precision="nvfp4", payload="mbridge", tp=2, tp_comm_overlap=False),
+    ),
     "tp_within_nvlink": (
         dict(recipe="nemotron3_8b", tp=16, pp=1, num_nodes=2, gbs=32, seq_length=4096),
         dict(recipe="nemotron3_8b", tp=8, pp=1, num_nodes=2, gbs=32, seq_length=4096),

@@ -111,3 +111,13 @@ def test_mfu_of_an_nvfp4_run_is_against_the_fp4_peak():
 
     assert mfu(3000.0, "gb300", "nvfp4") == pytest.approx(3000.0 / 15000.0)
     assert mfu(3000.0, "gb300", "fp8") == pytest.approx(3000.0 / 5000.0)
+
+
+def test_tp_comm_overlap_left_to_auto_is_off_under_nvfp4():
+    from dse.trial import resolve_auto
+
+    recipe = RECIPES["llama3_405b"]
+    system = make(gpu="gb300").system
+    on = resolve_auto(dict(tp=4, sp=None, precision="fp8", tp_comm_overlap=None), recipe, system)
+    off = resolve_auto(dict(tp=4, sp=None, precision="nvfp4", tp_comm_overlap=None), recipe, system)
+    assert (on["tp_comm_overlap"], off["tp_comm_overlap"]) == (True, False)
