@@ -121,3 +121,11 @@ def test_tp_comm_overlap_left_to_auto_is_off_under_nvfp4():
     on = resolve_auto(dict(tp=4, sp=None, precision="fp8", tp_comm_overlap=None), recipe, system)
     off = resolve_auto(dict(tp=4, sp=None, precision="nvfp4", tp_comm_overlap=None), recipe, system)
     assert (on["tp_comm_overlap"], off["tp_comm_overlap"]) == (True, False)
+
+
+def test_recipes_default_to_nvidias_nvfp4_layouts():
+    from dse.recipes.models import Layout
+
+    assert RECIPES["llama3_70b"].default_layout("gb300", "nvfp4") == Layout(1, 4, 1, 5, 1, 256)
+    assert RECIPES["llama3_405b"].default_layout("gb300", "nvfp4") == Layout(4, 8, 1, 4, 1, 1536)
+    assert RECIPES["llama3_70b"].default_layout("gb200", "nvfp4").tp == 2
