@@ -111,6 +111,7 @@ FIT_EXTRA = (
     "mb2511_gb300_llama3_8b",
     "mb2509_gb200_llama3_8b_mx",
     "nemo2504_gb200_llama3_405b",
+    "mb2604_gb300_llama3_70b_nvfp4",  # gemm_eff_nvfp4's one row (bench/fit_nvfp4.py)
 )
 
 

@@ -247,6 +247,28 @@ def graphed_group(results) -> None:
         )
 
 
+def nvfp4_group(results) -> None:
+    """The NVFP4 rows (Megatron-Bridge 26.x) as a group: MAPE over all of them and over those outside the fit of
+    ``gemm_eff_nvfp4`` (bench/fit_nvfp4.py's FIT_ROWS), and whether every published layout is accepted and fits."""
+    from bench.fit_nvfp4 import FIT_ROWS  # noqa: PLC0415
+
+    xs = [x for x in results if x["row"]["precision"] == "nvfp4"]
+    if not xs:
+        return
+    held = [x["err"] for x in xs if x["row"]["id"] not in FIT_ROWS]
+    print(
+        f"\nNVFP4 group: MAPE {mape(x['err'] for x in xs):.1f}% ({len(xs)} rows), held out {mape(held):.1f}% "
+        f"({len(held)} rows outside the fit of gemm_eff_nvfp4), mean signed "
+        f"{model_accuracy.pct(sum(x['err'] for x in xs) / len(xs))}; predicted to fit "
+        f"{sum(x['pred'].fits for x in xs)} of {len(xs)}, rejected {sum(bool(x['invalid']) for x in xs)}"
+    )
+    for gpu in sorted({x["row"]["gpu"] for x in xs}):
+        v = [x["err"] for x in xs if x["row"]["gpu"] == gpu]
+        print(
+            f"  NVFP4 {gpu:6s} n={len(v):3d}  MAPE {mape(v):5.1f}%  mean signed {model_accuracy.pct(sum(v) / len(v))}"
+        )
+
+
 def spearman(x, y) -> float:
     """Spearman's rank correlation: Pearson's on average ranks (ties share a rank). pandas' own
     ``corr(method="spearman")`` would import SciPy, which is not a dependency."""
@@ -350,6 +372,7 @@ def main(argv=None) -> None:
     results = accuracy(rows)
     summary(results)
     graphed_group(results)
+    nvfp4_group(results)
     within_group_spearman(results)
     oom_table(results)
     if not args.no_rank:

@@ -346,7 +346,7 @@ def example_predict() -> dict[str, str]:
 def example_systems() -> dict[str, str]:
     """The same 70B space on H100, B200 and GB200 (``--systems``), a grid each, and the comparison."""
     with _scratch():
-        out = _dse("dse run --space conf/spaces/llama3_70b_generations_space.toml --systems h100,b200,gb200")
+        out = _dse("dse run --space conf/spaces/llama3_70b_generations_space.toml --systems h100,b200,gb200,b300")
     return {"examples/systems.txt": out}
 
 

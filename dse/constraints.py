@@ -145,6 +145,81 @@ def fp8_needs_hopper(t: TrialConfig) -> Broken | None:
     return None
 
 
+# NVFP4 needs Megatron-Bridge's precision recipe (megatron/bridge/training/mixed_precision.py,
+# bf16_with_nvfp4_mixed); NeMo 2's precision factories (nemo/collections/llm/recipes/precision/mixed_precision.py)
+# stop at MXFP8 and blockwise FP8, and recipes/mcore builds bf16 and FP8 only. The payloads refused, with why.
+NVFP4_REFUSED = {
+    "nemo2": "NeMo 2 has no NVFP4 precision plugin",
+    "mcore": "recipes.mcore runs bf16 and FP8 only",
+}
+# NVFP4 quantises 16-element blocks along both dimensions of a GEMM operand (row-wise for fprop, column-wise with the
+# random Hadamard transform for wgrad: Transformer Engine's NVFP4BlockScaling, docs/features/low_precision_training/
+# nvfp4), and Megatron-Core asks FP4 linear layers for per-partition output widths aligned to 32
+# (megatron/core/transformer/transformer_config.py, its FP8 16 / FP4 32 alignment). dse asks 32 of every GEMM
+# dimension a layer has on one GPU: the hidden width, the QKV, projection and MLP widths over tp, and the tokens.
+NVFP4_ALIGN = 32
+
+
+def nvfp4_needs_blackwell(t: TrialConfig) -> Broken | None:
+    """NVFP4 runs on Blackwell tensor cores only (SM 10.0+; Transformer Engine's NVFP4 recipe, "Supported devices")."""
+    if t.layout.precision == "nvfp4" and not HARDWARE[t.system.gpu].nvfp4:
+        return broken(
+            f"precision=nvfp4 needs Blackwell FP4 tensor cores ({', '.join(gpus_where('nvfp4'))}); {t.system.gpu} has "
+            "none",
+            "precision",
+        )
+    return None
+
+
+def nvfp4_payload(t: TrialConfig) -> Broken | None:
+    """NVFP4 needs Megatron-Bridge's bf16_with_nvfp4_mixed: NeMo 2 has no NVFP4 precision plugin and recipes.mcore
+    builds BF16 and FP8 only (the sim payload describes Bridge's recipe)."""
+    why = NVFP4_REFUSED.get(t.payload) if t.layout.precision == "nvfp4" else None
+    if why:
+        return broken(
+            f"precision=nvfp4 needs the mbridge payload (Megatron-Bridge's bf16_with_nvfp4_mixed); {why}",
+            "precision",
+        )
+    return None
+
+
+def nvfp4_dims_aligned(t: TrialConfig) -> Broken | None:
+    """Under NVFP4 the hidden size, the QKV and MLP widths over tp and a micro-batch's tokens are multiples of 32:
+    16-element blocks along both dimensions of each GEMM operand, and Megatron-Core's FP4 width alignment."""
+    if t.layout.precision != "nvfp4":
+        return None
+    a, tp = t.arch, t.layout.tp
+    dims = {
+        "hidden_size": a.hidden_size,
+        "qkv width / tp": (a.num_attention_heads + 2 * a.num_query_groups) * a.head_dim // tp,
+        "ffn_hidden_size / tp": a.ffn_hidden_size // tp,
+        "tokens per micro-batch (mbs*seq_length/cp)": t.layout.mbs * t.layout.seq_length // t.layout.cp,
+    }
+    bad = [f"{k}={v}" for k, v in dims.items() if v % NVFP4_ALIGN]
+    if bad:
+        return broken(
+            f"precision=nvfp4 needs GEMM dimensions divisible by {NVFP4_ALIGN}; {', '.join(bad)} is not",
+            "precision",
+            "tp",
+        )
+    return None
+
+
+def nvfp4_no_tp_comm_overlap(t: TrialConfig) -> Broken | None:
+    """NVIDIA's Megatron-Bridge performance scripts turn TP communication overlap off for every NVFP4 run
+    (scripts/performance/configs/llama/llama3_llm_pretrain.py at v0.4.0, container 26.04:
+    ``tp_comm_overlap = False if precision == "nvfp4"``; every NVFP4 preset of megatron/bridge/perf_recipes sets it
+    False): no userbuffer configuration has been run with NVFP4."""
+    if t.layout.precision == "nvfp4" and t.layout.tp_comm_overlap and t.layout.tp > 1:
+        return broken(
+            "tp_comm_overlap with precision=nvfp4: Megatron-Bridge runs NVFP4 without TP overlap (no userbuffer "
+            "config for NVFP4); turn tp_comm_overlap off",
+            "tp_comm_overlap",
+            "precision",
+        )
+    return None
+
+
 def userbuffer_config(trial: TrialConfig) -> str | None:
     """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
 
@@ -160,6 +235,8 @@ def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
     NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
     """
     if not trial.layout.tp_comm_overlap or trial.layout.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
+        return None
+    if trial.layout.precision == "nvfp4":  # the rule nvfp4_no_tp_comm_overlap says why
         return None
     if userbuffer_config(trial) is not None:
         return None
@@ -410,6 +487,10 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     sp_needs_tp,
     ep_divides_experts,
     fp8_needs_hopper,
+    nvfp4_needs_blackwell,
+    nvfp4_payload,
+    nvfp4_dims_aligned,
+    nvfp4_no_tp_comm_overlap,
     tp_within_nvlink,
     recompute_layers_in_stage,
     fsdp_no_pp,

@@ -77,15 +77,21 @@ class GpuSpec:
         return self.sm100_or_newer
 
     @property
+    def nvfp4(self) -> bool:
+        """NVFP4 (E2M1 with 16-element E4M3 block scales) in the tensor cores: Blackwell (SM 10.0+, Transformer
+        Engine's NVFP4BlockScaling recipe, "Supported devices: Blackwell and later") with a quoted dense FP4 peak."""
+        return self.sm100_or_newer and self.fp4_tflops is not None
+
+    @property
     def cuda_device_max_connections(self) -> int:
         """What PerfEnvPlugin sets when tp or cp > 1: 32 on SM100+, 1 on Hopper and older (program order)."""
         return 32 if self.sm100_or_newer else 1
 
     def peak_tflops(self, precision: str) -> float:
-        """Dense peak for GEMMs in ``precision`` (bf16, fp8, fp4); falls back to the next wider format."""
-        if precision == "fp4" and self.fp4_tflops:
+        """Dense peak for GEMMs in ``precision`` (bf16, fp8, fp4 or nvfp4); falls back to the next wider format."""
+        if precision in ("fp4", "nvfp4") and self.fp4_tflops:
             return self.fp4_tflops
-        if precision in ("fp8", "fp4") and self.fp8_tflops:
+        if precision in ("fp8", "fp4", "nvfp4") and self.fp8_tflops:
             return self.fp8_tflops
         return self.bf16_tflops
 

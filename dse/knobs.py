@@ -197,6 +197,10 @@ NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
         _P + "reuse_grad_buf_for_mxfp8_param_ag=true",
     ),
     "blockwise": (_P + "fp8=hybrid", _P + "fp8_recipe=blockwise", _P + "fp8_param_gather=false"),
+    # NVFP4: the fields of Megatron-Bridge's bf16_with_nvfp4_mixed (Megatron-Core's fp4 / fp4_recipe), for the sim
+    # payload, which takes NeMo 2's spelling; NeMo 2 itself has no FP4 plugin factory, so the nemo2 payload
+    # refuses precision=nvfp4 (dse.constraints.nvfp4_payload)
+    "nvfp4": (_P + "fp4=e2m1", _P + "fp4_recipe=nvfp4", _P + "fp8_param_gather=false"),
 }
 # Megatron-Bridge: a mixed-precision recipe by name (megatron.bridge.training.mixed_precision); the payload's
 # entry point resolves it, as Bridge's ConfigContainer does for a string.
@@ -206,6 +210,9 @@ MBRIDGE_PRECISION: dict[str, str] = {
     "tensorwise": "bf16_with_fp8_current_scaling_mixed",
     "mxfp8": "bf16_with_mxfp8_mixed",
     "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
+    # fp4="e2m1", fp4_recipe="nvfp4", fp8=None, fp8_param_gather=False: what NVIDIA's Bridge performance recipes
+    # run as compute dtype "nvfp4" (megatron/bridge/perf_recipes/_common.py _perf_precision, Bridge 26.x)
+    "nvfp4": "bf16_with_nvfp4_mixed",
 }
 # Megatron FSDP on Bridge: NVIDIA's set_megatron_fsdp_overrides (scripts/performance/utils/helpers.py).
 MBRIDGE_FSDP = (
@@ -224,8 +231,11 @@ def _spelled_by(lead: str, knob: Knob, values: Mapping[str, Any]) -> bool:
 
 
 def _precision_key(values: Mapping[str, Any]) -> str:
+    """The precision recipe a trial runs: bf16, nvfp4 (which ignores ``fp8_recipe``), or the FP8 recipe."""
     precision = values.get("precision", CATALOGUE["precision"].default)
-    return "bf16" if precision == "bf16" else values.get("fp8_recipe", CATALOGUE["fp8_recipe"].default)
+    if precision in ("bf16", "nvfp4"):
+        return str(precision)
+    return str(values.get("fp8_recipe", CATALOGUE["fp8_recipe"].default))
 
 
 def _nemo2_precision(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -503,9 +513,10 @@ CATALOGUE: dict[str, Knob] = {
         Knob(
             "precision",
             "choice",
-            "training precision",
+            "training precision: bf16, fp8 (its scaling recipe is fp8_recipe) or nvfp4 (Blackwell's 4-bit "
+            "E2M1 with 16-element E4M3 block scales; fp8_recipe is ignored)",
             "bf16",
-            choices=("bf16", "fp8"),
+            choices=("bf16", "fp8", "nvfp4"),
             nemo2=("trainer.plugins",),
             mbridge=("mixed_precision",),
             nemo2_reads=(),
@@ -515,7 +526,7 @@ CATALOGUE: dict[str, Knob] = {
         Knob(
             "fp8_recipe",
             "choice",
-            "FP8 scaling recipe (precision=fp8)",
+            "FP8 scaling recipe (precision=fp8; ignored with bf16 and nvfp4)",
             "tensorwise",
             choices=("delayed", "tensorwise", "mxfp8", "blockwise"),
             nemo2=("trainer.plugins",),

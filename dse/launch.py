@@ -97,6 +97,8 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     - ``NVTE_FWD/BWD_LAYERNORM_SM_MARGIN``: the plugin's default margin, 16.
     - ``NCCL_P2P_NET_CHUNKSIZE=2097152`` exactly when pp > 1.
     - ``TORCH_NCCL_HIGH_PRIORITY=1``: high-priority NCCL streams, as NVIDIA's performance recipes run.
+    - ``NVTE_USE_FAST_MATH=1`` under precision=nvfp4: Transformer Engine's fast-math path for NVFP4, which every
+      NVFP4 preset of Megatron-Bridge's performance recipes sets (``megatron/bridge/perf_recipes/llama/*``).
     """
     env: dict[str, str] = {}
     if trial.layout.tp > 1 or trial.layout.cp > 1:
@@ -106,6 +108,8 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     if trial.layout.pp > 1:
         env["NCCL_P2P_NET_CHUNKSIZE"] = str(NCCL_PP_COMM_CHUNKSIZE)
     env["TORCH_NCCL_HIGH_PRIORITY"] = "1"
+    if trial.layout.precision == "nvfp4":
+        env["NVTE_USE_FAST_MATH"] = "1"
     return env
 
 

@@ -100,7 +100,8 @@ def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System) -> dict
 
     ``tp_comm_overlap`` left unset (None) is on exactly when tp > 1 with sequence parallelism and NeMo ships
     a userbuffer config for (GPU, precision, hidden size, tp), as NeMo's and Megatron-Bridge's performance
-    recipes turn it on; ``sp`` left unset stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`).
+    recipes turn it on, and never under NVFP4, which those scripts run without it
+    (:func:`dse.constraints.nvfp4_no_tp_comm_overlap`); ``sp`` left unset stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`).
     Every path to a trial (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so
     one layout has one prediction.
     """
@@ -108,6 +109,7 @@ def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System) -> dict
         tp, sp = values["tp"], values["sp"]
         values["tp_comm_overlap"] = bool(
             tp > 1
+            and values["precision"] != "nvfp4"
             and (tp > 1 if sp is None else sp)
             and userbuffer_config(system.gpu, values["precision"], recipe.arch.hidden_size, tp) is not None
         )

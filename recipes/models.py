@@ -123,6 +123,11 @@ def _recipes() -> dict[str, Recipe]:
                 # LLAMA3_*/LLAMA31_*_PRETRAIN_CONFIG_B300_{BF16,FP8_CS}_V1), here and in the two recipes below
                 "b300/bf16": Layout(1, 1, 1, 1, 4, 128),
                 "b300/fp8": Layout(1, 1, 1, 1, 4, 128),
+                # NVFP4 rows: the NVFP4 presets of Megatron-Bridge's performance recipes (megatron/bridge/
+                # perf_recipes/llama/{b200,gb200,b300,gb300}/llama3.py and llama31.py: *_nvfp4_config; the 70B and
+                # 405B layouts also scripts/performance/configs/llama/*_workload_base_configs.py at v0.4.0,
+                # *_NVFP4_V2), here and in the two recipes below
+                **{f"{g}/nvfp4": Layout(1, 1, 1, 1, 4, 128) for g in ("b200", "gb200", "b300", "gb300")},
             },
         ),
         Recipe(
@@ -139,6 +144,10 @@ def _recipes() -> dict[str, Recipe]:
                 "gb200/fp8": Layout(1, 1, 1, 1, 2, 256, fsdp=True, cpu_offload_layers=40),
                 "b300/bf16": Layout(1, 1, 1, 1, 1, 128, fsdp=True),
                 "b300/fp8": Layout(1, 1, 1, 1, 1, 128, fsdp=True),
+                "b200/nvfp4": Layout(2, 4, 1, 5, 1, 256),
+                "gb200/nvfp4": Layout(2, 4, 1, 5, 1, 256),
+                "b300/nvfp4": Layout(1, 4, 1, 5, 1, 256),
+                "gb300/nvfp4": Layout(1, 4, 1, 5, 1, 256),
             },
         ),
         Recipe(
@@ -155,6 +164,10 @@ def _recipes() -> dict[str, Recipe]:
                 "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536),
                 "b300/bf16": Layout(2, 8, 1, 8, 1, 64),
                 "b300/fp8": Layout(2, 8, 1, 8, 1, 64),
+                "b200/nvfp4": Layout(4, 16, 1, 8, 1, 768),
+                "gb200/nvfp4": Layout(4, 16, 1, 8, 1, 1536),
+                "b300/nvfp4": Layout(4, 8, 1, 4, 1, 768),
+                "gb300/nvfp4": Layout(4, 8, 1, 4, 1, 1536),
             },
         ),
         Recipe(

@@ -48,6 +48,23 @@ CASES = {
     "sp_needs_tp": (dict(tp=1, pp=4, sp=True), dict(tp=1, pp=4, sp=False)),
     "ep_divides_experts": (dict(ep=2), dict(ep=1)),
     "fp8_needs_hopper": (dict(gpu="a100", precision="fp8"), dict(gpu="a100", precision="bf16")),
+    "nvfp4_needs_blackwell": (
+        dict(gpu="h100", precision="nvfp4", payload="mbridge"),
+        dict(gpu="b200", precision="nvfp4", payload="mbridge"),
+    ),
+    "nvfp4_payload": (
+        dict(gpu="gb300", precision="nvfp4", payload="nemo2"),
+        dict(gpu="gb300", precision="nvfp4", payload="mbridge"),
+    ),
+    # 8200 tokens per micro-batch: not a multiple of NVFP4's 32
+    "nvfp4_dims_aligned": (
+        dict(gpu="b300", precision="nvfp4", payload="mbridge", seq_length=8200),
+        dict(gpu="b300", precision="nvfp4", payload="mbridge", seq_length=8192),
+    ),
+    "nvfp4_no_tp_comm_overlap": (
+        dict(gpu="gb300", precision="nvfp4", payload="mbridge", tp=2, tp_comm_overlap=True),
+        dict(gpu="gb300", precision="nvfp4", payload="mbridge", tp=2, tp_comm_overlap=False),
+    ),
     "tp_within_nvlink": (
         dict(recipe="nemotron3_8b", tp=16, pp=1, num_nodes=2, gbs=32, seq_length=4096),
         dict(recipe="nemotron3_8b", tp=8, pp=1, num_nodes=2, gbs=32, seq_length=4096),

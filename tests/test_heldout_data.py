@@ -40,7 +40,7 @@ def test_row_is_typed_and_valid(row):
         assert int(row[k]) >= 1, k
     assert float(row["tokens_per_s_per_gpu"]) > 0 and float(row["tflops_per_gpu"]) > 0
     assert row["gpu"] in HARDWARE
-    assert row["precision"] in ("bf16", "fp8")
+    assert row["precision"] in ("bf16", "fp8", "nvfp4")
     assert row["fsdp"] in ("0", "1") and row["sp"] in ("0", "1") and row["tp_comm_overlap"] in ("0", "1")
     assert row["recompute"] in ("none", "selective", "full")
     assert row["flops_convention"] in model_heldout.PREDICT_CONVENTION

@@ -55,6 +55,9 @@ PRIORS: dict[str, Prior] = {
     "ultra_tensor_ratio": Prior(1.0, 0.25, "log"),
     # MXFP8 over per-tensor FP8 GEMMs: the same tensor-core peak, so centred on 1
     "mxfp8_gemm_ratio": Prior(1.0, 0.25, "log"),
+    # NVFP4 GEMMs over the dense FP4 peak: no kernel benchmark in the reference set; centred on the Blackwell FP8
+    # efficiency the published rows give (gemm_eff_fp8_blackwell, 0.548), as loose
+    "gemm_eff_nvfp4": Prior(0.55, 0.5),
     # Grace's host time per layer (forward + backward): what TransformerEngine issue 2053's figures add up to, about
     # 100 µs of CPU per TE module call and 37 µs per PyTorch op on GB200, for a layer's four TE GEMM modules, its
     # attention and a dozen ops, forward and about twice that backward: ~3 ms; loose (log width 1), since FP8

@@ -17,6 +17,11 @@ from dse.perfmodel.stack import Stack
 from dse.perfmodel.timing import Params
 from dse.recipes.models import ModelArch
 
+# NVFP4 (Transformer Engine's NVFP4BlockScaling): E2M1 values, half a byte each, and one E4M3 scale byte per
+# 16-element block (a per-tensor FP32 scale besides, negligible): bytes per element of one quantised copy
+NVFP4_BLOCK = 16
+NVFP4_ELEMENT_BYTES = 0.5 + 1.0 / NVFP4_BLOCK
+
 # attention backends that run Megatron's or Transformer Engine's unfused core attention (scores through HBM)
 UNFUSED_BACKENDS = ("unfused", "local")
 
@@ -163,7 +168,8 @@ class Machine:
     nvlink_Bps: float
     hbm_Bps: float
     latency_s: float
-    fp8: bool
+    fp8: bool  # the GEMM inputs are quantised (FP8 or NVFP4): saved in one byte, cast by element-wise kernels
+    fp4: bool  # ... and the GEMMs run in NVFP4
     bf16_peak: float
     attn_eff: float
     gemm_rate: float
@@ -171,16 +177,24 @@ class Machine:
 
     @classmethod
     def of(cls, gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
-        """Rates for ``layout``'s precision on ``gpu``: FP8 GEMMs where the GPU has them, bf16 otherwise."""
+        """Rates for ``layout``'s precision on ``gpu``: NVFP4 or FP8 GEMMs where the GPU has them, bf16 otherwise.
+
+        NVFP4 (precision=nvfp4): every linear layer's three GEMMs (fprop, dgrad, wgrad) at the dense FP4 peak times
+        the fitted ``gemm_eff_nvfp4``, reading half a byte per element plus the block scales; core attention and the
+        output layer stay in bf16 (Megatron-Bridge's bf16_with_nvfp4_mixed quantises Transformer Engine's linear
+        layers only, and NVIDIA's Llama presets keep no layer in bf16: no first_last_layers_bf16)."""
         P = params
         domain = gpu.nvlink_domain if layout.nvlink_domain is None else layout.nvlink_domain
         scaleout = gpu.scaleout_gbps if layout.scaleout_gbps is None else layout.scaleout_gbps
         fp8 = uses_fp8(gpu, layout)
+        fp4 = uses_nvfp4(gpu, layout)
         # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
         # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
         tensor_ratio = P.ultra_tensor_ratio if gpu.blackwell_ultra else 1.0
         bf16_peak = gpu.bf16_tflops * 1e12 * tensor_ratio
-        if fp8 and gpu.fp8_tflops is not None:  # (fp8 implies it; said again for the type checker)
+        if fp4 and gpu.fp4_tflops is not None:
+            gemm_rate, gemm_in = gpu.fp4_tflops * 1e12 * tensor_ratio * P.gemm_eff_nvfp4, NVFP4_ELEMENT_BYTES
+        elif fp8 and gpu.fp8_tflops is not None:  # (fp8 implies it; said again for the type checker)
             eff8 = P.gemm_eff_fp8_blackwell if gpu.arch == "blackwell" else P.gemm_eff_fp8
             # MXFP8's GEMMs apply a scale per 32-element block inside the tensor-core pipeline (a fitted rate
             # ratio, Params.mxfp8_gemm_ratio); per-tensor recipes scale once per GEMM
@@ -196,7 +210,8 @@ class Machine:
             nvlink_Bps=gpu.nvlink_gbps * 1e9 / 2 * P.nvlink_eff,
             hbm_Bps=gpu.hbm_gbps * 1e9,
             latency_s=P.collective_latency_s,
-            fp8=fp8,
+            fp8=fp8 or fp4,
+            fp4=fp4,
             bf16_peak=bf16_peak,
             attn_eff={"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(gpu.arch, P.attn_eff),
             gemm_rate=gemm_rate,
@@ -211,6 +226,18 @@ class Machine:
 def uses_fp8(gpu: GpuSpec, layout: ModelLayout) -> bool:
     """Whether ``layout``'s GEMMs run in FP8 on ``gpu``: an FP8 layout on a GPU with FP8 tensor cores."""
     return layout.precision == "fp8" and gpu.fp8_tflops is not None
+
+
+def uses_nvfp4(gpu: GpuSpec, layout: ModelLayout) -> bool:
+    """Whether ``layout``'s GEMMs run in NVFP4 on ``gpu``: an NVFP4 layout on a GPU with FP4 tensor cores (the
+    rules refuse it elsewhere; the model then prices bf16)."""
+    return layout.precision == "nvfp4" and gpu.nvfp4
+
+
+def uses_low_precision(gpu: GpuSpec, layout: ModelLayout) -> bool:
+    """Whether ``layout``'s GEMM inputs are quantised on ``gpu`` (FP8 or NVFP4): saved for the backward as a
+    quantised copy (dse.perfmodel.memory.layer_activation_bytes) and cast by element-wise kernels."""
+    return uses_fp8(gpu, layout) or uses_nvfp4(gpu, layout)
 
 
 # Machines built, by the identity of the GPU and the parameters and the layout fields Machine.of reads: a grid or a
@@ -236,10 +263,10 @@ def machine_for(gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
 
 
 def grad_bytes(precision: str, stack: Stack) -> float:
-    """Bytes per gradient element: NVIDIA's FP8 performance recipes reduce gradients in bf16
+    """Bytes per gradient element: NVIDIA's FP8 and NVFP4 performance recipes reduce gradients in bf16
     (grad_reduce_in_fp32=False); Megatron's bf16 default accumulates and reduces them in fp32, and so does
     recipes.mcore in FP8 (dse.perfmodel.stack)."""
-    return 2.0 if precision == "fp8" and not stack.fp8_grad_reduce_in_fp32 else 4.0
+    return 2.0 if precision in ("fp8", "nvfp4") and not stack.fp8_grad_reduce_in_fp32 else 4.0
 
 
 def stage_layers(num_layers: int, p: int, v: int) -> tuple[float, float, float, bool]:

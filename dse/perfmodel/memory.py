@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from dse.perfmodel.layout import ModelLayout, Shape, Stages
+from dse.perfmodel.layout import NVFP4_ELEMENT_BYTES, ModelLayout, Shape, Stages
 from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
 from dse.perfmodel.timing import Params
 
@@ -36,6 +36,7 @@ def layer_activation_bytes(
     dropout: bool = True,
     fp8: bool = False,
     fused_softmax: bool = False,
+    low_bytes: float = 1.0,
 ) -> float:
     """Bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
@@ -44,7 +45,9 @@ def layer_activation_bytes(
     layer norms 4sbh; attention 2sbh (QKV input) + Q, K, V + 2sbh (projection input) + sbh (dropout mask)
     + 5as²b (scores, softmax, dropout); MLP 2sbh (fc1 input) + activation input + fc2 input + sbh (mask).
     With flash attention the scores are never stored (only a log-sum-exp per row); with ``fp8`` the GEMM
-    inputs that Transformer Engine keeps for the weight gradient are 1-byte copies. Without sequence
+    inputs that Transformer Engine keeps for the weight gradient are quantised copies of ``low_bytes`` per element
+    (1 for FP8; NVFP4's column-wise copy, E2M1 and its block scales, is :data:`NVFP4_ELEMENT_BYTES`: TE's linear
+    layers drop the row-wise half before saving it). Without sequence
     parallelism the layer-norm, dropout and GEMM-input tensors are replicated over the tensor-parallel
     ranks (Korthikanti eq. 2: ``sbh(10 + 24/t + 5as/(ht))``).
 
@@ -63,7 +66,7 @@ def layer_activation_bytes(
     sb = s * b
     if recompute == "full":  # only the layer input is kept (sharded over t with sequence parallelism)
         return 2.0 * sb * h / (t if sp else 1)
-    low = 1.0 if fp8 else 2.0  # bytes per element of a saved GEMM input
+    low = low_bytes if fp8 else 2.0  # bytes per element of a saved GEMM input
     mask = 1.0 if dropout else 0.0
     # replicated over TP ranks unless sequence parallel: norms, QKV and fc1 inputs, dropout masks
     rep = sb * h * (4.0 + low + low + 2.0 * mask)
@@ -151,6 +154,7 @@ def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: s
         dropout=layout.dropout,
         fp8=fp8,
         fused_softmax=layout.attention_backend == "unfused",
+        low_bytes=NVFP4_ELEMENT_BYTES if layout.precision == "nvfp4" else 1.0,
     )
 
 
@@ -268,12 +272,14 @@ def memory_counts(
     h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
     act_kept = kept_activations(shape, layout, fp8, full_layer)
     first_layers, last_layers = inflight_layers(shape, stages, min(layout.cpu_offload_layers, L))
-    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter
-    weight_b = 1.0 if fp8 and stack.fp8_param_gather else 2.0
+    nvfp4 = fp8 and layout.precision == "nvfp4"
+    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter; NVFP4 keeps bf16 weights
+    # (bf16_with_nvfp4_mixed sets fp8_param_gather=False: Megatron-Core has no FP4 parameter gather)
+    weight_b = 1.0 if fp8 and stack.fp8_param_gather and not nvfp4 else 2.0
     # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
-    # stage's layers, kept for the whole step (dse.perfmodel.stack)
+    # stage's layers, kept for the whole step (dse.perfmodel.stack); NVFP4's row-wise and column-wise copies
     lin_layer = h * (shape.qkv_cols + a * shape.head_dim / t + shape.fc1_cols + arch.ffn_hidden_size / t)
-    cache_b = fp8_weight_cache_bytes(fp8, stack) * lin_layer
+    cache_b = (2.0 * NVFP4_ELEMENT_BYTES if nvfp4 else fp8_weight_cache_bytes(fp8, stack)) * lin_layer
     cache_first = (L if shape.pp == 1 else stages.first_layers) * cache_b
     cache_last = (L if shape.pp == 1 else stages.last_layers) * cache_b
     d_r = shape.data_parallel * shape.cp

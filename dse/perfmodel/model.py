@@ -39,7 +39,17 @@ from dataclasses import dataclass, field
 from dse import knobs
 from dse.hardware import HARDWARE, GpuSpec
 from dse.perfmodel import flops as _flops
-from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages, grad_bytes, machine_for, stages_of, uses_fp8
+from dse.perfmodel.layout import (
+    NVFP4_ELEMENT_BYTES,
+    Machine,
+    ModelLayout,
+    Shape,
+    Stages,
+    grad_bytes,
+    machine_for,
+    stages_of,
+    uses_low_precision,
+)
 from dse.perfmodel.memory import MemoryCounts, MemoryUse, layer_activations, memory_counts, peak_memory
 from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
@@ -256,6 +266,22 @@ def fp8_quant_bytes(fp8_recipe: str) -> float:
     return 4.0
 
 
+def nvfp4_quant_bytes() -> float:
+    """HBM bytes per GEMM input element that NVFP4 quantisation adds to a layer's forward + backward (Transformer
+    Engine's NVFP4BlockScaling, docs/features/low_precision_training/nvfp4): its global scale is a current-scaling
+    amax, so each bf16 input is read once for the amax (2 B) and once by the row-wise cast (2 B), which writes the
+    E2M1 values and 16-element E4M3 scales (:data:`NVFP4_ELEMENT_BYTES`); the wgrad GEMM takes a separate column-wise
+    copy through the 16x16 random Hadamard transform, with its own amax: read twice more (4 B) and written once.
+    Stochastic rounding (gradients) and 2D 16x16 weight scales change no byte count; the Hadamard transform's 16-wide
+    products are folded into its pass (they run at a small fraction of the tensor-core rate)."""
+    return 2.0 * 2.0 + NVFP4_ELEMENT_BYTES + 2.0 * 2.0 + NVFP4_ELEMENT_BYTES
+
+
+def quant_bytes(layout: ModelLayout, machine: Machine) -> float:
+    """HBM bytes per GEMM input element of the layout's quantisation: NVFP4's or its FP8 recipe's."""
+    return nvfp4_quant_bytes() if machine.fp4 else fp8_quant_bytes(layout.fp8_recipe)
+
+
 # ---- one transformer layer, one micro-batch, on this GPU ---------------------------------------------------------
 
 
@@ -327,7 +353,7 @@ def elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine, stack:
         elem_bytes += HIDDEN_DROPOUT_BYTES * h_sp
     if machine.fp8:
         gemm_inputs = 2 * h_sp + (a * d + F + (a + 2 * g) * d) / t + shape.fc1_cols
-        elem_bytes += fp8_quant_bytes(layout.fp8_recipe) * gemm_inputs
+        elem_bytes += quant_bytes(layout, machine) * gemm_inputs
     return shape.tokens * elem_bytes * machine.params.elementwise_scale / machine.hbm_Bps
 
 
@@ -733,7 +759,7 @@ class Prepared:
     def of(cls, arch, gpu: str, layout: ModelLayout, stack: Stack, flops_convention: str = "causal") -> Prepared:
         """The prepared values of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name) under ``layout``."""
         hw = HARDWARE[gpu]
-        fp8 = uses_fp8(hw, layout)
+        fp8 = uses_low_precision(hw, layout)
         shape = Shape.of(arch, layout)
         stages = stages_of(arch, layout.pp, layout.vp)
         layer_bytes = layer_activations(shape, layout, fp8)

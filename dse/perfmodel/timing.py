@@ -36,6 +36,10 @@ class Params:
     ultra_tensor_ratio: float = 1.158
     # fitted: MXFP8 GEMMs' rate over per-tensor-scaled FP8 GEMMs' (Blackwell); fitted with one MXFP8 row (FIT_EXTRA)
     mxfp8_gemm_ratio: float = 0.944
+    # fitted: fraction of the dense NVFP4 peak (dse.hardware's fp4_tflops) that NVFP4 GEMMs reach (Blackwell; block
+    # scales applied inside the tensor-core pipeline); fitted alone, the others at their shipped values, on one
+    # Megatron-Bridge 26.04 GB300 Llama 3 70B row (bench/fit_nvfp4.py); the other NVFP4 rows are held out
+    gemm_eff_nvfp4: float = 0.541
     elementwise_scale: float = 1.51  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
     # fitted: the host's (CPU's) time per transformer layer and micro-batch, forward + backward, of a step that is
     # not CUDA-graphed, on a Grace host (GB200, GB300): a layer shorter than this on the GPU waits for its
@@ -92,6 +96,7 @@ FITTED = (
     "attn_eff_blackwell",
     "ultra_tensor_ratio",
     "mxfp8_gemm_ratio",
+    "gemm_eff_nvfp4",
     "host_layer_s_grace",
     "elementwise_scale",
     "nvlink_eff",

@@ -70,6 +70,9 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "grad_reduce_in_fp32": False,
             "first_last_layers_bf16": False,
             "reuse_grad_buf_for_mxfp8_param_ag": False,
+            # Megatron-Core's FP4 fields (fp4="e2m1", fp4_recipe="nvfp4": Megatron-Bridge's bf16_with_nvfp4_mixed)
+            "fp4": None,
+            "fp4_recipe": None,
         },
     },
     "data": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 8192},
