@@ -146,27 +146,37 @@ def fp8_needs_hopper(t: TrialConfig) -> Broken | None:
 
 
 def userbuffer_config(trial: TrialConfig) -> str | None:
-    """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
+    """The userbuffer config ``trial``'s payload loads for its (GPU, precision, hidden size, tp), or None.
 
-    One table for the controller and the payload: ``recipes.nemo2.userbuffers`` (plain data).
+    One table per payload for the controller and the payload (``dse.hardware.userbuffer_config``: NeMo 2's in
+    ``recipes.nemo2.userbuffers``, Megatron-Bridge's in ``recipes.mbridge.userbuffers``, plain data).
     """
-    return hardware.userbuffer_config(trial.system.gpu, trial.layout.precision, trial.arch.hidden_size, trial.layout.tp)
+    return hardware.userbuffer_config(
+        trial.system.gpu, trial.layout.precision, trial.arch.hidden_size, trial.layout.tp, trial.payload
+    )
 
 
 def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
     """Constraint rule: the reason ``trial`` cannot use tp_comm_overlap, or None when it can (or does not ask).
 
-    TP comm overlap needs a userbuffer config tuned for the GPU family, model width, tp and precision;
-    NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
+    TP comm overlap needs a userbuffer config that the trial's payload ships and NVIDIA's scripts for that
+    payload use for the GPU family, model width, tp and precision (each payload's table, see
+    :func:`userbuffer_config`); we do not launch untuned ones. The megatron-core payload has no userbuffers.
     """
     if not trial.layout.tp_comm_overlap or trial.layout.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
         return None
     if userbuffer_config(trial) is not None:
         return None
+    payload = trial.payload
+    if hardware.UB_LOOKUPS.get(payload, True) is None:
+        what = "has no Transformer Engine userbuffers"
+    else:
+        what = "ships none that NVIDIA's scripts use for it"
     family = HARDWARE[trial.system.gpu].userbuffer_family or trial.system.gpu
     return broken(
         f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
-        f"tp {trial.layout.tp}, {trial.layout.precision}); NeMo has none, so turn tp_comm_overlap off for this point",
+        f"tp {trial.layout.tp}, {trial.layout.precision}); the {payload} payload {what}, so turn tp_comm_overlap "
+        "off for this point",
         "tp_comm_overlap",
         "tp",
     )

@@ -487,7 +487,7 @@ CATALOGUE: dict[str, Knob] = {
             "tp_comm_overlap",
             "bool",
             "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
-            "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes",
+            "with sp and the payload ships a userbuffer config NVIDIA's scripts use for the layout",
             None,
             nemo2=(),
             mbridge=("comm_overlap.tp_comm_overlap",),
@@ -648,11 +648,17 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
         if knob.nemo2_factory and values.get(name, factory_default) not in (factory_default, None):
             args[knob.nemo2_factory] = values[name]
     if args.get("tp_comm_overlap"):
-        precision = "bf16" if values.get("precision", "bf16") == "bf16" else "fp8"
-        config = hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1))
+        config = userbuffer_name(values, gpu=gpu, hidden_size=hidden_size, payload="nemo2")
         if config:
             args["tp_comm_overlap_cfg"] = config
     return args
+
+
+def userbuffer_name(values: Mapping[str, Any], *, gpu: str, hidden_size: int, payload: str) -> str | None:
+    """The userbuffer config ``payload`` loads for the trial's (GPU, precision, width, tp), as NVIDIA's scripts
+    for that payload do (``dse.hardware.userbuffer_config``); None without one."""
+    precision = values.get("precision", CATALOGUE["precision"].default)
+    return hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1), payload)
 
 
 def factory_call(name: str, args: Mapping[str, Any]) -> str:
@@ -687,10 +693,11 @@ def payload_args(
     """Everything after ``python -m recipes.<flavour>`` for one trial: recipe, factory arguments, overrides.
 
     ``nemo2`` and ``sim``: ``--factory <model>_recipe[(args)] -y`` then the overrides, ``trainer.devices`` and,
-    for a scaled reproducer, ``model.config.num_layers``. ``mbridge``: ``--recipe <bridge recipe>`` and
-    ``--tp-comm-overlap-cfg NAME`` where a tuned userbuffer config exists, then the overrides. ``mcore`` (the
-    megatron-core payload, ``recipes/mcore``): spelled as ``mbridge`` (it has no userbuffers, so no
-    ``--tp-comm-overlap-cfg``; it refuses tp_comm_overlap with the reason); a recipe Bridge lacks goes by its dse name.
+    for a scaled reproducer, ``model.config.num_layers``. ``mbridge``: ``--recipe <bridge recipe>`` and, with
+    ``tp_comm_overlap``, ``--tp-comm-overlap-cfg NAME``, the config Bridge's performance scripts load for the
+    layout (``recipes.mbridge.userbuffers``), then the overrides. ``mcore`` (the megatron-core payload,
+    ``recipes/mcore``): spelled as ``mbridge`` (it has no userbuffers, so no ``--tp-comm-overlap-cfg``; the
+    controller refuses tp_comm_overlap there); a recipe Bridge lacks goes by its dse name.
     """
     base = recipe.scaled_from or recipe.name
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
@@ -702,8 +709,8 @@ def payload_args(
             )
         # recipes.mcore knows every architecture of recipes.models by its name, and Bridge's recipe names too
         argv = ["--recipe", recipe.mbridge_recipe or base]
-        ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
-        if ub and flavour == "mbridge":
+        ub = userbuffer_name(values, gpu=gpu, hidden_size=recipe.arch.hidden_size, payload=flavour)
+        if ub and values.get("tp_comm_overlap"):
             argv += ["--tp-comm-overlap-cfg", ub]
         argv += overrides(values, flavour) + split
         if num_layers:

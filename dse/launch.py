@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dse import knobs
@@ -166,8 +166,8 @@ def build_plan(
     env[ENV_TASK] = "pretrain"
     env[ENV_RECIPE] = trial.recipe.scaled_from or trial.recipe.name
     env[ENV_FLOPS_CALLBACK] = "1" if flops_callback_available(version) else "0"
-    if trial.layout.tp_comm_overlap:
-        why = tp_comm_overlap_supported(trial)
+    if trial.layout.tp_comm_overlap:  # checked for the payload that runs it: each ships its own userbuffer configs
+        why = tp_comm_overlap_supported(trial if trial.payload == payload else replace(trial, payload=payload))
         if why is not None:
             raise UserError(why.reason, field="tp_comm_overlap")
     for name, value in trial.env.items():  # the space's env.NAME knobs win over the defaults above
