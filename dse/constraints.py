@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dse import hardware
+from dse import hardware, knobs
 from dse.hardware import HARDWARE, gpus_where
 from dse.trial import TrialConfig
 
@@ -272,6 +272,83 @@ def fp8_recipe_needs_fp8(t: TrialConfig) -> Broken | None:
     return None
 
 
+MOE_MODULES = ("moe_act", "moe", "shared_experts")
+
+
+def recompute_modules_need_selective(t: TrialConfig) -> Broken | None:
+    """Megatron-Core reads ``recompute_modules`` only under ``recompute_granularity="selective"``
+    (``TransformerConfig.__post_init__``, megatron/core/transformer/transformer_config.py), and NeMo's and
+    Bridge's performance scripts set selective with them (``set_recompute_configs`` asserts it;
+    ``_set_recompute_overrides`` sets it): modules other than the default with another recompute are refused,
+    not silently dropped."""
+    modules = t.layout.recompute_modules
+    if modules != knobs.DEFAULT_RECOMPUTE_MODULES and t.layout.recompute != "selective":
+        return broken(
+            f"recompute_modules={modules} applies to recompute=selective only (got recompute={t.layout.recompute}); "
+            "Megatron-Core reads recompute_modules with selective recompute alone",
+            "recompute_modules",
+            "recompute",
+        )
+    return None
+
+
+def recompute_modules_fit_model(t: TrialConfig) -> Broken | None:
+    """Megatron-Core's checks of the modules against the model (``TransformerConfig.__post_init__``):
+    ``mla_up_proj`` needs multi-latent attention; ``moe_act`` MoE's grouped GEMM (NVIDIA's MoE recipes use it),
+    and ``moe`` / ``shared_experts`` recompute MoE layers a dense model has not (there they would recompute
+    nothing: refused rather than run as a duplicate); ``moe_act`` and ``layernorm`` cannot recompute with FP8
+    delayed scaling."""
+    modules = set(t.layout.recompute_modules.split(","))
+    if t.layout.recompute != "selective":
+        return None
+    moe = sorted(modules & set(MOE_MODULES))
+    if moe and not t.arch.num_experts:
+        return broken(
+            f"recompute_modules {', '.join(moe)} recompute MoE layers; {t.arch.name} is dense", "recompute_modules"
+        )
+    if "mla_up_proj" in modules and not getattr(t.arch, "multi_latent_attention", False):
+        return broken(
+            f"recompute_modules mla_up_proj needs multi-latent attention; {t.arch.name} has none", "recompute_modules"
+        )
+    fp8_delayed = t.layout.precision == "fp8" and t.layout.fp8_recipe == "delayed"
+    if fp8_delayed and modules & {"moe_act", "layernorm"}:
+        return broken(
+            "recompute_modules moe_act and layernorm cannot recompute with FP8 delayed scaling (Megatron-Core)",
+            "recompute_modules",
+            "fp8_recipe",
+        )
+    return None
+
+
+def nccl_ub_supported(t: TrialConfig) -> Broken | None:
+    """NCCL user-buffer registration of the data-parallel buffers: it needs data-parallel collectives (dp x cp
+    above 1; without them it would change nothing), a payload that registers them (recipes.mcore does not), and
+    no ``expandable_segments:True`` allocator (Megatron-Core's ``DistributedDataParallelConfig.__post_init__``
+    refuses the two together below torch 2.11: "compatibility issue with torch.cuda.MemPool API")."""
+    if not t.layout.nccl_ub:
+        return None
+    if t.dp * t.layout.cp <= 1:
+        return broken("nccl_ub registers the data-parallel buffers; with dp x cp = 1 there are none", "nccl_ub")
+    if t.payload == "mcore":
+        return broken("nccl_ub: the mcore payload does not register NCCL user buffers; use nemo2 or mbridge", "nccl_ub")
+    if "expandable_segments:True" in t.env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
+        return broken(
+            "nccl_ub cannot run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Megatron-Core refuses the "
+            "pair: torch.cuda.MemPool)",
+            "nccl_ub",
+        )
+    return None
+
+
+def recompute_modules_payload(t: TrialConfig) -> Broken | None:
+    """recipes.mcore reads no ``recompute_modules`` override (its config takes recompute, method and layers)."""
+    if t.payload == "mcore" and t.layout.recompute_modules != knobs.DEFAULT_RECOMPUTE_MODULES:
+        return broken(
+            "recompute_modules: the mcore payload recomputes core_attn only; use nemo2 or mbridge", "recompute_modules"
+        )
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     world_divisible,
     heads_divisible,
@@ -290,6 +367,10 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     cpu_offload_supported,
     cp_needs_te_attention,
     fp8_recipe_needs_fp8,
+    recompute_modules_need_selective,
+    recompute_modules_fit_model,
+    recompute_modules_payload,
+    nccl_ub_supported,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 

@@ -97,6 +97,8 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     - ``NVTE_FWD/BWD_LAYERNORM_SM_MARGIN``: the plugin's default margin, 16.
     - ``NCCL_P2P_NET_CHUNKSIZE=2097152`` exactly when pp > 1.
     - ``TORCH_NCCL_HIGH_PRIORITY=1``: high-priority NCCL streams, as NVIDIA's performance recipes run.
+    - ``NCCL_NVLS_ENABLE=1``, ``NCCL_CTA_POLICY=1`` with ``nccl_ub`` (Megatron-Bridge's
+      ``scripts/performance/setup_experiment.py``).
     """
     env: dict[str, str] = {}
     if trial.layout.tp > 1 or trial.layout.cp > 1:
@@ -106,6 +108,9 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     if trial.layout.pp > 1:
         env["NCCL_P2P_NET_CHUNKSIZE"] = str(NCCL_PP_COMM_CHUNKSIZE)
     env["TORCH_NCCL_HIGH_PRIORITY"] = "1"
+    if trial.layout.nccl_ub:  # NVLink SHARP and NCCL's CTA policy, as Bridge's setup_experiment.py sets with nccl_ub
+        env["NCCL_NVLS_ENABLE"] = "1"
+        env["NCCL_CTA_POLICY"] = "1"
     return env
 
 

@@ -104,6 +104,8 @@ def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System, payload
     Every path to a trial (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so
     one layout has one prediction.
     """
+    if "recompute_modules" in values:  # one spelling per set, whatever order or form the space gave
+        values["recompute_modules"] = knobs.canonical_modules(values["recompute_modules"])
     if values.get("tp_comm_overlap") is None:
         tp, sp = values["tp"], values["sp"]
         values["tp_comm_overlap"] = bool(

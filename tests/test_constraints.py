@@ -17,7 +17,7 @@ def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
     values.update(tp=4, pp=4, cp=1, vp=1, mbs=1, gbs=128, seq_length=8192, num_nodes=8, precision="bf16")
     system_kw = kw.pop("system", {})
-    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed") if k in kw}
+    space_kw = {k: kw.pop(k) for k in ("varied", "first_listed", "payload") if k in kw}
     values.update(kw)
     system = load_system(gpu).model_copy(update=system_kw)
     return TrialConfig(recipe=RECIPES[recipe], system=system, values=MappingProxyType(values), **space_kw)
@@ -62,6 +62,21 @@ CASES = {
         dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="flash"),
     ),
     "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
+    "recompute_modules_need_selective": (
+        dict(recompute="none", recompute_modules="mlp"),
+        dict(recompute="selective", recompute_modules="mlp"),
+    ),
+    # Llama 3 70B is dense: MoE modules recompute nothing there
+    "recompute_modules_fit_model": (
+        dict(recompute="selective", recompute_modules="moe_act"),
+        dict(recompute="selective", recompute_modules="layernorm,mlp"),
+    ),
+    "recompute_modules_payload": (
+        dict(recompute="selective", recompute_modules="mlp", payload="mcore"),
+        dict(recompute="selective", recompute_modules="mlp", payload="mbridge"),
+    ),
+    # tp 8 x pp 8 on 64 GPUs: dp = 1, no data-parallel buffers to register
+    "nccl_ub_supported": (dict(nccl_ub=True, tp=8, pp=8), dict(nccl_ub=True, tp=4, pp=4)),
     # a space varying precision and fp8_recipe: a bf16 point is kept once, with the first recipe listed
     "fp8_recipe_needs_fp8": (
         dict(
