@@ -340,15 +340,6 @@ def nccl_ub_supported(t: TrialConfig) -> Broken | None:
     return None
 
 
-def recompute_modules_payload(t: TrialConfig) -> Broken | None:
-    """recipes.mcore reads no ``recompute_modules`` override (its config takes recompute, method and layers)."""
-    if t.payload == "mcore" and t.layout.recompute_modules != knobs.DEFAULT_RECOMPUTE_MODULES:
-        return broken(
-            "recompute_modules: the mcore payload recomputes core_attn only; use nemo2 or mbridge", "recompute_modules"
-        )
-    return None
-
-
 RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     world_divisible,
     heads_divisible,
@@ -369,7 +360,6 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     fp8_recipe_needs_fp8,
     recompute_modules_need_selective,
     recompute_modules_fit_model,
-    recompute_modules_payload,
     nccl_ub_supported,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )

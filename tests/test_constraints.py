@@ -71,10 +71,6 @@ CASES = {
         dict(recompute="selective", recompute_modules="moe_act"),
         dict(recompute="selective", recompute_modules="layernorm,mlp"),
     ),
-    "recompute_modules_payload": (
-        dict(recompute="selective", recompute_modules="mlp", payload="mcore"),
-        dict(recompute="selective", recompute_modules="mlp", payload="mbridge"),
-    ),
     # tp 8 x pp 8 on 64 GPUs: dp = 1, no data-parallel buffers to register
     "nccl_ub_supported": (dict(nccl_ub=True, tp=8, pp=8), dict(nccl_ub=True, tp=4, pp=4)),
     # a space varying precision and fp8_recipe: a bf16 point is kept once, with the first recipe listed

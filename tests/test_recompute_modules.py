@@ -68,6 +68,21 @@ def test_spelled_as_the_perf_scripts_spell_them():
     assert not any("recompute_modules" in o for o in knobs.overrides(dict(recompute="selective"), "mbridge"))
 
 
+def test_the_mcore_payload_reads_the_modules_and_checks_them():
+    from dse.recipes.mcore.config import ConfigError, check, config_from_argv
+
+    t = _trial("mcore", recipe="llama3_8b", num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=8, recompute="selective")
+    values = dict(t.values, recompute_modules="layernorm,mlp")
+    args = list(knobs.payload_args("mcore", t.recipe, values, gpu="h100", gpus_per_node=8))
+    assert "model.recompute_modules=[layernorm,mlp]" in args
+    cfg = check(config_from_argv(args)[0], 8)
+    assert (cfg.recompute, cfg.recompute_modules) == ("selective", "layernorm,mlp")
+    with pytest.raises(ConfigError, match="needs recompute=selective"):
+        check(config_from_argv([*args, "model.recompute_granularity=null"])[0], 8)
+    with pytest.raises(ConfigError, match="a dense layer has"):
+        check(config_from_argv([*args, "model.recompute_modules=[moe_act]"])[0], 8)
+
+
 def test_modules_need_selective_recompute_and_a_moe_model_for_moe_modules():
     why = constraints.check(_trial(recompute="full", recompute_modules="mlp"))
     assert why is not None and why.rule == "recompute_modules_need_selective" and "selective" in why.reason
