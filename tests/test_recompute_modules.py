@@ -53,6 +53,15 @@ def test_a_space_lists_combinations_and_the_trial_holds_the_canonical_one():
     assert constraints.check(t) is None
 
 
+def test_a_space_file_holds_each_set_in_one_spelling_and_refuses_the_same_set_twice():
+    sp = space("llama3_70b", system("h100"), 8, {"recompute": "selective"}, {"recompute_modules": ["mlp,core_attn"]})
+    assert sp.knobs["recompute_modules"] == ["core_attn,mlp"]
+    fixed = space("llama3_70b", system("h100"), 8, {"recompute_modules": ["mlp", "layernorm"]})
+    assert fixed.settings["recompute_modules"] == "layernorm,mlp"
+    with pytest.raises(UserError, match="duplicate values"):
+        space("llama3_70b", system("h100"), 8, {}, {"recompute_modules": ["mlp,core_attn", "core_attn,mlp"]})
+
+
 def test_spelled_as_the_perf_scripts_spell_them():
     values = dict(recompute="selective", recompute_modules="layernorm,mlp")
     assert knobs.overrides(values, "mbridge") == [
