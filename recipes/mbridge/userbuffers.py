@@ -3,8 +3,9 @@ NVIDIA's Bridge performance scripts load each one, as plain data.
 
 Bridge carries its own copies of NeMo's tuned ``TransformerLayerTPOverlapCfg`` objects
 (``src/megatron/bridge/training/comm_overlap.py``: the same nineteen names as NeMo's ``tp_overlap_configs``), and
-its performance scripts pick one by model, GPU and precision alone, whatever the layout's TP size: Bridge 0.3-0.5
-(containers 26.02-26.06), ``scripts/performance/configs/llama/llama3_llm_pretrain.py`` and
+its performance scripts pick one by model, GPU and precision alone, whatever the layout's TP size: Bridge 0.2-0.5
+(containers 25.11-26.06; 0.2 keeps them under ``configs/llama3/`` and ``configs/llama31/``),
+``scripts/performance/configs/llama/llama3_llm_pretrain.py`` and
 ``llama31_llm_pretrain.py`` (``comm_overlap_cfg = userbuffers_<bf16|fp8>_<b200|h100>_h<hidden>_...``, the B200 ones on
 B200, B300, GB200 and GB300), with the layouts of ``llama3_workload_base_configs.py`` and
 ``llama31_workload_base_configs.py``, and the later ``src/megatron/bridge/perf_recipes/llama/<gpu>/llama3*.py``.
@@ -14,8 +15,8 @@ tuned at TP 4. NVFP4 layouts set the FP8 config but turn ``tp_comm_overlap`` off
 The table lists every (family, precision, hidden size, TP) at which those scripts run TP overlap with a named
 config: the controller allows ``tp_comm_overlap`` on the mbridge payload there and nowhere else (a TP size NVIDIA
 never ran with the config is refused rather than guessed), and the payload loads the config by name
-(``--tp-comm-overlap-cfg``). The configs and the layouts they are used at are the same in Bridge 0.3, 0.4 and 0.5,
-so the table has no container key. ``precision`` is "bf16" or "fp8" (every FP8 recipe loads the fp8 config).
+(``--tp-comm-overlap-cfg``). The configs and the TP sizes they are used at are the same in Bridge 0.2 to 0.5, so
+the table has no container key. ``precision`` is "bf16" or "fp8" (every FP8 recipe loads the fp8 config).
 """
 
 from __future__ import annotations
