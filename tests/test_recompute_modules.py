@@ -108,11 +108,11 @@ def test_recomputing_the_mlp_saves_memory_and_costs_time():
     assert mlp.peak_memory_gib < base.peak_memory_gib - 10  # the MLP's saved inputs: most of a layer's
     assert mlp.step_time_s > base.step_time_s
     assert mlp.breakdown.time.recompute_s > base.breakdown.time.recompute_s
-    assert base.peak_memory_gib > ln.peak_memory_gib > mlp.peak_memory_gib  # norms' outputs: a little
-    assert base.step_time_s < ln.step_time_s < mlp.step_time_s
-    # MoE modules recompute nothing on a dense model: priced as zero
+    # Transformer Engine fuses a dense layer's norms into the next linear, and MoE modules have no MoE layer to
+    # recompute: both priced as zero on a dense model
     moe = predict_layout(ARCH, "h100", recompute="selective", recompute_modules="core_attn,moe_act", **H100_70B)
-    assert (moe.step_time_s, moe.peak_memory_gib) == (base.step_time_s, base.peak_memory_gib)
+    for same in (ln, moe):
+        assert (same.step_time_s, same.peak_memory_gib) == (base.step_time_s, base.peak_memory_gib)
 
 
 def test_dse_predict_takes_the_modules_and_refuses_a_bad_one():

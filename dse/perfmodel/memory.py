@@ -176,9 +176,10 @@ def selective_saved_bytes(shape: Shape, layout: ModelLayout, fp8: bool, full_lay
     ``core_attn``: the attention scores (unfused attention; flash attention keeps none). ``mlp``: the MLP is
     checkpointed on its input (Megatron-Core's ``TransformerLayer`` runs ``self.mlp`` under
     ``tensor_parallel.checkpoint``), which the layer keeps anyway (the norm's input), so what goes is fc1's saved
-    input, the activation's input and fc2's input. ``layernorm``: the norms' outputs are discarded after the GEMM
-    that reads them and recomputed (``CheckpointWithoutOutput``), so QKV's and fc1's saved inputs go (fc1's once,
-    with ``mlp`` too). The MoE and MLA modules save nothing on a dense model."""
+    input, the activation's input and fc2's input. ``layernorm`` saves nothing on a dense layer: Transformer
+    Engine's spec fuses the norms into the next linear, which keeps its own input, and Megatron-Core recomputes
+    only a norm that is a module of its own (see :func:`dse.perfmodel.model.selective_recompute_time`). The MoE
+    and MLA modules save nothing on a dense model."""
     arch, t = shape.arch, shape.tp
     sb = shape.seq_length / shape.cp * shape.mbs
     low = 1.0 if fp8 else 2.0  # bytes of a saved GEMM input
@@ -186,13 +187,10 @@ def selective_saved_bytes(shape: Shape, layout: ModelLayout, fp8: bool, full_lay
     saved = 0.0
     if layout.recomputes("core_attn"):
         saved += full_layer - layer_activations(shape, layout, fp8, "selective")
-    mlp = layout.recomputes("mlp")
-    if mlp:
+    if layout.recomputes("mlp"):
         ffn = arch.ffn_hidden_size
         act_in = 2.0 * sb * ffn * (2 if arch.gated_mlp else 1)
         saved += low * sb * arch.hidden_size / rep + (act_in + low * sb * ffn) / t
-    if layout.recomputes("layernorm"):
-        saved += (1.0 if mlp else 2.0) * low * sb * arch.hidden_size / rep
     return saved
 
 

@@ -371,10 +371,13 @@ def selective_recompute_time(
     """What selective recompute repeats in the backward pass, module by module (Megatron-Core's
     ``recompute_modules``): ``core_attn`` core attention's forward; ``mlp`` the MLP's forward (its two GEMMs, the
     activation through HBM, with FP8 the requantisation of their inputs, and with sequence parallelism its
-    all-gather and reduce-scatter, hidden as the layer's are); ``layernorm`` the two norms' forward (read and write
-    the hidden state). The MoE modules (``moe_act``, ``moe``, ``shared_experts``) and ``mla_up_proj`` recompute
-    parts of MoE and MLA layers: a dense model has none, so they cost nothing here (the constraints refuse them on
-    a dense model)."""
+    all-gather and reduce-scatter, hidden as the layer's are). ``layernorm`` costs nothing on a dense layer:
+    Transformer Engine's layer spec fuses both norms into the next linear (``input_layernorm`` and
+    ``pre_mlp_layernorm`` are ``IdentityOp``), and Megatron-Core recomputes a norm only when it is a module of its
+    own (``TransformerLayer.__init__``: ``if not isinstance(self.input_layernorm, IdentityOp)``); NVIDIA's scripts
+    use it on MoE models, whose pre-MLP norm feeds the router. The MoE modules (``moe_act``, ``moe``,
+    ``shared_experts``) and ``mla_up_proj`` recompute parts of MoE and MLA layers: a dense model has none, so they
+    cost nothing here (the constraints refuse them on a dense model)."""
     P, T, t = machine.params, shape.tokens, shape.tp
     F = shape.arch.ffn_hidden_size
     total = attention_fwd if layout.recomputes("core_attn") else 0.0
@@ -385,8 +388,6 @@ def selective_recompute_time(
         collectives = 2.0 * tp_one * (1.0 - tp_hidden) if layout.sp else 0.0
         total += mlp_gemm_forward_time(shape, machine) + T * act_bytes * P.elementwise_scale / machine.hbm_Bps
         total += collectives
-    if layout.recomputes("layernorm"):
-        total += T * 2.0 * 4.0 * shape.hidden_sp * P.elementwise_scale / machine.hbm_Bps
     return total
 
 
