@@ -39,9 +39,10 @@ class Knob:
     """One tunable setting, with every fact about it: the catalogue entry is the only place a knob is described.
 
     ``kind`` is ``int`` (``minimum``, ``maximum``), ``bool``, ``choice`` (``choices``), ``modules`` (a set of
-    ``choices``, written comma-joined: :func:`canonical_modules`) or ``str``. ``nemo2`` / ``mbridge`` are the override paths of the two payload families (several where one
-    knob sets several fields), each set to the knob's value; ``spell`` maps a family ("nemo2", "mbridge") to the
-    knob's own spelling where the value is spelled differently (precision, recompute, fsdp, ...).
+    ``choices``, written comma-joined: :func:`canonical_modules`) or ``str``. ``nemo2`` / ``mbridge`` are the
+    override paths of the two payload families (several where one knob sets several fields), each set to the
+    knob's value; ``spell`` maps a family ("nemo2", "mbridge") to the knob's own spelling where the value is
+    spelled differently (precision, recompute, fsdp, ...).
     ``nemo2_factory`` names the NeMo 2 factory argument for a knob that touches objects a dotted override
     cannot reach (a callback in the trainer's list). ``ordinal``: its values have an order a sampler can use.
     ``recipe_layout``: a recipe's default layout sets it (``recipes.models.Recipe.default_values``).

@@ -100,7 +100,9 @@ def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System, payload
 
     ``tp_comm_overlap`` left unset (None) is on exactly when tp > 1 with sequence parallelism and ``payload``
     ships a userbuffer config that NVIDIA's scripts use for (GPU, precision, hidden size, tp), as NeMo's and
-    Megatron-Bridge's performance recipes turn it on (``dse.hardware.userbuffer_config``); ``sp`` left unset stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`).
+    Megatron-Bridge's performance recipes turn it on (``dse.hardware.userbuffer_config``); ``sp`` left unset
+    stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`); ``recompute_modules`` is written in
+    its canonical spelling (``dse.knobs.canonical_modules``).
     Every path to a trial (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so
     one layout has one prediction.
     """
