@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dse import hardware
+from dse import hardware, knobs
 from dse.hardware import HARDWARE, gpus_where
 from dse.trial import TrialConfig
 
@@ -221,18 +221,22 @@ def nvfp4_no_tp_comm_overlap(t: TrialConfig) -> Broken | None:
 
 
 def userbuffer_config(trial: TrialConfig) -> str | None:
-    """The name of NeMo's tuned userbuffer config for ``trial``'s (GPU, precision, hidden size, tp), or None.
+    """The userbuffer config ``trial``'s payload loads for its (GPU, precision, hidden size, tp), or None.
 
-    One table for the controller and the payload: ``recipes.nemo2.userbuffers`` (plain data).
+    One table per payload for the controller and the payload (``dse.hardware.userbuffer_config``: NeMo 2's in
+    ``recipes.nemo2.userbuffers``, Megatron-Bridge's in ``recipes.mbridge.userbuffers``, plain data).
     """
-    return hardware.userbuffer_config(trial.system.gpu, trial.layout.precision, trial.arch.hidden_size, trial.layout.tp)
+    return hardware.userbuffer_config(
+        trial.system.gpu, trial.layout.precision, trial.arch.hidden_size, trial.layout.tp, trial.payload
+    )
 
 
 def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
     """Constraint rule: the reason ``trial`` cannot use tp_comm_overlap, or None when it can (or does not ask).
 
-    TP comm overlap needs a userbuffer config tuned for the GPU family, model width, tp and precision;
-    NeMo ships a handful (``recipes.nemo2.userbuffers.UB_CONFIGS``) and we do not launch untuned ones.
+    TP comm overlap needs a userbuffer config that the trial's payload ships and NVIDIA's scripts for that
+    payload use for the GPU family, model width, tp and precision (each payload's table, see
+    :func:`userbuffer_config`); we do not launch untuned ones. The megatron-core payload has no userbuffers.
     """
     if not trial.layout.tp_comm_overlap or trial.layout.tp == 1:  # tp == 1: the rule tp_comm_overlap_needs_tp says why
         return None
@@ -240,10 +244,16 @@ def tp_comm_overlap_supported(trial: TrialConfig) -> Broken | None:
         return None
     if userbuffer_config(trial) is not None:
         return None
+    payload = trial.payload
+    if hardware.UB_LOOKUPS.get(payload, True) is None:
+        what = "has no Transformer Engine userbuffers"
+    else:
+        what = "ships none that NVIDIA's scripts use for it"
     family = HARDWARE[trial.system.gpu].userbuffer_family or trial.system.gpu
     return broken(
         f"tp_comm_overlap needs a userbuffer config for ({family}, hidden {trial.arch.hidden_size}, "
-        f"tp {trial.layout.tp}, {trial.layout.precision}); NeMo has none, so turn tp_comm_overlap off for this point",
+        f"tp {trial.layout.tp}, {trial.layout.precision}); the {payload} payload {what}, so turn tp_comm_overlap "
+        "off for this point",
         "tp_comm_overlap",
         "tp",
     )
@@ -421,6 +431,26 @@ def cuda_graph_recompute(t: TrialConfig) -> Broken | None:
     return None
 
 
+MOE_MODULES = ("moe_act", "moe", "shared_experts")
+
+
+def recompute_modules_need_selective(t: TrialConfig) -> Broken | None:
+    """Megatron-Core reads ``recompute_modules`` only under ``recompute_granularity="selective"``
+    (``TransformerConfig.__post_init__``, megatron/core/transformer/transformer_config.py), and NeMo's and
+    Bridge's performance scripts set selective with them (``set_recompute_configs`` asserts it;
+    ``_set_recompute_overrides`` sets it): modules other than the default with another recompute are refused,
+    not silently dropped."""
+    modules = t.layout.recompute_modules
+    if modules != knobs.DEFAULT_RECOMPUTE_MODULES and t.layout.recompute != "selective":
+        return broken(
+            f"recompute_modules={modules} applies to recompute=selective only (got recompute={t.layout.recompute}); "
+            "Megatron-Core reads recompute_modules with selective recompute alone",
+            "recompute_modules",
+            "recompute",
+        )
+    return None
+
+
 def cuda_graph_fsdp_hooks(t: TrialConfig) -> Broken | None:
     """Megatron-Core's own per-layer graphs replay a layer only with Megatron-Core DDP's forward pre-hooks on it
     (megatron/core/transformer/cuda_graphs.py, ``CudaGraphManager.call_ddp_preforward_hook``: "Tried to cudagraph a
@@ -476,6 +506,54 @@ def cuda_graph_payload(t: TrialConfig) -> Broken | None:
     return None
 
 
+def recompute_modules_fit_model(t: TrialConfig) -> Broken | None:
+    """Megatron-Core's checks of the modules against the model (``TransformerConfig.__post_init__``):
+    ``mla_up_proj`` needs multi-latent attention; ``moe_act`` MoE's grouped GEMM (NVIDIA's MoE recipes use it),
+    and ``moe`` / ``shared_experts`` recompute MoE layers a dense model has not (there they would recompute
+    nothing: refused rather than run as a duplicate); ``moe_act`` and ``layernorm`` cannot recompute with FP8
+    delayed scaling."""
+    modules = set(t.layout.recompute_modules.split(","))
+    if t.layout.recompute != "selective":
+        return None
+    moe = sorted(modules & set(MOE_MODULES))
+    if moe and not t.arch.num_experts:
+        return broken(
+            f"recompute_modules {', '.join(moe)} recompute MoE layers; {t.arch.name} is dense", "recompute_modules"
+        )
+    if "mla_up_proj" in modules and not getattr(t.arch, "multi_latent_attention", False):
+        return broken(
+            f"recompute_modules mla_up_proj needs multi-latent attention; {t.arch.name} has none", "recompute_modules"
+        )
+    fp8_delayed = t.layout.precision == "fp8" and t.layout.fp8_recipe == "delayed"
+    if fp8_delayed and modules & {"moe_act", "layernorm"}:
+        return broken(
+            "recompute_modules moe_act and layernorm cannot recompute with FP8 delayed scaling (Megatron-Core)",
+            "recompute_modules",
+            "fp8_recipe",
+        )
+    return None
+
+
+def nccl_ub_supported(t: TrialConfig) -> Broken | None:
+    """NCCL user-buffer registration of the data-parallel buffers: it needs data-parallel collectives (dp x cp
+    above 1; without them it would change nothing), a payload that registers them (recipes.mcore does not), and
+    no ``expandable_segments:True`` allocator (Megatron-Core's ``DistributedDataParallelConfig.__post_init__``
+    refuses the two together below torch 2.11: "compatibility issue with torch.cuda.MemPool API")."""
+    if not t.layout.nccl_ub:
+        return None
+    if t.dp * t.layout.cp <= 1:
+        return broken("nccl_ub registers the data-parallel buffers; with dp x cp = 1 there are none", "nccl_ub")
+    if t.payload == "mcore":
+        return broken("nccl_ub: the mcore payload does not register NCCL user buffers; use nemo2 or mbridge", "nccl_ub")
+    if "expandable_segments:True" in t.env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
+        return broken(
+            "nccl_ub cannot run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Megatron-Core refuses the "
+            "pair: torch.cuda.MemPool)",
+            "nccl_ub",
+        )
+    return None
+
+
 RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     world_divisible,
     heads_divisible,
@@ -506,6 +584,9 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     cuda_graph_fsdp_hooks,
     cuda_graph_te_allocator,
     cuda_graph_payload,
+    recompute_modules_need_selective,
+    recompute_modules_fit_model,
+    nccl_ub_supported,
     tp_comm_overlap_supported,  # a userbuffer config exists for (GPU, hidden, tp, precision)
 )
 

@@ -23,8 +23,10 @@ NVLink-C2C, 900 GB/s both directions per Grace CPU (NVIDIA GB200 NVL72 and Grace
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from dse.recipes.mbridge import userbuffers as mbridge_userbuffers
 from dse.recipes.nemo2 import userbuffers
 
 
@@ -167,7 +169,23 @@ def gpus_where(capability: str) -> tuple[str, ...]:
     return tuple(n for n, g in HARDWARE.items() if getattr(g, capability))
 
 
-def userbuffer_config(gpu: str, precision: str, hidden_size: int, tp: int) -> str | None:
-    """NeMo's tuned userbuffer config for (GPU, precision, width, tp) through the GPU's family; None: none."""
+# Each payload's own userbuffer tables: NeMo 2's (the simulated trainer takes NeMo 2's, as it takes its spelling),
+# Megatron-Bridge's; the megatron-core payload (recipes.mcore) has none (it runs without Transformer Engine's
+# userbuffers and refuses tp_comm_overlap). A payload name not listed (a published stack's) reads NeMo 2's.
+UB_LOOKUPS: dict[str, Callable[[str | None, str, int, int], str | None] | None] = {
+    "nemo2": userbuffers.lookup,
+    "sim": userbuffers.lookup,
+    "mbridge": mbridge_userbuffers.lookup,
+    "mcore": None,
+}
+
+
+def userbuffer_config(gpu: str, precision: str, hidden_size: int, tp: int, payload: str = "nemo2") -> str | None:
+    """The userbuffer config ``payload`` loads for (GPU, precision, width, tp) through the GPU's family, where
+    NVIDIA's scripts for that payload run TP overlap with one; None: none. Every FP8 recipe loads the fp8 config;
+    other precisions have none (NVIDIA's scripts turn TP overlap off for NVFP4)."""
     spec = HARDWARE.get(gpu)
-    return userbuffers.lookup(spec.userbuffer_family if spec else None, precision, hidden_size, tp)
+    lookup = UB_LOOKUPS.get(payload, userbuffers.lookup)
+    if lookup is None or spec is None:
+        return None
+    return lookup(spec.userbuffer_family, precision, hidden_size, tp)

@@ -38,10 +38,11 @@ SpellFn = Callable[["Knob", Any, Mapping[str, Any], "Spelling"], list[str]]
 class Knob:
     """One tunable setting, with every fact about it: the catalogue entry is the only place a knob is described.
 
-    ``kind`` is ``int`` (``minimum``, ``maximum``), ``bool``, ``choice`` (``choices``) or
-    ``str``. ``nemo2`` / ``mbridge`` are the override paths of the two payload families (several where one
-    knob sets several fields), each set to the knob's value; ``spell`` maps a family ("nemo2", "mbridge") to the
-    knob's own spelling where the value is spelled differently (precision, recompute, fsdp, ...).
+    ``kind`` is ``int`` (``minimum``, ``maximum``), ``bool``, ``choice`` (``choices``), ``modules`` (a set of
+    ``choices``, written comma-joined: :func:`canonical_modules`) or ``str``. ``nemo2`` / ``mbridge`` are the
+    override paths of the two payload families (several where one knob sets several fields), each set to the
+    knob's value; ``spell`` maps a family ("nemo2", "mbridge") to the knob's own spelling where the value is
+    spelled differently (precision, recompute, fsdp, ...).
     ``nemo2_factory`` names the NeMo 2 factory argument for a knob that touches objects a dotted override
     cannot reach (a callback in the trainer's list). ``ordinal``: its values have an order a sampler can use.
     ``recipe_layout``: a recipe's default layout sets it (``recipes.models.Recipe.default_values``).
@@ -101,6 +102,8 @@ class Knob:
                     field=field,
                 )
             return value
+        if self.kind == "modules":
+            return canonical_modules(value, self, file=file, field=field)
         # str (environment values): the characters that can never start a shell expansion; a number as its text,
         # but nan and inf are no setting a program reads as a number
         if isinstance(value, float) and not math.isfinite(value):
@@ -130,6 +133,38 @@ def _spell_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+# Megatron-Core's fine-grained recompute modules (TransformerConfig.recompute_modules, megatron/core/transformer/
+# transformer_config.py; read only with recompute_granularity="selective"; None there means ["core_attn"]), in
+# that file's order. Its other names (gdn_norm_out, gdp_in_proj, gdp_qkv, mhc) belong to architectures dse has not.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = "core_attn"
+
+
+def canonical_modules(
+    value: Any, knob: Knob | None = None, *, file: str | None = None, field: str | None = None
+) -> str:
+    """A set of recompute modules as one canonical string: the names comma-joined in Megatron-Core's order, each
+    once (``"mlp,core_attn"`` and ``["core_attn", "mlp"]`` are both ``"core_attn,mlp"``), so that a space lists a
+    combination as one value; a :class:`UserError` names an unknown module and the allowed ones."""
+    name = knob.name if knob else "recompute_modules"
+    allowed = knob.choices if knob else RECOMPUTE_MODULES
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise UserError(
+            f"{value!r} is not a list of modules; {name} takes comma-joined names from {', '.join(allowed)}",
+            file=file,
+            field=field or name,
+        )
+    names = {i.strip() for i in items if i.strip()}
+    unknown = sorted(names - set(allowed))
+    if unknown or not names:
+        what = f"{unknown[0]!r} is not a module{did_you_mean(unknown[0], allowed)}" if unknown else "no module given"
+        raise UserError(
+            f"{what}; {name} takes comma-joined names from {', '.join(allowed)}", file=file, field=field or name
+        )
+    return ",".join(m for m in allowed if m in names)
 
 
 @dataclass(frozen=True)
@@ -264,11 +299,25 @@ def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) 
             f"{prefix}recompute_num_layers={layers}",
         ]
     granularity = None if mode == "none" else mode
-    return [
+    out = [
         f"{prefix}recompute_granularity={_spell_value(granularity)}",
         f"{prefix}recompute_method=null",
         f"{prefix}recompute_num_layers=null",
     ]
+    modules = canonical_modules(values.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES))
+    if mode == "selective" and modules != DEFAULT_RECOMPUTE_MODULES:
+        out.append(f"{prefix}recompute_modules={_spell_list(modules.split(','), sp)}")
+    return out
+
+
+def _spell_list(items: list[str], sp: Spelling) -> str:
+    """A list of names as the family's override parser reads it: a Python literal for nemo-run (NeMo 2's CLI
+    parses values with ``ast.literal_eval``), Hydra's list syntax for Megatron-Bridge (``[a,b]``), as their
+    performance scripts' ``--recompute_modules`` lists arrive in ``model.config.recompute_modules`` /
+    ``model.recompute_modules``."""
+    if sp.family == "nemo2":
+        return "[" + ",".join(repr(i) for i in items) + "]"
+    return "[" + ",".join(items) + "]"
 
 
 def _cpu_offload(knob: Knob, n: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -364,6 +413,28 @@ def _cuda_graph(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling)
     names = "" if scope == "full" else scope  # "full": the whole layer, an empty list since core 0.16
     out = [f"model.cuda_graph_impl={impl}", f"model.cuda_graph_scope=[{names}]", *MBRIDGE_GRAPH]
     return out + list(MBRIDGE_FULL_ITERATION) if scope == "full_iteration" else out
+
+
+def _nccl_ub(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    """NCCL user-buffer registration of the data-parallel buffers, with what NVIDIA's performance scripts set
+    beside it; off spells nothing (the recipes' default, ``DistributedDataParallelConfig.nccl_ub=False``).
+
+    Megatron-Bridge (``scripts/performance/utils/overrides.py``, ``_set_nccl_ub_overrides``, 26.02-26.06):
+    ``ddp.nccl_ub=true`` and ``ddp.average_in_collective=false`` (NCCL's symmetric kernels have no AVG
+    reduction), with Megatron FSDP also ``ddp.fsdp_manual_registration=true``; and the double buffer the FSDP
+    registration needs (Megatron-Core's ``DistributedDataParallelConfig.fsdp_double_buffer``: "necessary ... to
+    register user buffer (nccl_ub=True) for the Megatron FSDP"; Megatron-LM's arguments.py sets both with
+    --use-nccl-ub). NeMo 2 (``scripts/performance/helpers.py``, ``set_perf_optimization_configs``):
+    ``trainer.strategy.ddp.nccl_ub`` and, with FSDP, ``trainer.strategy.ddp.fsdp_double_buffer``."""
+    if not value:
+        return []
+    fsdp = bool(values.get("fsdp"))
+    if sp.family == "nemo2":
+        return ["trainer.strategy.ddp.nccl_ub=true"] + (
+            ["trainer.strategy.ddp.fsdp_double_buffer=true"] if fsdp else []
+        )
+    out = ["ddp.nccl_ub=true", "ddp.average_in_collective=false"]
+    return out + (["ddp.fsdp_manual_registration=true", "ddp.fsdp_double_buffer=true"] if fsdp else [])
 
 
 def _both(fn: SpellFn) -> dict[str, SpellFn]:
@@ -510,6 +581,20 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_recompute),
             model_arg="recompute_num_layers",
         ),
+        # a set of modules, one value of a space: the names comma-joined ("core_attn,mlp"), in any order, each from
+        # Megatron-Core's list; read with recompute=selective only (the rule recompute_modules_need_selective)
+        Knob(
+            "recompute_modules",
+            "modules",
+            "modules recomputed under recompute=selective, comma-joined (Megatron-Core's recompute_modules; "
+            "default core_attn, its own)",
+            DEFAULT_RECOMPUTE_MODULES,
+            choices=RECOMPUTE_MODULES,
+            nemo2=("model.config.recompute_modules",),
+            mbridge=("model.recompute_modules",),
+            spell=_both(_recompute),
+            model_arg="recompute_modules",
+        ),
         Knob(
             "precision",
             "choice",
@@ -551,12 +636,23 @@ CATALOGUE: dict[str, Knob] = {
             "tp_comm_overlap",
             "bool",
             "overlap TP collectives with GEMMs (userbuffers); default: on when tp > 1 "
-            "with sp and NeMo has a userbuffer config for it, as NVIDIA's performance recipes",
+            "with sp and the payload ships a userbuffer config NVIDIA's scripts use for the layout",
             None,
             nemo2=(),
             mbridge=("comm_overlap.tp_comm_overlap",),
             nemo2_factory="tp_comm_overlap",
             model_arg="tp_comm_overlap",
+        ),
+        Knob(
+            "nccl_ub",
+            "bool",
+            "register the data-parallel (DP/FSDP) buffers with NCCL (user buffers): zero-copy collectives on "
+            "few SMs (Megatron-Core's ddp nccl_ub)",
+            False,
+            nemo2=("trainer.strategy.ddp.nccl_ub",),
+            mbridge=("ddp.nccl_ub",),
+            spell=_both(_nccl_ub),
+            model_arg="nccl_ub",
         ),
         # the one NeMo 2 field of the offloading spelling that carries the value is what an importer reads back
         _int(
@@ -647,10 +743,12 @@ class KnobValues:
     seq_length: int
     recompute: str
     recompute_num_layers: int
+    recompute_modules: str
     precision: str
     fp8_recipe: str
     fsdp: bool
     tp_comm_overlap: bool | None
+    nccl_ub: bool
     cpu_offload_layers: int
     attention_backend: str
     cuda_graph: str
@@ -740,11 +838,17 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
         if knob.nemo2_factory and values.get(name, factory_default) not in (factory_default, None):
             args[knob.nemo2_factory] = values[name]
     if args.get("tp_comm_overlap"):
-        precision = "bf16" if values.get("precision", "bf16") == "bf16" else "fp8"
-        config = hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1))
+        config = userbuffer_name(values, gpu=gpu, hidden_size=hidden_size, payload="nemo2")
         if config:
             args["tp_comm_overlap_cfg"] = config
     return args
+
+
+def userbuffer_name(values: Mapping[str, Any], *, gpu: str, hidden_size: int, payload: str) -> str | None:
+    """The userbuffer config ``payload`` loads for the trial's (GPU, precision, width, tp), as NVIDIA's scripts
+    for that payload do (``dse.hardware.userbuffer_config``); None without one."""
+    precision = values.get("precision", CATALOGUE["precision"].default)
+    return hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1), payload)
 
 
 def factory_call(name: str, args: Mapping[str, Any]) -> str:
@@ -779,10 +883,11 @@ def payload_args(
     """Everything after ``python -m recipes.<flavour>`` for one trial: recipe, factory arguments, overrides.
 
     ``nemo2`` and ``sim``: ``--factory <model>_recipe[(args)] -y`` then the overrides, ``trainer.devices`` and,
-    for a scaled reproducer, ``model.config.num_layers``. ``mbridge``: ``--recipe <bridge recipe>`` and
-    ``--tp-comm-overlap-cfg NAME`` where a tuned userbuffer config exists, then the overrides. ``mcore`` (the
-    megatron-core payload, ``recipes/mcore``): spelled as ``mbridge`` (it has no userbuffers, so no
-    ``--tp-comm-overlap-cfg``; it refuses tp_comm_overlap with the reason); a recipe Bridge lacks goes by its dse name.
+    for a scaled reproducer, ``model.config.num_layers``. ``mbridge``: ``--recipe <bridge recipe>`` and, with
+    ``tp_comm_overlap``, ``--tp-comm-overlap-cfg NAME``, the config Bridge's performance scripts load for the
+    layout (``recipes.mbridge.userbuffers``), then the overrides. ``mcore`` (the megatron-core payload,
+    ``recipes/mcore``): spelled as ``mbridge`` (it has no userbuffers, so no ``--tp-comm-overlap-cfg``; the
+    controller refuses tp_comm_overlap there); a recipe Bridge lacks goes by its dse name.
     """
     base = recipe.scaled_from or recipe.name
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
@@ -794,8 +899,8 @@ def payload_args(
             )
         # recipes.mcore knows every architecture of recipes.models by its name, and Bridge's recipe names too
         argv = ["--recipe", recipe.mbridge_recipe or base]
-        ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
-        if ub and flavour == "mbridge":
+        ub = userbuffer_name(values, gpu=gpu, hidden_size=recipe.arch.hidden_size, payload=flavour)
+        if ub and values.get("tp_comm_overlap"):
             argv += ["--tp-comm-overlap-cfg", ub]
         argv += overrides(values, flavour) + split
         if num_layers:

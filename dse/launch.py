@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dse import knobs
@@ -99,6 +99,8 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     - ``TORCH_NCCL_HIGH_PRIORITY=1``: high-priority NCCL streams, as NVIDIA's performance recipes run.
     - ``NVTE_USE_FAST_MATH=1`` under precision=nvfp4: Transformer Engine's fast-math path for NVFP4, which every
       NVFP4 preset of Megatron-Bridge's performance recipes sets (``megatron/bridge/perf_recipes/llama/*``).
+    - ``NCCL_NVLS_ENABLE=1``, ``NCCL_CTA_POLICY=1`` with ``nccl_ub`` (Megatron-Bridge's
+      ``scripts/performance/setup_experiment.py``).
     """
     env: dict[str, str] = {}
     if trial.layout.tp > 1 or trial.layout.cp > 1:
@@ -110,6 +112,9 @@ def perf_env(trial: TrialConfig) -> dict[str, str]:
     env["TORCH_NCCL_HIGH_PRIORITY"] = "1"
     if trial.layout.precision == "nvfp4":
         env["NVTE_USE_FAST_MATH"] = "1"
+    if trial.layout.nccl_ub:  # NVLink SHARP and NCCL's CTA policy, as Bridge's setup_experiment.py sets with nccl_ub
+        env["NCCL_NVLS_ENABLE"] = "1"
+        env["NCCL_CTA_POLICY"] = "1"
     return env
 
 
@@ -170,8 +175,8 @@ def build_plan(
     env[ENV_TASK] = "pretrain"
     env[ENV_RECIPE] = trial.recipe.scaled_from or trial.recipe.name
     env[ENV_FLOPS_CALLBACK] = "1" if flops_callback_available(version) else "0"
-    if trial.layout.tp_comm_overlap:
-        why = tp_comm_overlap_supported(trial)
+    if trial.layout.tp_comm_overlap:  # checked for the payload that runs it: each ships its own userbuffer configs
+        why = tp_comm_overlap_supported(trial if trial.payload == payload else replace(trial, payload=payload))
         if why is not None:
             raise UserError(why.reason, field="tp_comm_overlap")
     for name, value in trial.env.items():  # the space's env.NAME knobs win over the defaults above

@@ -355,8 +355,11 @@ class Space(_Strict):
         """The space's cross-field rules, in this order (the first broken one is the error the user sees)."""
         f = self.source or None
         self._check_caps(f)
-        for name, value in self.settings.items():
-            knobs.get(name, file=f, field=f"settings.{name}").coerce(value, file=f, field=f"settings.{name}")
+        for name, value in list(self.settings.items()):
+            knob = knobs.get(name, file=f, field=f"settings.{name}")
+            coerced = knob.coerce(value, file=f, field=f"settings.{name}")
+            if knob.kind == "modules":  # a set has one spelling everywhere (the trial, the leaderboard, the store)
+                self.settings[name] = coerced
         for name, values in self.knobs.items():
             self._check_knob_values(name, values, f)
         self._check_backend(f)
@@ -403,6 +406,8 @@ class Space(_Strict):
         seen = [knob.coerce(v, file=f, field=f"knobs.{name}") for v in values]
         if len(set(map(repr, seen))) != len(seen):
             raise UserError(f"duplicate values in {values!r}", file=f, field=f"knobs.{name}")
+        if knob.kind == "modules":  # "mlp,core_attn" is the point "core_attn,mlp"
+            values[:] = seen
         if name in self.settings:
             raise UserError(
                 "is both fixed in [settings] and varied in [knobs]; keep one", file=f, field=f"knobs.{name}"

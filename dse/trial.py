@@ -95,23 +95,27 @@ class TrialConfig:
         return out
 
 
-def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System) -> dict[str, Any]:
+def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System, payload: str = "nemo2") -> dict[str, Any]:
     """Settle the knobs whose default depends on the rest of the layout, in place, as NVIDIA's recipes run.
 
-    ``tp_comm_overlap`` left unset (None) is on exactly when tp > 1 with sequence parallelism and NeMo ships
-    a userbuffer config for (GPU, precision, hidden size, tp), as NeMo's and Megatron-Bridge's performance
-    recipes turn it on, and never under NVFP4, which those scripts run without it
-    (:func:`dse.constraints.nvfp4_no_tp_comm_overlap`); ``sp`` left unset stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`).
+    ``tp_comm_overlap`` left unset (None) is on exactly when tp > 1 with sequence parallelism and ``payload``
+    ships a userbuffer config that NVIDIA's scripts use for (GPU, precision, hidden size, tp), as NeMo's and
+    Megatron-Bridge's performance recipes turn it on (``dse.hardware.userbuffer_config``), and never under NVFP4,
+    which those scripts run without it (:func:`dse.constraints.nvfp4_no_tp_comm_overlap`); ``sp`` left unset
+    stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`); ``recompute_modules`` is written in
+    its canonical spelling (``dse.knobs.canonical_modules``).
     Every path to a trial (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so
     one layout has one prediction.
     """
+    if "recompute_modules" in values:  # one spelling per set, whatever order or form the space gave
+        values["recompute_modules"] = knobs.canonical_modules(values["recompute_modules"])
     if values.get("tp_comm_overlap") is None:
         tp, sp = values["tp"], values["sp"]
         values["tp_comm_overlap"] = bool(
             tp > 1
             and values["precision"] != "nvfp4"
             and (tp > 1 if sp is None else sp)
-            and userbuffer_config(system.gpu, values["precision"], recipe.arch.hidden_size, tp) is not None
+            and userbuffer_config(system.gpu, values["precision"], recipe.arch.hidden_size, tp, payload) is not None
         )
     return values
 
@@ -134,7 +138,7 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
                 env[name[len(knobs.ENV_PREFIX) :]] = knobs.get(name).coerce(value)
             else:
                 values[name] = value
-    resolve_auto(values, recipe, space.system)
+    resolve_auto(values, recipe, space.system, space.backend.payload)
     return TrialConfig(
         recipe=recipe,
         system=space.system,

@@ -82,6 +82,17 @@ CASES = {
         dict(cp=2, tp=4, pp=4, num_nodes=8, attention_backend="flash"),
     ),
     "tp_comm_overlap_supported": (dict(tp_comm_overlap=True, tp=2, pp=4), dict(tp_comm_overlap=True, tp=4, pp=4)),
+    "recompute_modules_need_selective": (
+        dict(recompute="none", recompute_modules="mlp"),
+        dict(recompute="selective", recompute_modules="mlp"),
+    ),
+    # Llama 3 70B is dense: MoE modules recompute nothing there
+    "recompute_modules_fit_model": (
+        dict(recompute="selective", recompute_modules="moe_act"),
+        dict(recompute="selective", recompute_modules="layernorm,mlp"),
+    ),
+    # tp 8 x pp 8 on 64 GPUs: dp = 1, no data-parallel buffers to register
+    "nccl_ub_supported": (dict(nccl_ub=True, tp=8, pp=8), dict(nccl_ub=True, tp=4, pp=4)),
     # a space varying precision and fp8_recipe: a bf16 point is kept once, with the first recipe listed
     "fp8_recipe_needs_fp8": (
         dict(

@@ -80,7 +80,12 @@ def test_the_typed_layout_has_a_field_of_the_right_type_per_knob():
     declared = {f.name: f.type for f in dataclasses.fields(knobs.KnobValues)}  # annotations as text
     assert list(declared) == list(knobs.CATALOGUE)
     for name, knob in knobs.CATALOGUE.items():
-        expected = {"int": "int", "choice": "str", "bool": "bool" if knob.default is not None else "bool | None"}
+        expected = {
+            "int": "int",
+            "choice": "str",
+            "modules": "str",  # the set as one canonical comma-joined string (knobs.canonical_modules)
+            "bool": "bool" if knob.default is not None else "bool | None",
+        }
         assert declared[name] == expected[knob.kind], name  # a bool whose default is None is "auto"
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from dse import knobs
 from dse.backends.local import render_local_script
+from dse.errors import UserError
 from dse.launch import build_plan
 from dse.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step
@@ -60,10 +61,12 @@ def test_mcore_runs_recipes_bridge_lacks_and_skips_userbuffers():
     # a tuned userbuffer config exists for this point on Bridge; the mcore payload has no userbuffers
     t = trial("llama3_70b_16l", tp=4, pp=1, cp=1, vp=1, tp_comm_overlap=True, precision="bf16")
     assert "--tp-comm-overlap-cfg" in build_plan(t, payload="mbridge").argv
-    mcore = build_plan(t, payload="mcore")
-    assert "--tp-comm-overlap-cfg" not in mcore.argv
-    with pytest.raises(ConfigError, match="userbuffers"):  # refused by the payload, with the reason
-        check(config_from_argv(_mcore_args(mcore))[0], 8)
+    with pytest.raises(UserError, match="mcore payload has no Transformer Engine userbuffers"):
+        build_plan(t, payload="mcore")  # the controller refuses it for this payload, before any launch
+    args = knobs.payload_args("mcore", t.recipe, dict(t.values), gpu="h100", gpus_per_node=8)
+    assert "--tp-comm-overlap-cfg" not in args
+    with pytest.raises(ConfigError, match="userbuffers"):  # and the payload refuses it by itself, with the reason
+        check(config_from_argv(list(args))[0], 8)
 
 
 def test_uneven_pipeline_split_is_read_and_refused():

@@ -58,6 +58,8 @@ def test_sim_config_knows_every_catalogue_spelling():
             variants += [{name: True}, {name: False}]
     variants.append({"recompute": "full", "recompute_num_layers": 2})
     variants.append({"cpu_offload_layers": 4})
+    variants.append({"recompute": "selective", "recompute_modules": "core_attn,layernorm,mlp"})
+    variants.append({"nccl_ub": True, "fsdp": True, "tp": 1})
     for v, gpu in itertools.product(variants, ("h100", "b200")):
         values = base | v
         args = knobs.payload_args("sim", RECIPES["llama3_70b"], values, gpu=gpu, gpus_per_node=8)

@@ -71,10 +71,12 @@ class ModelLayout:
     sp: bool = False
     recompute: str = "none"
     recompute_num_layers: int = 0
+    recompute_modules: str = "core_attn"
     precision: str = "bf16"
     fp8_recipe: str = "tensorwise"
     fsdp: bool = False
     tp_comm_overlap: bool = False
+    nccl_ub: bool = False
     cpu_offload_layers: int = 0
     attention_backend: str = "auto"
     cuda_graph: str = "none"
@@ -82,6 +84,10 @@ class ModelLayout:
     dropout: bool = False
     nvlink_domain: int | None = None
     scaleout_gbps: float | None = None
+
+    def recomputes(self, module: str) -> bool:
+        """Whether selective recompute recomputes ``module`` (a name of Megatron-Core's ``recompute_modules``)."""
+        return self.recompute == "selective" and module in self.recompute_modules.split(",")
 
     @property
     def graph_share(self) -> float:

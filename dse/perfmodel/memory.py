@@ -165,12 +165,37 @@ def kept_activations(shape: Shape, layout: ModelLayout, fp8: bool, full_layer: f
     if layout.recompute == "none":
         return full_layer
     if layout.recompute == "selective":
-        return layer_activations(shape, layout, fp8, "selective")
+        return full_layer - selective_saved_bytes(shape, layout, fp8, full_layer)
     input_only = layer_activations(shape, layout, fp8, "full")
     chunk_layers = shape.arch.num_layers / (shape.pp * shape.vp)
     n = layout.recompute_num_layers
     n_rec = min(n, chunk_layers) if n else chunk_layers
     return (n_rec * input_only + (chunk_layers - n_rec) * full_layer) / chunk_layers
+
+
+def selective_saved_bytes(shape: Shape, layout: ModelLayout, fp8: bool, full_layer: float) -> float:
+    """Bytes of one layer's activations that selective recompute does not keep, module by module (Megatron-Core's
+    ``recompute_modules``, in the terms of :func:`layer_activation_bytes`).
+
+    ``core_attn``: the attention scores (unfused attention; flash attention keeps none). ``mlp``: the MLP is
+    checkpointed on its input (Megatron-Core's ``TransformerLayer`` runs ``self.mlp`` under
+    ``tensor_parallel.checkpoint``), which the layer keeps anyway (the norm's input), so what goes is fc1's saved
+    input, the activation's input and fc2's input. ``layernorm`` saves nothing on a dense layer: Transformer
+    Engine's spec fuses the norms into the next linear, which keeps its own input, and Megatron-Core recomputes
+    only a norm that is a module of its own (see :func:`dse.perfmodel.model.selective_recompute_time`). The MoE
+    and MLA modules save nothing on a dense model."""
+    arch, t = shape.arch, shape.tp
+    sb = shape.seq_length / shape.cp * shape.mbs
+    low = 1.0 if fp8 else 2.0  # bytes of a saved GEMM input
+    rep = t if layout.sp else 1  # the replicated tensors are split over TP with sequence parallelism
+    saved = 0.0
+    if layout.recomputes("core_attn"):
+        saved += full_layer - layer_activations(shape, layout, fp8, "selective")
+    if layout.recomputes("mlp"):
+        ffn = arch.ffn_hidden_size
+        act_in = 2.0 * sb * ffn * (2 if arch.gated_mlp else 1)
+        saved += low * sb * arch.hidden_size / rep + (act_in + low * sb * ffn) / t
+    return saved
 
 
 def inflight_layers(shape: Shape, stages: Stages, offloaded: int) -> tuple[float, float]:
@@ -237,6 +262,7 @@ class MemoryCounts:
     def slack(self, P: Params) -> float:
         """The share of the activations the allocator cannot reuse: fragmentation, and the CUDA graphs' pool."""
         return P.memory_fragmentation + self.graphed * P.cuda_graph_pool_share
+    nccl_ub: bool = False  # NCCL-registered DP buffers: Params.nccl_ub_memory_gib more
 
     def peak_gib(self, P: Params, stack: Stack) -> float:
         """The peak (GiB) under ``P``: the larger stage's bytes with fragmentation, plus the reserve and offset."""
@@ -244,7 +270,11 @@ class MemoryCounts:
         act_last = self.act_last_layers + max(self.work, logits_mem)
         mem_first = self.fixed_first + self.act_first * (1.0 + self.slack(P))
         mem_last = self.fixed_last + act_last * (1.0 + self.slack(P))
-        return max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib
+        return max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib + self.registered_gib(P)
+
+    def registered_gib(self, P: Params) -> float:
+        """What NCCL user-buffer registration holds beyond the buffers themselves (GiB)."""
+        return P.nccl_ub_memory_gib if self.nccl_ub else 0.0
 
 
 def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> float:
@@ -305,6 +335,7 @@ def memory_counts(
         cache_last=cache_last,
         graph_static=max(graph_first, graph_last),
         graphed=1.0 if layout.graph_share > 0.0 else 0.0,
+        nccl_ub=layout.nccl_ub,
     )
 
 
@@ -327,5 +358,6 @@ def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
         cuda_graphs_gib=(c.graph_static + max(c.act_first, act_last) * c.graphed * P.cuda_graph_pool_share) / GIB,
         reserve_gib=P.memory_reserve_gib
         + P.memory_offset_gib
+        + c.registered_gib(P)
         + max(c.act_first, act_last) * P.memory_fragmentation / GIB,
     )

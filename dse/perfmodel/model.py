@@ -383,19 +383,56 @@ def cp_exposed_time(shape: Shape, machine: Machine, attention_fwd_bwd: float) ->
     return _exposed(cp_comm, machine.params.cp_overlap * attention_fwd_bwd)
 
 
+def mlp_gemm_forward_time(shape: Shape, machine: Machine) -> float:
+    """The MLP's two GEMMs (fc1, fc2), forward: the fc1/fc2 part of :func:`gemm_forward_time`."""
+    arch, t, T = shape.arch, shape.tp, shape.tokens
+    h, F, fc1_n, g_in = arch.hidden_size, arch.ffn_hidden_size, shape.fc1_cols, machine.gemm_input_bytes
+    flops = 2.0 * T * h * (fc1_n + F / t)
+    nbytes = (T * (h + F / t) + h * (fc1_n + F / t)) * g_in + 2.0 * T * (fc1_n + h)
+    return flops / machine.gemm_rate + nbytes / machine.hbm_Bps
+
+
+def selective_recompute_time(
+    shape: Shape, layout: ModelLayout, machine: Machine, attention_fwd: float, tp_one: float, tp_hidden: float
+) -> float:
+    """What selective recompute repeats in the backward pass, module by module (Megatron-Core's
+    ``recompute_modules``): ``core_attn`` core attention's forward; ``mlp`` the MLP's forward (its two GEMMs, the
+    activation through HBM, with FP8 the requantisation of their inputs, and with sequence parallelism its
+    all-gather and reduce-scatter, hidden as the layer's are). ``layernorm`` costs nothing on a dense layer:
+    Transformer Engine's layer spec fuses both norms into the next linear (``input_layernorm`` and
+    ``pre_mlp_layernorm`` are ``IdentityOp``), and Megatron-Core recomputes a norm only when it is a module of its
+    own (``TransformerLayer.__init__``: ``if not isinstance(self.input_layernorm, IdentityOp)``); NVIDIA's scripts
+    use it on MoE models, whose pre-MLP norm feeds the router. The MoE modules (``moe_act``, ``moe``,
+    ``shared_experts``) and ``mla_up_proj`` recompute parts of MoE and MLA layers: a dense model has none, so they
+    cost nothing here (the constraints refuse them on a dense model)."""
+    P, T, t = machine.params, shape.tokens, shape.tp
+    F = shape.arch.ffn_hidden_size
+    total = attention_fwd if layout.recomputes("core_attn") else 0.0
+    if layout.recomputes("mlp"):
+        act_bytes = (6.0 if shape.arch.gated_mlp else 4.0) * F / t  # SwiGLU reads 2F, writes F; else F in, F out
+        if machine.fp8:
+            act_bytes += 3.0 * (shape.hidden_sp + F / t)  # fc1 and fc2 inputs cast again (read 2, write 1)
+        collectives = 2.0 * tp_one * (1.0 - tp_hidden) if layout.sp else 0.0
+        total += mlp_gemm_forward_time(shape, machine) + T * act_bytes * P.elementwise_scale / machine.hbm_Bps
+        total += collectives
+    return total
+
+
 def recompute_time(
     shape: Shape,
     layout: ModelLayout,
+    machine: Machine,
     gemm_fwd: float,
     attention_fwd: float,
     elementwise: float,
     tp_one: float,
     tp_hidden: float,
 ) -> float:
-    """The forward work that recompute repeats in the backward pass: core attention (selective), or the layer's
-    forward (full) for ``recompute_num_layers`` of a model chunk's layers (all when 0)."""
+    """The forward work that recompute repeats in the backward pass: the selected modules (selective,
+    :func:`selective_recompute_time`), or the layer's forward (full) for ``recompute_num_layers`` of a model
+    chunk's layers (all when 0)."""
     if layout.recompute == "selective":
-        return attention_fwd
+        return selective_recompute_time(shape, layout, machine, attention_fwd, tp_one, tp_hidden)
     if layout.recompute != "full":
         return 0.0
     chunk_layers = shape.arch.num_layers / (shape.pp * shape.vp)
@@ -456,7 +493,7 @@ def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack
     tp_hidden = tp_hidden_share(layout, P)
     tp_exposed = 8.0 * tp_one * (1.0 - tp_hidden)
     cp_exposed = cp_exposed_time(shape, machine, attn_fb)
-    rec = recompute_time(shape, layout, gemm_fwd, attn_fwd, elem, tp_one, tp_hidden)
+    rec = recompute_time(shape, layout, machine, gemm_fwd, attn_fwd, elem, tp_one, tp_hidden)
     host_wait = max(0.0, host_layer_time(machine, layout) - (compute + tp_exposed + cp_exposed + rec))
     return LayerTime(
         gemm_fwd, attn_fwd, attn_fb, elem, compute, tp_one, tp_hidden, tp_exposed, cp_exposed, rec, host_wait
@@ -524,13 +561,16 @@ def dp_exposed_time(
     """Data-parallel communication left exposed per step, over the data- and context-parallel ranks: with the
     distributed optimizer a reduce-scatter of gradients and an all-gather of bf16 weights once per step; with
     FSDP all-gathers of the weights forward and backward and a reduce-scatter per micro-batch; hidden behind
-    compute up to a fitted share (Params.dp_overlap)."""
+    compute up to a fitted share (Params.dp_overlap). With ``nccl_ub`` a group inside one NVLink domain runs at
+    NVLink SHARP's bandwidth (Params.nccl_ub_nvls_gain)."""
     d_r = shape.data_parallel * shape.cp
     if d_r <= 1:
         return 0.0
     P, t, lat = machine.params, shape.tp, machine.latency_s
     p_local = stages.stage_params / t
     dp_bw = _group_bw(d_r, t, machine.nvlink_domain, machine.nvlink_Bps, machine.nic_Bps)
+    if layout.nccl_ub and d_r * t <= machine.nvlink_domain:  # registered buffers: NVLink SHARP inside the domain
+        dp_bw *= P.nccl_ub_nvls_gain
     frac_r = (d_r - 1) / d_r
     if layout.fsdp:
         comm_mb = frac_r * p_local * (4.0 + grad_b) / dp_bw + 3 * shape.arch.num_layers / shape.pp * lat
@@ -641,10 +681,12 @@ def predict_layout(
     sp: bool | None = None,
     recompute: str = "none",
     recompute_num_layers: int = 0,
+    recompute_modules: str = "core_attn",
     precision: str = "bf16",
     fp8_recipe: str = "tensorwise",
     fsdp: bool = False,
     tp_comm_overlap: bool = False,
+    nccl_ub: bool = False,
     cpu_offload_layers: int = 0,
     attention_backend: str = "auto",
     cuda_graph: str = "none",
@@ -682,10 +724,12 @@ def prepare_layout(
     sp: bool | None = None,
     recompute: str = "none",
     recompute_num_layers: int = 0,
+    recompute_modules: str = "core_attn",
     precision: str = "bf16",
     fp8_recipe: str = "tensorwise",
     fsdp: bool = False,
     tp_comm_overlap: bool = False,
+    nccl_ub: bool = False,
     cpu_offload_layers: int = 0,
     attention_backend: str = "auto",
     cuda_graph: str = "none",
@@ -709,10 +753,12 @@ def prepare_layout(
         sp=_sp(tp, sp),
         recompute=recompute,
         recompute_num_layers=recompute_num_layers,
+        recompute_modules=recompute_modules,
         precision=precision,
         fp8_recipe=fp8_recipe,
         fsdp=fsdp,
         tp_comm_overlap=tp_comm_overlap,
+        nccl_ub=nccl_ub,
         cpu_offload_layers=cpu_offload_layers,
         attention_backend=attention_backend,
         cuda_graph=cuda_graph,

@@ -64,6 +64,18 @@ class Params:
     # run on copy engines, asynchronously on a side stream (Transformer Engine's cpu_offload), and only
     # contend for HBM bandwidth
     offload_overlap: float = 0.90
+    # fixed, literature-based (not fitted: no published pair of rows differs in nccl_ub alone): NCCL user-buffer
+    # registration (knob nccl_ub) lets the data-parallel collectives run zero-copy on NVLink SHARP inside an NVLink
+    # domain; NVLS over ring bus bandwidth measured 480/370 = 1.30 on 8 H100 and 845/695 = 1.22 on 8 B300
+    # (NVIDIA/nccl issue 2140, nccl-tests all-reduce); 1.25 between them. Across NICs the DP collectives stay
+    # NIC-bound (no gain). The SMs it frees (4-5 instead of NCCL's usual channels, Megatron-Core's
+    # DistributedDataParallelConfig.nccl_ub docstring) are not priced: the model charges overlapped DP traffic no SMs
+    nccl_ub_nvls_gain: float = 1.25
+    # fixed, an estimate (GiB per GPU): the registered parameter and gradient buffers are allocated by NCCL's
+    # allocator outside PyTorch's pool, each rounded up to the multicast granularity for NVLS, and the NVLS
+    # communicator holds buffers of its own (JAX-Toolbox PR 383 and NeMo-Framework-Launcher PR 127 turn NVLS off
+    # to save memory); no published per-GPU figure, so half a GiB
+    nccl_ub_memory_gib: float = 0.5
     memory_reserve_gib: float = 3.0  # CUDA context, NCCL and cuBLAS / TE workspaces
     memory_fragmentation: float = 0.05  # allocator slack, as a share of the activation memory
     # fixed prior, not fitted (no measured peak of a graphed run): what CUDA graphs' private memory pool adds, as a

@@ -54,7 +54,7 @@ def make_trial(
     out["seq_length"] = recipe.seq_length
     out.update(values)
     out["num_nodes"] = num_gpus // system.gpus_per_node
-    resolve_auto(out, recipe, system)
+    resolve_auto(out, recipe, system, payload)
     return TrialConfig(
         recipe=recipe, system=system, values=MappingProxyType(out), env=MappingProxyType({}), varied=(), payload=payload
     )

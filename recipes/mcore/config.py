@@ -21,6 +21,9 @@ from ..models import RECIPES, ModelArch
 SMALL_GQA = ModelArch("small_gqa", 8, 2048, 16, 4, 5632, 32000, True)
 
 RECOMPUTE = ("none", "selective", "full")
+# the recompute_modules a dense GPT layer has (Megatron-Core's TransformerConfig.recompute_modules; the MoE and
+# MLA ones need layers this payload does not build)
+DENSE_RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp")
 RECOMPUTE_METHODS = ("uniform", "block")
 
 
@@ -59,6 +62,8 @@ class RunConfig:
     recompute: str = "none"
     recompute_method: str | None = None  # full recompute: "uniform" (default) or "block"
     recompute_num_layers: int | None = None  # full recompute: layers per unit/stage (None: all, 1 per unit)
+    # selective recompute's modules, comma-joined (Megatron-Core's recompute_modules; None: its default, core_attn)
+    recompute_modules: str | None = None
     precision: str = "bf16"
     fp8_recipe: str | None = None  # FP8 scaling recipe; recorded, meaningful only with precision=fp8
     fsdp: bool = False
@@ -242,6 +247,13 @@ def check(
         cfg.recompute_method in (None, *RECOMPUTE_METHODS),
         f"recompute_method={cfg.recompute_method!r}; one of {', '.join(RECOMPUTE_METHODS)}",
     )
+    if cfg.recompute_modules:
+        modules = cfg.recompute_modules.split(",")
+        need(cfg.recompute == "selective", f"recompute_modules={cfg.recompute_modules} needs recompute=selective")
+        need(
+            set(modules) <= set(DENSE_RECOMPUTE_MODULES),
+            f"recompute_modules={cfg.recompute_modules}; a dense layer has {', '.join(DENSE_RECOMPUTE_MODULES)}",
+        )
     layers_per_stage = cfg.num_layers // cfg.pp
     if cfg.recompute == "full":
         n = cfg.recompute_num_layers or None  # dse's 0 means "all layers"
@@ -299,6 +311,7 @@ _OVERRIDES: dict[str, str] = {
     "model.recompute_granularity": "recompute",
     "model.recompute_method": "recompute_method",
     "model.recompute_num_layers": "recompute_num_layers",
+    "model.recompute_modules": "recompute_modules",
     "mixed_precision": "precision",
     "ddp.use_megatron_fsdp": "fsdp",
     "comm_overlap.tp_comm_overlap": "tp_comm_overlap",
@@ -395,6 +408,8 @@ def _convert(name: str, text: str, where: str) -> Any:
         return value
     if name == "layer_spec":
         return {"transformer_engine": "te"}.get(text, text)  # Bridge's transformer_impl spelling
+    if name == "recompute_modules":  # Hydra's list, [core_attn,mlp] (quotes allowed), kept comma-joined
+        return ",".join(m.strip().strip("'\"") for m in text.strip("[]").split(",") if m.strip())
     if name == "precision":
         if "fp8" in text.lower():
             return "fp8"  # check() explains why FP8 cannot run here

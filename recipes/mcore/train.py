@@ -122,6 +122,9 @@ def _transformer_config(cfg: RunConfig):
         recompute_granularity=recompute,
         recompute_method=cfg.recompute_method if recompute == "full" else None,
         recompute_num_layers=cfg.recompute_num_layers if recompute == "full" else None,
+        recompute_modules=cfg.recompute_modules.split(",")
+        if recompute == "selective" and cfg.recompute_modules
+        else None,
         **extra,
     )
 

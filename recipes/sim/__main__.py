@@ -58,6 +58,8 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "account_for_loss_in_pipeline_split": False,
             "ckpt_async_save": False,
             "use_te_rng_tracker": False,
+            # DistributedDataParallelConfig's fields that knobs set (nccl_ub; its FSDP double buffer)
+            "ddp": {"nccl_ub": False, "fsdp_double_buffer": False},
         },
         "plugins": {
             "precision": "bf16-mixed",
@@ -82,6 +84,7 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "recompute_granularity": None,
             "recompute_method": None,
             "recompute_num_layers": None,
+            "recompute_modules": None,
             "num_layers": None,
             "cpu_offloading": False,
             "cpu_offloading_num_layers": 0,
