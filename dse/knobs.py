@@ -337,8 +337,8 @@ def _moe_a2a_overlap(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spel
 
 
 def _stage_layers(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
-    # 0 (an even split) is Megatron's None; nothing is spelled for an even split, so that scripts stay as they were
-    return [] if not value else sp.plain(knob, value)
+    # spelled with the rest of the pipeline split, which needs the architecture: pipeline_split_overrides
+    return []
 
 
 def _both(fn: SpellFn) -> dict[str, SpellFn]:
@@ -778,21 +778,66 @@ def factory_call(name: str, args: Mapping[str, Any]) -> str:
     return f"{name}({','.join(f'{k}={json.dumps(v) if isinstance(v, str) else repr(v)}' for k, v in args.items())})"
 
 
-def pipeline_split_overrides(num_layers: int, values: Mapping[str, Any], flavour: str) -> list[str]:
-    """Whether the pipeline counts the embedding and the loss as one layer each, always spelled out.
+def pipeline_layout(num_layers: int, pp: int, vp: int, first: int, last: int, mtp_layers: int = 0) -> str:
+    """Megatron-Core's ``pipeline_model_parallel_layout`` string (``PipelineParallelLayerLayout.from_str``) of an
+    uneven split: ``first`` decoder layers on the first pipeline rank, ``last`` on the last (0: an even share),
+    the rest evenly over the middle ranks, each rank's layers over its ``vp`` virtual chunks; chunk ``v*pp + r``
+    is rank r's v-th. The first rank's chunks are filled from the back and the last rank's from the front, so the
+    embedding and the loss (with the MTP layers) share a chunk with fewer layers: with DeepSeek-V3's 61 layers
+    this gives NVIDIA's own layouts, "Et|(tt|)*30mL" for (pp 8, vp 4, first 7, last 6) and "Et*4|(t*4|)*14tmL"
+    for (pp 2, vp 8, first 32, last 29) (Megatron-Bridge scripts/performance/configs/deepseek/
+    deepseek_workload_base_configs.py), written out chunk by chunk."""
+    middle = pp - bool(first) - bool(last)
+    share = (num_layers - first - last) // middle if middle else 0
+    per_rank = [first or share, *[share] * (pp - 2), last or share] if pp > 1 else [num_layers]
+    chunks = [[0] * vp for _ in range(pp)]
+    for rank, n in enumerate(per_rank):
+        cap = -(-n // vp)
+        order = range(vp - 1, -1, -1) if rank == 0 else range(vp)
+        for v in order:
+            chunks[rank][v] = min(cap, n)
+            n -= chunks[rank][v]
+    text = ["t" * chunks[i % pp][i // pp] for i in range(pp * vp)]
+    text[0] = "E" + text[0]
+    text[-1] += "m" * mtp_layers + "L"
+    return "|".join(text)
 
-    On when pp*vp does not divide the layers but divides two more (Llama 3.1 405B: 126 + 2 = 128 over pp=8,
-    vp=8), as ``dse.trial.TrialConfig.pipeline_layers`` and the ``layers_divisible`` rule assume. Spelled
-    either way so that a recipe's own setting (NeMo's 405B recipe turns it on) never disagrees with the
-    layout, e.g. on a scaled reproducer whose layers divide evenly.
+
+def pipeline_split_overrides(
+    num_layers: int, values: Mapping[str, Any], flavour: str, *, mtp_layers: int = 0, explicit: bool = False
+) -> list[str]:
+    """How the pipeline splits the layers, always spelled out.
+
+    ``account_for_embedding/loss_in_pipeline_split`` is on when pp*vp does not divide the layers but divides two
+    more (Llama 3.1 405B: 126 + 2 = 128 over pp=8, vp=8), as ``dse.trial.TrialConfig.pipeline_layers`` and the
+    ``layers_divisible`` rule assume. Spelled either way so that a recipe's own setting (NeMo's 405B recipe turns
+    it on) never disagrees with the layout, e.g. on a scaled reproducer whose layers divide evenly.
+
+    Uneven first and last stages (``pp_first_layers``, ``pp_last_layers``) are Megatron's
+    ``num_layers_in_first/last_pipeline_stage`` without interleaving and a ``pipeline_model_parallel_layout``
+    (:func:`pipeline_layout`) with it, since Megatron-Core wants the first and last stage's layers divisible by vp.
+    With ``explicit`` (an MoE recipe, whose NeMo 2 and Bridge recipes set a split of their own: NeMo's DeepSeek-V3
+    first 3 and last 2 layers, Bridge's its layouts) the four fields are spelled even for an even split.
     """
     pp, vp = values.get("pp", 1), values.get("vp", 1) or 1
+    first, last = values.get("pp_first_layers", 0) or 0, values.get("pp_last_layers", 0) or 0
     chunks = pp * vp
-    on = pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
+    uneven = bool(first or last)
+    on = not uneven and pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
     prefix = spelling_of(flavour).strategy
-    return [
+    out = [
         f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
         f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}",
+    ]
+    if not (uneven or explicit):
+        return out
+    layout = pipeline_layout(num_layers, pp, vp, first, last, mtp_layers) if uneven and vp > 1 else None
+    counts = (first, last) if layout is None else (0, 0)
+    return [
+        *out,
+        f"{prefix}num_layers_in_first_pipeline_stage={_spell_value(counts[0] or None)}",
+        f"{prefix}num_layers_in_last_pipeline_stage={_spell_value(counts[1] or None)}",
+        f"{prefix}pipeline_model_parallel_layout={_spell_value(layout)}",
     ]
 
 
@@ -811,7 +856,9 @@ def payload_args(
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
     if not recipe.arch.is_moe:
         values = {k: v for k, v in values.items() if k not in MOE_KNOBS}
-    split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
+    split = pipeline_split_overrides(
+        recipe.arch.num_layers, values, flavour, mtp_layers=recipe.arch.mtp_layers, explicit=recipe.arch.is_moe
+    )
     if flavour in BRIDGE_SPELLING:
         if not recipe.mbridge_recipe and flavour == "mbridge":
             raise UserError(
