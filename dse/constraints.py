@@ -302,25 +302,24 @@ def moe_a2a_overlap_supported(t: TrialConfig) -> Broken | None:
     ``__post_init__``): expert parallelism, the alltoall or flex dispatcher, interleaving (vp) when pp > 1, no full
     recompute (granularity, method and layer count unset), no ``moe`` in ``recompute_modules``, at most one MTP
     layer. Not checkable here: its PyTorch >= 2.6 (the container's version is not part of a trial)."""
-    lay = t.layout
+    lay, on = t.layout, "moe_a2a_overlap"
     if not lay.moe_a2a_overlap or not t.arch.is_moe:
         return None
-    why: tuple[str, tuple[str, ...]] | None = None
     if lay.ep == 1:
-        why = "needs expert parallelism (ep > 1)", ("moe_a2a_overlap", "ep")
-    elif lay.moe_dispatcher not in ("alltoall", "flex"):
-        why = f"needs the alltoall or flex dispatcher, not {lay.moe_dispatcher}", ("moe_a2a_overlap", "moe_dispatcher")
-    elif lay.pp > 1 and lay.vp == 1:
-        why = f"with pp={lay.pp} needs interleaving (vp > 1)", ("moe_a2a_overlap", "vp")
-    elif lay.recompute == "full":
-        why = "cannot run with full recompute", ("moe_a2a_overlap", "recompute")
-    elif "moe" in _recompute_modules(t):
-        why = "cannot run with moe in recompute_modules", _catalogued("moe_a2a_overlap", "recompute_modules")
-    elif t.arch.mtp_layers > 1:
-        why = f"takes at most one MTP layer ({t.arch.name} has {t.arch.mtp_layers})", ("moe_a2a_overlap",)
-    if why is None:
-        return None
-    return broken(f"moe_a2a_overlap {why[0]}", *why[1])
+        return broken("moe_a2a_overlap needs expert parallelism (ep > 1)", on, "ep")
+    if lay.moe_dispatcher not in ("alltoall", "flex"):
+        return broken(
+            f"moe_a2a_overlap needs the alltoall or flex dispatcher, not {lay.moe_dispatcher}", on, "moe_dispatcher"
+        )
+    if lay.pp > 1 and lay.vp == 1:
+        return broken(f"moe_a2a_overlap with pp={lay.pp} needs interleaving (vp > 1)", on, "vp")
+    if lay.recompute == "full":
+        return broken("moe_a2a_overlap cannot run with full recompute", on, "recompute")
+    if "moe" in _recompute_modules(t):
+        return broken("moe_a2a_overlap cannot run with moe in recompute_modules", *_catalogued(on, "recompute_modules"))
+    if t.arch.mtp_layers > 1:
+        return broken(f"moe_a2a_overlap takes at most one MTP layer ({t.arch.name} has {t.arch.mtp_layers})", on)
+    return None
 
 
 def moe_grouped_gemm_supported(t: TrialConfig) -> Broken | None:
