@@ -853,7 +853,6 @@ def payload_args(
     ``--tp-comm-overlap-cfg``; it refuses tp_comm_overlap with the reason); a recipe Bridge lacks goes by its dse name.
     """
     base = recipe.scaled_from or recipe.name
-    num_layers = recipe.arch.num_layers if recipe.scaled_from else None
     if not recipe.arch.is_moe:
         values = {k: v for k, v in values.items() if k not in MOE_KNOBS}
     split = pipeline_split_overrides(
@@ -869,9 +868,7 @@ def payload_args(
         ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
         if ub and flavour == "mbridge":
             argv += ["--tp-comm-overlap-cfg", ub]
-        argv += overrides(values, flavour) + split
-        if num_layers:
-            argv.append(f"model.num_layers={num_layers}")
+        argv += overrides(values, flavour) + split + scaled_overrides(recipe, flavour)
         return tuple(argv)
     args = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size)
     argv = [
@@ -881,7 +878,22 @@ def payload_args(
         *overrides(values, flavour),
         *split,
         f"trainer.devices={gpus_per_node}",
+        *scaled_overrides(recipe, flavour),
     ]
-    if num_layers:
-        argv.append(f"model.config.num_layers={num_layers}")
     return tuple(argv)
+
+
+def scaled_overrides(recipe: Recipe, flavour: str) -> list[str]:
+    """What a scaled reproducer changes in its base recipe's model: the layer count and, for a MoE reproducer,
+    the experts and which layers are MoE (Megatron-Core's ``moe_layer_freq``: DeepSeek-V3's providers give a
+    list of one entry per layer, [0]*3 + [1]*58, which must follow the layer count)."""
+    if not recipe.scaled_from:
+        return []
+    arch, model = recipe.arch, spelling_of(flavour).model
+    out = [f"{model}num_layers={arch.num_layers}"]
+    if arch.is_moe:
+        out.append(f"{model}num_moe_experts={arch.num_experts}")
+        if arch.moe_first_dense_layers:
+            freq = [0] * arch.moe_first_dense_layers + [1] * arch.moe_layers
+            out.append(f"{model}moe_layer_freq=[{','.join(map(str, freq))}]")
+    return out

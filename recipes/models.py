@@ -439,6 +439,20 @@ def _recipes() -> dict[str, Recipe]:
             for k, lay in r.defaults.items()
         }
         out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base, defaults=defaults)
+    # 2-node MoE reproducer: DeepSeek-V3's width (MLA, 7168 hidden, 2048-wide experts, top-8 routing, one shared
+    # expert, MTP) with 8 of its 61 layers (the first dense, as its first 3 of 61 are) and 64 of its 256 experts,
+    # so that 16 H100 hold it: ~25 B parameters. At ep 16 each GPU holds 4 experts of a layer, as DeepSeek-V3's
+    # ep 64 does of its 256; expert tensor parallelism stays 1, as NVIDIA's presets have it.
+    r = out["deepseek_v3"]
+    arch = replace(r.arch.scaled(8, "2node"), num_experts=64, moe_first_dense_layers=1)
+    out[arch.name] = replace(
+        r,
+        name=arch.name,
+        arch=arch,
+        num_gpus_default=16,
+        scaled_from="deepseek_v3",
+        defaults={"h100/bf16": Layout(2, 2, 1, 1, 1, 128, ep=8, moe_dispatcher="flex", moe_permute_fusion=True)},
+    )
     # 1-GPU reproducer: Llama 3 8B's width (its GEMM shapes) with 4 of its 32 layers, so that one GPU holds
     # weights, gradients and Adam state (~1.9 B parameters) without model parallelism.
     r = out["llama3_8b"]
