@@ -422,6 +422,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=[_S + "expert_model_parallel_size"],
             mbridge=["model.expert_model_parallel_size"],
             **_LAYOUT,
+            model_arg="ep",
         ),
         _int(
             "etp",
@@ -430,6 +431,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=[_S + "expert_tensor_parallel_size"],
             mbridge=["model.expert_tensor_parallel_size"],
             **_LAYOUT,
+            model_arg="etp",
         ),
         Knob(
             "moe_dispatcher",
@@ -441,6 +443,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.moe_token_dispatcher_type",),
             spell=_both(_moe_dispatcher),
             recipe_layout=True,
+            model_arg="moe_dispatcher",
         ),
         Knob(
             "moe_grouped_gemm",
@@ -450,6 +453,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=(_M + "moe_grouped_gemm",),
             mbridge=("model.moe_grouped_gemm",),
             recipe_layout=True,
+            model_arg="moe_grouped_gemm",
         ),
         Knob(
             "moe_a2a_overlap",
@@ -460,6 +464,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("comm_overlap.overlap_moe_expert_parallel_comm",),
             spell=_both(_moe_a2a_overlap),
             recipe_layout=True,
+            model_arg="moe_a2a_overlap",
         ),
         Knob(
             "moe_permute_fusion",
@@ -469,6 +474,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=(_M + "moe_permute_fusion",),
             mbridge=("model.moe_permute_fusion",),
             recipe_layout=True,
+            model_arg="moe_permute_fusion",
         ),
         _int(
             "pp_first_layers",
@@ -480,6 +486,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=["model.num_layers_in_first_pipeline_stage"],
             spell=_both(_stage_layers),
             **_LAYOUT,
+            model_arg="pp_first_layers",
         ),
         _int(
             "pp_last_layers",
@@ -491,6 +498,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=["model.num_layers_in_last_pipeline_stage"],
             spell=_both(_stage_layers),
             **_LAYOUT,
+            model_arg="pp_last_layers",
         ),
         Knob(
             "sp",
