@@ -151,3 +151,17 @@ def test_the_reproducer_is_deepseek_v3_with_fewer_layers_and_experts():
         } <= args
     assert "deepseek_v3_recipe" in _args("deepseek_v3_2node", "nemo2")
     assert "deepseek_v3_pretrain_config" in _args("deepseek_v3_2node", "mbridge")
+
+
+@pytest.mark.parametrize("name", SPACES)
+def test_dse_run_works_on_each_moe_space(name, tmp_path):
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    out = tmp_path / "out"
+    space = ROOT / "conf" / "spaces" / f"{name}_space.toml"
+    r = CliRunner().invoke(app, ["run", "--space", str(space), "--trials", "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    board = (out / "leaderboard.csv").read_text().splitlines()
+    assert len(board) > 1 and any(",ok," in row for row in board[1:])
