@@ -839,13 +839,16 @@ def pipeline_split_overrides(
     ]
     if not (uneven or explicit):
         return out
-    layout = pipeline_layout(num_layers, pp, vp, first, last, mtp_layers) if uneven and vp > 1 else None
+    # recipes.mcore builds its model from recipes.models (no recipe layout to clear) and takes no layout: the
+    # stage sizes, which it refuses with its reason where it cannot split so
+    layouts = flavour != "mcore"
+    layout = pipeline_layout(num_layers, pp, vp, first, last, mtp_layers) if layouts and uneven and vp > 1 else None
     counts = (first, last) if layout is None else (0, 0)
     return [
         *out,
         f"{prefix}num_layers_in_first_pipeline_stage={_spell_value(counts[0] or None)}",
         f"{prefix}num_layers_in_last_pipeline_stage={_spell_value(counts[1] or None)}",
-        f"{prefix}pipeline_model_parallel_layout={_spell_value(layout)}",
+        *([f"{prefix}pipeline_model_parallel_layout={_spell_value(layout)}"] if layouts else []),
     ]
 
 
@@ -894,14 +897,15 @@ def payload_args(
 def scaled_overrides(recipe: Recipe, flavour: str) -> list[str]:
     """What a scaled reproducer changes in its base recipe's model: the layer count and, for a MoE reproducer,
     the experts and which layers are MoE (Megatron-Core's ``moe_layer_freq``: DeepSeek-V3's providers give a
-    list of one entry per layer, [0]*3 + [1]*58, which must follow the layer count)."""
+    list of one entry per layer, [0]*3 + [1]*58, which must follow the layer count; ``recipes.mcore`` builds it
+    from the architecture itself)."""
     if not recipe.scaled_from:
         return []
     arch, model = recipe.arch, spelling_of(flavour).model
     out = [f"{model}num_layers={arch.num_layers}"]
     if arch.is_moe:
         out.append(f"{model}num_moe_experts={arch.num_experts}")
-        if arch.moe_first_dense_layers:
+        if arch.moe_first_dense_layers and flavour != "mcore":  # recipes.mcore reads it from recipes.models
             freq = [0] * arch.moe_first_dense_layers + [1] * arch.moe_layers
             out.append(f"{model}moe_layer_freq=[{','.join(map(str, freq))}]")
     return out

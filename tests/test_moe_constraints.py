@@ -138,3 +138,15 @@ def test_the_split_is_spelled_for_both_payloads():
     ]
     # a dense recipe's scripts stay as they were
     assert len(_split("llama3_70b", "nemo2", pp=4, vp=5)) == 2
+
+
+def test_the_megatron_core_payload_gets_stage_sizes_and_no_layout():
+    # recipes.mcore builds the model from recipes.models: there is no recipe layout to clear, and it takes none
+    got = _split("deepseek_v3", "mcore", pp=8, vp=4, pp_first_layers=7, pp_last_layers=6)
+    assert got[2:] == ["model.num_layers_in_first_pipeline_stage=7", "model.num_layers_in_last_pipeline_stage=6"]
+    assert _split("mixtral_8x7b", "mcore", pp=4, vp=1)[2:] == [
+        "model.num_layers_in_first_pipeline_stage=null",
+        "model.num_layers_in_last_pipeline_stage=null",
+    ]
+    scaled = knobs.scaled_overrides(RECIPES["deepseek_v3_2node"], "mcore")
+    assert scaled == ["model.num_layers=8", "model.num_moe_experts=64"]
