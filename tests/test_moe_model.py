@@ -122,3 +122,22 @@ def test_uneven_stages_must_split_the_rest_evenly():
     assert broken is not None and "pp_first_layers" in broken.knobs and "55 layers" in broken.reason
     even = make_trial(r, "b200", 256, pp=16, vp=1, ep=8, pp_first_layers=0, pp_last_layers=0, gbs=2048)
     assert check(even) is not None and "does not divide the 61 layers" in check(even).reason
+
+
+def test_recompute_modules_shrink_a_moe_layers_activations():
+    from dse.perfmodel.layout import ModelLayout, Shape
+    from dse.perfmodel.moe import moe_layer_activation_bytes
+
+    arch = RECIPES["deepseek_v3"].arch
+    layout = ModelLayout(num_gpus=256, pp=4, vp=4, ep=64, gbs=4096, seq_length=4096)
+    shape = Shape.of(arch, layout)
+    full = moe_layer_activation_bytes(shape, layout, False)
+    sizes = {
+        m: moe_layer_activation_bytes(shape, layout, False, modules=frozenset({m}))
+        for m in ("mla_up_proj", "moe_act", "layernorm", "moe")
+    }
+    # MLA's Q, K and V: 4096 tokens x 128 heads x (192 + 192 + 128) x 2 bytes
+    assert full - sizes["mla_up_proj"] == pytest.approx(4096 * 128 * 512 * 2)
+    assert full - sizes["moe_act"] == pytest.approx(8 * 4096 * 2048 * 2)  # each routed copy's activation output
+    assert full > sizes["layernorm"] > sizes["moe"]
+    assert moe_layer_activation_bytes(shape, layout, False, "full") < sizes["moe"]
