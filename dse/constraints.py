@@ -243,7 +243,9 @@ def moe_needs_sp(t: TrialConfig) -> Broken | None:
 # Where each runs: megatron/bridge/training/flex_dispatcher_backend.py validate_flex_dispatcher_backend (DeepEP on
 # Ampere, Hopper, B200 and B300, not on Grace-Blackwell; HybridEP on compute capability 8, 9 and 10).
 def _flex_backend(t: TrialConfig) -> str:
-    return "deepep" if knobs.SPELLINGS.get(t.payload, knobs.NEMO2).family == "nemo2" else knobs.FLEX_BACKEND
+    """The flex kernels of ``t``'s payload: DeepEP for NeMo 2 (and the simulated payload, spelled as NeMo 2);
+    HybridEP for Bridge, recipes.mcore and the published stacks of NVIDIA's tables (whose flex rows are Bridge's)."""
+    return "deepep" if t.payload in ("nemo2", "sim") else knobs.FLEX_BACKEND
 
 
 def _flex_runs_on(backend: str, gpu: str) -> bool:
@@ -277,7 +279,8 @@ def moe_dispatcher_supported(t: TrialConfig) -> Broken | None:
         return broken("moe_dispatcher=flex (DeepEP) needs etp*ep > 1", "moe_dispatcher", "ep")
     if not _flex_runs_on(backend, t.system.gpu):
         return broken(
-            f"moe_dispatcher=flex runs {backend} with the {t.payload} payload, which does not run on {t.system.gpu}",
+            f"moe_dispatcher=flex runs {backend} with the {t.payload} payload, which does not run on {t.system.gpu} "
+            f"(the mbridge payload runs {knobs.FLEX_BACKEND}; NeMo's scripts use alltoall there)",
             "moe_dispatcher",
         )
     return None

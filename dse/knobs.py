@@ -305,7 +305,7 @@ def _mbridge_max_steps(knob: Knob, value: Any, values: Mapping[str, Any], sp: Sp
 
 # --- mixture of experts ---------------------------------------------------------------------------------------
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
-# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`payload_args`), so
+# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`overrides`), so
 # that they stay as they were before MoE support. ``ep`` is spelled for every recipe, as it always was.
 MOE_KNOBS = frozenset({"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"})
 # flex: Megatron-Core's MoEFlexTokenDispatcher. Megatron-Bridge picks its kernels by moe_flex_dispatcher_backend
@@ -744,17 +744,21 @@ def spelling_of(flavour: str) -> Spelling:
     return SPELLINGS[flavour]
 
 
-def overrides(values: Mapping[str, Any], flavour: str) -> list[str]:
+def overrides(values: Mapping[str, Any], flavour: str, *, moe: bool = False) -> list[str]:
     """Dotted ``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
 
     Each flavour spells through its :class:`Spelling` (:data:`SPELLINGS`). Knobs that several fields spell
     together (precision with fp8_recipe, recompute with recompute_num_layers) are spelled once, at the first of
     them. Knobs with no path in a flavour are left to the payload, or reach it as factory arguments
-    (:func:`factory_args`). Callers validate values first and shell-quote the result.
+    (:func:`factory_args`). The MoE-only knobs (:data:`MOE_KNOBS`) are spelled for a MoE model only (``moe``), so
+    that a dense model's scripts stay as they were. Callers validate values first and shell-quote the result.
     """
     spelling = spelling_of(flavour)
     return [
-        o for name, value in values.items() if name in CATALOGUE for o in spelling.spell(CATALOGUE[name], value, values)
+        o
+        for name, value in values.items()
+        if name in CATALOGUE and (moe or name not in MOE_KNOBS)
+        for o in spelling.spell(CATALOGUE[name], value, values)
     ]
 
 
@@ -864,8 +868,6 @@ def payload_args(
     ``--tp-comm-overlap-cfg``; it refuses tp_comm_overlap with the reason); a recipe Bridge lacks goes by its dse name.
     """
     base = recipe.scaled_from or recipe.name
-    if not recipe.arch.is_moe:
-        values = {k: v for k, v in values.items() if k not in MOE_KNOBS}
     split = pipeline_split_overrides(
         recipe.arch.num_layers, values, flavour, mtp_layers=recipe.arch.mtp_layers, explicit=recipe.arch.is_moe
     )
@@ -879,14 +881,14 @@ def payload_args(
         ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
         if ub and flavour == "mbridge":
             argv += ["--tp-comm-overlap-cfg", ub]
-        argv += overrides(values, flavour) + split + scaled_overrides(recipe, flavour)
+        argv += overrides(values, flavour, moe=recipe.arch.is_moe) + split + scaled_overrides(recipe, flavour)
         return tuple(argv)
     args = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size)
     argv = [
         "--factory",
         factory_call(base + NEMO2_FACTORY_SUFFIX, args),
         "-y",
-        *overrides(values, flavour),
+        *overrides(values, flavour, moe=recipe.arch.is_moe),
         *split,
         f"trainer.devices={gpus_per_node}",
         *scaled_overrides(recipe, flavour),

@@ -32,6 +32,7 @@ def test_a_dense_space_varying_a_moe_knob_keeps_each_point_once():
         ("gb200", "mbridge", True),  # HybridEP: NVIDIA's GB200 presets
         ("gb300", "mcore", True),
         ("gb300", "sim", False),  # the simulated payload is spelled as NeMo 2
+        ("gb200", "published:te", True),  # NVIDIA's published flex rows are Megatron-Bridge's
     ],
 )
 def test_the_flex_kernels_run_on_the_gpus_their_backend_supports(gpu, payload, ok):

@@ -248,14 +248,26 @@ def tp_collectives_per_layer(arch: ModelArch) -> float:
 # ---- memory ------------------------------------------------------------------------------------------------
 
 
-def moe_layer_activation_bytes(shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none") -> float:
+# Megatron-Core's recompute_modules (TransformerConfig.recompute_modules, selective granularity) and the saved
+# tensors each one gives up in a MoE / MLA layer (moe_layer_activation_bytes); core_attn gives up nothing under
+# flash attention, which saves no scores
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+
+
+def moe_layer_activation_bytes(
+    shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none", modules: frozenset[str] = frozenset()
+) -> float:
     """Bytes one MoE / MLA layer keeps for its backward pass per GPU and micro-batch, counted as
     :func:`dse.perfmodel.memory.layer_activation_bytes` counts a dense one (Korthikanti et al. 2022), with
     flash attention: norms and GEMM inputs (split over TP with sequence parallelism), Q, K, V and the projection
     input (MLA: its ``a·(2·d_qk + d_v)`` and the compressed latents ``q_lora + kv_lora + d_rope``), the shared
     experts' MLP as a dense one, and per routed token copy (``k·T/tp`` of them) the expert input, the activation
     input and the fc2 input; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
-    keeps the layer input only; selective keeps all but core attention's (already flash)."""
+    keeps the layer input only; selective keeps all but core attention's (already flash). ``modules`` are the
+    recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
+    norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
+    ``moe_act`` each routed copy's activation output, ``mlp`` / ``shared_experts`` the shared experts' MLP (a dense
+    model's MLP), ``moe`` the whole MoE MLP but its input."""
     arch, t = shape.arch, shape.tp
     sb = shape.seq_length / shape.cp * shape.mbs
     h = arch.hidden_size
@@ -264,27 +276,31 @@ def moe_layer_activation_bytes(shape: Shape, layout: ModelLayout, fp8: bool, rec
         return 2.0 * sb * h / split_in
     low = 1.0 if fp8 else 2.0
     mask = 1.0 if layout.dropout else 0.0
-    rep = sb * h * (4.0 + low + low + 2.0 * mask) / split_in
+    norms_out = 0.0 if "layernorm" in modules else low + low
+    rep = sb * h * (4.0 + norms_out + 2.0 * mask) / split_in
     a = arch.num_attention_heads
     qk, v = attention_core_dims(arch)
     if arch.kv_lora_rank:
         latents = 2.0 * sb * ((arch.q_lora_rank or 0) + arch.kv_lora_rank + arch.qk_rope_head_dim)
-        attn = 2.0 * sb * a * (2.0 * qk + v) / t + 2.0 * sb * a * v / t + latents / split_in
+        qkv = 0.0 if "mla_up_proj" in modules else 2.0 * sb * a * (2.0 * qk + v) / t
+        attn = qkv + 2.0 * sb * a * v / t + latents / split_in
     else:
         g = arch.num_query_groups
         attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
     attn += 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
     gate = 2.0 if arch.gated_mlp else 1.0
-    if arch.num_experts:
-        Fs, Fe = arch.moe_shared_expert_size, arch.expert_ffn
-        shared = sb * Fs * (2.0 * gate + low) / t
-        copies = arch.moe_topk * sb / t
-        routed = copies * (low * h + 2.0 * Fe * gate + low * Fe + 2.0 * h)
-        router = 8.0 * sb / t * arch.num_experts
-        mlp = shared + routed + router
-    else:
-        mlp = sb * arch.ffn_hidden_size * (2.0 * gate + low) / t
-    return rep + attn + mlp
+    dense_mlp = "mlp" in modules or "shared_experts" in modules
+    if not arch.num_experts:
+        return rep + attn + (0.0 if dense_mlp else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+    Fs, Fe = arch.moe_shared_expert_size, arch.expert_ffn
+    shared = 0.0 if dense_mlp else sb * Fs * (2.0 * gate + low) / t
+    if "moe" in modules:
+        return rep + attn + shared
+    copies = arch.moe_topk * sb / t
+    act_out = 0.0 if "moe_act" in modules else low * Fe
+    routed = copies * (low * h + 2.0 * Fe * gate + act_out + 2.0 * h)
+    router = 8.0 * sb / t * arch.num_experts
+    return rep + attn + shared + routed + router
 
 
 @dataclass(slots=True)
