@@ -151,3 +151,39 @@ def test_the_megatron_core_payload_gets_stage_sizes_and_no_layout():
     ]
     scaled = knobs.scaled_overrides(RECIPES["deepseek_v3_2node"], "mcore")
     assert scaled == ["model.num_layers=8", "model.num_moe_experts=64"]
+
+
+def _published_rows() -> list[dict[str, str]]:
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "data" / "published_moe.tsv"
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+@pytest.mark.parametrize("row", _published_rows(), ids=lambda r: r["id"])
+def test_no_moe_rule_refuses_a_layout_nvidia_ran(row):
+    """NVIDIA's published MoE layouts (Megatron-Bridge rows, the mbridge payload) pass every MoE rule."""
+    from dse.perfmodel.trials import make_trial
+
+    ints = ("tp", "pp", "cp", "vp", "mbs", "gbs", "seq_length", "ep", "etp", "pp_first_layers", "pp_last_layers")
+    values = {k: int(row[k]) for k in ints}
+    values.update(precision=row["precision"], moe_dispatcher=row["moe_dispatcher"])
+    values["moe_a2a_overlap"] = row["moe_a2a_overlap"] == "1"
+    if row["fp8_recipe"]:
+        values["fp8_recipe"] = row["fp8_recipe"]
+    t = make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), payload="mbridge", **values)
+    moe_rules = {
+        "dense_takes_no_moe_knobs",
+        "ep_divides_experts",
+        "expert_data_parallel",
+        "etp_divides_expert_ffn",
+        "moe_needs_sp",
+        "moe_dispatcher_supported",
+        "moe_a2a_overlap_supported",
+        "moe_grouped_gemm_supported",
+        "uneven_stages",
+        "layers_divisible",
+    }
+    assert [r for r in constraints.check_all(t) if r.rule in moe_rules] == []
