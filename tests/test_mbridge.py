@@ -79,9 +79,9 @@ def test_a_recipe_of_an_unknown_family_is_refused():
         recipe_module("mixtral_8x7b_pretrain_config")
 
 
-def test_the_recipe_layout_is_cleared_only_when_the_command_line_sets_the_split():
+def test_the_recipe_layout_is_cleared_only_when_the_command_line_sets_the_split_or_a_layout():
     split = ["--recipe", "deepseek_v3_pretrain_config", "model.pipeline_model_parallel_size=8"]
     assert parse(split).clears_layout
     assert parse([*split[:2], "model.num_layers_in_first_pipeline_stage=7"]).clears_layout
-    assert not parse([*split, "model.pipeline_model_parallel_layout=Et|tt|L"]).clears_layout
+    assert parse([*split[:2], "model.pipeline_model_parallel_layout=Et|tt|L"]).clears_layout
     assert not parse([*split[:2], "train.global_batch_size=32"]).clears_layout

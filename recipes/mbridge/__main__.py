@@ -19,7 +19,7 @@ def build_config(args):
 
     cfg = getattr(importlib.import_module(args.recipe_module), args.recipe)()
     if args.clears_layout and getattr(cfg.model, "pipeline_model_parallel_layout", None) is not None:
-        cfg.model.pipeline_model_parallel_layout = None  # the command line sets the split (argv.PIPELINE_SPLIT_KEYS)
+        cfg.model.pipeline_model_parallel_layout = None  # the command line sets the split (argv.clears_layout)
     if args.mixed_precision:
         from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 

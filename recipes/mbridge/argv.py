@@ -25,8 +25,8 @@ ENV_RECIPE = contract.ENV_MBRIDGE_RECIPE
 # ``__init__`` imports every family, vision models included).
 RECIPE_FAMILIES = ("llama", "deepseek", "qwen", "gpt_oss")
 # the override paths that set the pipeline split; a recipe's own ``pipeline_model_parallel_layout`` (DeepSeek-V3's,
-# built for its default pp and vp) is cleared when the command line sets the split, since Megatron-Core refuses a
-# layout together with ``num_layers_in_first/last_pipeline_stage`` or ``account_for_*_in_pipeline_split``
+# built for its default pp and vp) is cleared when the command line sets the split or a layout, since Megatron-Core
+# refuses a layout together with ``num_layers_in_first/last_pipeline_stage`` or ``account_for_*_in_pipeline_split``
 # (TransformerConfig.__post_init__) and a layout for other pp / vp sizes
 PIPELINE_SPLIT_KEYS = (
     "model.pipeline_model_parallel_size",
@@ -54,10 +54,11 @@ class BridgeArgs:
 
     @property
     def clears_layout(self) -> bool:
-        """Whether the recipe's own pipeline layout is to be cleared: the overrides set the pipeline split and
-        no layout of their own."""
+        """Whether the recipe's own pipeline layout is to be cleared before the overrides apply: they set the
+        pipeline split or a layout of their own (which then replaces an empty field rather than the recipe's
+        list of lists)."""
         keys = {o.split("=", 1)[0].lstrip("+~") for o in self.overrides}
-        return LAYOUT_KEY not in keys and any(k in keys for k in PIPELINE_SPLIT_KEYS)
+        return any(k in keys for k in (*PIPELINE_SPLIT_KEYS, LAYOUT_KEY))
 
     @property
     def needs_comm_overlap(self) -> bool:
