@@ -51,7 +51,7 @@ MODELS: dict[str, NemoModel] = {
         # Mixtral 8x22B is pretrained from its 64K-context module) and the formula names of NeMo's
         # FLOPsMeasurementCallback (nemo/lightning/pytorch/callbacks/flops_callback.py).
         NemoModel("mixtral_8x7b", "mixtral_8x7b", "mixtral", 32000),
-        # the model card's vocabulary (32768; NVIDIA's script passes 32000 to its NullTokenizer), as recipes.models has it
+        # the model card's vocabulary, as recipes.models has it (NVIDIA's script gives its NullTokenizer 32000)
         NemoModel("mixtral_8x22b", "mixtral_8x22b_64k", "mixtral", 32768),
         NemoModel("deepseek_v3", "deepseek_v3", "deepseekv3", 129280, moe_experimental=True),
         NemoModel("qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3", 151936),
