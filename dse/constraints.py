@@ -67,6 +67,8 @@ def layers_divisible(t: TrialConfig) -> Broken | None:
     """pp (and pp*vp) must divide the layers; Megatron may count the embedding and the loss as one pipeline
     layer each (``account_for_embedding/loss_in_pipeline_split``, as NeMo's 405B recipe does: 126 + 2 = 128)."""
     chunks = t.layout.pp * t.layout.vp
+    if t.uneven_stages:
+        return None  # uneven_stages checks a split with its own first and last stages
     if t.pipeline_layers % chunks:
         what, named = (
             (f"pp={t.layout.pp}", ("pp",))
@@ -77,6 +79,39 @@ def layers_divisible(t: TrialConfig) -> Broken | None:
             f"{what} does not divide the {t.arch.num_layers} layers (nor {t.arch.num_layers + 2} with "
             "embedding and loss)",
             *named,
+        )
+    return None
+
+
+def uneven_stages(t: TrialConfig) -> Broken | None:
+    """First and last pipeline stages of their own size (``pp_first_layers``, ``pp_last_layers``): what Megatron-Core
+    checks of ``num_layers_in_first/last_pipeline_stage`` (transformer_config.py ``__post_init__``, "Uneven PP"):
+    pipeline parallelism, middle stages if and only if layers are left for them, the layers left divisible by the
+    middle stages, and each middle stage's layers by vp. With vp > 1 dse spells the split as a
+    ``pipeline_model_parallel_layout`` (:func:`dse.knobs.pipeline_layout`, as NVIDIA's DeepSeek-V3 presets do), so
+    the first and last stages need not divide by vp."""
+    lay = t.layout
+    first, last = lay.pp_first_layers, lay.pp_last_layers
+    if not t.uneven_stages:
+        return None
+    named = tuple(n for n, v in (("pp_first_layers", first), ("pp_last_layers", last)) if v)
+    if lay.pp == 1:
+        return broken(f"{'/'.join(named)} set an uneven pipeline split, which needs pp > 1", *named, "pp")
+    left, stages = t.arch.num_layers - first - last, lay.pp - len(named)
+    if left < 0 or bool(left) != bool(stages):
+        return broken(
+            f"pp_first_layers={first} and pp_last_layers={last} leave {max(left, 0)} of the {t.arch.num_layers} "
+            f"layers for {stages} middle stage(s) of pp={lay.pp}",
+            *named,
+            "pp",
+        )
+    if stages and left % (stages * lay.vp):
+        what = f"{stages} middle stage(s)" + (f" x vp={lay.vp}" if lay.vp > 1 else "")
+        return broken(
+            f"the {left} layers left by pp_first_layers={first} and pp_last_layers={last} do not divide over {what}",
+            *named,
+            "pp",
+            *(("vp",) if lay.vp > 1 else ()),
         )
     return None
 
@@ -127,12 +162,180 @@ def sp_needs_tp(t: TrialConfig) -> Broken | None:
     )
 
 
+def dense_takes_no_moe_knobs(t: TrialConfig) -> Broken | None:
+    """A dense model has no experts to spread: Megatron-Core refuses expert parallelism without experts
+    ("num_moe_experts must be non None to use expert-parallel": megatron/core/transformer/transformer_config.py
+    ``__post_init__``; megatron/training/arguments.py ``validate_args``). The other MoE-only knobs are not spelled
+    for a dense recipe (``dse.knobs.MOE_KNOBS``), so a space varying one would run the same job once per value:
+    the point is kept once, with the first value the space lists."""
+    if t.arch.is_moe:
+        return None
+    for name in ("ep", "etp"):
+        if getattr(t.layout, name) != 1:
+            return broken(
+                f"{name}={getattr(t.layout, name)} on a dense model ({t.arch.name}); dense models take 1", name
+            )
+    for name in sorted(knobs.MOE_KNOBS & set(t.varied)):
+        if t.values[name] != t.first_listed.get(name, t.values[name]):
+            return broken(
+                f"{name}={_spelled(t.values[name])} has no effect on a dense model ({t.arch.name}): the same run as "
+                f"{name}={_spelled(t.first_listed[name])}",
+                name,
+            )
+    return None
+
+
+def _spelled(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def ep_divides_experts(t: TrialConfig) -> Broken | None:
+    """Each expert-parallel rank holds experts / ep whole experts (megatron/training/arguments.py
+    ``validate_args``: "Number of experts should be a multiple of expert model parallel_size";
+    megatron/core/transformer/moe/moe_layer.py asserts it again)."""
     experts = t.arch.num_experts
-    if experts == 0 and t.layout.ep != 1:
-        return broken(f"ep={t.layout.ep} on a dense model; dense models take ep=1", "ep")
     if experts and experts % t.layout.ep:
         return broken(f"ep={t.layout.ep} does not divide the {experts} experts", "ep")
+    return None
+
+
+def expert_data_parallel(t: TrialConfig) -> Broken | None:
+    """The expert layers' own grid: world = etp x ep x expert-dp x pp (megatron/core/parallel_state.py
+    ``initialize_model_parallel`` raises "world_size is not divisible by expert_tensor_model_pipeline_parallel
+    size"). With the dense grid world = tp x cp x dp x pp this is EP x ETP dividing the tp x cp x dp GPUs of
+    a pipeline stage: the experts are folded over the GPUs that attention spreads over by tp, cp and dp."""
+    lay = t.layout
+    if not t.arch.is_moe or t.num_gpus % t.model_parallel:
+        return None  # a dense model's ep and etp are 1; world_divisible names a broken dense grid
+    stage = t.num_gpus // lay.pp
+    if stage % (lay.ep * lay.etp):
+        return broken(
+            f"ep*etp = {lay.ep}*{lay.etp} = {lay.ep * lay.etp} does not divide the {stage} GPUs of a pipeline stage "
+            f"(tp*cp*dp = {lay.tp}*{lay.cp}*{t.dp}): the world of {t.num_gpus} has no expert-data-parallel group",
+            "ep",
+            "etp",
+        )
+    return None
+
+
+def etp_divides_expert_ffn(t: TrialConfig) -> Broken | None:
+    """Expert tensor parallelism splits each expert's FFN columns (megatron/core/transformer/moe/experts.py builds
+    the expert linears over the expert-tensor-parallel group; megatron/core/utils.py ``divide`` asserts the
+    split is exact). Megatron-Core has no rule tying etp to tp (its MoE parallel folding lets them differ, and
+    ``expert_tensor_parallel_size`` only defaults to tp: megatron/core/model_parallel_config.py)."""
+    ffn = t.arch.expert_ffn
+    if t.arch.is_moe and ffn % t.layout.etp:
+        return broken(f"etp={t.layout.etp} does not divide the experts' FFN size {ffn}", "etp")
+    return None
+
+
+def moe_needs_sp(t: TrialConfig) -> Broken | None:
+    """Megatron-Core's MoE layer refuses to train with tensor parallelism but no sequence parallelism
+    (megatron/core/transformer/moe/moe_layer.py ``MoELayer.forward``: "performance may degrade if MoE and tensor
+    parallelism are enabled without also enabling sequence parallelism", a ValueError)."""
+    if t.arch.is_moe and t.layout.tp > 1 and not t.sequence_parallel:
+        return broken(f"an MoE model with tp={t.layout.tp} needs sequence parallelism (sp=true)", "sp", "tp")
+    return None
+
+
+# The flex dispatcher's kernels by payload family: NeMo 2 switches DeepEP on (moe_enable_deepep, as NVIDIA's
+# scripts/performance/llm/pretrain_deepseek_v3.py); Megatron-Bridge names its backend (dse.knobs.FLEX_BACKEND).
+# Where each runs: megatron/bridge/training/flex_dispatcher_backend.py validate_flex_dispatcher_backend (DeepEP on
+# Ampere, Hopper, B200 and B300, not on Grace-Blackwell; HybridEP on compute capability 8, 9 and 10).
+def _flex_backend(t: TrialConfig) -> str:
+    """The flex kernels of ``t``'s payload: DeepEP for NeMo 2 (and the simulated payload, spelled as NeMo 2);
+    HybridEP for Bridge, recipes.mcore and the published stacks of NVIDIA's tables (whose flex rows are Bridge's)."""
+    return "deepep" if t.payload in ("nemo2", "sim") else knobs.FLEX_BACKEND
+
+
+def _flex_runs_on(backend: str, gpu: str) -> bool:
+    spec = HARDWARE[gpu]
+    if backend == "deepep":
+        return spec.arch in ("ampere", "hopper") or (spec.arch == "blackwell" and not spec.grace_host)
+    return spec.arch in ("ampere", "hopper", "blackwell")
+
+
+def moe_dispatcher_supported(t: TrialConfig) -> Broken | None:
+    """What Megatron-Core checks of the token dispatcher. flex (``MoEFlexTokenDispatcher``,
+    megatron/core/transformer/moe/token_dispatcher.py) asserts "DeepEP dispatcher requires TPxEP > 1" (its TP is
+    the expert tensor-parallel size) and needs the DeepEP / HybridEP library (fused_a2a.py imports ``deep_ep``:
+    whether the container has it, dse cannot see), on the GPUs its backend
+    supports (:func:`_flex_runs_on`). allgather cannot carry the shared-expert overlap that the DeepSeek-V3
+    recipes switch on ("moe_shared_expert_overlap only works with alltoall or flex token dispatcher":
+    transformer_config.py ``__post_init__``; dse spells no change to it for allgather)."""
+    lay, a = t.layout, t.arch
+    if not a.is_moe or lay.moe_dispatcher == "alltoall":
+        return None
+    if lay.moe_dispatcher == "allgather":
+        if a.moe_shared_expert_size:
+            return broken(
+                f"moe_dispatcher=allgather cannot overlap {a.name}'s shared experts, which its recipe does "
+                "(Megatron-Core: alltoall or flex only)",
+                "moe_dispatcher",
+            )
+        return None
+    backend = _flex_backend(t)
+    if backend == "deepep" and lay.ep * lay.etp == 1:
+        return broken("moe_dispatcher=flex (DeepEP) needs etp*ep > 1", "moe_dispatcher", "ep")
+    if not _flex_runs_on(backend, t.system.gpu):
+        return broken(
+            f"moe_dispatcher=flex runs {backend} with the {t.payload} payload, which does not run on {t.system.gpu} "
+            f"(the mbridge payload runs {knobs.FLEX_BACKEND}; NeMo's scripts use alltoall there)",
+            "moe_dispatcher",
+        )
+    return None
+
+
+def _catalogued(*names: str) -> tuple[str, ...]:
+    """``names`` that are knobs of the catalogue (``recompute_modules`` is read where a branch of the catalogue
+    has it; a rejection names only knobs ``dse predict`` has a flag for)."""
+    return tuple(n for n in names if n in knobs.CATALOGUE)
+
+
+def _recompute_modules(t: TrialConfig) -> tuple[str, ...]:
+    """The trial's ``recompute_modules`` (a list, or one string with , or / between names), () when unset."""
+    value = t.values.get("recompute_modules") or ()
+    if isinstance(value, str):
+        value = value.replace("/", ",").split(",")
+    return tuple(str(v).strip() for v in value if str(v).strip())
+
+
+def moe_a2a_overlap_supported(t: TrialConfig) -> Broken | None:
+    """What Megatron-Core asserts of ``overlap_moe_expert_parallel_comm`` (transformer_config.py
+    ``__post_init__``): expert parallelism, the alltoall or flex dispatcher, interleaving (vp) when pp > 1, no full
+    recompute (granularity, method and layer count unset), no ``moe`` in ``recompute_modules``, at most one MTP
+    layer. Not checkable here: its PyTorch >= 2.6 (the container's version is not part of a trial)."""
+    lay, on = t.layout, "moe_a2a_overlap"
+    if not lay.moe_a2a_overlap or not t.arch.is_moe:
+        return None
+    if lay.ep == 1:
+        return broken("moe_a2a_overlap needs expert parallelism (ep > 1)", on, "ep")
+    if lay.moe_dispatcher not in ("alltoall", "flex"):
+        return broken(
+            f"moe_a2a_overlap needs the alltoall or flex dispatcher, not {lay.moe_dispatcher}", on, "moe_dispatcher"
+        )
+    if lay.pp > 1 and lay.vp == 1:
+        return broken(f"moe_a2a_overlap with pp={lay.pp} needs interleaving (vp > 1)", on, "vp")
+    if lay.recompute == "full":
+        return broken("moe_a2a_overlap cannot run with full recompute", on, "recompute")
+    if "moe" in _recompute_modules(t):
+        return broken("moe_a2a_overlap cannot run with moe in recompute_modules", *_catalogued(on, "recompute_modules"))
+    if t.arch.mtp_layers > 1:
+        return broken(f"moe_a2a_overlap takes at most one MTP layer ({t.arch.name} has {t.arch.mtp_layers})", on)
+    return None
+
+
+def moe_grouped_gemm_supported(t: TrialConfig) -> Broken | None:
+    """Grouped GEMMs need compute capability 8 or newer (megatron/training/arguments.py ``validate_args``), which
+    every GPU of dse.hardware has; recomputing the expert activation (``moe_act`` in ``recompute_modules``) needs
+    them (transformer_config.py: "moe_act in recompute_modules is only supported with moe_grouped_gemm"). With FP8
+    they need Transformer Engine >= 1.11, and fused permutation (``moe_permute_fusion``) TE >= 2.1
+    (transformer_config.py): the container's TE version is not part of a trial, so neither is checked here."""
+    if t.arch.is_moe and not t.layout.moe_grouped_gemm and "moe_act" in _recompute_modules(t):
+        return broken(
+            "recompute_modules with moe_act needs moe_grouped_gemm=true",
+            *_catalogued("moe_grouped_gemm", "recompute_modules"),
+        )
     return None
 
 
@@ -558,12 +761,20 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     world_divisible,
     heads_divisible,
     layers_divisible,
+    uneven_stages,
     vp_needs_pp,
     gbs_divisible,
     interleaved_microbatches,
     seq_divisible,
     sp_needs_tp,
+    dense_takes_no_moe_knobs,
     ep_divides_experts,
+    expert_data_parallel,
+    etp_divides_expert_ffn,
+    moe_needs_sp,
+    moe_dispatcher_supported,
+    moe_a2a_overlap_supported,
+    moe_grouped_gemm_supported,
     fp8_needs_hopper,
     nvfp4_needs_blackwell,
     nvfp4_payload,

@@ -437,6 +437,44 @@ def _nccl_ub(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) ->
     return out + (["ddp.fsdp_manual_registration=true", "ddp.fsdp_double_buffer=true"] if fsdp else [])
 
 
+# --- mixture of experts ---------------------------------------------------------------------------------------
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`overrides`), so
+# that they stay as they were before MoE support. ``ep`` is spelled for every recipe, as it always was.
+MOE_KNOBS = frozenset({"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"})
+# flex: Megatron-Core's MoEFlexTokenDispatcher. Megatron-Bridge picks its kernels by moe_flex_dispatcher_backend
+# (megatron/bridge/training/flex_dispatcher_backend.py apply_flex_dispatcher_backend, which also clears
+# moe_shared_expert_overlap); NVIDIA's Bridge presets name "hybridep" throughout
+# (scripts/performance/configs/*/*_workload_base_configs.py). NeMo 2 enables DeepEP as its performance scripts do
+# (scripts/performance/llm/pretrain_deepseek_v3.py: moe_enable_deepep, moe_shared_expert_overlap=False).
+FLEX_BACKEND = "hybridep"
+
+
+def _moe_dispatcher(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    out = sp.plain(knob, value)
+    if value != "flex":
+        return out
+    if sp.family == "nemo2":
+        return [*out, f"{sp.model}moe_enable_deepep=true", f"{sp.model}moe_shared_expert_overlap=false"]
+    return [*out, f"{sp.model}moe_flex_dispatcher_backend={FLEX_BACKEND}", f"{sp.model}moe_shared_expert_overlap=false"]
+
+
+def _moe_a2a_overlap(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    """The expert all-to-all overlapped with computation: Megatron-Bridge's _set_moe_a2a_overlap_overrides
+    (scripts/performance/utils/overrides.py) also delays the weight-gradient GEMMs and clears the shared-expert
+    overlap; both are TransformerConfig fields (overlap_moe_expert_parallel_comm, delay_wgrad_compute)."""
+    out = sp.plain(knob, value)
+    if not value:
+        return out
+    lead = "comm_overlap." if sp.family == "mbridge" else sp.model
+    return [*out, f"{lead}delay_wgrad_compute=true", f"{sp.model}moe_shared_expert_overlap=false"]
+
+
+def _stage_layers(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    # spelled with the rest of the pipeline split, which needs the architecture: pipeline_split_overrides
+    return []
+
+
 def _both(fn: SpellFn) -> dict[str, SpellFn]:
     return {"nemo2": fn, "mbridge": fn}
 
@@ -513,10 +551,88 @@ CATALOGUE: dict[str, Knob] = {
         ),
         _int(
             "ep",
-            "expert-parallel size (dense models: 1)",
+            "expert-parallel size: the GPUs each MoE layer's experts are spread over (dense models: 1)",
             1,
             nemo2=[_S + "expert_model_parallel_size"],
             mbridge=["model.expert_model_parallel_size"],
+            **_LAYOUT,
+            model_arg="ep",
+        ),
+        _int(
+            "etp",
+            "expert tensor-parallel size: the tensor-parallel split of each expert (MoE models only)",
+            1,
+            nemo2=[_S + "expert_tensor_parallel_size"],
+            mbridge=["model.expert_tensor_parallel_size"],
+            **_LAYOUT,
+            model_arg="etp",
+        ),
+        Knob(
+            "moe_dispatcher",
+            "choice",
+            "MoE token dispatcher: alltoall, allgather, or flex (HybridEP / DeepEP kernels; MoE models only)",
+            "alltoall",
+            choices=MOE_DISPATCHERS,
+            nemo2=(_M + "moe_token_dispatcher_type",),
+            mbridge=("model.moe_token_dispatcher_type",),
+            spell=_both(_moe_dispatcher),
+            recipe_layout=True,
+            model_arg="moe_dispatcher",
+        ),
+        Knob(
+            "moe_grouped_gemm",
+            "bool",
+            "run a stage's experts as one grouped GEMM rather than one GEMM per expert (MoE models only)",
+            True,
+            nemo2=(_M + "moe_grouped_gemm",),
+            mbridge=("model.moe_grouped_gemm",),
+            recipe_layout=True,
+            model_arg="moe_grouped_gemm",
+        ),
+        Knob(
+            "moe_a2a_overlap",
+            "bool",
+            "overlap the expert all-to-all with another micro-batch's computation (MoE models only)",
+            False,
+            nemo2=(_M + "overlap_moe_expert_parallel_comm",),
+            mbridge=("comm_overlap.overlap_moe_expert_parallel_comm",),
+            spell=_both(_moe_a2a_overlap),
+            recipe_layout=True,
+            model_arg="moe_a2a_overlap",
+        ),
+        Knob(
+            "moe_permute_fusion",
+            "bool",
+            "fused token permutation and unpermutation kernels (MoE models only)",
+            False,
+            nemo2=(_M + "moe_permute_fusion",),
+            mbridge=("model.moe_permute_fusion",),
+            recipe_layout=True,
+            model_arg="moe_permute_fusion",
+        ),
+        _int(
+            "pp_first_layers",
+            "decoder layers on the first pipeline stage (0 = an even split)",
+            0,
+            minimum=0,
+            maximum=LAYERS_MAX,
+            nemo2=[_S + "num_layers_in_first_pipeline_stage"],
+            mbridge=["model.num_layers_in_first_pipeline_stage"],
+            spell=_both(_stage_layers),
+            **_LAYOUT,
+            model_arg="pp_first_layers",
+        ),
+        _int(
+            "pp_last_layers",
+            "decoder layers on the last pipeline stage (0 = an even split)",
+            0,
+            minimum=0,
+            maximum=LAYERS_MAX,
+            nemo2=[_S + "num_layers_in_last_pipeline_stage"],
+            mbridge=["model.num_layers_in_last_pipeline_stage"],
+            spell=_both(_stage_layers),
+            **_LAYOUT,
+            model_arg="pp_last_layers",
         ),
         Knob(
             "sp",
@@ -737,6 +853,13 @@ class KnobValues:
     vp: int
     cp: int
     ep: int
+    etp: int
+    moe_dispatcher: str
+    moe_grouped_gemm: bool
+    moe_a2a_overlap: bool
+    moe_permute_fusion: bool
+    pp_first_layers: int
+    pp_last_layers: int
     sp: bool | None
     mbs: int
     gbs: int
@@ -811,17 +934,21 @@ def spelling_of(flavour: str) -> Spelling:
     return SPELLINGS[flavour]
 
 
-def overrides(values: Mapping[str, Any], flavour: str) -> list[str]:
+def overrides(values: Mapping[str, Any], flavour: str, *, moe: bool = False) -> list[str]:
     """Dotted ``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
 
     Each flavour spells through its :class:`Spelling` (:data:`SPELLINGS`). Knobs that several fields spell
     together (precision with fp8_recipe, recompute with recompute_num_layers) are spelled once, at the first of
     them. Knobs with no path in a flavour are left to the payload, or reach it as factory arguments
-    (:func:`factory_args`). Callers validate values first and shell-quote the result.
+    (:func:`factory_args`). The MoE-only knobs (:data:`MOE_KNOBS`) are spelled for a MoE model only (``moe``), so
+    that a dense model's scripts stay as they were. Callers validate values first and shell-quote the result.
     """
     spelling = spelling_of(flavour)
     return [
-        o for name, value in values.items() if name in CATALOGUE for o in spelling.spell(CATALOGUE[name], value, values)
+        o
+        for name, value in values.items()
+        if name in CATALOGUE and (moe or name not in MOE_KNOBS)
+        for o in spelling.spell(CATALOGUE[name], value, values)
     ]
 
 
@@ -859,21 +986,69 @@ def factory_call(name: str, args: Mapping[str, Any]) -> str:
     return f"{name}({','.join(f'{k}={json.dumps(v) if isinstance(v, str) else repr(v)}' for k, v in args.items())})"
 
 
-def pipeline_split_overrides(num_layers: int, values: Mapping[str, Any], flavour: str) -> list[str]:
-    """Whether the pipeline counts the embedding and the loss as one layer each, always spelled out.
+def pipeline_layout(num_layers: int, pp: int, vp: int, first: int, last: int, mtp_layers: int = 0) -> str:
+    """Megatron-Core's ``pipeline_model_parallel_layout`` string (``PipelineParallelLayerLayout.from_str``) of an
+    uneven split: ``first`` decoder layers on the first pipeline rank, ``last`` on the last (0: an even share),
+    the rest evenly over the middle ranks, each rank's layers over its ``vp`` virtual chunks; chunk ``v*pp + r``
+    is rank r's v-th. The first rank's chunks are filled from the back and the last rank's from the front, so the
+    embedding and the loss (with the MTP layers) share a chunk with fewer layers: with DeepSeek-V3's 61 layers
+    this gives NVIDIA's own layouts, "Et|(tt|)*30mL" for (pp 8, vp 4, first 7, last 6) and "Et*4|(t*4|)*14tmL"
+    for (pp 2, vp 8, first 32, last 29) (Megatron-Bridge scripts/performance/configs/deepseek/
+    deepseek_workload_base_configs.py), written out chunk by chunk."""
+    middle = pp - bool(first) - bool(last)
+    share = (num_layers - first - last) // middle if middle else 0
+    per_rank = [first or share, *[share] * (pp - 2), last or share] if pp > 1 else [num_layers]
+    chunks = [[0] * vp for _ in range(pp)]
+    for rank, n in enumerate(per_rank):
+        cap = -(-n // vp)
+        order = range(vp - 1, -1, -1) if rank == 0 else range(vp)
+        for v in order:
+            chunks[rank][v] = min(cap, n)
+            n -= chunks[rank][v]
+    text = ["t" * chunks[i % pp][i // pp] for i in range(pp * vp)]
+    text[0] = "E" + text[0]
+    text[-1] += "m" * mtp_layers + "L"
+    return "|".join(text)
 
-    On when pp*vp does not divide the layers but divides two more (Llama 3.1 405B: 126 + 2 = 128 over pp=8,
-    vp=8), as ``dse.trial.TrialConfig.pipeline_layers`` and the ``layers_divisible`` rule assume. Spelled
-    either way so that a recipe's own setting (NeMo's 405B recipe turns it on) never disagrees with the
-    layout, e.g. on a scaled reproducer whose layers divide evenly.
+
+def pipeline_split_overrides(
+    num_layers: int, values: Mapping[str, Any], flavour: str, *, mtp_layers: int = 0, explicit: bool = False
+) -> list[str]:
+    """How the pipeline splits the layers, always spelled out.
+
+    ``account_for_embedding/loss_in_pipeline_split`` is on when pp*vp does not divide the layers but divides two
+    more (Llama 3.1 405B: 126 + 2 = 128 over pp=8, vp=8), as ``dse.trial.TrialConfig.pipeline_layers`` and the
+    ``layers_divisible`` rule assume. Spelled either way so that a recipe's own setting (NeMo's 405B recipe turns
+    it on) never disagrees with the layout, e.g. on a scaled reproducer whose layers divide evenly.
+
+    Uneven first and last stages (``pp_first_layers``, ``pp_last_layers``) are Megatron's
+    ``num_layers_in_first/last_pipeline_stage`` without interleaving and a ``pipeline_model_parallel_layout``
+    (:func:`pipeline_layout`) with it, since Megatron-Core wants the first and last stage's layers divisible by vp.
+    With ``explicit`` (an MoE recipe, whose NeMo 2 and Bridge recipes set a split of their own: NeMo's DeepSeek-V3
+    first 3 and last 2 layers, Bridge's its layouts) the four fields are spelled even for an even split.
     """
     pp, vp = values.get("pp", 1), values.get("vp", 1) or 1
+    first, last = values.get("pp_first_layers", 0) or 0, values.get("pp_last_layers", 0) or 0
     chunks = pp * vp
-    on = pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
+    uneven = bool(first or last)
+    on = not uneven and pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
     prefix = spelling_of(flavour).strategy
-    return [
+    out = [
         f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
         f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}",
+    ]
+    if not (uneven or explicit):
+        return out
+    # recipes.mcore builds its model from recipes.models (no recipe layout to clear) and takes no layout: the
+    # stage sizes, which it refuses with its reason where it cannot split so
+    layouts = flavour != "mcore"
+    layout = pipeline_layout(num_layers, pp, vp, first, last, mtp_layers) if layouts and uneven and vp > 1 else None
+    counts = (first, last) if layout is None else (0, 0)
+    return [
+        *out,
+        f"{prefix}num_layers_in_first_pipeline_stage={_spell_value(counts[0] or None)}",
+        f"{prefix}num_layers_in_last_pipeline_stage={_spell_value(counts[1] or None)}",
+        *([f"{prefix}pipeline_model_parallel_layout={_spell_value(layout)}"] if layouts else []),
     ]
 
 
@@ -890,8 +1065,9 @@ def payload_args(
     controller refuses tp_comm_overlap there); a recipe Bridge lacks goes by its dse name.
     """
     base = recipe.scaled_from or recipe.name
-    num_layers = recipe.arch.num_layers if recipe.scaled_from else None
-    split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
+    split = pipeline_split_overrides(
+        recipe.arch.num_layers, values, flavour, mtp_layers=recipe.arch.mtp_layers, explicit=recipe.arch.is_moe
+    )
     if flavour in BRIDGE_SPELLING:
         if not recipe.mbridge_recipe and flavour == "mbridge":
             raise UserError(
@@ -902,19 +1078,33 @@ def payload_args(
         ub = userbuffer_name(values, gpu=gpu, hidden_size=recipe.arch.hidden_size, payload=flavour)
         if ub and values.get("tp_comm_overlap"):
             argv += ["--tp-comm-overlap-cfg", ub]
-        argv += overrides(values, flavour) + split
-        if num_layers:
-            argv.append(f"model.num_layers={num_layers}")
+        argv += overrides(values, flavour, moe=recipe.arch.is_moe) + split + scaled_overrides(recipe, flavour)
         return tuple(argv)
     args = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size)
     argv = [
         "--factory",
         factory_call(base + NEMO2_FACTORY_SUFFIX, args),
         "-y",
-        *overrides(values, flavour),
+        *overrides(values, flavour, moe=recipe.arch.is_moe),
         *split,
         f"trainer.devices={gpus_per_node}",
+        *scaled_overrides(recipe, flavour),
     ]
-    if num_layers:
-        argv.append(f"model.config.num_layers={num_layers}")
     return tuple(argv)
+
+
+def scaled_overrides(recipe: Recipe, flavour: str) -> list[str]:
+    """What a scaled reproducer changes in its base recipe's model: the layer count and, for a MoE reproducer,
+    the experts and which layers are MoE (Megatron-Core's ``moe_layer_freq``: DeepSeek-V3's providers give a
+    list of one entry per layer, [0]*3 + [1]*58, which must follow the layer count; ``recipes.mcore`` builds it
+    from the architecture itself)."""
+    if not recipe.scaled_from:
+        return []
+    arch, model = recipe.arch, spelling_of(flavour).model
+    out = [f"{model}num_layers={arch.num_layers}"]
+    if arch.is_moe:
+        out.append(f"{model}num_moe_experts={arch.num_experts}")
+        if arch.moe_first_dense_layers and flavour != "mcore":  # recipes.mcore reads it from recipes.models
+            freq = [0] * arch.moe_first_dense_layers + [1] * arch.moe_layers
+            out.append(f"{model}moe_layer_freq=[{','.join(map(str, freq))}]")
+    return out

@@ -63,11 +63,20 @@ class TrialConfig:
         return self.layout.tp > 1 if sp is None else bool(sp)
 
     @property
+    def uneven_stages(self) -> bool:
+        """Whether the first or the last pipeline stage has a size of its own (``pp_first_layers``,
+        ``pp_last_layers``)."""
+        return bool(self.layout.pp_first_layers or self.layout.pp_last_layers)
+
+    @property
     def pipeline_layers(self) -> int:
         """Layers the pipeline splits: the transformer layers, or two more when they do not divide by pp*vp
         but would with the embedding and the loss counted as layers (Megatron's
-        ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
+        ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``, which Megatron-Core
+        refuses together with uneven first and last stages)."""
         layers, chunks = self.arch.num_layers, self.layout.pp * self.layout.vp
+        if self.uneven_stages:
+            return layers
         if self.layout.pp > 1 and layers % chunks and (layers + 2) % chunks == 0:
             return layers + 2
         return layers

@@ -46,7 +46,31 @@ CASES = {
     ),
     "seq_divisible": (dict(cp=2, tp=2, pp=2, seq_length=8190), dict(cp=2, tp=2, pp=2, seq_length=8192)),
     "sp_needs_tp": (dict(tp=1, pp=4, sp=True), dict(tp=1, pp=4, sp=False)),
-    "ep_divides_experts": (dict(ep=2), dict(ep=1)),
+    # Mixtral 8x7B (8 experts, expert FFN 14336) on 64 H100 at tp 4, pp 4: 16 GPUs in a pipeline stage
+    "dense_takes_no_moe_knobs": (dict(ep=2), dict(ep=1)),
+    "ep_divides_experts": (dict(recipe="mixtral_8x7b", ep=16), dict(recipe="mixtral_8x7b", ep=8)),
+    "expert_data_parallel": (dict(recipe="mixtral_8x7b", ep=8, etp=4), dict(recipe="mixtral_8x7b", ep=4, etp=4)),
+    "etp_divides_expert_ffn": (
+        dict(recipe="mixtral_8x7b", etp=3, num_nodes=6, gbs=129),
+        dict(recipe="mixtral_8x7b", etp=2, num_nodes=6, gbs=129),
+    ),
+    "moe_needs_sp": (dict(recipe="mixtral_8x7b", sp=False), dict(recipe="mixtral_8x7b", sp=True)),
+    "moe_dispatcher_supported": (
+        dict(recipe="mixtral_8x7b", moe_dispatcher="flex"),
+        dict(recipe="mixtral_8x7b", moe_dispatcher="flex", ep=8),
+    ),
+    "moe_a2a_overlap_supported": (
+        dict(recipe="mixtral_8x7b", moe_a2a_overlap=True, ep=8),
+        dict(recipe="mixtral_8x7b", moe_a2a_overlap=True, ep=8, vp=2),
+    ),
+    "moe_grouped_gemm_supported": (
+        dict(recipe="mixtral_8x7b", moe_grouped_gemm=False, recompute_modules=["moe_act"]),
+        dict(recipe="mixtral_8x7b", moe_grouped_gemm=True, recompute_modules=["moe_act"]),
+    ),
+    "uneven_stages": (
+        dict(recipe="mixtral_8x7b", pp_first_layers=7, pp_last_layers=6),
+        dict(recipe="mixtral_8x7b", pp_first_layers=6, pp_last_layers=6),
+    ),
     "fp8_needs_hopper": (dict(gpu="a100", precision="fp8"), dict(gpu="a100", precision="bf16")),
     "nvfp4_needs_blackwell": (
         dict(gpu="h100", precision="nvfp4", payload="mbridge"),

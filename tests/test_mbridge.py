@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dse import knobs
-from dse.recipes.mbridge.argv import parse
+from dse.recipes.mbridge.argv import parse, recipe_module
 from dse.recipes.models import RECIPES
 
 
@@ -58,3 +58,30 @@ def test_recipe_from_env_and_plain_overrides():
 def test_bad_arguments_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
         parse(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("recipe", "module"),
+    [
+        ("llama3_70b_pretrain_config", "megatron.bridge.recipes.llama"),
+        ("deepseek_v3_pretrain_config", "megatron.bridge.recipes.deepseek"),
+        ("qwen3_30b_a3b_pretrain_config", "megatron.bridge.recipes.qwen"),
+        ("qwen3_235b_a22b_pretrain_config", "megatron.bridge.recipes.qwen"),
+        ("gpt_oss_120b_pretrain_config", "megatron.bridge.recipes.gpt_oss"),
+    ],
+)
+def test_each_recipe_is_looked_up_in_its_family_module(recipe, module):
+    assert parse(["--recipe", recipe]).recipe_module == module
+
+
+def test_a_recipe_of_an_unknown_family_is_refused():
+    with pytest.raises(ValueError, match="no Megatron-Bridge family"):
+        recipe_module("mixtral_8x7b_pretrain_config")
+
+
+def test_the_recipe_layout_is_cleared_only_when_the_command_line_sets_the_split_or_a_layout():
+    split = ["--recipe", "deepseek_v3_pretrain_config", "model.pipeline_model_parallel_size=8"]
+    assert parse(split).clears_layout
+    assert parse([*split[:2], "model.num_layers_in_first_pipeline_stage=7"]).clears_layout
+    assert parse([*split[:2], "model.pipeline_model_parallel_layout=Et|tt|L"]).clears_layout
+    assert not parse([*split[:2], "train.global_batch_size=32"]).clears_layout

@@ -13,10 +13,13 @@ import sys
 
 def build_config(args):
     """The ConfigContainer of ``args.recipe`` with ``args``' precision, userbuffer config and overrides applied."""
-    from megatron.bridge.recipes import llama as llama_recipes
+    import importlib
+
     from megatron.bridge.training.utils import omegaconf_utils
 
-    cfg = getattr(llama_recipes, args.recipe)()
+    cfg = getattr(importlib.import_module(args.recipe_module), args.recipe)()
+    if args.clears_layout and getattr(cfg.model, "pipeline_model_parallel_layout", None) is not None:
+        cfg.model.pipeline_model_parallel_layout = None  # the command line sets the split (argv.clears_layout)
     if args.mixed_precision:
         from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 

@@ -77,7 +77,11 @@ def _ensure_callback(recipe: run.Partial, cls, **kwargs) -> run.Config:
 def _base_recipe(model: NemoModel, task: str, peft_scheme: str) -> run.Partial:
     module = getattr(llm, model.module)
     if task == "pretrain":
-        return module.pretrain_recipe(performance_mode=True)
+        fn = getattr(module, "pretrain_recipe", None)
+        if fn is None:  # NeMo 2 ships GPT-OSS for fine-tuning only
+            raise ValueError(f"NeMo's {model.module} recipe module has no pretrain_recipe; use the mbridge payload")
+        # not every pretrain recipe has performance_mode (Qwen3's MoE recipes have none)
+        return fn(performance_mode=True) if "performance_mode" in inspect.signature(fn).parameters else fn()
     fn = module.finetune_recipe
     kwargs = {"peft_scheme": None if peft_scheme == "none" else peft_scheme}
     if "performance_mode" in inspect.signature(fn).parameters:  # not every finetune recipe has it
@@ -126,6 +130,12 @@ def build_recipe(
     recipe.trainer.logger = False
 
     _ensure_callback(recipe, TimingCallback)
+    if model.moe_experimental:  # NVIDIA's pretrain_deepseek_v3.py: MLA's fused rope is an experimental feature
+        from nemo.lightning.pytorch.callbacks.megatron_enable_experimental_callback import (
+            MegatronEnableExperimentalCallback,
+        )
+
+        _ensure_callback(recipe, MegatronEnableExperimentalCallback)
     _ensure_callback(recipe, GarbageCollectionCallback, gc_interval_train=GC_INTERVAL, gc_interval_val=GC_INTERVAL)
     overlap = _ensure_callback(recipe, MegatronCommOverlapCallback)
     overlap.tp_comm_overlap = bool(tp_comm_overlap)

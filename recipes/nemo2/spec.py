@@ -27,6 +27,9 @@ class NemoModel:
     module: str  # module under nemo.collections.llm.recipes
     flops_name: str  # key of FLOPsMeasurementCallback's formula table
     vocab_size: int  # NullTokenizer vocabulary (the model's real vocabulary, so the embedding has its real size)
+    # Megatron-Core's experimental features on (MegatronEnableExperimentalCallback), as NVIDIA's DeepSeek-V3 script
+    # does for its fused MLA rope
+    moe_experimental: bool = False
 
     @property
     def factory(self) -> str:
@@ -43,6 +46,18 @@ MODELS: dict[str, NemoModel] = {
         NemoModel("nemotron3_8b", "nemotron3_8b", "nemotron3", 256000),
         NemoModel("nemotron4_15b", "nemotron4_15b", "nemotron4", 256000),
         NemoModel("nemotron4_340b", "nemotron4_340b", "nemotron4", 256000),
+        # Mixture-of-experts models: the modules and tokenizer vocabularies of NVIDIA's NeMo 2 performance scripts
+        # (scripts/performance/llm/pretrain_{mixtral_8x7b,mixtral_8x22b,deepseek_v3,qwen3_30b_a3b,qwen3_235b_a22b}.py;
+        # Mixtral 8x22B is pretrained from its 64K-context module) and the formula names of NeMo's
+        # FLOPsMeasurementCallback (nemo/lightning/pytorch/callbacks/flops_callback.py).
+        NemoModel("mixtral_8x7b", "mixtral_8x7b", "mixtral", 32000),
+        # the model card's vocabulary, as recipes.models has it (NVIDIA's script gives its NullTokenizer 32000)
+        NemoModel("mixtral_8x22b", "mixtral_8x22b_64k", "mixtral", 32768),
+        NemoModel("deepseek_v3", "deepseek_v3", "deepseekv3", 129280, moe_experimental=True),
+        NemoModel("qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3", 151936),
+        NemoModel("qwen3_235b_a22b", "qwen3_235b_a22b", "qwen3", 151936),
+        # NeMo 2 ships GPT-OSS 120B for fine-tuning only (its module has no pretrain_recipe): the factory says so
+        NemoModel("gpt_oss_120b", "gpt_oss_120b", "gpt_oss", 201088),
     )
 }
 
