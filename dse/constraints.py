@@ -89,7 +89,11 @@ def layers_divisible(t: TrialConfig) -> Broken | None:
 def _uneven_stages(t: TrialConfig) -> Broken | None:
     """With the first / last stage's layers set (Megatron's num_layers_in_first/last_pipeline_stage,
     TransformerConfig's checks): a pipeline to place them on, and the other layers split evenly over the other
-    stages (every stage holding at least one)."""
+    stages (every stage holding at least one). Megatron-Core also asks, of these two fields, that an interleaved
+    pipeline's first and last stage counts divide by vp; that is not checked here, because the shipped
+    DeepSeek-V3 layouts (recipes.models) give NVIDIA's ``pipeline_model_parallel_layout`` strings as their stage
+    counts (16 and 13 over pp 4, vp 4), and a layout string, which Bridge's DeepSeek-V3 recipe sets, takes
+    precedence over the two fields in TransformerConfig.__post_init__."""
     first, last, pp, layers = t.layout.pp_first_layers, t.layout.pp_last_layers, t.layout.pp, t.arch.num_layers
     if not (first or last):
         return None
