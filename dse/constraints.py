@@ -723,7 +723,7 @@ def recompute_modules_fit_model(t: TrialConfig) -> Broken | None:
         return broken(
             f"recompute_modules {', '.join(moe)} recompute MoE layers; {t.arch.name} is dense", "recompute_modules"
         )
-    if "mla_up_proj" in modules and not getattr(t.arch, "multi_latent_attention", False):
+    if "mla_up_proj" in modules and not t.arch.is_mla:
         return broken(
             f"recompute_modules mla_up_proj needs multi-latent attention; {t.arch.name} has none", "recompute_modules"
         )

@@ -59,7 +59,7 @@ def test_allgather_cannot_carry_deepseeks_overlapped_shared_experts():
         (dict(moe_dispatcher="allgather"), "alltoall or flex"),
         (dict(vp=1), "vp > 1"),
         (dict(recompute="full"), "full recompute"),
-        (dict(recompute="selective", recompute_modules=["moe"]), "recompute_modules"),
+        (dict(recompute="selective", recompute_modules="moe"), "recompute_modules"),
     ],
 )
 def test_each_requirement_of_the_all_to_all_overlap(change, says):

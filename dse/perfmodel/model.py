@@ -498,9 +498,9 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: S
     tp_hidden = tp_hidden_share(layout, P)
     tp_exposed = _moe.tp_collectives_per_layer(shape.arch) * tp_one * (1.0 - tp_hidden)
     cp_exposed = cp_exposed_time(shape, machine, attn_fb)
-    rec = recompute_time(shape, layout, m.gemm_forward, attn_fwd, m.elementwise, tp_one, tp_hidden)
+    rec = recompute_time(shape, layout, machine, m.gemm_forward, attn_fwd, m.elementwise, tp_one, tp_hidden)
     busy = compute + tp_exposed + cp_exposed + rec + m.a2a_exposed
-    host_wait = max(0.0, host_layer_time(machine, stack) - busy)
+    host_wait = max(0.0, host_layer_time(machine, layout) - busy)
     return LayerTime(
         m.gemm_forward,
         attn_fwd,

@@ -14,15 +14,28 @@ from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 from dse.recipes.sim.logwriter import SimRun
 
-# Knobs that enter a trial's seed only away from their catalogue default: the MoE knobs, which a dense model does
-# not read, so that their arrival left every dense space's simulated runs as they were
-_SEED_IF_SET = knobs.MOE_KNOBS | {"pp_first_layers", "pp_last_layers"}
+# The knobs of the catalogue before CUDA graphs, NVFP4's companions, recompute modules, NCCL registration and the
+# MoE knobs arrived: they always enter a trial's seed. A knob added since enters it only away from its catalogue
+# default, so that adding a knob never re-rolls the simulated runs of a space that does not set it (the docs'
+# examples, the tests' tolerances and a resumed study draw what they drew before). A new knob needs no entry here.
+SEED_KNOBS = frozenset(
+    {
+        "tp", "pp", "vp", "cp", "ep", "sp", "mbs", "gbs", "seq_length", "recompute", "recompute_num_layers",
+        "precision", "fp8_recipe", "fsdp", "tp_comm_overlap", "cpu_offload_layers", "attention_backend",
+        "num_nodes", "max_steps",
+    }
+)  # fmt: skip
+
+
+def _seeded(name: str, value) -> bool:
+    knob = knobs.CATALOGUE.get(name)
+    return knob is None or name in SEED_KNOBS or value != knob.default
 
 
 def trial_seed(trial, seed: int = 0) -> int:
-    """A seed that depends on the trial's knobs and the study seed only (stable across processes)."""
-    items = trial.as_dict().items()
-    kept = [(k, v) for k, v in items if k not in _SEED_IF_SET or v != knobs.CATALOGUE[k].default]
+    """A seed that depends on the trial's knobs and the study seed only (stable across processes and across
+    catalogue versions: see :data:`SEED_KNOBS`)."""
+    kept = [(k, v) for k, v in trial.as_dict().items() if _seeded(k, v)]
     key = repr(sorted(kept)) + f"|{seed}"
     return zlib.crc32(key.encode())
 
