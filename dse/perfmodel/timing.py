@@ -41,6 +41,18 @@ class Params:
     # not CUDA-graphed, on a Grace host (GB200, GB300): a layer shorter than this on the GPU waits for its
     # launches (model.predict_layout); fitted with one GB200 row (bench/model_accuracy.py FIT_EXTRA)
     host_layer_s_grace: float = 0.0115
+    # fitted: the software stack's efficiency per container family (dse.containers), relative to the reference
+    # family (Megatron-Bridge 25.x, the calibration table's containers): a factor on the tensor-core rates (GEMMs
+    # and attention) that the family's kernels, libraries and framework reach. One per family, from the published
+    # rows of its containers (bench/model_accuracy.py --fit); 1 for the reference and for rows of no known container
+    container_eff_nemo24: float = 1.0
+    container_eff_nemo25: float = 1.0
+    container_eff_bridge26: float = 1.0
+    # fitted: Blackwell Ultra's (GB300, B300) rate in the Megatron-Bridge 26.x containers over 25.x's, beyond the
+    # family's factor above: the same GB300 Llama 3 70B layout went 4,520 -> 5,003 -> 5,243 tokens/s/GPU from
+    # 25.11 to 26.02 to 26.04 while GB200's moved by a few percent either way (Megatron-Bridge
+    # docs/performance-summary-archive.md): the newer containers' kernels for Blackwell Ultra
+    container_ultra_bridge26: float = 1.0
     # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
     # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
     unfused_scores_scale: float = 1.0
@@ -87,6 +99,10 @@ FITTED = (
     "ultra_tensor_ratio",
     "mxfp8_gemm_ratio",
     "host_layer_s_grace",
+    "container_eff_nemo24",
+    "container_eff_nemo25",
+    "container_eff_bridge26",
+    "container_ultra_bridge26",
     "elementwise_scale",
     "nvlink_eff",
     "scaleout_eff",
