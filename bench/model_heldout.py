@@ -39,12 +39,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
 from dse.constraints import check  # noqa: E402
+from dse.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, Recipe  # noqa: E402
@@ -145,7 +147,53 @@ def group(row: dict) -> dict[str, str]:
         "precision": row["precision"] + (f"/{rec}" if rec else ""),
         "model family": fam,
         "long context (cp>1 or seq>8k)": str(int(row["cp"]) > 1 or int(row["seq_length"]) > 8192),
+        "container family": container_family(row),
     }
+
+
+def container_family(row: dict) -> str:
+    """The name of the container family (dse.containers) the row ran, "none" where no container is known."""
+    tag = model_accuracy.row_container_tag(row)
+    return "none" if tag is None else family_of(tag).name
+
+
+def dense(row: dict) -> bool:
+    """A dense model (no mixture of experts in its architecture)."""
+    arch = recipe_for(row).arch
+    return not (getattr(arch, "num_moe_experts", None) or getattr(arch, "num_experts", None))
+
+
+def in_fit(row: dict) -> bool:
+    """The row joins the model's fit (bench/model_accuracy.py fit_extra_ids)."""
+    return row["id"] in model_accuracy.FIT_EXTRA or row["id"].startswith(model_accuracy.FIT_CONTAINERS)
+
+
+def bridge26_dense(row: dict) -> bool:
+    """A Megatron-Bridge 26.x dense row in BF16 or FP8 (the NVFP4 rows have their own group)."""
+    return container_family(row) == "bridge26" and dense(row) and row["precision"] in ("bf16", "fp8")
+
+
+# Named groups of held-out rows, each printed with its size, MAPE and mean signed error: name -> row filter. A row may
+# be in several; a group with no row is skipped. Add a group with one line here.
+GROUPS: dict[str, Callable[[dict], bool]] = {
+    "Megatron-Bridge 26.x dense (goal MAPE <= 4%)": bridge26_dense,
+    "Megatron-Bridge 26.x dense, held out of the fit": lambda r: bridge26_dense(r) and not in_fit(r),
+    "GB300, all containers (goal: mean signed within +-3%)": lambda r: r["gpu"] == "gb300",
+    "GB300, Megatron-Bridge 26.x dense": lambda r: r["gpu"] == "gb300" and bridge26_dense(r),
+    "Meta at scale (8K-16K H100, Meta's stack)": lambda r: r["id"].startswith("meta"),
+    "never in the fit": lambda r: not in_fit(r),
+}
+
+
+def named_groups(results) -> None:
+    """The :data:`GROUPS` of ``results``: size, MAPE and mean signed error of each."""
+    print("\nnamed groups:")
+    for name, keep in GROUPS.items():
+        v = [x["err"] for x in results if keep(x["row"])]
+        if v:
+            print(
+                f"  {name:55s} n={len(v):3d}  MAPE {mape(v):5.1f}%  mean signed {model_accuracy.pct(sum(v) / len(v))}"
+            )
 
 
 def mape(errs) -> float:
@@ -212,6 +260,7 @@ def summary(results) -> None:
     )
     inv = [x["row"]["id"] for x in results if x["invalid"]]
     print(f"published layouts dse.constraints rejects: {len(inv)}" + (f" ({', '.join(inv)})" if inv else ""))
+    named_groups(results)
     keys = list(group(results[0]["row"]))
     for key in keys:
         by = defaultdict(list)
