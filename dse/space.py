@@ -193,7 +193,7 @@ class System(_Strict):
     pod_gpus: int | None = Field(
         None,
         ge=1,
-        le=knobs.NODES_MAX * GPUS_PER_NODE_MAX,
+        le=1_000_000,
         description="GPUs of one non-blocking pod (none: non-blocking at any size)",
     )
     pod_oversubscription: float = Field(

@@ -29,14 +29,14 @@ def default_system(gpu: str, container: str | None = None) -> System:
     key = (gpu, container)
     if key not in _SYSTEMS:
         hw = HARDWARE[gpu]
-        _SYSTEMS[key] = System(
+        system = System(
             name=gpu,
             gpu=gpu,
             gpus_per_node=hw.gpus_per_node,
             nvlink_domain=hw.nvlink_domain,
             scaleout_gbps=hw.scaleout_gbps,
-            **({"container": container} if container is not None else {}),
         )
+        _SYSTEMS[key] = system if container is None else system.model_copy(update={"container": container})
     return _SYSTEMS[key]
 
 
