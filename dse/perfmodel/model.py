@@ -33,6 +33,7 @@ and the loss count as one layer each (Megatron's ``account_for_embedding_in_pipe
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -623,6 +624,7 @@ def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
     return Prepared.of(arch, sysm.gpu, layout, stack, flops_convention)
 
 
+@functools.lru_cache(maxsize=64)  # once per tag: a study predicts thousands of points in one container
 def model_family(tag: str) -> str:
     """The container family (dse.containers) whose efficiencies the model applies for container ``tag``: its
     family, the newest for a newer tag; the reference family for a tag no family knows (an older or malformed one,
