@@ -42,15 +42,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
 from dse.constraints import check  # noqa: E402
+from dse.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, Recipe  # noqa: E402
+from dse.space import System, load_system  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DATA = DATA_DIR / "published_perf_heldout.tsv"
@@ -95,10 +98,32 @@ def row_knobs(row: dict) -> dict:
     )
 
 
+def row_system(row: dict) -> System | None:
+    """The row's system file (its ``system`` column, a path under bench/data: a fabric other than the GPU's default
+    cluster, as Meta's), or None: the GPU's default system."""
+    ref = row.get("system") or ""
+    if not ref:
+        return None
+    if ref not in _SYSTEMS:
+        _SYSTEMS[ref] = load_system(DATA_DIR / ref)
+    return _SYSTEMS[ref]
+
+
+_SYSTEMS: dict[str, System] = {}
+
+
 def row_trial(row: dict, **override):
     knobs = row_knobs(row)
     knobs.update(override)
-    return make_trial(recipe_for(row), row["gpu"], int(row["num_gpus"]), payload=model_accuracy.row_stack(row), **knobs)
+    return make_trial(
+        recipe_for(row),
+        row["gpu"],
+        int(row["num_gpus"]),
+        system=row_system(row),
+        payload=model_accuracy.row_stack(row),
+        container=model_accuracy.row_container_tag(row),
+        **knobs,
+    )
 
 
 def validity(row: dict) -> str | None:
@@ -126,7 +151,53 @@ def group(row: dict) -> dict[str, str]:
         "precision": row["precision"] + (f"/{rec}" if rec else ""),
         "model family": fam,
         "long context (cp>1 or seq>8k)": str(int(row["cp"]) > 1 or int(row["seq_length"]) > 8192),
+        "container family": container_family(row),
     }
+
+
+def container_family(row: dict) -> str:
+    """The name of the container family (dse.containers) the row ran, "none" where no container is known."""
+    tag = model_accuracy.row_container_tag(row)
+    return "none" if tag is None else family_of(tag).name
+
+
+def dense(row: dict) -> bool:
+    """A dense model (no mixture of experts in its architecture)."""
+    arch = recipe_for(row).arch
+    return not (getattr(arch, "num_moe_experts", None) or getattr(arch, "num_experts", None))
+
+
+def in_fit(row: dict) -> bool:
+    """The row joins the model's fit (bench/model_accuracy.py fit_extra_ids)."""
+    return row["id"] in model_accuracy.FIT_EXTRA or row["id"].startswith(model_accuracy.FIT_CONTAINERS)
+
+
+def bridge26_dense(row: dict) -> bool:
+    """A Megatron-Bridge 26.x dense row in BF16 or FP8 (the NVFP4 rows have their own group)."""
+    return container_family(row) == "bridge26" and dense(row) and row["precision"] in ("bf16", "fp8")
+
+
+# Named groups of held-out rows, each printed with its size, MAPE and mean signed error: name -> row filter. A row may
+# be in several; a group with no row is skipped. Add a group with one line here.
+GROUPS: dict[str, Callable[[dict], bool]] = {
+    "Megatron-Bridge 26.x dense (goal MAPE <= 4%)": bridge26_dense,
+    "Megatron-Bridge 26.x dense, held out of the fit": lambda r: bridge26_dense(r) and not in_fit(r),
+    "GB300, all containers (goal: mean signed within +-3%)": lambda r: r["gpu"] == "gb300",
+    "GB300, Megatron-Bridge 26.x dense": lambda r: r["gpu"] == "gb300" and bridge26_dense(r),
+    "Meta at scale (8K-16K H100, Meta's stack)": lambda r: r["id"].startswith("meta"),
+    "never in the fit": lambda r: not in_fit(r),
+}
+
+
+def named_groups(results) -> None:
+    """The :data:`GROUPS` of ``results``: size, MAPE and mean signed error of each."""
+    print("\nnamed groups:")
+    for name, keep in GROUPS.items():
+        v = [x["err"] for x in results if keep(x["row"])]
+        if v:
+            print(
+                f"  {name:55s} n={len(v):3d}  MAPE {mape(v):5.1f}%  mean signed {model_accuracy.pct(sum(v) / len(v))}"
+            )
 
 
 def mape(errs) -> float:
@@ -178,10 +249,11 @@ def summary(results) -> None:
         f"{mape(fresh):.1f}% ({len(fresh)} rows)"
     )
     signed = sum(errs) / len(errs)
-    clean = [x["err"] for x in results if not x["same"] and x["row"]["id"] not in model_accuracy.FIT_EXTRA]
+    in_fit = model_accuracy.fit_extra_ids()
+    clean = [x["err"] for x in results if not x["same"] and x["row"]["id"] not in in_fit]
     print(
-        f"MAPE without those and the {len(model_accuracy.FIT_EXTRA)} rows in the fit "
-        f"({', '.join(model_accuracy.FIT_EXTRA)}): {mape(clean):.1f}% ({len(clean)} rows)"
+        f"MAPE without those and the {len(in_fit)} rows in the fit ({', '.join(model_accuracy.FIT_EXTRA)} and "
+        f"those of {', '.join(model_accuracy.FIT_CONTAINERS)}): {mape(clean):.1f}% ({len(clean)} rows)"
     )
     print(f"mean signed error: {model_accuracy.pct(signed)} (positive: the model is optimistic)")
     within = [sum(abs(e) <= lim for e in errs) for lim in (0.10, 0.15, 0.25)]
@@ -192,6 +264,7 @@ def summary(results) -> None:
     )
     inv = [x["row"]["id"] for x in results if x["invalid"]]
     print(f"published layouts dse.constraints rejects: {len(inv)}" + (f" ({', '.join(inv)})" if inv else ""))
+    named_groups(results)
     keys = list(group(results[0]["row"]))
     for key in keys:
         by = defaultdict(list)

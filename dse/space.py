@@ -183,7 +183,31 @@ class System(_Strict):
     scaleout_gbps: float = Field(
         400.0, ge=1, le=1e6, allow_inf_nan=False, description="scale-out network bandwidth per GPU, Gb/s (at least 1)"
     )
-    container: str = Field("25.09", description="NeMo / Megatron-Bridge container version, YY.MM")
+    container: str = Field(
+        "25.09",
+        description="NeMo / Megatron-Bridge container version, YY.MM; the performance model applies its family's "
+        "software efficiency (dse.containers)",
+    )
+    # the scale-out fabric above the NVLink domain (the NIC bandwidth per GPU is scaleout_gbps); the performance
+    # model's data-parallel collectives that span several pods pay the oversubscription (dse.perfmodel.model)
+    pod_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="GPUs of one non-blocking pod (none: non-blocking at any size)",
+    )
+    pod_oversubscription: float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        allow_inf_nan=False,
+        description="oversubscription of the fabric above the pods (1: none)",
+    )
+    rank_order: Literal["tp-cp-dp-pp", "tp-cp-pp-dp"] = Field(
+        "tp-cp-dp-pp",
+        description="the order of the parallel groups over the ranks (Megatron-Core's default puts pipeline stages "
+        "outermost; tp-cp-pp-dp puts data parallelism outermost, across pods, as Meta's Llama 3 runs did)",
+    )
     startup_s: float = Field(
         300.0,
         ge=0,

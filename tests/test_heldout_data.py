@@ -24,7 +24,8 @@ def test_columns_extend_the_calibration_table():
     cal_src, src = CAL_COLUMNS.index("source"), cols.index("source")
     assert cols[:cal_src] == CAL_COLUMNS[:cal_src]
     assert cols[src + 1 :] == CAL_COLUMNS[cal_src + 1 :]
-    assert {"cuda_graph", "cuda_graph_scope"} <= set(cols[src + 1 :])
+    # source closes the calibration table; the held-out table's columns added since follow it
+    assert {"cuda_graph", "cuda_graph_scope", "system"} <= set(cols[src + 1 :])
     assert {"recompute", "sp", "tp_comm_overlap", "fp8_recipe", "model_file", "cross_entropy"} <= set(cols)
 
 

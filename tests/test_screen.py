@@ -149,9 +149,12 @@ def test_dry_run_shows_each_points_peak_fit_and_step_time(tmp_path):
 
 
 def test_quick_start_launches_nothing_the_screen_removes_and_reaches_the_grid_optimum(tmp_path):
-    """The shipped 405B space (the README's quick start): no launched run is a point the screen removes, none
-    runs out of memory, and the best is within 1% of the grid optimum (on the simulated backend's exact truth:
-    the model's best fitting point, measured with the simulator's jitter) within the space's budget."""
+    """The shipped 405B space (the README's quick start): no launched run is a point the screen removes, at most
+    one runs out of memory and only where the screen's margin lets it through (the guided agent may try a point
+    predicted just over the GPU's memory when its predicted gain outweighs its chance of not fitting: with the
+    container families' refit, tp 4 pp 16 vp 8 cp 2, predicted at 81.0 of 80 GiB), and the best is within 1% of the
+    grid optimum (on the simulated backend's exact truth: the model's best fitting point, measured with the
+    simulator's jitter) within the space's budget."""
     from dse.perfmodel import predict
     from dse.perfmodel.twin import valid_trials
 
@@ -162,7 +165,9 @@ def test_quick_start_launches_nothing_the_screen_removes_and_reaches_the_grid_op
     launched = [r for r in res.records if r.status not in ("screened", "rejected")]
     assert len(launched) <= space.search.trials
     assert not any(fc[tuple(r.knobs.values())].screened for r in launched)
-    assert res.summary.counts["oom"] == 0
+    ooms = [fc[tuple(r.knobs.values())] for r in launched if r.status == "oom"]
+    assert len(ooms) <= 1
+    assert all(f.memory_gib < f.peak_memory_gib <= f.memory_gib * (1 + space.search.screen_margin) for f in ooms)
     assert res.summary.best is not None and res.summary.best.metrics["tflops_per_gpu"] >= 0.99 * optimum
 
 

@@ -67,6 +67,13 @@ def predict_cmd(
         metavar="TEXT",
         help="a calibration file from 'dse calibrate' (parameters refitted to your runs)",
     ),
+    container: str | None = typer.Option(
+        None,
+        "--container",
+        metavar="TEXT",
+        help="the NeMo / Megatron-Bridge container tag (YY.MM, e.g. 26.04; default: the system's): the model "
+        "applies its family's software efficiency",
+    ),
     payload: str = typer.Option(
         "nemo2",
         "--payload",
@@ -96,6 +103,11 @@ def predict_cmd(
         if not 1 <= gpus_per_node <= GPUS_PER_NODE_MAX:
             raise UserError(f"{gpus_per_node} is out of range; give 1 to {GPUS_PER_NODE_MAX}", field="--gpus-per-node")
         system = system.model_copy(update={"gpus_per_node": gpus_per_node})
+    container_note = _container_note(
+        system.container if container is None else container, "system.container" if container is None else "--container"
+    )
+    if container is not None:
+        system = system.model_copy(update={"container": container})
     settings = _settings(knob_flags, set_ or [])
     trial, dropped = _as_given(model, model_file, system, num_gpus, settings, payload)
     # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
@@ -120,6 +132,9 @@ def predict_cmd(
             "flops_convention": flops_convention,
             "calibration": calibration,
             "payload": payload,
+            "container": system.container,
+            "container_family": _family(system.container),
+            "container_note": container_note,
             **shown,
             "sp": trial.sequence_parallel,
             "dp": trial.dp,
@@ -129,7 +144,23 @@ def predict_cmd(
         }
         typer.echo(json.dumps(out, indent=2))
         return
-    render.prediction(trial, system, pred, flops_convention, from_recipe, dropped)
+    notes = dropped + ([container_note] if container_note else [])
+    render.prediction(trial, system, pred, flops_convention, from_recipe, notes)
+
+
+def _container_note(tag: str, field: str) -> str:
+    """The note of a container tag newer than every family (mapped to the newest), or ""; an older or malformed
+    tag is a UserError naming ``field`` and the known families (dse.containers.resolve)."""
+    from dse.containers import resolve
+
+    return resolve(tag, field=field).note
+
+
+def _family(tag: str) -> str:
+    """The name of the container family of ``tag`` (already resolved once by :func:`_container_note`)."""
+    from dse.containers import resolve
+
+    return resolve(tag).family.name
 
 
 def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, payload: str) -> None:

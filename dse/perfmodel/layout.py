@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dse.containers import FAMILIES, REFERENCE
 from dse.hardware import GpuSpec
 from dse.perfmodel.flops import layer_params
 from dse.perfmodel.stack import Stack
@@ -58,7 +59,9 @@ def graph_captured_share(cuda_graph: str, cuda_graph_scope: str) -> float:
 class ModelLayout:
     """The layout and options of one prediction: :func:`dse.perfmodel.model.predict_layout`'s keyword arguments,
     under the same names (the knob catalogue names the one each knob feeds), with ``sp`` and ``dropout``
-    resolved; ``nvlink_domain`` and ``scaleout_gbps`` None take the GPU's defaults."""
+    resolved; ``nvlink_domain`` and ``scaleout_gbps`` None take the GPU's defaults. ``container`` is the software
+    stack's family (:data:`dse.containers.FAMILIES`); ``pod_gpus``, ``pod_oversubscription`` and ``rank_order``
+    describe the fabric above the NVLink domain (:func:`dse.perfmodel.model.dp_exposed_time`)."""
 
     num_gpus: int
     tp: int = 1
@@ -92,6 +95,14 @@ class ModelLayout:
     dropout: bool = False
     nvlink_domain: int | None = None
     scaleout_gbps: float | None = None
+    container: str = REFERENCE
+    # GPUs of one non-blocking pod of the scale-out fabric (None: non-blocking at any size), the oversubscription
+    # of the layer above the pods (1: none), and Megatron-Core's order of the parallel groups over the ranks
+    # (parallel_state.initialize_model_parallel(order=...): "tp-cp-dp-pp", its default, or "tp-cp-pp-dp", data
+    # parallelism outermost, as Meta's Llama 3 runs placed it)
+    pod_gpus: int | None = None
+    pod_oversubscription: float = 1.0
+    rank_order: str = "tp-cp-dp-pp"
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute recomputes ``module`` (a name of Megatron-Core's ``recompute_modules``)."""
@@ -203,8 +214,10 @@ class Machine:
         fp8 = uses_fp8(gpu, layout)
         fp4 = uses_nvfp4(gpu, layout)
         # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
-        # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter)
-        tensor_ratio = P.ultra_tensor_ratio if gpu.blackwell_ultra else 1.0
+        # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter), times
+        # what the container family's software reaches (container_efficiency)
+        sw, sw_ultra = container_efficiency(P, layout.container)
+        tensor_ratio = (P.ultra_tensor_ratio * sw_ultra if gpu.blackwell_ultra else 1.0) * sw
         bf16_peak = gpu.bf16_tflops * 1e12 * tensor_ratio
         if fp4 and gpu.fp4_tflops is not None:
             gemm_rate, gemm_in = gpu.fp4_tflops * 1e12 * tensor_ratio * P.gemm_eff_nvfp4, NVFP4_ELEMENT_BYTES
@@ -237,6 +250,21 @@ class Machine:
         return self.nvlink_Bps if span <= self.nvlink_domain else self.nic_Bps
 
 
+_FAMILIES = {f.name: f for f in FAMILIES}
+
+
+def container_efficiency(params: Params, family: str) -> tuple[float, float]:
+    """(the family's factor on every GPU's tensor-core rates, its further factor on Blackwell Ultra's) under
+    ``params``: the family's fitted ``Params`` fields (dse.containers.ContainerFamily.param, .ultra_param), 1 for
+    the reference family and for a name no family has."""
+    fam = _FAMILIES.get(family)
+    if fam is None:
+        return 1.0, 1.0
+    general = getattr(params, fam.param) if fam.param else 1.0
+    ultra = getattr(params, fam.ultra_param) if fam.ultra_param else 1.0
+    return general, ultra
+
+
 def uses_fp8(gpu: GpuSpec, layout: ModelLayout) -> bool:
     """Whether ``layout``'s GEMMs run in FP8 on ``gpu``: an FP8 layout on a GPU with FP8 tensor cores."""
     return layout.precision == "fp8" and gpu.fp8_tflops is not None
@@ -265,8 +293,17 @@ _MACHINES_MAX = 256
 
 def machine_for(gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
     """:meth:`Machine.of`, built once per GPU, parameters and layout fields it reads (precision, FP8 recipe,
-    NVLink domain, scale-out bandwidth); never changed afterwards, so shared between predictions."""
-    key = (id(gpu), id(params), layout.precision, layout.fp8_recipe, layout.nvlink_domain, layout.scaleout_gbps)
+    NVLink domain, scale-out bandwidth, container family); never changed afterwards, so shared between
+    predictions."""
+    key = (
+        id(gpu),
+        id(params),
+        layout.precision,
+        layout.fp8_recipe,
+        layout.nvlink_domain,
+        layout.scaleout_gbps,
+        layout.container,
+    )
     m = _MACHINES.get(key)
     if m is not None and m.params is params and m.gpu is gpu:
         return m

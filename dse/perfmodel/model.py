@@ -33,10 +33,15 @@ and the loss count as one layer each (Megatron's ``account_for_embedding_in_pipe
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from dse import knobs
+from dse.containers import REFERENCE
+from dse.containers import resolve as resolve_container
+from dse.errors import UserError
 from dse.hardware import HARDWARE, GpuSpec
 from dse.perfmodel import flops as _flops
 from dse.perfmodel import moe as _moe
@@ -610,11 +615,12 @@ def dp_exposed_time(
     dp_bw = _group_bw(d_r, t, machine.nvlink_domain, machine.nvlink_Bps, machine.nic_Bps)
     if layout.nccl_ub and d_r * t <= machine.nvlink_domain:  # registered buffers: NVLink SHARP inside the domain
         dp_bw *= P.nccl_ub_nvls_gain
-    frac_r = (d_r - 1) / d_r
+    # seconds per byte of a GPU's share: the ring at the group's bandwidth, plus what crossing pods adds
+    per_byte = (d_r - 1) / d_r / dp_bw + pod_crossing_s_per_byte(shape, layout, machine, d_r)
     if layout.fsdp:
-        comm_mb = frac_r * p_local * (4.0 + grad_b) / dp_bw + 3 * shape.arch.num_layers / shape.pp * lat
+        comm_mb = per_byte * p_local * (4.0 + grad_b) + 3 * shape.arch.num_layers / shape.pp * lat
         return shape.microbatches * _exposed(comm_mb, P.dp_overlap * microbatch_s)
-    comm = frac_r * p_local * (2.0 + grad_b) / dp_bw + 2 * lat
+    comm = per_byte * p_local * (2.0 + grad_b) + 2 * lat
     comm += expert_dp_time(shape, layout, machine, stages, grad_b)
     return _exposed(comm, P.dp_overlap * microbatch_s)
 
@@ -629,6 +635,36 @@ def expert_dp_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: 
     stride = layout.ep * layout.etp
     bw = _group_bw(d_e, stride, machine.nvlink_domain, machine.nvlink_Bps, machine.nic_Bps)
     return (d_e - 1) / d_e * experts.largest * (2.0 + grad_b) / bw + 2 * machine.latency_s
+
+
+def dp_group_span(shape: Shape, layout: ModelLayout) -> float:
+    """Consecutive GPUs one data-parallel group (with its context-parallel ranks) spans: ``tp·cp·dp`` under
+    Megatron-Core's default order ``tp-cp-dp-pp`` (the pipeline stages outermost: each stage's group lies in
+    ``num_gpus / pp`` GPUs), the whole job under ``tp-cp-pp-dp`` (data parallelism outermost, Meta's order)."""
+    if layout.rank_order == "tp-cp-pp-dp":
+        return float(layout.num_gpus)
+    return shape.tp * shape.cp * shape.data_parallel
+
+
+def pod_crossing_s_per_byte(shape: Shape, layout: ModelLayout, machine: Machine, d_r: float) -> float:
+    """Seconds per byte of a GPU's gradient (or weight) share that a data-parallel collective spread over several
+    pods of an oversubscribed fabric adds to the ring's time.
+
+    The bandwidth-optimal reduce-scatter (and all-gather) over ``P`` pods of ``n`` members each is a reduce-scatter
+    inside each pod and one across pods among the ``P`` members holding the same shard: each GPU sends ``(P-1)/P``
+    of its ``1/n`` shard out of its pod. Every GPU of a pod does so at once (each is in some data-parallel group),
+    so the pod's uplinks, ``pod_gpus · NIC / oversubscription``, give each GPU ``NIC / oversubscription``; at 1 (a
+    non-blocking fabric) the phase costs what the ring already counts, so only ``oversubscription - 1`` of it is
+    added. The Llama 3 paper (arXiv 2407.21783, section 3.3.1) describes the fabric this prices: pods of 3,072 H100
+    with full bisection, 1:7 oversubscribed between pods."""
+    pod, over = layout.pod_gpus, layout.pod_oversubscription
+    if pod is None or over <= 1.0:
+        return 0.0
+    pods = math.ceil(dp_group_span(shape, layout) / pod)
+    if pods <= 1:
+        return 0.0
+    members = d_r / pods
+    return (over - 1.0) * (pods - 1) / pods / members / machine.nic_Bps
 
 
 def optimizer_time(shape: Shape, machine: Machine, stages: Stages, layout: ModelLayout | None = None) -> float:
@@ -711,8 +747,23 @@ def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
         dropout=_dropout(arch, stack, None),
         nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps,
+        container=model_family(sysm.container),
+        pod_gpus=sysm.pod_gpus,
+        pod_oversubscription=sysm.pod_oversubscription,
+        rank_order=sysm.rank_order,
     )
     return Prepared.of(arch, sysm.gpu, layout, stack, flops_convention)
+
+
+@functools.lru_cache(maxsize=64)  # once per tag: a study predicts thousands of points in one container
+def model_family(tag: str) -> str:
+    """The container family (dse.containers) whose efficiencies the model applies for container ``tag``: its
+    family, the newest for a newer tag; the reference family for a tag no family knows (an older or malformed one,
+    which a space's preflight and ``dse predict --container`` refuse before any prediction)."""
+    try:
+        return resolve_container(tag).family.name
+    except UserError:
+        return REFERENCE
 
 
 def _sp(tp: int, sp: bool | None) -> bool:
@@ -761,6 +812,10 @@ def predict_layout(
     dropout: bool | None = None,
     nvlink_domain: int | None = None,
     scaleout_gbps: float | None = None,
+    container: str = REFERENCE,
+    pod_gpus: int | None = None,
+    pod_oversubscription: float = 1.0,
+    rank_order: str = "tp-cp-dp-pp",
     flops_convention: str = "causal",
     params: Params = DEFAULT_PARAMS,
     stack: Stack = NVIDIA_RECIPES,
@@ -812,6 +867,10 @@ def prepare_layout(
     dropout: bool | None = None,
     nvlink_domain: int | None = None,
     scaleout_gbps: float | None = None,
+    container: str = REFERENCE,
+    pod_gpus: int | None = None,
+    pod_oversubscription: float = 1.0,
+    rank_order: str = "tp-cp-dp-pp",
     flops_convention: str = "causal",
     stack: Stack = NVIDIA_RECIPES,
 ) -> Prepared:
@@ -849,6 +908,10 @@ def prepare_layout(
         dropout=_dropout(arch, stack, dropout),
         nvlink_domain=nvlink_domain,
         scaleout_gbps=scaleout_gbps,
+        container=container,
+        pod_gpus=pod_gpus,
+        pod_oversubscription=pod_oversubscription,
+        rank_order=rank_order,
     )
     return Prepared.of(arch, gpu, layout, stack, flops_convention)
 

@@ -20,32 +20,45 @@ from dse.recipes.models import ModelArch
 from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig, resolve_auto
 
-_SYSTEMS: dict[str, System] = {}
+_SYSTEMS: dict[tuple[str, str | None], System] = {}
 
 
-def default_system(gpu: str) -> System:
-    """The GPU's default system (cached: System is immutable)."""
-    if gpu not in _SYSTEMS:
+def default_system(gpu: str, container: str | None = None) -> System:
+    """The GPU's default system, in ``container`` (a ``YY.MM`` tag; None: System's default) (cached: System is
+    immutable)."""
+    key = (gpu, container)
+    if key not in _SYSTEMS:
         hw = HARDWARE[gpu]
-        _SYSTEMS[gpu] = System(
+        system = System(
             name=gpu,
             gpu=gpu,
             gpus_per_node=hw.gpus_per_node,
             nvlink_domain=hw.nvlink_domain,
             scaleout_gbps=hw.scaleout_gbps,
         )
-    return _SYSTEMS[gpu]
+        _SYSTEMS[key] = system if container is None else system.model_copy(update={"container": container})
+    return _SYSTEMS[key]
 
 
 def make_trial(
-    recipe, gpu: str, num_gpus: int, *, system: System | None = None, payload: str = "nemo2", **values: Any
+    recipe,
+    gpu: str,
+    num_gpus: int,
+    *,
+    system: System | None = None,
+    payload: str = "nemo2",
+    container: str | None = None,
+    **values: Any,
 ) -> TrialConfig:
     """A trial of ``recipe`` on ``num_gpus`` GPUs of ``gpu`` with the given knob values, for ``payload`` (a payload
-    name, or a published stack's: dse.perfmodel.stack.PUBLISHED_STACKS).
+    name, or a published stack's: dse.perfmodel.stack.PUBLISHED_STACKS), in ``container`` (a tag; None: the
+    system's).
 
     ``num_gpus`` must be a multiple of the system's GPUs per node (a :class:`UserError` otherwise).
     """
     system = system or default_system(gpu)
+    if container is not None and container != system.container:
+        system = system.model_copy(update={"container": container})
     if num_gpus % system.gpus_per_node:
         raise UserError(
             f"{num_gpus} is not a multiple of the {system.gpus_per_node} GPUs per node of {gpu}", field="num_gpus"

@@ -1,0 +1,110 @@
+"""The training containers the performance model knows: each container tag (``YY.MM``, NVIDIA's NeMo /
+Megatron-Bridge release) belongs to one family of software stacks, and each family has its own efficiency in the
+model (``dse.perfmodel.timing.Params``, fitted per family from the published rows by ``bench/model_accuracy.py
+--fit``).
+
+Why families and not tags: the published tables show the same layout moving between releases (Llama 3 70B on 64
+GB300 in FP8: 4,520 tokens/s/GPU in container 25.11, 5,003 in 26.02, 5,243 in 26.04; Megatron-Bridge's
+``docs/performance-summary-archive.md``), but only a handful of rows per release; a family pools the releases that
+ship the same framework generation, so each efficiency rests on several rows:
+
+* ``nemo24``: NeMo 2 (and NeMo 1) containers of 2024 (24.01-24.12), Megatron-Core 0.5-0.10;
+* ``nemo25``: NeMo 2 containers 25.01-25.07, before Megatron-Bridge's performance scripts took over;
+* ``bridge25``: Megatron-Bridge containers 25.09-25.12 (the reference: the calibration table's 25.11 rows, whose
+  efficiency is the model's other fitted parameters);
+* ``bridge26``: Megatron-Bridge containers from 26.01 on.
+
+A well-formed tag newer than every family's range maps to the newest family, with a note saying so; an older or
+malformed one is a :class:`dse.errors.UserError` that lists the families.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dse.errors import UserError
+
+# YY.MM, optionally a patch release (26.02.01) or a suffix NVIDIA's tables write (24.03.01.framework)
+TAG = re.compile(r"^(\d{2})\.(\d{2})(?:\.[0-9A-Za-z]+)*$")
+
+
+@dataclass(frozen=True)
+class ContainerFamily:
+    """Releases ``first`` to ``last`` (``YY.MM``, both included) of one framework generation; ``param`` names the
+    ``Params`` field of its software efficiency (None: the reference family, whose efficiency is 1) and
+    ``ultra_param`` that of its further efficiency on Blackwell Ultra (GB300, B300; None: none beyond ``param``)."""
+
+    name: str
+    label: str
+    first: str
+    last: str
+    param: str | None
+    ultra_param: str | None = None
+
+
+FAMILIES: tuple[ContainerFamily, ...] = (
+    ContainerFamily("nemo24", "NeMo 24.x", "24.01", "24.12", "container_eff_nemo24"),
+    ContainerFamily("nemo25", "NeMo 25.0x", "25.01", "25.07", "container_eff_nemo25"),
+    ContainerFamily("bridge25", "Megatron-Bridge 25.x", "25.08", "25.12", None),
+    ContainerFamily(
+        "bridge26", "Megatron-Bridge 26.x", "26.01", "26.12", "container_eff_bridge26", "container_ultra_bridge26"
+    ),
+)
+FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+REFERENCE = "bridge25"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A tag's family, and a note when the tag is newer than every family (mapped to the newest)."""
+
+    tag: str
+    family: ContainerFamily
+    note: str = ""
+
+
+def _known() -> str:
+    return ", ".join(f"{f.name} ({f.label}: {f.first}-{f.last})" for f in FAMILIES)
+
+
+def resolve(tag: str, *, field: str = "container", file: str | None = None) -> Resolved:
+    """The family of container ``tag`` (``YY.MM[.PP]``); a newer well-formed tag maps to the newest family with a
+    note; an older or malformed one raises :class:`UserError` naming ``field`` (and ``file``) and the families."""
+    m = TAG.match(tag.strip())
+    if m is None:
+        raise UserError(
+            f"{tag!r} is not a container tag (YY.MM, e.g. 26.04); known families: {_known()}", file=file, field=field
+        )
+    yymm = f"{m.group(1)}.{m.group(2)}"
+    if not 1 <= int(m.group(2)) <= 12:
+        raise UserError(f"{tag!r} has no month {m.group(2)}; known families: {_known()}", file=file, field=field)
+    for fam in FAMILIES:
+        if fam.first <= yymm <= fam.last:
+            return Resolved(tag, fam)
+    newest = FAMILIES[-1]
+    if yymm > newest.last:
+        return Resolved(
+            tag, newest, f"container {tag} is newer than every known family; modelled as {newest.name} ({newest.label})"
+        )
+    raise UserError(
+        f"container {tag} is older than every known family; known families: {_known()}", file=file, field=field
+    )
+
+
+def family_of(tag: str) -> ContainerFamily:
+    """:func:`resolve`'s family of ``tag`` (raises as it does)."""
+    return resolve(tag).family
+
+
+def row_container(row_id: str, source: str = "") -> str | None:
+    """The container tag of a published row, from its id's prefix (``mb2602`` and ``mb260201``: Megatron-Bridge
+    26.02 and 26.02.01, ``nemo2407``: NeMo 24.07) or else from its source (``container 25.11``, ``25.09 NeMo
+    Container``); None when neither says (Megatron-LM's 2021 rows, Meta's)."""
+    m = re.match(r"^(?:mb|nemo)(\d{2})(\d{2})(\d{2})?_", row_id)
+    if m:
+        return f"{m.group(1)}.{m.group(2)}" + (f".{m.group(3)}" if m.group(3) else "")
+    m = re.search(r"[Cc]ontainer (?:NeMo )?(\d{2}\.\d{2})|(\d{2}\.\d{2})(?:\.\d+)? NeMo [Cc]ontainer", source)
+    if m:
+        return m.group(1) or m.group(2)
+    return None
