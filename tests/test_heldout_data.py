@@ -23,8 +23,9 @@ def test_columns_extend_the_calibration_table():
     cols = list(ROWS[0])
     cal_src, src = CAL_COLUMNS.index("source"), cols.index("source")
     assert cols[:cal_src] == CAL_COLUMNS[:cal_src]
-    assert cols[src + 1 :] == CAL_COLUMNS[cal_src + 1 :]
-    # source closes the calibration table; the held-out table's columns added since follow it
+    # after source: the calibration table's columns added since (the graph knobs), then the held-out table's own
+    # (system: a system file of the row's fabric)
+    assert cols[src + 1 : src + len(CAL_COLUMNS) - cal_src] == CAL_COLUMNS[cal_src + 1 :]
     assert {"cuda_graph", "cuda_graph_scope", "system"} <= set(cols[src + 1 :])
     assert {"recompute", "sp", "tp_comm_overlap", "fp8_recipe", "model_file", "cross_entropy"} <= set(cols)
 
