@@ -77,6 +77,8 @@ PARAM_RANGES: dict[str, Range] = {
             "host_link_eff",
             "moe_a2a_eff",
             "moe_flex_speedup",
+            "gemm_eff_nvfp4",
+            "nccl_ub_nvls_gain",
         ),
         _RATE,
     ),
@@ -99,6 +101,8 @@ PARAM_RANGES: dict[str, Range] = {
     "memory_reserve_gib": Range(0.0, 1024.0, why="GiB"),
     "memory_offset_gib": Range(-1024.0, 1024.0, why="GiB, added to every predicted peak"),
     "memory_fragmentation": Range(0.0, 100.0, why="a share of the activation memory"),
+    "cuda_graph_pool_share": Range(0.0, 100.0, why="a share of the activation memory"),
+    "nccl_ub_memory_gib": Range(0.0, 1024.0, why="GiB"),
     "logits_bytes": Range(0.0, 64.0, why="bytes per logit"),
     "logits_bytes_native": Range(0.0, 64.0, why="bytes per logit"),
 }

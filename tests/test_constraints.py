@@ -64,8 +64,8 @@ CASES = {
         dict(recipe="mixtral_8x7b", moe_a2a_overlap=True, ep=8, vp=2),
     ),
     "moe_grouped_gemm_supported": (
-        dict(recipe="mixtral_8x7b", moe_grouped_gemm=False, recompute_modules=["moe_act"]),
-        dict(recipe="mixtral_8x7b", moe_grouped_gemm=True, recompute_modules=["moe_act"]),
+        dict(recipe="mixtral_8x7b", moe_grouped_gemm=False, recompute="selective", recompute_modules="moe_act"),
+        dict(recipe="mixtral_8x7b", moe_grouped_gemm=True, recompute="selective", recompute_modules="moe_act"),
     ),
     "uneven_stages": (
         dict(recipe="mixtral_8x7b", pp_first_layers=7, pp_last_layers=6),

@@ -831,6 +831,7 @@ def predict_layout(
     return prepare_layout(arch, gpu, **args).predict(params)
 
 
+# house: most of its lines are its keywords, one per knob the model reads (dse predict's flags); the body is short
 def prepare_layout(
     arch,
     gpu: str,
