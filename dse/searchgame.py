@@ -38,6 +38,8 @@ from dse.parse import STATUSES, UNLAUNCHED_STATUSES
 Key = tuple[int, ...]
 RUN_SCALE = 100.0  # launched runs are observed as runs / RUN_SCALE, capped at 1
 OBS_HIGH = 10.0  # fractions of the model's best above this are clipped (a twin is within tens of percent)
+RUN_COST = 0.005  # the reward's cost of one launched run (a fraction of the model's best)
+WASTE_COST = 0.01  # the reward's cost of a proposal that launched nothing (rejected, or already run)
 _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no step yet
 
 
@@ -147,8 +149,8 @@ class SearchGame(gym.Env):
         budget: int = 50,
         best: float | None = None,
         target: float = 0.99,
-        run_cost: float = 0.005,
-        waste_cost: float = 0.01,
+        run_cost: float = RUN_COST,
+        waste_cost: float = WASTE_COST,
     ):
         self.names, self.sizes = list(names), [int(n) for n in sizes]
         self.forecasts, self.truth = forecasts, truth

@@ -219,4 +219,5 @@ def make_vec(
 def register() -> None:
     """Register ``dse/Recipe-v0`` with Gymnasium (idempotent: once per process)."""
     if ENV_ID not in gym.registry:
-        gym.register(ENV_ID, entry_point=make_env, vector_entry_point=make_vec, disable_env_checker=False)
+        # entry points as strings: the spec serialises (Minari keeps it with a dataset, to recover the environment)
+        gym.register(ENV_ID, entry_point=f"{__name__}:make_env", vector_entry_point=f"{__name__}:make_vec")
