@@ -4,8 +4,9 @@ With ``[search.options] policy = "FILE.zip"`` it uses a policy that ``dse train-
 the space; without one it first trains a policy of ``train_steps`` steps on the space's model forecast (the model
 as the truth: cheap, and no better than the model's own order). At each proposal it builds the observation of
 :class:`dse.searchgame.SearchGame` from what it has seen (the last point, its outcome, the best so far, the model's
-forecast of the last point) and proposes the point the policy finds most probable among those not yet tried that the
-rules accept (the model's forecast, or the action mask where there is no model). It stops when none is left.
+forecast of the last point) and draws a point from the policy, as the policy acted while it trained; it draws again
+while the point is one already tried or one the rules reject (the model's forecast says which, or the action mask
+where there is no model), and after 256 draws takes the most probable untried point. It stops when none is left.
 
 Needs the ``rl`` extra (Stable-Baselines3 and torch); without it, choosing this agent is a one-line error.
 """
@@ -25,6 +26,7 @@ from dse.policy import Policy, load, train
 from dse.searchgame import Forecast, History, Key, Outcome, SearchGame, fraction, observation_space, reference
 
 MAX_POINTS = 200_000  # every point is kept as a candidate row (as the guided agent's)
+DRAWS = 256  # draws from the policy per proposal before the most probable untried point is taken
 # Policies trained on a model's forecast in this process, by (knobs, sizes, forecasts, seed, steps): training is
 # seconds of PPO, and a study, a resume or the contract suite builds the same agent more than once.
 _TRAINED: dict[tuple, Policy] = {}
@@ -74,6 +76,7 @@ class PolicyAgent(Agent):
         self.index = {k: i for i, k in enumerate(keys)}
         self.ref = reference(self.forecasts)
         self.history = History(self.sizes)
+        self._rng = np.random.default_rng(self.seed)
         dim = observation_space(len(self.sizes)).shape[0]
         self.policy = load(policy, self.sizes, dim) if policy else self._train_on_model(train_steps)
 
@@ -94,11 +97,19 @@ class PolicyAgent(Agent):
         return _TRAINED[key]
 
     def propose(self) -> Action | None:
+        """A point drawn from the policy (as it acted while it trained), redrawn while the draw is one already
+        tried or one the rules reject; after ``DRAWS`` draws, the most probable untried point."""
         untried = ~self.tried
         if not untried.any():
             self.stop_reason = f"stopped: every valid point tried, after {self.history.runs} runs"
             return None
         logp = self.policy.log_probs(self.history.vector())
+        probs = [np.exp(lp - lp.max()) / np.exp(lp - lp.max()).sum() for lp in logp]
+        draws = np.stack([self._rng.choice(len(p), size=DRAWS, p=p) for p in probs], axis=1)
+        for row in draws:
+            i = self.index.get(tuple(int(v) for v in row))
+            if i is not None and untried[i]:
+                return self.to_action(self.keys[i])
         score = np.zeros(len(self.keys))
         for j, lp in enumerate(logp):
             score += lp[self.keys[:, j]]
