@@ -103,3 +103,14 @@ def test_a_space_too_large_to_walk_is_a_one_line_error(tmp_path):
     big = write_space(tmp_path / "big.toml", CORE, env_knobs=3, env_values=40)
     with pytest.raises(UserError, match="raw points"):
         make_env(big)
+
+
+def test_without_the_rl_extra_the_policy_agent_is_a_one_line_error_naming_it(monkeypatch):
+    import dse.policy
+    from dse.agents.base import load_agents, make_agent
+    from tests.contracts import SPACE as TOY
+    from tests.contracts import forecast, mask
+
+    monkeypatch.setattr(dse.policy, "available", lambda: False)
+    with pytest.raises(UserError, match=r"pip install 'dse\[rl\]'"):
+        make_agent("policy", load_agents(), TOY, action_mask=mask, forecast=forecast, train_steps=64)
