@@ -164,12 +164,12 @@ class SearchGame(gym.Env):
         self.tried: set[Key] = set()
         self.proposals = 0
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self.history, self.tried, self.proposals = History(self.sizes), set(), 0
         return self.history.vector(), {}
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         key: Key = tuple(int(a) for a in np.asarray(action).reshape(-1))
         if len(key) != len(self.sizes) or not all(0 <= a < n for a, n in zip(key, self.sizes)):
             raise ValueError(f"action {action!r} is not in the action space {self.action_space}")
