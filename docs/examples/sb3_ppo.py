@@ -1,6 +1,6 @@
 """Stable-Baselines3's PPO trains on the vectorised twins of a small shipped space, then searches a twin it never saw.
 
-python docs/examples/sb3_ppo.py [STEPS]   # default 20000 (about two minutes on one CPU core)
+python docs/examples/sb3_ppo.py [STEPS]   # default 20000 PPO steps (minutes on a CPU: the learner dominates)
 """
 
 from __future__ import annotations
