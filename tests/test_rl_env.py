@@ -114,3 +114,8 @@ def test_without_the_rl_extra_the_policy_agent_is_a_one_line_error_naming_it(mon
     monkeypatch.setattr(dse.policy, "available", lambda: False)
     with pytest.raises(UserError, match=r"pip install 'dse\[rl\]'"):
         make_agent("policy", load_agents(), TOY, action_mask=mask, forecast=forecast, train_steps=64)
+
+
+def test_gym_make_imports_dse_envs_itself_through_the_module_prefix():
+    env = gym.make("dse.envs:dse/Recipe-v0", space=SPACE, twin_seed=1, budget=5)
+    assert env.spec.id == "dse/Recipe-v0" and env.unwrapped.true_best is not None
