@@ -118,8 +118,10 @@ def default_agents() -> list[str]:
 
 def train_policy_for(space, path: str, steps: int, twins: int) -> None:
     """Train the policy agent's policy on twins 1000.. of ``space`` (once per space), as dse train-policy does."""
+    import os
     import tempfile
 
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as dse train-policy: torch's small MLP is faster on one thread
     from dse.training import train_policy
 
     t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -23,6 +24,9 @@ def train_policy_cmd(
     seed: int = typer.Option(0, "--seed", metavar="N", help="PPO's seed"),
 ) -> None:
     """Train a search policy (PPO, Stable-Baselines3; the rl extra) on twins of SPACE; experimental."""
+    # PPO's small MLP trains about twice as fast on one CPU thread as on torch's default pool (measured: 4,096
+    # steps on nemotron3_8b in 6 s against 13 s); set before torch loads, and a user's own setting wins
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     from dse.training import train_policy
 
     t0 = time.perf_counter()
