@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20, help="twin seeds per space (0..N-1)")
     ap.add_argument("--budget", type=int, default=150, help="launched runs per search")
     ap.add_argument("--agents", nargs="+", default=default_agents(), choices=list(AGENTS))
-    ap.add_argument("--policy-steps", type=int, default=20_000, help="PPO steps training the policy agent's policy")
+    ap.add_argument("--policy-steps", type=int, default=60_000, help="PPO steps training the policy agent's policy")
     ap.add_argument("--policy-twins", type=int, default=8, help="twins (seeds 1000..) the policy trains on")
     ap.add_argument("--screen", nargs="+", default=["on", "off"], choices=["on", "off"], help="the memory screen")
     args = ap.parse_args()

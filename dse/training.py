@@ -30,7 +30,7 @@ def train_policy(
     out: Path | None,
     *,
     twins: int = 8,
-    steps: int = 20_000,
+    steps: int = 60_000,
     seed: int = 0,
     budget: int = 50,
     first_twin: int = FIRST_TWIN,

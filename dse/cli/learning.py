@@ -19,7 +19,7 @@ def train_policy_cmd(
         ..., "--out", metavar="FILE.zip", help="where the policy goes ([search.options] policy = FILE.zip)"
     ),
     twins: int = typer.Option(8, "--twins", metavar="N", help="twins trained on, one per environment (seeds 1000..)"),
-    steps: int = typer.Option(20_000, "--steps", metavar="N", help="PPO environment steps in all"),
+    steps: int = typer.Option(60_000, "--steps", metavar="N", help="PPO environment steps in all"),
     budget: int = typer.Option(50, "--budget", metavar="N", help="launched runs per training episode"),
     seed: int = typer.Option(0, "--seed", metavar="N", help="PPO's seed"),
 ) -> None:
