@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
+from dse.envs.search import table
 from dse.parse import UNLAUNCHED_STATUSES
+from dse.searchgame import RUN_COST, WASTE_COST, reference
 from dse.space import load_space
 from dse.study import open_store
 
@@ -52,6 +54,11 @@ def test_a_study_round_trips_through_minari(study, tmp_path):
     runs = ep.observations[:, -1]
     assert np.allclose(runs, np.concatenate([[0], np.cumsum(launched)]) / 100)
     assert ep.truncations[-1] and not ep.terminations.any()
+    # the return is the best found (a fraction of the model's best forecast) less the cost of the proposals
+    ref = reference(table(space).forecasts)
+    best = max(r.reward for r in records if r.ok) / ref
+    cost = RUN_COST * launched.sum() + WASTE_COST * (len(records) - launched.sum())
+    assert ep.rewards.sum() == pytest.approx(best - cost)
     # the environment spec travels with the dataset: the same twin, the same spaces
     env = ds.recover_environment()
     assert env.unwrapped.spec.kwargs == {"space": SPACE, "backend": "sim", "twin_seed": 3}
