@@ -61,6 +61,7 @@ class Agent(abc.ABC):
     uses_model = False  # True: the constructor takes ``forecast`` (a Forecaster, or None where there is no model)
     stop_reason: str | None = None  # why propose() returned None, when the agent decided to stop by itself
     Options: type[BaseModel] = NoOptions  # what ``[search.options]`` may set; validated by make_agent
+    requires: tuple[str, ...] = ()  # modules of an optional extra the agent needs (its error names the extra)
 
     def __init__(
         self, action_space: spaces.Dict, *, seed: int = 0, action_mask: ActionMask | None = None, **options: Any

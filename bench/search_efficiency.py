@@ -10,6 +10,11 @@ Each agent runs with the memory screen on (as ``dse run`` by default: a point th
 memory by more than the space's ``screen_margin`` is shown to the agent as ``screened``, costs nothing and is
 no launched run) and off (``[search] screen = "none"``); ``--screen`` picks one.
 
+The ``policy`` agent (experimental; the rl extra) searches with a policy trained once per space by ``dse
+train-policy``'s code on twins 1000.. (``--policy-steps`` PPO steps over ``--policy-twins`` twins): never the
+twins 0..N-1 it is judged on here. Its training time is printed beside the table; it is left out of the default
+agents when Stable-Baselines3 is not installed.
+
 The outcomes come straight from the twin (``dse.perfmodel.twin``: the figures the simulated backend
 writes into its logs), without the log / parser / store round trip of ``dse run`` (the same numbers up to
 the 1% per-step jitter that the parser averages away), so that the table takes minutes, not hours.
@@ -25,6 +30,7 @@ import argparse
 import math
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 from gymnasium import spaces
@@ -44,7 +50,9 @@ AGENTS = {
     # TPE with a joint density over the knobs ([search.options] tpe_multivariate = true)
     "tpe+mv": ("optuna", {"warm_start": "none", "tpe_multivariate": True}),
     "guided": ("guided", {}),
+    "policy": ("policy", {}),  # its policy file is trained per space in main() (POLICY_FILES)
 }
+POLICY_FILES: dict[str, str] = {}  # space name -> the policy trained on its twins 1000..
 
 
 def screened_keys(space, keys, trials) -> set:
@@ -61,6 +69,8 @@ def search(space, agent_key, twin_table, seed, budget, forecast, screened=frozen
     registry = load_agents()
     opts = space_options(space, name, agent_settings(space, name, None, registry), registry)
     opts.update(extra)
+    if name == "policy":
+        opts["policy"] = POLICY_FILES[space.name]
     if not screened and "screen_margin" in opts:
         opts["screen_margin"] = None  # the screen off: the guided agent ranks every valid point
     names = space.knob_names
@@ -99,12 +109,40 @@ def search(space, agent_key, twin_table, seed, budget, forecast, screened=frozen
     return runs, getattr(agent, "stop_reason", None)
 
 
+def default_agents() -> list[str]:
+    """Every agent, the policy agent only where its extra (Stable-Baselines3) is installed."""
+    from dse.policy import available
+
+    return [a for a in AGENTS if a != "policy" or available()]
+
+
+def train_policy_for(space, path: str, steps: int, twins: int) -> None:
+    """Train the policy agent's policy on twins 1000.. of ``space`` (once per space), as dse train-policy does."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as dse train-policy: torch's small MLP is faster on one thread
+    from dse.training import train_policy
+
+    t0 = time.perf_counter()
+    out = Path(tempfile.mkdtemp(prefix="dse-policy-")) / f"{space.name}.zip"
+    done = train_policy(path, out, twins=twins, steps=steps)
+    POLICY_FILES[space.name] = str(done.path)
+    print(
+        f"(policy for {space.name}: {steps:,} PPO steps on twins {done.twins[0]}..{done.twins[-1]}, "
+        f"{time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spaces", nargs="+", default=list(SPACES))
     ap.add_argument("--seeds", type=int, default=20, help="twin seeds per space (0..N-1)")
     ap.add_argument("--budget", type=int, default=150, help="launched runs per search")
-    ap.add_argument("--agents", nargs="+", default=list(AGENTS), choices=list(AGENTS))
+    ap.add_argument("--agents", nargs="+", default=default_agents(), choices=list(AGENTS))
+    ap.add_argument("--policy-steps", type=int, default=60_000, help="PPO steps training the policy agent's policy")
+    ap.add_argument("--policy-twins", type=int, default=8, help="twins (seeds 1000..) the policy trains on")
     ap.add_argument("--screen", nargs="+", default=["on", "off"], choices=["on", "off"], help="the memory screen")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -123,6 +161,8 @@ def main() -> None:
         runs_of = [(a, sc) for a in args.agents for sc in args.screen]
         results = {r: [] for r in runs_of}
         screened = screened_keys(space, keys, trials)
+        if "policy" in args.agents:
+            train_policy_for(space, path, args.policy_steps, args.policy_twins)
         for tseed in range(args.seeds):
             twin = make_twin(space, tseed, trials=trials)
             table = {}

@@ -24,6 +24,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "random": "dse.agents.random:RandomAgent",
         "optuna": "dse.agents.optuna_agent:OptunaAgent",
         "guided": "dse.agents.guided:GuidedAgent",
+        "policy": "dse.agents.policy:PolicyAgent",
     },
     BACKENDS: {
         "sim": "dse.backends.sim:SimBackend",

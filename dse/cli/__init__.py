@@ -5,7 +5,8 @@
 - :mod:`dse.cli.spaces`: ``validate``, ``space``, ``dry-run``: a space before any run;
 - :mod:`dse.cli.model`: ``recipes``, ``predict``, ``calibrate``: the performance model without a run;
 - :mod:`dse.cli.importers`: ``import cloudai``;
-- :mod:`dse.cli.exports`: ``export optuna``;
+- :mod:`dse.cli.exports`: ``export optuna``, ``export minari``;
+- :mod:`dse.cli.learning`: ``train-policy`` (a learned search policy, experimental);
 - :mod:`dse.cli.render`: everything printed on the terminal (tables, summaries, error lines).
 
 User errors (:class:`dse.errors.UserError`) print one line and exit with code 2; nothing is written. Every
@@ -26,7 +27,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from dse.cli import exports, importers, model, render, results, spaces, studies
+from dse.cli import exports, importers, learning, model, render, results, spaces, studies
 from dse.errors import InfrastructureError, UserError
 
 # Typer vendors Click and exports, of its exceptions, only BadParameter: the usage error is its base class.
@@ -126,6 +127,7 @@ _COMMANDS: dict[str, Callable] = {
     "predict": model.with_knob_flags(model.predict_cmd),
     "calibrate": model.calibrate_cmd,
     "dry-run": spaces.dry_run_cmd,
+    "train-policy": learning.train_policy_cmd,
 }
 for _name, _fn in _COMMANDS.items():
     app.command(_name)(user_errors(_fn))
@@ -138,6 +140,7 @@ app.add_typer(import_app, name="import")
 
 export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Write a study into another tool's storage.")
 export_app.command("optuna")(user_errors(exports.optuna_cmd))
+export_app.command("minari")(user_errors(exports.minari_cmd))
 app.add_typer(export_app, name="export")
 
 

@@ -1,4 +1,5 @@
-"""``dse export``: a study written into another tool's storage (Optuna's, for optuna-dashboard)."""
+"""``dse export``: a study written into another tool's storage (Optuna's, for optuna-dashboard; Minari's, for
+offline reinforcement learning)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,26 @@ def optuna_cmd(
 
     name, n = to_optuna(study_dir, storage)
     render.console.print(f"wrote study {name!r} ({n} trials) to {storage}", highlight=False)
+
+
+def minari_cmd(
+    study_dir: Path = typer.Argument(..., metavar="STUDY_DIR", help="a dse run's output directory"),
+    dataset_id: str | None = typer.Option(
+        None, "--dataset-id", metavar="ID", help="the Minari dataset id (default: dse/<study name>/study-v0)"
+    ),
+    space: str | None = typer.Option(
+        None, "--space", metavar="FILE", help="the study's space file (default: the one its dse.json names)"
+    ),
+    datasets_path: Path | None = typer.Option(
+        None, "--datasets-path", metavar="DIR", help="where Minari keeps datasets (default: $MINARI_DATASETS_PATH)"
+    ),
+) -> None:
+    """Write the study as a Minari dataset: one episode of dse/Recipe-v0, one step per trial (the rl extra)."""
+    from dse.offline import datasets_path as set_path
+    from dse.offline import to_minari
+
+    set_path(datasets_path)
+    ds = to_minari(study_dir, dataset_id, space=space)
+    render.console.print(
+        f"wrote Minari dataset {ds.spec.dataset_id!r} ({ds.total_steps} steps, 1 episode)", highlight=False
+    )

@@ -18,7 +18,7 @@ from dse.errors import UserError
 def run_cmd(
     space_file: Path = typer.Option(..., "--space", metavar="PATH", help="the space file (TOML)"),
     agent: str | None = typer.Option(
-        None, metavar="TEXT", help="grid | random | optuna | guided (default: the space's [search].agent)"
+        None, metavar="TEXT", help="grid | random | optuna | guided | policy (default: the space's [search].agent)"
     ),
     sampler: str | None = typer.Option(None, metavar="TEXT", help="Optuna sampler: tpe, random, qmc, nsga2, gp, cmaes"),
     trials: int | None = typer.Option(

@@ -1,0 +1,201 @@
+"""The search as a reinforcement-learning episode: one episode is one search of a space, one step one proposed point.
+
+:class:`SearchGame` is the environment behind ``gym.make("dse/Recipe-v0")`` (registered by :mod:`dse.envs`), and
+the one a learned policy is trained on (:mod:`dse.policy`). Where :class:`dse.envs.RecipeEnv` is the study's
+environment (its reward is one run's objective; it never ends by itself), the game is a whole search:
+
+* **action**: ``MultiDiscrete`` with one entry per knob the space varies (the index of its value in the space file),
+  so that any library's policy (Stable-Baselines3's included) can emit it;
+* **observation**: a flat ``Box`` vector (:func:`observation`, :data:`FEATURES` names its entries): the last
+  proposed point and the best point so far (indices scaled to 0..1), the last run's status (one-hot over
+  :data:`dse.parse.STATUSES`, 0 before the first step), its value and the best value as fractions of the model's best
+  forecast over the space, the model's forecast for the last point (the same fraction; its peak memory as a fraction
+  of the GPU's), and the launched runs so far (/100, capped at 1);
+* **reward**: the gain of the best value found (as that fraction) minus ``run_cost`` per launched run and
+  ``waste_cost`` for a proposal that launched nothing (a point the rules reject, or one already run): the return of
+  an episode is the best found, less what finding it cost;
+* **truncated**: the budget of launched runs is spent (or ``4 x budget`` proposals were made);
+* **terminated**: the stop rule: every valid point has run, or (when the truth is known, as on a twin) the best found
+  is within ``target`` (default 1%) of the truth's best, as ``bench/search_efficiency.py`` counts a search done.
+
+The truth is a function ``key -> Outcome``: a twin's figures (:func:`dse.envs.twin_truth`, in memory), or a run on a
+backend through :class:`dse.envs.RecipeEnv`. The forecast is the shipped model's, as a study hands it to agents.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from dse.parse import STATUSES, UNLAUNCHED_STATUSES
+
+Key = tuple[int, ...]
+RUN_SCALE = 100.0  # launched runs are observed as runs / RUN_SCALE, capped at 1
+OBS_HIGH = 10.0  # fractions of the model's best above this are clipped (a twin is within tens of percent)
+RUN_COST = 0.005  # the reward's cost of one launched run (a fraction of the model's best)
+WASTE_COST = 0.01  # the reward's cost of a proposal that launched nothing (rejected, or already run)
+_STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no step yet
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the truth says of one point: its status, its reward (the objective's metric signed so that higher is
+    better, as :mod:`dse.reward` signs it; None unless ``ok``), the peak memory and the parsed metrics."""
+
+    status: str
+    reward: float | None = None
+    peak_memory_gib: float | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The model's view of one valid point: its reward (signed: higher is better), its peak and the GPU's memory."""
+
+    reward: float
+    peak_memory_gib: float
+    memory_gib: float
+
+
+def features(names: Sequence[str]) -> list[str]:
+    """The names of the observation's entries, in order, for a space varying ``names``."""
+    return (
+        [f"last.{n}" for n in names]
+        + [f"best.{n}" for n in names]
+        + ["status.none"]
+        + [f"status.{s}" for s in STATUSES]
+        + ["last_value", "best_value", "last_forecast", "last_forecast_memory", "runs"]
+    )
+
+
+def observation_space(k: int) -> spaces.Box:
+    """The observation space of a space varying ``k`` knobs."""
+    return spaces.Box(low=0.0, high=OBS_HIGH, shape=(len(features(["x"] * k)),), dtype=np.float32)
+
+
+def fraction(reward: float | None, ref: float) -> float:
+    """A reward as a fraction of the reference (the model's best): ``r/ref`` for rates, ``ref/r`` for negated times."""
+    if reward is None or not math.isfinite(reward) or reward == 0 or ref == 0:
+        return 0.0
+    f = reward / ref if ref > 0 else ref / reward
+    return float(min(max(f, 0.0), OBS_HIGH))
+
+
+@dataclass
+class History:
+    """What a search has seen, in the terms of the observation: the agent keeps one, and so does the game."""
+
+    sizes: Sequence[int]
+    last: Key | None = None
+    best: Key | None = None
+    status: str | None = None
+    last_value: float = 0.0
+    best_value: float = 0.0
+    last_forecast: float = 0.0
+    last_memory: float = 0.0
+    runs: int = 0
+
+    def record(self, key: Key, status: str, value: float, forecast: Forecast | None, ref: float) -> float:
+        """Note one proposal's outcome (``value``: the fraction of the reference, 0 unless ok); the best's gain."""
+        self.last, self.status, self.last_value = key, status, value
+        self.last_forecast = fraction(forecast.reward, ref) if forecast else 0.0
+        self.last_memory = min(forecast.peak_memory_gib / forecast.memory_gib, OBS_HIGH) if forecast else 0.0
+        if status not in UNLAUNCHED_STATUSES and status != "repeat":
+            self.runs += 1
+        gain = max(0.0, value - self.best_value)
+        if value > self.best_value:
+            self.best, self.best_value = key, value
+        return gain
+
+    def vector(self) -> np.ndarray:
+        """The observation (:func:`features` names its entries)."""
+
+        def scaled(key: Key | None) -> list[float]:
+            if key is None:
+                return [0.0] * len(self.sizes)
+            return [i / (n - 1) if n > 1 else 0.0 for i, n in zip(key, self.sizes)]
+
+        onehot = [0.0] * (len(STATUSES) + 1)
+        onehot[_STATUS_INDEX.get(self.status, 0) if self.status else 0] = 1.0
+        tail = [self.last_value, self.best_value, self.last_forecast, self.last_memory, min(self.runs / RUN_SCALE, 1)]
+        return np.clip(np.array(scaled(self.last) + scaled(self.best) + onehot + tail, dtype=np.float32), 0, OBS_HIGH)
+
+
+def reference(forecasts: Mapping[Key, Forecast]) -> float:
+    """The model's best reward over the valid points: what values are observed as fractions of (1.0 when none)."""
+    return max((f.reward for f in forecasts.values()), default=1.0) or 1.0
+
+
+class SearchGame(gym.Env):
+    """One episode = one search (see the module docstring). ``forecasts``: the model's view of every valid point
+    (a point missing is one the rules reject); ``truth``: the outcome of running a valid point; ``best``: the truth's
+    best reward when known (a twin's), for the stop rule."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        forecasts: Mapping[Key, Forecast],
+        truth: Callable[[Key], Outcome],
+        *,
+        budget: int = 50,
+        best: float | None = None,
+        target: float = 0.99,
+        run_cost: float = RUN_COST,
+        waste_cost: float = WASTE_COST,
+    ):
+        self.names, self.sizes = list(names), [int(n) for n in sizes]
+        self.forecasts, self.truth = forecasts, truth
+        self.budget, self.true_best, self.target = budget, best, target
+        self.run_cost, self.waste_cost = run_cost, waste_cost
+        self.ref = reference(forecasts)
+        self.action_space = spaces.MultiDiscrete(self.sizes)
+        self.observation_space = observation_space(len(self.sizes))
+        self._goal = fraction(best, self.ref) * target if best is not None else math.inf
+        self.history = History(self.sizes)
+        self.tried: set[Key] = set()
+        self.proposals = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.history, self.tried, self.proposals = History(self.sizes), set(), 0
+        return self.history.vector(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        key: Key = tuple(int(a) for a in np.asarray(action).reshape(-1))
+        if len(key) != len(self.sizes) or not all(0 <= a < n for a, n in zip(key, self.sizes)):
+            raise ValueError(f"action {action!r} is not in the action space {self.action_space}")
+        self.proposals += 1
+        forecast = self.forecasts.get(key)
+        if forecast is None:
+            outcome = Outcome("rejected")
+        elif key in self.tried:
+            outcome = Outcome("repeat")  # already run: nothing new is launched
+        else:
+            self.tried.add(key)
+            outcome = self.truth(key)
+        ok = outcome.status == "ok"
+        value = fraction(outcome.reward, self.ref) if ok else 0.0
+        status = outcome.status if outcome.status in _STATUS_INDEX else "rejected"
+        gain = self.history.record(key, status, value, forecast, self.ref)
+        launched = outcome.status not in UNLAUNCHED_STATUSES and outcome.status != "repeat"
+        reward = gain - (self.run_cost if launched else self.waste_cost)
+        terminated = len(self.tried) >= len(self.forecasts) or self.history.best_value >= self._goal
+        truncated = not terminated and (self.history.runs >= self.budget or self.proposals >= 4 * self.budget)
+        info = {
+            "status": outcome.status,
+            "action": key,
+            "reward": outcome.reward,
+            "launched": launched,
+            "best_fraction": self.history.best_value,
+            "runs": self.history.runs,
+        }
+        return self.history.vector(), float(reward), terminated, truncated, info

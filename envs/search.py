@@ -1,0 +1,223 @@
+"""``dse/Recipe-v0``: the registered Gymnasium environment (one episode = one search), and its vector form over twins.
+
+``import dse.envs`` registers it (``import dse`` alone does not: the controller's import stays light)::
+
+    import gymnasium as gym
+    import dse.envs  # registers dse/Recipe-v0
+
+    env = gym.make("dse/Recipe-v0", space="conf/spaces/llama3_8b_space.toml", backend="sim", twin_seed=3, budget=30)
+    vec = gym.make_vec("dse/Recipe-v0", num_envs=8, space="conf/spaces/llama3_8b_space.toml")  # twins 0..7
+
+The game itself (action, observation, reward, ``terminated`` and ``truncated``) is :class:`dse.searchgame.SearchGame`.
+Its truth here is one of:
+
+* a **twin** of the space (``backend="sim"`` with ``twin_seed``, or a space whose ``[backend] truth = "twin"``): in
+  memory by default (``in_memory=True``): the simulated backend's log is written into a string and parsed, so each
+  point gives exactly the figures a ``dse run`` on that twin records, without a run directory (the figures of a point
+  are computed once per environment). ``in_memory=False`` runs each point through :class:`RecipeEnv` and the
+  backend, logs on disk under ``out_dir``;
+* the **model** itself (``backend="sim"`` on a space with ``truth = "exact"`` and no twin seed);
+* any other backend of the registry (``local``, ``slurm``) through :class:`RecipeEnv`: real runs, in ``out_dir``.
+
+The vector form (``gym.make_vec``; sub-environment ``i`` is the twin of seed ``twin_seed + i``) shares the space's
+table of valid points and forecasts between its sub-environments.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from dse import registry as reg
+from dse.backends.base import Backend
+from dse.calibrate import calibrated_params
+from dse.envs.recipe_env import RecipeEnv
+from dse.errors import UserError
+from dse.execute import parse_context
+from dse.parse import parse_log
+from dse.perfmodel import predict
+from dse.perfmodel.simulate import simulate
+from dse.perfmodel.twin import Twin, make_twin, valid_trials
+from dse.recipes.sim.logwriter import write_log
+from dse.searchgame import Forecast, Key, Outcome, SearchGame
+from dse.space import WALK_LIMIT, Space, load_space
+from dse.trial import TrialConfig
+
+ENV_ID = "dse/Recipe-v0"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A space's valid points (keys: one value index per knob, in the space file's order), resolved, and the
+    model's forecast of each: what every environment of the space shares."""
+
+    space: Space
+    keys: list[Key]
+    trials: list[TrialConfig]
+    forecasts: dict[Key, Forecast]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(self.space.knobs[n]) for n in self.space.knob_names]
+
+
+def as_space(space: Space | str | Path) -> Space:
+    """A :class:`Space`, or the path of a space file (a shipped one found by its ``conf/spaces/...`` path)."""
+    return space if isinstance(space, Space) else load_space(space)
+
+
+def table(space: Space) -> Table:
+    """Every valid point of ``space`` and the model's forecast of each (the space must be small enough to walk)."""
+    if space.size > WALK_LIMIT:
+        raise UserError(
+            f"the environment walks every point; this space has {space.size:,} raw points (at most {WALK_LIMIT:,})",
+            field="space",
+        )
+    trials = valid_trials(space)
+    names = space.knob_names
+    keys = [tuple(space.knobs[n].index(t.values[n]) for n in names) for t in trials]
+    metric, sense = space.objective.metric, space.objective.sense
+    params = calibrated_params(space.backend.calibration)
+    forecasts = {}
+    for k, t in zip(keys, trials):
+        p = predict(t, flops_convention=space.backend.flops_convention, params=params)
+        value = float(getattr(p, metric))
+        forecasts[k] = Forecast(value if sense == "maximize" else -value, p.peak_memory_gib, p.gpu_memory_gib)
+    return Table(space, keys, trials, forecasts)
+
+
+def signed(space: Space, value: float | None) -> float | None:
+    """A metric's value as a reward: negated when the objective minimises it (as :mod:`dse.reward` signs it)."""
+    if value is None:
+        return None
+    return float(value) if space.objective.sense == "maximize" else -float(value)
+
+
+def simulated_outcome(space: Space, trial: TrialConfig, twin: Twin | None, seed: int = 0) -> Outcome:
+    """The outcome ``dse run`` records for ``trial`` on the simulated backend (``twin``'s truth, or the model's when
+    None): its log written into memory and parsed as the study parses it, with the same seed and context."""
+    settings = space.backend
+    run = simulate(trial, seed, flops_convention=settings.flops_convention, twin=twin)
+    buf = io.StringIO()
+    code = write_log(run, buf)
+    metrics = parse_log(buf.getvalue().splitlines(), exit_code=code, context=parse_context(trial, settings))
+    return Outcome(
+        metrics.status,
+        signed(space, getattr(metrics, space.objective.metric)) if metrics.ok else None,
+        metrics.peak_memory_gib,
+        metrics.to_dict(),
+    )
+
+
+def in_memory_truth(tab: Table, twin: Twin | None, seed: int = 0) -> Callable[[Key], Outcome]:
+    """``key -> Outcome`` on the simulated backend, computed once per point."""
+    by_key = dict(zip(tab.keys, tab.trials))
+
+    @cache
+    def truth(key: Key) -> Outcome:
+        return simulated_outcome(tab.space, by_key[key], twin, seed)
+
+    return truth
+
+
+def backend_truth(space: Space, backend: Backend, out_dir: Path, seed: int = 0) -> Callable[[Key], Outcome]:
+    """``key -> Outcome`` by running the point through :class:`RecipeEnv` on ``backend`` (run directories in
+    ``out_dir/trials``; logs on disk, parsed as a study parses them)."""
+    env = RecipeEnv(space, backend, out_dir)
+    env.reset(seed=seed)
+    names = space.knob_names
+
+    def truth(key: Key) -> Outcome:
+        _, _, _, _, info = env.step(dict(zip(names, key)))
+        m = info["metrics"]
+        reward = signed(space, m.get(space.objective.metric)) if info["status"] == "ok" else None
+        return Outcome(info["status"], reward, m.get("peak_memory_gib"), {"status": info["status"], **m})
+
+    return truth
+
+
+def twin_best(space: Space, tab: Table, twin: Twin) -> float | None:
+    """The twin's best reward over the valid points (its own figures, as ``bench/search_efficiency.py`` takes it)."""
+    sign = 1.0 if space.objective.sense == "maximize" else -1.0
+    values = []
+    for t in tab.trials:
+        p = twin.predict(t, flops_convention=space.backend.flops_convention)
+        if p.fits:
+            values.append(sign * float(getattr(p, space.objective.metric)))
+    return max(values, default=None)
+
+
+def _game(
+    tab: Table, truth: Callable[[Key], Outcome], best: float | None, budget: int, options: dict[str, Any]
+) -> SearchGame:
+    s = tab.space
+    return SearchGame(s.knob_names, tab.sizes, tab.forecasts, truth, budget=budget, best=best, **options)
+
+
+def make_env(
+    space: Space | str | Path,
+    backend: str = "sim",
+    *,
+    twin_seed: int | None = None,
+    budget: int = 50,
+    in_memory: bool = True,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    table_: Table | None = None,
+    **options: Any,
+) -> SearchGame:
+    """The entry point of ``dse/Recipe-v0`` (see the module docstring). ``options``: the game's ``target``,
+    ``run_cost``, ``waste_cost``."""
+    s = as_space(space)
+    if twin_seed is None and backend == "sim" and s.backend.truth == "twin":
+        twin_seed = s.backend.twin_seed
+    if twin_seed is not None and backend != "sim":
+        raise UserError(f"a twin is the simulated backend's truth; got backend {backend!r}", field="twin_seed")
+    tab = table_ or table(s)
+    twin = make_twin(s, twin_seed, trials=tab.trials) if twin_seed is not None else None
+    best = twin_best(s, tab, twin) if twin is not None else None
+    if backend == "sim" and in_memory:
+        return _game(tab, in_memory_truth(tab, twin, seed), best, budget, options)
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dse-env-"))
+    if backend == "sim":
+        from dse.backends.sim import SimBackend
+
+        b: Backend = SimBackend(
+            seed=seed, flops_convention=s.backend.flops_convention, twin=twin, startup_s=s.system.startup_s
+        )
+    else:
+        b = reg.get(reg.load(reg.BACKENDS), backend, Backend, group=reg.BACKENDS, field="backend").from_space(
+            s, seed=seed
+        )
+    return _game(tab, backend_truth(s, b, out, seed), best, budget, options)
+
+
+def make_vec(
+    num_envs: int, space: Space | str | Path, *, twin_seed: int = 0, twin_seeds: Sequence[int] | None = None, **kw: Any
+) -> gym.vector.SyncVectorEnv:
+    """The vector entry point of ``dse/Recipe-v0``: ``num_envs`` sub-environments, the i-th on the twin of seed
+    ``twin_seed + i`` (or ``twin_seeds[i]``), sharing one table of the space."""
+    s = as_space(space)
+    tab = table(s)
+    seeds = list(twin_seeds) if twin_seeds is not None else [twin_seed + i for i in range(num_envs)]
+    if len(seeds) != num_envs:
+        raise UserError(f"{len(seeds)} twin seeds for {num_envs} environments", field="twin_seeds")
+
+    def one(ts: int) -> Callable[[], SearchGame]:
+        return lambda: make_env(s, "sim", twin_seed=ts, table_=tab, **kw)
+
+    return gym.vector.SyncVectorEnv([one(ts) for ts in seeds])
+
+
+def register() -> None:
+    """Register ``dse/Recipe-v0`` with Gymnasium (idempotent: once per process)."""
+    if ENV_ID not in gym.registry:
+        # entry points as strings: the spec serialises (Minari keeps it with a dataset, to recover the environment)
+        gym.register(ENV_ID, entry_point=f"{__name__}:make_env", vector_entry_point=f"{__name__}:make_vec")

@@ -1,0 +1,72 @@
+"""``dse export minari``: a study as a Minari dataset, loaded back with Minari and checked against the store."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+from dse.envs.search import table
+from dse.parse import UNLAUNCHED_STATUSES
+from dse.searchgame import RUN_COST, WASTE_COST, reference
+from dse.space import load_space
+from dse.study import open_store
+
+minari = pytest.importorskip("minari", reason="the rl extra (minari) is not installed")
+pytest.importorskip("h5py", reason="the rl extra (minari's HDF5 storage) is not installed")
+
+SPACE = "conf/spaces/nemotron3_8b_space.toml"
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    out = tmp_path / "study"
+    args = ["run", "--space", SPACE, "--agent", "random", "--trials", "12", "--twin-seed", "3", "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_a_study_round_trips_through_minari(study, tmp_path):
+    res = CliRunner().invoke(app, ["export", "minari", str(study), "--dataset-id", "dse/test/study-v0"])
+    assert res.exit_code == 0, res.output
+    ds = minari.load_dataset("dse/test/study-v0")
+    store, _ = open_store(study)
+    records = list(store.iter_records())
+    store.close()
+    space = load_space(SPACE)
+    assert ds.total_episodes == 1 and ds.total_steps == len(records)
+    ep = next(ds.iterate_episodes())
+    want = [[space.knobs[n].index(r.knobs[n]) for n in space.knob_names] for r in records]
+    assert ep.actions.tolist() == want
+    assert ep.infos["trial"].tolist() == [-1] + [r.number for r in records]
+    for v, r in zip(ep.infos["value"][1:], records):
+        assert (math.isnan(v) and not r.ok) or v == pytest.approx(r.metrics["tflops_per_gpu"])
+    statuses = {r.status for r in records}
+    assert "ok" in statuses and statuses & set(UNLAUNCHED_STATUSES)  # this seed's random search meets both
+    launched = ep.infos["launched"][1:]
+    assert launched.tolist() == [int(r.status not in UNLAUNCHED_STATUSES) for r in records]
+    # the observation after each step says how many runs were launched so far (/100), and the last status
+    runs = ep.observations[:, -1]
+    assert np.allclose(runs, np.concatenate([[0], np.cumsum(launched)]) / 100)
+    assert ep.truncations[-1] and not ep.terminations.any()
+    # the return is the best found (a fraction of the model's best forecast) less the cost of the proposals
+    ref = reference(table(space).forecasts)
+    best = max(r.reward for r in records if r.ok) / ref
+    cost = RUN_COST * launched.sum() + WASTE_COST * (len(records) - launched.sum())
+    assert ep.rewards.sum() == pytest.approx(best - cost)
+    # the environment spec travels with the dataset: the same twin, the same spaces
+    env = ds.recover_environment()
+    assert env.unwrapped.spec.kwargs == {"space": SPACE, "backend": "sim", "twin_seed": 3}
+    assert env.observation_space == ds.observation_space and env.action_space == ds.action_space
+
+
+def test_an_id_already_taken_is_a_one_line_error(study):
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", "minari", str(study)]).exit_code == 0
+    res = runner.invoke(app, ["export", "minari", str(study)])
+    assert res.exit_code == 2 and "already exists" in res.output and "Traceback" not in res.output
