@@ -58,6 +58,11 @@ class Params:
     # 25.11 to 26.02 to 26.04 while GB200's moved by a few percent either way (Megatron-Bridge
     # docs/performance-summary-archive.md): the newer containers' kernels for Blackwell Ultra
     container_ultra_bridge26: float = 1.033
+    # fitted: the Megatron-Bridge 26.x containers' Grace host time per layer over the reference family's
+    # (host_layer_s_grace, dse.containers.ContainerFamily.host_param): the GB200 Llama 3 70B NVFP4 preset of 26.04,
+    # not CUDA-graphed, steps in 6.69 s, under the 7.36 s that 20 layers x 32 micro-batches at the 25.x host time
+    # would take, so the newer Transformer Engine / Megatron-Core launches less per layer
+    container_host_bridge26: float = 1.0
     # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
     # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
     unfused_scores_scale: float = 1.0
@@ -149,6 +154,7 @@ FITTED = (
     "container_eff_nemo25",
     "container_eff_bridge26",
     "container_ultra_bridge26",
+    "container_host_bridge26",
     "elementwise_scale",
     "nvlink_eff",
     "scaleout_eff",
