@@ -4,8 +4,9 @@ value and the error of every NVFP4 row under it (the rows not in :data:`FIT_ROWS
 
     PYTHONPATH=. python bench/fit_nvfp4.py
 
-One parameter fitted alone, so that adding NVFP4 retunes nothing the other rows were fitted with; the full refit
-(``bench/model_accuracy.py --fit``) includes it too, through its prior in ``dse.perfmodel.fit.PRIORS``.
+One parameter fitted alone, the check that the one GEMM-bound row says what the joint refit says; the shipped value
+comes from the joint refit (``bench/model_accuracy.py --fit``), whose rows include every NVFP4 row of containers 26.02
+and 26.04 (its FIT_CONTAINERS).
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ PARAM_RANGES: dict[str, Range] = {
             "container_eff_nemo25",
             "container_eff_bridge26",
             "container_ultra_bridge26",
+            "container_host_bridge26",
             "mxfp8_gemm_ratio",
             "elementwise_scale",
             "unfused_scores_scale",

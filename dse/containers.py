@@ -33,7 +33,9 @@ TAG = re.compile(r"^(\d{2})\.(\d{2})(?:\.[0-9A-Za-z]+)*$")
 class ContainerFamily:
     """Releases ``first`` to ``last`` (``YY.MM``, both included) of one framework generation; ``param`` names the
     ``Params`` field of its software efficiency (None: the reference family, whose efficiency is 1) and
-    ``ultra_param`` that of its further efficiency on Blackwell Ultra (GB300, B300; None: none beyond ``param``)."""
+    ``ultra_param`` that of its further efficiency on Blackwell Ultra (GB300, B300; None: none beyond ``param``);
+    ``host_param`` that of its factor on a Grace host's launch time per layer (``Params.host_layer_s_grace``; None:
+    the reference family's time)."""
 
     name: str
     label: str
@@ -41,6 +43,7 @@ class ContainerFamily:
     last: str
     param: str | None
     ultra_param: str | None = None
+    host_param: str | None = None
 
 
 FAMILIES: tuple[ContainerFamily, ...] = (
@@ -48,7 +51,13 @@ FAMILIES: tuple[ContainerFamily, ...] = (
     ContainerFamily("nemo25", "NeMo 25.0x", "25.01", "25.07", "container_eff_nemo25"),
     ContainerFamily("bridge25", "Megatron-Bridge 25.x", "25.08", "25.12", None),
     ContainerFamily(
-        "bridge26", "Megatron-Bridge 26.x", "26.01", "26.12", "container_eff_bridge26", "container_ultra_bridge26"
+        "bridge26",
+        "Megatron-Bridge 26.x",
+        "26.01",
+        "26.12",
+        "container_eff_bridge26",
+        "container_ultra_bridge26",
+        "container_host_bridge26",
     ),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)

@@ -53,7 +53,7 @@ def test_an_unknown_tag_is_a_user_error_listing_the_families(tag):
 
 def test_every_family_names_params_that_exist_and_the_reference_has_none():
     for f in FAMILIES:
-        for p in (f.param, f.ultra_param):
+        for p in (f.param, f.ultra_param, f.host_param):
             assert p is None or p in PARAM_NAMES
         assert (f.param is None) == (f.name == REFERENCE)
 
@@ -90,6 +90,24 @@ def test_the_container_family_scales_the_prediction_by_its_efficiency():
     ultra = DEFAULT_PARAMS.with_values(container_eff_bridge26=1.0, container_ultra_bridge26=1.2)
     assert _tokens("26.04", params=ultra) > _tokens("25.11", params=ultra)
     assert _tokens("26.04", "gb200", ultra) == _tokens("25.11", "gb200", ultra)
+
+
+GB200_70B_NVFP4 = dict(tp=1, pp=4, vp=5, mbs=1, gbs=256, precision="nvfp4", fsdp=False, cpu_offload_layers=0)
+
+
+def _host_wait(container: str, params=DEFAULT_PARAMS, gpu: str = "gb200") -> float:
+    t = make_trial(RECIPES["llama3_70b"], gpu, 64, container=container, payload="mbridge", **GB200_70B_NVFP4)
+    return predict(t, params=params).breakdown["time.host_wait_s"]
+
+
+def test_the_26x_family_scales_the_grace_host_time_and_the_reference_does_not():
+    # an ungraphed GB200 Llama 3 70B NVFP4 layout whose layers wait for the Grace host
+    slow = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.02, container_host_bridge26=1.0)
+    fast = slow.with_values(container_host_bridge26=0.5)
+    assert _host_wait("26.04", slow) > 0.0
+    assert _host_wait("26.04", fast) < _host_wait("26.04", slow)
+    assert _host_wait("25.11", fast) == _host_wait("25.11", slow)  # the reference family keeps its host time
+    assert _host_wait("26.04", fast, gpu="b200") == 0.0  # x86 hosts wait for nothing
 
 
 def test_the_default_system_is_in_the_reference_family():

@@ -70,6 +70,10 @@ PRIORS: dict[str, Prior] = {
     "container_eff_nemo25": Prior(1.0, 0.1, "log"),
     "container_eff_bridge26": Prior(1.0, 0.1, "log"),
     "container_ultra_bridge26": Prior(1.0, 0.1, "log"),
+    # the 26.x containers' Grace host time per layer over 25.x's: centred on 1 (the same framework's launches), log
+    # width 0.5, since a Transformer Engine release can fuse or drop whole kernels per module (fewer launches per
+    # layer) as well as add hooks
+    "container_host_bridge26": Prior(1.0, 0.5, "log"),
     "elementwise_scale": Prior(1.4, 0.4, "log"),  # element-wise kernels reach ~70% of HBM bandwidth
     "nvlink_eff": Prior(0.80, 0.5),  # nccl-tests all-gather bus bandwidth ~360 of 450 GB/s (H100)
     "scaleout_eff": Prior(0.80, 0.5),  # nccl-tests across nodes: ~40 of 50 GB/s per 400 Gb/s NIC

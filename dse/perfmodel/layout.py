@@ -265,6 +265,13 @@ def container_efficiency(params: Params, family: str) -> tuple[float, float]:
     return general, ultra
 
 
+def container_host_factor(params: Params, family: str) -> float:
+    """The family's factor on a Grace host's launch time per layer (dse.containers.ContainerFamily.host_param) under
+    ``params``; 1 for a family without one (the reference) and for a name no family has."""
+    fam = _FAMILIES.get(family)
+    return getattr(params, fam.host_param) if fam is not None and fam.host_param else 1.0
+
+
 def uses_fp8(gpu: GpuSpec, layout: ModelLayout) -> bool:
     """Whether ``layout``'s GEMMs run in FP8 on ``gpu``: an FP8 layout on a GPU with FP8 tensor cores."""
     return layout.precision == "fp8" and gpu.fp8_tflops is not None

@@ -51,6 +51,7 @@ from dse.perfmodel.layout import (
     ModelLayout,
     Shape,
     Stages,
+    container_host_factor,
     grad_bytes,
     machine_for,
     stages_of,
@@ -458,11 +459,13 @@ def host_layer_time(machine: Machine, layout: ModelLayout) -> float:
     under the layers the model is used for (the H200 TE runs, bench/h200_te_runs.py, are within 6.2% at 3.4 ms
     layers), so the term applies to Grace hosts only. A CUDA graph replays its captured launches in one call: the
     share of the layer that the graph's scope captures (``ModelLayout.graph_share``: the knobs ``cuda_graph`` and
-    ``cuda_graph_scope``) costs the host nothing.
+    ``cuda_graph_scope``) costs the host nothing. The container family scales the time (``container_host_factor``:
+    a newer Transformer Engine / Megatron-Core issues fewer launches and less Python per layer).
     """
     if not machine.gpu.grace_host:
         return 0.0
-    return machine.params.host_layer_s_grace * (1.0 - layout.graph_share)
+    factor = container_host_factor(machine.params, layout.container)
+    return machine.params.host_layer_s_grace * factor * (1.0 - layout.graph_share)
 
 
 @dataclass(slots=True)

@@ -2,8 +2,8 @@
 
 The parameters in :data:`DEFAULT_PARAMS` marked "fitted" come from ``bench/model_accuracy.py --fit``
 (a least-squares fit in log space of tokens/s/GPU over ``bench/data/published_perf_calibration.tsv`` and some
-held-out rows, ``fit_extra_ids()`` in that script: ``FIT_EXTRA``'s five (long-context, GB300, MXFP8, a Grace host's
-launch time) and the Megatron-Bridge 26.02 and 26.04 rows, for the 26.x container family, with priors that keep
+held-out rows, ``fit_extra_ids()`` in that script: ``FIT_EXTRA``'s six (long-context, GB300, MXFP8, NVFP4, a Grace
+host's launch time) and the Megatron-Bridge 26.02 and 26.04 rows, for the 26.x container family, with priors that keep
 each parameter physical; ``FIT_FIXED`` names those it keeps); the model never refits at import. The others are
 fixed from measurements or documentation, as their comments say.
 """
@@ -20,52 +20,61 @@ class Params:
     # GEMMs: time = FLOPs / (peak · eff) + bytes / HBM bandwidth (a roofline sum, so that small GEMMs
     # such as those of high-TP layouts run at a lower fraction of peak).
     gemm_eff_bf16: float = 0.80  # fixed: 790 TFLOP/s of 989 for a large bf16 matmul measured on one H200
-    gemm_eff_fp8: float = 0.6082  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
-    gemm_eff_fp8_blackwell: float = 0.5392  # fitted: the same on Blackwell (B200, GB200, GB300)
+    gemm_eff_fp8: float = 0.611  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
+    gemm_eff_fp8_blackwell: float = 0.5479  # fitted: the same on Blackwell (B200, GB200, GB300)
     # flash attention (bf16): fraction of the bf16 peak over forward + backward (causal FLOPs, backward 2.5x the
     # forward), per architecture, since the kernels differ: Transformer Engine runs cuDNN's fused attention or
     # FlashAttention-3 on Hopper, cuDNN's Blackwell kernels on B200/GB200/GB300, FlashAttention-2 on Ampere
-    attn_eff: float = 0.3993  # fitted: Hopper
+    attn_eff: float = 0.3995  # fitted: Hopper
     # fitted: Blackwell, the tensor-core part only (the softmax exponentials are priced at the GPU table's
     # special-function-unit rate, so Blackwell Ultra's doubled SFUs speed GB300 up)
-    attn_eff_blackwell: float = 0.5386
+    attn_eff_blackwell: float = 0.5219
     # fixed: FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): forward + backward at 50-73% of the peak,
     # causal attention toward the low-middle of that range
     attn_eff_ampere: float = 0.56
     # fitted: Blackwell Ultra's (GB300) sustained tensor-core rate over GB200's at the same quoted dense peaks
     # (dse.hardware.GpuSpec.blackwell_ultra); fitted with one GB300 row (bench/model_accuracy.py FIT_EXTRA)
-    ultra_tensor_ratio: float = 1.198
+    ultra_tensor_ratio: float = 1.182
     # fitted: MXFP8 GEMMs' rate over per-tensor-scaled FP8 GEMMs' (Blackwell); fitted with one MXFP8 row (FIT_EXTRA)
-    mxfp8_gemm_ratio: float = 0.9251
+    mxfp8_gemm_ratio: float = 0.93
     # fitted: fraction of the dense NVFP4 peak (dse.hardware's fp4_tflops) that NVFP4 GEMMs reach (Blackwell; block
-    # scales applied inside the tensor-core pipeline); fitted alone, the others at their shipped values, on one
-    # Megatron-Bridge 26.04 GB300 Llama 3 70B row (bench/fit_nvfp4.py); the other NVFP4 rows are held out
-    gemm_eff_nvfp4: float = 0.541
+    # scales applied inside the tensor-core pipeline); fitted with the others on the Megatron-Bridge 26.02 and 26.04
+    # NVFP4 rows (bench/model_accuracy.py FIT_CONTAINERS); those of 26.02.01, 26.04.01 and 26.06 are held out
+    gemm_eff_nvfp4: float = 0.4573
+    # fitted (kept at this value by the joint refit: bench/model_accuracy.py FIT_FIXED says why)
     elementwise_scale: float = 1.397  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
     # fitted: the host's (CPU's) time per transformer layer and micro-batch, forward + backward, of a step that is
     # not CUDA-graphed, on a Grace host (GB200, GB300): a layer shorter than this on the GPU waits for its
-    # launches (model.predict_layout); fitted with one GB200 row (bench/model_accuracy.py FIT_EXTRA)
-    host_layer_s_grace: float = 0.0115
+    # launches (model.predict_layout); fitted with NeMo 25.04's GB200 405B row (bench/model_accuracy.py FIT_EXTRA)
+    # and the 26.x rows that wait for the host (through container_host_bridge26 below)
+    host_layer_s_grace: float = 0.01144
     # fitted: the software stack's efficiency per container family (dse.containers), relative to the reference
     # family (Megatron-Bridge 25.x, the calibration table's containers): a factor on the tensor-core rates (GEMMs
     # and attention) that the family's kernels, libraries and framework reach. One per family, from the published
     # rows of its containers (bench/model_accuracy.py --fit); 1 for the reference and for rows of no known container
-    container_eff_nemo24: float = 0.9426
-    container_eff_nemo25: float = 0.9512
-    container_eff_bridge26: float = 1.008
+    container_eff_nemo24: float = 0.9411
+    container_eff_nemo25: float = 0.9566
+    container_eff_bridge26: float = 1.001
     # fitted: Blackwell Ultra's (GB300, B300) rate in the Megatron-Bridge 26.x containers over 25.x's, beyond the
     # family's factor above: the same GB300 Llama 3 70B layout went 4,520 -> 5,003 -> 5,243 tokens/s/GPU from
     # 25.11 to 26.02 to 26.04 while GB200's moved by a few percent either way (Megatron-Bridge
     # docs/performance-summary-archive.md): the newer containers' kernels for Blackwell Ultra
-    container_ultra_bridge26: float = 1.033
+    container_ultra_bridge26: float = 1.028
+    # fitted: the Megatron-Bridge 26.x containers' Grace host time per layer over the reference family's
+    # (host_layer_s_grace, dse.containers.ContainerFamily.host_param): the GB200 Llama 3 70B NVFP4 preset of 26.04,
+    # not CUDA-graphed, steps in 6.69 s, under the 7.36 s that 20 layers x 32 micro-batches at the 25.x host time
+    # would take, so the newer Transformer Engine / Megatron-Core launches less per layer; fitted with the 26.02 and
+    # 26.04 NVFP4 rows whose layers wait for Grace (GB200 70B, GB300 405B; bench/model_accuracy.py FIT_CONTAINERS):
+    # 26.02's sit near the 25.x time, 26.04's below it, and one factor per family lands between
+    container_host_bridge26: float = 0.9324
     # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
     # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
     unfused_scores_scale: float = 1.0
-    nvlink_eff: float = 0.8047  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
-    scaleout_eff: float = 0.7855  # fitted: NCCL bus bandwidth / NIC line rate
-    tp_overlap: float = 0.7247  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
+    nvlink_eff: float = 0.8053  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
+    scaleout_eff: float = 0.7833  # fitted: NCCL bus bandwidth / NIC line rate
+    tp_overlap: float = 0.7229  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
     cp_overlap: float = 0.6978  # fitted: share of the context-parallel KV ring hidden behind attention
-    dp_overlap: float = 0.8033  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
+    dp_overlap: float = 0.8022  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
     # fixed
     tp_overlap_base: float = 0.25  # Megatron overlaps the backward all-gather / dgrad reduce with wgrad
     collective_latency_s: float = 10e-6  # per NCCL collective or send/recv (NCCL tests, small messages)
@@ -149,6 +158,7 @@ FITTED = (
     "container_eff_nemo25",
     "container_eff_bridge26",
     "container_ultra_bridge26",
+    "container_host_bridge26",
     "elementwise_scale",
     "nvlink_eff",
     "scaleout_eff",
