@@ -236,6 +236,62 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine) -> MoeLa
     )
 
 
+def recomputed_modules(layout: ModelLayout) -> frozenset[str]:
+    """The recompute modules whose forward selective recompute repeats (none unless ``recompute`` is selective)."""
+    if layout.recompute != "selective":
+        return frozenset()
+    return frozenset(layout.recompute_modules.split(","))
+
+
+def mla_up_proj_forward(shape: Shape, machine: Machine) -> float:
+    """MLA's up-projections of one layer and micro-batch, forward: the query up-projection (``q_lora -> a·d_qk``)
+    and the key-value one (``kv_lora -> a·(d_nope + d_v)``), split over TP, at the GEMM rate plus their outputs
+    through HBM; what ``mla_up_proj`` repeats in the backward pass (Megatron-Core's ``MLASelfAttention``
+    checkpoints ``linear_q_up_proj`` / ``linear_kv_up_proj`` on the latents it keeps)."""
+    arch, t, T = shape.arch, shape.tp, shape.tokens
+    if not arch.kv_lora_rank:
+        return 0.0
+    a = arch.num_attention_heads
+    qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    q_up = (arch.q_lora_rank or 0) * a * qk
+    kv_up = arch.kv_lora_rank * a * (arch.qk_nope_head_dim + arch.v_head_dim)
+    weights = (q_up + kv_up) / t
+    out = T * a * (qk + arch.qk_nope_head_dim + arch.v_head_dim) / t * 2.0
+    return 2.0 * T * weights / machine.gemm_rate + (weights * machine.gemm_input_bytes + out) / machine.hbm_Bps
+
+
+def moe_recompute_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """What selective recompute repeats of a MoE / MLA layer's modules in the backward pass (Megatron-Core's
+    ``recompute_modules``, ``TransformerConfig``), one micro-batch: ``layernorm`` the two norms (read and write the
+    hidden states, 8 bytes per element: with MoE the pre-MLP norm is a module of its own since it feeds the
+    router); ``moe_act`` the routed copies' activation (SwiGLU reads ``2·F_e`` and writes ``F_e``, bf16);
+    ``mla_up_proj`` MLA's up-projections (:func:`mla_up_proj_forward`); ``shared_experts`` (and ``mlp``, the
+    dense MLP) the shared experts' GEMMs; ``moe`` the whole MoE block's forward: the routed experts' GEMMs, the
+    permutation's and the router's forward share and the forward token exchanges (dispatch and combine, half of
+    :func:`a2a_time`, not overlapped). ``core_attn`` is priced with the dense layer's attention."""
+    mods = recomputed_modules(layout)
+    if not mods or mods == {"core_attn"}:
+        return 0.0
+    arch, P, T, t = shape.arch, machine.params, shape.tokens, shape.tp
+    scale = P.elementwise_scale / machine.hbm_Bps
+    total = 0.0
+    if "layernorm" in mods:
+        total += 2.0 * T * shape.hidden_sp * 8.0 * scale
+    if "mla_up_proj" in mods:
+        total += mla_up_proj_forward(shape, machine)
+    if arch.num_experts and ("shared_experts" in mods or "mlp" in mods) and arch.moe_shared_expert_size:
+        total += 2.0 * T * mlp_factor(arch) * arch.hidden_size * arch.moe_shared_expert_size / t / machine.gemm_rate
+    if not arch.num_experts:
+        return total
+    if "moe" in mods:
+        fwd = expert_gemm_forward(shape, layout, machine) + 0.5 * a2a_time(shape, layout, machine)
+        return total + fwd + (permute_time(shape, layout, machine) + router_time(shape, machine)) / 3.0
+    if "moe_act" in mods:
+        copies = arch.moe_topk * local_tokens(shape) * P.moe_imbalance
+        total += copies * arch.expert_ffn * (6.0 if arch.gated_mlp else 4.0) * scale
+    return total
+
+
 def tp_collectives_per_layer(arch: ModelArch) -> float:
     """Tensor-parallel all-gathers / reduce-scatters of one layer, forward and backward: 8 for a dense layer (the
     attention's and the MLP's); a MoE layer's routed experts take their tokens from the sequence-parallel split
