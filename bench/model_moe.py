@@ -38,6 +38,7 @@ LAYOUT = ("model", "gpu", "num_gpus", "precision", "fp8_recipe", "gbs", "mbs", "
 BOUNDS = {
     "moe_gemm_m_half": (16.0, 2048.0),
     "moe_a2a_eff": (0.2, 1.0),
+    "moe_a2a_nic_eff": (0.3, 1.0),
     "moe_flex_speedup": (0.5, 3.0),
     "moe_a2a_overlap": (0.0, 0.95),
     "moe_layer_overhead_s": (0.0, 5e-3),

@@ -72,6 +72,7 @@ PARAM_RANGES: dict[str, Range] = {
             "optimizer_bw_eff",
             "host_link_eff",
             "moe_a2a_eff",
+            "moe_a2a_nic_eff",
             "moe_flex_speedup",
         ),
         _RATE,

@@ -178,8 +178,10 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     All-to-all and flex: each exchange sends this GPU's ``k·T/tp`` token copies (bf16) to the ``ep`` ranks of its
     expert-parallel group, ``(ep-1)/ep`` of them away; the group's ranks are ``etp`` apart (Megatron-Core's expert
     rank order), so the peers within the NVLink domain are reached over NVLink and the others through this GPU's
-    NIC, both at once, at the fitted all-to-all efficiency (the flex kernels, DeepEP / HybridEP, at their own, and
-    sending a token once per remote NVLink domain: :func:`remote_domains`).
+    NIC, both at once: NVLink at the fitted all-to-all efficiency (many small messages), the NIC at its own
+    (``moe_a2a_nic_eff``: fewer, larger messages, bandwidth-bound), the flex kernels (DeepEP / HybridEP) at
+    ``moe_flex_speedup`` times either (at most the NIC's line rate), sending a token once per remote NVLink domain
+    (:func:`remote_domains`).
     All-gather: every rank gathers the group's tokens and reduce-scatters the result, ``2(ep-1)·T/tp`` tokens.
     """
     arch, ep, P = shape.arch, layout.ep, machine.params
@@ -195,8 +197,10 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
         near, far = (in_domain - 1) / ep, (ep - in_domain) / ep
         if layout.moe_dispatcher == "flex":
             far = remote_domains(arch.moe_topk, ep / in_domain) / arch.moe_topk
-    eff = P.moe_a2a_eff * (P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0)
-    one = max(nbytes * near / machine.nvlink_Bps, nbytes * far / machine.nic_Bps) / eff + P.collective_latency_s
+    flex = P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0
+    nvlink = nbytes * near / (machine.nvlink_Bps * P.moe_a2a_eff * flex)
+    nic = nbytes * far / (machine.nic_Bps * min(1.0, P.moe_a2a_nic_eff * flex))
+    one = max(nvlink, nic) + P.collective_latency_s
     return A2A_PER_LAYER * one
 
 
