@@ -322,7 +322,7 @@ def moe_layer_activation_bytes(
     flash attention: norms and GEMM inputs (split over TP with sequence parallelism), Q, K, V and the projection
     input (MLA: its ``a·(2·d_qk + d_v)`` and the compressed latents ``q_lora + kv_lora + d_rope``), the shared
     experts' MLP as a dense one, and per routed token copy (``k·T/tp`` of them) the expert input, the activation
-    input and the fc2 input; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
+    input, the fc2 input and its routing probability; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
     keeps the layer input only; selective keeps all but core attention's (already flash). ``modules`` are the
     recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
     norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
@@ -358,7 +358,10 @@ def moe_layer_activation_bytes(
         return rep + attn + shared
     copies = arch.moe_topk * sb / t
     act_out = 0.0 if "moe_act" in modules else low * Fe
-    routed = copies * (low * h + 2.0 * Fe * gate + act_out + 2.0 * h)
+    # Megatron-Core's experts (megatron/core/transformer/moe/experts.py, ``activation_func_with_probs``) weight each
+    # copy by its routing probability inside the activation, so the unpermutation keeps no expert output: the
+    # activation keeps its input and the copy's fp32 probability instead
+    routed = copies * (low * h + 2.0 * Fe * gate + act_out + 4.0)
     router = 8.0 * sb / t * arch.num_experts
     return rep + attn + shared + routed + router
 
