@@ -411,7 +411,7 @@ def selective_recompute_time(
     P, T, t = machine.params, shape.tokens, shape.tp
     F = shape.arch.ffn_hidden_size
     total = attention_fwd if layout.recomputes("core_attn") else 0.0
-    if layout.recomputes("mlp"):
+    if layout.recomputes("mlp") and not shape.arch.num_experts:  # Megatron-Core recomputes no MoE layer for "mlp"
         act_bytes = (6.0 if shape.arch.gated_mlp else 4.0) * F / t  # SwiGLU reads 2F, writes F; else F in, F out
         if machine.fp8:
             act_bytes += 3.0 * (shape.hidden_sp + F / t)  # fc1 and fc2 inputs cast again (read 2, write 1)

@@ -269,8 +269,8 @@ def moe_recompute_forward(shape: Shape, layout: ModelLayout, machine: Machine) -
     ``recompute_modules``, ``TransformerConfig``), one micro-batch: ``layernorm`` the two norms (read and write the
     hidden states, 8 bytes per element: with MoE the pre-MLP norm is a module of its own since it feeds the
     router); ``moe_act`` the routed copies' activation (SwiGLU reads ``2·F_e`` and writes ``F_e``, bf16);
-    ``mla_up_proj`` MLA's up-projections (:func:`mla_up_proj_forward`); ``shared_experts`` (and ``mlp``, the
-    dense MLP) the shared experts' GEMMs; ``moe`` the whole MoE block's forward: the routed experts' GEMMs, the
+    ``mla_up_proj`` MLA's up-projections (:func:`mla_up_proj_forward`); ``shared_experts`` the shared experts'
+    GEMMs (``mlp`` recomputes a dense layer's MLP only, none of a MoE layer's); ``moe`` the whole MoE block's forward: the routed experts' GEMMs, the
     permutation's and the router's forward share and the forward token exchanges (dispatch and combine, half of
     :func:`a2a_time`, not overlapped). ``core_attn`` is priced with the dense layer's attention."""
     mods = recomputed_modules(layout)
@@ -283,7 +283,7 @@ def moe_recompute_forward(shape: Shape, layout: ModelLayout, machine: Machine) -
         total += 2.0 * T * shape.hidden_sp * 8.0 * scale
     if "mla_up_proj" in mods:
         total += mla_up_proj_forward(shape, machine)
-    if arch.num_experts and ("shared_experts" in mods or "mlp" in mods) and arch.moe_shared_expert_size:
+    if arch.num_experts and "shared_experts" in mods and arch.moe_shared_expert_size:
         total += 2.0 * T * mlp_factor(arch) * arch.hidden_size * arch.moe_shared_expert_size / t / machine.gemm_rate
     if not arch.num_experts:
         return total
@@ -326,8 +326,8 @@ def moe_layer_activation_bytes(
     keeps the layer input only; selective keeps all but core attention's (already flash). ``modules`` are the
     recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
     norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
-    ``moe_act`` each routed copy's activation output, ``mlp`` / ``shared_experts`` the shared experts' MLP (a dense
-    model's MLP), ``moe`` the whole MoE MLP but its input."""
+    ``moe_act`` each routed copy's activation output, ``shared_experts`` the shared experts' MLP (``mlp`` a model
+    without experts' MLP: Megatron-Core recomputes no MoE layer for it), ``moe`` the whole MoE MLP but its input."""
     arch, t = shape.arch, shape.tp
     sb = shape.seq_length / shape.cp * shape.mbs
     h = arch.hidden_size
@@ -349,11 +349,12 @@ def moe_layer_activation_bytes(
         attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
     attn += 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
     gate = 2.0 if arch.gated_mlp else 1.0
-    dense_mlp = "mlp" in modules or "shared_experts" in modules
     if not arch.num_experts:
-        return rep + attn + (0.0 if dense_mlp else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+        return rep + attn + (0.0 if "mlp" in modules else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+    # "mlp" recomputes only a dense layer's MLP (Megatron-Core's TransformerLayer: ``if not isinstance(self.mlp,
+    # MoELayer): self.recompute_mlp = True``); a MoE layer's shared experts are "shared_experts"
     Fs, Fe = arch.moe_shared_expert_size, arch.expert_ffn
-    shared = 0.0 if dense_mlp else sb * Fs * (2.0 * gate + low) / t
+    shared = 0.0 if "shared_experts" in modules else sb * Fs * (2.0 * gate + low) / t
     if "moe" in modules:
         return rep + attn + shared
     copies = arch.moe_topk * sb / t
