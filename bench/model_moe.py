@@ -69,8 +69,9 @@ def row_trial(row: dict):
         tp_comm_overlap=tp > 1,
         ep=int(row["ep"]),
         etp=int(row["etp"]),
-        moe_dispatcher=row["moe_dispatcher"],
-        moe_a2a_overlap=row["moe_a2a_overlap"] == "1",
+        # the row's container preset's dispatcher and overlap where one matches its layout, else the older columns
+        moe_dispatcher=row.get("moe_dispatcher_preset") or row["moe_dispatcher"],
+        moe_a2a_overlap=(row.get("moe_a2a_overlap_preset") or row["moe_a2a_overlap"]) == "1",
         moe_permute_fusion=True,
         moe_grouped_gemm=True,
         pp_first_layers=int(row["pp_first_layers"]),

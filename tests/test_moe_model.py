@@ -65,7 +65,8 @@ def test_the_all_to_all_costs_more_off_the_nvlink_domain_and_overlap_hides_part(
     far = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_a2a_overlap=False)
     per_layer_near = near.breakdown["time.ep_exposed_s"] / near.breakdown["microbatches"]
     per_layer_far = far.breakdown["time.ep_exposed_s"] / far.breakdown["microbatches"]
-    assert per_layer_far > 2 * per_layer_near > 0
+    # ep 32 sends 7/8 of its copies through the NIC (50 GB/s) instead of NVLink at the all-to-all's efficiency
+    assert per_layer_far > 1.5 * per_layer_near > 0
     hidden = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_a2a_overlap=True)
     assert 0 < hidden.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
     flex = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_dispatcher="flex")
