@@ -77,6 +77,7 @@ PARAM_RANGES: dict[str, Range] = {
             "optimizer_bw_eff",
             "host_link_eff",
             "moe_a2a_eff",
+            "moe_a2a_nic_eff",
             "moe_flex_speedup",
             "gemm_eff_nvfp4",
             "nccl_ub_nvls_gain",

@@ -710,6 +710,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.recompute_modules",),
             spell=_both(_recompute),
             model_arg="recompute_modules",
+            recipe_layout=True,
         ),
         Knob(
             "precision",

@@ -147,6 +147,13 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
                 env[name[len(knobs.ENV_PREFIX) :]] = knobs.get(name).coerce(value)
             else:
                 values[name] = value
+    if (
+        values["recompute"] != "selective"
+        and "recompute_modules" not in space.settings
+        and "recompute_modules" not in point
+    ):
+        # the recipe's recompute modules go with its selective recompute: another recompute drops them
+        values["recompute_modules"] = knobs.CATALOGUE["recompute_modules"].default
     resolve_auto(values, recipe, space.system, space.backend.payload)
     return TrialConfig(
         recipe=recipe,

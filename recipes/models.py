@@ -98,6 +98,8 @@ class Layout:
     fsdp: bool = False
     recompute: str = "none"
     cpu_offload_layers: int = 0  # layers whose activations go to host memory (Megatron-Core cpu_offloading)
+    # Megatron-Core's recompute_modules, comma-joined in its order (read with recompute = "selective")
+    recompute_modules: str = "core_attn"
     ep: int = 1  # expert-parallel size
     etp: int = 1  # expert tensor-parallel size
     moe_dispatcher: str = "alltoall"  # "alltoall" | "allgather" | "flex" (DeepEP / HybridEP)
@@ -255,6 +257,11 @@ def _moe_recipes() -> list[Recipe]:
     mix = dict(ep=8, moe_permute_fusion=True)
     dsv3 = dict(moe_dispatcher="flex", moe_permute_fusion=True)
     qwen = dict(moe_permute_fusion=True)
+    # the presets' recompute modules (the same *_workload_base_configs.py): DeepSeek-V3 recomputes MLA's
+    # up-projections (on H100 also the dense MLP, on GB300 in BF16 the experts' activation), GPT-OSS on GB200,
+    # B200 and H100 the norms and the experts' activation
+    mla = dict(recompute="selective", recompute_modules="mla_up_proj")
+    oss = dict(recompute="selective", recompute_modules="moe_act,layernorm")
     return [
         Recipe(
             "mixtral_8x7b",
@@ -290,16 +297,42 @@ def _moe_recipes() -> list[Recipe]:
             256,
             {
                 # pp_layout "Et|(tt|)*30mL": 7 decoder layers on the first stage, 6 (and the MTP layer) on the last
-                "h100/bf16": Layout(2, 8, 1, 4, 1, 8192, ep=64, pp_first_layers=7, pp_last_layers=6, **dsv3),
+                "h100/bf16": Layout(
+                    2,
+                    8,
+                    1,
+                    4,
+                    1,
+                    8192,
+                    ep=64,
+                    pp_first_layers=7,
+                    pp_last_layers=6,
+                    **dsv3,
+                    recompute="selective",
+                    recompute_modules="mla_up_proj,mlp",
+                ),
                 # Bridge's layout for (pp 4, vp 4): 16 layers on the first stage, 13 on the last
-                "gb200/bf16": Layout(1, 4, 1, 4, 1, 2048, ep=64, pp_first_layers=16, pp_last_layers=13, **dsv3),
+                "gb200/bf16": Layout(1, 4, 1, 4, 1, 2048, ep=64, pp_first_layers=16, pp_last_layers=13, **dsv3, **mla),
                 # "Et*4|(t*4|)*14tmL" over pp 2, vp 8: 32 and 29
-                "gb300/bf16": Layout(1, 4, 1, 4, 1, 2048, ep=64, pp_first_layers=16, pp_last_layers=13, **dsv3),
-                "gb300/fp8": Layout(1, 2, 1, 8, 2, 2048, ep=32, pp_first_layers=32, pp_last_layers=29, **dsv3),
+                "gb300/bf16": Layout(
+                    1,
+                    4,
+                    1,
+                    4,
+                    1,
+                    2048,
+                    ep=64,
+                    pp_first_layers=16,
+                    pp_last_layers=13,
+                    **dsv3,
+                    recompute="selective",
+                    recompute_modules="moe_act",
+                ),
+                "gb300/fp8": Layout(1, 2, 1, 8, 2, 2048, ep=32, pp_first_layers=32, pp_last_layers=29, **dsv3, **mla),
                 # (pp 16, vp 1): 4 layers on the first stage, 1 on the last
-                "b200/bf16": Layout(1, 16, 1, 1, 1, 2048, ep=8, pp_first_layers=4, pp_last_layers=1, **dsv3),
+                "b200/bf16": Layout(1, 16, 1, 1, 1, 2048, ep=8, pp_first_layers=4, pp_last_layers=1, **dsv3, **mla),
                 # (pp 8, vp 2): 8 and 5
-                "b300/bf16": Layout(1, 8, 1, 2, 1, 2048, ep=8, pp_first_layers=8, pp_last_layers=5, **dsv3),
+                "b300/bf16": Layout(1, 8, 1, 2, 1, 2048, ep=8, pp_first_layers=8, pp_last_layers=5, **dsv3, **mla),
             },
         ),
         Recipe(
@@ -342,9 +375,9 @@ def _moe_recipes() -> list[Recipe]:
             4096,
             64,
             {
-                "h100/bf16": Layout(1, 4, 1, 1, 1, 512, ep=8, **qwen),
-                "b200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
-                "gb200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
+                "h100/bf16": Layout(1, 4, 1, 1, 1, 512, ep=8, **qwen, **oss),
+                "b200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen, **oss),
+                "gb200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen, **oss),
                 "b300/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
                 "gb300/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
             },

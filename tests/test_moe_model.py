@@ -65,7 +65,8 @@ def test_the_all_to_all_costs_more_off_the_nvlink_domain_and_overlap_hides_part(
     far = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_a2a_overlap=False)
     per_layer_near = near.breakdown["time.ep_exposed_s"] / near.breakdown["microbatches"]
     per_layer_far = far.breakdown["time.ep_exposed_s"] / far.breakdown["microbatches"]
-    assert per_layer_far > 2 * per_layer_near > 0
+    # ep 32 sends 7/8 of its copies through the NIC (50 GB/s) instead of NVLink at the all-to-all's efficiency
+    assert per_layer_far > 1.5 * per_layer_near > 0
     hidden = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_a2a_overlap=True)
     assert 0 < hidden.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
     flex = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_dispatcher="flex")
@@ -144,3 +145,37 @@ def test_recompute_modules_shrink_a_moe_layers_activations():
     assert full - sizes["moe_act"] == pytest.approx(8 * 4096 * 2048 * 2)  # each routed copy's activation output
     assert full > sizes["layernorm"] > sizes["moe"]
     assert moe_layer_activation_bytes(shape, layout, False, "full") < sizes["moe"]
+
+
+@pytest.mark.parametrize(
+    "model,gpu,num_gpus,modules",
+    [("deepseek_v3", "gb200", 256, "mla_up_proj"), ("gpt_oss_120b", "b200", 64, "layernorm,moe_act")],
+)
+def test_recompute_modules_trade_a_moe_models_memory_for_time(model, gpu, num_gpus, modules):
+    kept = _predict(model, gpu, num_gpus)
+    rec = _predict(model, gpu, num_gpus, recompute="selective", recompute_modules=modules)
+    assert rec.breakdown["mem.activations_gib"] < kept.breakdown["mem.activations_gib"]
+    assert rec.peak_memory_gib < kept.peak_memory_gib
+    assert rec.step_time_s > kept.step_time_s
+    # recomputing the whole MoE block saves more and costs more than its activation alone
+    moe = _predict(model, gpu, num_gpus, recompute="selective", recompute_modules="moe")
+    act = _predict(model, gpu, num_gpus, recompute="selective", recompute_modules="moe_act")
+    assert moe.breakdown["mem.activations_gib"] < act.breakdown["mem.activations_gib"]
+    assert moe.step_time_s > act.step_time_s > kept.step_time_s
+
+
+def test_a_moe_graph_scope_removes_the_captured_launch_overhead():
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
+    from dse.perfmodel.model import moe_layer_time
+    from dse.perfmodel.stack import NVIDIA_RECIPES
+    from dse.perfmodel.timing import DEFAULT_PARAMS
+
+    arch = RECIPES["qwen3_30b_a3b"].arch
+    times = {}
+    for graph, scope in (("none", "full"), ("transformer_engine", "attn,moe_router,moe_preprocess")):
+        layout = ModelLayout(num_gpus=8, ep=8, gbs=512, cuda_graph=graph, cuda_graph_scope=scope)
+        machine = Machine.of(HARDWARE["h100"], DEFAULT_PARAMS, layout)
+        times[graph] = moe_layer_time(Shape.of(arch, layout), layout, machine, NVIDIA_RECIPES).compute
+    # attn (0.5) + moe_router (0.15) + moe_preprocess (0.1) of the 60 us layer overhead run back to back
+    assert times["none"] - times["transformer_engine"] == pytest.approx(0.75 * 60e-6, rel=1e-6)

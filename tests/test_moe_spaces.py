@@ -33,10 +33,14 @@ SPACES = (
     "deepseek_v3_2node",
 )
 DSV3 = dict(etp=1, moe_a2a_overlap=False, recompute="none")
+# Bridge's DeepSeek-V3 presets recompute MLA's up-projections (on H100 also the dense MLP)
+DSV3_MB = dict(etp=1, moe_a2a_overlap=False, recompute="selective", recompute_modules="mla_up_proj")
 # (space, payload) -> NVIDIA's layout for it (the knobs the space varies or sets; the rest is the recipe's)
 POINTS: dict[tuple[str, str], dict[str, object]] = {
     # Bridge DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1: tp 1, pp 4, vp 4, ep 64, HybridEP; its layout for (pp 4, vp 4)
-    ("deepseek_v3_gb200_256", "mbridge"): dict(tp=1, pp=4, vp=4, ep=64, pp_first_layers=16, pp_last_layers=13, **DSV3),
+    ("deepseek_v3_gb200_256", "mbridge"): dict(
+        tp=1, pp=4, vp=4, ep=64, pp_first_layers=16, pp_last_layers=13, **DSV3_MB
+    ),
     # NeMo's GB200 row (256 GPUs): tp 2, pp 4, ep 64; all-to-all off Hopper (pretrain_deepseek_v3.py), layout (4, 1)
     ("deepseek_v3_gb200_256", "nemo2"): dict(
         tp=2, pp=4, vp=1, ep=64, pp_first_layers=16, pp_last_layers=13, moe_dispatcher="alltoall", **DSV3
@@ -44,7 +48,15 @@ POINTS: dict[tuple[str, str], dict[str, object]] = {
     # NeMo's H100 row: tp 2, pp 16, ep 64, DeepEP; layout (16, 1): 4 + 4 x 14 + 1
     ("deepseek_v3_h100_1024", "nemo2"): dict(tp=2, pp=16, vp=1, ep=64, pp_first_layers=4, pp_last_layers=1, **DSV3),
     # Bridge DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: tp 2, pp 8, vp 4, ep 64, HybridEP, "Et|(tt|)*30mL"
-    ("deepseek_v3_h100_1024", "mbridge"): dict(tp=2, pp=8, vp=4, ep=64, pp_first_layers=7, pp_last_layers=6, **DSV3),
+    ("deepseek_v3_h100_1024", "mbridge"): dict(
+        tp=2,
+        pp=8,
+        vp=4,
+        ep=64,
+        pp_first_layers=7,
+        pp_last_layers=6,
+        **(DSV3_MB | {"recompute_modules": "mla_up_proj,mlp"}),
+    ),
     # NeMo's 8-GPU row (GB200; its H100 row takes 16 GPUs): ep 8, all-to-all
     ("qwen3_30b_a3b_h100_8", "nemo2"): dict(tp=1, pp=1, ep=8, moe_dispatcher="alltoall", mbs=1, recompute="none"),
     # Bridge's base preset (ep 8, gbs 512) with HybridEP
@@ -135,6 +147,8 @@ def test_deepseek_v3_is_spelled_as_nvidias_scripts():
         "model.expert_tensor_parallel_size=1",
         "model.virtual_pipeline_model_parallel_size=4",
         "model.pipeline_model_parallel_layout=Et|" + "tt|" * 30 + "mL",
+        "model.recompute_granularity=selective",
+        "model.recompute_modules=[mla_up_proj,mlp]",
     } <= bridge
     gb200 = _args("deepseek_v3_gb200_256", "mbridge")
     assert "model.pipeline_model_parallel_layout=Etttt|" + "tttt|" * 14 + "tmL" in gb200

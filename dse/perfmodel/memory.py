@@ -189,6 +189,9 @@ def selective_saved_bytes(shape: Shape, layout: ModelLayout, fp8: bool, full_lay
     only a norm that is a module of its own (see :func:`dse.perfmodel.model.selective_recompute_time`). The MoE
     and MLA modules save nothing on a dense model."""
     arch, t = shape.arch, shape.tp
+    if _moe.moe_arch(arch):
+        kept = _moe.moe_layer_activation_bytes(shape, layout, fp8, "selective", _moe.recomputed_modules(layout))
+        return max(0.0, full_layer - kept)
     sb = shape.seq_length / shape.cp * shape.mbs
     low = 1.0 if fp8 else 2.0  # bytes of a saved GEMM input
     rep = t if layout.sp else 1  # the replicated tensors are split over TP with sequence parallelism

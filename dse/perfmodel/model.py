@@ -417,7 +417,7 @@ def selective_recompute_time(
     P, T, t = machine.params, shape.tokens, shape.tp
     F = shape.arch.ffn_hidden_size
     total = attention_fwd if layout.recomputes("core_attn") else 0.0
-    if layout.recomputes("mlp"):
+    if layout.recomputes("mlp") and not shape.arch.num_experts:  # Megatron-Core recomputes no MoE layer for "mlp"
         act_bytes = (6.0 if shape.arch.gated_mlp else 4.0) * F / t  # SwiGLU reads 2F, writes F; else F in, F out
         if machine.fp8:
             act_bytes += 3.0 * (shape.hidden_sp + F / t)  # fc1 and fc2 inputs cast again (read 2, write 1)
@@ -495,11 +495,15 @@ class LayerTime:
 def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack) -> LayerTime:
     """The terms of one MoE / MLA layer (:mod:`dse.perfmodel.moe`): the dense layer's with the GEMMs and
     element-wise kernels of attention (GQA or MLA), shared and routed experts, plus the router, the permutation,
-    a MoE layer's fixed overhead and the token exchanges left exposed (``ep_exposed``)."""
+    a MoE layer's fixed overhead, the MoE / MLA recompute modules (:func:`dse.perfmodel.moe.moe_recompute_forward`)
+    and the token exchanges left exposed (``ep_exposed``)."""
     P = machine.params
     m = _moe.moe_layer_time(shape, layout, machine)
     attn_fwd, attn_fb = attention_time(shape, layout, machine)
-    compute = 3.0 * m.gemm_forward + attn_fb + m.elementwise + m.router + m.permute + P.layer_overhead_s
+    # the launch gaps a CUDA graph's scope captures (attn, moe_router, moe_preprocess: ModelLayout.graph_share)
+    # run back to back, as on a dense layer; the MoE overhead (the dispatcher's host synchronisation) stays
+    overhead = P.layer_overhead_s * (1.0 - layout.graph_share)
+    compute = 3.0 * m.gemm_forward + attn_fb + m.elementwise + m.router + m.permute + overhead
     if shape.arch.num_experts:
         compute += P.moe_layer_overhead_s
     tp_one = tp_collective_time(shape, machine)
@@ -507,6 +511,7 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: S
     tp_exposed = _moe.tp_collectives_per_layer(shape.arch) * tp_one * (1.0 - tp_hidden)
     cp_exposed = cp_exposed_time(shape, machine, attn_fb)
     rec = recompute_time(shape, layout, machine, m.gemm_forward, attn_fwd, m.elementwise, tp_one, tp_hidden)
+    rec += _moe.moe_recompute_forward(shape, layout, machine)
     busy = compute + tp_exposed + cp_exposed + rec + m.a2a_exposed
     host_wait = max(0.0, host_layer_time(machine, layout) - busy)
     return LayerTime(

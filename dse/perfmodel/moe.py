@@ -178,8 +178,10 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     All-to-all and flex: each exchange sends this GPU's ``k·T/tp`` token copies (bf16) to the ``ep`` ranks of its
     expert-parallel group, ``(ep-1)/ep`` of them away; the group's ranks are ``etp`` apart (Megatron-Core's expert
     rank order), so the peers within the NVLink domain are reached over NVLink and the others through this GPU's
-    NIC, both at once, at the fitted all-to-all efficiency (the flex kernels, DeepEP / HybridEP, at their own, and
-    sending a token once per remote NVLink domain: :func:`remote_domains`).
+    NIC, both at once: NVLink at the fitted all-to-all efficiency (many small messages), the NIC at its own
+    (``moe_a2a_nic_eff``: fewer, larger messages, bandwidth-bound), the flex kernels (DeepEP / HybridEP) at
+    ``moe_flex_speedup`` times either (at most the NIC's line rate), sending a token once per remote NVLink domain
+    (:func:`remote_domains`).
     All-gather: every rank gathers the group's tokens and reduce-scatters the result, ``2(ep-1)·T/tp`` tokens.
     """
     arch, ep, P = shape.arch, layout.ep, machine.params
@@ -195,8 +197,10 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
         near, far = (in_domain - 1) / ep, (ep - in_domain) / ep
         if layout.moe_dispatcher == "flex":
             far = remote_domains(arch.moe_topk, ep / in_domain) / arch.moe_topk
-    eff = P.moe_a2a_eff * (P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0)
-    one = max(nbytes * near / machine.nvlink_Bps, nbytes * far / machine.nic_Bps) / eff + P.collective_latency_s
+    flex = P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0
+    nvlink = nbytes * near / (machine.nvlink_Bps * P.moe_a2a_eff * flex)
+    nic = nbytes * far / (machine.nic_Bps * min(1.0, P.moe_a2a_nic_eff * flex))
+    one = max(nvlink, nic) + P.collective_latency_s
     return A2A_PER_LAYER * one
 
 
@@ -236,6 +240,62 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine) -> MoeLa
     )
 
 
+def recomputed_modules(layout: ModelLayout) -> frozenset[str]:
+    """The recompute modules whose forward selective recompute repeats (none unless ``recompute`` is selective)."""
+    if layout.recompute != "selective":
+        return frozenset()
+    return frozenset(layout.recompute_modules.split(","))
+
+
+def mla_up_proj_forward(shape: Shape, machine: Machine) -> float:
+    """MLA's up-projections of one layer and micro-batch, forward: the query up-projection (``q_lora -> a·d_qk``)
+    and the key-value one (``kv_lora -> a·(d_nope + d_v)``), split over TP, at the GEMM rate plus their outputs
+    through HBM; what ``mla_up_proj`` repeats in the backward pass (Megatron-Core's ``MLASelfAttention``
+    checkpoints ``linear_q_up_proj`` / ``linear_kv_up_proj`` on the latents it keeps)."""
+    arch, t, T = shape.arch, shape.tp, shape.tokens
+    if not arch.kv_lora_rank:
+        return 0.0
+    a = arch.num_attention_heads
+    qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    q_up = (arch.q_lora_rank or 0) * a * qk
+    kv_up = arch.kv_lora_rank * a * (arch.qk_nope_head_dim + arch.v_head_dim)
+    weights = (q_up + kv_up) / t
+    out = T * a * (qk + arch.qk_nope_head_dim + arch.v_head_dim) / t * 2.0
+    return 2.0 * T * weights / machine.gemm_rate + (weights * machine.gemm_input_bytes + out) / machine.hbm_Bps
+
+
+def moe_recompute_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """What selective recompute repeats of a MoE / MLA layer's modules in the backward pass (Megatron-Core's
+    ``recompute_modules``, ``TransformerConfig``), one micro-batch: ``layernorm`` the two norms (read and write the
+    hidden states, 8 bytes per element: with MoE the pre-MLP norm is a module of its own since it feeds the
+    router); ``moe_act`` the routed copies' activation (SwiGLU reads ``2·F_e`` and writes ``F_e``, bf16);
+    ``mla_up_proj`` MLA's up-projections (:func:`mla_up_proj_forward`); ``shared_experts`` the shared experts'
+    GEMMs (``mlp`` recomputes a dense layer's MLP only, none of a MoE layer's); ``moe`` the whole MoE block's forward: the routed experts' GEMMs, the
+    permutation's and the router's forward share and the forward token exchanges (dispatch and combine, half of
+    :func:`a2a_time`, not overlapped). ``core_attn`` is priced with the dense layer's attention."""
+    mods = recomputed_modules(layout)
+    if not mods or mods == {"core_attn"}:
+        return 0.0
+    arch, P, T, t = shape.arch, machine.params, shape.tokens, shape.tp
+    scale = P.elementwise_scale / machine.hbm_Bps
+    total = 0.0
+    if "layernorm" in mods:
+        total += 2.0 * T * shape.hidden_sp * 8.0 * scale
+    if "mla_up_proj" in mods:
+        total += mla_up_proj_forward(shape, machine)
+    if arch.num_experts and "shared_experts" in mods and arch.moe_shared_expert_size:
+        total += 2.0 * T * mlp_factor(arch) * arch.hidden_size * arch.moe_shared_expert_size / t / machine.gemm_rate
+    if not arch.num_experts:
+        return total
+    if "moe" in mods:
+        fwd = expert_gemm_forward(shape, layout, machine) + 0.5 * a2a_time(shape, layout, machine)
+        return total + fwd + (permute_time(shape, layout, machine) + router_time(shape, machine)) / 3.0
+    if "moe_act" in mods:
+        copies = arch.moe_topk * local_tokens(shape) * P.moe_imbalance
+        total += copies * arch.expert_ffn * (6.0 if arch.gated_mlp else 4.0) * scale
+    return total
+
+
 def tp_collectives_per_layer(arch: ModelArch) -> float:
     """Tensor-parallel all-gathers / reduce-scatters of one layer, forward and backward: 8 for a dense layer (the
     attention's and the MLP's); a MoE layer's routed experts take their tokens from the sequence-parallel split
@@ -262,12 +322,12 @@ def moe_layer_activation_bytes(
     flash attention: norms and GEMM inputs (split over TP with sequence parallelism), Q, K, V and the projection
     input (MLA: its ``a·(2·d_qk + d_v)`` and the compressed latents ``q_lora + kv_lora + d_rope``), the shared
     experts' MLP as a dense one, and per routed token copy (``k·T/tp`` of them) the expert input, the activation
-    input and the fc2 input; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
+    input, the fc2 input and its routing probability; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
     keeps the layer input only; selective keeps all but core attention's (already flash). ``modules`` are the
     recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
     norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
-    ``moe_act`` each routed copy's activation output, ``mlp`` / ``shared_experts`` the shared experts' MLP (a dense
-    model's MLP), ``moe`` the whole MoE MLP but its input."""
+    ``moe_act`` each routed copy's activation output, ``shared_experts`` the shared experts' MLP (``mlp`` a model
+    without experts' MLP: Megatron-Core recomputes no MoE layer for it), ``moe`` the whole MoE MLP but its input."""
     arch, t = shape.arch, shape.tp
     sb = shape.seq_length / shape.cp * shape.mbs
     h = arch.hidden_size
@@ -289,16 +349,20 @@ def moe_layer_activation_bytes(
         attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
     attn += 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
     gate = 2.0 if arch.gated_mlp else 1.0
-    dense_mlp = "mlp" in modules or "shared_experts" in modules
     if not arch.num_experts:
-        return rep + attn + (0.0 if dense_mlp else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+        return rep + attn + (0.0 if "mlp" in modules else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+    # "mlp" recomputes only a dense layer's MLP (Megatron-Core's TransformerLayer: ``if not isinstance(self.mlp,
+    # MoELayer): self.recompute_mlp = True``); a MoE layer's shared experts are "shared_experts"
     Fs, Fe = arch.moe_shared_expert_size, arch.expert_ffn
-    shared = 0.0 if dense_mlp else sb * Fs * (2.0 * gate + low) / t
+    shared = 0.0 if "shared_experts" in modules else sb * Fs * (2.0 * gate + low) / t
     if "moe" in modules:
         return rep + attn + shared
     copies = arch.moe_topk * sb / t
     act_out = 0.0 if "moe_act" in modules else low * Fe
-    routed = copies * (low * h + 2.0 * Fe * gate + act_out + 2.0 * h)
+    # Megatron-Core's experts (megatron/core/transformer/moe/experts.py, ``activation_func_with_probs``) weight each
+    # copy by its routing probability inside the activation, so the unpermutation keeps no expert output: the
+    # activation keeps its input and the copy's fp32 probability instead
+    routed = copies * (low * h + 2.0 * Fe * gate + act_out + 4.0)
     router = 8.0 * sb / t * arch.num_experts
     return rep + attn + shared + routed + router
 
