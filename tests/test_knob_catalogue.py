@@ -11,7 +11,7 @@ import pytest
 
 from dse import knobs
 from dse.errors import UserError
-from dse.perfmodel.model import predict_layout
+from dse.perfmodel.model import prepare_layout
 from dse.perfmodel.trials import make_trial
 from dse.recipes.contract import PAYLOADS
 from dse.recipes.models import RECIPES
@@ -42,12 +42,12 @@ def test_recipe_layout_knobs_are_what_a_recipe_chooses():
     assert RECIPES["llama3_70b"].default_values("gb200", "fp8")["cpu_offload_layers"] == 40
 
 
-def test_model_args_are_predict_layouts_keywords():
-    params = inspect.signature(predict_layout).parameters
+def test_model_args_are_prepare_layouts_keywords():
+    params = inspect.signature(prepare_layout).parameters
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
     args = knobs.model_args(values)
     assert set(args) <= set(params) and {"tp", "sp", "precision", "cpu_offload_layers"} <= set(args)
-    # every predict_layout keyword named like a knob is fed by that knob: none is left to hand plumbing
+    # every prepare_layout keyword named like a knob is fed by that knob: none is left to hand plumbing
     assert {n for n in params if n in knobs.CATALOGUE} == set(args)
     assert "max_steps" not in args and "num_nodes" not in args  # the model reads the world size instead
 

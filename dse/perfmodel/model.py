@@ -37,6 +37,7 @@ import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dse import knobs
 from dse.containers import REFERENCE
@@ -784,59 +785,11 @@ def _dropout(arch, stack: Stack, dropout: bool | None) -> bool:
     return stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout
 
 
-def predict_layout(
-    arch,
-    gpu: str,
-    *,
-    num_gpus: int,
-    tp: int = 1,
-    pp: int = 1,
-    cp: int = 1,
-    vp: int = 1,
-    mbs: int = 1,
-    gbs: int = 128,
-    seq_length: int = 4096,
-    sp: bool | None = None,
-    recompute: str = "none",
-    recompute_num_layers: int = 0,
-    recompute_modules: str = "core_attn",
-    precision: str = "bf16",
-    fp8_recipe: str = "tensorwise",
-    fsdp: bool = False,
-    tp_comm_overlap: bool = False,
-    nccl_ub: bool = False,
-    cpu_offload_layers: int = 0,
-    attention_backend: str = "auto",
-    cuda_graph: str = "none",
-    cuda_graph_scope: str = "full",
-    ep: int = 1,
-    etp: int = 1,
-    moe_dispatcher: str = "alltoall",
-    moe_grouped_gemm: bool = True,
-    moe_a2a_overlap: bool = False,
-    moe_permute_fusion: bool = False,
-    pp_first_layers: int = 0,
-    pp_last_layers: int = 0,
-    dropout: bool | None = None,
-    nvlink_domain: int | None = None,
-    scaleout_gbps: float | None = None,
-    container: str = REFERENCE,
-    pod_gpus: int | None = None,
-    pod_oversubscription: float = 1.0,
-    rank_order: str = "tp-cp-dp-pp",
-    flops_convention: str = "causal",
-    params: Params = DEFAULT_PARAMS,
-    stack: Stack = NVIDIA_RECIPES,
-) -> Prediction:
-    """The model on plain values (what :func:`predict` reads from a trial). Sizes are per the knob names;
-    ``stack`` is what the payload's code does beyond the knobs (:mod:`dse.perfmodel.stack`); ``dropout`` None
-    takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``). The layout
-    arguments are :class:`dse.perfmodel.layout.ModelLayout`'s fields (:func:`predict_model_layout` takes one)."""
-    # prepare_layout takes every keyword but the parameters: passed on by name, so that the list above is the one
-    # the knob catalogue's test and dse predict's flags read
-    args = dict(locals())
-    del args["arch"], args["gpu"], args["params"]
-    return prepare_layout(arch, gpu, **args).predict(params)
+def predict_layout(arch, gpu: str, *, params: Params = DEFAULT_PARAMS, **layout: Any) -> Prediction:
+    """The model on plain values (what :func:`predict` reads from a trial): ``layout`` is :func:`prepare_layout`'s
+    keywords (sizes per the knob names, the system's links and fabric, the container, the FLOPs convention, the
+    payload's ``stack``), whose one list the knob catalogue's test and ``dse predict``'s flags read."""
+    return prepare_layout(arch, gpu, **layout).predict(params)
 
 
 # house: most of its lines are its keywords, one per knob the model reads (dse predict's flags); the body is short
@@ -883,7 +836,10 @@ def prepare_layout(
     flops_convention: str = "causal",
     stack: Stack = NVIDIA_RECIPES,
 ) -> Prepared:
-    """:class:`Prepared` on plain values, the keyword arguments of :func:`predict_layout` but the parameters."""
+    """:class:`Prepared` on plain values: the layout the model reads, one keyword per knob it reads (the catalogue's
+    ``model_arg``), the system's links and fabric, the container, the FLOPs convention and the payload's ``stack``;
+    ``dropout`` None takes the architecture's (``ModelArch.dropout``) on a stack that runs it
+    (``Stack.arch_dropout``). The arguments are :class:`dse.perfmodel.layout.ModelLayout`'s fields."""
     layout = ModelLayout(
         num_gpus=num_gpus,
         tp=tp,
