@@ -205,3 +205,20 @@ def test_first_dense_layers_keep_a_dense_layers_activations():
     assert first_dense_saving(shape, replace(layout, recompute="full"), True, stages, moe_layer) == 0.0
     no_dense = replace(arch, moe_first_dense_layers=0)
     assert first_dense_saving(Shape.of(no_dense, layout), layout, True, stages, moe_layer) == 0.0
+
+
+def test_small_heads_run_attention_below_the_fitted_efficiency(monkeypatch):
+    """GPT-OSS's 64-wide heads run the fused attention below the head-128 efficiency the dense models fit, which
+    slows its step; heads of 128 and more (Llama's, DeepSeek's MLA 192) keep it."""
+    from dataclasses import replace
+
+    from dse.perfmodel import moe
+
+    gpt_oss = RECIPES["gpt_oss_120b"].arch
+    assert moe.attention_head_efficiency(gpt_oss) < 1.0
+    assert moe.attention_head_efficiency(replace(gpt_oss, kv_channels=32)) < moe.attention_head_efficiency(gpt_oss)
+    assert moe.attention_head_efficiency(RECIPES["deepseek_v3"].arch) == 1.0
+    assert moe.attention_head_efficiency(replace(gpt_oss, kv_channels=128)) == 1.0
+    slow = _predict("gpt_oss_120b", "b200", 64).step_time_s
+    monkeypatch.setattr(moe, "attention_head_efficiency", lambda arch: 1.0)
+    assert _predict("gpt_oss_120b", "b200", 64).step_time_s < slow

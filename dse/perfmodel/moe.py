@@ -71,6 +71,23 @@ def attention_core_dims(arch: ModelArch) -> tuple[float, float]:
     return float(arch.head_dim), float(arch.head_dim)
 
 
+# the head size at which the fused attention kernels' tensor-core efficiency halves against its value at 128, the
+# size they are tuned for: FlashAttention-3 (Shah et al. 2024, H100 BF16 forward, causal, 4k-16k tokens) reaches
+# about three quarters of its head-128 rate at head size 64 (the softmax's per-score work and the tiles' loads and
+# stores are amortised over half the multiply-adds), which ``d / (d + 64)`` normalised at 128 gives
+ATTN_HEAD_HALF = 64.0
+
+
+def attention_head_efficiency(arch: ModelArch) -> float:
+    """The fused attention's tensor-core efficiency at the model's query-key head size relative to head size 128
+    (:data:`ATTN_HEAD_HALF`): below 1 for heads smaller than 128 (GPT-OSS's 64), 1 from 128 up, where the fitted
+    attention efficiency of the dense models already stands."""
+    d = attention_core_dims(arch)[0]
+    if d >= 128.0:
+        return 1.0
+    return d / (d + ATTN_HEAD_HALF) * (128.0 + ATTN_HEAD_HALF) / 128.0
+
+
 def local_tokens(shape: Shape) -> float:
     """Tokens of one micro-batch that enter this GPU's MoE layer: the layer's tokens split over TP."""
     return shape.tokens / shape.tp
