@@ -179,3 +179,46 @@ def test_a_moe_graph_scope_removes_the_captured_launch_overhead():
         times[graph] = moe_layer_time(Shape.of(arch, layout), layout, machine, NVIDIA_RECIPES).compute
     # attn (0.5) + moe_router (0.15) + moe_preprocess (0.1) of the 60 us layer overhead run back to back
     assert times["none"] - times["transformer_engine"] == pytest.approx(0.75 * 60e-6, rel=1e-6)
+
+
+def test_first_dense_layers_keep_a_dense_layers_activations():
+    """DeepSeek-V3's three dense layers keep no routed copies; ``mlp`` recomputes their MLP (and no MoE layer's), so
+    the first stage's in-flight activations fall below every layer counted as a MoE layer, and further with
+    ``mlp``; a model without first dense layers keeps them all."""
+    from dataclasses import replace
+
+    from dse.perfmodel.layout import ModelLayout, Shape, stages_of
+    from dse.perfmodel.memory import first_dense_saving
+    from dse.perfmodel.moe import moe_layer_activation_bytes
+
+    arch = RECIPES["deepseek_v3"].arch
+    layout = ModelLayout(num_gpus=256, pp=4, vp=4, ep=64, gbs=4096, seq_length=4096)
+    shape = Shape.of(arch, layout)
+    stages = stages_of(arch, 4, 4, 16, 13)
+    moe_layer = moe_layer_activation_bytes(shape, layout, True)
+    dense_layer = moe_layer_activation_bytes(shape, layout, True, dense=True)
+    assert 0.0 < dense_layer < moe_layer
+    kept = first_dense_saving(shape, layout, True, stages, moe_layer)
+    assert kept > 0.0
+    mlp = replace(layout, recompute="selective", recompute_modules="mlp")
+    assert first_dense_saving(shape, mlp, True, stages, moe_layer) > kept
+    assert first_dense_saving(shape, replace(layout, recompute="full"), True, stages, moe_layer) == 0.0
+    no_dense = replace(arch, moe_first_dense_layers=0)
+    assert first_dense_saving(Shape.of(no_dense, layout), layout, True, stages, moe_layer) == 0.0
+
+
+def test_small_heads_run_attention_below_the_fitted_efficiency(monkeypatch):
+    """GPT-OSS's 64-wide heads run the fused attention below the head-128 efficiency the dense models fit, which
+    slows its step; heads of 128 and more (Llama's, DeepSeek's MLA 192) keep it."""
+    from dataclasses import replace
+
+    from dse.perfmodel import moe
+
+    gpt_oss = RECIPES["gpt_oss_120b"].arch
+    assert moe.attention_head_efficiency(gpt_oss) < 1.0
+    assert moe.attention_head_efficiency(replace(gpt_oss, kv_channels=32)) < moe.attention_head_efficiency(gpt_oss)
+    assert moe.attention_head_efficiency(RECIPES["deepseek_v3"].arch) == 1.0
+    assert moe.attention_head_efficiency(replace(gpt_oss, kv_channels=128)) == 1.0
+    slow = _predict("gpt_oss_120b", "b200", 64).step_time_s
+    monkeypatch.setattr(moe, "attention_head_efficiency", lambda arch: 1.0)
+    assert _predict("gpt_oss_120b", "b200", 64).step_time_s < slow

@@ -219,6 +219,26 @@ def inflight_layers(shape: Shape, stages: Stages, offloaded: int) -> tuple[float
     return offload_kept_layers(first, offloaded), offload_kept_layers(last, offloaded)
 
 
+def first_dense_saving(shape: Shape, layout: ModelLayout, fp8: bool, stages: Stages, act_kept: float) -> float:
+    """Bytes by which the first stage's in-flight activations fall short of counting every layer as a MoE layer:
+    the model's first dense layers (``moe_first_dense_layers``: DeepSeek-V3's three, in Megatron-Core's
+    ``moe_layer_freq`` pattern) sit in the first model chunk of the first stage and keep a dense layer's
+    activations, smaller than a MoE layer's ``act_kept`` (no routed copies, router scores or shared experts; and
+    ``mlp`` recomputes their MLP, which Megatron-Core's ``TransformerLayer`` does for a dense MLP only). That chunk
+    is in flight :func:`inflight_chunks` ``[0]`` times at the peak. 0 under full recompute (every layer keeps its
+    input only), with activation offloading, or for a model without first dense layers."""
+    arch = shape.arch
+    dense = arch.moe_first_dense_layers
+    if not dense or not arch.num_experts or layout.recompute == "full" or layout.cpu_offload_layers:
+        return 0.0
+    modules = _moe.recomputed_modules(layout)
+    kept_dense = _moe.moe_layer_activation_bytes(shape, layout, fp8, "none", modules, dense=True)
+    unit = 1.0 if stages.accounted else 0.0  # the embedding counts as a layer of the first chunk
+    chunk0_layers = (stages.first_layers + unit) / shape.vp - unit
+    in_flight = _inflight_counts(shape.pp, shape.vp, int(shape.microbatches))[1]
+    return in_flight * min(float(dense), max(chunk0_layers, 0.0)) * max(0.0, act_kept - kept_dense)
+
+
 @functools.lru_cache(maxsize=4096)
 def _inflight_counts(p: int, v: int, m: int) -> tuple[int, int, int, int]:
     """What :func:`inflight_layers` reads of :func:`inflight_chunks` for the first and the last stage: the sum of
@@ -310,6 +330,7 @@ def memory_counts(
     h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
     act_kept = kept_activations(shape, layout, fp8, full_layer)
     first_layers, last_layers = inflight_layers(shape, stages, min(layout.cpu_offload_layers, L))
+    dense_saving = first_dense_saving(shape, layout, fp8, stages, act_kept)
     nvfp4 = fp8 and layout.precision == "nvfp4"
     # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter; NVFP4 keeps bf16 weights
     # (bf16_with_nvfp4_mixed sets fp8_param_gather=False: Megatron-Core has no FP4 parameter gather)
@@ -338,8 +359,8 @@ def memory_counts(
         + graph_first
         + experts.first * expert_b,
         fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf + graph_last + experts.last * expert_b,
-        act_first=first_layers * act_kept + work,
-        act_last_layers=last_layers * act_kept,
+        act_first=first_layers * act_kept - dense_saving + work,
+        act_last_layers=last_layers * act_kept - (dense_saving if shape.pp == 1 else 0.0),
         work=work,
         logits_elements=shape.tokens * arch.vocab_size / t,
         states_b=states_b,

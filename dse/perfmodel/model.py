@@ -324,12 +324,15 @@ def unfused_attention_time(shape: Shape, layout: ModelLayout, machine: Machine) 
 
 def flash_attention_time(shape: Shape, machine: Machine) -> tuple[float, float]:
     """Causal flash attention, (forward, forward + backward): the tensor cores at the fitted attention efficiency
+    (times :func:`dse.perfmodel.moe.attention_head_efficiency` for heads below 128, as GPT-OSS's 64)
     (backward 2.5x the forward's GEMMs: it recomputes the scores), the softmax's exponentials on the special
     function units, and with context parallelism the ring's partial outputs and gradients merged through HBM
     (:func:`cp_merge_bytes`)."""
     P, t, T, s, c = machine.params, shape.tp, shape.tokens, shape.seq_length, shape.cp
     a, d, hbm = shape.arch.num_attention_heads, shape.head_dim, machine.hbm_Bps
-    attn_tc = 2.0 * T * s * (a / t) * d / (machine.bf16_peak * machine.attn_eff)  # causal: half of 4·T·s·a·d
+    # causal: half of 4·T·s·a·d, at the fitted efficiency times that of the model's head size
+    eff = machine.attn_eff * _moe.attention_head_efficiency(shape.arch)
+    attn_tc = 2.0 * T * s * (a / t) * d / (machine.bf16_peak * eff)
     # the softmax's exponentials on the special function units, in series with the tensor cores where the
     # GPU table gives their rate: one per causal score element (T·s·a/2t) forward, one more backward
     sfu = machine.gpu.sfu_exp_tera_per_s

@@ -71,6 +71,23 @@ def attention_core_dims(arch: ModelArch) -> tuple[float, float]:
     return float(arch.head_dim), float(arch.head_dim)
 
 
+# the head size at which the fused attention kernels' tensor-core efficiency halves against its value at 128, the
+# size they are tuned for: FlashAttention-3 (Shah et al. 2024, H100 BF16 forward, causal, 4k-16k tokens) reaches
+# about three quarters of its head-128 rate at head size 64 (the softmax's per-score work and the tiles' loads and
+# stores are amortised over half the multiply-adds), which ``d / (d + 64)`` normalised at 128 gives
+ATTN_HEAD_HALF = 64.0
+
+
+def attention_head_efficiency(arch: ModelArch) -> float:
+    """The fused attention's tensor-core efficiency at the model's query-key head size relative to head size 128
+    (:data:`ATTN_HEAD_HALF`): below 1 for heads smaller than 128 (GPT-OSS's 64), 1 from 128 up, where the fitted
+    attention efficiency of the dense models already stands."""
+    d = attention_core_dims(arch)[0]
+    if d >= 128.0:
+        return 1.0
+    return d / (d + ATTN_HEAD_HALF) * (128.0 + ATTN_HEAD_HALF) / 128.0
+
+
 def local_tokens(shape: Shape) -> float:
     """Tokens of one micro-batch that enter this GPU's MoE layer: the layer's tokens split over TP."""
     return shape.tokens / shape.tp
@@ -315,7 +332,12 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", 
 
 
 def moe_layer_activation_bytes(
-    shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none", modules: frozenset[str] = frozenset()
+    shape: Shape,
+    layout: ModelLayout,
+    fp8: bool,
+    recompute: str = "none",
+    modules: frozenset[str] = frozenset(),
+    dense: bool = False,
 ) -> float:
     """Bytes one MoE / MLA layer keeps for its backward pass per GPU and micro-batch, counted as
     :func:`dse.perfmodel.memory.layer_activation_bytes` counts a dense one (Korthikanti et al. 2022), with
@@ -327,7 +349,9 @@ def moe_layer_activation_bytes(
     recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
     norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
     ``moe_act`` each routed copy's activation output, ``shared_experts`` the shared experts' MLP (``mlp`` a model
-    without experts' MLP: Megatron-Core recomputes no MoE layer for it), ``moe`` the whole MoE MLP but its input."""
+    without experts' MLP: Megatron-Core recomputes no MoE layer for it), ``moe`` the whole MoE MLP but its input.
+    ``dense``: one of the model's first dense layers (``moe_first_dense_layers``, DeepSeek's three): its attention
+    with a dense MLP of ``ffn_hidden_size``, which ``mlp`` recomputes."""
     arch, t = shape.arch, shape.tp
     sb = shape.seq_length / shape.cp * shape.mbs
     h = arch.hidden_size
@@ -349,7 +373,7 @@ def moe_layer_activation_bytes(
         attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
     attn += 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
     gate = 2.0 if arch.gated_mlp else 1.0
-    if not arch.num_experts:
+    if dense or not arch.num_experts:
         return rep + attn + (0.0 if "mlp" in modules else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
     # "mlp" recomputes only a dense layer's MLP (Megatron-Core's TransformerLayer: ``if not isinstance(self.mlp,
     # MoELayer): self.recompute_mlp = True``); a MoE layer's shared experts are "shared_experts"
