@@ -29,9 +29,12 @@ def test_b300_default_layouts_fit(model: str, precision: str) -> None:
         assert pred.fits, (model, precision, num_gpus, pred.peak_memory_gib)
 
 
-def test_405b_b300_fp8_default_is_the_v2_preset() -> None:
-    lay = RECIPES["llama3_405b"].default_layout("b300", "fp8")
-    assert (lay.tp, lay.pp, lay.cp, lay.vp, lay.mbs, lay.gbs, lay.fsdp) == (4, 8, 1, 4, 1, 1536, False)
+def test_405b_b300_defaults_are_bridges_128_gpu_recipes() -> None:
+    r = RECIPES["llama3_405b"]
+    fields = ("tp", "pp", "cp", "vp", "mbs", "gbs", "fsdp", "cpu_offload_layers")
+    layouts = {p: tuple(getattr(r.default_layout("b300", p), f) for f in fields) for p in ("bf16", "fp8", "nvfp4")}
+    assert layouts["bf16"] == (2, 1, 1, 1, 1, 768, True, 40)
+    assert layouts["fp8"] == layouts["nvfp4"] == (4, 8, 1, 4, 1, 768, False, 0)
 
 
 def test_v1_405b_preset_runs_every_microbatch_in_warmup_and_does_not_fit() -> None:

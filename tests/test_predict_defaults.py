@@ -83,8 +83,8 @@ def test_an_error_caused_by_recipe_defaults_alone_names_them_and_the_flag():
         # Megatron-Bridge's B300 FP8 presets (scripts/performance/configs/llama): tp, pp, vp, mbs, gbs, fsdp
         ("llama3_8b", "8", (1, 1, 1, 4, 128, False)),
         ("llama3_70b", "64", (1, 1, 1, 1, 128, True)),
-        # the V2 preset: V1's (2, 8, 8, 1, 64) runs all 8 micro-batches in the warm-up and needs ~326 GiB
-        ("llama3_405b", "128", (4, 8, 4, 1, 1536, False)),
+        # Bridge's 128-GPU B300 recipe: V1's (2, 8, 8, 1, 64) runs all 8 micro-batches in the warm-up (~326 GiB)
+        ("llama3_405b", "128", (4, 8, 4, 1, 768, False)),
     ],
 )
 def test_b300_predicts_with_bridges_layout(model, num_gpus, layout):
