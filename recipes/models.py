@@ -400,7 +400,8 @@ def _recipes() -> dict[str, Recipe]:
                 "b200/fp8": Layout(1, 1, 1, 1, 2, 128),
                 "gb200/fp8": Layout(1, 1, 1, 1, 2, 128),
                 # B300 rows: Megatron-Bridge's performance presets (scripts/performance/configs/llama,
-                # LLAMA3_*/LLAMA31_*_PRETRAIN_CONFIG_B300_{BF16,FP8_CS}_V1), here and in the two recipes below
+                # LLAMA3_*/LLAMA31_*_PRETRAIN_CONFIG_B300_{BF16,FP8_CS}_V1), here and in the 70B recipe below; the
+                # 405B recipe takes the layouts NVIDIA's later presets and recipes run (see there)
                 "b300/bf16": Layout(1, 1, 1, 1, 4, 128),
                 "b300/fp8": Layout(1, 1, 1, 1, 4, 128),
                 # NVFP4 rows: the NVFP4 presets of Megatron-Bridge's performance recipes (megatron/bridge/
@@ -442,8 +443,18 @@ def _recipes() -> dict[str, Recipe]:
                 "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
                 "b200/fp8": Layout(4, 8, 2, 8, 1, 64),
                 "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536),
-                "b300/bf16": Layout(2, 8, 1, 8, 1, 64),
-                "b300/fp8": Layout(2, 8, 1, 8, 1, 64),
+                # B300: Megatron-Bridge's 128-GPU B300 recipes (megatron/bridge/perf_recipes/llama/b300/llama31.py:
+                # llama31_405b_pretrain_128gpu_b300_{bf16,fp8cs}_config, GBS 768, as the nvfp4 one below; the
+                # layouts of the V2 presets, LLAMA31_405B_PRETRAIN_CONFIG_B300_*_V2 in scripts/performance/configs/
+                # llama/llama31_workload_base_configs.py at v0.5.0, on 256 GPUs with GBS 1536), not the V1 presets
+                # (TP 2, PP 8, VP 8, GBS 64 on 128 GPUs): V1 gives 8 micro-batches for 8 stages, so Megatron-Core's
+                # interleaved schedule runs every micro-batch's forward before the first backward
+                # (get_pp_rank_microbatches: warm-up 2(p-1) + (v-1)p = 70 >= m·v = 64,
+                # are_all_microbatches_in_warmup) and the first stage holds all 8 micro-batches of its 15 layers:
+                # ~208 GiB of activations (FP8) beside ~105 GiB of model states, more than B300's 279 GiB; NVIDIA
+                # publishes no B300 Llama row of it
+                "b300/bf16": Layout(2, 1, 1, 1, 1, 768, fsdp=True, cpu_offload_layers=40),
+                "b300/fp8": Layout(4, 8, 1, 4, 1, 768),
                 "b200/nvfp4": Layout(4, 16, 1, 8, 1, 768),
                 "gb200/nvfp4": Layout(4, 16, 1, 8, 1, 1536),
                 "b300/nvfp4": Layout(4, 8, 1, 4, 1, 768),

@@ -86,17 +86,41 @@ def layer_activation_bytes(
     return (rep / (t if sp else 1)) + (split + scores) / t
 
 
-def state_bytes_per_param(d: float, *, fsdp: bool = False, grad_bytes: float = 4, weight_bytes: float = 2) -> float:
+def state_bytes_per_param(
+    d: float, *, fsdp: bool = False, grad_bytes: float = 4, weight_bytes: float = 2, resident_weight_bytes: float = 2
+) -> float:
     """Bytes per parameter of weights, gradients and Adam state with bf16 weights and fp32 gradients.
 
     Distributed optimizer (Megatron docs, "distributed optimizer"; Megatron-Bridge's memory estimator uses
     the same byte model): 2 (bf16 weight) + 4 (fp32 gradient) + 12/d (fp32 master weight, Adam m and v
     sharded over the d data-parallel ranks) = 6 + 12/d. Megatron FSDP shards weights and gradients too:
     (2 + 4 + 12)/d, with ``weight_bytes`` 1 when the model keeps FP8 weights (``fp8_param_gather``).
+    ``resident_weight_bytes``: what an unsharded weight element holds without FSDP (:func:`resident_weight_bytes`).
     """
     if fsdp:
         return (weight_bytes + grad_bytes + 12.0) / d
-    return 2.0 + grad_bytes + 12.0 / d
+    return resident_weight_bytes + grad_bytes + 12.0 / d
+
+
+def resident_weight_bytes(fp8_params: bool, fp8_recipe: str, non_tn_fp8_gemm: bool) -> float:
+    """Bytes a linear weight element holds on the GPU for the whole step without FSDP, as its model parameter.
+
+    bf16 weights: 2. FP8 weights (``fp8_param_gather``: the parameter is Transformer Engine's FP8 tensor, and
+    Megatron-Core's ``param_and_grad_buffer.py`` gives such parameters a uint8 buffer): 1 byte of row-wise data,
+    plus a 1-byte transpose where the GEMMs need it. Per-tensor FP8 (delayed, tensorwise) makes the transpose only
+    where cuBLAS takes FP8 in the TN layout alone: ``_setup_conditional_transpose_storage`` allocates it when
+    ``columnwise_usage and not non_tn_fp8_gemm_supported()``, and ``is_non_tn_fp8_gemm_supported``
+    (transformer_engine/pytorch/utils.py) is true on compute capability 10.x and 13+ (B200, B300, GB200, GB300),
+    false on Hopper: 1 byte on Blackwell, 2 on Hopper. MXFP8 keeps row-wise and column-wise data, each with its
+    own block scales (1 + 1 + 2/32): 2 on every GPU, as blockwise FP8 does (1 + 1). The count applies the byte
+    to every parameter of the stage, the embedding and output layer (never FP8) included: on a first or last
+    stage that under-counts by their parameters, about 1 GiB for Llama 3.1 405B at TP 2, against a 1-byte
+    over-count of all the stage's linear weights (~23 GiB there) before."""
+    if not fp8_params:
+        return 2.0
+    if fp8_recipe in ("delayed", "tensorwise") and non_tn_fp8_gemm:
+        return 1.0
+    return 2.0
 
 
 def inflight_chunks(p: int, v: int, m: int, rank: int = 0) -> list[int]:
@@ -322,10 +346,19 @@ def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> floa
 
 
 def memory_counts(
-    shape: Shape, layout: ModelLayout, fp8: bool, stages: Stages, stack: Stack, *, full_layer: float, grad_b: float
+    shape: Shape,
+    layout: ModelLayout,
+    fp8: bool,
+    stages: Stages,
+    stack: Stack,
+    *,
+    full_layer: float,
+    grad_b: float,
+    non_tn_fp8_gemm: bool = False,
 ) -> MemoryCounts:
     """Model states, the FP8 weight cache, FSDP's buffers and the in-flight activations of the first and the last
-    stage, and the last one's logit elements; ``full_layer`` is one layer's activations without recompute."""
+    stage, and the last one's logit elements; ``full_layer`` is one layer's activations without recompute,
+    ``non_tn_fp8_gemm`` whether the GPU's FP8 GEMMs take any layout (Blackwell; :func:`resident_weight_bytes`)."""
     arch, t = shape.arch, shape.tp
     h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
     act_kept = kept_activations(shape, layout, fp8, full_layer)
@@ -342,7 +375,14 @@ def memory_counts(
     cache_first = (L if shape.pp == 1 else stages.first_layers) * cache_b
     cache_last = (L if shape.pp == 1 else stages.last_layers) * cache_b
     d_r = shape.data_parallel * shape.cp
-    states_b = state_bytes_per_param(d_r if d_r > 1 else 1, fsdp=layout.fsdp, grad_bytes=grad_b, weight_bytes=weight_b)
+    resident_b = resident_weight_bytes(weight_b == 1.0, layout.fp8_recipe, non_tn_fp8_gemm)
+    states_b = state_bytes_per_param(
+        d_r if d_r > 1 else 1,
+        fsdp=layout.fsdp,
+        grad_bytes=grad_b,
+        weight_bytes=weight_b,
+        resident_weight_bytes=resident_b,
+    )
     fsdp_buf = fsdp_buffer_bytes(stages.layer_params / t, h * shape.fc1_cols, weight_b, grad_b) if layout.fsdp else 0.0
     # the backward pass of one layer needs its full activations and their gradients; unfused attention's
     # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)

@@ -924,7 +924,9 @@ class Prepared:
         stages = stages_of(arch, layout.pp, layout.vp, layout.pp_first_layers, layout.pp_last_layers)
         layer_bytes = layer_activations(shape, layout, fp8)
         grad_b = grad_bytes(layout.precision, stack)
-        memory = memory_counts(shape, layout, fp8, stages, stack, full_layer=layer_bytes, grad_b=grad_b)
+        memory = memory_counts(
+            shape, layout, fp8, stages, stack, full_layer=layer_bytes, grad_b=grad_b, non_tn_fp8_gemm=hw.sm100_or_newer
+        )
         mf = _flops.model_flops_per_step(arch, layout.gbs, layout.seq_length, flops_convention)
         return cls(hw, layout, stack, shape, stages, layer_bytes, memory, mf)
 

@@ -20,7 +20,8 @@ step time by percents, are made by the payload's own code and differ between the
   ``nemo.collections.llm.recipes.precision.mixed_precision`` and ``megatron.bridge.training.mixed_precision``)
   set ``fp8_param_gather=True``: the model is built under TE's ``fp8_model_init``, each linear weight *is* an
   FP8 tensor (1 byte, plus the 1-byte transpose TE makes for the Hopper dgrad/wgrad GEMMs, which only take
-  the TN layout), which the shipped state count of 2 bytes per weight covers. Without it (recipes.mcore) the
+  the TN layout, and none on Blackwell, whose FP8 GEMMs take any layout; MXFP8 keeps two copies everywhere):
+  :func:`dse.perfmodel.memory.resident_weight_bytes`. Without it (recipes.mcore) the
   weights stay bf16 and Transformer Engine keeps a quantised copy of each linear weight for the whole step:
   ``TransformerEngineBaseModule.get_weight_workspace(..., cache_name="weight", update_workspace=
   is_first_microbatch)`` in ``transformer_engine/pytorch/module/{linear,layernorm_linear,layernorm_mlp}.py``
