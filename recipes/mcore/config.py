@@ -19,9 +19,19 @@ from ..models import RECIPES, ModelArch
 # The reference's small GQA model ("a small 8-layer, 2048-hidden GQA model", shared/reference/README.md):
 # head dim 128 as in Llama 3, four query groups, a SwiGLU FFN of 2.75 h and a 32k vocabulary.
 SMALL_GQA = ModelArch("small_gqa", 8, 2048, 16, 4, 5632, 32000, True)
+# A small fine-grained MoE of the same width for one GPU: every layer's MLP is 16 routed SwiGLU experts of FFN
+# 1408 (a quarter of the dense FFN, as DeepSeek's and Qwen's fine-grained experts), top-2, dropless, aux loss.
+SMALL_MOE = ModelArch("small_moe", 8, 2048, 16, 4, 5632, 32000, True, num_experts=16)
+# the MoE fields of a preset beyond ModelArch's (the moe_* fields of RunConfig)
+_MOE_PRESET = {"small_moe": {"moe_topk": 2, "moe_ffn_hidden_size": 1408}}
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
+# Megatron-Core's choices (TransformerConfig: moe_token_dispatcher_type, moe_router_score_function,
+# moe_router_load_balancing_type)
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+MOE_SCORES = ("softmax", "sigmoid")
+MOE_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
 
 class ConfigError(ValueError):
@@ -30,7 +40,7 @@ class ConfigError(ValueError):
 
 def known_models() -> dict[str, ModelArch]:
     """Model presets: the reference's small GQA model and every architecture in :data:`recipes.models.RECIPES`."""
-    out = {SMALL_GQA.name: SMALL_GQA}
+    out = {SMALL_GQA.name: SMALL_GQA, SMALL_MOE.name: SMALL_MOE}
     out.update({r.arch.name: r.arch for r in RECIPES.values()})
     return out
 
@@ -47,6 +57,22 @@ class RunConfig:
     ffn_hidden_size: int = SMALL_GQA.ffn_hidden_size
     vocab_size: int = SMALL_GQA.vocab_size
     gated: bool = SMALL_GQA.gated_mlp
+    kv_channels: int | None = None  # attention head size where it is not hidden / heads (Qwen3); None: h / a
+    # --- mixture of experts (Megatron-Core TransformerConfig's moe_* fields); num_experts 0 = a dense model ---
+    num_experts: int = 0
+    moe_topk: int = 2  # moe_router_topk
+    moe_ffn_hidden_size: int = 0  # one routed expert's FFN size; 0 = ffn_hidden_size
+    moe_shared_expert_size: int = 0  # moe_shared_expert_intermediate_size; 0 = no shared expert
+    moe_first_dense_layers: int = 0  # moe_layer_freq = [0] * k + [1] * (L - k)
+    moe_router_score: str = "softmax"  # moe_router_score_function
+    moe_load_balancing: str = "aux_loss"  # moe_router_load_balancing_type
+    moe_aux_loss_coeff: float = 1e-2  # Megatron-Bridge's Mixtral / Qwen3-MoE providers' 1e-2 and 1e-3
+    moe_capacity_factor: float | None = None  # moe_expert_capacity_factor; None = dropless
+    moe_dispatcher: str = "alltoall"  # moe_token_dispatcher_type
+    moe_grouped_gemm: bool | None = None  # None: on with the TE spec (TEGroupedMLP), off on the local spec
+    moe_permute_fusion: bool = False
+    moe_a2a_overlap: bool = False  # overlap_moe_expert_parallel_comm
+    etp: int | None = None  # expert_tensor_parallel_size; None: 1 (dse's default) once checked
     tp: int = 1
     pp: int = 1
     vp: int = 1
@@ -89,7 +115,16 @@ class RunConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's FFN size."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +140,12 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
     """
     from .. import contract  # the formula the controller's parser and model use
 
+    if cfg.is_moe or cfg.kv_channels:
+        if convention not in contract.FLOPS_CONVENTIONS:
+            raise ConfigError(
+                f"unknown FLOPs convention {convention!r}; use one of {', '.join(contract.FLOPS_CONVENTIONS)}"
+            )
+        return _moe_flops_per_step(cfg, 1 if convention == "causal" else 2)
     try:
         return contract.model_flops_per_step(
             num_layers=cfg.num_layers,
@@ -120,6 +161,22 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _moe_flops_per_step(cfg: RunConfig, c: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py, ``transformer_flops``) for
+    an MoE or a head size other than h / a: the dense formula with the MLP term of each MoE layer counted for
+    the top-k routed experts plus the shared expert (routers and permutation not counted), the first dense
+    layers with the dense FFN, and the attention projections with the head size ``d`` (kv_channels)."""
+    h, a, g, d, s = cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim, cfg.seq_length
+    e = 3 if cfg.gated else 2
+    dense = min(cfg.moe_first_dense_layers, cfg.num_layers) if cfg.is_moe else cfg.num_layers
+    moe = cfg.num_layers - dense
+    mlp = dense * e * h * cfg.ffn_hidden_size + moe * e * h * (
+        cfg.moe_topk * cfg.expert_ffn + cfg.moe_shared_expert_size
+    )
+    attention = cfg.num_layers * (2 * h * a * d + 2 * h * g * d + c * a * d * s)
+    return 6.0 * cfg.gbs * s * (mlp + attention + h * cfg.vocab_size)
 
 
 def te_importable() -> bool:
@@ -199,7 +256,7 @@ def check(
     )
     te = spec == "te"
     need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism is not wired into this payload; cp=1 only")
-    need(cfg.ep == 1, f"ep={cfg.ep}: this payload builds dense models only")
+    moe = _check_moe(cfg, world_size, te)
     need(cfg.precision in ("bf16", "fp8"), f"precision={cfg.precision!r}; one of bf16, fp8")
     need(
         cfg.precision == "bf16" or te,
@@ -256,7 +313,7 @@ def check(
     if cfg.pp > 1 and cfg.vp > 1:
         m = cfg.gbs // (cfg.mbs * dp)
         need(m % cfg.pp == 0, f"interleaved pipeline: micro-batches per step ({m}) must be a multiple of pp={cfg.pp}")
-    out = replace(cfg, layer_spec=spec)
+    out = replace(cfg, layer_spec=spec, **moe)
     if cfg.precision == "fp8" and cfg.fp8_recipe is None:
         out = replace(out, fp8_recipe="delayed")  # Megatron-Core's default Fp8Recipe
     if cfg.precision != "fp8" and cfg.fp8_recipe is not None:
@@ -281,6 +338,79 @@ def check(
     return out
 
 
+def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
+    """The MoE part of :func:`check`: Megatron-Core's own rules (cited where it checks them) and what this
+    payload cannot run, each a :class:`ConfigError` naming the setting; returns the resolved MoE fields."""
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    etp = cfg.etp if cfg.etp is not None else 1
+    need(cfg.num_experts >= 0, f"num_experts={cfg.num_experts} must be >= 0 (0: a dense model)")
+    need(etp >= 1, f"etp={etp} must be >= 1")
+    if not cfg.is_moe:
+        need(cfg.ep == 1 and etp == 1, f"ep={cfg.ep}, etp={etp}: expert parallelism needs num_experts > 0")
+        return {"etp": etp, "moe_grouped_gemm": False}
+    need(1 <= cfg.moe_topk <= cfg.num_experts, f"moe_topk={cfg.moe_topk} must be between 1 and num_experts")
+    need(cfg.moe_ffn_hidden_size >= 0, f"moe_ffn_hidden_size={cfg.moe_ffn_hidden_size} must be >= 0")
+    need(cfg.moe_shared_expert_size >= 0, f"moe_shared_expert_size={cfg.moe_shared_expert_size} must be >= 0")
+    need(
+        0 <= cfg.moe_first_dense_layers < cfg.num_layers,
+        f"moe_first_dense_layers={cfg.moe_first_dense_layers} must be between 0 and num_layers-1",
+    )
+    need(
+        cfg.moe_router_score in MOE_SCORES, f"moe_router_score={cfg.moe_router_score!r}; one of {', '.join(MOE_SCORES)}"
+    )
+    need(
+        cfg.moe_load_balancing in MOE_BALANCING,
+        f"moe_load_balancing={cfg.moe_load_balancing!r}; one of {', '.join(MOE_BALANCING)}",
+    )
+    need(
+        cfg.moe_dispatcher in MOE_DISPATCHERS,
+        f"moe_dispatcher={cfg.moe_dispatcher!r}; one of {', '.join(MOE_DISPATCHERS)}",
+    )
+    need(
+        cfg.moe_capacity_factor is None or cfg.moe_capacity_factor > 0,
+        f"moe_capacity_factor={cfg.moe_capacity_factor} must be > 0 (or null: dropless)",
+    )
+    # TransformerConfig.__post_init__: top-1 softmax routing without pre-softmax has a zero gradient
+    need(
+        cfg.moe_topk > 1 or cfg.moe_router_score != "softmax",
+        "moe_topk=1 with softmax scores: Megatron-Core needs moe_router_pre_softmax, which this payload does not set",
+    )
+    # MoELayer.__init__: assert num_moe_experts % ep_size == 0
+    need(cfg.num_experts % cfg.ep == 0, f"num_experts={cfg.num_experts} is not divisible by ep={cfg.ep}")
+    # parallel_state.initialize_model_parallel: the expert grid etp x ep x pp divides the world
+    grid = etp * cfg.ep * cfg.pp
+    need(world_size % grid == 0, f"world size {world_size} is not divisible by etp*ep*pp={grid}")
+    need(cfg.expert_ffn % etp == 0, f"moe_ffn_hidden_size={cfg.expert_ffn} is not divisible by etp={etp}")
+    # ModelParallelConfig.__post_init__ (a warning there; Megatron-LM's arguments.py makes it an error)
+    need(
+        not (cfg.ep > 1 and cfg.tp > 1 and cfg.sp is False),
+        "ep > 1 with tp > 1 needs sequence parallelism (sp=true)",
+    )
+    grouped = te if cfg.moe_grouped_gemm is None else cfg.moe_grouped_gemm
+    need(
+        not grouped or te,
+        "moe_grouped_gemm=true: Megatron-Core's grouped GEMM experts (TEGroupedMLP) need Transformer Engine; the "
+        "local layer spec builds SequentialMLP (set moe_grouped_gemm=false)",
+    )
+    # TransformerConfig.__post_init__: fused permutation needs TE >= 2.1
+    need(not cfg.moe_permute_fusion or te, "moe_permute_fusion=true needs Transformer Engine's fused permutation")
+    need(
+        cfg.moe_dispatcher != "flex",
+        "moe_dispatcher=flex: DeepEP / HybridEP are not installed with this payload; use alltoall or allgather",
+    )
+    # TransformerConfig.__post_init__: overlap_moe_expert_parallel_comm asserts expert_model_parallel_size > 1
+    need(not cfg.moe_a2a_overlap or cfg.ep > 1, "moe_a2a_overlap=true needs ep > 1 (Megatron-Core asserts it)")
+    need(
+        not cfg.moe_a2a_overlap,
+        "moe_a2a_overlap=true: the overlapped 1F1B MoE schedule is not wired into this payload",
+    )
+    return {"etp": etp, "moe_grouped_gemm": grouped}
+
+
 # -------------------------------------------------------------------------------------------- overrides
 # ``path=value`` spellings accepted after the flags. The knob paths are the ``mbridge`` ones of dse.knobs
 # (Megatron-Bridge's ConfigContainer: model.*, train.*, dataset.*, ddp.*, comm_overlap.*, mixed_precision);
@@ -291,6 +421,21 @@ _OVERRIDES: dict[str, str] = {
     "model.virtual_pipeline_model_parallel_size": "vp",
     "model.context_parallel_size": "cp",
     "model.expert_model_parallel_size": "ep",
+    "model.expert_tensor_parallel_size": "etp",
+    "model.num_moe_experts": "num_experts",
+    "model.moe_router_topk": "moe_topk",
+    "model.moe_ffn_hidden_size": "moe_ffn_hidden_size",
+    "model.moe_shared_expert_intermediate_size": "moe_shared_expert_size",
+    "model.moe_router_score_function": "moe_router_score",
+    "model.moe_router_load_balancing_type": "moe_load_balancing",
+    "model.moe_aux_loss_coeff": "moe_aux_loss_coeff",
+    "model.moe_expert_capacity_factor": "moe_capacity_factor",
+    "model.moe_token_dispatcher_type": "moe_dispatcher",
+    "model.moe_grouped_gemm": "moe_grouped_gemm",
+    "model.moe_permute_fusion": "moe_permute_fusion",
+    "comm_overlap.overlap_moe_expert_parallel_comm": "moe_a2a_overlap",
+    "model.overlap_moe_expert_parallel_comm": "moe_a2a_overlap",
+    "model.kv_channels": "kv_channels",
     "model.sequence_parallel": "sp",
     "train.micro_batch_size": "mbs",
     "train.global_batch_size": "gbs",
@@ -459,6 +604,10 @@ def build_parser() -> argparse.ArgumentParser:
         "num-query-groups",
         "ffn-hidden-size",
         "vocab-size",
+        "kv-channels",
+        "num-experts",
+        "moe-topk",
+        "moe-ffn-hidden-size",
     ):
         shape.add_argument(f"--{flag}", type=int, default=None)
     shape.add_argument("--swiglu", dest="gated", action="store_true", default=None, help="gated SwiGLU MLP")
@@ -467,12 +616,27 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, help_ in (
         ("tp", "tensor-parallel size"),
         ("pp", "pipeline-parallel size"),
+        ("ep", "expert-parallel size"),
+        ("etp", "expert tensor-parallel size"),
         ("vp", "virtual-pipeline size"),
         ("mbs", "micro-batch size"),
         ("gbs", "global batch size"),
         ("seq-length", "sequence length"),
     ):
         lay.add_argument(f"--{flag}", type=int, default=None, help=help_)
+    lay.add_argument(
+        "--moe-grouped-gemm",
+        dest="moe_grouped_gemm",
+        action="store_true",
+        default=None,
+        help="MoE experts as TE grouped GEMMs (TEGroupedMLP; the default on the TE spec)",
+    )
+    lay.add_argument(
+        "--no-moe-grouped-gemm",
+        dest="moe_grouped_gemm",
+        action="store_false",
+        help="MoE experts one GEMM each (SequentialMLP)",
+    )
     lay.add_argument("--recompute", choices=RECOMPUTE, default=None, help="activation recompute (default none)")
     lay.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, default=None)
     lay.add_argument("--recompute-num-layers", type=int, default=None)
@@ -538,7 +702,9 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         ffn_hidden_size=arch.ffn_hidden_size,
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
+        num_experts=arch.num_experts,
     )
+    values.update(_MOE_PRESET.get(arch.name, {}))
     flag_names = {
         "num_layers",
         "hidden_size",
@@ -547,8 +713,15 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         "ffn_hidden_size",
         "vocab_size",
         "gated",
+        "kv_channels",
+        "num_experts",
+        "moe_topk",
+        "moe_ffn_hidden_size",
+        "moe_grouped_gemm",
         "tp",
         "pp",
+        "ep",
+        "etp",
         "vp",
         "mbs",
         "gbs",
@@ -577,8 +750,12 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         ffn_hidden_size=arch.ffn_hidden_size,
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
+        num_experts=arch.num_experts,
     )
-    changed = {k for k, v in preset.items() if values[k] != v}
+    if arch.num_experts:
+        moe_preset = {"moe_topk": RunConfig.moe_topk, "moe_ffn_hidden_size": RunConfig.moe_ffn_hidden_size}
+        preset.update(moe_preset | _MOE_PRESET.get(arch.name, {}))
+    changed = {k for k, v in preset.items() if values.get(k, getattr(RunConfig, k)) != v}
     if changed == {"num_layers"}:  # a scaled preset, as recipes.models names them (llama3_70b_16l)
         values["model"] = f"{arch.name}_{values['num_layers']}l"
     elif changed:
