@@ -303,6 +303,44 @@ def _mbridge_max_steps(knob: Knob, value: Any, values: Mapping[str, Any], sp: Sp
     return [*sp.plain(knob, value), f"scheduler.lr_decay_iters={value}", f"scheduler.lr_warmup_iters={warmup}"]
 
 
+# --- mixture of experts ---------------------------------------------------------------------------------------
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`payload_args`), so
+# that they stay as they were before MoE support. ``ep`` is spelled for every recipe, as it always was.
+MOE_KNOBS = frozenset({"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"})
+# flex: Megatron-Core's MoEFlexTokenDispatcher. Megatron-Bridge picks its kernels by moe_flex_dispatcher_backend
+# (megatron/bridge/training/flex_dispatcher_backend.py apply_flex_dispatcher_backend, which also clears
+# moe_shared_expert_overlap); NVIDIA's Bridge presets name "hybridep" throughout
+# (scripts/performance/configs/*/*_workload_base_configs.py). NeMo 2 enables DeepEP as its performance scripts do
+# (scripts/performance/llm/pretrain_deepseek_v3.py: moe_enable_deepep, moe_shared_expert_overlap=False).
+FLEX_BACKEND = "hybridep"
+
+
+def _moe_dispatcher(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    out = sp.plain(knob, value)
+    if value != "flex":
+        return out
+    if sp.family == "nemo2":
+        return [*out, f"{sp.model}moe_enable_deepep=true", f"{sp.model}moe_shared_expert_overlap=false"]
+    return [*out, f"{sp.model}moe_flex_dispatcher_backend={FLEX_BACKEND}", f"{sp.model}moe_shared_expert_overlap=false"]
+
+
+def _moe_a2a_overlap(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    """The expert all-to-all overlapped with computation: Megatron-Bridge's _set_moe_a2a_overlap_overrides
+    (scripts/performance/utils/overrides.py) also delays the weight-gradient GEMMs and clears the shared-expert
+    overlap; both are TransformerConfig fields (overlap_moe_expert_parallel_comm, delay_wgrad_compute)."""
+    out = sp.plain(knob, value)
+    if not value:
+        return out
+    lead = "comm_overlap." if sp.family == "mbridge" else sp.model
+    return [*out, f"{lead}delay_wgrad_compute=true", f"{sp.model}moe_shared_expert_overlap=false"]
+
+
+def _stage_layers(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    # 0 (an even split) is Megatron's None; nothing is spelled for an even split, so that scripts stay as they were
+    return [] if not value else sp.plain(knob, value)
+
+
 def _both(fn: SpellFn) -> dict[str, SpellFn]:
     return {"nemo2": fn, "mbridge": fn}
 
@@ -379,10 +417,80 @@ CATALOGUE: dict[str, Knob] = {
         ),
         _int(
             "ep",
-            "expert-parallel size (dense models: 1)",
+            "expert-parallel size: the GPUs each MoE layer's experts are spread over (dense models: 1)",
             1,
             nemo2=[_S + "expert_model_parallel_size"],
             mbridge=["model.expert_model_parallel_size"],
+            **_LAYOUT,
+        ),
+        _int(
+            "etp",
+            "expert tensor-parallel size: the tensor-parallel split of each expert (MoE models only)",
+            1,
+            nemo2=[_S + "expert_tensor_parallel_size"],
+            mbridge=["model.expert_tensor_parallel_size"],
+            **_LAYOUT,
+        ),
+        Knob(
+            "moe_dispatcher",
+            "choice",
+            "MoE token dispatcher: alltoall, allgather, or flex (HybridEP / DeepEP kernels; MoE models only)",
+            "alltoall",
+            choices=MOE_DISPATCHERS,
+            nemo2=(_M + "moe_token_dispatcher_type",),
+            mbridge=("model.moe_token_dispatcher_type",),
+            spell=_both(_moe_dispatcher),
+            recipe_layout=True,
+        ),
+        Knob(
+            "moe_grouped_gemm",
+            "bool",
+            "run a stage's experts as one grouped GEMM rather than one GEMM per expert (MoE models only)",
+            True,
+            nemo2=(_M + "moe_grouped_gemm",),
+            mbridge=("model.moe_grouped_gemm",),
+            recipe_layout=True,
+        ),
+        Knob(
+            "moe_a2a_overlap",
+            "bool",
+            "overlap the expert all-to-all with another micro-batch's computation (MoE models only)",
+            False,
+            nemo2=(_M + "overlap_moe_expert_parallel_comm",),
+            mbridge=("comm_overlap.overlap_moe_expert_parallel_comm",),
+            spell=_both(_moe_a2a_overlap),
+            recipe_layout=True,
+        ),
+        Knob(
+            "moe_permute_fusion",
+            "bool",
+            "fused token permutation and unpermutation kernels (MoE models only)",
+            False,
+            nemo2=(_M + "moe_permute_fusion",),
+            mbridge=("model.moe_permute_fusion",),
+            recipe_layout=True,
+        ),
+        _int(
+            "pp_first_layers",
+            "decoder layers on the first pipeline stage (0 = an even split)",
+            0,
+            minimum=0,
+            maximum=LAYERS_MAX,
+            nemo2=[_S + "num_layers_in_first_pipeline_stage"],
+            mbridge=["model.num_layers_in_first_pipeline_stage"],
+            spell=_both(_stage_layers),
+            **_LAYOUT,
+        ),
+        _int(
+            "pp_last_layers",
+            "decoder layers on the last pipeline stage (0 = an even split)",
+            0,
+            minimum=0,
+            maximum=LAYERS_MAX,
+            nemo2=[_S + "num_layers_in_last_pipeline_stage"],
+            mbridge=["model.num_layers_in_last_pipeline_stage"],
+            spell=_both(_stage_layers),
+            **_LAYOUT,
         ),
         Knob(
             "sp",
@@ -551,6 +659,13 @@ class KnobValues:
     vp: int
     cp: int
     ep: int
+    etp: int
+    moe_dispatcher: str
+    moe_grouped_gemm: bool
+    moe_a2a_overlap: bool
+    moe_permute_fusion: bool
+    pp_first_layers: int
+    pp_last_layers: int
     sp: bool | None
     mbs: int
     gbs: int
@@ -694,6 +809,8 @@ def payload_args(
     """
     base = recipe.scaled_from or recipe.name
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
+    if not recipe.arch.is_moe:
+        values = {k: v for k, v in values.items() if k not in MOE_KNOBS}
     split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
     if flavour in BRIDGE_SPELLING:
         if not recipe.mbridge_recipe and flavour == "mbridge":

@@ -35,10 +35,46 @@ class ModelArch:
     # providers and NeMo 2's GPT-3 175B set 0; Megatron-LM's own default, which its 2021 GPT runs kept, is 0.1.
     # Priced by dse.perfmodel.model (HIDDEN_DROPOUT_BYTES, unfused attention's score bytes) and the activation count
     dropout: float = 0.0
+    # the attention head size where it is not hidden / heads (Megatron's kv_channels): Qwen3 (128 with 32 or 64
+    # heads of a 2048 / 4096 hidden), GPT-OSS (64 with 64 heads of a 2880 hidden); None: hidden / heads
+    kv_channels: int | None = None
+    # --- mixture of experts (Megatron-Core TransformerConfig's moe_* fields) ---
+    moe_topk: int = 2  # experts each token is routed to (moe_router_topk); read only when num_experts > 0
+    moe_ffn_hidden_size: int = 0  # one routed expert's FFN size (moe_ffn_hidden_size); 0 = ffn_hidden_size
+    moe_shared_expert_size: int = 0  # total FFN size of the shared experts (moe_shared_expert_intermediate_size)
+    moe_first_dense_layers: int = 0  # DeepSeek's first k dense layers (moe_layer_freq = [0]*k + [1]*(L-k))
+    moe_router_score: str = "softmax"  # "softmax" | "sigmoid" (moe_router_score_function)
+    moe_load_balancing: str = "aux_loss"  # "aux_loss" | "seq_aux_loss" | "none" (moe_router_load_balancing_type)
+    moe_capacity_factor: float | None = None  # moe_expert_capacity_factor; None = dropless
+    # --- DeepSeek's multi-latent attention (MLATransformerConfig); kv_lora_rank 0 = no MLA ---
+    q_lora_rank: int | None = None  # None = no query compression
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0  # multi-token prediction depth (mtp_num_layers); 0 = none
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's FFN size."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def moe_layers(self) -> int:
+        """The layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.num_layers - self.moe_first_dense_layers if self.is_moe else 0
 
     def scaled(self, num_layers: int, suffix: str | None = None) -> ModelArch:
         """The same width with fewer layers: the 2-node reproducer of a large model."""
@@ -58,6 +94,16 @@ class Layout:
     fsdp: bool = False
     recompute: str = "none"
     cpu_offload_layers: int = 0  # layers whose activations go to host memory (Megatron-Core cpu_offloading)
+    ep: int = 1  # expert-parallel size
+    etp: int = 1  # expert tensor-parallel size
+    moe_dispatcher: str = "alltoall"  # "alltoall" | "allgather" | "flex" (DeepEP / HybridEP)
+    moe_grouped_gemm: bool = True
+    moe_a2a_overlap: bool = False  # overlap the expert all-to-all with the other micro-batch's compute
+    moe_permute_fusion: bool = False
+    # decoder layers of the first / last pipeline stage (Megatron's num_layers_in_first/last_pipeline_stage);
+    # 0 = an even split
+    pp_first_layers: int = 0
+    pp_last_layers: int = 0
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
@@ -103,6 +149,201 @@ NEMOTRON4_15B = ModelArch(
 NEMOTRON4_340B = ModelArch(
     "nemotron4_340b", 96, 18432, 96, 8, 73728, 256000, False, max_position_embeddings=4096, activation="squared_relu"
 )
+
+# Mixture-of-experts architectures, as the Hugging Face configs that Megatron-Bridge's AutoBridge converts
+# (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, deepseek-ai/DeepSeek-V3, Qwen/Qwen3-30B-A3B, Qwen3-235B-A22B,
+# openai/gpt-oss-120b) and NeMo 2's MixtralConfig8x7B / 8x22B, DeepSeekV3Config, Qwen3Config30B_A3B /
+# 235B_A22B, GPTOSSConfig120B define them.
+MIXTRAL_8X7B = ModelArch(
+    "mixtral_8x7b", 32, 4096, 32, 8, 14336, 32000, True, num_experts=8, moe_topk=2, max_position_embeddings=32768
+)
+MIXTRAL_8X22B = ModelArch(
+    "mixtral_8x22b", 56, 6144, 48, 8, 16384, 32768, True, num_experts=8, moe_topk=2, max_position_embeddings=65536
+)
+# 671B total, 37B active: 3 dense layers then 58 MoE layers of 256 routed experts (top-8, sigmoid scores, the
+# sequence-wise auxiliary loss besides the bias-based balancing) and one shared expert; MLA; one MTP layer
+DEEPSEEK_V3 = ModelArch(
+    "deepseek_v3",
+    61,
+    7168,
+    128,
+    128,
+    18432,
+    129280,
+    True,
+    num_experts=256,
+    max_position_embeddings=163840,
+    moe_topk=8,
+    moe_ffn_hidden_size=2048,
+    moe_shared_expert_size=2048,
+    moe_first_dense_layers=3,
+    moe_router_score="sigmoid",
+    moe_load_balancing="seq_aux_loss",
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    mtp_layers=1,
+)
+QWEN3_30B_A3B = ModelArch(
+    "qwen3_30b_a3b",
+    48,
+    2048,
+    32,
+    4,
+    6144,
+    151936,
+    True,
+    num_experts=128,
+    max_position_embeddings=40960,
+    kv_channels=128,
+    moe_topk=8,
+    moe_ffn_hidden_size=768,
+)
+QWEN3_235B_A22B = ModelArch(
+    "qwen3_235b_a22b",
+    94,
+    4096,
+    64,
+    4,
+    12288,
+    151936,
+    True,
+    num_experts=128,
+    max_position_embeddings=40960,
+    kv_channels=128,
+    moe_topk=8,
+    moe_ffn_hidden_size=1536,
+)
+# every other layer attends within a 128-token sliding window (not priced: the FLOPs convention of NVIDIA's
+# tables counts full causal attention)
+GPT_OSS_120B = ModelArch(
+    "gpt_oss_120b",
+    36,
+    2880,
+    64,
+    8,
+    2880,
+    201088,
+    True,
+    num_experts=128,
+    max_position_embeddings=131072,
+    kv_channels=64,
+    moe_topk=4,
+    moe_ffn_hidden_size=2880,
+)
+
+
+def _moe_recipes() -> list[Recipe]:
+    """The six MoE recipes with NVIDIA's default layouts per GPU.
+
+    Sources: NeMo's ``scripts/performance/recommended_model_configs/model_configs_{h100,b200,gb200}.csv`` for
+    Mixtral (NeMo 2 only: Megatron-Bridge ships no Mixtral recipe), Megatron-Bridge's
+    ``scripts/performance/configs/{deepseek,qwen,gpt_oss}/*_workload_base_configs.py`` (``*_V1`` presets) for the
+    others. "flex" is the presets' ``moe_flex_dispatcher_backend="hybridep"``; a preset without one runs the
+    all-to-all dispatcher (``scripts/performance/utils/overrides.py``). Bridge's MoE recipes fuse the permutation
+    (``moe_permute_fusion = True``) and use grouped GEMMs. DeepSeek-V3's ``pp_layout`` strings are given as the
+    decoder layers of the first and last pipeline stage they produce (embedding, MTP and loss aside).
+    """
+    mix = dict(ep=8, moe_permute_fusion=True)
+    dsv3 = dict(moe_dispatcher="flex", moe_permute_fusion=True)
+    qwen = dict(moe_permute_fusion=True)
+    return [
+        Recipe(
+            "mixtral_8x7b",
+            MIXTRAL_8X7B,
+            "mixtral_8x7b",
+            None,
+            4096,
+            64,
+            {
+                "h100/bf16": Layout(1, 4, 1, 8, 1, 256, **mix),
+                "b200/bf16": Layout(1, 1, 1, 1, 2, 256, **mix),
+                "gb200/bf16": Layout(1, 1, 1, 1, 2, 256, **mix),
+            },
+        ),
+        Recipe(
+            "mixtral_8x22b",
+            MIXTRAL_8X22B,
+            "mixtral_8x22b",
+            None,
+            65536,
+            256,
+            {
+                "h100/bf16": Layout(4, 4, 8, 14, 1, 256, **mix),
+                "b200/bf16": Layout(2, 4, 8, 14, 1, 64, **mix),
+            },
+        ),
+        Recipe(
+            "deepseek_v3",
+            DEEPSEEK_V3,
+            "deepseek_v3",
+            "deepseek_v3_pretrain_config",
+            4096,
+            256,
+            {
+                # pp_layout "Et|(tt|)*30mL": 7 decoder layers on the first stage, 6 (and the MTP layer) on the last
+                "h100/bf16": Layout(2, 8, 1, 4, 1, 8192, ep=64, pp_first_layers=7, pp_last_layers=6, **dsv3),
+                # Bridge's layout for (pp 4, vp 4): 16 layers on the first stage, 13 on the last
+                "gb200/bf16": Layout(1, 4, 1, 4, 1, 2048, ep=64, pp_first_layers=16, pp_last_layers=13, **dsv3),
+                # "Et*4|(t*4|)*14tmL" over pp 2, vp 8: 32 and 29
+                "gb300/bf16": Layout(1, 4, 1, 4, 1, 2048, ep=64, pp_first_layers=16, pp_last_layers=13, **dsv3),
+                "gb300/fp8": Layout(1, 2, 1, 8, 2, 2048, ep=32, pp_first_layers=32, pp_last_layers=29, **dsv3),
+                # (pp 16, vp 1): 4 layers on the first stage, 1 on the last
+                "b200/bf16": Layout(1, 16, 1, 1, 1, 2048, ep=8, pp_first_layers=4, pp_last_layers=1, **dsv3),
+                # (pp 8, vp 2): 8 and 5
+                "b300/bf16": Layout(1, 8, 1, 2, 1, 2048, ep=8, pp_first_layers=8, pp_last_layers=5, **dsv3),
+            },
+        ),
+        Recipe(
+            "qwen3_30b_a3b",
+            QWEN3_30B_A3B,
+            "qwen3_30b_a3b",
+            "qwen3_30b_a3b_pretrain_config",
+            4096,
+            8,
+            {
+                # NeMo's 8-GPU H100 row (Bridge's base preset: ep 8, gbs 512); Bridge's own H100 preset is 16 GPUs
+                "h100/bf16": Layout(1, 1, 1, 1, 1, 512, ep=8, moe_dispatcher="flex", **qwen),
+                "b200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=8, moe_dispatcher="flex", **qwen),
+                "gb200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=8, moe_dispatcher="flex", **qwen),
+                "b300/bf16": Layout(1, 1, 1, 1, 8, 512, ep=8, moe_dispatcher="flex", **qwen),
+                "gb300/bf16": Layout(1, 1, 1, 1, 8, 512, ep=8, moe_dispatcher="flex", **qwen),
+            },
+        ),
+        Recipe(
+            "qwen3_235b_a22b",
+            QWEN3_235B_A22B,
+            "qwen3_235b_a22b",
+            "qwen3_235b_a22b_pretrain_config",
+            4096,
+            64,
+            {
+                "h100/bf16": Layout(2, 8, 1, 4, 1, 2048, ep=32, moe_a2a_overlap=True, **qwen),
+                "b200/bf16": Layout(1, 8, 1, 4, 1, 1024, ep=8, **qwen),
+                "b200/fp8": Layout(1, 8, 1, 1, 1, 1024, ep=8, **qwen),
+                "gb200/bf16": Layout(1, 8, 1, 1, 1, 1024, ep=8, moe_dispatcher="flex", **qwen),
+                "b300/bf16": Layout(1, 8, 1, 1, 1, 1024, ep=8, moe_dispatcher="flex", **qwen),
+                "gb300/bf16": Layout(1, 1, 1, 1, 2, 1024, ep=64, moe_dispatcher="flex", **qwen),
+            },
+        ),
+        Recipe(
+            "gpt_oss_120b",
+            GPT_OSS_120B,
+            "gpt_oss_120b",
+            "gpt_oss_120b_pretrain_config",
+            4096,
+            64,
+            {
+                "h100/bf16": Layout(1, 4, 1, 1, 1, 512, ep=8, **qwen),
+                "b200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
+                "gb200/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
+                "b300/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
+                "gb300/bf16": Layout(1, 1, 1, 1, 4, 512, ep=64, **qwen),
+            },
+        ),
+    ]
 
 
 def _recipes() -> dict[str, Recipe]:
@@ -184,6 +425,7 @@ def _recipes() -> dict[str, Recipe]:
             128,
             {"h100/bf16": Layout(8, 8, 1, 12, 1, 32), "h100/fp8": Layout(8, 8, 1, 12, 1, 32)},
         ),
+        *_moe_recipes(),
     ]
     out = {r.name: r for r in full}
     # 2-node reproducers: same width (so per-layer GEMM shapes and TP collectives are the real ones),

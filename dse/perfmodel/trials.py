@@ -79,6 +79,23 @@ class _ModelFile(BaseModel):
         "fused", description="fused: the stack's fused SwiGLU/GeLU kernel; squared_relu: Nemotron's eager one"
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="hidden and attention dropout probability (0: none)")
+    kv_channels: int | None = Field(None, ge=1, le=2**16, description="head size; default hidden / heads")
+    # mixture of experts (recipes.models.ModelArch's fields; num_experts 0 = dense)
+    num_experts: int = Field(0, ge=0, le=2**16)
+    moe_topk: int = Field(2, ge=1, le=2**10)
+    moe_ffn_hidden_size: int = Field(0, ge=0, le=2**22, description="one expert's FFN size; 0 = ffn_hidden_size")
+    moe_shared_expert_size: int = Field(0, ge=0, le=2**22, description="the shared experts' total FFN size")
+    moe_first_dense_layers: int = Field(0, ge=0, le=knobs.LAYERS_MAX)
+    moe_router_score: Literal["softmax", "sigmoid"] = "softmax"
+    moe_load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    moe_capacity_factor: float | None = Field(None, gt=0.0, le=1024.0, description="absent: dropless")
+    # multi-latent attention (kv_lora_rank 0 = none) and multi-token prediction
+    q_lora_rank: int | None = Field(None, ge=1, le=2**20)
+    kv_lora_rank: int = Field(0, ge=0, le=2**20)
+    qk_rope_head_dim: int = Field(0, ge=0, le=2**16)
+    qk_nope_head_dim: int = Field(0, ge=0, le=2**16)
+    v_head_dim: int = Field(0, ge=0, le=2**16)
+    mtp_layers: int = Field(0, ge=0, le=64)
 
 
 def load_model_file(path: str | Path) -> ModelArch:
@@ -102,6 +119,8 @@ def load_model_file(path: str | Path) -> ModelArch:
             file=f,
             field="num_query_groups",
         )
+    _check_moe(m, f)
+    extra = {n: getattr(m, n) for n in _ARCH_EXTRAS}
     return ModelArch(
         m.name,
         m.num_layers,
@@ -111,6 +130,46 @@ def load_model_file(path: str | Path) -> ModelArch:
         m.ffn_hidden_size,
         m.vocab_size,
         m.gated_mlp,
-        activation=m.activation,
-        dropout=m.dropout,
+        **extra,
     )
+
+
+# the model file's fields that ModelArch takes by keyword, under the same names
+_ARCH_EXTRAS = (
+    "activation",
+    "dropout",
+    "kv_channels",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_size",
+    "moe_first_dense_layers",
+    "moe_router_score",
+    "moe_load_balancing",
+    "moe_capacity_factor",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "mtp_layers",
+)
+
+
+def _check_moe(m: _ModelFile, f: str) -> None:
+    """The MoE and MLA fields agree with each other: top-k within the experts, dense layers within the layers,
+    MLA's head dims given with its rank."""
+    if m.num_experts and m.moe_topk > m.num_experts:
+        raise UserError(f"moe_topk {m.moe_topk} exceeds num_experts {m.num_experts}", file=f, field="moe_topk")
+    if m.moe_first_dense_layers >= m.num_layers and m.num_experts:
+        raise UserError(
+            f"moe_first_dense_layers {m.moe_first_dense_layers} leaves no MoE layer of {m.num_layers}",
+            file=f,
+            field="moe_first_dense_layers",
+        )
+    if m.kv_lora_rank and not (m.qk_rope_head_dim and m.qk_nope_head_dim and m.v_head_dim):
+        raise UserError(
+            "kv_lora_rank (multi-latent attention) needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim > 0",
+            file=f,
+            field="kv_lora_rank",
+        )
