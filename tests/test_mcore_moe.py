@@ -147,3 +147,37 @@ def test_moe_plan_lines_are_valid_command_lines(plan):
         cfg = check(config_from_argv(args.split())[0], 1, te_available=True)
         assert cfg.tp == cfg.pp == cfg.ep == 1, name
         assert cfg.is_moe or name.startswith("dense"), name
+
+
+@pytest.mark.parametrize("recipe", ["mixtral_8x7b", "qwen3_30b_a3b", "gpt_oss_120b"])
+def test_dse_mbridge_moe_overrides_round_trip(recipe):
+    """What dse spells for an MoE recipe (dse.knobs, mbridge) is understood, with the architecture's MoE fields."""
+    from dse import knobs
+    from dse.recipes.models import RECIPES
+
+    values = {name: k.default for name, k in knobs.CATALOGUE.items()}
+    values.update(ep=2, etp=1, mbs=1, gbs=16, moe_grouped_gemm=False, moe_dispatcher="allgather", max_steps=30)
+    values.update(moe_permute_fusion=True)
+    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge")])
+    arch = RECIPES[recipe].arch
+    assert (cfg.num_experts, cfg.moe_topk, cfg.expert_ffn, cfg.head_dim) == (
+        arch.num_experts,
+        arch.moe_topk,
+        arch.expert_ffn,
+        arch.head_dim,
+    )
+    resolved = check(cfg, 8, te_available=True)
+    assert (resolved.ep, resolved.etp, resolved.moe_dispatcher) == (2, 1, "allgather")
+    assert (resolved.moe_grouped_gemm, resolved.moe_permute_fusion) == (False, True)
+    values.update(moe_dispatcher="flex")  # spelled with its backend and shared-expert overlap; refused with why
+    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge")])
+    with pytest.raises(ConfigError, match="DeepEP / HybridEP"):
+        check(cfg, 8, te_available=True)
+
+
+def test_mla_and_uneven_stages_are_refused():
+    with pytest.raises(ConfigError, match="multi-latent attention is not wired"):
+        config_from_argv(["--factory", "deepseek_v3_recipe"])
+    cfg, _ = config_from_argv(["--model", "small_moe", "model.num_layers_in_first_pipeline_stage=3"])
+    with pytest.raises(ConfigError, match="splits the layers evenly"):
+        check(cfg, 1, te_available=True)

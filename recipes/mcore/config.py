@@ -21,9 +21,21 @@ from ..models import RECIPES, ModelArch
 SMALL_GQA = ModelArch("small_gqa", 8, 2048, 16, 4, 5632, 32000, True)
 # A small fine-grained MoE of the same width for one GPU: every layer's MLP is 16 routed SwiGLU experts of FFN
 # 1408 (a quarter of the dense FFN, as DeepSeek's and Qwen's fine-grained experts), top-2, dropless, aux loss.
-SMALL_MOE = ModelArch("small_moe", 8, 2048, 16, 4, 5632, 32000, True, num_experts=16)
-# the MoE fields of a preset beyond ModelArch's (the moe_* fields of RunConfig)
-_MOE_PRESET = {"small_moe": {"moe_topk": 2, "moe_ffn_hidden_size": 1408}}
+SMALL_MOE = ModelArch(
+    "small_moe", 8, 2048, 16, 4, 5632, 32000, True, num_experts=16, moe_topk=2, moe_ffn_hidden_size=1408
+)
+# the ModelArch fields that become RunConfig fields of the same meaning (recipes.models names them the same)
+_ARCH_MOE = (
+    "kv_channels",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_size",
+    "moe_first_dense_layers",
+    "moe_router_score",
+    "moe_load_balancing",
+    "moe_capacity_factor",
+)
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -99,6 +111,8 @@ class RunConfig:
     layer_spec: str = "auto"
     # Megatron's uneven pipeline split (embedding / loss counted as a layer); dse spells both always, off
     # unless pp*vp misses the layers by two. Only the even split is wired here (check() refuses the other).
+    pp_first_layers: int | None = None  # Megatron's num_layers_in_first/last_pipeline_stage: refused by check()
+    pp_last_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     train_iters: int = 20
@@ -236,6 +250,10 @@ def check(
     )
     need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
     need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
+    need(
+        not (cfg.pp_first_layers or cfg.pp_last_layers),
+        "num_layers_in_first/last_pipeline_stage: this payload splits the layers evenly over the pipeline stages only",
+    )
     need(
         not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
@@ -451,6 +469,8 @@ _OVERRIDES: dict[str, str] = {
     "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "model.attention_backend": "attention_backend",
     "model.transformer_impl": "layer_spec",
+    "model.num_layers_in_first_pipeline_stage": "pp_first_layers",
+    "model.num_layers_in_last_pipeline_stage": "pp_last_layers",
     "model.account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
     "model.account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
     "train.train_iters": "train_iters",
@@ -484,6 +504,10 @@ IGNORED = (
     # what is offloaded (activations, not weights): meaningful only with cpu_offloading, refused by check()
     "model.cpu_offloading_activations",
     "model.cpu_offloading_weights",
+    # what dse spells with moe_dispatcher=flex and moe_a2a_overlap=true (dse.knobs), both refused by check()
+    "model.moe_flex_dispatcher_backend",
+    "model.moe_shared_expert_overlap",
+    "comm_overlap.delay_wgrad_compute",
 )
 _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
@@ -702,9 +726,10 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         ffn_hidden_size=arch.ffn_hidden_size,
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
-        num_experts=arch.num_experts,
     )
-    values.update(_MOE_PRESET.get(arch.name, {}))
+    if arch.is_mla:
+        raise ConfigError(f"model {arch.name}: multi-latent attention is not wired into this payload")
+    values.update({name: getattr(arch, name) for name in _ARCH_MOE})
     flag_names = {
         "num_layers",
         "hidden_size",
@@ -750,12 +775,9 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         ffn_hidden_size=arch.ffn_hidden_size,
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
-        num_experts=arch.num_experts,
+        **{name: getattr(arch, name) for name in _ARCH_MOE},
     )
-    if arch.num_experts:
-        moe_preset = {"moe_topk": RunConfig.moe_topk, "moe_ffn_hidden_size": RunConfig.moe_ffn_hidden_size}
-        preset.update(moe_preset | _MOE_PRESET.get(arch.name, {}))
-    changed = {k for k, v in preset.items() if values.get(k, getattr(RunConfig, k)) != v}
+    changed = {k for k, v in preset.items() if values[k] != v}
     if changed == {"num_layers"}:  # a scaled preset, as recipes.models names them (llama3_70b_16l)
         values["model"] = f"{arch.name}_{values['num_layers']}l"
     elif changed:
