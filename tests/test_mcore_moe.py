@@ -4,6 +4,7 @@ refusals (Megatron-Core's own rules and what one GPU cannot run), the MoE FLOPs 
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from dse.recipes.mcore.config import (
     RunConfig,
     check,
     config_from_argv,
+    format_iteration_line,
+    format_memory_line,
+    header_lines,
     model_flops_per_step,
 )
 
@@ -181,3 +185,83 @@ def test_mla_and_uneven_stages_are_refused():
     cfg, _ = config_from_argv(["--model", "small_moe", "model.num_layers_in_first_pipeline_stage=3"])
     with pytest.raises(ConfigError, match="splits the layers evenly"):
         check(cfg, 1, te_available=True)
+
+
+# ----------------------------------------------------------- reading a run back (bench/moe_gpu_runs.py)
+def _bench():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import moe_gpu_runs
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return moe_gpu_runs
+
+
+def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float) -> None:
+    """A log as train.py prints it, made with the payload's own line formatters (header, iterations, memory);
+    the figures are made up for the test, not measured."""
+    flops = model_flops_per_step(cfg)
+    lines = header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3")
+    for i, ms in enumerate(steps, start=1):
+        lines.append(
+            format_iteration_line(
+                iteration=i,
+                train_iters=len(steps),
+                consumed_samples=i * cfg.gbs,
+                elapsed_ms=ms,
+                tflops_per_gpu=flops / (ms * 1e-3 * 1e12),
+                learning_rate=3e-4,
+                global_batch_size=cfg.gbs,
+                losses={"lm loss": 10.0 - 0.1 * i},
+                loss_scale=1.0,
+                grad_norm=1.0,
+            )
+        )
+        if i in (1, 2, len(steps)):
+            mib = 1024.0 * 1024.0
+            lines.append(format_memory_line(0, i, int(4000 * mib), int(max_alloc_mib * mib), int(9000 * mib), 9000))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_bench_reads_the_moe_header_and_the_figures(tmp_path):
+    """The bench's reading of a log: the MoE settings from the header, the median step after the warm-up steps,
+    the peak allocated memory; the TSV it writes holds them, and a dense run reads as zero experts."""
+    bench = _bench()
+    moe = check(replace(MOE, gbs=8, mbs=2, moe_grouped_gemm=False), 1, te_available=True)
+    steps = [900.0, 400.0, 130.0, 120.0, 110.0, 125.0, 118.0, 122.0, 121.0, 119.0, 117.0, 123.0]
+    _write_log(tmp_path / "moe16_seq_mbs2.log", moe, steps, 20480.0)
+    _write_log(tmp_path / "dense.log", check(replace(SMALL_GQA_RUN, mbs=2), 1, te_available=True), steps, 10240.0)
+    rows = {r["name"]: r for r in bench.write_tsv(tmp_path, tmp_path / "runs.tsv")}
+    row = rows["moe16_seq_mbs2"]
+    assert row["step_time_ms"] == pytest.approx(statistics.median(steps[2:]))
+    assert row["peak_allocated_gib"] == pytest.approx(20.0)
+    assert (row["num_experts"], row["moe_topk"], row["moe_ffn_hidden_size"], row["moe_grouped_gemm"]) == (
+        16,
+        2,
+        1408,
+        False,
+    )
+    assert (row["layer_spec"], row["attention_backend"], row["gpu"], row["mbs"]) == (
+        "te",
+        "local",
+        "NVIDIA H100 80GB HBM3",
+        2,
+    )
+    assert row["tflops_per_gpu"] == pytest.approx(model_flops_per_step(moe) / (row["step_time_ms"] * 1e9), rel=1e-3)
+    assert rows["dense"]["num_experts"] == 0 and rows["dense"]["moe_dispatcher"] == ""
+    back = {r["name"]: r for r in bench.base.read_tsv(tmp_path / "runs.tsv")}
+    assert back["moe16_seq_mbs2"]["moe_grouped_gemm"] == "False" and back["moe16_seq_mbs2"]["kv_channels"] == "128"
+    assert bench.gpu_key(row["gpu"]) == "h100" and bench.gpu_key("NVIDIA H200") == "h200"
+
+
+def test_bench_predicts_every_plan_run():
+    """--predict-plan resolves each plan line with the payload's checks and gets the model's figures for it."""
+    bench = _bench()
+    rows = bench.plan_rows(ROOT / "bench" / "moe_gpu_plan.tsv", "NVIDIA H200")
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["moe8_gg_mbs2"]["num_experts"] == "8" and by_name["moe16_seq_mbs1"]["moe_grouped_gemm"] == "False"
+    out = bench.predict_plan(ROOT / "bench" / "moe_gpu_plan.tsv", "NVIDIA H200")
+    assert [o["name"] for o in out] == [r["name"] for r in rows]
+    assert all(o["step_time_ms"] > 0 and o["peak_memory_gib"] > 0 for o in out)

@@ -829,6 +829,40 @@ def format_iteration_line(
     return s
 
 
+def header_lines(cfg: RunConfig, world: int, dp: int, device: str) -> list[str]:
+    """The lines rank 0 prints before building the model: the run, the layer spec, the device, the precision, the
+    model and (an MoE) its experts. bench/h200_real_runs.py, h200_te_runs.py and moe_gpu_runs.py read them back."""
+    num_micro = cfg.gbs // (cfg.mbs * dp)
+    fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
+    lines = [
+        f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
+        f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
+        f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}",
+        f"> recipes.mcore: layer spec {cfg.layer_spec}",
+        f"> recipes.mcore: device {device}",
+        f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
+        f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}",
+        f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
+        f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
+        f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
+        f"{model_flops_per_step(cfg):.6e} (causal convention)",
+    ]
+    if cfg.is_moe:
+        lines.append(format_moe_line(cfg))
+    return lines
+
+
+def format_moe_line(cfg: RunConfig) -> str:
+    """The payload's MoE header line (after the model line; bench/moe_gpu_runs.py reads it back)."""
+    return (
+        f"> recipes.mcore: moe experts {cfg.num_experts}, top-k {cfg.moe_topk}, expert ffn {cfg.expert_ffn}, "
+        f"shared expert ffn {cfg.moe_shared_expert_size}, first dense layers {cfg.moe_first_dense_layers}, "
+        f"ep {cfg.ep}, etp {cfg.etp}, dispatcher {cfg.moe_dispatcher}, grouped gemm {cfg.moe_grouped_gemm}, "
+        f"permute fusion {cfg.moe_permute_fusion}, capacity factor {cfg.moe_capacity_factor}, "
+        f"router {cfg.moe_router_score} {cfg.moe_load_balancing}, kv channels {cfg.head_dim}"
+    )
+
+
 def format_memory_line(
     rank: int, iteration: int, allocated: int, max_allocated: int, reserved: int, max_reserved: int
 ) -> str:

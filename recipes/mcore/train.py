@@ -21,6 +21,7 @@ from .config import (
     RunConfig,
     format_iteration_line,
     format_memory_line,
+    header_lines,
     model_flops_per_step,
 )
 
@@ -346,32 +347,8 @@ def train(cfg: RunConfig) -> int:
     num_micro = cfg.gbs // (cfg.mbs * dp)
     last_rank = world - 1
     if rank == 0:
-        _print(
-            f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
-            f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
-            f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}"
-        )
-        _print(f"> recipes.mcore: layer spec {cfg.layer_spec}")
-        _print(f"> recipes.mcore: device {torch.cuda.get_device_name()}")
-        fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
-        _print(
-            f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
-            f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}"
-        )
-        _print(
-            f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
-            f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
-            f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
-            f"{model_flops_per_step(cfg):.6e} (causal convention)"
-        )
-        if cfg.is_moe:
-            _print(
-                f"> recipes.mcore: moe experts {cfg.num_experts}, top-k {cfg.moe_topk}, expert ffn {cfg.expert_ffn}, "
-                f"shared expert ffn {cfg.moe_shared_expert_size}, first dense layers {cfg.moe_first_dense_layers}, "
-                f"ep {cfg.ep}, etp {cfg.etp}, dispatcher {cfg.moe_dispatcher}, grouped gemm {cfg.moe_grouped_gemm}, "
-                f"permute fusion {cfg.moe_permute_fusion}, capacity factor {cfg.moe_capacity_factor}, "
-                f"router {cfg.moe_router_score} {cfg.moe_load_balancing}, kv channels {cfg.head_dim}"
-            )
+        for line in header_lines(cfg, world, dp, torch.cuda.get_device_name()):
+            _print(line)
         _print("building GPT model ...")
     config = _transformer_config(cfg)
     chunks = _build_model(cfg, config)
