@@ -67,6 +67,11 @@ def layers_divisible(t: TrialConfig) -> Broken | None:
     """pp (and pp*vp) must divide the layers; Megatron may count the embedding and the loss as one pipeline
     layer each (``account_for_embedding/loss_in_pipeline_split``, as NeMo's 405B recipe does: 126 + 2 = 128)."""
     chunks = t.layout.pp * t.layout.vp
+    uneven = _uneven_stages(t)
+    if uneven is not None:
+        return uneven
+    if t.layout.pp_first_layers or t.layout.pp_last_layers:
+        return None
     if t.pipeline_layers % chunks:
         what, named = (
             (f"pp={t.layout.pp}", ("pp",))
@@ -76,6 +81,26 @@ def layers_divisible(t: TrialConfig) -> Broken | None:
         return broken(
             f"{what} does not divide the {t.arch.num_layers} layers (nor {t.arch.num_layers + 2} with "
             "embedding and loss)",
+            *named,
+        )
+    return None
+
+
+def _uneven_stages(t: TrialConfig) -> Broken | None:
+    """With the first / last stage's layers set (Megatron's num_layers_in_first/last_pipeline_stage,
+    TransformerConfig's checks): a pipeline to place them on, and the other layers split evenly over the other
+    stages (every stage holding at least one)."""
+    first, last, pp, layers = t.layout.pp_first_layers, t.layout.pp_last_layers, t.layout.pp, t.arch.num_layers
+    if not (first or last):
+        return None
+    named = tuple(n for n, v in (("pp_first_layers", first), ("pp_last_layers", last)) if v) + ("pp",)
+    if pp == 1:
+        return broken("pp_first_layers / pp_last_layers need pp > 1", *named)
+    rest, others = layers - first - last, pp - (1 if first else 0) - (1 if last else 0)
+    if rest < 0 or (others == 0 and rest) or (others and (rest < others or rest % others)):
+        return broken(
+            f"the {rest} layers besides the first ({first or 'even'}) and last ({last or 'even'}) stage's do not "
+            f"split evenly over the other {others} of pp={pp} stages",
             *named,
         )
     return None

@@ -305,7 +305,7 @@ def _mbridge_max_steps(knob: Knob, value: Any, values: Mapping[str, Any], sp: Sp
 
 # --- mixture of experts ---------------------------------------------------------------------------------------
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
-# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`payload_args`), so
+# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`overrides`), so
 # that they stay as they were before MoE support. ``ep`` is spelled for every recipe, as it always was.
 MOE_KNOBS = frozenset({"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"})
 # flex: Megatron-Core's MoEFlexTokenDispatcher. Megatron-Bridge picks its kernels by moe_flex_dispatcher_backend
@@ -422,6 +422,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=[_S + "expert_model_parallel_size"],
             mbridge=["model.expert_model_parallel_size"],
             **_LAYOUT,
+            model_arg="ep",
         ),
         _int(
             "etp",
@@ -430,6 +431,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=[_S + "expert_tensor_parallel_size"],
             mbridge=["model.expert_tensor_parallel_size"],
             **_LAYOUT,
+            model_arg="etp",
         ),
         Knob(
             "moe_dispatcher",
@@ -441,6 +443,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.moe_token_dispatcher_type",),
             spell=_both(_moe_dispatcher),
             recipe_layout=True,
+            model_arg="moe_dispatcher",
         ),
         Knob(
             "moe_grouped_gemm",
@@ -450,6 +453,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=(_M + "moe_grouped_gemm",),
             mbridge=("model.moe_grouped_gemm",),
             recipe_layout=True,
+            model_arg="moe_grouped_gemm",
         ),
         Knob(
             "moe_a2a_overlap",
@@ -460,6 +464,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("comm_overlap.overlap_moe_expert_parallel_comm",),
             spell=_both(_moe_a2a_overlap),
             recipe_layout=True,
+            model_arg="moe_a2a_overlap",
         ),
         Knob(
             "moe_permute_fusion",
@@ -469,6 +474,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=(_M + "moe_permute_fusion",),
             mbridge=("model.moe_permute_fusion",),
             recipe_layout=True,
+            model_arg="moe_permute_fusion",
         ),
         _int(
             "pp_first_layers",
@@ -480,6 +486,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=["model.num_layers_in_first_pipeline_stage"],
             spell=_both(_stage_layers),
             **_LAYOUT,
+            model_arg="pp_first_layers",
         ),
         _int(
             "pp_last_layers",
@@ -491,6 +498,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=["model.num_layers_in_last_pipeline_stage"],
             spell=_both(_stage_layers),
             **_LAYOUT,
+            model_arg="pp_last_layers",
         ),
         Knob(
             "sp",
@@ -736,17 +744,21 @@ def spelling_of(flavour: str) -> Spelling:
     return SPELLINGS[flavour]
 
 
-def overrides(values: Mapping[str, Any], flavour: str) -> list[str]:
+def overrides(values: Mapping[str, Any], flavour: str, *, moe: bool = False) -> list[str]:
     """Dotted ``path=value`` overrides that set ``values`` (canonical knob -> value) in a payload's config.
 
     Each flavour spells through its :class:`Spelling` (:data:`SPELLINGS`). Knobs that several fields spell
     together (precision with fp8_recipe, recompute with recompute_num_layers) are spelled once, at the first of
     them. Knobs with no path in a flavour are left to the payload, or reach it as factory arguments
-    (:func:`factory_args`). Callers validate values first and shell-quote the result.
+    (:func:`factory_args`). The MoE-only knobs (:data:`MOE_KNOBS`) are spelled for a MoE model only (``moe``), so
+    that a dense model's scripts stay as they were. Callers validate values first and shell-quote the result.
     """
     spelling = spelling_of(flavour)
     return [
-        o for name, value in values.items() if name in CATALOGUE for o in spelling.spell(CATALOGUE[name], value, values)
+        o
+        for name, value in values.items()
+        if name in CATALOGUE and (moe or name not in MOE_KNOBS)
+        for o in spelling.spell(CATALOGUE[name], value, values)
     ]
 
 
@@ -809,8 +821,6 @@ def payload_args(
     """
     base = recipe.scaled_from or recipe.name
     num_layers = recipe.arch.num_layers if recipe.scaled_from else None
-    if not recipe.arch.is_moe:
-        values = {k: v for k, v in values.items() if k not in MOE_KNOBS}
     split = pipeline_split_overrides(recipe.arch.num_layers, values, flavour)
     if flavour in BRIDGE_SPELLING:
         if not recipe.mbridge_recipe and flavour == "mbridge":
@@ -822,7 +832,7 @@ def payload_args(
         ub = factory_args(values, gpu=gpu, hidden_size=recipe.arch.hidden_size).get("tp_comm_overlap_cfg")
         if ub and flavour == "mbridge":
             argv += ["--tp-comm-overlap-cfg", ub]
-        argv += overrides(values, flavour) + split
+        argv += overrides(values, flavour, moe=recipe.arch.is_moe) + split
         if num_layers:
             argv.append(f"model.num_layers={num_layers}")
         return tuple(argv)
@@ -831,7 +841,7 @@ def payload_args(
         "--factory",
         factory_call(base + NEMO2_FACTORY_SUFFIX, args),
         "-y",
-        *overrides(values, flavour),
+        *overrides(values, flavour, moe=recipe.arch.is_moe),
         *split,
         f"trainer.devices={gpus_per_node}",
     ]

@@ -81,3 +81,55 @@ def model_flops_per_step(
     d = h // a
     per_layer = e * h * F + 2 * h * a * d + 2 * h * g * d + c * a * d * seq_length
     return 6.0 * gbs * seq_length * (num_layers * per_layer + h * vocab_size)
+
+
+def moe_model_flops_per_step(arch, *, gbs: int, seq_length: int, convention: str = "causal") -> float:
+    """Model FLOPs of one step of a mixture-of-experts and/or multi-latent-attention decoder (``arch`` a
+    ``recipes.models.ModelArch``), as Megatron-Bridge counts them for its TFLOP/s figures
+    (``megatron/bridge/training/utils/flop_utils.py``, ``transformer_flops``; Megatron-LM's
+    ``num_floating_point_operations`` is the same formula):
+
+      FLOPs/step = 6·B·s·[ h·( e·F·L_dense + e·(k·F_e + F_sh)·L_moe ) + attention + MTP + h·V·(1 + n_mtp) ]
+
+    per token; the n_mtp multi-token-prediction layers count as one more layer of the last layer's kind and
+    add their projection (3h + 2h²) and output layer. Attention per layer: GQA ``h·(a + 2g)·d + a·d·h + c·a·d·s/2``
+    (c as in :func:`model_flops_per_step`); MLA ``q_lora·(h + a·(d_nope + d_rope)) (+ h·a·(d_nope + d_rope) without
+    query compression) + kv_lora·(h + a·(d_nope + d_v)) + h·d_rope + a·d_v·h + c·a·(d_nope + d_rope + d_v)·s/2``
+    (Bridge's ``+1`` of the norms included); sliding-window layers count the window's average context instead of
+    s/2 (Bridge's ``swa_context``). The vocabulary is not padded, as in :func:`model_flops_per_step`.
+    Tokens routed to experts are counted at top-k whether or not a capacity factor drops some (Bridge's count).
+    """
+    if convention not in FLOPS_CONVENTIONS:
+        raise ValueError(f"unknown FLOPs convention {convention!r}; use one of {', '.join(FLOPS_CONVENTIONS)}")
+    c = 1 if convention == "causal" else 2
+    e = 3 if arch.gated_mlp else 2
+    h, a, s, n_mtp = arch.hidden_size, arch.num_attention_heads, seq_length, arch.mtp_layers
+    layers = arch.num_layers + n_mtp
+    if arch.num_experts:
+        moe = arch.num_layers - arch.moe_first_dense_layers + n_mtp  # the last layer is MoE: so are the MTP layers
+        dense = arch.moe_first_dense_layers
+        ffn_e = arch.moe_ffn_hidden_size or arch.ffn_hidden_size
+        mlp = e * arch.ffn_hidden_size * dense + e * (arch.moe_topk * ffn_e + arch.moe_shared_expert_size) * moe
+    else:
+        mlp = e * arch.ffn_hidden_size * layers
+    if arch.kv_lora_rank:
+        qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+        q = h * a * qk if arch.q_lora_rank is None else arch.q_lora_rank * (h + a * qk + 1)
+        kv = arch.kv_lora_rank * (h + a * (arch.qk_nope_head_dim + arch.v_head_dim) + 1) + h * arch.qk_rope_head_dim
+        core = c * s * a * (qk + arch.v_head_dim) / 2
+        attn = q + kv + a * arch.v_head_dim * h + core
+        attn_all = layers * attn
+    else:
+        d = arch.kv_channels or h // a
+        g = arch.num_query_groups
+        proj = h * (a + 2 * g) * d + a * d * h
+        attn_all = layers * (proj + c * a * d * s)
+        if arch.sliding_window and arch.sliding_window + 1 < s:
+            # window_size (W, 0) attends to W + 1 tokens: on average W' - W'(W' - 1)/(2s) of them, both directions
+            # of the convention alike (Bridge's swa_context); every full_attention_every-th layer attends fully
+            w = arch.sliding_window + 1
+            every = arch.full_attention_every
+            windowed = sum(1 for i in range(layers) if not every or (i + 1) % every)
+            attn_all -= windowed * a * d * (c * s - 2 * (w - w * (w - 1) / (2 * s)))
+    per_token = h * mlp + attn_all + n_mtp * (3 * h + 2 * h * h) + h * arch.vocab_size * (1 + n_mtp)
+    return 6.0 * gbs * s * per_token

@@ -53,6 +53,10 @@ class ModelArch:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     mtp_layers: int = 0  # multi-token prediction depth (mtp_num_layers); 0 = none
+    # sliding-window attention (Megatron's window_size = (sliding_window, 0); 0 = full attention everywhere) and
+    # window_attn_skip_freq: every full_attention_every-th layer attends fully (0 = none does)
+    sliding_window: int = 0
+    full_attention_every: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -216,8 +220,8 @@ QWEN3_235B_A22B = ModelArch(
     moe_topk=8,
     moe_ffn_hidden_size=1536,
 )
-# every other layer attends within a 128-token sliding window (not priced: the FLOPs convention of NVIDIA's
-# tables counts full causal attention)
+# every other layer attends within a 128-token sliding window (Bridge's GPT-OSS provider: window_size (128, 0),
+# window_attn_skip_freq 2)
 GPT_OSS_120B = ModelArch(
     "gpt_oss_120b",
     36,
@@ -232,6 +236,8 @@ GPT_OSS_120B = ModelArch(
     kv_channels=64,
     moe_topk=4,
     moe_ffn_hidden_size=2880,
+    sliding_window=128,
+    full_attention_every=2,
 )
 
 

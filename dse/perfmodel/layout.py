@@ -44,6 +44,14 @@ class ModelLayout:
     tp_comm_overlap: bool = False
     cpu_offload_layers: int = 0
     attention_backend: str = "auto"
+    ep: int = 1
+    etp: int = 1
+    moe_dispatcher: str = "alltoall"
+    moe_grouped_gemm: bool = True
+    moe_a2a_overlap: bool = False
+    moe_permute_fusion: bool = False
+    pp_first_layers: int = 0
+    pp_last_layers: int = 0
     dropout: bool = False
     nvlink_domain: int | None = None
     scaleout_gbps: float | None = None
@@ -207,11 +215,17 @@ def grad_bytes(precision: str, stack: Stack) -> float:
     return 2.0 if precision == "fp8" and not stack.fp8_grad_reduce_in_fp32 else 4.0
 
 
-def stage_layers(num_layers: int, p: int, v: int) -> tuple[float, float, float, bool]:
+def stage_layers(num_layers: int, p: int, v: int, first: int = 0, last: int = 0) -> tuple[float, float, float, bool]:
     """Transformer layers on the (first, middle, last) pipeline stage, and whether the embedding and
-    the loss are counted as layers in the split (see :mod:`dse.perfmodel.model`'s docstring)."""
+    the loss are counted as layers in the split (see :mod:`dse.perfmodel.model`'s docstring). ``first`` / ``last``
+    set the first / last stage's layers (Megatron's num_layers_in_first/last_pipeline_stage, 0 = unset): the
+    other stages share the rest evenly."""
     if p <= 1:
         return float(num_layers), float(num_layers), float(num_layers), False
+    if first or last:
+        fixed = (1 if first else 0) + (1 if last else 0)
+        mid = (num_layers - first - last) / (p - fixed) if p > fixed else 0.0
+        return float(first or mid), mid, float(last or mid), False
     pv = p * v
     if num_layers % pv and (num_layers + 2) % pv == 0:
         per_stage = (num_layers + 2) / p
@@ -235,17 +249,21 @@ class Stages:
     stage_params: float  # the largest stage's
 
     @classmethod
-    def of(cls, arch: ModelArch, p: int, v: int) -> Stages:
-        """The stages of ``arch`` over ``p`` pipeline ranks of ``v`` model chunks each; with one stage, it holds
-        both the embedding and the output layer."""
-        first_l, mid_l, last_l, accounted = stage_layers(arch.num_layers, p, v)
+    def of(cls, arch: ModelArch, p: int, v: int, first: int = 0, last: int = 0) -> Stages:
+        """The stages of ``arch`` over ``p`` pipeline ranks of ``v`` model chunks each (``first`` / ``last`` layers
+        on the first / last stage, 0 = an even split); with one stage, it holds both the embedding and the output
+        layer. Multi-token-prediction layers (``ModelArch.mtp_layers``) run on the last stage, one layer each."""
+        first_l, mid_l, last_l, accounted = stage_layers(arch.num_layers, p, v, first, last)
+        last_l += arch.mtp_layers
+        if p == 1:
+            first_l = mid_l = last_l
         lp = layer_params(arch)
         emb = arch.vocab_size * arch.hidden_size
         first_params: float
         last_params: float
         stage_params: float
         if p == 1:
-            stage_params = arch.num_layers * lp + 2 * emb
+            stage_params = last_l * lp + 2 * emb
             first_params = last_params = stage_params
         else:
             first_params = first_l * lp + emb
@@ -254,18 +272,18 @@ class Stages:
         return cls(first_l, mid_l, last_l, accounted, lp, first_params, last_params, stage_params)
 
 
-_STAGES: dict[tuple[int, int, int], tuple[ModelArch, Stages]] = {}
+_STAGES: dict[tuple[int, int, int, int, int], tuple[ModelArch, Stages]] = {}
 
 
-def stages_of(arch: ModelArch, p: int, v: int) -> Stages:
+def stages_of(arch: ModelArch, p: int, v: int, first: int = 0, last: int = 0) -> Stages:
     """:meth:`Stages.of`, once per architecture and pipeline split (a grid has a few dozen); shared, never changed.
     Keyed by the architecture's identity, as :func:`machine_for` is (hashing a ModelArch costs as much as Stages.of)."""
-    key = (id(arch), p, v)
+    key = (id(arch), p, v, first, last)
     hit = _STAGES.get(key)
     if hit is not None and hit[0] is arch:
         return hit[1]
     if len(_STAGES) >= _MACHINES_MAX:
         _STAGES.clear()
-    stages = Stages.of(arch, p, v)
+    stages = Stages.of(arch, p, v, first, last)
     _STAGES[key] = (arch, stages)
     return stages

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from dse.perfmodel import moe as _moe
 from dse.perfmodel.layout import ModelLayout, Shape, Stages
 from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
 from dse.perfmodel.timing import Params
@@ -134,8 +135,11 @@ def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: floa
 def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none") -> float:
     """:func:`layer_activation_bytes` of one layer of ``shape`` under ``layout``'s options. Attention backend
     "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused kernel
-    (``fused_softmax``); "local" is Megatron's own, counted as Korthikanti does."""
+    (``fused_softmax``); "local" is Megatron's own, counted as Korthikanti does. A MoE or
+    MLA layer: :func:`dse.perfmodel.moe.moe_layer_activation_bytes`."""
     arch = shape.arch
+    if _moe.moe_arch(arch):
+        return _moe.moe_layer_activation_bytes(shape, layout, fp8, recompute)
     return layer_activation_bytes(
         shape.seq_length / shape.cp,
         shape.mbs,
@@ -226,6 +230,7 @@ class MemoryCounts:
     fsdp_buf: float
     cache_first: float
     cache_last: float
+    expert_states: float = 0.0  # bytes of the routed experts' weights, gradients and optimizer shard (largest stage)
 
     def peak_gib(self, P: Params, stack: Stack) -> float:
         """The peak (GiB) under ``P``: the larger stage's bytes with fragmentation, plus the reserve and offset."""
@@ -258,11 +263,13 @@ def memory_counts(
     fsdp_buf = fsdp_buffer_bytes(stages.layer_params / t, h * shape.fc1_cols, weight_b, grad_b) if layout.fsdp else 0.0
     # the backward pass of one layer needs its full activations and their gradients; unfused attention's
     # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
+    experts = _moe.expert_stages(arch, layout, stages)
+    expert_b = state_bytes_per_param(experts.data_parallel, grad_bytes=grad_b, weight_bytes=weight_b)
     s_loc = shape.seq_length / shape.cp
     work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
     return MemoryCounts(
-        fixed_first=stages.first_params / t * states_b + cache_first + fsdp_buf,
-        fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf,
+        fixed_first=stages.first_params / t * states_b + cache_first + fsdp_buf + experts.first * expert_b,
+        fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf + experts.last * expert_b,
         act_first=first_layers * act_kept + work,
         act_last_layers=last_layers * act_kept,
         work=work,
@@ -272,6 +279,7 @@ def memory_counts(
         fsdp_buf=fsdp_buf,
         cache_first=cache_first,
         cache_last=cache_last,
+        expert_states=max(experts.first, experts.last) * expert_b,
     )
 
 
@@ -286,7 +294,7 @@ def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
     act_last = c.act_last_layers + max(c.work, logits_mem)
     return MemoryUse(
         peak_gib=c.peak_gib(P, stack),
-        states_gib=c.states_params * c.states_b / GIB,
+        states_gib=(c.states_params * c.states_b + c.expert_states) / GIB,
         activations_gib=max(c.act_first, act_last - logits_mem) / GIB,
         logits_gib=logits_mem / GIB,
         fsdp_buffers_gib=c.fsdp_buf / GIB,

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from dse import knobs
 from dse.hardware import HARDWARE, GpuSpec
 from dse.perfmodel import flops as _flops
+from dse.perfmodel import moe as _moe
 from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages, grad_bytes, machine_for, stages_of, uses_fp8
 from dse.perfmodel.memory import MemoryCounts, MemoryUse, layer_activations, memory_counts, peak_memory
 from dse.perfmodel.stack import NVIDIA_RECIPES, Stack, cross_entropy_bytes, payload_stack
@@ -55,6 +56,7 @@ class StepTime:
     layer_compute_s: float
     host_wait_s: float
     tp_exposed_s: float
+    ep_exposed_s: float
     cp_exposed_s: float
     recompute_s: float
     logits_s: float
@@ -92,6 +94,7 @@ BREAKDOWN_KEYS: tuple[tuple[str, str, str], ...] = tuple(
             "layer_compute_s",
             "host_wait_s",
             "tp_exposed_s",
+            "ep_exposed_s",
             "cp_exposed_s",
             "recompute_s",
             "logits_s",
@@ -406,14 +409,50 @@ class LayerTime:
     cp_exposed: float
     recompute: float
     host_wait: float
+    ep_exposed: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_exposed + self.cp_exposed + self.recompute + self.host_wait
+        return self.compute + self.tp_exposed + self.cp_exposed + self.recompute + self.host_wait + self.ep_exposed
+
+
+def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack) -> LayerTime:
+    """The terms of one MoE / MLA layer (:mod:`dse.perfmodel.moe`): the dense layer's with the GEMMs and
+    element-wise kernels of attention (GQA or MLA), shared and routed experts, plus the router, the permutation,
+    a MoE layer's fixed overhead and the token exchanges left exposed (``ep_exposed``)."""
+    P = machine.params
+    m = _moe.moe_layer_time(shape, layout, machine)
+    attn_fwd, attn_fb = attention_time(shape, layout, machine)
+    compute = 3.0 * m.gemm_forward + attn_fb + m.elementwise + m.router + m.permute + P.layer_overhead_s
+    if shape.arch.num_experts:
+        compute += P.moe_layer_overhead_s
+    tp_one = tp_collective_time(shape, machine)
+    tp_hidden = tp_hidden_share(layout, P)
+    tp_exposed = _moe.tp_collectives_per_layer(shape.arch) * tp_one * (1.0 - tp_hidden)
+    cp_exposed = cp_exposed_time(shape, machine, attn_fb)
+    rec = recompute_time(shape, layout, m.gemm_forward, attn_fwd, m.elementwise, tp_one, tp_hidden)
+    busy = compute + tp_exposed + cp_exposed + rec + m.a2a_exposed
+    host_wait = max(0.0, host_layer_time(machine, stack) - busy)
+    return LayerTime(
+        m.gemm_forward,
+        attn_fwd,
+        attn_fb,
+        m.elementwise,
+        compute,
+        tp_one,
+        tp_hidden,
+        tp_exposed,
+        cp_exposed,
+        rec,
+        host_wait,
+        m.a2a_exposed,
+    )
 
 
 def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack) -> LayerTime:
     """The terms of one layer: compute, TP and CP communication left exposed, recompute, and the wait for the host."""
+    if _moe.moe_arch(shape.arch):
+        return moe_layer_time(shape, layout, machine, stack)
     P = machine.params
     gemm_fwd = gemm_forward_time(shape, machine)
     attn_fwd, attn_fb = attention_time(shape, layout, machine)
@@ -466,7 +505,7 @@ def microbatch_time(shape: Shape, stages: Stages, layer_s: float, logits_s: floa
     """One micro-batch slot of the schedule: the slowest stage's layers, with the logits on the last stage and the
     offload copies (pp=1 only) on the first."""
     if shape.pp == 1:
-        return shape.arch.num_layers * layer_s + logits_s + offload_s
+        return stages.first_layers * layer_s + logits_s + offload_s
     return max(
         stages.mid_layers * layer_s, stages.last_layers * layer_s + logits_s, stages.first_layers * layer_s + offload_s
     )
@@ -504,13 +543,31 @@ def dp_exposed_time(
         comm_mb = frac_r * p_local * (4.0 + grad_b) / dp_bw + 3 * shape.arch.num_layers / shape.pp * lat
         return shape.microbatches * _exposed(comm_mb, P.dp_overlap * microbatch_s)
     comm = frac_r * p_local * (2.0 + grad_b) / dp_bw + 2 * lat
+    comm += expert_dp_time(shape, layout, machine, stages, grad_b)
     return _exposed(comm, P.dp_overlap * microbatch_s)
 
 
-def optimizer_time(shape: Shape, machine: Machine, stages: Stages) -> float:
-    """The memory-bound Adam step over this GPU's shard of the slowest stage's parameters (36 bytes each)."""
+def expert_dp_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, grad_b: float) -> float:
+    """The routed experts' gradient reduce-scatter and weight all-gather over the expert-data-parallel group
+    (``world / (pp·ep·etp)`` ranks, ``ep·etp`` apart), once per step; 0 for a dense model."""
+    experts = _moe.expert_stages(shape.arch, layout, stages)
+    d_e = experts.data_parallel
+    if not experts.largest or d_e <= 1:
+        return 0.0
+    stride = layout.ep * layout.etp
+    bw = _group_bw(d_e, stride, machine.nvlink_domain, machine.nvlink_Bps, machine.nic_Bps)
+    return (d_e - 1) / d_e * experts.largest * (2.0 + grad_b) / bw + 2 * machine.latency_s
+
+
+def optimizer_time(shape: Shape, machine: Machine, stages: Stages, layout: ModelLayout | None = None) -> float:
+    """The memory-bound Adam step over this GPU's shard of the slowest stage's parameters (36 bytes each), the
+    routed experts' shard (over the expert-data-parallel group) included."""
     d_r = shape.data_parallel * shape.cp
-    return stages.stage_params / shape.tp / d_r * 36.0 / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
+    local = stages.stage_params / shape.tp / d_r
+    if layout is not None and shape.arch.num_experts:
+        experts = _moe.expert_stages(shape.arch, layout, stages)
+        local += experts.largest / experts.data_parallel
+    return local * 36.0 / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
 
 def grad_accumulation_time(shape: Shape, machine: Machine, stages: Stages, stack: Stack, grad_b: float) -> float:
@@ -533,20 +590,22 @@ def step_time(
     layer = layer_time(shape, layout, machine, stack)
     t_layer = layer.total
     t_offload = offload_time(shape, layout, machine, t_layer, layer_bytes)
-    t_logits = logits_time(shape, layout, machine, stack, layer.tp_collective)
+    # each multi-token-prediction layer has its own output layer and loss
+    t_logits = logits_time(shape, layout, machine, stack, layer.tp_collective) * (1 + shape.arch.mtp_layers)
     t_mb = microbatch_time(shape, stages, t_layer, t_logits, t_offload)
     layers = stages.first_layers if p == 1 else stages.mid_layers
     return StepTime(
         layer_compute_s=m * layers * layer.compute,
         host_wait_s=m * layers * layer.host_wait,
         tp_exposed_s=m * stages.mid_layers * layer.tp_exposed,
+        ep_exposed_s=m * stages.mid_layers * layer.ep_exposed,
         cp_exposed_s=m * stages.mid_layers * layer.cp_exposed,
         recompute_s=m * stages.mid_layers * layer.recompute,
         logits_s=m * t_logits,
         bubble_s=(p - 1) / v * t_mb,
         pp_p2p_s=pipeline_p2p_time(shape, machine, t_mb),
         dp_exposed_s=dp_exposed_time(shape, layout, machine, stages, t_mb, grad_b),
-        optimizer_s=optimizer_time(shape, machine, stages),
+        optimizer_s=optimizer_time(shape, machine, stages, layout),
         grad_accumulation_s=grad_accumulation_time(shape, machine, stages, stack, grad_b),
         offload_exposed_s=m * t_offload,
         overhead_s=P.step_overhead_s,
@@ -615,6 +674,14 @@ def predict_layout(
     tp_comm_overlap: bool = False,
     cpu_offload_layers: int = 0,
     attention_backend: str = "auto",
+    ep: int = 1,
+    etp: int = 1,
+    moe_dispatcher: str = "alltoall",
+    moe_grouped_gemm: bool = True,
+    moe_a2a_overlap: bool = False,
+    moe_permute_fusion: bool = False,
+    pp_first_layers: int = 0,
+    pp_last_layers: int = 0,
     dropout: bool | None = None,
     nvlink_domain: int | None = None,
     scaleout_gbps: float | None = None,
@@ -654,6 +721,14 @@ def prepare_layout(
     tp_comm_overlap: bool = False,
     cpu_offload_layers: int = 0,
     attention_backend: str = "auto",
+    ep: int = 1,
+    etp: int = 1,
+    moe_dispatcher: str = "alltoall",
+    moe_grouped_gemm: bool = True,
+    moe_a2a_overlap: bool = False,
+    moe_permute_fusion: bool = False,
+    pp_first_layers: int = 0,
+    pp_last_layers: int = 0,
     dropout: bool | None = None,
     nvlink_domain: int | None = None,
     scaleout_gbps: float | None = None,
@@ -679,6 +754,14 @@ def prepare_layout(
         tp_comm_overlap=tp_comm_overlap,
         cpu_offload_layers=cpu_offload_layers,
         attention_backend=attention_backend,
+        ep=ep,
+        etp=etp,
+        moe_dispatcher=moe_dispatcher,
+        moe_grouped_gemm=moe_grouped_gemm,
+        moe_a2a_overlap=moe_a2a_overlap,
+        moe_permute_fusion=moe_permute_fusion,
+        pp_first_layers=pp_first_layers,
+        pp_last_layers=pp_last_layers,
         dropout=_dropout(arch, stack, dropout),
         nvlink_domain=nvlink_domain,
         scaleout_gbps=scaleout_gbps,
@@ -723,7 +806,7 @@ class Prepared:
         hw = HARDWARE[gpu]
         fp8 = uses_fp8(hw, layout)
         shape = Shape.of(arch, layout)
-        stages = stages_of(arch, layout.pp, layout.vp)
+        stages = stages_of(arch, layout.pp, layout.vp, layout.pp_first_layers, layout.pp_last_layers)
         layer_bytes = layer_activations(shape, layout, fp8)
         grad_b = grad_bytes(layout.precision, stack)
         memory = memory_counts(shape, layout, fp8, stages, stack, full_layer=layer_bytes, grad_b=grad_b)

@@ -72,6 +72,28 @@ class Params:
     # fp32 softmax). A calibration file's [params] may set either; dse calibrate fits neither
     logits_bytes: float = 2.0
     logits_bytes_native: float = 6.0
+    # mixture of experts (dse.perfmodel.moe), fitted by bench/model_moe.py --fit on its 18 published MoE rows of
+    # container 26.04 (moe_a2a_eff and moe_flex_speedup end at their bounds: few rows run the NCCL all-to-all
+    # across nodes, so the two are not separately determined; their product, the flex kernels' rate, is):
+    # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
+    # height times the waves a small per-expert problem leaves idle)
+    moe_gemm_m_half: float = 1118.0
+    # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
+    # messages to every peer)
+    moe_a2a_eff: float = 0.2
+    # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
+    # to ship it)
+    moe_flex_speedup: float = 3.0
+    # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute
+    moe_a2a_overlap: float = 0.887
+    # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
+    # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
+    moe_imbalance: float = 1.0
+    # fixed: the launch of one expert's GEMM when the experts run one GEMM each (moe_grouped_gemm off)
+    moe_gemm_launch_s: float = 10e-6
+    # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
+    # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward
+    moe_layer_overhead_s: float = 1.50e-3
 
     def with_values(self, **kw) -> Params:
         return replace(self, **kw)
@@ -94,6 +116,9 @@ FITTED = (
     "cp_overlap",
     "dp_overlap",
 )
+# the MoE parameters, fitted by bench/model_moe.py --fit on the published MoE rows (not by model_accuracy.py --fit,
+# whose dense rows do not read them)
+MOE_FITTED = ("moe_gemm_m_half", "moe_a2a_eff", "moe_flex_speedup", "moe_a2a_overlap", "moe_layer_overhead_s")
 PARAM_NAMES = tuple(f.name for f in fields(Params))
 
 

@@ -43,6 +43,14 @@ MODELS: dict[str, NemoModel] = {
         NemoModel("nemotron3_8b", "nemotron3_8b", "nemotron3", 256000),
         NemoModel("nemotron4_15b", "nemotron4_15b", "nemotron4", 256000),
         NemoModel("nemotron4_340b", "nemotron4_340b", "nemotron4", 256000),
+        # MoE recipes (nemo.collections.llm.recipes); FLOPs-formula names as NeMo's / Megatron-Bridge's FLOPs
+        # callbacks key them (_model_flops_map: mixtral, deepseekv3, qwen3, gpt_oss)
+        NemoModel("mixtral_8x7b", "mixtral_8x7b", "mixtral", 32000),
+        NemoModel("mixtral_8x22b", "mixtral_8x22b", "mixtral", 32768),
+        NemoModel("deepseek_v3", "deepseek_v3", "deepseekv3", 129280),
+        NemoModel("qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3", 151936),
+        NemoModel("qwen3_235b_a22b", "qwen3_235b_a22b", "qwen3", 151936),
+        NemoModel("gpt_oss_120b", "gpt_oss_120b", "gpt_oss", 201088),
     )
 }
 

@@ -1,0 +1,337 @@
+"""The mixture-of-experts and multi-latent-attention terms of the model: one MoE layer's GEMMs, its token
+dispatch and combine (all-to-all, all-gather or the flex kernels), permutation and router, its activations, and
+the routed experts' model states sharded over expert parallelism.
+
+How Megatron-Core runs a MoE layer (``megatron/core/transformer/moe/``): the attention part is a dense layer's,
+split over the tensor-parallel ranks; the MoE MLP sees the layer's tokens split over TP by sequence parallelism
+(``T/tp`` per GPU), routes each to ``k`` experts (``router.py``), permutes them by expert and sends them to the
+expert-parallel ranks that hold those experts (``token_dispatcher.py``: dispatch, then combine after the experts,
+each forward and backward: four exchanges per layer and micro-batch), where the local experts run as one grouped
+GEMM (``experts.py`` ``TEGroupedMLP``) or one GEMM each (``SequentialMLP``). Each GPU holds ``E/ep`` experts,
+each split over ``etp`` ranks; under balanced routing it processes ``k·T/tp`` token-expert pairs per micro-batch,
+``m = k·(T/tp)·ep·etp/E`` per local expert: small ``m`` is what makes expert GEMMs slower than a dense GEMM of
+the same FLOPs (:func:`grouped_gemm_efficiency`). Shared experts are a dense MLP beside the routed ones.
+
+Load balance: NVIDIA's published MoE rows force-balance the router (Megatron-Bridge's performance summaries:
+"we force-balance the token distribution among experts and all benchmarks are token-dropless";
+``moe_router_force_load_balancing``), so the fitted parameters describe balanced routing, and
+``Params.moe_imbalance`` (the busiest expert-parallel rank's tokens over the mean) stays 1 for them: a real
+router's imbalance is that parameter, to be set from one's own runs (``dse calibrate``) since no published table
+measures it.
+
+Expert states (Megatron-Core's expert-data-parallel group, ``parallel_state``'s ``expert_data_parallel``: the
+``world / (pp·ep·etp)`` ranks that hold the same experts): weights and gradients of this GPU's experts, the
+distributed optimizer's fp32 state sharded over that group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dse.perfmodel.flops import expert_params, mlp_factor
+from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages
+from dse.recipes.models import ModelArch
+
+ROUTER_BYTES = 24.0  # HBM bytes per token and expert of the router: fp32 logits, scores, top-k, their backward
+# HBM bytes per hidden element of one routed copy of a token for permutation and unpermutation, forward and
+# backward (bf16): permute reads the token (2) and writes its copy (2), unpermute reads the expert's output (2) and
+# the probabilities and adds it into the token (2 + 2), and the backward does the same again: 20. The fused kernels
+# (moe_permute_fusion, Transformer Engine's moe_permute / moe_unpermute) fold the index gather and the probability
+# scaling into one pass: about half
+PERMUTE_BYTES = 20.0
+PERMUTE_FUSED_SHARE = 0.5
+A2A_PER_LAYER = 4  # dispatch and combine, forward and backward
+
+
+def moe_arch(arch: ModelArch) -> bool:
+    """Whether ``arch`` takes this module's terms (experts or MLA or its own head size); a plain dense GQA model
+    keeps the dense layer's formulas exactly."""
+    return bool(arch.num_experts or arch.kv_lora_rank or arch.kv_channels is not None)
+
+
+def attention_weights(arch: ModelArch) -> float:
+    """Weight elements of one layer's attention GEMMs per token pass (QKV and output; MLA's down and up
+    projections): the forward FLOPs per token are twice this."""
+    h, a = arch.hidden_size, arch.num_attention_heads
+    if not arch.kv_lora_rank:
+        d = arch.head_dim
+        return h * (a + 2 * arch.num_query_groups) * d + a * d * h
+    qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    q = h * a * qk if arch.q_lora_rank is None else arch.q_lora_rank * (h + a * qk)
+    kv = h * (arch.kv_lora_rank + arch.qk_rope_head_dim) + arch.kv_lora_rank * a * (
+        arch.qk_nope_head_dim + arch.v_head_dim
+    )
+    return q + kv + a * arch.v_head_dim * h
+
+
+def attention_core_dims(arch: ModelArch) -> tuple[float, float]:
+    """(query-key dim, value dim) per head of the core attention: MLA's nope + rope and v head dims, else d."""
+    if arch.kv_lora_rank:
+        return float(arch.qk_nope_head_dim + arch.qk_rope_head_dim), float(arch.v_head_dim)
+    return float(arch.head_dim), float(arch.head_dim)
+
+
+def local_tokens(shape: Shape) -> float:
+    """Tokens of one micro-batch that enter this GPU's MoE layer: the layer's tokens split over TP."""
+    return shape.tokens / shape.tp
+
+
+def tokens_per_expert(shape: Shape, layout: ModelLayout) -> float:
+    """Token copies each local expert processes per micro-batch under balanced routing."""
+    arch = shape.arch
+    return arch.moe_topk * local_tokens(shape) * layout.ep * layout.etp / arch.num_experts
+
+
+def grouped_gemm_efficiency(m: float, m_half: float) -> float:
+    """The share of the GEMM rate a grouped expert GEMM of ``m`` rows per expert reaches: ``m / (m + m_half)``,
+    ``m_half`` the fitted rows at which it runs at half the rate (tile quantisation and wave tails of small
+    per-expert problems; CUTLASS / cuBLASLt grouped GEMMs)."""
+    return m / (m + m_half)
+
+
+def expert_gemm_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """The routed experts' GEMMs of one layer and micro-batch on this GPU, forward: FLOPs at the GEMM rate times
+    the grouped efficiency (times the busiest rank's imbalance), plus the local experts' weights and the tokens
+    through HBM; one GEMM per expert without grouped GEMM costs a launch per expert and GEMM besides."""
+    arch, P = shape.arch, machine.params
+    h, Fe, e, k = arch.hidden_size, arch.expert_ffn, mlp_factor(arch), arch.moe_topk
+    pairs = k * local_tokens(shape) * P.moe_imbalance  # token copies through this GPU's experts
+    flops = 2.0 * pairs * h * e * Fe
+    m = tokens_per_expert(shape, layout) * P.moe_imbalance
+    eff = grouped_gemm_efficiency(m, P.moe_gemm_m_half)
+    local_experts = arch.num_experts / layout.ep
+    weights = local_experts * e * h * Fe / layout.etp
+    nbytes = weights * machine.gemm_input_bytes + pairs * (2.0 * h + (e - 1) * Fe) * 2.0
+    t = flops / (machine.gemm_rate * eff) + nbytes / machine.hbm_Bps
+    if not layout.moe_grouped_gemm:
+        t += 2.0 * local_experts * P.moe_gemm_launch_s  # fc1 and fc2 per expert (x3 with the backward, in compute)
+    return t
+
+
+def dense_gemm_forward(shape: Shape, machine: Machine) -> float:
+    """The layer's dense GEMMs, forward: attention (GQA or MLA) and the shared experts (or, for a model without
+    experts, its MLP), split over TP, at the GEMM rate plus weights and tokens through HBM."""
+    arch, t, T = shape.arch, shape.tp, shape.tokens
+    h, e = arch.hidden_size, mlp_factor(arch)
+    ffn = arch.moe_shared_expert_size if arch.num_experts else arch.ffn_hidden_size
+    weights = (attention_weights(arch) + e * h * ffn) / t
+    flops = 2.0 * T * weights
+    nbytes = weights * machine.gemm_input_bytes + T * (4.0 * h + 2.0 * (e - 1) * ffn / t) * machine.gemm_input_bytes
+    return flops / machine.gemm_rate + nbytes / machine.hbm_Bps
+
+
+def router_time(shape: Shape, machine: Machine) -> float:
+    """The router of one layer, forward + backward: its h x E GEMM (fp32 in Megatron-Core) and the element-wise
+    score, top-k and auxiliary-loss kernels over the T/tp x E scores."""
+    arch = shape.arch
+    if not arch.num_experts:
+        return 0.0
+    T = local_tokens(shape)
+    gemm = 3.0 * 2.0 * T * arch.hidden_size * arch.num_experts / (machine.bf16_peak * machine.params.gemm_eff_bf16 / 4)
+    return gemm + T * arch.num_experts * ROUTER_BYTES * machine.params.elementwise_scale / machine.hbm_Bps
+
+
+def permute_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """Permutation and unpermutation of the routed token copies, forward + backward (:data:`PERMUTE_BYTES`)."""
+    arch = shape.arch
+    if not arch.num_experts:
+        return 0.0
+    share = PERMUTE_FUSED_SHARE if layout.moe_permute_fusion else 1.0
+    copies = arch.moe_topk * local_tokens(shape) * machine.params.moe_imbalance
+    return copies * arch.hidden_size * PERMUTE_BYTES * share * machine.params.elementwise_scale / machine.hbm_Bps
+
+
+def moe_elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """The element-wise kernels of a MoE / MLA layer, forward + backward: the dense layer's norms, residuals and
+    RoPE (60 bytes per hidden element, as :func:`dse.perfmodel.model.elementwise_time`), the attention inputs,
+    the activation of the shared and the routed experts (18 or 12 bytes per FFN element) and FP8's quantisation
+    of the GEMM inputs (4 bytes each)."""
+    arch, t = shape.arch, shape.tp
+    h, h_sp = arch.hidden_size, shape.hidden_sp
+    qk, v = attention_core_dims(arch)
+    a = arch.num_attention_heads
+    act = 18.0 if arch.gated_mlp else 12.0
+    if arch.num_experts:
+        mlp_elems = (arch.moe_shared_expert_size + arch.moe_topk * arch.expert_ffn * machine.params.moe_imbalance) / t
+    else:
+        mlp_elems = arch.ffn_hidden_size / t
+    attn_elems = a * (2.0 * qk + v) / t
+    nbytes = 60.0 * h_sp + 12.0 * attn_elems + act * mlp_elems
+    if machine.fp8:
+        nbytes += 4.0 * (2.0 * h_sp + attn_elems + mlp_elems * mlp_factor(arch) / 2.0 + h / t)
+    return shape.tokens * nbytes * machine.params.elementwise_scale / machine.hbm_Bps
+
+
+def remote_domains(k: int, domains: float) -> float:
+    """The NVLink domains other than its own that a token routed to ``k`` uniformly chosen experts spread over
+    ``domains`` domains reaches, on average: ``(D - 1)·(1 - (1 - 1/D)^k)``. The flex dispatcher's kernels (DeepEP's
+    internode mode, HybridEP) send a token once per remote domain and fan it out over NVLink there, where the
+    all-to-all sends one copy per remote expert."""
+    if domains <= 1.0:
+        return 0.0
+    return (domains - 1.0) * (1.0 - (1.0 - 1.0 / domains) ** k)
+
+
+def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """The token exchanges of one MoE layer and micro-batch (:data:`A2A_PER_LAYER`), before any overlap.
+
+    All-to-all and flex: each exchange sends this GPU's ``k·T/tp`` token copies (bf16) to the ``ep`` ranks of its
+    expert-parallel group, ``(ep-1)/ep`` of them away; the group's ranks are ``etp`` apart (Megatron-Core's expert
+    rank order), so the peers within the NVLink domain are reached over NVLink and the others through this GPU's
+    NIC, both at once, at the fitted all-to-all efficiency (the flex kernels, DeepEP / HybridEP, at their own, and
+    sending a token once per remote NVLink domain: :func:`remote_domains`).
+    All-gather: every rank gathers the group's tokens and reduce-scatters the result, ``2(ep-1)·T/tp`` tokens.
+    """
+    arch, ep, P = shape.arch, layout.ep, machine.params
+    if not arch.num_experts or ep <= 1:
+        return 0.0
+    h, T = arch.hidden_size, local_tokens(shape)
+    in_domain = max(1.0, min(float(ep), machine.nvlink_domain / max(layout.etp, 1)))
+    if layout.moe_dispatcher == "allgather":
+        nbytes = (ep - 1) * T * h * 2.0
+        near, far = (in_domain - 1) / (ep - 1), (ep - in_domain) / (ep - 1)
+    else:
+        nbytes = arch.moe_topk * T * h * 2.0 * P.moe_imbalance
+        near, far = (in_domain - 1) / ep, (ep - in_domain) / ep
+        if layout.moe_dispatcher == "flex":
+            far = remote_domains(arch.moe_topk, ep / in_domain) / arch.moe_topk
+    eff = P.moe_a2a_eff * (P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0)
+    one = max(nbytes * near / machine.nvlink_Bps, nbytes * far / machine.nic_Bps) / eff + P.collective_latency_s
+    return A2A_PER_LAYER * one
+
+
+def a2a_exposed(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """The exchanges' time not hidden: ``moe_a2a_overlap`` (Megatron-Core's overlap_moe_expert_parallel_comm,
+    which runs one micro-batch's exchanges under another's computation) hides a fitted share; without it the
+    exchanges sit on the critical path."""
+    t = a2a_time(shape, layout, machine)
+    return t * (1.0 - machine.params.moe_a2a_overlap) if layout.moe_a2a_overlap else t
+
+
+@dataclass(slots=True)
+class MoeLayerTime:
+    """One MoE / MLA layer's terms beyond attention's core, for one micro-batch (seconds): ``gemm_forward`` the
+    dense and expert GEMMs forward, ``elementwise`` / ``router`` / ``permute`` forward + backward,
+    ``a2a_exposed`` the token exchanges left on the critical path."""
+
+    gemm_forward: float
+    elementwise: float
+    router: float
+    permute: float
+    a2a_exposed: float
+
+
+def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine) -> MoeLayerTime:
+    """The terms of one MoE / MLA layer that replace a dense layer's GEMM and element-wise terms."""
+    arch = shape.arch
+    gemm = dense_gemm_forward(shape, machine)
+    if arch.num_experts:
+        gemm += expert_gemm_forward(shape, layout, machine)
+    return MoeLayerTime(
+        gemm,
+        moe_elementwise_time(shape, layout, machine),
+        router_time(shape, machine),
+        permute_time(shape, layout, machine),
+        a2a_exposed(shape, layout, machine),
+    )
+
+
+def tp_collectives_per_layer(arch: ModelArch) -> float:
+    """Tensor-parallel all-gathers / reduce-scatters of one layer, forward and backward: 8 for a dense layer (the
+    attention's and the MLP's); a MoE layer's routed experts take their tokens from the sequence-parallel split
+    (no TP collective), so only attention and the shared experts' TP MLP have them."""
+    if not arch.num_experts:
+        return 8.0
+    return 8.0 if arch.moe_shared_expert_size else 4.0
+
+
+# ---- memory ------------------------------------------------------------------------------------------------
+
+
+# Megatron-Core's recompute_modules (TransformerConfig.recompute_modules, selective granularity) and the saved
+# tensors each one gives up in a MoE / MLA layer (moe_layer_activation_bytes); core_attn gives up nothing under
+# flash attention, which saves no scores
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+
+
+def moe_layer_activation_bytes(
+    shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none", modules: frozenset[str] = frozenset()
+) -> float:
+    """Bytes one MoE / MLA layer keeps for its backward pass per GPU and micro-batch, counted as
+    :func:`dse.perfmodel.memory.layer_activation_bytes` counts a dense one (Korthikanti et al. 2022), with
+    flash attention: norms and GEMM inputs (split over TP with sequence parallelism), Q, K, V and the projection
+    input (MLA: its ``a·(2·d_qk + d_v)`` and the compressed latents ``q_lora + kv_lora + d_rope``), the shared
+    experts' MLP as a dense one, and per routed token copy (``k·T/tp`` of them) the expert input, the activation
+    input and the fc2 input; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
+    keeps the layer input only; selective keeps all but core attention's (already flash). ``modules`` are the
+    recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
+    norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
+    ``moe_act`` each routed copy's activation output, ``mlp`` / ``shared_experts`` the shared experts' MLP (a dense
+    model's MLP), ``moe`` the whole MoE MLP but its input."""
+    arch, t = shape.arch, shape.tp
+    sb = shape.seq_length / shape.cp * shape.mbs
+    h = arch.hidden_size
+    split_in = t if layout.sp else 1
+    if recompute == "full":
+        return 2.0 * sb * h / split_in
+    low = 1.0 if fp8 else 2.0
+    mask = 1.0 if layout.dropout else 0.0
+    norms_out = 0.0 if "layernorm" in modules else low + low
+    rep = sb * h * (4.0 + norms_out + 2.0 * mask) / split_in
+    a = arch.num_attention_heads
+    qk, v = attention_core_dims(arch)
+    if arch.kv_lora_rank:
+        latents = 2.0 * sb * ((arch.q_lora_rank or 0) + arch.kv_lora_rank + arch.qk_rope_head_dim)
+        qkv = 0.0 if "mla_up_proj" in modules else 2.0 * sb * a * (2.0 * qk + v) / t
+        attn = qkv + 2.0 * sb * a * v / t + latents / split_in
+    else:
+        g = arch.num_query_groups
+        attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
+    attn += 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
+    gate = 2.0 if arch.gated_mlp else 1.0
+    dense_mlp = "mlp" in modules or "shared_experts" in modules
+    if not arch.num_experts:
+        return rep + attn + (0.0 if dense_mlp else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+    Fs, Fe = arch.moe_shared_expert_size, arch.expert_ffn
+    shared = 0.0 if dense_mlp else sb * Fs * (2.0 * gate + low) / t
+    if "moe" in modules:
+        return rep + attn + shared
+    copies = arch.moe_topk * sb / t
+    act_out = 0.0 if "moe_act" in modules else low * Fe
+    routed = copies * (low * h + 2.0 * Fe * gate + act_out + 2.0 * h)
+    router = 8.0 * sb / t * arch.num_experts
+    return rep + attn + shared + routed + router
+
+
+@dataclass(slots=True)
+class ExpertStages:
+    """The routed experts' parameters on this GPU for the first, a middle and the last pipeline stage, and the
+    expert-data-parallel size their optimizer state is sharded over."""
+
+    first: float
+    mid: float
+    last: float
+    data_parallel: float
+
+    @property
+    def largest(self) -> float:
+        return max(self.first, self.mid, self.last)
+
+
+def expert_stages(arch: ModelArch, layout: ModelLayout, stages: Stages) -> ExpertStages:
+    """This GPU's routed-expert parameters per stage: the stage's MoE layers (the first dense layers sit on the
+    first stage; the MTP layers on the last) times one layer's experts over ``ep·etp``; and the expert-data-parallel
+    size ``world / (pp·ep·etp)``."""
+    if not arch.num_experts:
+        return ExpertStages(0.0, 0.0, 0.0, 1.0)
+    per_layer = expert_params(arch) / (layout.ep * layout.etp)
+    dense = arch.moe_first_dense_layers
+    if layout.pp == 1:
+        n = arch.moe_layers + arch.mtp_layers
+        first = mid = last = n * per_layer
+    else:
+        first = max(stages.first_layers - dense, 0.0) * per_layer
+        mid = stages.mid_layers * per_layer
+        last = (stages.last_layers + arch.mtp_layers) * per_layer
+    d_e = layout.num_gpus / (layout.pp * layout.ep * layout.etp)
+    return ExpertStages(first, mid, last, max(d_e, 1.0))

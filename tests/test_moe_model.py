@@ -1,0 +1,143 @@
+"""The model's MoE and MLA terms: FLOPs as Megatron-Bridge counts them, expert states sharded over expert
+parallelism, the token exchange's direction, uneven pipeline stages, the predict CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dse.cli import app
+from dse.perfmodel import predict_layout
+from dse.perfmodel.flops import model_flops_per_step, total_params
+from dse.recipes.models import RECIPES
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "model,tflops,tokens",
+    [
+        # Megatron-Bridge docs/performance-summary.md, container 26.08, DGX-GB300 and DGX-GB200 rows: model TFLOP/s
+        # over tokens/s is the FLOPs Bridge counts per token
+        ("deepseek_v3", 1635, 6288),
+        ("deepseek_v3", 1276, 4912),
+        ("qwen3_235b_a22b", 1306, 8816),
+        ("gpt_oss_120b", 1077, 33024),  # half its layers attend within a 128-token window
+    ],
+)
+def test_flops_per_token_are_the_published_count(model, tflops, tokens):
+    per_token = model_flops_per_step(RECIPES[model].arch, 1, 4096) / 4096
+    assert per_token == pytest.approx(tflops / tokens * 1e12, rel=0.005)
+
+
+def test_parameter_counts_are_the_model_cards():
+    assert total_params(RECIPES["deepseek_v3"].arch) / 1e9 == pytest.approx(671, rel=0.002)  # without the MTP layer
+    assert total_params(RECIPES["qwen3_30b_a3b"].arch) / 1e9 == pytest.approx(30.5, rel=0.01)
+    assert total_params(RECIPES["mixtral_8x7b"].arch) / 1e9 == pytest.approx(46.7, rel=0.01)
+
+
+def _predict(model: str, gpu: str, num_gpus: int, **over):
+    r = RECIPES[model]
+    lay = r.default_layout(gpu, "bf16")
+    kw = {k: getattr(lay, k) for k in ("tp", "pp", "cp", "vp", "mbs", "gbs", "ep", "etp", "moe_dispatcher")}
+    kw |= {k: getattr(lay, k) for k in ("moe_a2a_overlap", "moe_permute_fusion", "pp_first_layers", "pp_last_layers")}
+    kw |= over
+    return predict_layout(r.arch, gpu, num_gpus=num_gpus, seq_length=r.seq_length, **kw)
+
+
+def test_expert_states_shard_over_expert_parallelism():
+    ep8 = _predict("qwen3_30b_a3b", "h100", 8, ep=8)
+    ep4 = _predict("qwen3_30b_a3b", "h100", 8, ep=4)
+    ep1 = _predict("qwen3_30b_a3b", "h100", 8, ep=1)
+    states = [p.breakdown["mem.states_gib"] for p in (ep1, ep4, ep8)]
+    assert states[0] > states[1] > states[2]
+    # 29 B expert parameters: 6 bytes each (bf16 weight, fp32 gradient) held per GPU and the 12 of Adam sharded
+    # over the expert-data-parallel ranks (8 / ep); the rest of the model alike over 8
+    experts = 48 * 128 * 3 * 2048 * 768
+    assert states[1] - states[2] == pytest.approx(experts * ((6 + 12 / 2) / 4 - (6 + 12 / 1) / 8) / 2**30, rel=0.01)
+
+
+def test_the_all_to_all_costs_more_off_the_nvlink_domain_and_overlap_hides_part():
+    # Qwen3 235B over 256 H100: ep 8 stays in a node, ep 32 crosses four
+    near = _predict("qwen3_235b_a22b", "h100", 256, ep=8, moe_a2a_overlap=False)
+    far = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_a2a_overlap=False)
+    per_layer_near = near.breakdown["time.ep_exposed_s"] / near.breakdown["microbatches"]
+    per_layer_far = far.breakdown["time.ep_exposed_s"] / far.breakdown["microbatches"]
+    assert per_layer_far > 2 * per_layer_near > 0
+    hidden = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_a2a_overlap=True)
+    assert 0 < hidden.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
+    flex = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_dispatcher="flex")
+    assert flex.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
+
+
+def test_a_dense_model_has_no_expert_term():
+    p = predict_layout(RECIPES["llama3_8b"].arch, "h100", num_gpus=8, cp=2)
+    assert p.breakdown["time.ep_exposed_s"] == 0.0
+
+
+def test_uneven_stages_move_layers_and_memory():
+    even = _predict("deepseek_v3", "b200", 256, pp_first_layers=0, pp_last_layers=0)
+    uneven = _predict("deepseek_v3", "b200", 256)  # NVIDIA's 4 layers on the first stage, 1 on the last
+    assert uneven.peak_memory_gib != even.peak_memory_gib
+    assert uneven.tokens_per_s_per_gpu != even.tokens_per_s_per_gpu
+
+
+def test_predict_cli_reproduces_a_published_deepseek_v3_row():
+    # Megatron-Bridge 26.04, DGX-GB200, MXFP8: 4193 tokens/s/GPU (bench/data/published_moe.tsv, a fitted row)
+    res = runner.invoke(
+        app,
+        [
+            "predict",
+            "--model",
+            "deepseek_v3",
+            "--gpu",
+            "gb200",
+            "--num-gpus",
+            "256",
+            "--precision",
+            "fp8",
+            "--fp8-recipe",
+            "mxfp8",
+            "--gbs",
+            "4096",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(4193, rel=0.10)
+
+
+def test_uneven_stages_must_split_the_rest_evenly():
+    from dse.constraints import check
+    from dse.perfmodel.trials import make_trial
+
+    r = RECIPES["deepseek_v3"]
+    ok = make_trial(r, "b200", 256, pp=16, vp=1, ep=8, pp_first_layers=4, pp_last_layers=1, gbs=2048)
+    assert check(ok) is None  # 56 layers over the 14 middle stages
+    bad = make_trial(r, "b200", 256, pp=16, vp=1, ep=8, pp_first_layers=5, pp_last_layers=1, gbs=2048)
+    broken = check(bad)
+    assert broken is not None and "pp_first_layers" in broken.knobs and "55 layers" in broken.reason
+    even = make_trial(r, "b200", 256, pp=16, vp=1, ep=8, pp_first_layers=0, pp_last_layers=0, gbs=2048)
+    assert check(even) is not None and "does not divide the 61 layers" in check(even).reason
+
+
+def test_recompute_modules_shrink_a_moe_layers_activations():
+    from dse.perfmodel.layout import ModelLayout, Shape
+    from dse.perfmodel.moe import moe_layer_activation_bytes
+
+    arch = RECIPES["deepseek_v3"].arch
+    layout = ModelLayout(num_gpus=256, pp=4, vp=4, ep=64, gbs=4096, seq_length=4096)
+    shape = Shape.of(arch, layout)
+    full = moe_layer_activation_bytes(shape, layout, False)
+    sizes = {
+        m: moe_layer_activation_bytes(shape, layout, False, modules=frozenset({m}))
+        for m in ("mla_up_proj", "moe_act", "layernorm", "moe")
+    }
+    # MLA's Q, K and V: 4096 tokens x 128 heads x (192 + 192 + 128) x 2 bytes
+    assert full - sizes["mla_up_proj"] == pytest.approx(4096 * 128 * 512 * 2)
+    assert full - sizes["moe_act"] == pytest.approx(8 * 4096 * 2048 * 2)  # each routed copy's activation output
+    assert full > sizes["layernorm"] > sizes["moe"]
+    assert moe_layer_activation_bytes(shape, layout, False, "full") < sizes["moe"]
