@@ -153,7 +153,7 @@ def test_moe_plan_lines_are_valid_command_lines(plan):
         assert cfg.is_moe or name.startswith("dense"), name
 
 
-@pytest.mark.parametrize("recipe", ["mixtral_8x7b", "qwen3_30b_a3b", "gpt_oss_120b"])
+@pytest.mark.parametrize("recipe", ["mixtral_8x7b", "qwen3_30b_a3b", "qwen3_235b_a22b"])
 def test_dse_mbridge_moe_overrides_round_trip(recipe):
     """What dse spells for an MoE recipe (dse.knobs, mbridge) is understood, with the architecture's MoE fields."""
     from dse import knobs
@@ -162,7 +162,7 @@ def test_dse_mbridge_moe_overrides_round_trip(recipe):
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
     values.update(ep=2, etp=1, mbs=1, gbs=16, moe_grouped_gemm=False, moe_dispatcher="allgather", max_steps=30)
     values.update(moe_permute_fusion=True)
-    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge")])
+    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge", moe=True)])
     arch = RECIPES[recipe].arch
     assert (cfg.num_experts, cfg.moe_topk, cfg.expert_ffn, cfg.head_dim) == (
         arch.num_experts,
@@ -174,14 +174,16 @@ def test_dse_mbridge_moe_overrides_round_trip(recipe):
     assert (resolved.ep, resolved.etp, resolved.moe_dispatcher) == (2, 1, "allgather")
     assert (resolved.moe_grouped_gemm, resolved.moe_permute_fusion) == (False, True)
     values.update(moe_dispatcher="flex")  # spelled with its backend and shared-expert overlap; refused with why
-    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge")])
+    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge", moe=True)])
     with pytest.raises(ConfigError, match="DeepEP / HybridEP"):
         check(cfg, 8, te_available=True)
 
 
-def test_mla_and_uneven_stages_are_refused():
+def test_mla_sliding_windows_and_uneven_stages_are_refused():
     with pytest.raises(ConfigError, match="multi-latent attention is not wired"):
         config_from_argv(["--factory", "deepseek_v3_recipe"])
+    with pytest.raises(ConfigError, match="sliding-window attention is not wired"):
+        config_from_argv(["--factory", "gpt_oss_120b_recipe"])
     cfg, _ = config_from_argv(["--model", "small_moe", "model.num_layers_in_first_pipeline_stage=3"])
     with pytest.raises(ConfigError, match="splits the layers evenly"):
         check(cfg, 1, te_available=True)
@@ -265,3 +267,9 @@ def test_bench_predicts_every_plan_run():
     out = bench.predict_plan(ROOT / "bench" / "moe_gpu_plan.tsv", "NVIDIA H200")
     assert [o["name"] for o in out] == [r["name"] for r in rows]
     assert all(o["step_time_ms"] > 0 and o["peak_memory_gib"] > 0 for o in out)
+    # the row's experts and grouped-GEMM setting reach the model: memory grows with the experts (weights and
+    # optimizer states), and grouped GEMMs on and off are priced apart
+    pred = {o["name"]: o for o in out}
+    mem = [pred[n]["peak_memory_gib"] for n in ("moe8_gg_mbs2", "moe16_gg_mbs2", "moe32_gg_mbs2")]
+    assert mem[0] < mem[1] < mem[2]
+    assert pred["moe16_gg_mbs2"]["step_time_ms"] != pred["moe16_seq_mbs2"]["step_time_ms"]

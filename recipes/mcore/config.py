@@ -155,11 +155,14 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
     from .. import contract  # the formula the controller's parser and model use
 
     if cfg.is_moe or cfg.kv_channels:
-        if convention not in contract.FLOPS_CONVENTIONS:
-            raise ConfigError(
-                f"unknown FLOPs convention {convention!r}; use one of {', '.join(contract.FLOPS_CONVENTIONS)}"
+        # Megatron-LM's num_floating_point_operations for an MoE (top-k routed experts + shared expert, the first
+        # dense layers with the dense FFN) or a head size other than h / a: the contract's MoE formula
+        try:
+            return contract.moe_model_flops_per_step(
+                _arch_of(cfg), gbs=cfg.gbs, seq_length=cfg.seq_length, convention=convention
             )
-        return _moe_flops_per_step(cfg, 1 if convention == "causal" else 2)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     try:
         return contract.model_flops_per_step(
             num_layers=cfg.num_layers,
@@ -177,20 +180,19 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
         raise ConfigError(str(e)) from None
 
 
-def _moe_flops_per_step(cfg: RunConfig, c: int) -> float:
-    """Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py, ``transformer_flops``) for
-    an MoE or a head size other than h / a: the dense formula with the MLP term of each MoE layer counted for
-    the top-k routed experts plus the shared expert (routers and permutation not counted), the first dense
-    layers with the dense FFN, and the attention projections with the head size ``d`` (kv_channels)."""
-    h, a, g, d, s = cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups, cfg.head_dim, cfg.seq_length
-    e = 3 if cfg.gated else 2
-    dense = min(cfg.moe_first_dense_layers, cfg.num_layers) if cfg.is_moe else cfg.num_layers
-    moe = cfg.num_layers - dense
-    mlp = dense * e * h * cfg.ffn_hidden_size + moe * e * h * (
-        cfg.moe_topk * cfg.expert_ffn + cfg.moe_shared_expert_size
+def _arch_of(cfg: RunConfig) -> ModelArch:
+    """The run's architecture as recipes.models describes one (for the contract's MoE FLOPs formula)."""
+    return ModelArch(
+        cfg.model,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_query_groups,
+        cfg.ffn_hidden_size,
+        cfg.vocab_size,
+        cfg.gated,
+        **{name: getattr(cfg, name) for name in _ARCH_MOE},
     )
-    attention = cfg.num_layers * (2 * h * a * d + 2 * h * g * d + c * a * d * s)
-    return 6.0 * cfg.gbs * s * (mlp + attention + h * cfg.vocab_size)
 
 
 def te_importable() -> bool:
@@ -729,6 +731,8 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
     )
     if arch.is_mla:
         raise ConfigError(f"model {arch.name}: multi-latent attention is not wired into this payload")
+    if arch.sliding_window:
+        raise ConfigError(f"model {arch.name}: sliding-window attention is not wired into this payload")
     values.update({name: getattr(arch, name) for name in _ARCH_MOE})
     flag_names = {
         "num_layers",
