@@ -19,12 +19,34 @@ from ..models import RECIPES, ModelArch
 # The reference's small GQA model ("a small 8-layer, 2048-hidden GQA model", shared/reference/README.md):
 # head dim 128 as in Llama 3, four query groups, a SwiGLU FFN of 2.75 h and a 32k vocabulary.
 SMALL_GQA = ModelArch("small_gqa", 8, 2048, 16, 4, 5632, 32000, True)
+# A small fine-grained MoE of the same width for one GPU: every layer's MLP is 16 routed SwiGLU experts of FFN
+# 1408 (a quarter of the dense FFN, as DeepSeek's and Qwen's fine-grained experts), top-2, dropless, aux loss.
+SMALL_MOE = ModelArch(
+    "small_moe", 8, 2048, 16, 4, 5632, 32000, True, num_experts=16, moe_topk=2, moe_ffn_hidden_size=1408
+)
+# the ModelArch fields that become RunConfig fields of the same meaning (recipes.models names them the same)
+_ARCH_MOE = (
+    "kv_channels",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_size",
+    "moe_first_dense_layers",
+    "moe_router_score",
+    "moe_load_balancing",
+    "moe_capacity_factor",
+)
 
 RECOMPUTE = ("none", "selective", "full")
 # the recompute_modules a dense GPT layer has (Megatron-Core's TransformerConfig.recompute_modules; the MoE and
 # MLA ones need layers this payload does not build)
 DENSE_RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp")
 RECOMPUTE_METHODS = ("uniform", "block")
+# Megatron-Core's choices (TransformerConfig: moe_token_dispatcher_type, moe_router_score_function,
+# moe_router_load_balancing_type)
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+MOE_SCORES = ("softmax", "sigmoid")
+MOE_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
 
 class ConfigError(ValueError):
@@ -33,7 +55,7 @@ class ConfigError(ValueError):
 
 def known_models() -> dict[str, ModelArch]:
     """Model presets: the reference's small GQA model and every architecture in :data:`recipes.models.RECIPES`."""
-    out = {SMALL_GQA.name: SMALL_GQA}
+    out = {SMALL_GQA.name: SMALL_GQA, SMALL_MOE.name: SMALL_MOE}
     out.update({r.arch.name: r.arch for r in RECIPES.values()})
     return out
 
@@ -50,6 +72,22 @@ class RunConfig:
     ffn_hidden_size: int = SMALL_GQA.ffn_hidden_size
     vocab_size: int = SMALL_GQA.vocab_size
     gated: bool = SMALL_GQA.gated_mlp
+    kv_channels: int | None = None  # attention head size where it is not hidden / heads (Qwen3); None: h / a
+    # --- mixture of experts (Megatron-Core TransformerConfig's moe_* fields); num_experts 0 = a dense model ---
+    num_experts: int = 0
+    moe_topk: int = 2  # moe_router_topk
+    moe_ffn_hidden_size: int = 0  # one routed expert's FFN size; 0 = ffn_hidden_size
+    moe_shared_expert_size: int = 0  # moe_shared_expert_intermediate_size; 0 = no shared expert
+    moe_first_dense_layers: int = 0  # moe_layer_freq = [0] * k + [1] * (L - k)
+    moe_router_score: str = "softmax"  # moe_router_score_function
+    moe_load_balancing: str = "aux_loss"  # moe_router_load_balancing_type
+    moe_aux_loss_coeff: float = 1e-2  # Megatron-Bridge's Mixtral / Qwen3-MoE providers' 1e-2 and 1e-3
+    moe_capacity_factor: float | None = None  # moe_expert_capacity_factor; None = dropless
+    moe_dispatcher: str = "alltoall"  # moe_token_dispatcher_type
+    moe_grouped_gemm: bool | None = None  # None: on with the TE spec (TEGroupedMLP), off on the local spec
+    moe_permute_fusion: bool = False
+    moe_a2a_overlap: bool = False  # overlap_moe_expert_parallel_comm
+    etp: int | None = None  # expert_tensor_parallel_size; None: 1 (dse's default) once checked
     tp: int = 1
     pp: int = 1
     vp: int = 1
@@ -78,6 +116,8 @@ class RunConfig:
     layer_spec: str = "auto"
     # Megatron's uneven pipeline split (embedding / loss counted as a layer); dse spells both always, off
     # unless pp*vp misses the layers by two. Only the even split is wired here (check() refuses the other).
+    pp_first_layers: int | None = None  # Megatron's num_layers_in_first/last_pipeline_stage: refused by check()
+    pp_last_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     train_iters: int = 20
@@ -94,7 +134,16 @@ class RunConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's FFN size."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +159,15 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
     """
     from .. import contract  # the formula the controller's parser and model use
 
+    if cfg.is_moe or cfg.kv_channels:
+        # Megatron-LM's num_floating_point_operations for an MoE (top-k routed experts + shared expert, the first
+        # dense layers with the dense FFN) or a head size other than h / a: the contract's MoE formula
+        try:
+            return contract.moe_model_flops_per_step(
+                _arch_of(cfg), gbs=cfg.gbs, seq_length=cfg.seq_length, convention=convention
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     try:
         return contract.model_flops_per_step(
             num_layers=cfg.num_layers,
@@ -125,6 +183,21 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _arch_of(cfg: RunConfig) -> ModelArch:
+    """The run's architecture as recipes.models describes one (for the contract's MoE FLOPs formula)."""
+    return ModelArch(
+        cfg.model,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_query_groups,
+        cfg.ffn_hidden_size,
+        cfg.vocab_size,
+        cfg.gated,
+        **{name: getattr(cfg, name) for name in _ARCH_MOE},
+    )
 
 
 def te_importable() -> bool:
@@ -185,6 +258,10 @@ def check(
     need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
     need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
     need(
+        not (cfg.pp_first_layers or cfg.pp_last_layers),
+        "num_layers_in_first/last_pipeline_stage: this payload splits the layers evenly over the pipeline stages only",
+    )
+    need(
         not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
         "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
         "pipeline stages only",
@@ -204,7 +281,7 @@ def check(
     )
     te = spec == "te"
     need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism is not wired into this payload; cp=1 only")
-    need(cfg.ep == 1, f"ep={cfg.ep}: this payload builds dense models only")
+    moe = _check_moe(cfg, world_size, te)
     need(cfg.precision in ("bf16", "fp8"), f"precision={cfg.precision!r}; one of bf16, fp8")
     need(
         cfg.precision == "bf16" or te,
@@ -268,7 +345,7 @@ def check(
     if cfg.pp > 1 and cfg.vp > 1:
         m = cfg.gbs // (cfg.mbs * dp)
         need(m % cfg.pp == 0, f"interleaved pipeline: micro-batches per step ({m}) must be a multiple of pp={cfg.pp}")
-    out = replace(cfg, layer_spec=spec)
+    out = replace(cfg, layer_spec=spec, **moe)
     if cfg.precision == "fp8" and cfg.fp8_recipe is None:
         out = replace(out, fp8_recipe="delayed")  # Megatron-Core's default Fp8Recipe
     if cfg.precision != "fp8" and cfg.fp8_recipe is not None:
@@ -293,6 +370,79 @@ def check(
     return out
 
 
+def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
+    """The MoE part of :func:`check`: Megatron-Core's own rules (cited where it checks them) and what this
+    payload cannot run, each a :class:`ConfigError` naming the setting; returns the resolved MoE fields."""
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    etp = cfg.etp if cfg.etp is not None else 1
+    need(cfg.num_experts >= 0, f"num_experts={cfg.num_experts} must be >= 0 (0: a dense model)")
+    need(etp >= 1, f"etp={etp} must be >= 1")
+    if not cfg.is_moe:
+        need(cfg.ep == 1 and etp == 1, f"ep={cfg.ep}, etp={etp}: expert parallelism needs num_experts > 0")
+        return {"etp": etp, "moe_grouped_gemm": False}
+    need(1 <= cfg.moe_topk <= cfg.num_experts, f"moe_topk={cfg.moe_topk} must be between 1 and num_experts")
+    need(cfg.moe_ffn_hidden_size >= 0, f"moe_ffn_hidden_size={cfg.moe_ffn_hidden_size} must be >= 0")
+    need(cfg.moe_shared_expert_size >= 0, f"moe_shared_expert_size={cfg.moe_shared_expert_size} must be >= 0")
+    need(
+        0 <= cfg.moe_first_dense_layers < cfg.num_layers,
+        f"moe_first_dense_layers={cfg.moe_first_dense_layers} must be between 0 and num_layers-1",
+    )
+    need(
+        cfg.moe_router_score in MOE_SCORES, f"moe_router_score={cfg.moe_router_score!r}; one of {', '.join(MOE_SCORES)}"
+    )
+    need(
+        cfg.moe_load_balancing in MOE_BALANCING,
+        f"moe_load_balancing={cfg.moe_load_balancing!r}; one of {', '.join(MOE_BALANCING)}",
+    )
+    need(
+        cfg.moe_dispatcher in MOE_DISPATCHERS,
+        f"moe_dispatcher={cfg.moe_dispatcher!r}; one of {', '.join(MOE_DISPATCHERS)}",
+    )
+    need(
+        cfg.moe_capacity_factor is None or cfg.moe_capacity_factor > 0,
+        f"moe_capacity_factor={cfg.moe_capacity_factor} must be > 0 (or null: dropless)",
+    )
+    # TransformerConfig.__post_init__: top-1 softmax routing without pre-softmax has a zero gradient
+    need(
+        cfg.moe_topk > 1 or cfg.moe_router_score != "softmax",
+        "moe_topk=1 with softmax scores: Megatron-Core needs moe_router_pre_softmax, which this payload does not set",
+    )
+    # MoELayer.__init__: assert num_moe_experts % ep_size == 0
+    need(cfg.num_experts % cfg.ep == 0, f"num_experts={cfg.num_experts} is not divisible by ep={cfg.ep}")
+    # parallel_state.initialize_model_parallel: the expert grid etp x ep x pp divides the world
+    grid = etp * cfg.ep * cfg.pp
+    need(world_size % grid == 0, f"world size {world_size} is not divisible by etp*ep*pp={grid}")
+    need(cfg.expert_ffn % etp == 0, f"moe_ffn_hidden_size={cfg.expert_ffn} is not divisible by etp={etp}")
+    # ModelParallelConfig.__post_init__ (a warning there; Megatron-LM's arguments.py makes it an error)
+    need(
+        not (cfg.ep > 1 and cfg.tp > 1 and cfg.sp is False),
+        "ep > 1 with tp > 1 needs sequence parallelism (sp=true)",
+    )
+    grouped = te if cfg.moe_grouped_gemm is None else cfg.moe_grouped_gemm
+    need(
+        not grouped or te,
+        "moe_grouped_gemm=true: Megatron-Core's grouped GEMM experts (TEGroupedMLP) need Transformer Engine; the "
+        "local layer spec builds SequentialMLP (set moe_grouped_gemm=false)",
+    )
+    # TransformerConfig.__post_init__: fused permutation needs TE >= 2.1
+    need(not cfg.moe_permute_fusion or te, "moe_permute_fusion=true needs Transformer Engine's fused permutation")
+    need(
+        cfg.moe_dispatcher != "flex",
+        "moe_dispatcher=flex: DeepEP / HybridEP are not installed with this payload; use alltoall or allgather",
+    )
+    # TransformerConfig.__post_init__: overlap_moe_expert_parallel_comm asserts expert_model_parallel_size > 1
+    need(not cfg.moe_a2a_overlap or cfg.ep > 1, "moe_a2a_overlap=true needs ep > 1 (Megatron-Core asserts it)")
+    need(
+        not cfg.moe_a2a_overlap,
+        "moe_a2a_overlap=true: the overlapped 1F1B MoE schedule is not wired into this payload",
+    )
+    return {"etp": etp, "moe_grouped_gemm": grouped}
+
+
 # -------------------------------------------------------------------------------------------- overrides
 # ``path=value`` spellings accepted after the flags. The knob paths are the ``mbridge`` ones of dse.knobs
 # (Megatron-Bridge's ConfigContainer: model.*, train.*, dataset.*, ddp.*, comm_overlap.*, mixed_precision);
@@ -303,6 +453,21 @@ _OVERRIDES: dict[str, str] = {
     "model.virtual_pipeline_model_parallel_size": "vp",
     "model.context_parallel_size": "cp",
     "model.expert_model_parallel_size": "ep",
+    "model.expert_tensor_parallel_size": "etp",
+    "model.num_moe_experts": "num_experts",
+    "model.moe_router_topk": "moe_topk",
+    "model.moe_ffn_hidden_size": "moe_ffn_hidden_size",
+    "model.moe_shared_expert_intermediate_size": "moe_shared_expert_size",
+    "model.moe_router_score_function": "moe_router_score",
+    "model.moe_router_load_balancing_type": "moe_load_balancing",
+    "model.moe_aux_loss_coeff": "moe_aux_loss_coeff",
+    "model.moe_expert_capacity_factor": "moe_capacity_factor",
+    "model.moe_token_dispatcher_type": "moe_dispatcher",
+    "model.moe_grouped_gemm": "moe_grouped_gemm",
+    "model.moe_permute_fusion": "moe_permute_fusion",
+    "comm_overlap.overlap_moe_expert_parallel_comm": "moe_a2a_overlap",
+    "model.overlap_moe_expert_parallel_comm": "moe_a2a_overlap",
+    "model.kv_channels": "kv_channels",
     "model.sequence_parallel": "sp",
     "train.micro_batch_size": "mbs",
     "train.global_batch_size": "gbs",
@@ -319,6 +484,8 @@ _OVERRIDES: dict[str, str] = {
     "model.cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "model.attention_backend": "attention_backend",
     "model.transformer_impl": "layer_spec",
+    "model.num_layers_in_first_pipeline_stage": "pp_first_layers",
+    "model.num_layers_in_last_pipeline_stage": "pp_last_layers",
     "model.account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
     "model.account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
     "train.train_iters": "train_iters",
@@ -352,6 +519,10 @@ IGNORED = (
     # what is offloaded (activations, not weights): meaningful only with cpu_offloading, refused by check()
     "model.cpu_offloading_activations",
     "model.cpu_offloading_weights",
+    # what dse spells with moe_dispatcher=flex and moe_a2a_overlap=true (dse.knobs), both refused by check()
+    "model.moe_flex_dispatcher_backend",
+    "model.moe_shared_expert_overlap",
+    "comm_overlap.delay_wgrad_compute",
 )
 _NULLS = ("null", "none", "None", "~")
 # mixed_precision recipe names as Megatron-Bridge spells them; only the bf16 ones run here.
@@ -474,6 +645,10 @@ def build_parser() -> argparse.ArgumentParser:
         "num-query-groups",
         "ffn-hidden-size",
         "vocab-size",
+        "kv-channels",
+        "num-experts",
+        "moe-topk",
+        "moe-ffn-hidden-size",
     ):
         shape.add_argument(f"--{flag}", type=int, default=None)
     shape.add_argument("--swiglu", dest="gated", action="store_true", default=None, help="gated SwiGLU MLP")
@@ -482,12 +657,27 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, help_ in (
         ("tp", "tensor-parallel size"),
         ("pp", "pipeline-parallel size"),
+        ("ep", "expert-parallel size"),
+        ("etp", "expert tensor-parallel size"),
         ("vp", "virtual-pipeline size"),
         ("mbs", "micro-batch size"),
         ("gbs", "global batch size"),
         ("seq-length", "sequence length"),
     ):
         lay.add_argument(f"--{flag}", type=int, default=None, help=help_)
+    lay.add_argument(
+        "--moe-grouped-gemm",
+        dest="moe_grouped_gemm",
+        action="store_true",
+        default=None,
+        help="MoE experts as TE grouped GEMMs (TEGroupedMLP; the default on the TE spec)",
+    )
+    lay.add_argument(
+        "--no-moe-grouped-gemm",
+        dest="moe_grouped_gemm",
+        action="store_false",
+        help="MoE experts one GEMM each (SequentialMLP)",
+    )
     lay.add_argument("--recompute", choices=RECOMPUTE, default=None, help="activation recompute (default none)")
     lay.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, default=None)
     lay.add_argument("--recompute-num-layers", type=int, default=None)
@@ -554,6 +744,11 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
     )
+    if arch.is_mla:
+        raise ConfigError(f"model {arch.name}: multi-latent attention is not wired into this payload")
+    if arch.sliding_window:
+        raise ConfigError(f"model {arch.name}: sliding-window attention is not wired into this payload")
+    values.update({name: getattr(arch, name) for name in _ARCH_MOE})
     flag_names = {
         "num_layers",
         "hidden_size",
@@ -562,8 +757,15 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         "ffn_hidden_size",
         "vocab_size",
         "gated",
+        "kv_channels",
+        "num_experts",
+        "moe_topk",
+        "moe_ffn_hidden_size",
+        "moe_grouped_gemm",
         "tp",
         "pp",
+        "ep",
+        "etp",
         "vp",
         "mbs",
         "gbs",
@@ -592,6 +794,7 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         ffn_hidden_size=arch.ffn_hidden_size,
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
+        **{name: getattr(arch, name) for name in _ARCH_MOE},
     )
     changed = {k for k, v in preset.items() if values[k] != v}
     if changed == {"num_layers"}:  # a scaled preset, as recipes.models names them (llama3_70b_16l)
@@ -643,6 +846,40 @@ def format_iteration_line(
     s += f" number of skipped iterations: {skipped:3d} |"
     s += f" number of nan iterations: {nan:3d} |"
     return s
+
+
+def header_lines(cfg: RunConfig, world: int, dp: int, device: str) -> list[str]:
+    """The lines rank 0 prints before building the model: the run, the layer spec, the device, the precision, the
+    model and (an MoE) its experts. bench/h200_real_runs.py, h200_te_runs.py and moe_gpu_runs.py read them back."""
+    num_micro = cfg.gbs // (cfg.mbs * dp)
+    fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
+    lines = [
+        f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
+        f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
+        f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}",
+        f"> recipes.mcore: layer spec {cfg.layer_spec}",
+        f"> recipes.mcore: device {device}",
+        f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
+        f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}",
+        f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
+        f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
+        f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
+        f"{model_flops_per_step(cfg):.6e} (causal convention)",
+    ]
+    if cfg.is_moe:
+        lines.append(format_moe_line(cfg))
+    return lines
+
+
+def format_moe_line(cfg: RunConfig) -> str:
+    """The payload's MoE header line (after the model line; bench/moe_gpu_runs.py reads it back)."""
+    return (
+        f"> recipes.mcore: moe experts {cfg.num_experts}, top-k {cfg.moe_topk}, expert ffn {cfg.expert_ffn}, "
+        f"shared expert ffn {cfg.moe_shared_expert_size}, first dense layers {cfg.moe_first_dense_layers}, "
+        f"ep {cfg.ep}, etp {cfg.etp}, dispatcher {cfg.moe_dispatcher}, grouped gemm {cfg.moe_grouped_gemm}, "
+        f"permute fusion {cfg.moe_permute_fusion}, capacity factor {cfg.moe_capacity_factor}, "
+        f"router {cfg.moe_router_score} {cfg.moe_load_balancing}, kv channels {cfg.head_dim}"
+    )
 
 
 def format_memory_line(

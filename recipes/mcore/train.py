@@ -21,6 +21,7 @@ from .config import (
     RunConfig,
     format_iteration_line,
     format_memory_line,
+    header_lines,
     model_flops_per_step,
 )
 
@@ -55,12 +56,41 @@ def _init_distributed(cfg: RunConfig):
         pipeline_model_parallel_size=cfg.pp,
         virtual_pipeline_model_parallel_size=cfg.vp if cfg.vp > 1 else None,
         context_parallel_size=cfg.cp,
+        expert_model_parallel_size=cfg.ep,
+        expert_tensor_parallel_size=cfg.etp,
     )
     # As megatron.training.initialize._set_random_seed: a different seed per pipeline stage.
     seed = cfg.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _moe_config(cfg: RunConfig) -> dict:
+    """TransformerConfig's MoE fields, as Megatron-Bridge's MoE model providers set them (router in fp32, as its
+    performance configs: ``moe_router_dtype="fp32"``); dropless unless a capacity factor is given."""
+    extra = dict(
+        num_moe_experts=cfg.num_experts,
+        moe_router_topk=cfg.moe_topk,
+        moe_ffn_hidden_size=cfg.expert_ffn,
+        moe_router_score_function=cfg.moe_router_score,
+        moe_router_load_balancing_type=cfg.moe_load_balancing,
+        moe_aux_loss_coeff=cfg.moe_aux_loss_coeff if cfg.moe_load_balancing != "none" else 0.0,
+        moe_token_dispatcher_type=cfg.moe_dispatcher,
+        moe_grouped_gemm=bool(cfg.moe_grouped_gemm),
+        moe_permute_fusion=cfg.moe_permute_fusion,
+        moe_router_dtype="fp32",
+        expert_model_parallel_size=cfg.ep,
+        expert_tensor_parallel_size=cfg.etp,
+    )
+    if cfg.moe_shared_expert_size:
+        extra["moe_shared_expert_intermediate_size"] = cfg.moe_shared_expert_size
+    if cfg.moe_first_dense_layers:
+        k = cfg.moe_first_dense_layers
+        extra["moe_layer_freq"] = [0] * k + [1] * (cfg.num_layers - k)
+    if cfg.moe_capacity_factor is not None:
+        extra.update(moe_expert_capacity_factor=cfg.moe_capacity_factor, moe_pad_expert_input_to_capacity=False)
+    return extra
 
 
 def _transformer_config(cfg: RunConfig):
@@ -79,6 +109,8 @@ def _transformer_config(cfg: RunConfig):
         extra.update(fp8="hybrid", fp8_recipe=cfg.fp8_recipe, fp8_margin=0)
         if cfg.fp8_recipe == "delayed":
             extra.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
+    if cfg.is_moe:
+        extra.update(_moe_config(cfg))
     if cfg.cpu_offloading:
         extra.update(
             cpu_offloading=True,
@@ -129,15 +161,30 @@ def _transformer_config(cfg: RunConfig):
     )
 
 
-def layer_spec(cfg: RunConfig):
+def layer_spec(cfg: RunConfig, config=None, vp_stage: int | None = None):
     """The layer spec ``cfg.layer_spec`` names: TE's (core attention: TEDotProductAttention, whose kernel
     Megatron-Core picks from ``config.attention_backend``; megatron's unfused DotProductAttention for
-    attention_backend=local, as Megatron-LM's model builder swaps it in), or the local one."""
+    attention_backend=local, as Megatron-LM's model builder swaps it in), or the local one.
+
+    An MoE gets the block spec Megatron-LM's GPT builder uses for ``--num-experts``
+    (``get_gpt_decoder_block_spec``: the dense layers of ``moe_layer_freq`` and the MoE layers, whose experts are
+    TEGroupedMLP with ``moe_grouped_gemm`` on the TE spec, else SequentialMLP), for this pipeline stage."""
     from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    if cfg.is_moe:
+        block = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=cfg.layer_spec == "te", normalization="RMSNorm", vp_stage=vp_stage
+        )
+        if cfg.layer_spec == "te" and cfg.attention_backend == "local":
+            from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+            for spec in block.layer_specs:
+                spec.submodules.self_attention.submodules.core_attention = DotProductAttention
+        return block
     if cfg.layer_spec != "te":
         return get_gpt_layer_local_spec(normalization="RMSNorm")
     spec = get_gpt_layer_with_transformer_engine_spec()
@@ -156,11 +203,11 @@ def _build_model(cfg: RunConfig, config):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    spec = layer_spec(cfg)
     vp = cfg.vp if cfg.vp > 1 else None
     chunks = []
     for i in range(vp or 1):
         stage = i if vp else None
+        spec = layer_spec(cfg, config, stage)
         pre = parallel_state.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=stage)
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=vp is None, vp_stage=stage)
         m = GPTModel(
@@ -303,23 +350,8 @@ def train(cfg: RunConfig) -> int:
     num_micro = cfg.gbs // (cfg.mbs * dp)
     last_rank = world - 1
     if rank == 0:
-        _print(
-            f"> recipes.mcore: world size {world}, tp {cfg.tp}, pp {cfg.pp}, vp {cfg.vp}, dp {dp}, "
-            f"mbs {cfg.mbs}, gbs {cfg.gbs} ({num_micro} micro-batches), seq {cfg.seq_length}, "
-            f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}"
-        )
-        _print(f"> recipes.mcore: layer spec {cfg.layer_spec}")
-        fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
-        _print(
-            f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
-            f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}"
-        )
-        _print(
-            f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "
-            f"{cfg.num_attention_heads}, query groups {cfg.num_query_groups}, ffn {cfg.ffn_hidden_size}, "
-            f"vocab {cfg.vocab_size}, {'swiglu' if cfg.gated else 'gelu'}; model FLOPs per step "
-            f"{model_flops_per_step(cfg):.6e} (causal convention)"
-        )
+        for line in header_lines(cfg, world, dp, torch.cuda.get_device_name()):
+            _print(line)
         _print("building GPT model ...")
     config = _transformer_config(cfg)
     chunks = _build_model(cfg, config)

@@ -1,0 +1,251 @@
+"""Real one-GPU MoE runs of ``recipes.mcore`` (world size 1, EP 1) against the performance model.
+
+    python bench/moe_gpu_runs.py                     # table: measured vs predicted, per run
+    python bench/moe_gpu_runs.py --write-tsv LOGDIR  # rebuild bench/data/moe_gpu_runs.tsv from logs
+    python bench/moe_gpu_runs.py --predict-plan bench/moe_gpu_plan.tsv ["NVIDIA H100 80GB HBM3"]
+                                                     # the model's figures for a plan's runs, before they run
+
+Same columns as ``bench/data/h200_te_runs.tsv`` plus the MoE settings and the GPU, read from the payload's
+header lines (``> recipes.mcore: moe experts 16, top-k 2, ...``, ``> recipes.mcore: device ...``). Logs:
+tests/fixtures/logs/real_moe/ (made with bench/moe_gpu_plan.tsv and bench/moe_gpu_plan2.tsv). The prediction
+is ``dse.perfmodel.predict`` for the same point on a one-GPU system of the run's GPU, where the model prices
+an MoE; otherwise the measured figures alone are printed. Needs no torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+import h200_real_runs as base  # noqa: E402
+import h200_te_runs as te  # noqa: E402
+
+TSV = ROOT / "bench" / "data" / "moe_gpu_runs.tsv"
+LOGS = ROOT / "tests" / "fixtures" / "logs" / "real_moe"
+MOE = (
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_size",
+    "moe_first_dense_layers",
+    "ep",
+    "etp",
+    "moe_dispatcher",
+    "moe_grouped_gemm",
+    "moe_permute_fusion",
+    "kv_channels",
+    "gpu",
+)
+COLUMNS = te.COLUMNS[:-1] + MOE + ("log",)
+_MOE = re.compile(
+    r"> recipes\.mcore: moe experts (\d+), top-k (\d+), expert ffn (\d+), shared expert ffn (\d+), "
+    r"first dense layers (\d+), ep (\d+), etp (\d+), dispatcher (\w+), grouped gemm (\w+), permute fusion (\w+), "
+    r".*kv channels (\d+)"
+)
+_GPU = re.compile(r"> recipes\.mcore: device (.+?)\s*$")
+
+
+def measure(log: Path) -> dict:
+    """One TSV row: the TE bench's columns, then the MoE header's settings (a dense run: no experts)."""
+    row = te.measure(log)
+    row.update(
+        num_experts=0,
+        moe_topk=0,
+        moe_ffn_hidden_size=0,
+        moe_shared_expert_size=0,
+        moe_first_dense_layers=0,
+        ep=1,
+        etp=1,
+        moe_dispatcher="",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        kv_channels=(row.get("hidden_size") or 0) // max(1, row.get("num_attention_heads") or 1),
+        gpu="",
+    )
+    for line in log.read_text(errors="replace").splitlines():
+        if m := _MOE.search(line):
+            n, k, f, sh, fd, ep, etp = (int(x) for x in m.groups()[:7])
+            row.update(
+                num_experts=n,
+                moe_topk=k,
+                moe_ffn_hidden_size=f,
+                moe_shared_expert_size=sh,
+                moe_first_dense_layers=fd,
+                ep=ep,
+                etp=etp,
+                moe_dispatcher=m.group(8),
+                moe_grouped_gemm=m.group(9) == "True",
+                moe_permute_fusion=m.group(10) == "True",
+                kv_channels=int(m.group(11)),
+            )
+        elif m := _GPU.search(line):
+            row["gpu"] = m.group(1)
+    return row
+
+
+def write_tsv(logdir: Path, out: Path = TSV) -> list[dict]:
+    rows = [measure(p) for p in sorted(logdir.glob("*.log"))]
+    rows = [r for r in rows if r.get("step_time_ms") is not None and r["steps"] > base.warmup_steps(r["steps"])]
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, COLUMNS, delimiter="\t", extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def gpu_key(name: str) -> str:
+    """dse's GPU name (a row of dse.hardware) for torch's device name: 'NVIDIA H100 80GB HBM3' -> h100."""
+    low = name.lower()
+    for key in ("h200", "h100", "gb300", "gb200", "b300", "b200", "a100"):
+        if key in low:
+            return key
+    raise ValueError(f"no GPU of dse.hardware in the device name {name!r}")
+
+
+def trial(row: dict):
+    """The dse TrialConfig of a row: a one-off recipe with the row's architecture (its experts, top-k, expert FFN,
+    head size) on a one-GPU system of the run's GPU, the TE spec's precision and attention, and its MoE knobs."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from dse.recipes.models import ModelArch
+    from dse.space import load_system
+
+    t = te.trial(row)
+    arch = ModelArch(
+        row["model"],
+        int(row["num_layers"]),
+        int(row["hidden_size"]),
+        int(row["num_attention_heads"]),
+        int(row["num_query_groups"]),
+        int(row["ffn_hidden_size"]),
+        int(row["vocab_size"]),
+        row["gated"] == "True",
+        num_experts=int(row["num_experts"]),
+        moe_topk=int(row["moe_topk"]) or 2,
+        moe_ffn_hidden_size=int(row["moe_ffn_hidden_size"]),
+        moe_shared_expert_size=int(row["moe_shared_expert_size"]),
+        moe_first_dense_layers=int(row["moe_first_dense_layers"]),
+        kv_channels=int(row["kv_channels"]) or None,
+    )
+    recipe = replace(t.recipe, name=arch.name, arch=arch)
+    values = dict(t.values)
+    if arch.is_moe:
+        values.update(
+            ep=int(row["ep"]),
+            etp=int(row["etp"]),
+            moe_dispatcher=row["moe_dispatcher"],
+            moe_grouped_gemm=row["moe_grouped_gemm"] == "True",
+            moe_permute_fusion=row["moe_permute_fusion"] == "True",
+        )
+    system = load_system({"gpu": gpu_key(row["gpu"]), "gpus_per_node": 1, "nvlink_domain": 1})
+    return replace(t, recipe=recipe, system=system, values=MappingProxyType(values))
+
+
+def report(rows: list[dict]) -> list[dict]:
+    """Print measured vs predicted per run (step time, TFLOP/s, peak memory); return the printed figures."""
+    predict = base._predictor()
+    head = (
+        f"{'run':26} {'E':>3} {'k':>2} {'gg':>3} {'mbs':>3} {'step ms':>8} {'pred':>7} {'err':>7} | "
+        f"{'TF/s':>6} {'tok/s':>7} | {'mem GiB':>7} {'pred':>6} {'err':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    out = []
+    for row in rows:
+        st, tf, mem = float(row["step_time_ms"]), float(row["tflops_per_gpu"]), float(row["peak_allocated_gib"])
+        p = predict(trial(row)) if predict else None
+        pst = p.step_time_s * 1e3 if p else None
+        pmem = p.peak_memory_gib if p else None
+        gg = "on" if row["moe_grouped_gemm"] in (True, "True") else "off"
+        print(
+            f"{row['name']:26} {int(row['num_experts']):3d} {int(row['moe_topk']):2d} {gg:>3} {int(row['mbs']):3d} "
+            f"{st:8.1f} {pst or 0:7.1f} {base._err(pst, st):>7} | {tf:6.1f} {float(row['tokens_per_s_per_gpu']):7.0f} | "
+            f"{mem:7.2f} {pmem or 0:6.2f} {base._err(pmem, mem):>7}"
+        )
+        out.append(
+            {
+                "name": row["name"],
+                "step_time_ms": st,
+                "pred_step_time_ms": pst,
+                "tflops_per_gpu": tf,
+                "peak_allocated_gib": mem,
+                "pred_peak_memory_gib": pmem,
+            }
+        )
+    gpus = ", ".join(sorted({r["gpu"] for r in rows}))
+    if predict is None:
+        print(f"{len(rows)} runs on {gpus} (dse.perfmodel.predict not found: measured figures only)")
+        return out
+    base.print_mape(out, f"1 GPU: {gpus}")
+    import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
+
+    df = pd.DataFrame(out)
+    print(
+        f"Spearman step time {df.step_time_ms.corr(df.pred_step_time_ms, method='spearman'):.2f} · "
+        f"peak memory {df.peak_allocated_gib.corr(df.pred_peak_memory_gib, method='spearman'):.2f}"
+    )
+    return out
+
+
+def plan_rows(plan: Path, gpu: str) -> list[dict]:
+    """One row per run of a plan file (``NAME<TAB>ARGS``), resolved by the payload's own parser and checks for one
+    GPU with Transformer Engine: the columns :func:`trial` reads, without measurements."""
+    from dse.recipes.mcore.config import check, config_from_argv
+
+    rows = []
+    for line in plan.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, args = line.split("\t", 1)
+        c = check(config_from_argv(args.split())[0], 1, te_available=True)
+        row = {k: str(v) for k, v in c.to_dict().items()}
+        row.update(
+            name=name,
+            cpu_offload_layers=str(c.cpu_offloading_num_layers if c.cpu_offloading else 0),
+            fp8_recipe=c.fp8_recipe or "",
+            moe_topk=str(c.moe_topk if c.is_moe else 0),
+            moe_ffn_hidden_size=str(c.expert_ffn if c.is_moe else 0),
+            kv_channels=str(c.head_dim),
+            moe_grouped_gemm=str(bool(c.moe_grouped_gemm)),
+            gpu=gpu,
+        )
+        rows.append(row)
+    return rows
+
+
+def predict_plan(plan: Path, gpu: str) -> list[dict]:
+    """Print the model's step time, TFLOP/s and peak memory for each run of a plan (before it is measured)."""
+    from dse.perfmodel import predict
+
+    print(f"{'run':26} {'E':>3} {'k':>2} {'gg':>3} {'mbs':>3} {'step ms':>8} {'TF/s':>6} {'mem GiB':>7}")
+    out = []
+    for row in plan_rows(plan, gpu):
+        p = predict(trial(row))
+        gg = "on" if row["moe_grouped_gemm"] == "True" else "off"
+        print(
+            f"{row['name']:26} {int(row['num_experts']):3d} {int(row['moe_topk']):2d} {gg:>3} {int(row['mbs']):3d} "
+            f"{p.step_time_s * 1e3:8.1f} {p.tflops_per_gpu:6.1f} {p.peak_memory_gib:7.2f}"
+        )
+        out.append({"name": row["name"], "step_time_ms": p.step_time_s * 1e3, "peak_memory_gib": p.peak_memory_gib})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--predict-plan"]:
+        if len(argv) not in (2, 3):
+            print("usage: python bench/moe_gpu_runs.py --predict-plan PLAN.tsv [GPU NAME]", file=sys.stderr)
+            return 2
+        predict_plan(Path(argv[1]), argv[2] if len(argv) == 3 else "NVIDIA H200")
+        return 0
+    return base.run_cli(argv, doc=__doc__, tsv=TSV, write=write_tsv, show=report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""recipes.mcore's mixture of experts without a GPU: the Megatron-Bridge MoE overrides dse sends, the payload's
+refusals (Megatron-Core's own rules and what one GPU cannot run), the MoE FLOPs count and the MoE run plans."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dse.recipes import contract
+from dse.recipes.mcore.config import (
+    SMALL_GQA,
+    ConfigError,
+    RunConfig,
+    check,
+    config_from_argv,
+    format_iteration_line,
+    format_memory_line,
+    header_lines,
+    model_flops_per_step,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MOE = RunConfig(model="small_moe", num_experts=16, moe_topk=2, moe_ffn_hidden_size=1408)
+
+
+def test_small_moe_preset_and_the_grouped_gemm_default():
+    """The preset is 16 experts of FFN 1408, top-2; grouped GEMMs are on with TE's spec and off with the local one."""
+    cfg, _ = config_from_argv(["--model", "small_moe"])
+    assert (cfg.num_experts, cfg.moe_topk, cfg.expert_ffn, cfg.hidden_size, cfg.num_layers) == (16, 2, 1408, 2048, 8)
+    te = check(cfg, 1, te_available=True)
+    assert (te.layer_spec, te.moe_grouped_gemm, te.etp, te.ep) == ("te", True, 1, 1)
+    local = check(cfg, 1, te_available=False)
+    assert (local.layer_spec, local.moe_grouped_gemm) == ("local", False)
+    dense = check(config_from_argv([])[0], 1, te_available=True)
+    assert (dense.num_experts, dense.moe_grouped_gemm) == (0, False)
+
+
+def test_bridge_moe_overrides():
+    """Megatron-Bridge's ``model.*`` MoE paths (what dse's mbridge spelling sends) reach the run's fields."""
+    cfg, _ = config_from_argv(
+        [
+            "--model",
+            "small_gqa",
+            "model.num_moe_experts=8",
+            "model.moe_router_topk=4",
+            "model.moe_ffn_hidden_size=2816",
+            "model.moe_shared_expert_intermediate_size=1408",
+            "model.moe_router_score_function=sigmoid",
+            "model.moe_router_load_balancing_type=seq_aux_loss",
+            "model.moe_aux_loss_coeff=0.001",
+            "model.moe_expert_capacity_factor=1.25",
+            "model.moe_token_dispatcher_type=allgather",
+            "model.moe_grouped_gemm=false",
+            "model.moe_permute_fusion=true",
+            "model.expert_model_parallel_size=2",
+            "model.expert_tensor_parallel_size=1",
+            "comm_overlap.overlap_moe_expert_parallel_comm=false",
+            "model.kv_channels=64",
+        ]
+    )
+    assert cfg.model == "small_gqa_custom"
+    assert (cfg.num_experts, cfg.moe_topk, cfg.expert_ffn, cfg.moe_shared_expert_size) == (8, 4, 2816, 1408)
+    assert (cfg.moe_router_score, cfg.moe_load_balancing, cfg.moe_aux_loss_coeff) == ("sigmoid", "seq_aux_loss", 1e-3)
+    assert (cfg.moe_capacity_factor, cfg.moe_dispatcher, cfg.moe_grouped_gemm) == (1.25, "allgather", False)
+    assert (cfg.moe_permute_fusion, cfg.ep, cfg.etp, cfg.moe_a2a_overlap, cfg.head_dim) == (True, 2, 1, False, 64)
+    resolved = check(cfg, 2, te_available=True)
+    assert (resolved.ep, resolved.etp, resolved.moe_grouped_gemm) == (2, 1, False)
+    assert check(replace(cfg, moe_capacity_factor=None), 2, te_available=True).moe_capacity_factor is None
+
+
+@pytest.mark.parametrize(
+    "changes, world, te, message",
+    [
+        ({"ep": 3}, 3, True, "num_experts=16 is not divisible by ep=3"),
+        ({"ep": 2, "etp": 2}, 2, True, "world size 2 is not divisible by etp*ep*pp=4"),
+        ({"moe_topk": 17}, 1, True, "moe_topk=17 must be between 1 and num_experts"),
+        ({"moe_topk": 1}, 1, True, "moe_router_pre_softmax"),
+        ({"moe_grouped_gemm": True}, 1, False, "TEGroupedMLP) need Transformer Engine"),
+        ({"moe_permute_fusion": True}, 1, False, "moe_permute_fusion=true needs Transformer Engine"),
+        ({"moe_dispatcher": "flex"}, 1, True, "DeepEP / HybridEP"),
+        ({"moe_dispatcher": "nccl"}, 1, True, "moe_dispatcher='nccl'; one of alltoall, allgather, flex"),
+        ({"moe_a2a_overlap": True}, 1, True, "moe_a2a_overlap=true needs ep > 1"),
+        ({"moe_a2a_overlap": True, "ep": 2}, 2, True, "not wired into this payload"),
+        ({"ep": 2, "tp": 2, "sp": False}, 4, True, "ep > 1 with tp > 1 needs sequence parallelism"),
+        ({"etp": 3}, 3, True, "moe_ffn_hidden_size=1408 is not divisible by etp=3"),
+        ({"moe_first_dense_layers": 8}, 1, True, "moe_first_dense_layers=8 must be between 0 and num_layers-1"),
+        ({"moe_router_score": "relu"}, 1, True, "moe_router_score='relu'"),
+        ({"moe_load_balancing": "magic"}, 1, True, "moe_load_balancing='magic'"),
+        ({"moe_capacity_factor": 0.0}, 1, True, "moe_capacity_factor=0.0 must be > 0"),
+        ({"num_experts": 0, "ep": 2}, 2, True, "expert parallelism needs num_experts > 0"),
+    ],
+)
+def test_moe_refusals_name_the_setting(changes, world, te, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check(replace(MOE, **changes), world, te_available=te)
+
+
+def test_moe_flops_count_the_routed_experts():
+    """Megatron-LM's MoE count: the MLP term for top-k routed experts (+ shared), dense layers with the dense FFN."""
+    b, s = 8, 2048
+    moe = replace(MOE, gbs=b, seq_length=s)
+    dense_like = replace(SMALL_GQA_RUN, ffn_hidden_size=2 * 1408, gbs=b, seq_length=s)
+    # top-2 experts of FFN 1408 cost what one dense FFN of 2816 costs
+    assert model_flops_per_step(moe) == pytest.approx(model_flops_per_step(dense_like), rel=1e-12)
+    h, e, L = 2048, 3, 8
+    shared = replace(moe, moe_shared_expert_size=1408, moe_first_dense_layers=2)
+    # 6 MoE layers gain a shared expert of 1408; 2 layers become dense (FFN 5632 instead of 2 x 1408)
+    extra = 6.0 * b * s * e * h * (6 * 1408 + 2 * (5632 - 2 * 1408))
+    assert model_flops_per_step(shared) - model_flops_per_step(moe) == pytest.approx(extra, rel=1e-12)
+    assert L == moe.num_layers
+    # a head size other than h / a (Qwen3's kv_channels 128 with 32 heads of a 2048 hidden) counts its projections
+    wide = replace(SMALL_GQA_RUN, num_attention_heads=32, num_query_groups=4, kv_channels=128, gbs=b, seq_length=s)
+    d, a, g, hh = 128, 32, 4, 2048
+    attention = L * (2 * hh * a * d + 2 * hh * g * d + a * d * s)
+    mlp = L * 3 * hh * 5632
+    assert model_flops_per_step(wide) == pytest.approx(6.0 * b * s * (mlp + attention + hh * 32000), rel=1e-12)
+    with pytest.raises(ConfigError, match="unknown FLOPs convention"):
+        model_flops_per_step(moe, convention="nope")
+
+
+SMALL_GQA_RUN = RunConfig(model=SMALL_GQA.name)
+
+
+def test_dense_flops_still_come_from_the_contract():
+    cfg = replace(SMALL_GQA_RUN, gbs=8, seq_length=2048)
+    expected = contract.model_flops_per_step(
+        num_layers=8,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_query_groups=4,
+        ffn_hidden_size=5632,
+        vocab_size=32000,
+        gated_mlp=True,
+        gbs=8,
+        seq_length=2048,
+    )
+    assert model_flops_per_step(cfg) == expected
+
+
+@pytest.mark.parametrize("plan", ["moe_gpu_plan.tsv", "moe_gpu_plan2.tsv"])
+def test_moe_plan_lines_are_valid_command_lines(plan):
+    """Each run of the MoE plans parses and passes the checks for one GPU with Transformer Engine."""
+    lines = [ln for ln in (ROOT / "bench" / plan).read_text().splitlines() if ln and not ln.startswith("#")]
+    assert len(lines) >= 8
+    for line in lines:
+        name, args = line.split("\t")
+        cfg = check(config_from_argv(args.split())[0], 1, te_available=True)
+        assert cfg.tp == cfg.pp == cfg.ep == 1, name
+        assert cfg.is_moe or name.startswith("dense"), name
+
+
+@pytest.mark.parametrize("recipe", ["mixtral_8x7b", "qwen3_30b_a3b", "qwen3_235b_a22b"])
+def test_dse_mbridge_moe_overrides_round_trip(recipe):
+    """What dse spells for an MoE recipe (dse.knobs, mbridge) is understood, with the architecture's MoE fields."""
+    from dse import knobs
+    from dse.recipes.models import RECIPES
+
+    values = {name: k.default for name, k in knobs.CATALOGUE.items()}
+    values.update(ep=2, etp=1, mbs=1, gbs=16, moe_grouped_gemm=False, moe_dispatcher="allgather", max_steps=30)
+    values.update(moe_permute_fusion=True)
+    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge", moe=True)])
+    arch = RECIPES[recipe].arch
+    assert (cfg.num_experts, cfg.moe_topk, cfg.expert_ffn, cfg.head_dim) == (
+        arch.num_experts,
+        arch.moe_topk,
+        arch.expert_ffn,
+        arch.head_dim,
+    )
+    resolved = check(cfg, 8, te_available=True)
+    assert (resolved.ep, resolved.etp, resolved.moe_dispatcher) == (2, 1, "allgather")
+    assert (resolved.moe_grouped_gemm, resolved.moe_permute_fusion) == (False, True)
+    values.update(moe_dispatcher="flex")  # spelled with its backend and shared-expert overlap; refused with why
+    cfg, _ = config_from_argv(["--factory", f"{recipe}_recipe", "-y", *knobs.overrides(values, "mbridge", moe=True)])
+    with pytest.raises(ConfigError, match="DeepEP / HybridEP"):
+        check(cfg, 8, te_available=True)
+
+
+def test_mla_sliding_windows_and_uneven_stages_are_refused():
+    with pytest.raises(ConfigError, match="multi-latent attention is not wired"):
+        config_from_argv(["--factory", "deepseek_v3_recipe"])
+    with pytest.raises(ConfigError, match="sliding-window attention is not wired"):
+        config_from_argv(["--factory", "gpt_oss_120b_recipe"])
+    cfg, _ = config_from_argv(["--model", "small_moe", "model.num_layers_in_first_pipeline_stage=3"])
+    with pytest.raises(ConfigError, match="splits the layers evenly"):
+        check(cfg, 1, te_available=True)
+
+
+# ----------------------------------------------------------- reading a run back (bench/moe_gpu_runs.py)
+def _bench():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import moe_gpu_runs
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return moe_gpu_runs
+
+
+def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float) -> None:
+    """A log as train.py prints it, made with the payload's own line formatters (header, iterations, memory);
+    the figures are made up for the test, not measured."""
+    flops = model_flops_per_step(cfg)
+    lines = header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3")
+    for i, ms in enumerate(steps, start=1):
+        lines.append(
+            format_iteration_line(
+                iteration=i,
+                train_iters=len(steps),
+                consumed_samples=i * cfg.gbs,
+                elapsed_ms=ms,
+                tflops_per_gpu=flops / (ms * 1e-3 * 1e12),
+                learning_rate=3e-4,
+                global_batch_size=cfg.gbs,
+                losses={"lm loss": 10.0 - 0.1 * i},
+                loss_scale=1.0,
+                grad_norm=1.0,
+            )
+        )
+        if i in (1, 2, len(steps)):
+            mib = 1024.0 * 1024.0
+            lines.append(format_memory_line(0, i, int(4000 * mib), int(max_alloc_mib * mib), int(9000 * mib), 9000))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_bench_reads_the_moe_header_and_the_figures(tmp_path):
+    """The bench's reading of a log: the MoE settings from the header, the median step after the warm-up steps,
+    the peak allocated memory; the TSV it writes holds them, and a dense run reads as zero experts."""
+    bench = _bench()
+    moe = check(replace(MOE, gbs=8, mbs=2, moe_grouped_gemm=False), 1, te_available=True)
+    steps = [900.0, 400.0, 130.0, 120.0, 110.0, 125.0, 118.0, 122.0, 121.0, 119.0, 117.0, 123.0]
+    _write_log(tmp_path / "moe16_seq_mbs2.log", moe, steps, 20480.0)
+    _write_log(tmp_path / "dense.log", check(replace(SMALL_GQA_RUN, mbs=2), 1, te_available=True), steps, 10240.0)
+    rows = {r["name"]: r for r in bench.write_tsv(tmp_path, tmp_path / "runs.tsv")}
+    row = rows["moe16_seq_mbs2"]
+    assert row["step_time_ms"] == pytest.approx(statistics.median(steps[2:]))
+    assert row["peak_allocated_gib"] == pytest.approx(20.0)
+    assert (row["num_experts"], row["moe_topk"], row["moe_ffn_hidden_size"], row["moe_grouped_gemm"]) == (
+        16,
+        2,
+        1408,
+        False,
+    )
+    assert (row["layer_spec"], row["attention_backend"], row["gpu"], row["mbs"]) == (
+        "te",
+        "local",
+        "NVIDIA H100 80GB HBM3",
+        2,
+    )
+    assert row["tflops_per_gpu"] == pytest.approx(model_flops_per_step(moe) / (row["step_time_ms"] * 1e9), rel=1e-3)
+    assert rows["dense"]["num_experts"] == 0 and rows["dense"]["moe_dispatcher"] == ""
+    back = {r["name"]: r for r in bench.base.read_tsv(tmp_path / "runs.tsv")}
+    assert back["moe16_seq_mbs2"]["moe_grouped_gemm"] == "False" and back["moe16_seq_mbs2"]["kv_channels"] == "128"
+    assert bench.gpu_key(row["gpu"]) == "h100" and bench.gpu_key("NVIDIA H200") == "h200"
+
+
+def test_bench_predicts_every_plan_run():
+    """--predict-plan resolves each plan line with the payload's checks and gets the model's figures for it."""
+    bench = _bench()
+    rows = bench.plan_rows(ROOT / "bench" / "moe_gpu_plan.tsv", "NVIDIA H200")
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["moe8_gg_mbs2"]["num_experts"] == "8" and by_name["moe16_seq_mbs1"]["moe_grouped_gemm"] == "False"
+    out = bench.predict_plan(ROOT / "bench" / "moe_gpu_plan.tsv", "NVIDIA H200")
+    assert [o["name"] for o in out] == [r["name"] for r in rows]
+    assert all(o["step_time_ms"] > 0 and o["peak_memory_gib"] > 0 for o in out)
+    # the row's experts and grouped-GEMM setting reach the model: memory grows with the experts (weights and
+    # optimizer states), and grouped GEMMs on and off are priced apart
+    pred = {o["name"]: o for o in out}
+    mem = [pred[n]["peak_memory_gib"] for n in ("moe8_gg_mbs2", "moe16_gg_mbs2", "moe32_gg_mbs2")]
+    assert mem[0] < mem[1] < mem[2]
+    assert pred["moe16_gg_mbs2"]["step_time_ms"] != pred["moe16_seq_mbs2"]["step_time_ms"]
