@@ -243,6 +243,7 @@ GPT_OSS_120B = ModelArch(
 )
 
 
+# house: a data table (the recipes and their per-GPU layouts), not logic
 def _moe_recipes() -> list[Recipe]:
     """The six MoE recipes with NVIDIA's default layouts per GPU.
 
@@ -385,6 +386,7 @@ def _moe_recipes() -> list[Recipe]:
     ]
 
 
+# house: a data table (the recipes and their per-GPU layouts), not logic
 def _recipes() -> dict[str, Recipe]:
     full = [
         Recipe(

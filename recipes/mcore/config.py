@@ -210,6 +210,7 @@ def te_importable() -> bool:
         return False
 
 
+# house: one independent refusal after another (each a rule the payload cannot run), read top to bottom
 def check(
     cfg: RunConfig, world_size: int, *, te_available: bool | None = None, gpu_capability: tuple[int, int] | None = None
 ) -> RunConfig:
@@ -615,6 +616,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- argv
+# house: one add_argument per flag the payload takes; no logic to split
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipes.mcore",

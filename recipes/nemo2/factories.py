@@ -89,6 +89,7 @@ def _base_recipe(model: NemoModel, task: str, peft_scheme: str) -> run.Partial:
     return fn(**kwargs)
 
 
+# house: the NeMo 2 recipe built step by step as NVIDIA's performance scripts build it, in their order
 def build_recipe(
     model: NemoModel,
     task: str = "pretrain",
