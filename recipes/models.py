@@ -110,9 +110,15 @@ class Layout:
     # 0 = an even split
     pp_first_layers: int = 0
     pp_last_layers: int = 0
+    # The world size of the NVIDIA preset the layout comes from (Megatron-Bridge's WorkloadBaseConfig.num_gpus in
+    # scripts/performance/configs/*/*_workload_base_configs.py; the GPU count of NeMo's recommended_model_configs
+    # row); 0: the recipe's num_gpus_default. A layout's gbs is its preset's at that world size: ``dse predict``
+    # runs it there unless told otherwise. Not a knob, and not part of what the layout is (compare=False).
+    num_gpus: int = field(default=0, compare=False)
 
 
-LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+# the fields that are knobs (num_gpus is where the layout runs, not a knob)
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout) if f.name != "num_gpus")
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,11 @@ class Recipe:
             if key in self.defaults:
                 return self.defaults[key]
         return Layout()
+
+    def default_world(self, gpu: str, precision: str) -> int:
+        """The world size the default layout for ``gpu`` in ``precision`` is NVIDIA's preset for (its gbs is the
+        preset's there); the recipe's ``num_gpus_default`` where the layout names none."""
+        return self.default_layout(gpu, precision).num_gpus or self.num_gpus_default
 
     def default_values(self, gpu: str, precision: str) -> dict[str, Any]:
         """The knob values this recipe chooses on ``gpu`` in ``precision``: its layout and its sequence length
@@ -297,7 +308,8 @@ def _moe_recipes() -> list[Recipe]:
             4096,
             256,
             {
-                # pp_layout "Et|(tt|)*30mL": 7 decoder layers on the first stage, 6 (and the MTP layer) on the last
+                # pp_layout "Et|(tt|)*30mL": 7 decoder layers on the first stage, 6 (and the MTP layer) on the last;
+                # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 runs on 1,024 GPUs (num_gpus=1024)
                 "h100/bf16": Layout(
                     2,
                     8,
@@ -305,6 +317,7 @@ def _moe_recipes() -> list[Recipe]:
                     4,
                     1,
                     8192,
+                    num_gpus=1024,
                     ep=64,
                     pp_first_layers=7,
                     pp_last_layers=6,
@@ -360,7 +373,8 @@ def _moe_recipes() -> list[Recipe]:
             4096,
             64,
             {
-                "h100/bf16": Layout(2, 8, 1, 4, 1, 2048, ep=32, moe_a2a_overlap=True, **qwen),
+                # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_BF16_V1: 256 GPUs (num_gpus=256); the others 64
+                "h100/bf16": Layout(2, 8, 1, 4, 1, 2048, ep=32, moe_a2a_overlap=True, num_gpus=256, **qwen),
                 "b200/bf16": Layout(1, 8, 1, 4, 1, 1024, ep=8, **qwen),
                 "b200/fp8": Layout(1, 8, 1, 1, 1, 1024, ep=8, **qwen),
                 "gb200/bf16": Layout(1, 8, 1, 1, 1, 1024, ep=8, moe_dispatcher="flex", **qwen),
@@ -443,8 +457,12 @@ def _recipes() -> dict[str, Recipe]:
             {
                 "h100/bf16": Layout(8, 8, 2, 8, 1, 512),
                 "h100/fp8": Layout(8, 8, 2, 8, 1, 512),
-                "b200/fp8": Layout(4, 8, 2, 8, 1, 64),
-                "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536),
+                # the world sizes (num_gpus) of the presets: LLAMA31_405B_PRETRAIN_CONFIG_{H100,B200}_*_V1 in
+                # Megatron-Bridge's scripts/performance/configs/llama/llama31_workload_base_configs.py (1,024 and
+                # 128 GPUs); GB200 and GB300 at GBS 1536 on 256 GPUs, as the published rows of that layout
+                # (bench/data/published_perf_*.tsv)
+                "b200/fp8": Layout(4, 8, 2, 8, 1, 64, num_gpus=128),
+                "gb200/fp8": Layout(4, 16, 1, 4, 1, 1536, num_gpus=256),
                 # B300: Megatron-Bridge's 128-GPU B300 recipes (megatron/bridge/perf_recipes/llama/b300/llama31.py:
                 # llama31_405b_pretrain_128gpu_b300_{bf16,fp8cs}_config, GBS 768, as the nvfp4 one below; the
                 # layouts of the V2 presets, LLAMA31_405B_PRETRAIN_CONFIG_B300_*_V2 in scripts/performance/configs/
@@ -455,12 +473,12 @@ def _recipes() -> dict[str, Recipe]:
                 # are_all_microbatches_in_warmup) and the first stage holds all 8 micro-batches of its 15 layers:
                 # ~208 GiB of activations (FP8) beside ~105 GiB of model states, more than B300's 279 GiB; NVIDIA
                 # publishes no B300 Llama row of it
-                "b300/bf16": Layout(2, 1, 1, 1, 1, 768, fsdp=True, cpu_offload_layers=40),
-                "b300/fp8": Layout(4, 8, 1, 4, 1, 768),
+                "b300/bf16": Layout(2, 1, 1, 1, 1, 768, fsdp=True, cpu_offload_layers=40, num_gpus=128),
+                "b300/fp8": Layout(4, 8, 1, 4, 1, 768, num_gpus=128),
                 "b200/nvfp4": Layout(4, 16, 1, 8, 1, 768),
-                "gb200/nvfp4": Layout(4, 16, 1, 8, 1, 1536),
-                "b300/nvfp4": Layout(4, 8, 1, 4, 1, 768),
-                "gb300/nvfp4": Layout(4, 8, 1, 4, 1, 1536),
+                "gb200/nvfp4": Layout(4, 16, 1, 8, 1, 1536, num_gpus=256),
+                "b300/nvfp4": Layout(4, 8, 1, 4, 1, 768, num_gpus=128),
+                "gb300/nvfp4": Layout(4, 8, 1, 4, 1, 1536, num_gpus=256),
             },
         ),
         Recipe(
@@ -500,7 +518,8 @@ def _recipes() -> dict[str, Recipe]:
         arch = r.arch.scaled(layers)
         # offloading keeps its share of the layers (70B on GB200: 40 of 80 -> 8 of 16)
         defaults = {
-            k: replace(lay, cpu_offload_layers=lay.cpu_offload_layers * layers // r.arch.num_layers)
+            # and runs on the reproducer's 16 GPUs, not its preset's world (num_gpus 0: the recipe's)
+            k: replace(lay, cpu_offload_layers=lay.cpu_offload_layers * layers // r.arch.num_layers, num_gpus=0)
             for k, lay in r.defaults.items()
         }
         out[arch.name] = replace(r, name=arch.name, arch=arch, num_gpus_default=16, scaled_from=base, defaults=defaults)

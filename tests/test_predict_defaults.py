@@ -68,13 +68,16 @@ def test_output_names_the_values_taken_from_the_recipe():
 
 
 def test_an_error_caused_by_recipe_defaults_alone_names_them_and_the_flag():
-    """Bridge's B200 405B layout (tp 4, pp 8, cp 2, vp 8, gbs 64) is for 128 GPUs; at the recipe's 1,024 its four
-    micro-batches cannot fill the interleaved pipeline. No knob of the user's is involved, so nothing is dropped:
-    the error names the recipe's value and the flag to pass."""
-    r = CliRunner().invoke(app, ["predict", "--model", "llama3_405b", "--gpu", "b200", "--precision", "fp8"])
+    """Bridge's B200 405B layout (tp 4, pp 8, cp 2, vp 8) on its 128 GPUs with the user's gbs of 12: six
+    micro-batches cannot fill the interleaved pipeline of 8 stages. The rule names pp, which the user did not pass,
+    so nothing is dropped: the error names the recipe's value, the flag to pass, and a gbs that fits (2
+    data-parallel ranks x 8 micro-batches)."""
+    args = ["--model", "llama3_405b", "--gpu", "b200", "--precision", "fp8", "--gbs", "12"]
+    r = CliRunner().invoke(app, ["predict", *args])
     assert r.exit_code == 2
     assert "invalid layout (interleaved_microbatches)" in r.output
     assert "pp = 8 (the recipe's default; pass --pp)" in r.output and "dropped" not in r.output
+    assert "a gbs that fits this layout is a multiple of 16 (e.g. --gbs 16)" in r.output
 
 
 @pytest.mark.parametrize(

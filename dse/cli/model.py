@@ -246,7 +246,11 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
             f"{num_gpus} is out of range; give 1 to {most:,} ({knobs.NODES_MAX:,} nodes of {system.gpus_per_node})",
             field="--num-gpus",
         )
-    world = num_gpus if num_gpus is not None else recipe.num_gpus_default
+    world = num_gpus if num_gpus is not None else _default_world(recipe, system, settings)
+    if world < system.gpus_per_node and num_gpus is None:
+        # a recipe whose default world is part of one node (the 1-GPU reproducers): that many GPUs of one node,
+        # as --gpus-per-node N would give
+        system = system.model_copy(update={"gpus_per_node": world})
     if world < 1 or world % system.gpus_per_node:
         raise UserError(
             f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
@@ -264,6 +268,38 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
         }
     )
     return resolve(space, {}, recipe=recipe)
+
+
+def _default_world(recipe, system, settings: dict[str, Any]) -> int:
+    """The world size ``dse predict`` takes when --num-gpus is not given: the one NVIDIA's preset for the
+    recipe's default layout on this GPU and precision runs on (``Recipe.default_world``), where its gbs is the
+    preset's."""
+    from dse import knobs
+
+    precision = settings.get("precision", knobs.CATALOGUE["precision"].default)
+    return int(recipe.default_world(system.gpu, precision))
+
+
+# the rules a global batch of the right size satisfies: the recipe's gbs is its preset's at the preset's world
+BATCH_RULES = ("gbs_divisible", "interleaved_microbatches")
+
+
+def _scaled_gbs(trial: TrialConfig, rule: str, num_gpus: int | None, settings: dict[str, Any]) -> int | None:
+    """The recipe's gbs weak-scaled to the world the user gave, where at that world it breaks a batch rule; None
+    where there is nothing to scale (gbs passed, no --num-gpus, another rule, not a whole multiple).
+
+    NVIDIA's presets keep the batch per GPU as they scale a layout out (Megatron-Bridge's
+    scripts/performance/configs: Llama 3.1 405B on B300, GBS 768 on 128 GPUs and 1536 on 256 for the same layout;
+    DeepSeek-V3, GBS 8192 on 1,024 H100 and 2048 on 256 GB200), so ``gbs * world / preset world``. A study does
+    not do this (``dse.trial.resolve``): a space sets gbs in ``[settings]`` or varies it.
+    """
+    if rule not in BATCH_RULES or "gbs" in settings or num_gpus is None:
+        return None
+    preset_world = _default_world(trial.recipe, trial.system, settings)
+    gbs = trial.layout.gbs
+    if num_gpus == preset_world or (gbs * num_gpus) % preset_world:
+        return None
+    return gbs * num_gpus // preset_world
 
 
 def _as_given(
@@ -295,6 +331,14 @@ def _as_given(
         rejection = check(trial)
         if rejection is None:
             return trial, dropped
+        scaled = _scaled_gbs(trial, rejection.rule, num_gpus, given)
+        if scaled is not None:
+            dropped.append(
+                f"recipe default gbs={trial.layout.gbs} (for {_default_world(trial.recipe, trial.system, given)} "
+                f"GPUs) scaled to {scaled} for {num_gpus} GPUs: the same batch per GPU ({rejection.rule})"
+            )
+            given["gbs"] = scaled
+            continue
         from_recipe = _from_recipe(trial, given)
         culprits = [k for k in rejection.knobs if k in from_recipe]
         against = ", ".join(f"{k} {trial.values[k]}" for k in rejection.knobs if k in settings)
@@ -330,6 +374,13 @@ def _refuse_invalid(trial: TrialConfig, from_recipe: dict[str, Any]) -> None:
         for k, v in from_recipe.items()
         if k in rejection.knobs
     )
+    if rejection.rule in BATCH_RULES and trial.dp:
+        # the global batch the layout needs: whole micro-batches on every data-parallel rank, a multiple of pp of
+        # them under the interleaved schedule
+        step = trial.layout.mbs * trial.dp * (trial.layout.pp if trial.layout.vp > 1 else 1)
+        hint += (
+            f"; a gbs that fits this layout is a multiple of {step} (e.g. --gbs {-(-trial.layout.gbs // step) * step})"
+        )
     raise UserError(f"invalid layout ({rejection.rule}): {rejection.reason}{hint}")
 
 
