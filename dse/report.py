@@ -40,6 +40,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from dse.backends.base import is_infrastructure
 from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.leaderboard import UNKNOWN, Provenance, frame
@@ -460,6 +461,10 @@ def table(
     return Markup(page("table.html.j2", columns=columns, rows=rows, wraps=wraps, css=css))  # escaped there
 
 
+#: the failures table's class for a trial that failed for infrastructure (dse.backends.base.is_infrastructure)
+INFRASTRUCTURE_CLASS = "failed (infrastructure)"
+
+
 class Failures:
     """Failures by class from a stream of trials: per status the count, the first trials and the reasons
     counted (distinct reasons only, never the trials). Pruned trials are not failures."""
@@ -473,6 +478,10 @@ class Failures:
     def add(self, number: int, status: str, reason: str | None) -> None:
         if status in ("ok", "pruned"):  # pruned trials ran and lost: no failures
             return
+        if is_infrastructure(status, reason if reason == reason else None):
+            # the machinery around the trial failed (sbatch refused the job, a launcher that cannot start), not
+            # its layout: a class of its own, so a refused submission is not read as the layout's failure
+            status = INFRASTRUCTURE_CLASS
         trials, reasons = self._by.setdefault(status, ([], Counter()))
         self._n[status] += 1
         if len(trials) < self.SHOWN + 1:

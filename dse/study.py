@@ -715,9 +715,12 @@ class StudyLoop:
         if self.claims is not None:
             self.claims.done(info["knobs"])
             self.known.add(number)
-        self.agent.observe(
-            action, result.reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"]
-        )
+        if not is_infrastructure(info["status"], info.get("reason")):
+            # an infrastructure failure (sbatch refused the job, a launcher that cannot start) says nothing of
+            # the layout: the agent is not shown it, as a resume does not replay it (_history)
+            self.agent.observe(
+                action, result.reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"]
+            )
         self.done += info["status"] not in UNLAUNCHED_STATUSES
         self.new += 1
         if self.req.on_trial:
@@ -761,7 +764,8 @@ class StudyLoop:
                 continue
             self.known.add(r.number)
             self.best = better(self.best, r.metrics, self.space.objective, ok=r.ok)  # pruning: every worker's best
-            self.agent.observe(self.env.encode(r.knobs), r.reward, r.ok, status=r.status, metrics=r.metrics)
+            if not is_infrastructure(r.status, r.reason):  # another worker's launch that failed: nothing to learn
+                self.agent.observe(self.env.encode(r.knobs), r.reward, r.ok, status=r.status, metrics=r.metrics)
             self.done += r.status not in UNLAUNCHED_STATUSES
 
 

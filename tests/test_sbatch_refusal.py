@@ -1,4 +1,5 @@
-"""sbatch refusing a job, as a real cluster words it: the trial's reason is sbatch's own message, and the
+"""sbatch refusing a job, as a real cluster words it: the trial is an infrastructure failure whose reason is
+sbatch's own message (the agent is not shown it, the report classes it apart, --resume runs it again), and the
 study stops after the same refusal three times in a row. A fake ``sbatch`` on PATH replays sbatch's
 stderr (``tests/data/sbatch/*.stderr``, written as sbatch prints Slurm's error strings); the real-Slurm check
 is ``tests/test_slurm_backend.py::test_submission_failure_is_data_not_an_exception``."""
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dse import study as study_mod
+from dse.backends.base import is_infrastructure
 from dse.backends.slurm import SUBMIT_FAILED, SlurmBackend, sbatch_message
 from dse.errors import UserError
 from dse.execute import run_trial
@@ -53,6 +55,8 @@ def fake_sbatch(tmp_path, monkeypatch):
         ("gres", "Invalid generic resource (gres) specification"),
         ("partition", "invalid partition specified: gpu; Invalid partition name specified"),
         ("nodes", "Requested node configuration is not available"),  # the warning line is left out
+        ("account", "Invalid account or account/partition combination specified"),
+        ("qos", "Invalid qos specification"),
     ],
 )
 def test_sbatch_message_is_sbatchs_words_without_its_prefixes(name, message):
@@ -81,7 +85,8 @@ def test_refused_trial_has_sbatchs_message_as_its_reason(tmp_path, fake_sbatch):
     fake_sbatch("gres")
     m = run_trial(_trial(), tmp_path / "t", SlurmBackend(poll_s=0.01), BackendSettings(kind="slurm", payload="sim"))
     assert m.status == "failed"
-    assert m.reason == "sbatch refused the job: Invalid generic resource (gres) specification"
+    assert m.reason == "infrastructure: sbatch refused the job: Invalid generic resource (gres) specification"
+    assert is_infrastructure(m.status, m.reason)
     out = (tmp_path / "t" / "sbatch.out").read_text()
     assert out.startswith("sbatch: error: Batch job") and "sbatch: sbatch:" not in out  # as printed, once
 
@@ -114,9 +119,11 @@ def test_study_stops_after_three_identical_refusals_with_a_user_error(tmp_path, 
     store.close()
     assert len(recs) == 3 and all(r.status == "failed" for r in recs)
     assert all(
-        r.reason == "sbatch refused the job: invalid partition specified: gpu; Invalid partition name specified"
+        r.reason
+        == "infrastructure: sbatch refused the job: invalid partition specified: gpu; Invalid partition name specified"
         for r in recs
     )
+    assert all(study_mod._rerun(r) for r in recs)  # once the system file is fixed, --resume runs them again
     assert (tmp_path / "out" / "leaderboard.csv").exists()
 
 
@@ -130,3 +137,46 @@ def test_cli_prints_the_refusal_on_one_line_and_exits_2(tmp_path, fake_sbatch):
     assert r.exit_code == 2, r.output
     assert "sbatch refused 3 jobs in a row: Invalid generic resource (gres) specification" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("name", ["account", "qos"])
+def test_an_account_or_qos_refusal_is_an_infrastructure_failure(tmp_path, fake_sbatch, name):
+    fake_sbatch(name)
+    m = run_trial(_trial(), tmp_path / "t", SlurmBackend(poll_s=0.01), BackendSettings(kind="slurm", payload="sim"))
+    assert is_infrastructure(m.status, m.reason)
+    assert m.reason.startswith("infrastructure: sbatch refused the job: Invalid ")
+
+
+def test_the_agent_is_not_shown_a_refused_trial(tmp_path, fake_sbatch, monkeypatch):
+    """A refusal says nothing of the layout: the agent learns nothing from it (as a resume replays nothing of it)."""
+    from dse.agents.base import Agent
+
+    seen: list[str | None] = []
+    original = Agent.observe
+
+    def spy(self, action, reward, ok, **kw):
+        seen.append(kw.get("status"))
+        original(self, action, reward, ok, **kw)
+
+    monkeypatch.setattr(Agent, "observe", spy)
+    fake_sbatch("qos")
+    with pytest.raises(UserError, match="sbatch refused 3 jobs in a row: Invalid qos specification"):
+        study_mod.run_study(load_space(SPACE), out_dir=tmp_path / "out", agent="grid", trials=10)
+    assert seen == []
+
+
+def test_the_report_classes_a_refusal_as_infrastructure():
+    import pandas as pd
+
+    from dse.report import INFRASTRUCTURE_CLASS, failures_table
+
+    df = pd.DataFrame(
+        {
+            "trial": [0, 1, 2],
+            "status": ["failed", "failed", "oom"],
+            "reason": ["infrastructure: sbatch refused the job: Invalid qos specification", "NaN in loss", None],
+        }
+    )
+    html = str(failures_table(df))
+    assert INFRASTRUCTURE_CLASS in html and "Invalid qos specification" in html
+    assert html.count("<tr") == 4  # header, the infrastructure class, the layout's failed, oom

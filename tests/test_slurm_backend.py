@@ -201,7 +201,7 @@ def test_submission_failure_is_data_not_an_exception(tmp_path):
     assert r.scheduler_state == "SUBMIT_FAILED" and r.exit_code is None and r.job_id is None
     assert "partition" in r.log_path.read_text().lower()
     assert "sbatch: sbatch:" not in r.log_path.read_text()  # sbatch's output as it printed it
-    assert r.reason.startswith("sbatch refused the job: ") and "partition" in r.reason.lower()
+    assert r.reason.startswith("infrastructure: sbatch refused the job: ") and "partition" in r.reason.lower()
     assert "sbatch:" not in r.reason and "error:" not in r.reason
 
 

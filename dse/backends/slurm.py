@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dse import allowlists
-from dse.backends.base import Backend, LaunchFailures, RunResult, StopCheck
+from dse.backends.base import INFRASTRUCTURE, Backend, LaunchFailures, RunResult, StopCheck
 from dse.backends.scripts import (
     DIR_VAR,
     LOG_NAME,
@@ -427,7 +427,9 @@ class SlurmBackend(Backend):
                 log_path=err,
                 exit_code=None,
                 scheduler_state=SUBMIT_FAILED,
-                reason=f"sbatch refused the job: {message}",
+                # the cluster refused the submission (partition, account, QOS, GRES, limits): nothing of the
+                # layout ran, so an infrastructure failure, which agents do not learn from and --resume runs again
+                reason=f"{INFRASTRUCTURE}sbatch refused the job: {message}",
             )
         self._refusals.launched()
         (run_dir / "job_id").write_text(job_id + "\n")
