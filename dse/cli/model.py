@@ -55,7 +55,12 @@ def predict_cmd(
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", metavar="N", help="override the system's GPUs per node (e.g. 1 for a one-GPU run)"
     ),
-    num_gpus: int | None = typer.Option(None, "--num-gpus", metavar="N", help="world size (default: the recipe's)"),
+    num_gpus: int | None = typer.Option(
+        None,
+        "--num-gpus",
+        metavar="N",
+        help="world size (default: the GPU count of NVIDIA's preset for the recipe's layout)",
+    ),
     set_: list[str] | None = typer.Option(
         None, "--set", metavar="KNOB=VALUE", help="any catalogue knob, its value as in a space file (repeatable)"
     ),
