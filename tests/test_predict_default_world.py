@@ -83,3 +83,8 @@ def test_every_recipe_on_every_gpu_at_its_defaults_predicts_or_says_why_not(mode
             assert r.exit_code == 2, (gpu, precision, r.output)
             allowed = LEGITIMATE | ({"world_divisible", "layers_divisible"} if model in REPRODUCERS else set())
             assert any(f"invalid layout ({rule})" in r.output for rule in allowed), (gpu, precision, r.output)
+
+
+def test_gpus_per_node_given_is_kept_for_a_one_gpu_recipe():
+    r = predict("--model", "llama3_8b_4l", "--gpu", "h100", "--gpus-per-node", "8")
+    assert r.exit_code == 2 and "1 is not a multiple of the 8 GPUs per node" in r.output

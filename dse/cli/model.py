@@ -114,6 +114,8 @@ def predict_cmd(
     if container is not None:
         system = system.model_copy(update={"container": container})
     settings = _settings(knob_flags, set_ or [])
+    if num_gpus is None and gpus_per_node is None:
+        system = _part_of_a_node(model, system, settings)
     trial, dropped = _as_given(model, model_file, system, num_gpus, settings, payload)
     # Layout values the user did not pass but the recipe chose (vp = 8 for 405B on H100): named as such in
     # the output, and in an error about them, so a refusal points at the flag to pass.
@@ -252,10 +254,6 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
             field="--num-gpus",
         )
     world = num_gpus if num_gpus is not None else _default_world(recipe, system, settings)
-    if world < system.gpus_per_node and num_gpus is None:
-        # a recipe whose default world is part of one node (the 1-GPU reproducers): that many GPUs of one node,
-        # as --gpus-per-node N would give
-        system = system.model_copy(update={"gpus_per_node": world})
     if world < 1 or world % system.gpus_per_node:
         raise UserError(
             f"{world} is not a multiple of the {system.gpus_per_node} GPUs per node of {system.name}",
@@ -283,6 +281,18 @@ def _default_world(recipe, system, settings: dict[str, Any]) -> int:
 
     precision = settings.get("precision", knobs.CATALOGUE["precision"].default)
     return int(recipe.default_world(system.gpu, precision))
+
+
+def _part_of_a_node(model: str | None, system, settings: dict[str, Any]):
+    """The system with as many GPUs per node as the recipe's default world where that is part of one node (the
+    one-GPU reproducers), as ``--gpus-per-node N`` would give; else the system as it is."""
+    from dse.recipes.models import RECIPES
+
+    recipe = RECIPES.get(model or "")
+    if recipe is None:  # a --model-file needs --num-gpus; an unknown name is refused by _one_point
+        return system
+    world = _default_world(recipe, system, settings)
+    return system.model_copy(update={"gpus_per_node": world}) if world < system.gpus_per_node else system
 
 
 # the rules a global batch of the right size satisfies: the recipe's gbs is its preset's at the preset's world
