@@ -125,7 +125,8 @@ def fit(rows: list[dict], params: Params = DEFAULT_PARAMS) -> Params:
         p = params.with_values(**{n: v * s for n, v, s in zip(names, x, scale)})
         return [math.log(predict(t, params=p).tokens_per_s_per_gpu / y) for t, y in trials]
 
-    x0 = [getattr(params, n) / s for n, s in zip(names, scale)]
+    # the start clipped into the priors (a prior narrowed since the last fit)
+    x0 = [min(max(getattr(params, n), a), b) / s for n, a, b, s in zip(names, lo, hi, scale)]
     res = least_squares(residuals, x0, bounds=([a / s for a, s in zip(lo, scale)], [b / s for b, s in zip(hi, scale)]))
     return params.with_values(**{n: v * s for n, v, s in zip(names, res.x, scale)})
 

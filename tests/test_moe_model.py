@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.perfmodel import predict_layout
+from dse.perfmodel import DEFAULT_PARAMS, predict_layout
 from dse.perfmodel.flops import model_flops_per_step, total_params
 from dse.recipes.models import RECIPES
 
@@ -71,6 +71,20 @@ def test_the_all_to_all_costs_more_off_the_nvlink_domain_and_overlap_hides_part(
     assert 0 < hidden.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
     flex = _predict("qwen3_235b_a22b", "h100", 256, ep=32, moe_dispatcher="flex")
     assert flex.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
+
+
+def test_the_all_to_all_uses_one_network_plane_of_the_nic():
+    # GPT-OSS 120B over 64 B300 (8 nodes): ep 64 sends 7/8 of its token copies through the NICs
+    def exposed(**over) -> float:
+        return _predict("gpt_oss_120b", "b300", 64, ep=64, moe_dispatcher="alltoall", **over).breakdown[
+            "time.ep_exposed_s"
+        ]
+
+    # a ConnectX-8's 800 Gb/s is two 400 Gb/s planes: the all-to-all sees one, as on a 400 Gb/s NIC
+    assert exposed() == pytest.approx(exposed(scaleout_gbps=400))
+    assert exposed(params=DEFAULT_PARAMS.with_values(moe_a2a_nic_plane_gbps=800.0)) < 0.7 * exposed()
+    # below one plane's rate the NIC's own line rate limits it
+    assert exposed(scaleout_gbps=200) > 1.5 * exposed()
 
 
 def test_a_dense_model_has_no_expert_term():

@@ -189,6 +189,20 @@ def remote_domains(k: int, domains: float) -> float:
     return (domains - 1.0) * (1.0 - (1.0 - 1.0 / domains) ** k)
 
 
+def a2a_nic_Bps(machine: Machine) -> float:
+    """The NIC's bandwidth one GPU's all-to-all can use: the NIC's line rate (at NCCL's bus-bandwidth share,
+    ``scaleout_eff``), but at most one network plane's (``moe_a2a_nic_plane_gbps``). A ConnectX-8 (B300, GB300)
+    reaches its 800 Gb/s as two 400 Gb/s planes: "800Gb/s or XDR IB or 2 x 400GbE link speeds", "800GbE link
+    speed is not supported on a single port", "uses planarized topology network to reach XDR performance"
+    (NVIDIA ConnectX-8 SuperNIC firmware release notes 40.44.0208); on an Ethernet fabric its users "must split
+    cx8 to 2*400Gbps" (NVIDIA/nccl issue 2035, 16 nodes of 8 B300 + 8 CX8); and NCCL's all-to-all "cannot
+    aggregate the bandwidth of multiple NICs", so it sees one port's rate (NVIDIA/nccl-tests issue 267, NCCL's
+    maintainer). Ring collectives spread their channels over both ports, so the data-parallel traffic keeps the
+    full rate."""
+    P = machine.params
+    return min(machine.nic_Bps, P.moe_a2a_nic_plane_gbps * 1e9 / 8 * P.scaleout_eff)
+
+
 def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     """The token exchanges of one MoE layer and micro-batch (:data:`A2A_PER_LAYER`), before any overlap.
 
@@ -216,7 +230,7 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
             far = remote_domains(arch.moe_topk, ep / in_domain) / arch.moe_topk
     flex = P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0
     nvlink = nbytes * near / (machine.nvlink_Bps * P.moe_a2a_eff * flex)
-    nic = nbytes * far / (machine.nic_Bps * min(1.0, P.moe_a2a_nic_eff * flex))
+    nic = nbytes * far / (a2a_nic_Bps(machine) * min(1.0, P.moe_a2a_nic_eff * flex))
     one = max(nvlink, nic) + P.collective_latency_s
     return A2A_PER_LAYER * one
 

@@ -131,6 +131,9 @@ class Params:
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
     moe_a2a_nic_eff: float = 1.0
+    # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
+    # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
+    moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
     moe_flex_speedup: float = 3.0
