@@ -87,6 +87,29 @@ def test_the_all_to_all_uses_one_network_plane_of_the_nic():
     assert exposed(scaleout_gbps=200) > 1.5 * exposed()
 
 
+def test_the_overlap_hides_nothing_in_the_unpaired_warm_up_and_cool_down_passes():
+    from dse.perfmodel.layout import ModelLayout, Shape
+    from dse.perfmodel.moe import unpaired_share
+
+    arch = RECIPES["qwen3_235b_a22b"].arch
+
+    def share(pp: int, vp: int, gbs: int) -> float:
+        layout = ModelLayout(num_gpus=256, pp=pp, vp=vp, ep=32, gbs=gbs, seq_length=4096)
+        return unpaired_share(Shape.of(arch, layout))
+
+    assert share(1, 1, 1024) == pytest.approx(1 / 4)  # the first forward and the last backward of 4 micro-batches
+    assert share(8, 1, 4096) == pytest.approx(7 / 128)  # 1F1B's warm-up on the first stage
+    assert share(8, 4, 4096) == pytest.approx((2 * 7 + 3 * 8) / (128 * 4))  # interleaved: in model chunks
+
+    # per micro-batch, fewer micro-batches leave more of the overlapped exchanges exposed; without overlap, none
+    def per_microbatch(overlap: bool, gbs: int) -> float:
+        p = _predict("qwen3_235b_a22b", "h100", 256, ep=32, pp=8, vp=4, gbs=gbs, moe_a2a_overlap=overlap)
+        return p.breakdown["time.ep_exposed_s"] / p.breakdown["microbatches"]
+
+    assert per_microbatch(True, 512) > per_microbatch(True, 8192)
+    assert per_microbatch(False, 512) == pytest.approx(per_microbatch(False, 8192))
+
+
 def test_a_dense_model_has_no_expert_term():
     p = predict_layout(RECIPES["llama3_8b"].arch, "h100", num_gpus=8, cp=2)
     assert p.breakdown["time.ep_exposed_s"] == 0.0
