@@ -197,8 +197,8 @@ def a2a_nic_Bps(machine: Machine) -> float:
     (NVIDIA ConnectX-8 SuperNIC firmware release notes 40.44.0208); on an Ethernet fabric its users "must split
     cx8 to 2*400Gbps" (NVIDIA/nccl issue 2035, 16 nodes of 8 B300 + 8 CX8); and NCCL's all-to-all "cannot
     aggregate the bandwidth of multiple NICs", so it sees one port's rate (NVIDIA/nccl-tests issue 267, NCCL's
-    maintainer). Ring collectives spread their channels over both ports, so the data-parallel traffic keeps the
-    full rate."""
+    maintainer). Whether NCCL's ring collectives use both planes is not published; the data-parallel terms keep
+    the NIC's full rate, as the dense rows were fitted with it."""
     P = machine.params
     return min(machine.nic_Bps, P.moe_a2a_nic_plane_gbps * 1e9 / 8 * P.scaleout_eff)
 
