@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dse.perfmodel.flops import expert_params, mlp_factor
-from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages
+from dse.perfmodel.layout import GRAPH_PART_SHARE, Machine, ModelLayout, Shape, Stages
 from dse.recipes.models import ModelArch
 
 ROUTER_BYTES = 24.0  # HBM bytes per token and expert of the router: fp32 logits, scores, top-k, their backward
@@ -156,6 +156,27 @@ def permute_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     share = PERMUTE_FUSED_SHARE if layout.moe_permute_fusion else 1.0
     copies = arch.moe_topk * local_tokens(shape) * machine.params.moe_imbalance
     return copies * arch.hidden_size * PERMUTE_BYTES * share * machine.params.elementwise_scale / machine.hbm_Bps
+
+
+# the graph scopes that capture a whole MoE layer's own launches, and those that capture part of them
+MOE_GRAPH_WHOLE = frozenset({"full", "full_iteration", "moe"})
+MOE_GRAPH_PARTS = ("moe_router", "moe_preprocess")
+
+
+def moe_overhead_graphed_share(layout: ModelLayout) -> float:
+    """The share of a MoE layer's own small kernels (``moe_layer_overhead_s``: the router's gating GEMM, top-k and
+    auxiliary loss, the dispatcher's preprocessing metadata, the permutation's bookkeeping and the exchange's
+    launches) that a CUDA graph replays without launch gaps: all of them under a whole-layer or whole-MoE scope;
+    under ``moe_router`` / ``moe_preprocess`` (Megatron-Core's ``cuda_graph_scope``, NVIDIA's MoE presets) those
+    parts' share of the MoE block's launches, as :data:`dse.perfmodel.layout.GRAPH_PART_SHARE` counts them (0.15 +
+    0.1 of the block's 0.5: a half); the token exchange and the permutation, outside those graphs, keep theirs."""
+    if layout.cuda_graph == "none":
+        return 0.0
+    scope = set(layout.cuda_graph_scope.split(","))
+    if scope & MOE_GRAPH_WHOLE:
+        return 1.0
+    parts = sum(GRAPH_PART_SHARE[p] for p in MOE_GRAPH_PARTS if p in scope)
+    return min(1.0, parts / GRAPH_PART_SHARE["moe"])
 
 
 def moe_elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
