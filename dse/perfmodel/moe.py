@@ -276,7 +276,7 @@ def a2a_exposed(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     "comp_stream: attn_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | attn_bwd"). The fitted ``moe_a2a_overlap`` is the share
     hidden where a pass has a partner; the warm-up forwards and cool-down backwards have none
     (:func:`unpaired_share`). Capping each exchange at the compute phase beside it made the held-out rows worse
-    (14.6% to 14.9% after a refit), so the share stays one figure."""
+    (13.9% to 14.5% after a refit), so the share stays one figure."""
     t = a2a_time(shape, layout, machine)
     if not layout.moe_a2a_overlap:
         return t
