@@ -2,7 +2,9 @@
 
     PYTHONPATH=. python bench/model_moe.py          # every row, fitted and held out: error, fit in memory, MAPE,
                                                    # Spearman per (model, GPU) group of 3+ layouts, over
-                                                   # all rows, and the share of groups at rho >= 0.8
+                                                   # all rows, and the share of groups at rho >= 0.8; the
+                                                   # consistency line: what an oracle knowing the same
+                                                   # configuration's figure in another container reaches
     PYTHONPATH=. python bench/model_moe.py --fit    # refit the MoE parameters (dse.perfmodel.timing MOE_FITTED) on
                                                    # the rows marked ``fit`` and print them
 
@@ -151,7 +153,8 @@ def fit(rows: list[dict], params: Params = DEFAULT_PARAMS) -> Params:
         p = params.with_values(**{n: v * s for n, v, s in zip(names, x, scale)})
         return [math.log(predict(t, params=p).tokens_per_s_per_gpu / y) for t, y in trials]
 
-    x0 = [getattr(params, n) / s for n, s in zip(names, scale)]
+    # the start clipped into the priors (a prior narrowed since the last fit)
+    x0 = [min(max(getattr(params, n), a), b) / s for n, a, b, s in zip(names, lo, hi, scale)]
     res = least_squares(residuals, x0, bounds=([a / s for a, s in zip(lo, scale)], [b / s for b, s in zip(hi, scale)]))
     return params.with_values(**{n: v * s for n, v, s in zip(names, res.x, scale)})
 
@@ -198,6 +201,55 @@ def report(rows: list[dict], params: Params) -> None:
             print(f"MAPE {name}: {100 * sum(e) / len(e):.1f}% over {len(e)} rows (max {100 * max(e):.1f}%)")
     print(f"published layouts predicted to fit: {int(sum(errs['fits']))} of {len(errs['fits'])}")
     group_spearman(groups, held)
+    print(consistency(rows))
+
+def trial_key(row: dict) -> tuple:
+    """Everything the model reads of a row: its architecture, GPU, payload and resolved knob values."""
+    trial = row_trial(row)
+    return (row["model"], row["gpu"], trial.payload, tuple(sorted(trial.values.items())))
+
+
+def best_constant_error(figures: list[float]) -> float:
+    """The least sum of ``|x / p - 1|`` over ``figures`` that one prediction ``x`` for all of them can reach: the
+    sum is piecewise linear in ``x``, so its minimum sits at one of the figures."""
+    return min(sum(abs(x / p - 1.0) for p in figures) for x in figures)
+
+
+def consistency_figures(rows: list[dict], key) -> tuple[int, int, float, float, float]:
+    """For the rows grouped by ``key`` (a function of a row) whose groups were measured in 2+ containers: the
+    groups, their rows, the MAPE of an oracle that predicts each row by the mean of its group's other figures, the
+    least MAPE one prediction per group reaches over them, and that least error over the held-out rows alone as a
+    share of all held-out rows (a floor under the held-out MAPE)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[key(r)].append(r)
+    multi = [g for g in groups.values() if len({r["container"] for r in g}) > 1]
+    oracle: list[float] = []
+    for g in multi:
+        for r in g:
+            others = [float(o["tokens_per_s_per_gpu"]) for o in g if o is not r]
+            oracle.append(abs(sum(others) / len(others) / float(r["tokens_per_s_per_gpu"]) - 1.0))
+    floor = sum(best_constant_error([float(r["tokens_per_s_per_gpu"]) for r in g]) for g in multi)
+    held = [[float(r["tokens_per_s_per_gpu"]) for r in g if r["split"] == "heldout"] for g in groups.values()]
+    n_held = sum(1 for r in rows if r["split"] == "heldout")
+    held_floor = sum(best_constant_error(h) for h in held if len(h) > 1) / max(n_held, 1)
+    n = max(len(oracle), 1)
+    return len(multi), len(oracle), sum(oracle) / n, floor / n, held_floor
+
+
+def consistency(rows: list[dict]) -> str:
+    """The share of the error no function of the columns can remove, as one line: configurations measured in
+    several containers whose columns the model reads are the same (:func:`trial_key`: no function of them can tell
+    the rows apart), and, in brackets, those whose layout columns alone (:data:`LAYOUT`) are the same, their
+    presets' dispatcher, overlap, recompute or graphs aside."""
+    g, n, oracle, floor, held = consistency_figures(rows, trial_key)
+    lg, ln, lo, lf, lh = consistency_figures(rows, lambda r: tuple(r[k] for k in LAYOUT))
+    return (
+        f"consistency: {g} configurations in 2+ containers with the same columns ({n} rows): the other containers' "
+        f"figure MAPE {100 * oracle:.1f}%, best one figure per configuration {100 * floor:.1f}%, floor under the "
+        f"held-out MAPE {100 * held:.1f} points (same layout, any preset: {lg} configurations, {ln} rows, "
+        f"{100 * lo:.1f}%, {100 * lf:.1f}%, {100 * lh:.1f} points)"
+    )
 
 
 def megatron_weight_and_optimizer_gib(row: dict) -> float:

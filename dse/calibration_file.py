@@ -99,6 +99,7 @@ PARAM_RANGES: dict[str, Range] = {
         _TIME,
     ),
     "moe_gemm_m_half": Range(0.0, 1e7, why="rows per expert at half the GEMM rate"),
+    "moe_a2a_nic_plane_gbps": Range(1.0, 1e5, why="Gb/s of one network plane; it divides a time"),
     "moe_imbalance": Range(1.0, 1e4, why="the busiest expert-parallel rank's token copies over the mean"),
     "memory_reserve_gib": Range(0.0, 1024.0, why="GiB"),
     "memory_offset_gib": Range(-1024.0, 1024.0, why="GiB, added to every predicted peak"),

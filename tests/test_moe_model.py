@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.perfmodel import predict_layout
+from dse.perfmodel import DEFAULT_PARAMS, predict_layout
 from dse.perfmodel.flops import model_flops_per_step, total_params
 from dse.recipes.models import RECIPES
 
@@ -73,6 +73,64 @@ def test_the_all_to_all_costs_more_off_the_nvlink_domain_and_overlap_hides_part(
     assert flex.breakdown["time.ep_exposed_s"] < far.breakdown["time.ep_exposed_s"]
 
 
+def test_the_all_to_all_uses_one_network_plane_of_the_nic():
+    # GPT-OSS 120B over 64 B300 (8 nodes): ep 64 sends 7/8 of its token copies through the NICs
+    def exposed(**over) -> float:
+        return _predict("gpt_oss_120b", "b300", 64, ep=64, moe_dispatcher="alltoall", **over).breakdown[
+            "time.ep_exposed_s"
+        ]
+
+    # a ConnectX-8's 800 Gb/s is two 400 Gb/s planes: the all-to-all sees one, as on a 400 Gb/s NIC
+    assert exposed() == pytest.approx(exposed(scaleout_gbps=400))
+    assert exposed(params=DEFAULT_PARAMS.with_values(moe_a2a_nic_plane_gbps=800.0)) < 0.7 * exposed()
+    # below one plane's rate the NIC's own line rate limits it
+    assert exposed(scaleout_gbps=200) > 1.5 * exposed()
+
+
+def test_the_overlap_hides_nothing_in_the_unpaired_warm_up_and_cool_down_passes():
+    from dse.perfmodel.layout import ModelLayout, Shape
+    from dse.perfmodel.moe import unpaired_share
+
+    arch = RECIPES["qwen3_235b_a22b"].arch
+
+    def share(pp: int, vp: int, gbs: int) -> float:
+        layout = ModelLayout(num_gpus=256, pp=pp, vp=vp, ep=32, gbs=gbs, seq_length=4096)
+        return unpaired_share(Shape.of(arch, layout))
+
+    assert share(1, 1, 1024) == pytest.approx(1 / 4)  # the first forward and the last backward of 4 micro-batches
+    assert share(8, 1, 4096) == pytest.approx(7 / 128)  # 1F1B's warm-up on the first stage
+    assert share(8, 4, 4096) == pytest.approx((2 * 7 + 3 * 8) / (128 * 4))  # interleaved: in model chunks
+
+    # per micro-batch, fewer micro-batches leave more of the overlapped exchanges exposed; without overlap, none
+    def per_microbatch(overlap: bool, gbs: int) -> float:
+        p = _predict("qwen3_235b_a22b", "h100", 256, ep=32, pp=8, vp=4, gbs=gbs, moe_a2a_overlap=overlap)
+        return p.breakdown["time.ep_exposed_s"] / p.breakdown["microbatches"]
+
+    assert per_microbatch(True, 512) > per_microbatch(True, 8192)
+    assert per_microbatch(False, 512) == pytest.approx(per_microbatch(False, 8192))
+
+
+def test_a_graph_of_the_router_and_preprocessing_replays_half_the_moe_layers_small_kernels():
+    from dse.perfmodel.layout import ModelLayout
+    from dse.perfmodel.moe import moe_overhead_graphed_share
+
+    def share(graph: str, scope: str) -> float:
+        return moe_overhead_graphed_share(ModelLayout(num_gpus=8, ep=8, cuda_graph=graph, cuda_graph_scope=scope))
+
+    assert share("none", "attn,moe_router,moe_preprocess") == 0.0
+    assert share("transformer_engine", "attn") == 0.0  # attention's graph holds none of the MoE block's kernels
+    assert share("transformer_engine", "moe_router,moe_preprocess") == pytest.approx(0.5)
+    assert share("transformer_engine", "moe_router") < share("transformer_engine", "moe_router,moe_preprocess")
+    assert share("transformer_engine", "full") == 1.0
+
+    # the graphed MoE layer is faster by half the MoE overhead, beyond what the graph saves on a dense layer's part
+    def tokens(scope: str) -> float:
+        over = dict(cuda_graph="transformer_engine", cuda_graph_scope=scope)
+        return _predict("qwen3_30b_a3b", "b200", 8, ep=8, **over).tokens_per_s_per_gpu
+
+    assert tokens("attn,moe_router,moe_preprocess") > tokens("attn")
+
+
 def test_a_dense_model_has_no_expert_term():
     p = predict_layout(RECIPES["llama3_8b"].arch, "h100", num_gpus=8, cp=2)
     assert p.breakdown["time.ep_exposed_s"] == 0.0
@@ -106,6 +164,11 @@ def test_predict_cli_reproduces_a_published_deepseek_v3_row():
             # a Bridge row: HybridEP (the NeMo 2 payload's DeepEP does not run on GB200: moe_dispatcher_supported)
             "--payload",
             "mbridge",
+            # the row's preset graphs attention, the router and the dispatcher's preprocessing
+            "--cuda-graph",
+            "transformer_engine",
+            "--cuda-graph-scope",
+            "attn,moe_router,moe_preprocess",
             "--json",
         ],
     )
@@ -177,8 +240,10 @@ def test_a_moe_graph_scope_removes_the_captured_launch_overhead():
         layout = ModelLayout(num_gpus=8, ep=8, gbs=512, cuda_graph=graph, cuda_graph_scope=scope)
         machine = Machine.of(HARDWARE["h100"], DEFAULT_PARAMS, layout)
         times[graph] = moe_layer_time(Shape.of(arch, layout), layout, machine, NVIDIA_RECIPES).compute
-    # attn (0.5) + moe_router (0.15) + moe_preprocess (0.1) of the 60 us layer overhead run back to back
-    assert times["none"] - times["transformer_engine"] == pytest.approx(0.75 * 60e-6, rel=1e-6)
+    # attn (0.5) + moe_router (0.15) + moe_preprocess (0.1) of the 60 us layer overhead run back to back, and the
+    # router's and the preprocessing's half of the MoE layer's own small kernels
+    saved = 0.75 * 60e-6 + 0.5 * DEFAULT_PARAMS.moe_layer_overhead_s
+    assert times["none"] - times["transformer_engine"] == pytest.approx(saved, rel=1e-6)
 
 
 def test_first_dense_layers_keep_a_dense_layers_activations():

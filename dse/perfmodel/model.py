@@ -505,11 +505,12 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: S
     m = _moe.moe_layer_time(shape, layout, machine)
     attn_fwd, attn_fb = attention_time(shape, layout, machine)
     # the launch gaps a CUDA graph's scope captures (attn, moe_router, moe_preprocess: ModelLayout.graph_share)
-    # run back to back, as on a dense layer; the MoE overhead (the dispatcher's host synchronisation) stays
+    # run back to back, as on a dense layer; of the MoE layer's own small kernels, the router's and the
+    # dispatcher's preprocessing share (moe.moe_overhead_graphed_share), not the exchange's or the permutation's
     overhead = P.layer_overhead_s * (1.0 - layout.graph_share)
     compute = 3.0 * m.gemm_forward + attn_fb + m.elementwise + m.router + m.permute + overhead
     if shape.arch.num_experts:
-        compute += P.moe_layer_overhead_s
+        compute += P.moe_layer_overhead_s * (1.0 - _moe.moe_overhead_graphed_share(layout))
     tp_one = tp_collective_time(shape, machine)
     tp_hidden = tp_hidden_share(layout, P)
     tp_exposed = _moe.tp_collectives_per_layer(shape.arch) * tp_one * (1.0 - tp_hidden)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dse.perfmodel.flops import expert_params, mlp_factor
-from dse.perfmodel.layout import Machine, ModelLayout, Shape, Stages
+from dse.perfmodel.layout import GRAPH_PART_SHARE, Machine, ModelLayout, Shape, Stages
 from dse.recipes.models import ModelArch
 
 ROUTER_BYTES = 24.0  # HBM bytes per token and expert of the router: fp32 logits, scores, top-k, their backward
@@ -158,6 +158,27 @@ def permute_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     return copies * arch.hidden_size * PERMUTE_BYTES * share * machine.params.elementwise_scale / machine.hbm_Bps
 
 
+# the graph scopes that capture a whole MoE layer's own launches, and those that capture part of them
+MOE_GRAPH_WHOLE = frozenset({"full", "full_iteration", "moe"})
+MOE_GRAPH_PARTS = ("moe_router", "moe_preprocess")
+
+
+def moe_overhead_graphed_share(layout: ModelLayout) -> float:
+    """The share of a MoE layer's own small kernels (``moe_layer_overhead_s``: the router's gating GEMM, top-k and
+    auxiliary loss, the dispatcher's preprocessing metadata, the permutation's bookkeeping and the exchange's
+    launches) that a CUDA graph replays without launch gaps: all of them under a whole-layer or whole-MoE scope;
+    under ``moe_router`` / ``moe_preprocess`` (Megatron-Core's ``cuda_graph_scope``, NVIDIA's MoE presets) those
+    parts' share of the MoE block's launches, as :data:`dse.perfmodel.layout.GRAPH_PART_SHARE` counts them (0.15 +
+    0.1 of the block's 0.5: a half); the token exchange and the permutation, outside those graphs, keep theirs."""
+    if layout.cuda_graph == "none":
+        return 0.0
+    scope = set(layout.cuda_graph_scope.split(","))
+    if scope & MOE_GRAPH_WHOLE:
+        return 1.0
+    parts = sum(GRAPH_PART_SHARE[p] for p in MOE_GRAPH_PARTS if p in scope)
+    return min(1.0, parts / GRAPH_PART_SHARE["moe"])
+
+
 def moe_elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     """The element-wise kernels of a MoE / MLA layer, forward + backward: the dense layer's norms, residuals and
     RoPE (60 bytes per hidden element, as :func:`dse.perfmodel.model.elementwise_time`), the attention inputs,
@@ -189,6 +210,20 @@ def remote_domains(k: int, domains: float) -> float:
     return (domains - 1.0) * (1.0 - (1.0 - 1.0 / domains) ** k)
 
 
+def a2a_nic_Bps(machine: Machine) -> float:
+    """The NIC's bandwidth one GPU's all-to-all can use: the NIC's line rate (at NCCL's bus-bandwidth share,
+    ``scaleout_eff``), but at most one network plane's (``moe_a2a_nic_plane_gbps``). A ConnectX-8 (B300, GB300)
+    reaches its 800 Gb/s as two 400 Gb/s planes: "800Gb/s or XDR IB or 2 x 400GbE link speeds", "800GbE link
+    speed is not supported on a single port", "uses planarized topology network to reach XDR performance"
+    (NVIDIA ConnectX-8 SuperNIC firmware release notes 40.44.0208); on an Ethernet fabric its users "must split
+    cx8 to 2*400Gbps" (NVIDIA/nccl issue 2035, 16 nodes of 8 B300 + 8 CX8); and NCCL's all-to-all "cannot
+    aggregate the bandwidth of multiple NICs", so it sees one port's rate (NVIDIA/nccl-tests issue 267, NCCL's
+    maintainer). Whether NCCL's ring collectives use both planes is not published; the data-parallel terms keep
+    the NIC's full rate, as the dense rows were fitted with it."""
+    P = machine.params
+    return min(machine.nic_Bps, P.moe_a2a_nic_plane_gbps * 1e9 / 8 * P.scaleout_eff)
+
+
 def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     """The token exchanges of one MoE layer and micro-batch (:data:`A2A_PER_LAYER`), before any overlap.
 
@@ -216,17 +251,36 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
             far = remote_domains(arch.moe_topk, ep / in_domain) / arch.moe_topk
     flex = P.moe_flex_speedup if layout.moe_dispatcher == "flex" else 1.0
     nvlink = nbytes * near / (machine.nvlink_Bps * P.moe_a2a_eff * flex)
-    nic = nbytes * far / (machine.nic_Bps * min(1.0, P.moe_a2a_nic_eff * flex))
+    nic = nbytes * far / (a2a_nic_Bps(machine) * min(1.0, P.moe_a2a_nic_eff * flex))
     one = max(nvlink, nic) + P.collective_latency_s
     return A2A_PER_LAYER * one
 
 
+def unpaired_share(shape: Shape) -> float:
+    """The share of a stage's micro-batch passes that the combined 1F1B schedule runs alone, with no pass of
+    another micro-batch to overlap: the warm-up forwards and the cool-down backwards of the first stage, ``2(pp-1) +
+    (vp-1)·pp`` model chunks of ``m·vp`` with interleaving, ``pp-1`` of ``m`` without (Megatron-Core's
+    ``get_pp_rank_microbatches``), and at least the first forward and the last backward (one of ``m``)."""
+    p, v, m = shape.pp, shape.vp, max(shape.microbatches, 1.0)
+    warmup = 2.0 * (p - 1) + (v - 1) * p if v > 1 else p - 1.0
+    return min(1.0, max(warmup, 1.0) / (m * v))
+
+
 def a2a_exposed(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
-    """The exchanges' time not hidden: ``moe_a2a_overlap`` (Megatron-Core's overlap_moe_expert_parallel_comm,
-    which runs one micro-batch's exchanges under another's computation) hides a fitted share; without it the
-    exchanges sit on the critical path."""
+    """The exchanges' time not hidden. Without ``moe_a2a_overlap`` all of :func:`a2a_time` is on the critical path.
+
+    With it (Megatron-Core's ``overlap_moe_expert_parallel_comm``), the combined 1F1B schedule runs one micro-batch's
+    forward layer beside another's backward, each exchange on a communication stream beside a compute phase of the
+    other micro-batch (``TransformerLayerSchedulePlan.run``, ``megatron/core/models/common/
+    model_chunk_schedule_plan.py``: "comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd | combine_fwd" beside
+    "comp_stream: attn_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | attn_bwd"). The fitted ``moe_a2a_overlap`` is the share
+    hidden where a pass has a partner; the warm-up forwards and cool-down backwards have none
+    (:func:`unpaired_share`). Capping each exchange at the compute phase beside it made the held-out rows worse
+    (13.9% to 14.5% after a refit), so the share stays one figure."""
     t = a2a_time(shape, layout, machine)
-    return t * (1.0 - machine.params.moe_a2a_overlap) if layout.moe_a2a_overlap else t
+    if not layout.moe_a2a_overlap:
+        return t
+    return t * (1.0 - machine.params.moe_a2a_overlap * (1.0 - unpaired_share(shape)))
 
 
 @dataclass(slots=True)

@@ -118,32 +118,40 @@ class Params:
     logits_bytes_native: float = 6.0
     # mixture of experts (dse.perfmodel.moe), fitted by bench/model_moe.py --fit on its 18 published MoE rows of
     # container 26.04, each with its preset's dispatcher, overlap, recompute modules and CUDA graphs, after the
-    # first dense layers' activations and the head-size attention efficiency (refit once more with both)
-    # (moe_a2a_nic_eff and moe_flex_speedup end at their bounds: few fitted rows cross the NIC, so the exchanges'
-    # cost is the least determined part):
+    # first dense layers' activations and the head-size attention efficiency, and after the exchange's NIC phase
+    # at one network plane, the overlap's unpaired warm-up and cool-down passes and the CUDA graphs' share of the
+    # MoE layer's own small kernels (refit once more with those)
+    # (moe_a2a_eff, moe_a2a_nic_eff and moe_flex_speedup end outside or at the bounds of their priors: few fitted
+    # rows cross the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least
+    # determined part; docs/moe.md says what a fit inside the priors costs):
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
     # height times the waves a small per-expert problem leaves idle)
-    moe_gemm_m_half: float = 889.0
+    moe_gemm_m_half: float = 518.4
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
-    moe_a2a_eff: float = 0.223
+    moe_a2a_eff: float = 0.2047
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
     moe_a2a_nic_eff: float = 1.0
+    # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
+    # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
+    moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
     moe_flex_speedup: float = 3.0
-    # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute
-    moe_a2a_overlap: float = 0.280
+    # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
+    # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
+    moe_a2a_overlap: float = 0.4333
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
     # fixed: the launch of one expert's GEMM when the experts run one GEMM each (moe_grouped_gemm off)
     moe_gemm_launch_s: float = 10e-6
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
-    # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward
-    moe_layer_overhead_s: float = 2.32e-3
+    # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
+    # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
+    moe_layer_overhead_s: float = 3.26e-3
 
     def with_values(self, **kw) -> Params:
         return replace(self, **kw)
