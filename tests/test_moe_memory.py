@@ -1,11 +1,18 @@
 """MoE memory: the port of Megatron-Bridge's theoretical memory estimator (bench/moe_memory.py) reproduces the
-figures Bridge's own unit tests state."""
+figures Bridge's own unit tests state, and dse's memory terms place what Megatron-Core places: the first dense
+layers on the first stage, the MTP stage's embedding copy and projection."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from bench.moe_memory import RefConfig, ref_estimate
+from dse.perfmodel.flops import attention_params, expert_params, layer_params
+from dse.perfmodel.layout import ModelLayout, Stages
+from dse.perfmodel.moe import expert_stages
+from dse.recipes.models import RECIPES
 
 # Megatron-Bridge tests/unit_tests/training/utils/test_theoretical_memory_utils.py at f43e405af (PR 5077): its
 # ``_make_config`` defaults (micro_batch_size 2, data_parallel_size 4, the distributed optimizer)
@@ -111,3 +118,45 @@ def test_the_reference_port_reproduces_bridges_activation_figures():
     assert est.activation_bytes == 9568
     # test_activation_estimate_applies_virtual_pipeline_penalty
     assert ref_estimate(replace(BRIDGE_TEST, virtual_pipeline_model_parallel_size=2), 4).activation_bytes == 22240
+
+
+def _moe_layer_params(arch) -> float:
+    """A MoE layer's parameters without the routed experts: attention, shared experts, router, two norms."""
+    h = arch.hidden_size
+    return attention_params(arch) + 3 * h * arch.moe_shared_expert_size + h * arch.num_experts + 2 * h
+
+
+def test_the_first_stage_holds_the_first_dense_layers_and_the_last_the_mtp_extras():
+    """DeepSeek-V3 on 16 stages (NVIDIA's 4 layers on the first, 1 on the last): the first stage's parameters are its
+    three dense layers, one MoE layer and the embedding, more than four average layers; the last stage's are its
+    MoE layer, the MTP layer with its ``eh_proj`` and norms, the output layer and the embedding copy Megatron-Core
+    builds on the MTP stage."""
+    arch = RECIPES["deepseek_v3"].arch
+    h, emb = arch.hidden_size, arch.vocab_size * arch.hidden_size
+    dense_layer = attention_params(arch) + 3 * h * arch.ffn_hidden_size + 2 * h
+    moe_layer = _moe_layer_params(arch)
+    st = Stages.of(arch, 16, 1, 4, 1)
+    assert st.first_params == pytest.approx(3 * dense_layer + moe_layer + emb, rel=1e-9)
+    assert st.first_params > 4 * layer_params(arch) + emb
+    assert st.mid_params == pytest.approx(4 * moe_layer, rel=1e-9)
+    assert st.last_params == pytest.approx(2 * moe_layer + 2 * emb + 2 * h * h + 2 * h, rel=1e-9)
+    # one stage: one embedding for the model and its MTP layer, the dense layers counted once
+    one = Stages.of(arch, 1, 1)
+    total = 3 * dense_layer + 59 * moe_layer + 2 * emb + 2 * h * h + 2 * h
+    assert one.first_params == pytest.approx(total, rel=1e-9)
+
+
+def test_the_mtp_layers_experts_are_counted_once():
+    arch = RECIPES["deepseek_v3_2node"].arch  # 8 layers on 2 stages, one MTP layer on the last
+    layout = ModelLayout(num_gpus=16, tp=2, pp=2, ep=8, gbs=128, seq_length=4096)
+    experts = expert_stages(arch, layout, Stages.of(arch, 2, 1))
+    assert experts.last == pytest.approx(5 * expert_params(arch) / 8)
+    assert experts.first == pytest.approx(3 * expert_params(arch) / 8)  # its first layer is dense
+
+
+def test_a_dense_model_keeps_its_stages():
+    arch = RECIPES["llama3_70b"].arch
+    st = Stages.of(arch, 4, 1)
+    emb = arch.vocab_size * arch.hidden_size
+    assert st.first_params == st.last_params == pytest.approx(20 * layer_params(arch) + emb)
+    assert st.mid_params == pytest.approx(20 * layer_params(arch))
