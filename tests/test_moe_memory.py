@@ -1,6 +1,7 @@
 """MoE memory: the port of Megatron-Bridge's theoretical memory estimator (bench/moe_memory.py) reproduces the
 figures Bridge's own unit tests state, and dse's memory terms place what Megatron-Core places: the first dense
-layers on the first stage, the MTP stage's embedding copy and projection."""
+layers on the first stage, the MTP stage's embedding copy and projection, the expert-heavy middle stages of an
+uneven split."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import replace
 import pytest
 
 from bench.moe_memory import RefConfig, ref_estimate
+from dse.perfmodel import DEFAULT_PARAMS
 from dse.perfmodel.flops import attention_params, expert_params, layer_params
 from dse.perfmodel.layout import ModelLayout, Stages
+from dse.perfmodel.memory import GIB
 from dse.perfmodel.moe import expert_stages
+from dse.perfmodel.stack import NVIDIA_RECIPES
 from dse.recipes.models import RECIPES
 
 # Megatron-Bridge tests/unit_tests/training/utils/test_theoretical_memory_utils.py at f43e405af (PR 5077): its
@@ -152,6 +156,32 @@ def test_the_mtp_layers_experts_are_counted_once():
     experts = expert_stages(arch, layout, Stages.of(arch, 2, 1))
     assert experts.last == pytest.approx(5 * expert_params(arch) / 8)
     assert experts.first == pytest.approx(3 * expert_params(arch) / 8)  # its first layer is dense
+
+
+def _counts(model: str, gpu: str, num_gpus: int, **kw):
+    from dse.perfmodel.model import Prepared
+
+    r = RECIPES[model]
+    layout = ModelLayout(num_gpus=num_gpus, seq_length=r.seq_length, **kw)
+    return Prepared.of(r.arch, gpu, layout, NVIDIA_RECIPES).memory
+
+
+def test_an_expert_heavy_middle_stage_sets_the_peak():
+    """DeepSeek-V3 on 16 B200 stages of 4 / 4 x 14 / 1+MTP layers: each middle stage holds four MoE layers' experts
+    against the first stage's one, so the second stage (the most micro-batches in flight of the middle ones) holds
+    the most states and sets the peak; without a middle stage nothing changes."""
+    c = _counts("deepseek_v3", "b200", 256, pp=16, ep=8, gbs=4096, pp_first_layers=4, pp_last_layers=1)
+    assert c.fixed_mid > 2 * c.fixed_first > 0
+    slack = 1.0 + c.slack(DEFAULT_PARAMS)
+    mid_gib = (c.fixed_mid + c.act_mid * slack) / GIB
+    first_gib = (c.fixed_first + c.act_first * slack) / GIB
+    assert mid_gib > first_gib
+    extra = DEFAULT_PARAMS.memory_reserve_gib + DEFAULT_PARAMS.memory_offset_gib + c.registered_gib(DEFAULT_PARAMS)
+    assert c.peak_gib(DEFAULT_PARAMS, NVIDIA_RECIPES) == pytest.approx(mid_gib + extra)
+    # experts: the middle stage's four layers, bf16 weights + fp32 gradients + Adam over 256 / (16 * 8) = 2 ranks
+    assert c.expert_states == pytest.approx(4 * expert_params(RECIPES["deepseek_v3"].arch) / 8 * (6 + 12 / 2))
+    two = _counts("qwen3_30b_a3b", "h100", 16, pp=2, ep=8, gbs=512)
+    assert two.fixed_mid == two.act_mid == 0.0
 
 
 def test_a_dense_model_keeps_its_stages():
