@@ -49,6 +49,7 @@ from dse.perfmodel import DEFAULT_PARAMS  # noqa: E402
 from dse.perfmodel import moe as _moe  # noqa: E402
 from dse.perfmodel.memory import GIB, peak_memory  # noqa: E402
 from dse.perfmodel.model import prepare  # noqa: E402
+from dse.perfmodel.timing import Params  # noqa: E402
 from dse.space import load_space, shipped  # noqa: E402
 from dse.trial import resolve  # noqa: E402
 
@@ -349,13 +350,13 @@ class DseMemory:
         return self.dense + self.experts
 
 
-def dse_memory(trial) -> DseMemory:
-    """dse's memory figures for ``trial`` (:func:`dse.perfmodel.model.prepare`, the fitted parameters)."""
+def dse_memory(trial, params: Params = DEFAULT_PARAMS) -> DseMemory:
+    """dse's memory figures for ``trial`` (:func:`dse.perfmodel.model.prepare`) under ``params``."""
     prep = prepare(trial)
     c = prep.memory
     experts = _moe.expert_stages(prep.shape.arch, prep.layout, prep.stages)
     n_experts = experts.largest if prep.layout.pp > 2 else max(experts.first, experts.last)
-    use = peak_memory(c, DEFAULT_PARAMS, prep.stack)
+    use = peak_memory(c, params, prep.stack)
     dense = c.states_params * c.states_b
     return DseMemory(c.states_params, n_experts, dense, c.expert_states, c.act_first - c.work, use.peak_gib)
 
@@ -367,7 +368,7 @@ def err(model: float, ref: float) -> float:
 FIGURES = ("parameters", "states", "activations", "peak")
 
 
-def compare(rows: list[tuple[str, object]]) -> dict[str, list[float]]:
+def compare(rows: list[tuple[str, object]], params: Params = DEFAULT_PARAMS) -> dict[str, list[float]]:
     """One line per layout: parameters and model states on the most loaded GPU, the first stage's activations (the
     layers' part: dse counts the embedding's and the logits' elsewhere) and the peak, dse vs the reference; then
     the share within 10% of each. Returns the errors by figure."""
@@ -376,9 +377,13 @@ def compare(rows: list[tuple[str, object]]) -> dict[str, list[float]]:
     )
     print(f"{'':50s}" + f" {'dse':>6s} {'ref':>6s} {'err':>5s}" * 4)
     errs: dict[str, list[float]] = {k: [] for k in FIGURES}
+    same_bytes: list[float] = []
     for name, trial in rows:
         ref = ref_estimate(ref_config(trial), trial.num_microbatches)
-        d = dse_memory(trial)
+        d = dse_memory(trial, params)
+        # dse's parameters at the reference's bytes per parameter (bf16 weights, fp32 gradients)
+        states_ref_bytes = d.dense_params * ref.dense_bytes_per_param + d.expert_params * ref.expert_bytes_per_param
+        same_bytes.append(err(states_ref_bytes, ref.states_bytes))
         pairs = (
             ((d.dense_params + d.expert_params) / 1e9, (ref.dense_params + ref.expert_params) / 1e9),
             (d.states / GIB, ref.states_bytes / GIB),
@@ -397,6 +402,12 @@ def compare(rows: list[tuple[str, object]]) -> dict[str, list[float]]:
         print(
             f"{key:12s} within 10%: {inside:2d} of {len(xs)} ({100 * inside / len(xs):3.0f}%), mean |error| {mean:4.1f}%"
         )
+    inside = sum(abs(x) <= WITHIN for x in same_bytes)
+    mean = 100 * sum(abs(x) for x in same_bytes) / len(same_bytes)
+    print(
+        f"states at the reference's bytes per parameter (6 + 12/d: bf16 weights, fp32 gradients) within 10%: "
+        f"{inside} of {len(same_bytes)}, mean |error| {mean:.1f}%"
+    )
     return errs
 
 
@@ -452,18 +463,19 @@ def terms() -> None:
         )
 
 
-def layouts() -> list[tuple[str, object]]:
-    """Every published MoE row (one per distinct layout, its first id) and each shipped MoE space's default layout."""
+def layouts(rows: list[dict] | None = None, *, spaces: bool = True) -> list[tuple[str, object]]:
+    """Every published MoE row (``rows``, or bench/data/published_moe.tsv's; one per distinct layout, its first id)
+    and, with ``spaces``, each shipped MoE space's default layout."""
     out: list[tuple[str, object]] = []
     seen: set[tuple] = set()
     cols = ("model", "gpu", "num_gpus", "precision", "gbs", "mbs", "tp", "pp", "vp", "ep", "etp", "cp", "recompute")
-    for r in load_rows():
+    for r in load_rows() if rows is None else rows:
         key = tuple(r[k] for k in cols) + (r["recompute_modules"], r["pp_first_layers"], r["pp_last_layers"])
         if key in seen:
             continue
         seen.add(key)
         out.append((r["id"], row_trial(r)))
-    for name in MOE_SPACES:
+    for name in MOE_SPACES if spaces else ():
         space = load_space(shipped("spaces") / name)
         out.append((f"space {space.name} (default)", resolve(space, {})))
     return out
