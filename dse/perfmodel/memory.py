@@ -275,8 +275,8 @@ def _inflight_counts(p: int, v: int, m: int) -> tuple[int, int, int, int]:
 
 @dataclass(frozen=True, slots=True)
 class MemoryUse:
-    """Peak memory of one GPU (GiB) at the larger of the first and the last pipeline stage, and what holds it
-    (each part the larger of the two stages', so the parts need not add up to the peak)."""
+    """Peak memory of one GPU (GiB) at the largest of the first, the second (:func:`mid_stage_counts`) and the last
+    pipeline stage, and what holds it (each part the largest stage's, so the parts need not add up to the peak)."""
 
     peak_gib: float
     states_gib: float
@@ -291,10 +291,11 @@ class MemoryUse:
 @dataclass(slots=True)
 class MemoryCounts:
     """The bytes of one GPU's peak that no fitted parameter changes, counted once per layout (:func:`memory_counts`):
-    the first and the last stage's model states, FP8 weight cache and FSDP buffers (``fixed_*``), the first stage's
-    activations and the last stage's before its logits (``act_first``, ``act_last_layers``), the working set of one
-    layer's backward (``work``) and the logit elements on the last stage. :func:`peak_memory` adds what the
-    parameters set (fragmentation, bytes per logit, reserve, offset), so that a fit re-evaluates only that."""
+    the first, the last and the second stage's model states, FP8 weight cache and FSDP buffers (``fixed_*``), the
+    first and the second stage's activations and the last stage's before its logits (``act_first``, ``act_mid``,
+    ``act_last_layers``), the working set of one layer's backward (``work``) and the logit elements on the last
+    stage. :func:`peak_memory` adds what the parameters set (fragmentation, bytes per logit, reserve, offset), so
+    that a fit re-evaluates only that."""
 
     fixed_first: float
     fixed_last: float
