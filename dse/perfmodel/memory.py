@@ -412,14 +412,14 @@ def memory_counts(
         work=work,
         logits_elements=shape.tokens * arch.vocab_size / t,
         states_b=states_b,
-        states_params=max(stages.first_params, stages.last_params, stages.mid_params) / t,
+        states_params=max(stages.first_params, stages.last_params, stages.mid_params if fixed_mid else 0.0) / t,
         fsdp_buf=fsdp_buf,
         cache_first=cache_first,
         cache_last=cache_last,
         graph_static=max(graph_first, graph_last),
         graphed=1.0 if layout.graph_share > 0.0 else 0.0,
         nccl_ub=layout.nccl_ub,
-        expert_states=(experts.largest if shape.pp > 2 else max(experts.first, experts.last)) * expert_b,
+        expert_states=(experts.largest if fixed_mid else max(experts.first, experts.last)) * expert_b,
         fixed_mid=fixed_mid,
         act_mid=act_mid,
     )
@@ -434,10 +434,16 @@ def mid_stage_counts(
     in flight (:func:`inflight_chunks` of rank 1). It is the peak where the first and last stages are made lighter
     (``pp_first_layers`` / ``pp_last_layers``: DeepSeek-V3 on 16 stages puts 4 layers, three of them dense, on the
     first and 1 and the MTP layer on the last, so each middle stage holds 4 MoE layers' experts), and with the
-    embedding counted as a layer (``account_for_embedding_in_pipeline_split``) when a stage holds fewer layers than
-    there are stages."""
+    embedding counted as a layer (``account_for_embedding_in_pipeline_split``) in a MoE model, whose middle stages
+    then hold one more layer's experts than the first.
+
+    Counted for a MoE model and for any split with ``pp_first_layers`` / ``pp_last_layers`` set, not for a dense
+    model's even or embedding-accounted split: there the second stage holds a full chunk where the first holds the
+    embedding, with nearly as many micro-batches in flight (Llama 3.1 405B, tp 8 pp 16 vp 8: 141 layers' activations
+    against 112), which would put Meta's published 405B runs on 8K and 16K H100 (their own pipeline schedule) at
+    95 GiB of 80 where they trained; that question stays open (docs/moe.md, "Memory")."""
     p, v = shape.pp, shape.vp
-    if p < 3:
+    if p < 3 or not (shape.arch.num_experts or layout.pp_first_layers or layout.pp_last_layers):
         return 0.0, 0.0
     layers = min(layout.cpu_offload_layers, shape.arch.num_layers)
     in_flight = offload_kept_layers(
