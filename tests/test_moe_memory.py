@@ -199,3 +199,16 @@ def test_a_dense_embedding_accounted_split_keeps_its_first_stage_peak():
     assert c.fixed_mid == c.act_mid == 0.0
     uneven = _counts("llama3_405b", "h100", 1024, tp=8, pp=16, gbs=512, pp_first_layers=7, pp_last_layers=7)
     assert uneven.fixed_mid > 0.0 and uneven.act_mid > 0.0
+
+
+def test_dse_and_the_reference_place_deepseek_v3s_experts_alike():
+    """NVIDIA's DeepSeek-V3 layout on 256 B200 (16 stages of 4 / 4 x 14 / 1 + MTP layers, ep 8): the most loaded GPU
+    holds a middle stage's four MoE layers' experts over ep in dse and in Megatron-Bridge's estimator alike."""
+    from bench.moe_memory import dse_memory, ref_config
+    from dse.perfmodel.trials import make_trial
+
+    r = RECIPES["deepseek_v3"]
+    trial = make_trial(r, "b200", 256, pp=16, vp=1, ep=8, pp_first_layers=4, pp_last_layers=1, gbs=4096)
+    ref = ref_estimate(ref_config(trial), trial.num_microbatches)
+    assert dse_memory(trial).expert_params == pytest.approx(ref.expert_params, rel=1e-9)
+    assert ref.expert_params == pytest.approx(4 * expert_params(r.arch) / 8, rel=1e-9)
