@@ -24,6 +24,8 @@ docs/moe.md, "Memory"):
   the router's weights; GPT-OSS's gated experts (its 3-matrix count needs ``activation_func`` to be SiLU, GPT-OSS's
   is quick-GeLU, so it counts 2); the multi-token-prediction layer's ``eh_proj`` and the copy of the embedding that
   Megatron-Core builds on the MTP stage (``GPTModel``: ``if self.pre_process or self.mtp_process: self.embedding``);
+  a split spelt as ``pipeline_model_parallel_layout`` (it reads only the first / last stage counts: :func:`reads_split`);
+- bytes: NVIDIA's performance scripts' bf16 gradients (``grad_reduce_in_fp32=False``) and FP8 weights;
 - activations: it assumes selective recompute of core attention only, bf16 saved tensors and the Korthikanti count
   of an MHA layer (``sbh·(18 + 4·F/h)/t``, with ``F = k·F_e + F_s`` for a MoE layer): MLA's and GQA's real Q, K, V
   widths, the routed copies' expert inputs (``k`` per token), SwiGLU's doubled activation input, the routing
@@ -247,7 +249,7 @@ def ref_activation(c: RefConfig, num_microbatches: int | None) -> tuple[float, f
     routed experts' ``k·F_e`` plus the shared experts' on a MoE layer), for every layer of the model (MTP included),
     the interleaving penalty ``1 + (p - 1)/(p·v)`` or ``min(1, m/p)``, over ``t·cp``."""
     s, b, h = c.seq_length, c.micro_batch_size, c.hidden_size
-    p, t, cp, v = c.pipeline_model_parallel_size, c.tensor_model_parallel_size, c.context_parallel_size, None
+    p, t, cp = c.pipeline_model_parallel_size, c.tensor_model_parallel_size, c.context_parallel_size
     v = c.virtual_pipeline_model_parallel_size
     pattern = ref_moe_pattern(c)
     n_moe = sum(pattern)
