@@ -24,7 +24,8 @@ docs/moe.md, "Memory"):
   the router's weights; GPT-OSS's gated experts (its 3-matrix count needs ``activation_func`` to be SiLU, GPT-OSS's
   is quick-GeLU, so it counts 2); the multi-token-prediction layer's ``eh_proj`` and the copy of the embedding that
   Megatron-Core builds on the MTP stage (``GPTModel``: ``if self.pre_process or self.mtp_process: self.embedding``);
-  a split spelt as ``pipeline_model_parallel_layout`` (it reads only the first / last stage counts: :func:`reads_split`);
+  a split spelt as ``pipeline_model_parallel_layout`` (it reads only the first and last stage counts, see
+  :func:`reads_split`);
 - bytes: NVIDIA's performance scripts' bf16 gradients (``grad_reduce_in_fp32=False``) and FP8 weights;
 - activations: it assumes selective recompute of core attention only, bf16 saved tensors and the Korthikanti count
   of an MHA layer (``sbh·(18 + 4·F/h)/t``, with ``F = k·F_e + F_s`` for a MoE layer): MLA's and GQA's real Q, K, V
@@ -421,7 +422,8 @@ def compare(rows: list[tuple[str, object]], params: Params = DEFAULT_PARAMS) -> 
         inside = sum(abs(x) <= WITHIN for x in xs)
         mean = 100 * sum(abs(x) for x in xs) / len(xs)
         print(
-            f"{key:12s} within 10%: {inside:2d} of {len(xs)} ({100 * inside / len(xs):3.0f}%), mean |error| {mean:4.1f}%"
+            f"{key:12s} within 10%: {inside:2d} of {len(xs)} ({100 * inside / len(xs):3.0f}%), "
+            f"mean |error| {mean:4.1f}%"
         )
     print("* the split is a pipeline layout the estimator does not read: it takes an even split (reads_split)")
     inside = sum(abs(x) <= WITHIN for x in same_bytes)
