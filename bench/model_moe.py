@@ -252,35 +252,15 @@ def consistency(rows: list[dict]) -> str:
     )
 
 
-def megatron_weight_and_optimizer_gib(row: dict) -> float:
-    """Megatron-LM's ``report_theoretical_memory`` weight-and-optimizer figure for the row (the function Megatron-
-    Bridge prints, ``megatron/training/theoretical_memory_usage.py`` ``compute_weight_and_optimizer_memory``),
-    re-derived here: the most loaded shard holds ``(block / pp + MTP block + embedding) / tp`` parameters at
-    ``6 + 12 / dp`` bytes each; it divides nothing by expert parallelism."""
-    from dse.perfmodel.flops import attention_params, expert_params, mlp_factor
-
-    arch = RECIPES[row["model"]].arch
-    h, e = arch.hidden_size, mlp_factor(arch)
-    attn = attention_params(arch)
-    dense = attn + e * h * arch.ffn_hidden_size + 2 * h
-    moe = attn + expert_params(arch) + e * h * arch.moe_shared_expert_size + 2 * h
-    block = dense * arch.moe_first_dense_layers + moe * arch.moe_layers + h
-    shard = (block / int(row["pp"]) + moe * arch.mtp_layers + h * arch.vocab_size) / int(row["tp"])
-    dp = int(row["num_gpus"]) // (int(row["tp"]) * int(row["pp"]) * int(row["cp"]))
-    return shard * (6 + 12 / dp) / 2**30
-
-
 def memory_report(rows: list[dict], params: Params) -> None:
-    """Model states per GPU against Megatron-LM's theoretical weight-and-optimizer memory, once per layout."""
-    print("\nmodel states per GPU (GiB): dse vs Megatron-LM's report_theoretical_memory (which ignores EP):")
-    seen = set()
-    for r in rows:
-        key = tuple(r[k] for k in LAYOUT)
-        if key in seen or r["split"] != "fit":
-            continue
-        seen.add(key)
-        states = predict(row_trial(r), params=params).breakdown["mem.states_gib"]
-        print(f"  {r['id']:58s} dse {states:7.1f}   Megatron {megatron_weight_and_optimizer_gib(r):8.1f}")
+    """Memory per GPU of the rows' distinct layouts against Megatron-Bridge's theoretical memory estimator, the one
+    that shards the experts over expert parallelism (bench/moe_memory.py, which prints the same with the shipped
+    spaces' defaults and ``--terms``). Megatron-LM's ``report_theoretical_memory`` divides nothing by expert
+    parallelism (Megatron-LM issue 1784), so it is no reference for a MoE layout and is no longer printed here."""
+    from bench.moe_memory import compare, layouts
+
+    print("\nmemory per GPU: dse vs Megatron-Bridge's theoretical memory estimator (bench/moe_memory.py):")
+    compare(layouts(rows, spaces=False), params)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dse.containers import FAMILIES, REFERENCE
 from dse.hardware import GpuSpec
-from dse.perfmodel.flops import layer_params
+from dse.perfmodel.flops import layer_params, mlp_factor
 from dse.perfmodel.stack import Stack
 from dse.perfmodel.timing import Params
 from dse.recipes.models import ModelArch
@@ -359,29 +359,63 @@ class Stages:
     first_params: float
     last_params: float
     stage_params: float  # the largest stage's
+    mid_params: float = 0.0  # a middle stage's (0 with fewer than three stages)
 
     @classmethod
     def of(cls, arch: ModelArch, p: int, v: int, first: int = 0, last: int = 0) -> Stages:
         """The stages of ``arch`` over ``p`` pipeline ranks of ``v`` model chunks each (``first`` / ``last`` layers
         on the first / last stage, 0 = an even split); with one stage, it holds both the embedding and the output
-        layer. Multi-token-prediction layers (``ModelArch.mtp_layers``) run on the last stage, one layer each."""
+        layer. Multi-token-prediction layers (``ModelArch.mtp_layers``) run on the last stage, one layer each.
+
+        Parameters per stage, beyond the layers' average (:func:`dse.perfmodel.flops.layer_params`): a MoE model's
+        first dense layers (:func:`dense_layer_extra`) sit in the first model chunk of the first stage (Megatron-Core
+        assigns layers to chunks in order: the first stage's first chunk holds layers ``0 .. L/(p·v) - 1``), and the
+        MTP stage holds :func:`mtp_extra_params`."""
         first_l, mid_l, last_l, accounted = stage_layers(arch.num_layers, p, v, first, last)
         last_l += arch.mtp_layers
         if p == 1:
             first_l = mid_l = last_l
         lp = layer_params(arch)
+        dense_n, dense_extra = arch.moe_first_dense_layers if arch.num_experts else 0, dense_layer_extra(arch)
+        lp_moe = lp - dense_n * dense_extra / arch.num_layers  # a MoE layer's (the average without the dense ones)
         emb = arch.vocab_size * arch.hidden_size
         first_params: float
         last_params: float
         stage_params: float
         if p == 1:
-            stage_params = last_l * lp + 2 * emb
+            stage_params = last_l * lp_moe + dense_n * dense_extra + 2 * emb + mtp_extra_params(arch, p)
             first_params = last_params = stage_params
+            mid_params = 0.0
         else:
-            first_params = first_l * lp + emb
-            last_params = last_l * lp + emb
-            stage_params = max(first_params, mid_l * lp, last_params)
-        return cls(first_l, mid_l, last_l, accounted, lp, first_params, last_params, stage_params)
+            dense_first = min(float(dense_n), max(first_l / v, 0.0))  # the first chunk's dense layers
+            first_params = first_l * lp_moe + dense_first * dense_extra + emb
+            last_params = last_l * lp_moe + emb + mtp_extra_params(arch, p)
+            mid_params = mid_l * lp_moe + (dense_n - dense_first) * dense_extra if p > 2 else 0.0
+            stage_params = max(first_params, mid_params, last_params)
+        return cls(first_l, mid_l, last_l, accounted, lp, first_params, last_params, stage_params, mid_params)
+
+
+def dense_layer_extra(arch: ModelArch) -> float:
+    """How many more parameters one of a MoE model's first dense layers (``moe_first_dense_layers``) has than one of
+    its MoE layers without the routed experts: a dense MLP of ``ffn_hidden_size`` instead of the shared experts and
+    the router (DeepSeek-V3: 396 M against 46 M). 0 for a model without experts."""
+    if not arch.num_experts:
+        return 0.0
+    e, h = mlp_factor(arch), arch.hidden_size
+    return float(e * h * arch.ffn_hidden_size - e * h * arch.moe_shared_expert_size - h * arch.num_experts)
+
+
+def mtp_extra_params(arch: ModelArch, p: int) -> float:
+    """Parameters of the multi-token-prediction stage beyond its MTP layers' transformer layers: per MTP layer the
+    projection of the concatenated hidden state and embedding (``eh_proj``, ``2h x h``) and its two input norms
+    (Megatron-Core ``MultiTokenPredictionLayer``: enorm, hnorm, eh_proj), and, with pipeline parallelism, a copy of
+    the input embedding, which Megatron-Core builds on the MTP stage to embed the shifted tokens (``GPTModel``:
+    ``if self.pre_process or self.mtp_process: self.embedding = LanguageModelEmbedding(...)``,
+    megatron/core/models/gpt/gpt_model.py); with one stage the MTP reuses the model's own embedding."""
+    if not arch.mtp_layers:
+        return 0.0
+    h = arch.hidden_size
+    return arch.mtp_layers * (2.0 * h * h + 2.0 * h) + (arch.vocab_size * h if p > 1 else 0.0)
 
 
 _STAGES: dict[tuple[int, int, int, int, int], tuple[ModelArch, Stages]] = {}

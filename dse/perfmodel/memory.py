@@ -275,8 +275,8 @@ def _inflight_counts(p: int, v: int, m: int) -> tuple[int, int, int, int]:
 
 @dataclass(frozen=True, slots=True)
 class MemoryUse:
-    """Peak memory of one GPU (GiB) at the larger of the first and the last pipeline stage, and what holds it
-    (each part the larger of the two stages', so the parts need not add up to the peak)."""
+    """Peak memory of one GPU (GiB) at the largest of the first, the second (:func:`mid_stage_counts`) and the last
+    pipeline stage, and what holds it (each part the largest stage's, so the parts need not add up to the peak)."""
 
     peak_gib: float
     states_gib: float
@@ -291,10 +291,11 @@ class MemoryUse:
 @dataclass(slots=True)
 class MemoryCounts:
     """The bytes of one GPU's peak that no fitted parameter changes, counted once per layout (:func:`memory_counts`):
-    the first and the last stage's model states, FP8 weight cache and FSDP buffers (``fixed_*``), the first stage's
-    activations and the last stage's before its logits (``act_first``, ``act_last_layers``), the working set of one
-    layer's backward (``work``) and the logit elements on the last stage. :func:`peak_memory` adds what the
-    parameters set (fragmentation, bytes per logit, reserve, offset), so that a fit re-evaluates only that."""
+    the first, the last and the second stage's model states, FP8 weight cache and FSDP buffers (``fixed_*``), the
+    first and the second stage's activations and the last stage's before its logits (``act_first``, ``act_mid``,
+    ``act_last_layers``), the working set of one layer's backward (``work``) and the logit elements on the last
+    stage. :func:`peak_memory` adds what the parameters set (fragmentation, bytes per logit, reserve, offset), so
+    that a fit re-evaluates only that."""
 
     fixed_first: float
     fixed_last: float
@@ -311,6 +312,8 @@ class MemoryCounts:
     graphed: float = 0.0  # 1 when CUDA graphs capture the layers: their private pool (Params.cuda_graph_pool_share)
     nccl_ub: bool = False  # NCCL-registered DP buffers: Params.nccl_ub_memory_gib more
     expert_states: float = 0.0  # bytes of the routed experts' weights, gradients and optimizer shard (largest stage)
+    fixed_mid: float = 0.0  # the second stage's (the most loaded middle one: :func:`mid_stage_counts`); 0 for p < 3
+    act_mid: float = 0.0
 
     def slack(self, P: Params) -> float:
         """The share of the activations the allocator cannot reuse: fragmentation, and the CUDA graphs' pool."""
@@ -322,7 +325,9 @@ class MemoryCounts:
         act_last = self.act_last_layers + max(self.work, logits_mem)
         mem_first = self.fixed_first + self.act_first * (1.0 + self.slack(P))
         mem_last = self.fixed_last + act_last * (1.0 + self.slack(P))
-        return max(mem_first, mem_last) / GIB + P.memory_reserve_gib + P.memory_offset_gib + self.registered_gib(P)
+        mem_mid = self.fixed_mid + self.act_mid * (1.0 + self.slack(P))
+        peak = max(mem_first, mem_last, mem_mid)
+        return peak / GIB + P.memory_reserve_gib + P.memory_offset_gib + self.registered_gib(P)
 
     def registered_gib(self, P: Params) -> float:
         """What NCCL user-buffer registration holds beyond the buffers themselves (GiB)."""
@@ -392,6 +397,9 @@ def memory_counts(
     work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
     graph_first = graph_static_bytes(shape, layout, first_layers)
     graph_last = graph_static_bytes(shape, layout, last_layers)
+    fixed_mid, act_mid = mid_stage_counts(shape, layout, stages, act_kept, work, cache_b, states_b)
+    if fixed_mid:
+        fixed_mid += fsdp_buf + experts.mid * expert_b
     return MemoryCounts(
         fixed_first=stages.first_params / t * states_b
         + cache_first
@@ -404,15 +412,46 @@ def memory_counts(
         work=work,
         logits_elements=shape.tokens * arch.vocab_size / t,
         states_b=states_b,
-        states_params=max(stages.first_params, stages.last_params) / t,
+        states_params=max(stages.first_params, stages.last_params, stages.mid_params if fixed_mid else 0.0) / t,
         fsdp_buf=fsdp_buf,
         cache_first=cache_first,
         cache_last=cache_last,
         graph_static=max(graph_first, graph_last),
         graphed=1.0 if layout.graph_share > 0.0 else 0.0,
         nccl_ub=layout.nccl_ub,
-        expert_states=max(experts.first, experts.last) * expert_b,
+        expert_states=(experts.largest if fixed_mid else max(experts.first, experts.last)) * expert_b,
+        fixed_mid=fixed_mid,
+        act_mid=act_mid,
     )
+
+
+def mid_stage_counts(
+    shape: Shape, layout: ModelLayout, stages: Stages, act_kept: float, work: float, cache_b: float, states_b: float
+) -> tuple[float, float]:
+    """The second pipeline stage's bytes beside the experts' and FSDP's (its states, FP8 weight cache and CUDA
+    graphs' buffers) and its in-flight activations with one layer's backward working set; (0, 0) with fewer than
+    three stages. Of the middle stages it holds the most: the same layers as the others and the most micro-batches
+    in flight (:func:`inflight_chunks` of rank 1). It is the peak where the first and last stages are made lighter
+    (``pp_first_layers`` / ``pp_last_layers``: DeepSeek-V3 on 16 stages puts 4 layers, three of them dense, on the
+    first and 1 and the MTP layer on the last, so each middle stage holds 4 MoE layers' experts), and with the
+    embedding counted as a layer (``account_for_embedding_in_pipeline_split``) in a MoE model, whose middle stages
+    then hold one more layer's experts than the first.
+
+    Counted for a MoE model and for any split with ``pp_first_layers`` / ``pp_last_layers`` set, not for a dense
+    model's even or embedding-accounted split: there the second stage holds a full chunk where the first holds the
+    embedding, with nearly as many micro-batches in flight (Llama 3.1 405B, tp 8 pp 16 vp 8: 141 layers' activations
+    against 112), which would put Meta's published 405B runs on 8K and 16K H100 (their own pipeline schedule) at
+    95 GiB of 80 where they trained; that question stays open (docs/moe.md, "Memory")."""
+    p, v = shape.pp, shape.vp
+    if p < 3 or not (shape.arch.num_experts or layout.pp_first_layers or layout.pp_last_layers):
+        return 0.0, 0.0
+    layers = min(layout.cpu_offload_layers, shape.arch.num_layers)
+    in_flight = offload_kept_layers(
+        sum(inflight_chunks(p, v, int(shape.microbatches), 1)) * stages.mid_layers / v, layers
+    )
+    fixed = stages.mid_params / shape.tp * states_b + stages.mid_layers * cache_b
+    fixed += graph_static_bytes(shape, layout, in_flight)
+    return fixed, in_flight * act_kept + work
 
 
 def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
@@ -427,13 +466,14 @@ def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
     return MemoryUse(
         peak_gib=c.peak_gib(P, stack),
         states_gib=(c.states_params * c.states_b + c.expert_states) / GIB,
-        activations_gib=max(c.act_first, act_last - logits_mem) / GIB,
+        activations_gib=max(c.act_first, act_last - logits_mem, c.act_mid) / GIB,
         logits_gib=logits_mem / GIB,
         fsdp_buffers_gib=c.fsdp_buf / GIB,
         fp8_weight_cache_gib=max(c.cache_first, c.cache_last) / GIB,
-        cuda_graphs_gib=(c.graph_static + max(c.act_first, act_last) * c.graphed * P.cuda_graph_pool_share) / GIB,
+        cuda_graphs_gib=(c.graph_static + max(c.act_first, act_last, c.act_mid) * c.graphed * P.cuda_graph_pool_share)
+        / GIB,
         reserve_gib=P.memory_reserve_gib
         + P.memory_offset_gib
         + c.registered_gib(P)
-        + max(c.act_first, act_last) * P.memory_fragmentation / GIB,
+        + max(c.act_first, act_last, c.act_mid) * P.memory_fragmentation / GIB,
     )

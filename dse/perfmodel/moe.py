@@ -462,8 +462,9 @@ class ExpertStages:
 
 def expert_stages(arch: ModelArch, layout: ModelLayout, stages: Stages) -> ExpertStages:
     """This GPU's routed-expert parameters per stage: the stage's MoE layers (the first dense layers sit on the
-    first stage; the MTP layers on the last) times one layer's experts over ``ep·etp``; and the expert-data-parallel
-    size ``world / (pp·ep·etp)``."""
+    first stage; the MTP layers on the last, where :meth:`dse.perfmodel.layout.Stages.of` already counts them in
+    ``last_layers``) times one layer's experts over ``ep·etp``; and the expert-data-parallel size
+    ``world / (pp·ep·etp)``."""
     if not arch.num_experts:
         return ExpertStages(0.0, 0.0, 0.0, 1.0)
     per_layer = expert_params(arch) / (layout.ep * layout.etp)
@@ -474,6 +475,6 @@ def expert_stages(arch: ModelArch, layout: ModelLayout, stages: Stages) -> Exper
     else:
         first = max(stages.first_layers - dense, 0.0) * per_layer
         mid = stages.mid_layers * per_layer
-        last = (stages.last_layers + arch.mtp_layers) * per_layer
+        last = stages.last_layers * per_layer
     d_e = layout.num_gpus / (layout.pp * layout.ep * layout.etp)
     return ExpertStages(first, mid, last, max(d_e, 1.0))
