@@ -309,6 +309,18 @@ def moe_sync_wait(layout: ModelLayout, machine: Machine, forward_busy: float) ->
     return max(0.0, moe_host_forward_s(layout, machine) - forward_busy)
 
 
+def moe_overlap_sync_wait(layout: ModelLayout, machine: Machine, busy: float) -> float:
+    """What a layer waits for its host under ``moe_a2a_overlap`` beyond its GPU time ``busy`` (forward and
+    backward), per micro-batch. The combined 1F1B schedule issues one micro-batch's forward layer and another's
+    backward layer together, from the schedule's Python thread (``TransformerLayerSchedulePlan.run``,
+    ``megatron/core/models/common/model_chunk_schedule_plan.py``), so the forward's host sync
+    (:func:`moe_sync_wait`) also holds the backward's launches, which autograd would otherwise issue ahead: the pair
+    takes at least the host's time for both, the backward's taken as the forward's (:func:`moe_host_forward_s`)."""
+    if not layout.moe_a2a_overlap:
+        return 0.0
+    return max(0.0, 2.0 * moe_host_forward_s(layout, machine) - busy)
+
+
 @dataclass(slots=True)
 class MoeLayerTime:
     """One MoE / MLA layer's terms beyond attention's core, for one micro-batch (seconds): ``gemm_forward`` the
