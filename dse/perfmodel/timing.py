@@ -126,7 +126,8 @@ class Params:
     # rows cross the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least
     # determined part; docs/moe.md says what a fit inside the priors costs):
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
-    # height times the waves a small per-expert problem leaves idle)
+    # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
+    # per-micro-batch costs the model does not price end up here)
     moe_gemm_m_half: float = 1070.1
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
