@@ -50,6 +50,8 @@ BOUNDS = {
     "moe_flex_speedup": (0.5, 3.0),
     "moe_a2a_overlap": (0.0, 0.95),
     "moe_layer_overhead_s": (0.0, 5e-3),
+    "moe_host_fwd_s": (0.5e-3, 5e-3),
+    "moe_host_grace_ratio": (1.0, 3.0),
 }
 
 
@@ -202,6 +204,7 @@ def report(rows: list[dict], params: Params) -> None:
     print(f"published layouts predicted to fit: {int(sum(errs['fits']))} of {len(errs['fits'])}")
     group_spearman(groups, held)
     print(consistency(rows))
+
 
 def trial_key(row: dict) -> tuple:
     """Everything the model reads of a row: its architecture, GPU, payload and resolved knob values."""

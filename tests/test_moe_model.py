@@ -131,6 +131,56 @@ def test_a_graph_of_the_router_and_preprocessing_replays_half_the_moe_layers_sma
     assert tokens("attn,moe_router,moe_preprocess") > tokens("attn")
 
 
+def test_the_dispatchers_host_sync_makes_a_short_moe_forward_wait_for_its_host():
+    from dse.hardware import HARDWARE as GPUS
+    from dse.perfmodel.layout import Machine, ModelLayout
+    from dse.perfmodel.moe import moe_host_forward_s, moe_sync_wait
+
+    def host(gpu: str, graph: str = "none", scope: str = "full") -> float:
+        layout = ModelLayout(num_gpus=8, ep=8, cuda_graph=graph, cuda_graph_scope=scope)
+        return moe_host_forward_s(layout, Machine.of(GPUS[gpu], DEFAULT_PARAMS, layout))
+
+    assert host("b200") == pytest.approx(DEFAULT_PARAMS.moe_host_fwd_s)
+    assert host("gb200") > host("b200")  # a Grace host launches slower than an x86 one
+    assert 0.0 < host("b200", "transformer_engine", "moe_router,moe_preprocess") < host("b200")
+    assert host("b200", "transformer_engine", "full") == 0.0  # a whole-layer graph: static sizes, no sync
+
+    layout = ModelLayout(num_gpus=8, ep=8)
+    machine = Machine.of(GPUS["b200"], DEFAULT_PARAMS, layout)
+    assert moe_sync_wait(layout, machine, 0.0) == pytest.approx(host("b200"))
+    assert moe_sync_wait(layout, machine, 10 * host("b200")) == 0.0  # a long forward hides the host
+
+    # a small MoE model waits for its host at a small micro-batch, not at a large one
+    def host_wait_per_token(mbs: int) -> float:
+        p = _predict("qwen3_30b_a3b", "b200", 8, ep=8, mbs=mbs, gbs=512)
+        return p.breakdown["time.host_wait_s"] / (512 * 4096 / 8)
+
+    assert host_wait_per_token(1) > 0.0
+    assert host_wait_per_token(1) > host_wait_per_token(8)
+
+
+def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overlap():
+    from dse.hardware import HARDWARE
+    from dse.perfmodel.layout import Machine, ModelLayout
+    from dse.perfmodel.moe import moe_host_forward_s, moe_overlap_sync_wait
+
+    plain = ModelLayout(num_gpus=16, ep=8)
+    overlap = ModelLayout(num_gpus=16, ep=8, moe_a2a_overlap=True)
+    machine = Machine.of(HARDWARE["h100"], DEFAULT_PARAMS, overlap)
+    host = moe_host_forward_s(overlap, machine)
+    assert moe_overlap_sync_wait(plain, machine, 0.0) == 0.0  # autograd's backward keeps the host ahead
+    assert moe_overlap_sync_wait(overlap, machine, 0.0) == pytest.approx(2.0 * host)
+    assert moe_overlap_sync_wait(overlap, machine, host) == pytest.approx(host)
+    assert moe_overlap_sync_wait(overlap, machine, 3.0 * host) == 0.0
+
+    # a small model's layers at one sequence a micro-batch wait for the host only under the overlap
+    def host_wait(over: bool) -> float:
+        p = _predict("qwen3_30b_a3b", "h100", 16, ep=8, pp=2, vp=12, mbs=1, gbs=1024, moe_a2a_overlap=over)
+        return p.breakdown["time.host_wait_s"]
+
+    assert host_wait(True) > host_wait(False)
+
+
 def test_a_dense_model_has_no_expert_term():
     p = predict_layout(RECIPES["llama3_8b"].arch, "h100", num_gpus=8, cp=2)
     assert p.breakdown["time.ep_exposed_s"] == 0.0

@@ -283,6 +283,44 @@ def a2a_exposed(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     return t * (1.0 - machine.params.moe_a2a_overlap * (1.0 - unpaired_share(shape)))
 
 
+def moe_host_forward_s(layout: ModelLayout, machine: Machine) -> float:
+    """The host's time to launch one MoE layer's forward pass for one micro-batch (``Params.moe_host_fwd_s`` on an
+    x86 host, ``Params.moe_host_grace_ratio`` times it on Grace), less the share a CUDA graph's scope replays
+    (``ModelLayout.graph_share``); none under a whole-layer graph, which needs no host sync (it pads the experts'
+    inputs to a static capacity)."""
+    if layout.graph_share >= 1.0:
+        return 0.0
+    ratio = machine.params.moe_host_grace_ratio if machine.gpu.grace_host else 1.0
+    return machine.params.moe_host_fwd_s * ratio * (1.0 - layout.graph_share)
+
+
+def moe_sync_wait(layout: ModelLayout, machine: Machine, forward_busy: float) -> float:
+    """What one MoE layer's forward pass waits for its host beyond its GPU time ``forward_busy``, per micro-batch.
+
+    A dropless MoE layer's dispatcher copies the tokens per expert to the host and waits for them once per forward
+    pass: the all-to-all dispatcher needs the exchange's split sizes and the grouped GEMM's per-expert rows as host
+    integers (Megatron-Core ``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``: ``_maybe_dtoh_and_synchronize``
+    at ``cuda_sync_point`` "before_ep_alltoall"), and HybridEP sizes its output from ``tokens_per_expert.sum()``
+    ("HybridEP sizes buffers dynamically (CPU sync in dispatch)") unless a capacity is set, which NVIDIA's dropless
+    presets do not. At that sync the GPU's queue is empty, so the host cannot run ahead of the GPU across layers
+    as it does elsewhere: each layer's forward takes at least the host's time to launch it
+    (:func:`moe_host_forward_s`). The backward pass (autograd, no sync) keeps the host ahead. The wait is largest
+    where a layer's forward GPU time is short: a small model at a small micro-batch."""
+    return max(0.0, moe_host_forward_s(layout, machine) - forward_busy)
+
+
+def moe_overlap_sync_wait(layout: ModelLayout, machine: Machine, busy: float) -> float:
+    """What a layer waits for its host under ``moe_a2a_overlap`` beyond its GPU time ``busy`` (forward and
+    backward), per micro-batch. The combined 1F1B schedule issues one micro-batch's forward layer and another's
+    backward layer together, from the schedule's Python thread (``TransformerLayerSchedulePlan.run``,
+    ``megatron/core/models/common/model_chunk_schedule_plan.py``), so the forward's host sync
+    (:func:`moe_sync_wait`) also holds the backward's launches, which autograd would otherwise issue ahead: the pair
+    takes at least the host's time for both, the backward's taken as the forward's (:func:`moe_host_forward_s`)."""
+    if not layout.moe_a2a_overlap:
+        return 0.0
+    return max(0.0, 2.0 * moe_host_forward_s(layout, machine) - busy)
+
+
 @dataclass(slots=True)
 class MoeLayerTime:
     """One MoE / MLA layer's terms beyond attention's core, for one micro-batch (seconds): ``gemm_forward`` the

@@ -120,16 +120,18 @@ class Params:
     # container 26.04, each with its preset's dispatcher, overlap, recompute modules and CUDA graphs, after the
     # first dense layers' activations and the head-size attention efficiency, and after the exchange's NIC phase
     # at one network plane, the overlap's unpaired warm-up and cool-down passes and the CUDA graphs' share of the
-    # MoE layer's own small kernels (refit once more with those)
+    # MoE layer's own small kernels (refit once more with those), and after the dispatcher's host sync per MoE
+    # layer forward (moe_host_fwd_s; the fit's least cost of 12 starts of it and its Grace ratio)
     # (moe_a2a_eff, moe_a2a_nic_eff and moe_flex_speedup end outside or at the bounds of their priors: few fitted
     # rows cross the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least
     # determined part; docs/moe.md says what a fit inside the priors costs):
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
-    # height times the waves a small per-expert problem leaves idle)
-    moe_gemm_m_half: float = 518.4
+    # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
+    # per-micro-batch costs the model does not price end up here)
+    moe_gemm_m_half: float = 1070.1
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
-    moe_a2a_eff: float = 0.2047
+    moe_a2a_eff: float = 0.2000
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
@@ -139,10 +141,10 @@ class Params:
     moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
-    moe_flex_speedup: float = 3.0
+    moe_flex_speedup: float = 2.998
     # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
     # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
-    moe_a2a_overlap: float = 0.4333
+    moe_a2a_overlap: float = 0.3834
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
@@ -151,7 +153,14 @@ class Params:
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
     # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
-    moe_layer_overhead_s: float = 3.26e-3
+    moe_layer_overhead_s: float = 1.517e-3
+    # fitted: an x86 host's time to launch one MoE layer's forward pass (attention and MoE block), per micro-batch,
+    # outside CUDA graphs; the dispatcher's host sync makes each MoE layer's forward wait for it
+    # (moe.moe_sync_wait). Prior 0.5-5 ms: a few hundred PyTorch ops at 5-15 µs
+    moe_host_fwd_s: float = 4.968e-3
+    # fitted: a Grace host's time for it over an x86 host's (prior 1-3: 2.75 per PyTorch op in a micro-benchmark,
+    # 37.08 vs 13.48 µs on a Xeon 8480C, TransformerEngine issue 2053; less where the time is not the CPU's)
+    moe_host_grace_ratio: float = 2.087
 
     def with_values(self, **kw) -> Params:
         return replace(self, **kw)
@@ -189,6 +198,8 @@ MOE_FITTED = (
     "moe_flex_speedup",
     "moe_a2a_overlap",
     "moe_layer_overhead_s",
+    "moe_host_fwd_s",
+    "moe_host_grace_ratio",
 )
 PARAM_NAMES = tuple(f.name for f in fields(Params))
 
