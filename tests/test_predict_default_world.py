@@ -88,3 +88,22 @@ def test_every_recipe_on_every_gpu_at_its_defaults_predicts_or_says_why_not(mode
 def test_gpus_per_node_given_is_kept_for_a_one_gpu_recipe():
     r = predict("--model", "llama3_8b_4l", "--gpu", "h100", "--gpus-per-node", "8")
     assert r.exit_code == 2 and "1 is not a multiple of the 8 GPUs per node" in r.output
+
+
+@pytest.mark.parametrize("model, gpu", [("deepseek_v3", "gb200"), ("qwen3_30b_a3b", "gb300")])
+def test_a_recipes_flex_dispatcher_the_nemo2_payload_cannot_run_becomes_alltoall_and_says_so(model, gpu):
+    r = predict("--model", model, "--gpu", gpu)
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert j["moe_dispatcher"] == "alltoall"
+    assert any("moe_dispatcher=flex" in line and "alltoall" in line for line in j["recipe_defaults_dropped"])
+    # the Bridge payload runs the recipe's flex (HybridEP) there: nothing replaced
+    r = predict("--model", model, "--gpu", gpu, "--payload", "mbridge")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["moe_dispatcher"] == "flex"
+
+
+def test_a_flex_dispatcher_the_user_asked_for_is_still_refused_where_the_payload_cannot_run_it():
+    r = CliRunner().invoke(app, ["predict", "--model", "deepseek_v3", "--gpu", "gb200", "--moe-dispatcher", "flex"])
+    assert r.exit_code == 2
+    assert "moe_dispatcher_supported" in r.output and "Traceback" not in r.output

@@ -354,6 +354,11 @@ def _as_given(
             )
             given["gbs"] = scaled
             continue
+        swap = _payload_dispatcher(trial, rejection.rule, rejection.knobs, given)
+        if swap is not None:
+            dropped.append(swap)
+            given["moe_dispatcher"] = "alltoall"
+            continue
         from_recipe = _from_recipe(trial, given)
         culprits = [k for k in rejection.knobs if k in from_recipe]
         against = ", ".join(f"{k} {trial.values[k]}" for k in rejection.knobs if k in settings)
@@ -362,6 +367,23 @@ def _as_given(
         for k in culprits:
             dropped.append(f"recipe default {k}={trial.values[k]} dropped: conflicts with {against} ({rejection.rule})")
             given[k] = knobs.CATALOGUE[k].default
+
+
+def _payload_dispatcher(trial: TrialConfig, rule: str, rule_knobs, settings: dict[str, Any]) -> str | None:
+    """The note for a recipe's flex dispatcher that the chosen payload cannot run on this GPU, where the user passed
+    none of the knobs the rule names; None otherwise. The MoE recipes' default layouts are Megatron-Bridge's presets,
+    whose flex dispatcher is HybridEP; NeMo 2 spells flex as DeepEP, which does not run on GB200/GB300, and NeMo's
+    own performance scripts use the all-to-all dispatcher there. ``dse predict`` takes that (and says so) rather
+    than refusing the recipe at its defaults; a study does not (``_as_given``'s docstring says why)."""
+    if rule != "moe_dispatcher_supported" or trial.layout.moe_dispatcher != "flex":
+        return None
+    if any(k in settings for k in rule_knobs):
+        return None
+    return (
+        f"recipe default moe_dispatcher=flex (Megatron-Bridge's HybridEP preset) replaced by alltoall: the "
+        f"{trial.payload} payload's flex dispatcher does not run on {trial.system.gpu}, and NeMo's scripts use "
+        f"alltoall there ({rule})"
+    )
 
 
 def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
