@@ -377,7 +377,7 @@ def _payload_dispatcher(trial: TrialConfig, rule: str, rule_knobs, settings: dic
     than refusing the recipe at its defaults; a study does not (``_as_given``'s docstring says why)."""
     if rule != "moe_dispatcher_supported" or trial.layout.moe_dispatcher != "flex":
         return None
-    if any(k in settings for k in rule_knobs):
+    if set(rule_knobs) != {"moe_dispatcher"} or "moe_dispatcher" in settings:  # e.g. DeepEP's ep*etp > 1: not this
         return None
     return (
         f"recipe default moe_dispatcher=flex (Megatron-Bridge's HybridEP preset) replaced by alltoall: the "
