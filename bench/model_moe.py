@@ -269,8 +269,19 @@ def memory_report(rows: list[dict], params: Params) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="refit the MoE parameters on the fit rows and print them")
+    ap.add_argument(
+        "--fit-on",
+        metavar="CONTAINER",
+        help="refit on the Megatron-Bridge rows of this container (e.g. 26.02) instead, every other row held out: "
+        "a check that the forms do not depend on which container's rows were fitted",
+    )
     args = ap.parse_args(argv)
     rows = load_rows()
+    if args.fit_on:
+        rows = [{**r, "split": "fit" if r["container"] == args.fit_on else "heldout"} for r in rows]
+        if not any(r["split"] == "fit" for r in rows):
+            sys.exit(f"bench/model_moe.py: --fit-on: no row of container {args.fit_on!r}")
+        args.fit = True
     params = DEFAULT_PARAMS
     if args.fit:
         params = fit(rows)
