@@ -272,13 +272,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--fit-on",
         metavar="CONTAINER",
-        help="refit on the Megatron-Bridge rows of this container (e.g. 26.02) instead, every other row held out: "
+        help="refit on the rows of these containers (e.g. 26.02 or 26.02,26.04) instead, every other row held out: "
         "a check that the forms do not depend on which container's rows were fitted",
     )
     args = ap.parse_args(argv)
     rows = load_rows()
     if args.fit_on:
-        rows = [{**r, "split": "fit" if r["container"] == args.fit_on else "heldout"} for r in rows]
+        rows = [{**r, "split": "fit" if r["container"] in args.fit_on.split(",") else "heldout"} for r in rows]
         if not any(r["split"] == "fit" for r in rows):
             sys.exit(f"bench/model_moe.py: --fit-on: no row of container {args.fit_on!r}")
         args.fit = True
