@@ -458,7 +458,9 @@ class SlurmBackend(Backend):
                 exit_code=None,
                 scheduler_state="PENDING",
                 job_id=job_id,
-                reason=f"pending longer than slurm.max_pending {limit} "
+                # the cluster did not start it (a drained node, a reservation, the queue): nothing of the layout
+                # ran, so an infrastructure failure, as a refused submission is; --resume runs it again
+                reason=f"{INFRASTRUCTURE}pending longer than slurm.max_pending {limit} "
                 f"({end.reason or 'Slurm gave no reason'}); job {job_id} cancelled",
             )
         return RunResult(
