@@ -233,8 +233,8 @@ def statuses_page() -> str:
         "",
         f"A `failed` trial whose reason begins with `{INFRASTRUCTURE.strip()}` failed for infrastructure, not for its "
         "layout: the machinery around it did not let it run (the scheduler refused the submission, e.g. sbatch's "
-        "`Invalid account or account/partition combination specified` or `Invalid qos specification`; a launcher "
-        "that cannot start). The agent is not shown it, the report's failures table classes it as "
+        "`Invalid account or account/partition combination specified` or `Invalid qos specification`; a job Slurm "
+        "kept pending past `slurm.max_pending`; a launcher that cannot start). The agent is not shown it, the report's failures table classes it as "
         "`failed (infrastructure)`, and `dse run --resume` runs it again.",
         "",
         "## Log formats",
