@@ -478,7 +478,7 @@ class Failures:
     def add(self, number: int, status: str, reason: str | None) -> None:
         if status in ("ok", "pruned"):  # pruned trials ran and lost: no failures
             return
-        if is_infrastructure(status, reason if reason == reason else None):
+        if is_infrastructure(status, reason if isinstance(reason, str) else None):  # pandas gives NaN for none
             # the machinery around the trial failed (sbatch refused the job, a launcher that cannot start), not
             # its layout: a class of its own, so a refused submission is not read as the layout's failure
             status = INFRASTRUCTURE_CLASS
