@@ -19,6 +19,7 @@ from dse.agents.guided import GuidedAgent
 from dse.agents.optuna_agent import OptunaAgent
 from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
+from dse.outdir import trial_dir
 from dse.space import load_space
 from tests.helpers import write_space
 from tests.test_study import valid_count
@@ -151,12 +152,12 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
     backend = Slow(lambda t: 0.0, hold=threading.Event())  # held: no trial ends by itself...
-    calls = {"n": 0}
     held = backend.run
 
     def run(plan, run_dir, stop=None):
-        calls["n"] += 1
-        if calls["n"] == 1:  # ...but the first, whose result arrives while the three others run
+        # ...but trial 0, whose result arrives while the three others run: chosen by its number, not by which
+        # worker thread calls first (the threads start in any order)
+        if Path(run_dir).name == trial_dir(out, 0).name:
             return SimBackend.run(backend, plan, run_dir, stop)
         return held(plan, run_dir, stop)
 
