@@ -107,6 +107,13 @@ class Agent(abc.ABC):
         (``ok``, ``oom``, ``rejected``...) and parsed metrics. The default remembers that it was tried."""
         self.seen.add(self.key(action))
 
+    def abandon(self, action: Action) -> None:
+        """``action``, proposed, will not run in this process: its launch failed for infrastructure (sbatch refused
+        it, Slurm kept it pending past ``slurm.max_pending``), which says nothing of the layout. Close what was
+        opened for it and learn nothing; it is not proposed again here (``dse run --resume`` runs it again). The
+        default has nothing open."""
+        return None  # a hook with a default, not abstract: grid and random keep no state for a point in flight
+
     def warm_start(self, history: Iterable[tuple]) -> None:
         """Replay finished trials (resume): ``(action, reward, ok)`` or ``(action, reward, ok, status, metrics)``."""
         for action, reward, ok, *rest in history:

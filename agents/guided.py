@@ -218,6 +218,14 @@ class GuidedAgent(Agent):
         sd = np.sqrt(np.einsum("ij,jk,ik->i", P, cov, P) + noise2)
         return _cdf((self.cap - self.peak - mu) / sd)
 
+    def abandon(self, action: Action) -> None:
+        """No longer in flight (so no longer believed at its mean, and no longer holding back the stop rule, which
+        waits for results in flight) and not proposed again; nothing is learnt from it."""
+        i = self.index.get(self.key(action))
+        if i is not None and self.pending.pop(i, None) is not None:
+            self.tried[i] = True
+            self._post = None
+
     def observe(
         self,
         action: Action,

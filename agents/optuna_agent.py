@@ -208,6 +208,15 @@ class OptunaAgent(Agent):
                 trial.report(reward, step=0)
             self.study.tell(trial, state=TrialState.PRUNED)
 
+    def abandon(self, action: Action) -> None:
+        """The sampler's trial for it is told FAIL (which samplers ignore), not left RUNNING, where the constant
+        liar would keep scoring it as a bad point; the point stays in flight here, so it is not asked again."""
+        key = self.key(action)
+        trial = self._pending.get(key)
+        if trial is not None:
+            self.study.tell(trial, state=TrialState.FAIL)
+            self._pending[key] = None
+
     def observe(self, action: Action, reward: float, ok: bool, **kw) -> None:
         super().observe(action, reward, ok, **kw)
         self._rejected.observe(kw.get("status"))

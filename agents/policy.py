@@ -116,6 +116,12 @@ class PolicyAgent(Agent):
         i = int(np.argmax(np.where(untried, score, -np.inf)))
         return self.to_action(self.keys[i])
 
+    def abandon(self, action: Action) -> None:
+        """Not proposed again (the draw would keep finding it), and not recorded in the policy's history."""
+        key = self.key(action)
+        if key in self.index:
+            self.tried[self.index[key]] = True
+
     def observe(
         self,
         action: Action,

@@ -715,9 +715,12 @@ class StudyLoop:
         if self.claims is not None:
             self.claims.done(info["knobs"])
             self.known.add(number)
-        if not is_infrastructure(info["status"], info.get("reason")):
+        if is_infrastructure(info["status"], info.get("reason")):
             # an infrastructure failure (sbatch refused the job, a launcher that cannot start) says nothing of
-            # the layout: the agent is not shown it, as a resume does not replay it (_history)
+            # the layout: the agent is not shown it, as a resume does not replay it (_history); it closes what it
+            # opened for the point (Agent.abandon)
+            self.agent.abandon(action)
+        else:
             self.agent.observe(
                 action, result.reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"]
             )

@@ -158,11 +158,14 @@ def test_the_agent_is_not_shown_a_refused_trial(tmp_path, fake_sbatch, monkeypat
         seen.append(kw.get("status"))
         original(self, action, reward, ok, **kw)
 
+    abandoned: list[dict] = []
     monkeypatch.setattr(Agent, "observe", spy)
+    monkeypatch.setattr(Agent, "abandon", lambda self, action: abandoned.append(dict(action)))
     fake_sbatch("qos")
     with pytest.raises(UserError, match="sbatch refused 3 jobs in a row: Invalid qos specification"):
         study_mod.run_study(load_space(SPACE), out_dir=tmp_path / "out", agent="grid", trials=10)
     assert seen == []
+    assert len(abandoned) == 3 and len({tuple(a.values()) for a in abandoned}) == 3  # each refused point, once
 
 
 def test_the_report_classes_a_refusal_as_infrastructure():
@@ -180,3 +183,31 @@ def test_the_report_classes_a_refusal_as_infrastructure():
     html = str(failures_table(df))
     assert INFRASTRUCTURE_CLASS in html and "Invalid qos specification" in html
     assert html.count("<tr") == 4  # header, the infrastructure class, the layout's failed, oom
+
+
+def test_an_abandoned_point_is_closed_and_not_proposed_again():
+    """Agent.abandon: the Optuna trial of a point whose launch failed for infrastructure is told FAIL (not left
+    RUNNING for the constant liar), the guided agent stops believing it in flight (its stop rule waits for points
+    in flight), and neither proposes the point again in this process."""
+    import optuna
+    from gymnasium import spaces
+
+    from dse.agents.guided import GuidedAgent
+    from dse.agents.optuna_agent import OptunaAgent
+
+    space = spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Discrete(2)})
+    agent = OptunaAgent(space, parallel=2, sampler="random", seed=0)
+    first = agent.propose()
+    agent.abandon(first)
+    states = [t.state for t in agent.study.get_trials(deepcopy=False)]
+    assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.FAIL in states
+    rest = [agent.propose() for _ in range(5)]
+    assert all(a is not None for a in rest) and first not in rest and agent.propose() is None
+
+    guided = GuidedAgent(space, seed=0)
+    first = guided.propose()
+    assert guided.pending
+    guided.abandon(first)
+    assert not guided.pending
+    proposed = [guided.propose() for _ in range(5)]
+    assert first not in proposed and guided.propose() is None
