@@ -10,6 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+# The ModelArch fields of the experts, with kv_channels (the attention head width a MoE recipe sets apart from
+# hidden / heads): a model file gives them and recipes.mcore's run config carries them under these names.
+MOE_FIELDS = (
+    "kv_channels",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_size",
+    "moe_first_dense_layers",
+    "moe_router_score",
+    "moe_load_balancing",
+    "moe_capacity_factor",
+)
+# the ModelArch fields of multi-latent attention (DeepSeek-V3)
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
 
 @dataclass(frozen=True)
 class ModelArch:

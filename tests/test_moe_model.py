@@ -337,3 +337,13 @@ def test_small_heads_run_attention_below_the_fitted_efficiency(monkeypatch):
     slow = _predict("gpt_oss_120b", "b200", 64).step_time_s
     monkeypatch.setattr(moe, "attention_head_efficiency", lambda arch: 1.0)
     assert _predict("gpt_oss_120b", "b200", 64).step_time_s < slow
+
+
+def test_the_moe_and_mla_field_lists_name_modelarch_fields_once():
+    from dataclasses import fields
+
+    from dse.recipes.models import MLA_FIELDS, MOE_FIELDS, ModelArch
+
+    names = {f.name for f in fields(ModelArch)}
+    listed = (*MOE_FIELDS, *MLA_FIELDS)
+    assert set(listed) <= names and len(set(listed)) == len(listed)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dse import knobs
 from dse.errors import UserError
 from dse.hardware import HARDWARE
-from dse.recipes.models import ModelArch
+from dse.recipes.models import MLA_FIELDS, MOE_FIELDS, ModelArch
 from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig, resolve_auto
 
@@ -148,25 +148,7 @@ def load_model_file(path: str | Path) -> ModelArch:
 
 
 # the model file's fields that ModelArch takes by keyword, under the same names
-_ARCH_EXTRAS = (
-    "activation",
-    "dropout",
-    "kv_channels",
-    "num_experts",
-    "moe_topk",
-    "moe_ffn_hidden_size",
-    "moe_shared_expert_size",
-    "moe_first_dense_layers",
-    "moe_router_score",
-    "moe_load_balancing",
-    "moe_capacity_factor",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_rope_head_dim",
-    "qk_nope_head_dim",
-    "v_head_dim",
-    "mtp_layers",
-)
+_ARCH_EXTRAS = ("activation", "dropout", *MOE_FIELDS, *MLA_FIELDS, "mtp_layers")
 
 
 def _check_moe(m: _ModelFile, f: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
-from ..models import RECIPES, ModelArch
+from ..models import MOE_FIELDS, RECIPES, ModelArch
 
 # The reference's small GQA model ("a small 8-layer, 2048-hidden GQA model", shared/reference/README.md):
 # head dim 128 as in Llama 3, four query groups, a SwiGLU FFN of 2.75 h and a 32k vocabulary.
@@ -25,17 +25,7 @@ SMALL_MOE = ModelArch(
     "small_moe", 8, 2048, 16, 4, 5632, 32000, True, num_experts=16, moe_topk=2, moe_ffn_hidden_size=1408
 )
 # the ModelArch fields that become RunConfig fields of the same meaning (recipes.models names them the same)
-_ARCH_MOE = (
-    "kv_channels",
-    "num_experts",
-    "moe_topk",
-    "moe_ffn_hidden_size",
-    "moe_shared_expert_size",
-    "moe_first_dense_layers",
-    "moe_router_score",
-    "moe_load_balancing",
-    "moe_capacity_factor",
-)
+_ARCH_MOE = MOE_FIELDS
 
 RECOMPUTE = ("none", "selective", "full")
 # the recompute_modules a dense GPT layer has (Megatron-Core's TransformerConfig.recompute_modules; the MoE and
