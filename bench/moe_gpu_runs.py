@@ -147,12 +147,25 @@ def trial(row: dict):
     return replace(t, recipe=recipe, system=system, values=MappingProxyType(values))
 
 
+def bridge_gib(row: dict) -> float | None:
+    """Megatron-Bridge's theoretical memory estimate for a MoE row (model states plus activations, GiB), as
+    ``bench/moe_memory.py`` ports it; None for a dense row (that estimator is compared on MoE layouts only)."""
+    if int(row["num_experts"]) == 0:
+        return None
+    import moe_memory
+
+    t = trial(row)
+    ref = moe_memory.ref_estimate(moe_memory.ref_config(t), t.num_microbatches)
+    return (ref.states_bytes + ref.activation_bytes) / 2**30
+
+
 def report(rows: list[dict]) -> list[dict]:
-    """Print measured vs predicted per run (step time, TFLOP/s, peak memory); return the printed figures."""
+    """Print measured vs predicted per run (step time, TFLOP/s, peak memory; for a MoE row also Megatron-Bridge's
+    theoretical memory estimate, ``bench/moe_memory.py``); return the printed figures."""
     predict = base._predictor()
     head = (
         f"{'run':26} {'E':>3} {'k':>2} {'gg':>3} {'mbs':>3} {'step ms':>8} {'pred':>7} {'err':>7} | "
-        f"{'TF/s':>6} {'tok/s':>7} | {'mem GiB':>7} {'pred':>6} {'err':>7}"
+        f"{'TF/s':>6} {'tok/s':>7} | {'mem GiB':>7} {'pred':>6} {'err':>7} {'Bridge':>6} {'err':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -162,11 +175,12 @@ def report(rows: list[dict]) -> list[dict]:
         p = predict(trial(row)) if predict else None
         pst = p.step_time_s * 1e3 if p else None
         pmem = p.peak_memory_gib if p else None
+        ref = bridge_gib(row) if p else None
         gg = "on" if row["moe_grouped_gemm"] in (True, "True") else "off"
         print(
             f"{row['name']:26} {int(row['num_experts']):3d} {int(row['moe_topk']):2d} {gg:>3} {int(row['mbs']):3d} "
             f"{st:8.1f} {pst or 0:7.1f} {base._err(pst, st):>7} | {tf:6.1f} {float(row['tokens_per_s_per_gpu']):7.0f} | "
-            f"{mem:7.2f} {pmem or 0:6.2f} {base._err(pmem, mem):>7}"
+            f"{mem:7.2f} {pmem or 0:6.2f} {base._err(pmem, mem):>7} {ref or 0:6.2f} {base._err(ref, mem):>7}"
         )
         out.append(
             {
@@ -176,6 +190,7 @@ def report(rows: list[dict]) -> list[dict]:
                 "tflops_per_gpu": tf,
                 "peak_allocated_gib": mem,
                 "pred_peak_memory_gib": pmem,
+                "bridge_memory_gib": ref,
             }
         )
     gpus = ", ".join(sorted({r["gpu"] for r in rows}))
@@ -183,6 +198,14 @@ def report(rows: list[dict]) -> list[dict]:
         print(f"{len(rows)} runs on {gpus} (dse.perfmodel.predict not found: measured figures only)")
         return out
     base.print_mape(out, f"1 GPU: {gpus}")
+    moe = [r for r in out if r["bridge_memory_gib"] is not None]
+    if moe:
+        mape = sum(abs(r["bridge_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
+        dse = sum(abs(r["pred_peak_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
+        print(
+            f"peak memory of the {len(moe)} MoE runs: dse MAPE {100 * dse:.1f}%, Megatron-Bridge's theoretical "
+            f"estimate {100 * mape:.1f}%"
+        )
     import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
 
     df = pd.DataFrame(out)
@@ -223,16 +246,25 @@ def predict_plan(plan: Path, gpu: str) -> list[dict]:
     """Print the model's step time, TFLOP/s and peak memory for each run of a plan (before it is measured)."""
     from dse.perfmodel import predict
 
-    print(f"{'run':26} {'E':>3} {'k':>2} {'gg':>3} {'mbs':>3} {'step ms':>8} {'TF/s':>6} {'mem GiB':>7}")
+    print(f"{'run':26} {'E':>3} {'k':>2} {'gg':>3} {'mbs':>3} {'step ms':>8} {'TF/s':>6} {'mem GiB':>7} {'Bridge':>6}")
     out = []
     for row in plan_rows(plan, gpu):
         p = predict(trial(row))
+        ref = bridge_gib(row)
         gg = "on" if row["moe_grouped_gemm"] == "True" else "off"
         print(
             f"{row['name']:26} {int(row['num_experts']):3d} {int(row['moe_topk']):2d} {gg:>3} {int(row['mbs']):3d} "
-            f"{p.step_time_s * 1e3:8.1f} {p.tflops_per_gpu:6.1f} {p.peak_memory_gib:7.2f}"
+            f"{p.step_time_s * 1e3:8.1f} {p.tflops_per_gpu:6.1f} {p.peak_memory_gib:7.2f} "
+            f"{'-' if ref is None else f'{ref:.2f}':>6}"
         )
-        out.append({"name": row["name"], "step_time_ms": p.step_time_s * 1e3, "peak_memory_gib": p.peak_memory_gib})
+        out.append(
+            {
+                "name": row["name"],
+                "step_time_ms": p.step_time_s * 1e3,
+                "peak_memory_gib": p.peak_memory_gib,
+                "bridge_memory_gib": ref,
+            }
+        )
     return out
 
 

@@ -273,3 +273,22 @@ def test_bench_predicts_every_plan_run():
     mem = [pred[n]["peak_memory_gib"] for n in ("moe8_gg_mbs2", "moe16_gg_mbs2", "moe32_gg_mbs2")]
     assert mem[0] < mem[1] < mem[2]
     assert pred["moe16_gg_mbs2"]["step_time_ms"] != pred["moe16_seq_mbs2"]["step_time_ms"]
+    # Megatron-Bridge's estimate is given for the MoE runs and grows with the experts too
+    ref = [pred[n]["bridge_memory_gib"] for n in ("moe8_gg_mbs2", "moe16_gg_mbs2", "moe32_gg_mbs2")]
+    assert ref[0] < ref[1] < ref[2]
+
+
+@pytest.mark.parametrize("plan", ["moe_gpu_plan.tsv", "moe_gpu_plan2.tsv", "moe_gpu_plan_local.tsv"])
+def test_every_plan_line_passes_the_payload_checks(plan):
+    """Each shipped plan's lines parse and pass recipes.mcore's checks for one GPU, under unique names; the plan
+    without Transformer Engine asks for none of it (local spec, no grouped GEMMs), and its dense twin gets no
+    Bridge estimate (a MoE-only reference)."""
+    bench = _bench()
+    rows = bench.plan_rows(ROOT / "bench" / plan, "NVIDIA H200")
+    names = [r["name"] for r in rows]
+    assert len(rows) >= 8 and len(set(names)) == len(names)
+    if plan.endswith("_local.tsv"):
+        assert {r["layer_spec"] for r in rows} == {"local"}
+        assert {r["moe_grouped_gemm"] for r in rows} == {"False"}
+        dense = [r for r in rows if r["num_experts"] == "0"]
+        assert dense and all(bench.bridge_gib(r) is None for r in dense)
