@@ -260,6 +260,33 @@ def test_recompute_modules_shrink_a_moe_layers_activations():
     assert moe_layer_activation_bytes(shape, layout, False, "full") < sizes["moe"]
 
 
+def test_unfused_attention_keeps_a_moe_layers_scores():
+    """Under unfused attention a MoE layer keeps the s x s scores a dense layer keeps (2 bytes each under TE's fused
+    softmax without dropout, 5 under Megatron's local attention), not flash attention's log-sum-exp; selective
+    recompute of core attention gives them up, and the other recompute modules do not. (The one-GPU runs of
+    recipes.mcore's local spec, bench/moe_gpu_runs.py, are where this shows.)"""
+    from dataclasses import replace
+
+    from dse.perfmodel.layout import ModelLayout, Shape
+    from dse.perfmodel.moe import moe_layer_activation_bytes
+
+    arch = RECIPES["qwen3_30b_a3b"].arch
+    flash = ModelLayout(num_gpus=8, ep=8, gbs=64, mbs=2, seq_length=4096)
+    shape = Shape.of(arch, flash)
+    a, s, b = arch.num_attention_heads, 4096, 2
+    base = moe_layer_activation_bytes(shape, flash, False)
+    lse = 4.0 * s * b * a
+    for backend, per_score in (("unfused", 2.0), ("local", 5.0)):
+        layout = replace(flash, attention_backend=backend)
+        assert layout.unfused_attention
+        kept = moe_layer_activation_bytes(shape, layout, False)
+        assert kept - base == pytest.approx(per_score * a * s * s * b - lse)
+        assert moe_layer_activation_bytes(shape, layout, False, "selective", frozenset({"core_attn"})) == (
+            pytest.approx(base - lse)
+        )
+        assert moe_layer_activation_bytes(shape, layout, False, "selective", frozenset({"moe_act"})) > base
+
+
 @pytest.mark.parametrize(
     "model,gpu,num_gpus,modules",
     [("deepseek_v3", "gb200", 256, "mla_up_proj"), ("gpt_oss_120b", "b200", 64, "layernorm,moe_act")],

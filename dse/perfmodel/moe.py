@@ -423,6 +423,35 @@ def tp_collectives_per_layer(arch: ModelArch) -> float:
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 
 
+def attention_kept_bytes(
+    shape: Shape, layout: ModelLayout, recompute: str, modules: frozenset[str], split_in: float
+) -> float:
+    """The attention part of :func:`moe_layer_activation_bytes` (bytes per GPU and micro-batch): Q, K, V and the
+    projection's input (MLA: its ``a·(2·d_qk + d_v)`` and the compressed latents, which ``mla_up_proj`` keeps alone),
+    and flash attention's fp32 log-sum-exp per row and head, or unfused attention's s x s scores."""
+    arch, t = shape.arch, shape.tp
+    sb = shape.seq_length / shape.cp * shape.mbs
+    a = arch.num_attention_heads
+    qk, v = attention_core_dims(arch)
+    if arch.kv_lora_rank:
+        latents = 2.0 * sb * ((arch.q_lora_rank or 0) + arch.kv_lora_rank + arch.qk_rope_head_dim)
+        qkv = 0.0 if "mla_up_proj" in modules else 2.0 * sb * a * (2.0 * qk + v) / t
+        attn = qkv + 2.0 * sb * a * v / t + latents / split_in
+    else:
+        g = arch.num_query_groups
+        attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
+    if not layout.unfused_attention:
+        return attn + 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
+    if recompute == "selective" and (not modules or "core_attn" in modules):
+        return attn  # selective recompute of core attention gives the scores up
+    # unfused attention keeps the s x s scores, counted as a dense layer's are
+    # (dse.perfmodel.memory.layer_activation_bytes: 2 bytes under TE's fused softmax, plus 3 with attention dropout;
+    # Megatron's local attention 5)
+    s = shape.seq_length / shape.cp
+    per_score = 2.0 + 3.0 * (1.0 if layout.dropout else 0.0) if layout.attention_backend == "unfused" else 5.0
+    return attn + per_score * a * s * sb / t
+
+
 def moe_layer_activation_bytes(
     shape: Shape,
     layout: ModelLayout,
@@ -437,7 +466,8 @@ def moe_layer_activation_bytes(
     input (MLA: its ``a·(2·d_qk + d_v)`` and the compressed latents ``q_lora + kv_lora + d_rope``), the shared
     experts' MLP as a dense one, and per routed token copy (``k·T/tp`` of them) the expert input, the activation
     input, the fc2 input and its routing probability; the router's fp32 logits and scores (8 bytes per token and expert). Full recompute
-    keeps the layer input only; selective keeps all but core attention's (already flash). ``modules`` are the
+    keeps the layer input only; selective keeps all but core attention's (the s x s scores of unfused attention;
+    flash attention keeps only its log-sum-exp). ``modules`` are the
     recompute modules (:data:`RECOMPUTE_MODULES`) whose saved tensors are recomputed instead: ``layernorm`` the two
     norms' outputs (the GEMM inputs they feed), ``mla_up_proj`` MLA's Q, K and V (the latents stay),
     ``moe_act`` each routed copy's activation output, ``shared_experts`` the shared experts' MLP (``mlp`` a model
@@ -454,16 +484,7 @@ def moe_layer_activation_bytes(
     mask = 1.0 if layout.dropout else 0.0
     norms_out = 0.0 if "layernorm" in modules else low + low
     rep = sb * h * (4.0 + norms_out + 2.0 * mask) / split_in
-    a = arch.num_attention_heads
-    qk, v = attention_core_dims(arch)
-    if arch.kv_lora_rank:
-        latents = 2.0 * sb * ((arch.q_lora_rank or 0) + arch.kv_lora_rank + arch.qk_rope_head_dim)
-        qkv = 0.0 if "mla_up_proj" in modules else 2.0 * sb * a * (2.0 * qk + v) / t
-        attn = qkv + 2.0 * sb * a * v / t + latents / split_in
-    else:
-        g = arch.num_query_groups
-        attn = 2.0 * sb * (a + 2.0 * g) * qk / t + 2.0 * sb * a * v / t
-    attn += 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
+    attn = attention_kept_bytes(shape, layout, recompute, modules, split_in)
     gate = 2.0 if arch.gated_mlp else 1.0
     if dense or not arch.num_experts:
         return rep + attn + (0.0 if "mlp" in modules else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)

@@ -148,8 +148,13 @@ class Params:
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
-    # fixed: the launch of one expert's GEMM when the experts run one GEMM each (moe_grouped_gemm off)
-    moe_gemm_launch_s: float = 10e-6
+    # measured: what one expert's GEMM adds when the experts run one GEMM each (moe_grouped_gemm off: Megatron-
+    # Core's SequentialMLP, a Python loop of slicing, fc1, activation and fc2 per expert, whose host time the GPU
+    # waits for), forward (x3 with the backward). bench/moe_gpu_runs.py: the step time's slope over 8, 16 and 32
+    # experts of the small MoE on one H200 with a Xeon host, recipes.mcore's local spec, 0.766 ms per expert,
+    # MoE layer and micro-batch = 6 x 118.7 us (10 us, a bare launch, before it was measured); the TE spec's
+    # SequentialMLP is not measured. No published row runs without grouped GEMMs, so no fit reads it
+    moe_gemm_launch_s: float = 118.7e-6
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
     # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
