@@ -159,6 +159,35 @@ def bridge_gib(row: dict) -> float | None:
     return (ref.states_bytes + ref.activation_bytes) / 2**30
 
 
+def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, float, float]]:
+    """The step time one more expert adds, per MoE layer and micro-batch (ms): the least-squares slope of the step
+    time over the number of experts among runs that differ in nothing else (same micro-batch, top-k, dispatcher,
+    layer spec and grouped-GEMM setting), measured and predicted. Returns (group, runs, measured, predicted)."""
+    import numpy as np  # a pandas dependency
+
+    keys = ("layer_spec", "moe_grouped_gemm", "mbs", "moe_topk", "moe_dispatcher", "seq_length", "precision")
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for row, fig in zip(rows, out, strict=True):
+        if int(row["num_experts"]) and fig["pred_step_time_ms"] is not None:
+            groups.setdefault(tuple(str(row[k]) for k in keys), []).append((row, fig))
+    result = []
+    for key, members in groups.items():
+        experts = np.array([float(r["num_experts"]) for r, _ in members])
+        if len(set(experts)) < 2:
+            continue
+        r0 = members[0][0]
+        per = (int(r0["gbs"]) // int(r0["mbs"])) * int(r0["num_layers"])  # layer forward-backward passes a step
+        meas = np.polyfit(experts, [f["step_time_ms"] for _, f in members], 1)[0] / per
+        pred = np.polyfit(experts, [f["pred_step_time_ms"] for _, f in members], 1)[0] / per
+        name = " ".join(f"{k}={v}" for k, v in zip(keys, key, strict=True))
+        print(
+            f"per expert, per MoE layer and micro-batch ({name}; {len(members)} runs, "
+            f"{len(set(experts))} expert counts): measured {meas:.3f} ms, model {pred:.3f} ms"
+        )
+        result.append((name, len(members), float(meas), float(pred)))
+    return result
+
+
 def report(rows: list[dict]) -> list[dict]:
     """Print measured vs predicted per run (step time, TFLOP/s, peak memory; for a MoE row also Megatron-Bridge's
     theoretical memory estimate, ``bench/moe_memory.py``); return the printed figures."""
@@ -180,7 +209,7 @@ def report(rows: list[dict]) -> list[dict]:
         print(
             f"{row['name']:26} {int(row['num_experts']):3d} {int(row['moe_topk']):2d} {gg:>3} {int(row['mbs']):3d} "
             f"{st:8.1f} {pst or 0:7.1f} {base._err(pst, st):>7} | {tf:6.1f} {float(row['tokens_per_s_per_gpu']):7.0f} | "
-            f"{mem:7.2f} {pmem or 0:6.2f} {base._err(pmem, mem):>7} {ref or 0:6.2f} {base._err(ref, mem):>7}"
+            f"{mem:7.2f} {pmem or 0:6.2f} {base._err(pmem, mem):>7} {'-' if ref is None else f'{ref:.2f}':>6} {base._err(ref, mem):>7}"
         )
         out.append(
             {
@@ -198,6 +227,7 @@ def report(rows: list[dict]) -> list[dict]:
         print(f"{len(rows)} runs on {gpus} (dse.perfmodel.predict not found: measured figures only)")
         return out
     base.print_mape(out, f"1 GPU: {gpus}")
+    per_expert_ms(rows, out)
     moe = [r for r in out if r["bridge_memory_gib"] is not None]
     if moe:
         mape = sum(abs(r["bridge_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)

@@ -3,6 +3,7 @@ refusals (Megatron-Core's own rules and what one GPU cannot run), the MoE FLOPs 
 
 from __future__ import annotations
 
+import csv
 import re
 import statistics
 from dataclasses import replace
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dse.parse import ParseContext, parse_log
 from dse.recipes import contract
 from dse.recipes.mcore.config import (
     SMALL_GQA,
@@ -278,7 +280,9 @@ def test_bench_predicts_every_plan_run():
     assert ref[0] < ref[1] < ref[2]
 
 
-@pytest.mark.parametrize("plan", ["moe_gpu_plan.tsv", "moe_gpu_plan2.tsv", "moe_gpu_plan_local.tsv"])
+@pytest.mark.parametrize(
+    "plan", ["moe_gpu_plan.tsv", "moe_gpu_plan2.tsv", "moe_gpu_plan_local.tsv", "moe_gpu_plan_local2.tsv"]
+)
 def test_every_plan_line_passes_the_payload_checks(plan):
     """Each shipped plan's lines parse and pass recipes.mcore's checks for one GPU, under unique names; the plan
     without Transformer Engine asks for none of it (local spec, no grouped GEMMs), and its dense twin gets no
@@ -286,9 +290,59 @@ def test_every_plan_line_passes_the_payload_checks(plan):
     bench = _bench()
     rows = bench.plan_rows(ROOT / "bench" / plan, "NVIDIA H200")
     names = [r["name"] for r in rows]
-    assert len(rows) >= 8 and len(set(names)) == len(names)
-    if plan.endswith("_local.tsv"):
+    assert len(rows) >= 3 and len(set(names)) == len(names)
+    if "_local" in plan:
         assert {r["layer_spec"] for r in rows} == {"local"}
         assert {r["moe_grouped_gemm"] for r in rows} == {"False"}
         dense = [r for r in rows if r["num_experts"] == "0"]
-        assert dense and all(bench.bridge_gib(r) is None for r in dense)
+        assert all(bench.bridge_gib(r) is None for r in dense)
+        assert all(bench.bridge_gib(r) > 0 for r in rows if r["num_experts"] != "0")
+
+
+def test_recorded_moe_runs_reparse():
+    """bench/data/moe_gpu_runs.tsv is what the bench reads from the recorded one-GPU logs (real H200 runs), each
+    log's name says its settings, and every run's settings came from the header the payload printed."""
+    bench = _bench()
+    with open(bench.TSV, newline="") as fh:
+        recorded = {r["name"]: r for r in csv.DictReader(fh, delimiter="\t")}
+    logs = sorted(bench.LOGS.glob("*.log"))
+    assert logs and {p.stem for p in logs} == set(recorded)
+    for log in logs:
+        row = bench.measure(log)
+        rec = recorded[log.stem]
+        assert float(rec["step_time_ms"]) == row["step_time_ms"]
+        assert float(rec["peak_allocated_gib"]) == row["peak_allocated_gib"]
+        assert int(rec["num_experts"]) == row["num_experts"] and "NVIDIA" in row["gpu"]
+        assert (row["num_experts"] > 0) == log.stem.startswith("moe")
+        if log.stem.startswith("moe"):
+            assert log.stem.split("_")[0] == f"moe{row['num_experts']}" and f"mbs{row['mbs']}" in log.stem
+            assert ("top4" in log.stem) == (row["moe_topk"] == 4)
+            assert ("allgather" in log.stem) == (row["moe_dispatcher"] == "allgather")
+
+
+def test_per_expert_slope_reads_runs_that_differ_only_in_experts(tmp_path):
+    """The per-expert figure is the slope of the step time over the experts, per MoE layer and micro-batch, among
+    runs alike in everything else; a run of another micro-batch size is not mixed in."""
+    bench = _bench()
+    layers = MOE.num_layers
+    for experts, mbs in ((8, 2), (16, 2), (32, 2), (16, 4)):
+        cfg = check(replace(MOE, gbs=8, mbs=mbs, num_experts=experts), 1, te_available=True)
+        step = 100.0 + 0.5 * experts * (8 // mbs) * layers  # 0.5 ms per expert, layer and micro-batch
+        _write_log(tmp_path / f"moe{experts}_mbs{mbs}.log", cfg, [step] * 12, 20480.0)
+    rows = bench.write_tsv(tmp_path, tmp_path / "runs.tsv")
+    out = [{"step_time_ms": r["step_time_ms"], "pred_step_time_ms": r["step_time_ms"] / 2} for r in rows]
+    (slope,) = bench.per_expert_ms(rows, out)
+    assert slope[1] == 3 and "mbs=2" in slope[0]
+    assert slope[2] == pytest.approx(0.5) and slope[3] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("log", sorted((ROOT / "tests/fixtures/logs/real_moe").glob("*.log")), ids=lambda p: p.stem)
+def test_real_moe_logs_parse_as_completed_runs(log):
+    """dse's log parser reads each real one-GPU MoE run as a completed run, with the bench's step time (the same
+    median after the warm-up steps) and a positive TFLOP/s."""
+    bench = _bench()
+    row = bench.measure(log)
+    m = parse_log(log, exit_code=0, context=ParseContext(gbs=8, seq_length=int(row["seq_length"]), num_gpus=1))
+    assert m.status == "ok" and m.steps == row["steps"] == 12
+    assert m.step_time_s * 1e3 == pytest.approx(row["step_time_ms"], rel=1e-3)
+    assert m.tflops_per_gpu > 0
