@@ -27,6 +27,16 @@ NVFP4_ELEMENT_BYTES = 0.5 + 1.0 / NVFP4_BLOCK
 UNFUSED_BACKENDS = ("unfused", "local")
 
 
+def kept_score_bytes(fused_softmax: bool, dropout: bool) -> float:
+    """Bytes unfused attention keeps for its backward pass per s x s score element: the fused scale-mask-softmax's
+    bf16 output (2), plus the dropout mask and output (3) with attention dropout; Megatron's local attention,
+    unfused softmax, Korthikanti's 5 (dse.perfmodel.memory.layer_activation_bytes says why). A dense layer and a
+    MoE layer (dse.perfmodel.moe.attention_kept_bytes) count the scores with it."""
+    if fused_softmax:
+        return 2.0 + 3.0 * (1.0 if dropout else 0.0)
+    return 5.0
+
+
 # The share of one transformer layer's kernel launches in each part Megatron-Core can graph
 # (megatron/core/transformer/transformer_layer.py: ``_forward_attention`` is the input norm, QKV GEMM, RoPE, core
 # attention, projection and residual; ``_forward_mlp`` the pre-MLP norm, fc1, activation, fc2 and residual: about

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from dse.perfmodel import moe as _moe
-from dse.perfmodel.layout import NVFP4_ELEMENT_BYTES, ModelLayout, Shape, Stages
+from dse.perfmodel.layout import NVFP4_ELEMENT_BYTES, ModelLayout, Shape, Stages, kept_score_bytes
 from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
 from dse.perfmodel.timing import Params
 
@@ -79,10 +79,8 @@ def layer_activation_bytes(
     split = qkv + proj + act_in + fc2_in
     if flash_attention or recompute == "selective":
         scores = 4.0 * sb * a if flash_attention else 0.0  # fp32 log-sum-exp per row and head
-    elif fused_softmax:
-        scores = (2.0 + 3.0 * mask) * a * s * sb  # softmax output (2); with dropout its mask (1) and output (2)
-    else:
-        scores = 5.0 * a * s * sb  # softmax output (2), its dropout mask (1) and output (2): 5as²b
+    else:  # softmax output (2); with dropout its mask (1) and output (2); unfused softmax Korthikanti's 5as²b
+        scores = kept_score_bytes(fused_softmax, dropout) * a * s * sb
     return (rep / (t if sp else 1)) + (split + scores) / t
 
 

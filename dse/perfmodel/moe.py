@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dse.perfmodel.flops import expert_params, mlp_factor
-from dse.perfmodel.layout import GRAPH_PART_SHARE, Machine, ModelLayout, Shape, Stages
+from dse.perfmodel.layout import GRAPH_PART_SHARE, Machine, ModelLayout, Shape, Stages, kept_score_bytes
 from dse.recipes.models import ModelArch
 
 ROUTER_BYTES = 24.0  # HBM bytes per token and expert of the router: fp32 logits, scores, top-k, their backward
@@ -445,11 +445,8 @@ def attention_kept_bytes(
     if recompute == "selective" and (not modules or "core_attn" in modules):
         return attn  # selective recompute of core attention gives the scores up
     # unfused attention keeps the s x s scores, counted as a dense layer's are
-    # (dse.perfmodel.memory.layer_activation_bytes: 2 bytes under TE's fused softmax, plus 3 with attention dropout;
-    # Megatron's local attention 5)
     s = shape.seq_length / shape.cp
-    per_score = 2.0 + 3.0 * (1.0 if layout.dropout else 0.0) if layout.attention_backend == "unfused" else 5.0
-    return attn + per_score * a * s * sb / t
+    return attn + kept_score_bytes(layout.attention_backend == "unfused", layout.dropout) * a * s * sb / t
 
 
 def moe_layer_activation_bytes(
