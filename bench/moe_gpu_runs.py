@@ -161,11 +161,25 @@ def bridge_gib(row: dict) -> float | None:
 
 def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, float, float]]:
     """The step time one more expert adds, per MoE layer and micro-batch (ms): the least-squares slope of the step
-    time over the number of experts among runs that differ in nothing else (same micro-batch, top-k, dispatcher,
-    layer spec and grouped-GEMM setting), measured and predicted. Returns (group, runs, measured, predicted)."""
+    time over the number of experts among runs that differ in nothing else (same batch sizes, top-k, dispatcher,
+    permutation fusion, sequence, precision, recompute, attention backend, layer spec and grouped-GEMM setting),
+    measured and predicted. Returns (group, runs, measured, predicted)."""
     import numpy as np  # a pandas dependency
 
-    keys = ("layer_spec", "moe_grouped_gemm", "mbs", "moe_topk", "moe_dispatcher", "seq_length", "precision")
+    keys = (
+        "layer_spec",
+        "moe_grouped_gemm",
+        "mbs",
+        "gbs",
+        "moe_topk",
+        "moe_dispatcher",
+        "moe_permute_fusion",
+        "seq_length",
+        "precision",
+        "fp8_recipe",
+        "recompute",
+        "attention_backend",
+    )
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for row, fig in zip(rows, out, strict=True):
         if int(row["num_experts"]) and fig["pred_step_time_ms"] is not None:
@@ -186,6 +200,38 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
         )
         result.append((name, len(members), float(meas), float(pred)))
     return result
+
+
+_ITER_TS = re.compile(r"^\s*\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration\s+(\d+)/")
+
+
+def gpu_busy(log: Path) -> float | None:
+    """The GPU's busy share over a run's iterations 2 to the last (the first carries the warm-up), from the
+    ``nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 100`` samples recorded beside
+    the run as ``NAME.smi.csv``; None where none were. ``utilization.gpu`` is the share of the sample period in
+    which a kernel ran: a step that waits for its host shows a low figure."""
+    from datetime import datetime
+
+    smi = log.with_suffix(".smi.csv")
+    if not smi.is_file():
+        return None
+    stamps = [
+        datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+        for line in log.read_text(errors="replace").splitlines()
+        if (m := _ITER_TS.match(line)) and int(m.group(2)) >= 2
+    ]
+    if len(stamps) < 2:
+        return None
+    lo, hi = stamps[0], stamps[-1]
+    busy = []
+    for line in smi.read_text().splitlines()[1:]:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2 or not parts[1].endswith("%"):
+            continue
+        t = datetime.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")
+        if lo <= t <= hi:
+            busy.append(float(parts[1].rstrip(" %")))
+    return sum(busy) / len(busy) / 100.0 if busy else None
 
 
 def report(rows: list[dict]) -> list[dict]:
@@ -219,6 +265,8 @@ def report(rows: list[dict]) -> list[dict]:
                 "tflops_per_gpu": tf,
                 "peak_allocated_gib": mem,
                 "pred_peak_memory_gib": pmem,
+                # the model's peak less its allocator reserve, which the payload's peak allocation leaves out
+                "pred_allocated_gib": pmem - p.breakdown["mem.reserve_gib"] if p else None,
                 "bridge_memory_gib": ref,
             }
         )
@@ -232,10 +280,27 @@ def report(rows: list[dict]) -> list[dict]:
     if moe:
         mape = sum(abs(r["bridge_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
         dse = sum(abs(r["pred_peak_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
+        alloc = sum(abs(r["pred_allocated_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
         print(
-            f"peak memory of the {len(moe)} MoE runs: dse MAPE {100 * dse:.1f}%, Megatron-Bridge's theoretical "
-            f"estimate {100 * mape:.1f}%"
+            f"peak memory of the {len(moe)} MoE runs: dse MAPE {100 * dse:.1f}% ({100 * alloc:.1f}% less its "
+            f"allocator reserve), Megatron-Bridge's theoretical estimate {100 * mape:.1f}%"
         )
+        for spec in sorted({r["layer_spec"] for r in rows}):
+            sub = [f for r, f in zip(rows, out, strict=True) if r["layer_spec"] == spec and f in moe]
+            if sub:
+                print(
+                    f"  layer spec {spec} ({len(sub)} runs): dse "
+                    f"{100 * sum(abs(f['pred_peak_memory_gib'] / f['peak_allocated_gib'] - 1) for f in sub) / len(sub):.1f}% "
+                    f"({100 * sum(abs(f['pred_allocated_gib'] / f['peak_allocated_gib'] - 1) for f in sub) / len(sub):.1f}% "
+                    f"less the reserve), Bridge "
+                    f"{100 * sum(abs(f['bridge_memory_gib'] / f['peak_allocated_gib'] - 1) for f in sub) / len(sub):.1f}%"
+                )
+    for row in rows:
+        share = gpu_busy(LOGS / row["log"])
+        if share is not None:
+            print(
+                f"GPU busy over {row['name']}'s iterations 2-{row['steps']} (nvidia-smi every 100 ms): {100 * share:.0f}%"
+            )
     import pandas as pd  # Spearman's rank correlation (pandas is a dependency; scipy is not)
 
     df = pd.DataFrame(out)

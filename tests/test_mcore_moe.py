@@ -336,6 +336,41 @@ def test_per_expert_slope_reads_runs_that_differ_only_in_experts(tmp_path):
     assert slope[2] == pytest.approx(0.5) and slope[3] == pytest.approx(0.25)
 
 
+def test_gpu_busy_reads_the_samples_inside_the_iterations(tmp_path):
+    """The GPU's busy share is the mean of the nvidia-smi samples between iteration 2 and the last (the warm-up
+    iteration and the set-up before it left out); a run without samples has none."""
+    from datetime import datetime, timedelta
+
+    bench = _bench()
+    cfg = check(replace(MOE, gbs=8, mbs=2), 1, te_available=True)
+    t0 = datetime(2026, 1, 1, 12, 0, 0)
+    lines = [
+        format_iteration_line(
+            iteration=i,
+            train_iters=4,
+            consumed_samples=8 * i,
+            elapsed_ms=500.0,
+            tflops_per_gpu=10.0,
+            learning_rate=3e-4,
+            global_batch_size=8,
+            losses={"lm loss": 10.0},
+            loss_scale=1.0,
+            grad_norm=1.0,
+            now=t0 + timedelta(seconds=10 * i),
+        )
+        for i in range(1, 5)
+    ]
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(header_lines(cfg, 1, 1, "NVIDIA H200") + lines) + "\n")
+    assert bench.gpu_busy(log) is None
+    samples = ["timestamp, utilization.gpu [%], memory.used [MiB]"]
+    for s in range(0, 50, 2):  # 90% busy during the warm-up (before 12:00:20), 30% from there to 12:00:40, then 0
+        busy = 90 if s < 20 else 30 if s <= 40 else 0
+        samples.append(f"{(t0 + timedelta(seconds=s)).strftime('%Y/%m/%d %H:%M:%S')}.000, {busy} %, 20000 MiB")
+    log.with_suffix(".smi.csv").write_text("\n".join(samples) + "\n")
+    assert bench.gpu_busy(log) == pytest.approx(0.30)
+
+
 @pytest.mark.parametrize("log", sorted((ROOT / "tests/fixtures/logs/real_moe").glob("*.log")), ids=lambda p: p.stem)
 def test_real_moe_logs_parse_as_completed_runs(log):
     """dse's log parser reads each real one-GPU MoE run as a completed run, with the bench's step time (the same
