@@ -4,6 +4,7 @@ parallelism, the token exchange's direction, uneven pipeline stages, the predict
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -133,22 +134,27 @@ def test_a_graph_of_the_router_and_preprocessing_replays_half_the_moe_layers_sma
 
 def test_the_dispatchers_host_sync_makes_a_short_moe_forward_wait_for_its_host():
     from dse.hardware import HARDWARE as GPUS
-    from dse.perfmodel.layout import Machine, ModelLayout
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
     from dse.perfmodel.moe import moe_host_forward_s, moe_sync_wait
 
-    def host(gpu: str, graph: str = "none", scope: str = "full") -> float:
-        layout = ModelLayout(num_gpus=8, ep=8, cuda_graph=graph, cuda_graph_scope=scope)
-        return moe_host_forward_s(layout, Machine.of(GPUS[gpu], DEFAULT_PARAMS, layout))
+    arch = RECIPES["qwen3_30b_a3b"].arch  # 128 experts
 
-    assert host("b200") == pytest.approx(DEFAULT_PARAMS.moe_host_fwd_s)
+    def host(gpu: str, graph: str = "none", scope: str = "full", ep: int = 8) -> float:
+        layout = ModelLayout(num_gpus=8, ep=ep, cuda_graph=graph, cuda_graph_scope=scope)
+        return moe_host_forward_s(Shape.of(arch, layout), layout, Machine.of(GPUS[gpu], DEFAULT_PARAMS, layout))
+
+    P = DEFAULT_PARAMS
+    assert host("b200") == pytest.approx(P.moe_host_fwd_s + 128 / 8 * P.moe_host_expert_fwd_s)
+    assert host("b200", ep=4) - host("b200") == pytest.approx(16 * P.moe_host_expert_fwd_s)  # 32 experts, not 16
     assert host("gb200") > host("b200")  # a Grace host launches slower than an x86 one
     assert 0.0 < host("b200", "transformer_engine", "moe_router,moe_preprocess") < host("b200")
     assert host("b200", "transformer_engine", "full") == 0.0  # a whole-layer graph: static sizes, no sync
 
     layout = ModelLayout(num_gpus=8, ep=8)
     machine = Machine.of(GPUS["b200"], DEFAULT_PARAMS, layout)
-    assert moe_sync_wait(layout, machine, 0.0) == pytest.approx(host("b200"))
-    assert moe_sync_wait(layout, machine, 10 * host("b200")) == 0.0  # a long forward hides the host
+    shape = Shape.of(arch, layout)
+    assert moe_sync_wait(shape, layout, machine, 0.0) == pytest.approx(host("b200"))
+    assert moe_sync_wait(shape, layout, machine, 10 * host("b200")) == 0.0  # a long forward hides the host
 
     # a small MoE model waits for its host at a small micro-batch, not at a large one
     def host_wait_per_token(mbs: int) -> float:
@@ -161,17 +167,21 @@ def test_the_dispatchers_host_sync_makes_a_short_moe_forward_wait_for_its_host()
 
 def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overlap():
     from dse.hardware import HARDWARE
-    from dse.perfmodel.layout import Machine, ModelLayout
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
     from dse.perfmodel.moe import moe_host_forward_s, moe_overlap_sync_wait
 
     plain = ModelLayout(num_gpus=16, ep=8)
     overlap = ModelLayout(num_gpus=16, ep=8, moe_a2a_overlap=True)
     machine = Machine.of(HARDWARE["h100"], DEFAULT_PARAMS, overlap)
-    host = moe_host_forward_s(overlap, machine)
-    assert moe_overlap_sync_wait(plain, machine, 0.0) == 0.0  # autograd's backward keeps the host ahead
-    assert moe_overlap_sync_wait(overlap, machine, 0.0) == pytest.approx(2.0 * host)
-    assert moe_overlap_sync_wait(overlap, machine, host) == pytest.approx(host)
-    assert moe_overlap_sync_wait(overlap, machine, 3.0 * host) == 0.0
+    shape = Shape.of(RECIPES["qwen3_30b_a3b"].arch, overlap)
+    host = moe_host_forward_s(shape, overlap, machine)
+    both = (1.0 + DEFAULT_PARAMS.moe_host_bwd_ratio) * host  # the forward's launches and the backward's
+    assert moe_overlap_sync_wait(shape, plain, machine, 0.0) == 0.0  # autograd's backward keeps the host ahead
+    assert moe_overlap_sync_wait(shape, overlap, machine, 0.0) == pytest.approx(both)
+    assert moe_overlap_sync_wait(shape, overlap, machine, host) == pytest.approx(both - host)
+    assert moe_overlap_sync_wait(shape, overlap, machine, both) == 0.0
+    slower = replace(machine, params=DEFAULT_PARAMS.with_values(moe_host_bwd_ratio=3.0))
+    assert moe_overlap_sync_wait(shape, overlap, slower, 0.0) == pytest.approx(4.0 * host)
 
     # a small model's layers at one sequence a micro-batch wait for the host only under the overlap
     def host_wait(over: bool) -> float:

@@ -283,18 +283,21 @@ def a2a_exposed(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     return t * (1.0 - machine.params.moe_a2a_overlap * (1.0 - unpaired_share(shape)))
 
 
-def moe_host_forward_s(layout: ModelLayout, machine: Machine) -> float:
-    """The host's time to launch one MoE layer's forward pass for one micro-batch (``Params.moe_host_fwd_s`` on an
-    x86 host, ``Params.moe_host_grace_ratio`` times it on Grace), less the share a CUDA graph's scope replays
-    (``ModelLayout.graph_share``); none under a whole-layer graph, which needs no host sync (it pads the experts'
-    inputs to a static capacity)."""
+def moe_host_forward_s(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
+    """The host's time to launch one MoE layer's forward pass for one micro-batch: ``Params.moe_host_fwd_s`` plus
+    ``Params.moe_host_expert_fwd_s`` per expert this GPU holds (a grouped GEMM still hands each local expert's
+    weights and row count to its kernels from Python) on an x86 host, ``Params.moe_host_grace_ratio`` times it on
+    Grace, less the share a CUDA graph's scope replays (``ModelLayout.graph_share``); none under a whole-layer
+    graph, which needs no host sync (it pads the experts' inputs to a static capacity)."""
     if layout.graph_share >= 1.0:
         return 0.0
-    ratio = machine.params.moe_host_grace_ratio if machine.gpu.grace_host else 1.0
-    return machine.params.moe_host_fwd_s * ratio * (1.0 - layout.graph_share)
+    P = machine.params
+    ratio = P.moe_host_grace_ratio if machine.gpu.grace_host else 1.0
+    local_experts = shape.arch.num_experts / layout.ep
+    return (P.moe_host_fwd_s + local_experts * P.moe_host_expert_fwd_s) * ratio * (1.0 - layout.graph_share)
 
 
-def moe_sync_wait(layout: ModelLayout, machine: Machine, forward_busy: float) -> float:
+def moe_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, forward_busy: float) -> float:
     """What one MoE layer's forward pass waits for its host beyond its GPU time ``forward_busy``, per micro-batch.
 
     A dropless MoE layer's dispatcher copies the tokens per expert to the host and waits for them once per forward
@@ -306,19 +309,21 @@ def moe_sync_wait(layout: ModelLayout, machine: Machine, forward_busy: float) ->
     as it does elsewhere: each layer's forward takes at least the host's time to launch it
     (:func:`moe_host_forward_s`). The backward pass (autograd, no sync) keeps the host ahead. The wait is largest
     where a layer's forward GPU time is short: a small model at a small micro-batch."""
-    return max(0.0, moe_host_forward_s(layout, machine) - forward_busy)
+    return max(0.0, moe_host_forward_s(shape, layout, machine) - forward_busy)
 
 
-def moe_overlap_sync_wait(layout: ModelLayout, machine: Machine, busy: float) -> float:
+def moe_overlap_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, busy: float) -> float:
     """What a layer waits for its host under ``moe_a2a_overlap`` beyond its GPU time ``busy`` (forward and
     backward), per micro-batch. The combined 1F1B schedule issues one micro-batch's forward layer and another's
     backward layer together, from the schedule's Python thread (``TransformerLayerSchedulePlan.run``,
     ``megatron/core/models/common/model_chunk_schedule_plan.py``), so the forward's host sync
     (:func:`moe_sync_wait`) also holds the backward's launches, which autograd would otherwise issue ahead: the pair
-    takes at least the host's time for both, the backward's taken as the forward's (:func:`moe_host_forward_s`)."""
+    takes at least the host's time for both, the backward's ``Params.moe_host_bwd_ratio`` times the forward's
+    (:func:`moe_host_forward_s`)."""
     if not layout.moe_a2a_overlap:
         return 0.0
-    return max(0.0, 2.0 * moe_host_forward_s(layout, machine) - busy)
+    host = (1.0 + machine.params.moe_host_bwd_ratio) * moe_host_forward_s(shape, layout, machine)
+    return max(0.0, host - busy)
 
 
 @dataclass(slots=True)

@@ -120,31 +120,33 @@ class Params:
     # container 26.04, each with its preset's dispatcher, overlap, recompute modules and CUDA graphs, after the
     # first dense layers' activations and the head-size attention efficiency, and after the exchange's NIC phase
     # at one network plane, the overlap's unpaired warm-up and cool-down passes and the CUDA graphs' share of the
-    # MoE layer's own small kernels (refit once more with those), and after the dispatcher's host sync per MoE
-    # layer forward (moe_host_fwd_s; the fit's least cost of 12 starts of it and its Grace ratio)
+    # MoE layer's own small kernels (refit once more with those), after the dispatcher's host sync per MoE
+    # layer forward (moe_host_fwd_s), and after the measured host time per local expert and backward-to-forward
+    # host ratio below (moe_host_expert_fwd_s, moe_host_bwd_ratio; the least cost of 12 starts of moe_host_fwd_s
+    # and its Grace ratio)
     # (moe_a2a_eff, moe_a2a_nic_eff and moe_flex_speedup end outside or at the bounds of their priors: few fitted
     # rows cross the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least
     # determined part; docs/moe.md says what a fit inside the priors costs):
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
     # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
     # per-micro-batch costs the model does not price end up here)
-    moe_gemm_m_half: float = 1070.1
+    moe_gemm_m_half: float = 1064.0
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
     moe_a2a_eff: float = 0.2000
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
-    moe_a2a_nic_eff: float = 1.0
+    moe_a2a_nic_eff: float = 0.9742
     # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
     # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
     moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
-    moe_flex_speedup: float = 2.998
+    moe_flex_speedup: float = 2.9999
     # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
     # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
-    moe_a2a_overlap: float = 0.3834
+    moe_a2a_overlap: float = 0.4323
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
@@ -152,20 +154,36 @@ class Params:
     # Core's SequentialMLP, a Python loop of slicing, fc1, activation and fc2 per expert, whose host time the GPU
     # waits for), forward (x3 with the backward). bench/moe_gpu_runs.py: the step time's slope over 8, 16 and 32
     # experts of the small MoE on one H200 with a Xeon host, recipes.mcore's local spec, 0.766 ms per expert,
-    # MoE layer and micro-batch = 6 x 118.7 us (10 us, a bare launch, before it was measured); the TE spec's
-    # SequentialMLP is not measured. No published row runs without grouped GEMMs, so no fit reads it
+    # MoE layer and micro-batch = 6 x 118.7 us (10 us, a bare launch, before it was measured; 0.779 ms over the
+    # 5 such runs recorded since). The TE spec's SequentialMLP costs more than the grouped GEMM by 0.8-1.6 ms per
+    # expert, layer and micro-batch at micro-batch 1-8 (the model: 0.5-0.6 ms). No published row runs without
+    # grouped GEMMs, so no fit reads it
     moe_gemm_launch_s: float = 118.7e-6
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
     # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
-    moe_layer_overhead_s: float = 1.517e-3
+    moe_layer_overhead_s: float = 1.558e-3
     # fitted: an x86 host's time to launch one MoE layer's forward pass (attention and MoE block), per micro-batch,
     # outside CUDA graphs; the dispatcher's host sync makes each MoE layer's forward wait for it
     # (moe.moe_sync_wait). Prior 0.5-5 ms: a few hundred PyTorch ops at 5-15 µs
-    moe_host_fwd_s: float = 4.968e-3
+    moe_host_fwd_s: float = 4.049e-3
     # fitted: a Grace host's time for it over an x86 host's (prior 1-3: 2.75 per PyTorch op in a micro-benchmark,
     # 37.08 vs 13.48 µs on a Xeon 8480C, TransformerEngine issue 2053; less where the time is not the CPU's)
-    moe_host_grace_ratio: float = 2.087
+    moe_host_grace_ratio: float = 2.004
+    # measured: what each expert a GPU holds adds to an x86 host's launch of a MoE layer's forward (TE's grouped
+    # GEMM still passes every local expert's weights and row count from Python and launches per expert on Hopper).
+    # bench/moe_gpu_runs.py: the step time's slope over 8, 16 and 32 experts of the small MoE on one H200 with its
+    # Xeon host, Transformer Engine's spec with grouped GEMMs, micro-batch 2, whose steps wait for the host (GPU
+    # busy 27%): 0.213 ms per expert, MoE layer and micro-batch, forward and backward; the forward's share taken
+    # as its 2 of the 6 expert GEMMs a layer runs forward and backward
+    moe_host_expert_fwd_s: float = 71e-6
+    # measured: the host's time to launch a MoE layer's backward over its forward's, which the combined 1F1B
+    # schedule of moe_a2a_overlap holds behind the forward's sync (moe.moe_overlap_sync_wait). From the same
+    # host-bound one-GPU runs: full recompute adds one forward's host time per MoE layer and micro-batch (3.6 ms
+    # on the TE spec, 8.0 ms on the local spec), the step's slope over the micro-batches gives forward and
+    # backward (12.1 ms and 20.5 ms): 2.4 and 1.6 times, 2.0 taken; the runs are short and noisy (the same TE
+    # point stepped in 534 and 689 ms), so this is a ratio, not a time
+    moe_host_bwd_ratio: float = 2.0
 
     def with_values(self, **kw) -> Params:
         return replace(self, **kw)
