@@ -192,15 +192,16 @@ def test_mla_sliding_windows_and_uneven_stages_are_refused():
 
 
 # ----------------------------------------------------------- reading a run back (bench/moe_gpu_runs.py)
-def _bench():
+def _bench(name: str = "moe_gpu_runs"):
+    """A bench script of ``bench/`` as a module (they import their neighbours by name)."""
+    import importlib
     import sys
 
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import moe_gpu_runs
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    return moe_gpu_runs
 
 
 def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float) -> None:
@@ -381,3 +382,44 @@ def test_real_moe_logs_parse_as_completed_runs(log):
     assert m.status == "ok" and m.steps == row["steps"] == 12
     assert m.step_time_s * 1e3 == pytest.approx(row["step_time_ms"], rel=1e-3)
     assert m.tflops_per_gpu > 0
+
+
+# ----------------------------------------------------------- grouped GEMMs on the GPU (bench/grouped_gemm_gpu.py)
+
+
+def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
+    """Timings made up from m / (m + m_half) against a dense GEMM at 600 TFLOP/s read back as that m_half, for the
+    grouped GEMM and the loop each; a refused grouped GEMM (NaN) is left out, not read as zero."""
+    bench = _bench("grouped_gemm_gpu")
+    rows = []
+    for m in bench.ROWS_PER_EXPERT:
+        gflop = 2.0 * 16 * m * 2048 * 1536 / 1e9
+        dense = gflop / 600.0  # ms at 600 TFLOP/s
+        grouped = dense / (m / (m + 300.0))
+        loop = dense / (m / (m + 2000.0))
+        rows.append(
+            dict(
+                zip(
+                    bench.COLUMNS,
+                    (
+                        "NVIDIA H200",
+                        "toy",
+                        2048,
+                        768,
+                        16,
+                        "fc1",
+                        m,
+                        dense,
+                        grouped if m > 16 else float("nan"),
+                        loop,
+                        gflop,
+                    ),
+                    strict=True,
+                )
+            )
+        )
+    bench._write(tmp_path / "t.csv", rows)
+    fits = bench.report(bench.load(tmp_path / "t.csv"))
+    assert fits[("toy", "fc1", "grouped")] == pytest.approx(300.0, rel=0.02)
+    assert fits[("toy", "fc1", "loop")] == pytest.approx(2000.0, rel=0.02)
+    assert bench.main(["--data", str(tmp_path / "missing.csv")]) == 2

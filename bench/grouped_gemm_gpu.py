@@ -1,0 +1,199 @@
+"""Grouped expert GEMMs against one dense GEMM of the same FLOPs, on one GPU; prints figures, asserts nothing.
+
+    python bench/grouped_gemm_gpu.py --run OUT.csv      # on the GPU machine (needs torch with CUDA): time them
+    python bench/grouped_gemm_gpu.py                    # here: read bench/data/grouped_gemm_h200.csv, print each
+                                                        # shape's efficiency per rows per expert and the rows per
+                                                        # expert at half the dense rate that fit it best
+
+What the model's ``grouped_gemm_efficiency(m, moe_gemm_m_half) = m / (m + m_half)`` claims, measured without the
+host in the way: for MoE layer shapes of the shipped models (hidden size, expert FFN, the experts a GPU holds at
+NVIDIA's expert parallelism), the forward GEMMs of the routed experts (fc1 with its gated double width, fc2) at
+``m`` rows per expert, in bf16, three ways: one dense GEMM of ``E·m`` rows against one weight (the reference: the
+same FLOPs in one launch), PyTorch's grouped GEMM (``torch._grouped_mm``, CUTLASS, what torchtitan's MoE runs),
+and one GEMM per expert in a loop (Megatron-Core's ``SequentialMLP``; Transformer Engine's grouped linear on
+Hopper issues one cuBLAS GEMM per expert too, over several streams). Times are CUDA events around ``reps`` calls
+after a warm-up, so a launch-bound loop shows its launch gaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data" / "grouped_gemm_h200.csv"
+# (name, hidden, expert FFN, experts a GPU holds): the shipped MoE models at NVIDIA's published EP, and the small
+# MoE of the one-GPU runs
+SHAPES = (
+    ("qwen3_30b_a3b ep8", 2048, 768, 16),
+    ("qwen3_235b_a22b ep8", 4096, 1536, 16),
+    ("deepseek_v3 ep32", 7168, 2048, 8),
+    ("gpt_oss_120b ep8", 2880, 2880, 16),
+    ("small_moe ep1", 2048, 1408, 16),
+)
+ROWS_PER_EXPERT = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+COLUMNS = (
+    "device",
+    "shape",
+    "hidden",
+    "expert_ffn",
+    "experts",
+    "gemm",
+    "m",
+    "dense_ms",
+    "grouped_ms",
+    "loop_ms",
+    "gflop",
+)
+
+
+def _time_ms(fn, reps: int) -> float:
+    """Mean milliseconds of ``fn()`` over ``reps`` calls, CUDA events around all of them, after three warm-ups."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _measure(x, w, m: int, gflop: float, grouped, label: str) -> tuple[float, float, float]:
+    """Milliseconds of the three ways for input ``x`` (``E·m`` rows) and expert weights ``w`` (experts, out, in):
+    one dense GEMM against the first expert's weight, ``torch._grouped_mm`` (NaN where it refuses), a loop."""
+    import torch
+
+    reps = max(5, min(200, int(2000 / max(gflop, 1e-3))))
+    w0 = w[0]
+    dense = _time_ms(lambda: x @ w0.t(), reps)
+    g_ms = float("nan")
+    if grouped is not None:
+        offs = torch.arange(m, x.shape[0] + 1, m, device=x.device, dtype=torch.int32)
+        wt = w.transpose(-2, -1)  # (experts, in, out), column-major as the kernel wants
+        try:
+            g_ms = _time_ms(lambda: grouped(x, wt, offs=offs), reps)
+        except (RuntimeError, TypeError) as exc:  # an unsupported shape or build: record none
+            print(f"  {label}: torch._grouped_mm failed: {str(exc).splitlines()[0]}")
+    xs = x.split(m)
+    loop = _time_ms(lambda: [xi @ w[i].t() for i, xi in enumerate(xs)], max(3, reps // 4))
+    return dense, g_ms, loop
+
+
+def run(out: Path) -> None:
+    """Time every shape, GEMM and rows per expert on the current CUDA device; write the CSV."""
+    import torch
+
+    dev = torch.device("cuda")
+    grouped = getattr(torch, "_grouped_mm", None)
+    device = torch.cuda.get_device_name(0)
+    print(f"device {device}, torch {torch.__version__}, torch._grouped_mm: {bool(grouped)}")
+    rows = []
+    for name, h, f, e in SHAPES:
+        for gemm, k, n in (("fc1", h, 2 * f), ("fc2", f, h)):
+            w = torch.randn(e, n, k, device=dev, dtype=torch.bfloat16) * 0.02  # (experts, out, in), as nn.Linear
+            for m in ROWS_PER_EXPERT:
+                total = e * m
+                if total * max(k, n) * 2 > 8 * 2**30:  # keep each input under 8 GiB
+                    continue
+                x = torch.randn(total, k, device=dev, dtype=torch.bfloat16)
+                gflop = 2.0 * total * k * n / 1e9
+                dense, g_ms, loop = _measure(x, w, m, gflop, grouped, f"{name} {gemm} m={m}")
+                rows.append(dict(zip(COLUMNS, (device, name, h, f, e, gemm, m, dense, g_ms, loop, gflop), strict=True)))
+                tf = gflop / 1e3
+                print(
+                    f"{name:22s} {gemm} m={m:5d}: dense {tf / dense * 1e3:7.1f} TFLOP/s, grouped "
+                    f"{tf / g_ms * 1e3:7.1f}, loop {tf / loop * 1e3:7.1f}",
+                    flush=True,
+                )
+                _write(out, rows)  # after every row: a call cut off by its time limit keeps what it measured
+        torch.cuda.empty_cache()
+    print(f"wrote {len(rows)} rows to {out}")
+
+
+def _write(out: Path, rows: list[dict]) -> None:
+    with open(out, "w", newline="") as fh:
+        wr = csv.DictWriter(fh, fieldnames=COLUMNS)
+        wr.writeheader()
+        wr.writerows(rows)
+
+
+def load(path: Path = DATA) -> list[dict]:
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for k in ("hidden", "expert_ffn", "experts", "m"):
+            r[k] = int(r[k])
+        for k in ("dense_ms", "grouped_ms", "loop_ms", "gflop"):
+            r[k] = float(r[k])
+    return rows
+
+
+def fit_m_half(ms: list[float], effs: list[float]) -> float:
+    """The ``m_half`` of ``m / (m + m_half)`` that fits the efficiencies best (least squares in log efficiency;
+    SciPy's bounded scalar minimiser)."""
+    from scipy.optimize import minimize_scalar
+
+    def cost(log_half: float) -> float:
+        half = math.exp(log_half)
+        return sum((math.log(m / (m + half)) - math.log(e)) ** 2 for m, e in zip(ms, effs, strict=True))
+
+    return math.exp(minimize_scalar(cost, bounds=(0.0, math.log(1e5)), method="bounded").x)
+
+
+def report(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Per shape and kind (grouped, loop): the efficiency against the dense GEMM of the largest ``E·m`` measured
+    for that shape's GEMM (the rate a dense GEMM reaches), per rows per expert, and the fitted ``m_half``."""
+    fits: dict[tuple[str, str, str], float] = {}
+    for name in dict.fromkeys(r["shape"] for r in rows):
+        for gemm in ("fc1", "fc2"):
+            sub = [r for r in rows if r["shape"] == name and r["gemm"] == gemm]
+            if not sub:
+                continue
+            peak = max(r["gflop"] / r["dense_ms"] for r in sub)  # GFLOP per ms = TFLOP/s
+            print(f"{name} {gemm} (dense peak {peak:.0f} TFLOP/s): rows per expert -> efficiency grouped / loop")
+            for kind in ("grouped", "loop"):
+                pts = [(r["m"], r["gflop"] / r[f"{kind}_ms"] / peak) for r in sub if r[f"{kind}_ms"] > 0]
+                pts = [(m, e) for m, e in pts if math.isfinite(e) and e > 0]
+                if len(pts) < 3:
+                    continue
+                half = fit_m_half([m for m, _ in pts], [min(e, 0.999) for _, e in pts])
+                fits[(name, gemm, kind)] = half
+                cells = " ".join(f"{m}:{e:.2f}" for m, e in pts)
+                print(f"  {kind:7s} {cells}  -> m_half {half:.0f}")
+    return fits
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", metavar="OUT.csv", type=Path, help="time the GEMMs on this machine's GPU")
+    ap.add_argument("--data", type=Path, default=DATA, help="the recorded CSV to read (default: %(default)s)")
+    args = ap.parse_args(argv)
+    if args.run:
+        run(args.run)
+        return 0
+    if not args.data.is_file():
+        print(f"bench/grouped_gemm_gpu.py: no recorded timings at {args.data}", file=sys.stderr)
+        return 2
+    fits = report(load(args.data))
+    from dse.perfmodel import DEFAULT_PARAMS
+
+    grouped = [v for (_, _, kind), v in fits.items() if kind == "grouped"]
+    if grouped:
+        print(
+            f"torch._grouped_mm: rows per expert at half the dense rate {min(grouped):.0f}-{max(grouped):.0f} "
+            f"(median {sorted(grouped)[len(grouped) // 2]:.0f}); the model's fitted moe_gemm_m_half "
+            f"{DEFAULT_PARAMS.moe_gemm_m_half:.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.exit(main())
