@@ -204,9 +204,12 @@ def _bench(name: str = "moe_gpu_runs"):
         sys.path.remove(str(ROOT / "bench"))
 
 
-def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float) -> None:
+def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float, start=None) -> None:
     """A log as train.py prints it, made with the payload's own line formatters (header, iterations, memory);
-    the figures are made up for the test, not measured."""
+    the figures are made up for the test, not measured. ``start``: a datetime, iteration ``i`` stamped ``10·i``
+    seconds after it (else now)."""
+    from datetime import timedelta
+
     flops = model_flops_per_step(cfg)
     lines = header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3")
     for i, ms in enumerate(steps, start=1):
@@ -222,6 +225,7 @@ def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: fl
                 losses={"lm loss": 10.0 - 0.1 * i},
                 loss_scale=1.0,
                 grad_norm=1.0,
+                now=start + timedelta(seconds=10 * i) if start else None,
             )
         )
         if i in (1, 2, len(steps)):
@@ -345,24 +349,8 @@ def test_gpu_busy_reads_the_samples_inside_the_iterations(tmp_path):
     bench = _bench()
     cfg = check(replace(MOE, gbs=8, mbs=2), 1, te_available=True)
     t0 = datetime(2026, 1, 1, 12, 0, 0)
-    lines = [
-        format_iteration_line(
-            iteration=i,
-            train_iters=4,
-            consumed_samples=8 * i,
-            elapsed_ms=500.0,
-            tflops_per_gpu=10.0,
-            learning_rate=3e-4,
-            global_batch_size=8,
-            losses={"lm loss": 10.0},
-            loss_scale=1.0,
-            grad_norm=1.0,
-            now=t0 + timedelta(seconds=10 * i),
-        )
-        for i in range(1, 5)
-    ]
     log = tmp_path / "run.log"
-    log.write_text("\n".join(header_lines(cfg, 1, 1, "NVIDIA H200") + lines) + "\n")
+    _write_log(log, cfg, [500.0] * 4, 20480.0, start=t0)
     assert bench.gpu_busy(log) is None
     samples = ["timestamp, utilization.gpu [%], memory.used [MiB]"]
     for s in range(0, 50, 2):  # 90% busy during the warm-up (before 12:00:20), 30% from there to 12:00:40, then 0
