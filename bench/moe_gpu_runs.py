@@ -278,22 +278,22 @@ def report(rows: list[dict]) -> list[dict]:
     per_expert_ms(rows, out)
     moe = [r for r in out if r["bridge_memory_gib"] is not None]
     if moe:
-        mape = sum(abs(r["bridge_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
-        dse = sum(abs(r["pred_peak_memory_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
-        alloc = sum(abs(r["pred_allocated_gib"] / r["peak_allocated_gib"] - 1) for r in moe) / len(moe)
+
+        def mape(figs: list[dict], key: str) -> float:  # percent, against the measured peak allocation
+            return 100 * sum(abs(f[key] / f["peak_allocated_gib"] - 1) for f in figs) / len(figs)
+
         print(
-            f"peak memory of the {len(moe)} MoE runs: dse MAPE {100 * dse:.1f}% ({100 * alloc:.1f}% less its "
-            f"allocator reserve), Megatron-Bridge's theoretical estimate {100 * mape:.1f}%"
+            f"peak memory of the {len(moe)} MoE runs: dse MAPE {mape(moe, 'pred_peak_memory_gib'):.1f}% "
+            f"({mape(moe, 'pred_allocated_gib'):.1f}% less its allocator reserve), Megatron-Bridge's theoretical "
+            f"estimate {mape(moe, 'bridge_memory_gib'):.1f}%"
         )
         for spec in sorted({r["layer_spec"] for r in rows}):
-            sub = [f for r, f in zip(rows, out, strict=True) if r["layer_spec"] == spec and f in moe]
+            sub = [f for r, f in zip(rows, out, strict=True) if r["layer_spec"] == spec and f["bridge_memory_gib"]]
             if sub:
                 print(
-                    f"  layer spec {spec} ({len(sub)} runs): dse "
-                    f"{100 * sum(abs(f['pred_peak_memory_gib'] / f['peak_allocated_gib'] - 1) for f in sub) / len(sub):.1f}% "
-                    f"({100 * sum(abs(f['pred_allocated_gib'] / f['peak_allocated_gib'] - 1) for f in sub) / len(sub):.1f}% "
-                    f"less the reserve), Bridge "
-                    f"{100 * sum(abs(f['bridge_memory_gib'] / f['peak_allocated_gib'] - 1) for f in sub) / len(sub):.1f}%"
+                    f"  layer spec {spec} ({len(sub)} runs): dse {mape(sub, 'pred_peak_memory_gib'):.1f}% "
+                    f"({mape(sub, 'pred_allocated_gib'):.1f}% less the reserve), Bridge "
+                    f"{mape(sub, 'bridge_memory_gib'):.1f}%"
                 )
     for row in rows:
         share = gpu_busy(LOGS / row["log"])
