@@ -202,6 +202,49 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
     return result
 
 
+def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
+    """What the host-bound runs say of a MoE layer's host time, per layer spec (16 experts, top-2, the all-to-all
+    dispatcher, bf16, sequence 2048, global batch 8; grouped GEMMs as the spec runs them by default: on for TE, off
+    for the local spec): the step's least-squares slope over the micro-batches a step runs (micro-batch 1, 2 and 4)
+    per MoE layer, forward and backward (the per-micro-batch time of a step that waits for its host is the host's),
+    and what full recompute adds at micro-batch 2 per layer and micro-batch, one more forward. Returns (layer
+    spec, forward + backward ms, forward ms); prints the backward's ratio to the forward."""
+    import numpy as np  # a pandas dependency
+
+    def alike(r: dict, spec: str) -> bool:
+        return (
+            r["layer_spec"] == spec
+            and int(r["num_experts"]) == 16
+            and int(r["moe_topk"]) == 2
+            and r["moe_dispatcher"] == "alltoall"
+            and str(r["moe_permute_fusion"]) == "False"  # a row read back from the TSV holds strings
+            and str(r["moe_grouped_gemm"]) == str(spec == "te")
+            and r["precision"] == "bf16"
+            and int(r["seq_length"]) == 2048
+            and int(r["gbs"]) == 8
+        )
+
+    out = []
+    for spec in ("te", "local"):
+        runs = [r for r in rows if alike(r, spec)]
+        plain = [r for r in runs if r["recompute"] == "none"]
+        full = [float(r["step_time_ms"]) for r in runs if r["recompute"] == "full" and int(r["mbs"]) == 2]
+        if len({r["mbs"] for r in plain}) < 2 or not full:
+            continue
+        layers = int(plain[0]["num_layers"])
+        slope = np.polyfit([8 // int(r["mbs"]) for r in plain], [float(r["step_time_ms"]) for r in plain], 1)[0]
+        both = float(slope) / layers
+        base2 = [float(r["step_time_ms"]) for r in plain if int(r["mbs"]) == 2]
+        fwd = (sum(full) / len(full) - sum(base2) / len(base2)) / (4 * layers)
+        print(
+            f"host time of a MoE layer and micro-batch ({spec} spec, {len(plain)} runs over micro-batch 1-4, "
+            f"{len(full)} with full recompute): forward + backward {both:.1f} ms, forward {fwd:.1f} ms "
+            f"(full recompute's extra), backward / forward {(both - fwd) / fwd:.1f}"
+        )
+        out.append((spec, both, fwd))
+    return out
+
+
 _ITER_TS = re.compile(r"^\s*\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration\s+(\d+)/")
 
 
@@ -295,6 +338,7 @@ def report(rows: list[dict]) -> list[dict]:
                     f"({mape(sub, 'pred_allocated_gib'):.1f}% less the reserve), Bridge "
                     f"{mape(sub, 'bridge_memory_gib'):.1f}%"
                 )
+    host_split(rows)
     for row in rows:
         share = gpu_busy(LOGS / row["log"])
         if share is not None:

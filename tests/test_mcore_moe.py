@@ -341,6 +341,21 @@ def test_per_expert_slope_reads_runs_that_differ_only_in_experts(tmp_path):
     assert slope[2] == pytest.approx(0.5) and slope[3] == pytest.approx(0.25)
 
 
+def test_host_split_reads_the_micro_batch_slope_and_full_recomputes_extra_forward(tmp_path):
+    """Steps made up as a host-bound run's: 12 ms of host per MoE layer and micro-batch, forward and backward, and
+    3 ms more per layer and micro-batch under full recompute; the bench reads back 12 and 3 (a backward three times
+    the forward)."""
+    bench = _bench()
+    layers = MOE.num_layers
+    for mbs, recompute in ((1, "none"), (2, "none"), (4, "none"), (2, "full")):
+        cfg = check(replace(MOE, gbs=8, mbs=mbs, recompute=recompute), 1, te_available=True)
+        step = 50.0 + (8 // mbs) * layers * (12.0 + (3.0 if recompute == "full" else 0.0))
+        _write_log(tmp_path / f"mbs{mbs}_{recompute}.log", cfg, [step] * 12, 20480.0)
+    rows = bench.write_tsv(tmp_path, tmp_path / "runs.tsv")
+    ((spec, both, fwd),) = bench.host_split(rows)
+    assert spec == "te" and both == pytest.approx(12.0) and fwd == pytest.approx(3.0)
+
+
 def test_gpu_busy_reads_the_samples_inside_the_iterations(tmp_path):
     """The GPU's busy share is the mean of the nvidia-smi samples between iteration 2 and the last (the warm-up
     iteration and the set-up before it left out); a run without samples has none."""

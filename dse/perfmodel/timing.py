@@ -181,8 +181,9 @@ class Params:
     # schedule of moe_a2a_overlap holds behind the forward's sync (moe.moe_overlap_sync_wait). From the same
     # host-bound one-GPU runs: full recompute adds one forward's host time per MoE layer and micro-batch (3.6 ms
     # on the TE spec, 8.0 ms on the local spec), the step's slope over the micro-batches gives forward and
-    # backward (12.1 ms and 20.5 ms): 2.4 and 1.6 times, 2.0 taken; the runs are short and noisy (the same TE
-    # point stepped in 534 and 689 ms), so this is a ratio, not a time
+    # backward (12.1 ms and 19.5 ms; bench/moe_gpu_runs.py's host_split prints them): 2.4 and 1.4 times, 2.0
+    # taken; the runs are short and noisy (the same TE point stepped in 534 and 689 ms), so this is a ratio, not a
+    # time
     moe_host_bwd_ratio: float = 2.0
 
     def with_values(self, **kw) -> Params:
