@@ -333,10 +333,12 @@ def report(rows: list[dict]) -> list[dict]:
         for spec in sorted({r["layer_spec"] for r in rows}):
             sub = [f for r, f in zip(rows, out, strict=True) if r["layer_spec"] == spec and f["bridge_memory_gib"]]
             if sub:
+                near = sum(abs(f["pred_allocated_gib"] / f["bridge_memory_gib"] - 1) <= 0.10 for f in sub)
                 print(
                     f"  layer spec {spec} ({len(sub)} runs): dse {mape(sub, 'pred_peak_memory_gib'):.1f}% "
                     f"({mape(sub, 'pred_allocated_gib'):.1f}% less the reserve), Bridge "
-                    f"{mape(sub, 'bridge_memory_gib'):.1f}%"
+                    f"{mape(sub, 'bridge_memory_gib'):.1f}%; dse less the reserve within 10% of Bridge's "
+                    f"estimate for {near} of {len(sub)}"
                 )
     host_split(rows)
     for row in rows:
