@@ -384,3 +384,15 @@ def test_the_moe_and_mla_field_lists_name_modelarch_fields_once():
     names = {f.name for f in fields(ModelArch)}
     listed = (*MOE_FIELDS, *MLA_FIELDS)
     assert set(listed) <= names and len(set(listed)) == len(listed)
+
+
+def test_the_routers_imbalance_slows_expert_parallel_ranks_only():
+    """moe_imbalance is the busiest expert-parallel rank's copies over the mean: it slows a layout with ep > 1 and
+    leaves one without expert parallelism as it is (one rank holds every expert and every copy)."""
+    uneven = DEFAULT_PARAMS.with_values(moe_imbalance=1.5)
+
+    def step(ep: int, params) -> float:
+        return _predict("qwen3_30b_a3b", "h100", 8, ep=ep, pp=1, vp=1, mbs=1, gbs=64, params=params).step_time_s
+
+    assert step(8, uneven) > 1.05 * step(8, DEFAULT_PARAMS)
+    assert step(1, uneven) == pytest.approx(step(1, DEFAULT_PARAMS))

@@ -93,6 +93,12 @@ def local_tokens(shape: Shape) -> float:
     return shape.tokens / shape.tp
 
 
+def imbalance(layout: ModelLayout, machine: Machine) -> float:
+    """The busiest expert-parallel rank's token copies over the mean (``Params.moe_imbalance``); 1 without expert
+    parallelism, where one rank holds every expert and so every copy, however the router spreads them."""
+    return machine.params.moe_imbalance if layout.ep > 1 else 1.0
+
+
 def tokens_per_expert(shape: Shape, layout: ModelLayout) -> float:
     """Token copies each local expert processes per micro-batch under balanced routing."""
     arch = shape.arch
@@ -112,9 +118,9 @@ def expert_gemm_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> 
     through HBM; one GEMM per expert without grouped GEMM costs a launch per expert and GEMM besides."""
     arch, P = shape.arch, machine.params
     h, Fe, e, k = arch.hidden_size, arch.expert_ffn, mlp_factor(arch), arch.moe_topk
-    pairs = k * local_tokens(shape) * P.moe_imbalance  # token copies through this GPU's experts
+    pairs = k * local_tokens(shape) * imbalance(layout, machine)  # token copies through this GPU's experts
     flops = 2.0 * pairs * h * e * Fe
-    m = tokens_per_expert(shape, layout) * P.moe_imbalance
+    m = tokens_per_expert(shape, layout) * imbalance(layout, machine)
     eff = grouped_gemm_efficiency(m, P.moe_gemm_m_half)
     local_experts = arch.num_experts / layout.ep
     weights = local_experts * e * h * Fe / layout.etp
@@ -154,7 +160,7 @@ def permute_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     if not arch.num_experts:
         return 0.0
     share = PERMUTE_FUSED_SHARE if layout.moe_permute_fusion else 1.0
-    copies = arch.moe_topk * local_tokens(shape) * machine.params.moe_imbalance
+    copies = arch.moe_topk * local_tokens(shape) * imbalance(layout, machine)
     return copies * arch.hidden_size * PERMUTE_BYTES * share * machine.params.elementwise_scale / machine.hbm_Bps
 
 
@@ -190,7 +196,7 @@ def moe_elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine) ->
     a = arch.num_attention_heads
     act = 18.0 if arch.gated_mlp else 12.0
     if arch.num_experts:
-        mlp_elems = (arch.moe_shared_expert_size + arch.moe_topk * arch.expert_ffn * machine.params.moe_imbalance) / t
+        mlp_elems = (arch.moe_shared_expert_size + arch.moe_topk * arch.expert_ffn * imbalance(layout, machine)) / t
     else:
         mlp_elems = arch.ffn_hidden_size / t
     attn_elems = a * (2.0 * qk + v) / t
@@ -245,7 +251,7 @@ def a2a_time(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
         nbytes = (ep - 1) * T * h * 2.0
         near, far = (in_domain - 1) / (ep - 1), (ep - in_domain) / (ep - 1)
     else:
-        nbytes = arch.moe_topk * T * h * 2.0 * P.moe_imbalance
+        nbytes = arch.moe_topk * T * h * 2.0 * imbalance(layout, machine)
         near, far = (in_domain - 1) / ep, (ep - in_domain) / ep
         if layout.moe_dispatcher == "flex":
             far = remote_domains(arch.moe_topk, ep / in_domain) / arch.moe_topk
@@ -405,7 +411,7 @@ def moe_recompute_forward(shape: Shape, layout: ModelLayout, machine: Machine) -
         fwd = expert_gemm_forward(shape, layout, machine) + 0.5 * a2a_time(shape, layout, machine)
         return total + fwd + (permute_time(shape, layout, machine) + router_time(shape, machine)) / 3.0
     if "moe_act" in mods:
-        copies = arch.moe_topk * local_tokens(shape) * P.moe_imbalance
+        copies = arch.moe_topk * local_tokens(shape) * imbalance(layout, machine)
         total += copies * arch.expert_ffn * (6.0 if arch.gated_mlp else 4.0) * scale
     return total
 
