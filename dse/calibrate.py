@@ -9,8 +9,9 @@ them as a plain TOML calibration file that ``dse predict --calibration`` and the
 
 Decisions where the issue is silent:
 
-* Step time and peak memory are fitted separately: no time parameter moves memory and no memory parameter
-  moves time, so two small fits are the same MAP as one large one and converge faster.
+* Step time and peak memory are fitted separately: no memory parameter moves time, and of the time parameters
+  only ``moe_imbalance`` moves memory (the busiest rank's routed activations), so the memory fit starts from the
+  time fit's values: two small fits, the same MAP as one large one where no parameter moves both, and faster.
 * The time parameters fitted by default are those of :data:`STACK_TIME`, in that order, kept where the runs'
   predicted step time moves with them (a parameter no run depends on is not identifiable) and at most one
   per run; ``--params`` names them explicitly (more than there are runs is refused).
@@ -66,6 +67,12 @@ STACK_PRIORS: dict[str, Prior] = {
     "step_overhead_s": Prior(D.step_overhead_s, 1.5, "log"),
     "memory_offset_gib": Prior(D.memory_offset_gib, 8.0, "linear"),  # GiB
     "memory_fragmentation": Prior(D.memory_fragmentation, 1.5),
+    # MoE: the busiest expert-parallel rank's token copies over the mean. NVIDIA's published rows force-balance the
+    # router (1, the shipped value); a real router's is what one's runs say, so the prior is loose (log width 0.5:
+    # 1.65 at one sigma) and held at 1 or more. Runs without expert parallelism do not identify it
+    "moe_imbalance": Prior(D.moe_imbalance, 0.5, "log_min1"),
+    # MoE: the host's launch time of a MoE layer's forward (another CPU, another Transformer Engine / Megatron-Core)
+    "moe_host_fwd_s": Prior(D.moe_host_fwd_s, 1.0, "log"),
 }
 CALIBRATION_PRIORS: dict[str, Prior] = {
     **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()},
@@ -80,6 +87,8 @@ STACK_TIME = (
     "attn_eff",
     "step_overhead_s",
     "host_layer_s_grace",
+    "moe_imbalance",
+    "moe_host_fwd_s",
 )
 MEMORY = ("memory_offset_gib", "memory_fragmentation")
 TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
@@ -103,12 +112,18 @@ class Run:
 
 def trial_from_row(row: dict, gpu: str):
     """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
-    recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``."""
+    recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``; a row
+    with ``num_experts`` (the MoE columns of bench/data/moe_gpu_runs.tsv) is a MoE run with its experts, top-k,
+    expert FFN, head size, expert parallelism and dispatcher options."""
     from dse import knobs
     from dse.recipes.models import ModelArch, Recipe
     from dse.space import load_system
     from dse.trial import TrialConfig
 
+    def opt_int(name: str, default: int = 0) -> int:
+        return int(row.get(name) or default)
+
+    experts = opt_int("num_experts")
     arch = ModelArch(
         row["model"],
         int(row["num_layers"]),
@@ -118,6 +133,12 @@ def trial_from_row(row: dict, gpu: str):
         int(row["ffn_hidden_size"]),
         int(row["vocab_size"]),
         str(row["gated"]) == "True",
+        num_experts=experts,
+        moe_topk=opt_int("moe_topk", 2),
+        moe_ffn_hidden_size=opt_int("moe_ffn_hidden_size"),
+        moe_shared_expert_size=opt_int("moe_shared_expert_size"),
+        moe_first_dense_layers=opt_int("moe_first_dense_layers"),
+        kv_channels=opt_int("kv_channels") or None,
     )
     recipe = Recipe(
         arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]), num_gpus_default=1
@@ -136,6 +157,14 @@ def trial_from_row(row: dict, gpu: str):
         precision=row.get("precision") or "bf16",
         attention_backend=row.get("attention_backend") or "local",
     )
+    if experts:  # a MoE run (bench/data/moe_gpu_runs.tsv's columns): its expert parallelism and MoE options
+        values.update(
+            ep=opt_int("ep", 1),
+            etp=opt_int("etp", 1),
+            moe_dispatcher=row.get("moe_dispatcher") or "alltoall",
+            moe_grouped_gemm=str(row.get("moe_grouped_gemm", "True")) == "True",
+            moe_permute_fusion=str(row.get("moe_permute_fusion", "False")) == "True",
+        )
     # the rows are recipes.mcore runs (bench/h200_real_runs.py, bench/h200_te_runs.py) unless they say otherwise
     return TrialConfig(
         recipe=recipe, system=system, values=MappingProxyType(values), payload=row.get("payload") or "mcore"

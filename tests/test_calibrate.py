@@ -373,3 +373,58 @@ def test_cli_prints_no_progress_when_stderr_is_not_a_terminal(tmp_path):
     assert res.exit_code == 0, res.output
     assert res.stderr == ""
     assert "leave-one-out" in res.stdout
+
+
+MOE_RUNS = ROOT / "bench" / "data" / "moe_gpu_runs.tsv"
+
+
+def _moe_rows(ep: int) -> list[dict]:
+    """The small MoE's TE-spec runs with grouped GEMMs (16 experts, top-2), laid out on 8 GPUs of one node at
+    expert parallelism ``ep`` (the global batch grown with the data-parallel ranks)."""
+    with open(MOE_RUNS, newline="") as fh:
+        rows = [
+            r
+            for r in csv.DictReader(fh, delimiter="\t")
+            if r["layer_spec"] == "te" and r["num_experts"] == "16" and r["moe_grouped_gemm"] == "True"
+        ]
+    return [{**r, "gpu": "h200", "num_gpus": 8, "ep": ep, "gbs": 8 * int(r["gbs"])} for r in rows]
+
+
+@pytest.mark.parametrize("truth", [1.5, 2.2])
+def test_a_real_routers_imbalance_is_learnt_from_moe_runs(tmp_path, truth):
+    """MoE runs on 8 GPUs at ep=8, measured (made up) under a router whose busiest rank takes ``truth`` times the
+    mean token copies: dse calibrate picks moe_imbalance by itself and finds it; the calibrated file carries it and
+    predict uses it. Without expert parallelism the imbalance moves nothing (one rank holds every copy), so it is
+    not picked."""
+    from dse.calibrate import STACK_TIME, identifiable
+
+    rows = _moe_rows(ep=8)
+    runs, _ = runs_from_tsv(_write(tmp_path / "layouts.tsv", rows), "h200")
+    assert all(r.trial.values["ep"] == 8 and r.trial.recipe.arch.num_experts == 16 for r in runs)
+    P = DEFAULT_PARAMS.with_values(moe_imbalance=truth)
+    measured = [
+        {**row, "step_time_ms": predict(run.trial, params=P).step_time_s * 1e3, "peak_allocated_gib": ""}
+        for row, run in zip(rows, runs)
+    ]
+    assert "moe_imbalance" in identifiable(runs, STACK_TIME)
+    cal, report = calibrate([_write(tmp_path / "runs.tsv", measured)], gpu="h200", params=["moe_imbalance"], loo=False)
+    assert cal.params["moe_imbalance"] == pytest.approx(truth, rel=0.02)
+    assert cal.fit["after"]["step_time_mape"] < 0.5 < cal.fit["before"]["step_time_mape"]
+    assert report[0]["moved"]
+    assert apply(loads(dumps(cal))).moe_imbalance == pytest.approx(truth, rel=0.02)
+
+    one_rank, _ = runs_from_tsv(_write(tmp_path / "ep1.tsv", _moe_rows(ep=1)), "h200")
+    assert "moe_imbalance" not in identifiable(one_rank, STACK_TIME)
+
+
+def test_a_balanced_moe_run_keeps_the_imbalance_at_one(tmp_path):
+    """Runs that match the shipped, balanced model leave moe_imbalance at 1: the prior holds it there and the fit
+    never goes below it."""
+    rows = _moe_rows(ep=8)
+    runs, _ = runs_from_tsv(_write(tmp_path / "layouts.tsv", rows), "h200")
+    measured = [
+        {**row, "step_time_ms": predict(run.trial).step_time_s * 1e3 * 0.97, "peak_allocated_gib": ""}
+        for row, run in zip(rows, runs)
+    ]  # 3% faster than the balanced model: an imbalance below 1 would fit it, and is not allowed
+    cal, _ = calibrate([_write(tmp_path / "runs.tsv", measured)], gpu="h200", params=["moe_imbalance"], loo=False)
+    assert cal.params["moe_imbalance"] == 1.0

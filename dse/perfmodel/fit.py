@@ -22,8 +22,9 @@ from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 
 @dataclass(frozen=True)
 class Prior:
-    """Centre and width of a parameter's prior; ``kind`` is ``log`` (a positive rate), ``logit`` (0..1) or
-    ``linear`` (any real: an offset; the width is then in the parameter's own unit)."""
+    """Centre and width of a parameter's prior; ``kind`` is ``log`` (a positive rate), ``log_min1`` (a ratio of at
+    least 1, in log space, held at 1 below it: a busiest-over-mean ratio), ``logit`` (0..1) or ``linear`` (any real:
+    an offset; the width is then in the parameter's own unit)."""
 
     centre: float
     width: float
@@ -32,11 +33,13 @@ class Prior:
     def to_z(self, x: float) -> float:
         if self.kind == "linear":
             return x
-        return math.log(x) if self.kind == "log" else math.log(x / (1.0 - x))
+        return math.log(x) if self.kind in ("log", "log_min1") else math.log(x / (1.0 - x))
 
     def from_z(self, z: float) -> float:
         if self.kind == "linear":
             return z
+        if self.kind == "log_min1":
+            return max(1.0, math.exp(z))
         return math.exp(z) if self.kind == "log" else 1.0 / (1.0 + math.exp(-min(max(z, -700.0), 700.0)))
 
 
