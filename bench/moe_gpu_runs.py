@@ -100,11 +100,12 @@ def write_tsv(logdir: Path, out: Path = TSV) -> list[dict]:
 
 def gpu_key(name: str) -> str:
     """dse's GPU name (a row of dse.hardware) for torch's device name: 'NVIDIA H100 80GB HBM3' -> h100."""
-    low = name.lower()
-    for key in ("h200", "h100", "gb300", "gb200", "b300", "b200", "a100"):
-        if key in low:
-            return key
-    raise ValueError(f"no GPU of dse.hardware in the device name {name!r}")
+    from dse.hardware import gpu_from_device_name
+
+    key = gpu_from_device_name(name)
+    if key is None:
+        raise ValueError(f"no GPU of dse.hardware in the device name {name!r}")
+    return key
 
 
 def trial(row: dict):

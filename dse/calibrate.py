@@ -209,7 +209,10 @@ def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
                 field="header",
             )
         rows = list(reader)
-    gpus = {r["gpu"] for r in rows if r.get("gpu")}
+    from dse.hardware import gpu_from_device_name
+
+    # a gpu column may hold dse's names or the device's as torch prints it (bench/data/moe_gpu_runs.tsv)
+    gpus = {gpu_from_device_name(r["gpu"]) or r["gpu"] for r in rows if r.get("gpu")}
     if len(gpus) > 1:
         raise UserError(
             f"runs of several GPUs ({', '.join(sorted(gpus))}); calibrate one GPU at a time",

@@ -164,6 +164,17 @@ HARDWARE: dict[str, GpuSpec] = {
 GPU_NAMES: tuple[str, ...] = tuple(HARDWARE)
 
 
+def gpu_from_device_name(name: str) -> str | None:
+    """dse's GPU name for ``name``: a name of :data:`HARDWARE` as it is, or the one a device name contains, as
+    torch and nvidia-smi print them (``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA GB200`` -> ``gb200``); None
+    for a device of no row. The longest match wins, so ``gb300`` is not read as ``b300``."""
+    low = name.strip().lower()
+    if low in HARDWARE:
+        return low
+    hits = [key for key in HARDWARE if key in low]
+    return max(hits, key=len) if hits else None
+
+
 def gpus_where(capability: str) -> tuple[str, ...]:
     """The GPU names with a capability (a boolean attribute of :class:`GpuSpec`), in table order."""
     return tuple(n for n, g in HARDWARE.items() if getattr(g, capability))

@@ -428,3 +428,20 @@ def test_a_balanced_moe_run_keeps_the_imbalance_at_one(tmp_path):
     ]  # 3% faster than the balanced model: an imbalance below 1 would fit it, and is not allowed
     cal, _ = calibrate([_write(tmp_path / "runs.tsv", measured)], gpu="h200", params=["moe_imbalance"], loo=False)
     assert cal.params["moe_imbalance"] == 1.0
+
+
+def test_a_tsv_may_name_its_gpu_as_the_device_does(tmp_path):
+    """The gpu column may hold the device's name as torch prints it (bench/data/moe_gpu_runs.tsv): it is read as
+    dse's GPU, and a mismatch with --gpu is still refused. The longest name wins (a GB300 is not a B300); a device
+    of no row is not guessed."""
+    from dse.hardware import gpu_from_device_name
+
+    assert gpu_from_device_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_from_device_name("NVIDIA GB300") == "gb300" and gpu_from_device_name("NVIDIA B300 SXM6") == "b300"
+    assert gpu_from_device_name("b200") == "b200" and gpu_from_device_name("NVIDIA L40S") is None
+    rows = [{**r, "gpu": "NVIDIA H200"} for r in _moe_rows(ep=8)]
+    src = _write(tmp_path / "runs.tsv", rows)
+    runs, gpu = runs_from_tsv(src, "h200")
+    assert gpu == "h200" and len(runs) == len(rows) and runs[0].trial.system.gpu == "h200"
+    with pytest.raises(UserError, match="not h100 as --gpu says"):
+        runs_from_tsv(src, "h100")
