@@ -114,36 +114,13 @@ def trial(row: dict):
     from dataclasses import replace
     from types import MappingProxyType
 
-    from dse.recipes.models import ModelArch
+    from dse.calibrate import arch_from_row, moe_values_from_row
     from dse.space import load_system
 
     t = te.trial(row)
-    arch = ModelArch(
-        row["model"],
-        int(row["num_layers"]),
-        int(row["hidden_size"]),
-        int(row["num_attention_heads"]),
-        int(row["num_query_groups"]),
-        int(row["ffn_hidden_size"]),
-        int(row["vocab_size"]),
-        row["gated"] == "True",
-        num_experts=int(row["num_experts"]),
-        moe_topk=int(row["moe_topk"]) or 2,
-        moe_ffn_hidden_size=int(row["moe_ffn_hidden_size"]),
-        moe_shared_expert_size=int(row["moe_shared_expert_size"]),
-        moe_first_dense_layers=int(row["moe_first_dense_layers"]),
-        kv_channels=int(row["kv_channels"]) or None,
-    )
+    arch = arch_from_row(row)
     recipe = replace(t.recipe, name=arch.name, arch=arch)
-    values = dict(t.values)
-    if arch.is_moe:
-        values.update(
-            ep=int(row["ep"]),
-            etp=int(row["etp"]),
-            moe_dispatcher=row["moe_dispatcher"],
-            moe_grouped_gemm=row["moe_grouped_gemm"] == "True",
-            moe_permute_fusion=row["moe_permute_fusion"] == "True",
-        )
+    values = {**t.values, **moe_values_from_row(row)}
     system = load_system({"gpu": gpu_key(row["gpu"]), "gpus_per_node": 1, "nvlink_domain": 1})
     return replace(t, recipe=recipe, system=system, values=MappingProxyType(values))
 

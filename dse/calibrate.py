@@ -110,21 +110,17 @@ class Run:
 # ---- sources -------------------------------------------------------------------------------------------
 
 
-def trial_from_row(row: dict, gpu: str):
-    """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
-    recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``; a row
-    with ``num_experts`` (the MoE columns of bench/data/moe_gpu_runs.tsv) is a MoE run with its experts, top-k,
-    expert FFN, head size, expert parallelism and dispatcher options."""
-    from dse import knobs
-    from dse.recipes.models import ModelArch, Recipe
-    from dse.space import load_system
-    from dse.trial import TrialConfig
+def _int(row: dict, name: str, default: int = 0) -> int:
+    return int(row.get(name) or default)
 
-    def opt_int(name: str, default: int = 0) -> int:
-        return int(row.get(name) or default)
 
-    experts = opt_int("num_experts")
-    arch = ModelArch(
+def arch_from_row(row: dict):
+    """The architecture of one TSV row (bench/data/h200_real_runs.tsv's columns; with ``num_experts``, the MoE
+    columns of bench/data/moe_gpu_runs.tsv: experts, top-k, expert and shared-expert FFN, first dense layers,
+    head size), as a :class:`dse.recipes.models.ModelArch`."""
+    from dse.recipes.models import ModelArch
+
+    return ModelArch(
         row["model"],
         int(row["num_layers"]),
         int(row["hidden_size"]),
@@ -133,13 +129,38 @@ def trial_from_row(row: dict, gpu: str):
         int(row["ffn_hidden_size"]),
         int(row["vocab_size"]),
         str(row["gated"]) == "True",
-        num_experts=experts,
-        moe_topk=opt_int("moe_topk", 2),
-        moe_ffn_hidden_size=opt_int("moe_ffn_hidden_size"),
-        moe_shared_expert_size=opt_int("moe_shared_expert_size"),
-        moe_first_dense_layers=opt_int("moe_first_dense_layers"),
-        kv_channels=opt_int("kv_channels") or None,
+        num_experts=_int(row, "num_experts"),
+        moe_topk=_int(row, "moe_topk", 2),
+        moe_ffn_hidden_size=_int(row, "moe_ffn_hidden_size"),
+        moe_shared_expert_size=_int(row, "moe_shared_expert_size"),
+        moe_first_dense_layers=_int(row, "moe_first_dense_layers"),
+        kv_channels=_int(row, "kv_channels") or None,
     )
+
+
+def moe_values_from_row(row: dict) -> dict:
+    """A MoE row's knob values (expert parallelism and the dispatcher's options); none for a dense row."""
+    if not _int(row, "num_experts"):
+        return {}
+    return dict(
+        ep=_int(row, "ep", 1),
+        etp=_int(row, "etp", 1),
+        moe_dispatcher=row.get("moe_dispatcher") or "alltoall",
+        moe_grouped_gemm=str(row.get("moe_grouped_gemm", "True")) == "True",
+        moe_permute_fusion=str(row.get("moe_permute_fusion", "False")) == "True",
+    )
+
+
+def trial_from_row(row: dict, gpu: str):
+    """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
+    recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``; a row
+    with ``num_experts`` is a MoE run (:func:`arch_from_row`, :func:`moe_values_from_row`)."""
+    from dse import knobs
+    from dse.recipes.models import Recipe
+    from dse.space import load_system
+    from dse.trial import TrialConfig
+
+    arch = arch_from_row(row)
     recipe = Recipe(
         arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]), num_gpus_default=1
     )
@@ -156,15 +177,8 @@ def trial_from_row(row: dict, gpu: str):
         num_nodes=1,
         precision=row.get("precision") or "bf16",
         attention_backend=row.get("attention_backend") or "local",
+        **moe_values_from_row(row),
     )
-    if experts:  # a MoE run (bench/data/moe_gpu_runs.tsv's columns): its expert parallelism and MoE options
-        values.update(
-            ep=opt_int("ep", 1),
-            etp=opt_int("etp", 1),
-            moe_dispatcher=row.get("moe_dispatcher") or "alltoall",
-            moe_grouped_gemm=str(row.get("moe_grouped_gemm", "True")) == "True",
-            moe_permute_fusion=str(row.get("moe_permute_fusion", "False")) == "True",
-        )
     # the rows are recipes.mcore runs (bench/h200_real_runs.py, bench/h200_te_runs.py) unless they say otherwise
     return TrialConfig(
         recipe=recipe, system=system, values=MappingProxyType(values), payload=row.get("payload") or "mcore"
