@@ -8,11 +8,13 @@
 What the model's ``grouped_gemm_efficiency(m, moe_gemm_m_half) = m / (m + m_half)`` claims, measured without the
 host in the way: for MoE layer shapes of the shipped models (hidden size, expert FFN, the experts a GPU holds at
 NVIDIA's expert parallelism), the forward GEMMs of the routed experts (fc1 with its gated double width, fc2) at
-``m`` rows per expert, in bf16, three ways: one dense GEMM of ``E·m`` rows against one weight (the reference: the
+``m`` rows per expert, in bf16, several ways: one dense GEMM of ``E·m`` rows against one weight (the reference: the
 same FLOPs in one launch), PyTorch's grouped GEMM (``torch._grouped_mm``, CUTLASS, what torchtitan's MoE runs),
-and one GEMM per expert in a loop (Megatron-Core's ``SequentialMLP``; Transformer Engine's grouped linear on
-Hopper issues one cuBLAS GEMM per expert too, over several streams). Times are CUDA events around ``reps`` calls
-after a warm-up, so a launch-bound loop shows its launch gaps.
+one GEMM per expert in a loop (Megatron-Core's ``SequentialMLP``), and, where Transformer Engine is installed,
+its ``GroupedLinear`` (what Megatron-Core's ``TEGroupedMLP`` and so NVIDIA's presets run; on Hopper it issues one
+cuBLAS GEMM per expert over several streams), forward alone and forward with backward (data and weight
+gradients: three times the forward's FLOPs). Times are CUDA events around ``reps`` calls after a warm-up, so a
+launch-bound loop shows its launch gaps.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ COLUMNS = (
     "dense_ms",
     "grouped_ms",
     "loop_ms",
+    "te_ms",
+    "te_fwd_bwd_ms",
     "gflop",
 )
 
@@ -65,8 +69,40 @@ def _time_ms(fn, reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
+def _te_layer(e: int, k: int, n: int):
+    """Transformer Engine's ``GroupedLinear`` of ``e`` experts ``k -> n`` in bf16, or None without TE."""
+    try:
+        import torch
+        import transformer_engine.pytorch as te
+    except ImportError:
+        return None
+    return te.GroupedLinear(e, k, n, bias=False, params_dtype=torch.bfloat16, device="cuda")
+
+
+def _measure_te(layer, x, m: int, reps: int, label: str) -> tuple[float, float]:
+    """Milliseconds of TE's ``GroupedLinear`` on ``x`` split ``m`` rows an expert: forward, forward + backward."""
+    import torch
+
+    if layer is None:
+        return float("nan"), float("nan")
+    splits = [m] * (x.shape[0] // m)
+    xg = x.detach().requires_grad_(True)
+    grad = torch.randn(x.shape[0], layer.out_features, device=x.device, dtype=x.dtype)
+
+    def fwd_bwd():
+        layer(xg, splits).backward(grad)
+
+    try:
+        with torch.no_grad():
+            fwd = _time_ms(lambda: layer(x, splits), reps)
+        return fwd, _time_ms(fwd_bwd, max(3, reps // 3))
+    except (RuntimeError, TypeError, ValueError) as exc:  # a shape this build refuses: record none
+        print(f"  {label}: te.GroupedLinear failed: {str(exc).splitlines()[0]}")
+        return float("nan"), float("nan")
+
+
 def _measure(x, w, m: int, gflop: float, grouped, label: str) -> tuple[float, float, float]:
-    """Milliseconds of the three ways for input ``x`` (``E·m`` rows) and expert weights ``w`` (experts, out, in):
+    """Milliseconds of three ways for input ``x`` (``E·m`` rows) and expert weights ``w`` (experts, out, in):
     one dense GEMM against the first expert's weight, ``torch._grouped_mm`` (NaN where it refuses), a loop."""
     import torch
 
@@ -98,18 +134,23 @@ def run(out: Path) -> None:
     for name, h, f, e in SHAPES:
         for gemm, k, n in (("fc1", h, 2 * f), ("fc2", f, h)):
             w = torch.randn(e, n, k, device=dev, dtype=torch.bfloat16) * 0.02  # (experts, out, in), as nn.Linear
+            layer = _te_layer(e, k, n)
             for m in ROWS_PER_EXPERT:
                 total = e * m
                 if total * max(k, n) * 2 > 8 * 2**30:  # keep each input under 8 GiB
                     continue
                 x = torch.randn(total, k, device=dev, dtype=torch.bfloat16)
                 gflop = 2.0 * total * k * n / 1e9
-                dense, g_ms, loop = _measure(x, w, m, gflop, grouped, f"{name} {gemm} m={m}")
-                rows.append(dict(zip(COLUMNS, (device, name, h, f, e, gemm, m, dense, g_ms, loop, gflop), strict=True)))
+                label = f"{name} {gemm} m={m}"
+                dense, g_ms, loop = _measure(x, w, m, gflop, grouped, label)
+                te_ms, te_fb = _measure_te(layer, x, m, max(5, min(200, int(2000 / max(gflop, 1e-3)))), label)
+                values = (device, name, h, f, e, gemm, m, dense, g_ms, loop, te_ms, te_fb, gflop)
+                rows.append(dict(zip(COLUMNS, values, strict=True)))
                 tf = gflop / 1e3
                 print(
                     f"{name:22s} {gemm} m={m:5d}: dense {tf / dense * 1e3:7.1f} TFLOP/s, grouped "
-                    f"{tf / g_ms * 1e3:7.1f}, loop {tf / loop * 1e3:7.1f}",
+                    f"{tf / g_ms * 1e3:7.1f}, loop {tf / loop * 1e3:7.1f}, TE {tf / te_ms * 1e3:7.1f}, "
+                    f"TE fwd+bwd {3 * tf / te_fb * 1e3:7.1f}",
                     flush=True,
                 )
                 _write(out, rows)  # after every row: a call cut off by its time limit keeps what it measured
@@ -130,8 +171,8 @@ def load(path: Path = DATA) -> list[dict]:
     for r in rows:
         for k in ("hidden", "expert_ffn", "experts", "m"):
             r[k] = int(r[k])
-        for k in ("dense_ms", "grouped_ms", "loop_ms", "gflop"):
-            r[k] = float(r[k])
+        for k in ("dense_ms", "grouped_ms", "loop_ms", "te_ms", "te_fwd_bwd_ms", "gflop"):
+            r[k] = float(r.get(k) or "nan")  # a CSV from before the TE columns: none measured
     return rows
 
 
@@ -157,17 +198,30 @@ def report(rows: list[dict]) -> dict[tuple[str, str, str], float]:
             if not sub:
                 continue
             peak = max(r["gflop"] / r["dense_ms"] for r in sub)  # GFLOP per ms = TFLOP/s
-            print(f"{name} {gemm} (dense peak {peak:.0f} TFLOP/s): rows per expert -> efficiency grouped / loop")
-            for kind in ("grouped", "loop"):
-                pts = [(r["m"], r["gflop"] / r[f"{kind}_ms"] / peak) for r in sub if r[f"{kind}_ms"] > 0]
+            print(f"{name} {gemm} (dense peak {peak:.0f} TFLOP/s): rows per expert -> efficiency of each way")
+            for kind, flops in (("grouped", 1), ("loop", 1), ("te", 1), ("te_fwd_bwd", 3)):
+                pts = [(r["m"], flops * r["gflop"] / r[f"{kind}_ms"] / peak) for r in sub if r[f"{kind}_ms"] > 0]
                 pts = [(m, e) for m, e in pts if math.isfinite(e) and e > 0]
                 if len(pts) < 3:
                     continue
                 half = fit_m_half([m for m, _ in pts], [min(e, 0.999) for _, e in pts])
                 fits[(name, gemm, kind)] = half
                 cells = " ".join(f"{m}:{e:.2f}" for m, e in pts)
-                print(f"  {kind:7s} {cells}  -> m_half {half:.0f}")
+                print(f"  {kind:10s} {cells}  -> m_half {half:.0f}")
     return fits
+
+
+def host_floor(rows: list[dict]) -> tuple[float, float] | None:
+    """The median over shapes and GEMMs of TE's ``GroupedLinear`` seconds per expert at the fewest rows per expert,
+    forward and forward + backward: there the GPU's work is a few microseconds and the time is the host's launches
+    (the floor a MoE layer pays per local expert and GEMM without a CUDA graph). None without TE timings."""
+    least = min((r["m"] for r in rows), default=None)
+    sub = [r for r in rows if r["m"] == least and math.isfinite(r["te_ms"]) and math.isfinite(r["te_fwd_bwd_ms"])]
+    if not sub:
+        return None
+    fwd = sorted(r["te_ms"] / r["experts"] / 1e3 for r in sub)
+    fwd_bwd = sorted(r["te_fwd_bwd_ms"] / r["experts"] / 1e3 for r in sub)
+    return fwd[len(fwd) // 2], fwd_bwd[len(fwd_bwd) // 2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,12 +238,23 @@ def main(argv: list[str] | None = None) -> int:
     fits = report(load(args.data))
     from dse.perfmodel import DEFAULT_PARAMS
 
-    grouped = [v for (_, _, kind), v in fits.items() if kind == "grouped"]
-    if grouped:
+    names = {"grouped": "torch._grouped_mm", "loop": "one GEMM per expert", "te": "TE GroupedLinear forward"}
+    names["te_fwd_bwd"] = "TE GroupedLinear forward + backward"
+    for kind, label in names.items():
+        halves = sorted(v for (_, _, k), v in fits.items() if k == kind)
+        if halves:
+            print(
+                f"{label}: rows per expert at half the dense rate {halves[0]:.0f}-{halves[-1]:.0f} "
+                f"(median {halves[len(halves) // 2]:.0f})"
+            )
+    print(f"the model's fitted moe_gemm_m_half: {DEFAULT_PARAMS.moe_gemm_m_half:.0f}")
+    floor = host_floor(load(args.data))
+    if floor:
+        fwd, fwd_bwd = floor
         print(
-            f"torch._grouped_mm: rows per expert at half the dense rate {min(grouped):.0f}-{max(grouped):.0f} "
-            f"(median {sorted(grouped)[len(grouped) // 2]:.0f}); the model's fitted moe_gemm_m_half "
-            f"{DEFAULT_PARAMS.moe_gemm_m_half:.0f}"
+            f"TE GroupedLinear at {min(ROWS_PER_EXPERT)} rows per expert (launch-bound), per expert and GEMM: forward "
+            f"{fwd * 1e6:.0f} us, forward + backward {fwd_bwd * 1e6:.0f} us; the model's host time per expert, "
+            f"forward (fc1 + fc2): {DEFAULT_PARAMS.moe_host_expert_fwd_s * 1e6:.0f} us"
         )
     return 0
 

@@ -7,6 +7,7 @@
                                                    # configuration's figure in another container reaches
     PYTHONPATH=. python bench/model_moe.py --fit    # refit the MoE parameters (dse.perfmodel.timing MOE_FITTED) on
                                                    # the rows marked ``fit`` and print them
+    PYTHONPATH=. python bench/model_moe.py --hold moe_gemm_m_half=250   # the same with one held at a value
 
 Data: ``bench/data/published_moe.tsv``: Megatron-Bridge's performance summaries (docs/performance-summary-archive.md)
 for DeepSeek-V3, GPT-OSS 120B, Qwen3 30B-A3B and 235B-A22B, containers 26.02, 26.02.01, 26.04 and 26.04.01 (one
@@ -141,12 +142,13 @@ def group_spearman(
     print(f"Spearman over all held-out rows: {spearman(*map(list, zip(*held))):+.2f} ({len(held)} rows)")
 
 
-def fit(rows: list[dict], params: Params = DEFAULT_PARAMS) -> Params:
-    """Least squares in log tokens/s over the ``fit`` rows, within :data:`BOUNDS` (SciPy)."""
+def fit(rows: list[dict], params: Params = DEFAULT_PARAMS, held: frozenset[str] = frozenset()) -> Params:
+    """Least squares in log tokens/s over the ``fit`` rows, within :data:`BOUNDS` (SciPy); the parameters in
+    ``held`` keep ``params``' values."""
     from scipy.optimize import least_squares
 
     trials = [(row_trial(r), float(r["tokens_per_s_per_gpu"])) for r in rows if r["split"] == "fit"]
-    names = list(MOE_FITTED)
+    names = [n for n in MOE_FITTED if n not in held]
     lo = [BOUNDS[n][0] for n in names]
     hi = [BOUNDS[n][1] for n in names]
     scale = [max(abs(getattr(params, n)), 1e-4) for n in names]
@@ -159,6 +161,12 @@ def fit(rows: list[dict], params: Params = DEFAULT_PARAMS) -> Params:
     x0 = [min(max(getattr(params, n), a), b) / s for n, a, b, s in zip(names, lo, hi, scale)]
     res = least_squares(residuals, x0, bounds=([a / s for a, s in zip(lo, scale)], [b / s for b, s in zip(hi, scale)]))
     return params.with_values(**{n: v * s for n, v, s in zip(names, res.x, scale)})
+
+
+def fit_cost(rows: list[dict], params: Params) -> float:
+    """What :func:`fit` minimises: the sum of squared log errors of tokens/s over the ``fit`` rows."""
+    trials = [(row_trial(r), float(r["tokens_per_s_per_gpu"])) for r in rows if r["split"] == "fit"]
+    return sum(math.log(predict(t, params=params).tokens_per_s_per_gpu / y) ** 2 for t, y in trials)
 
 
 def report(rows: list[dict], params: Params) -> None:
@@ -275,18 +283,36 @@ def main(argv: list[str] | None = None) -> None:
         help="refit on the rows of these containers (e.g. 26.02 or 26.02,26.04) instead, every other row held out: "
         "a check that the forms do not depend on which container's rows were fitted",
     )
+    ap.add_argument(
+        "--hold",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="refit with this MoE parameter held at VALUE (repeatable), e.g. a measured figure in place of the "
+        "fitted one: moe_gemm_m_half=250",
+    )
     args = ap.parse_args(argv)
+    held: dict[str, float] = {}
+    for item in args.hold:
+        name, _, value = item.partition("=")
+        if name not in MOE_FITTED:
+            ap.error(f"--hold {item!r}: the name must be one of {', '.join(MOE_FITTED)}")
+        try:
+            held[name] = float(value)
+        except ValueError:
+            ap.error(f"--hold {item!r}: the value must be a number")
     rows = load_rows()
     if args.fit_on:
         rows = [{**r, "split": "fit" if r["container"] in args.fit_on.split(",") else "heldout"} for r in rows]
         if not any(r["split"] == "fit" for r in rows):
             sys.exit(f"bench/model_moe.py: --fit-on: no row of container {args.fit_on!r}")
         args.fit = True
-    params = DEFAULT_PARAMS
-    if args.fit:
-        params = fit(rows)
+    params = DEFAULT_PARAMS.with_values(**held)
+    if args.fit or held:
+        params = fit(rows, params, frozenset(held))
         for n in MOE_FITTED:
-            print(f"{n} = {getattr(params, n):.4g}")
+            print(f"{n} = {getattr(params, n):.4g}{'  (held)' if n in held else ''}")
+        print(f"fit cost (sum of squared log errors over the fit rows): {fit_cost(rows, params):.4f}")
         print()
     report(rows, params)
     memory_report(rows, params)

@@ -392,7 +392,8 @@ def test_real_moe_logs_parse_as_completed_runs(log):
 
 def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
     """Timings made up from m / (m + m_half) against a dense GEMM at 600 TFLOP/s read back as that m_half, for the
-    grouped GEMM and the loop each; a refused grouped GEMM (NaN) is left out, not read as zero."""
+    grouped GEMM, the loop and TE's grouped linear (its forward + backward at three times the FLOPs) each; a
+    refused grouped GEMM (NaN) is left out, not read as zero."""
     bench = _bench("grouped_gemm_gpu")
     rows = []
     for m in bench.ROWS_PER_EXPERT:
@@ -400,6 +401,7 @@ def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
         dense = gflop / 600.0  # ms at 600 TFLOP/s
         grouped = dense / (m / (m + 300.0))
         loop = dense / (m / (m + 2000.0))
+        te, te_fb = dense / (m / (m + 500.0)), 3 * dense / (m / (m + 800.0))
         rows.append(
             dict(
                 zip(
@@ -415,6 +417,8 @@ def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
                         dense,
                         grouped if m > 16 else float("nan"),
                         loop,
+                        te,
+                        te_fb,
                         gflop,
                     ),
                     strict=True,
@@ -425,4 +429,13 @@ def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
     fits = bench.report(bench.load(tmp_path / "t.csv"))
     assert fits[("toy", "fc1", "grouped")] == pytest.approx(300.0, rel=0.02)
     assert fits[("toy", "fc1", "loop")] == pytest.approx(2000.0, rel=0.02)
+    assert fits[("toy", "fc1", "te")] == pytest.approx(500.0, rel=0.02)
+    assert fits[("toy", "fc1", "te_fwd_bwd")] == pytest.approx(800.0, rel=0.02)
+    # the launch floor is read at the fewest rows per expert, per expert: 16 experts
+    fwd, fwd_bwd = bench.host_floor(bench.load(tmp_path / "t.csv"))
+    m0 = min(bench.ROWS_PER_EXPERT)
+    least = next(r for r in rows if r["m"] == m0)
+    assert fwd == pytest.approx(least["te_ms"] / 16 / 1e3)
+    assert fwd_bwd == pytest.approx(least["te_fwd_bwd_ms"] / 16 / 1e3)
+    assert fwd_bwd > fwd
     assert bench.main(["--data", str(tmp_path / "missing.csv")]) == 2

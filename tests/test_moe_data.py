@@ -64,3 +64,24 @@ def test_group_spearman_is_one_point_per_layout_at_its_mean(capsys):
 def test_group_spearman_says_when_no_group_has_three_layouts(capsys):
     model_moe.group_spearman({("m", "gpu"): {("a",): [(1.0, 1.0)]}}, held=[(1.0, 1.0), (2.0, 2.0)])
     assert "none: the 1 (model, GPU) groups hold 1-1 distinct layouts" in capsys.readouterr().out
+
+
+def test_a_held_parameter_keeps_its_value_and_the_fit_moves_the_others():
+    """``--hold NAME=VALUE``: the refit leaves the held parameter where it was put and fits the rest; the fit cost is
+    what the fit minimises, so a free refit from the shipped values costs no more than the shipped values."""
+    from dse.perfmodel import DEFAULT_PARAMS
+
+    start = DEFAULT_PARAMS.with_values(moe_gemm_m_half=250.0)
+    held = model_moe.fit(ROWS, start, frozenset({"moe_gemm_m_half"}))
+    assert held.moe_gemm_m_half == 250.0
+    assert any(getattr(held, n) != getattr(start, n) for n in model_moe.MOE_FITTED if n != "moe_gemm_m_half")
+    assert model_moe.fit_cost(ROWS, held) < model_moe.fit_cost(ROWS, start)
+    assert model_moe.fit_cost(ROWS, model_moe.fit(ROWS)) <= model_moe.fit_cost(ROWS, DEFAULT_PARAMS) + 1e-9
+
+
+def test_hold_refuses_an_unknown_name_or_a_non_number(capsys):
+    for bad in ("moe_nonsense=1", "moe_gemm_m_half=many"):
+        with pytest.raises(SystemExit) as exc:
+            model_moe.main(["--hold", bad])
+        assert exc.value.code == 2
+        assert "--hold" in capsys.readouterr().err
