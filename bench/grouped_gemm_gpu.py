@@ -14,7 +14,9 @@ one GEMM per expert in a loop (Megatron-Core's ``SequentialMLP``), and, where Tr
 its ``GroupedLinear`` (what Megatron-Core's ``TEGroupedMLP`` and so NVIDIA's presets run; on Hopper it issues one
 cuBLAS GEMM per expert over several streams), forward alone and forward with backward (data and weight
 gradients: three times the forward's FLOPs). Times are CUDA events around ``reps`` calls after a warm-up, so a
-launch-bound loop shows its launch gaps.
+launch-bound loop shows its launch gaps. ``--precision fp8`` times TE's layers under FP8 with current scaling
+(NVIDIA's H100 FP8 presets' recipe; the dense reference is TE's ``Linear`` under the same recipe, and the
+PyTorch columns stay empty).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SHAPES = (
 ROWS_PER_EXPERT = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 COLUMNS = (
     "device",
+    "precision",
     "shape",
     "hidden",
     "expert_ffn",
@@ -79,7 +82,19 @@ def _te_layer(e: int, k: int, n: int):
     return te.GroupedLinear(e, k, n, bias=False, params_dtype=torch.bfloat16, device="cuda")
 
 
-def _measure_te(layer, x, m: int, reps: int, label: str) -> tuple[float, float]:
+def _autocast(precision: str):
+    """TE's FP8 autocast with current scaling for ``fp8``; no context for ``bf16``."""
+    import contextlib
+
+    if precision != "fp8":
+        return contextlib.nullcontext()
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import Float8CurrentScaling
+
+    return te.fp8_autocast(enabled=True, fp8_recipe=Float8CurrentScaling())
+
+
+def _measure_te(layer, x, m: int, reps: int, label: str, precision: str = "bf16") -> tuple[float, float]:
     """Milliseconds of TE's ``GroupedLinear`` on ``x`` split ``m`` rows an expert: forward, forward + backward."""
     import torch
 
@@ -92,10 +107,13 @@ def _measure_te(layer, x, m: int, reps: int, label: str) -> tuple[float, float]:
     def fwd_bwd():
         layer(xg, splits).backward(grad)
 
+    # the autocast is entered once around all the calls, as a training step enters it once around its forward
+    # (entered per call, FP8's context alone cost about 0.35 ms a call on an H100's host)
     try:
-        with torch.no_grad():
-            fwd = _time_ms(lambda: layer(x, splits), reps)
-        return fwd, _time_ms(fwd_bwd, max(3, reps // 3))
+        with _autocast(precision):
+            with torch.no_grad():
+                t_fwd = _time_ms(lambda: layer(x, splits), reps)
+            return t_fwd, _time_ms(fwd_bwd, max(3, reps // 3))
     except (RuntimeError, TypeError, ValueError) as exc:  # a shape this build refuses: record none
         print(f"  {label}: te.GroupedLinear failed: {str(exc).splitlines()[0]}")
         return float("nan"), float("nan")
@@ -122,7 +140,18 @@ def _measure(x, w, m: int, gflop: float, grouped, label: str) -> tuple[float, fl
     return dense, g_ms, loop
 
 
-def run(out: Path) -> None:
+def _dense_fp8_ms(x, k: int, n: int, reps: int) -> float:
+    """Milliseconds of TE's ``Linear`` ``k -> n`` on all of ``x`` under FP8 current scaling: the dense reference."""
+    import torch
+    import transformer_engine.pytorch as te
+
+    dense = te.Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda")
+
+    with _autocast("fp8"), torch.no_grad():
+        return _time_ms(lambda: dense(x), reps)
+
+
+def run(out: Path, precision: str = "bf16") -> None:
     """Time every shape, GEMM and rows per expert on the current CUDA device; write the CSV."""
     import torch
 
@@ -142,9 +171,13 @@ def run(out: Path) -> None:
                 x = torch.randn(total, k, device=dev, dtype=torch.bfloat16)
                 gflop = 2.0 * total * k * n / 1e9
                 label = f"{name} {gemm} m={m}"
-                dense, g_ms, loop = _measure(x, w, m, gflop, grouped, label)
-                te_ms, te_fb = _measure_te(layer, x, m, max(5, min(200, int(2000 / max(gflop, 1e-3)))), label)
-                values = (device, name, h, f, e, gemm, m, dense, g_ms, loop, te_ms, te_fb, gflop)
+                reps = max(5, min(200, int(2000 / max(gflop, 1e-3))))
+                if precision == "fp8":
+                    dense, g_ms, loop = _dense_fp8_ms(x, k, n, reps), float("nan"), float("nan")
+                else:
+                    dense, g_ms, loop = _measure(x, w, m, gflop, grouped, label)
+                te_ms, te_fb = _measure_te(layer, x, m, reps, label, precision)
+                values = (device, precision, name, h, f, e, gemm, m, dense, g_ms, loop, te_ms, te_fb, gflop)
                 rows.append(dict(zip(COLUMNS, values, strict=True)))
                 tf = gflop / 1e3
                 print(
@@ -169,6 +202,7 @@ def load(path: Path = DATA) -> list[dict]:
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
+        r["precision"] = r.get("precision") or "bf16"  # a CSV from before the precision column: bf16
         for k in ("hidden", "expert_ffn", "experts", "m"):
             r[k] = int(r[k])
         for k in ("dense_ms", "grouped_ms", "loop_ms", "te_ms", "te_fwd_bwd_ms", "gflop"):
@@ -189,32 +223,31 @@ def fit_m_half(ms: list[float], effs: list[float]) -> float:
 
 
 def report(rows: list[dict]) -> dict[tuple[str, str, str], float]:
-    """Per shape and kind (grouped, loop): the efficiency against the dense GEMM of the largest ``E·m`` measured
-    for that shape's GEMM (the rate a dense GEMM reaches), per rows per expert, and the fitted ``m_half``."""
+    """Per shape, GEMM, precision and kind (grouped, loop, te, te_fwd_bwd): the efficiency against the dense GEMM
+    of the largest ``E·m`` measured for that shape's GEMM in that precision (the rate a dense GEMM reaches), per
+    rows per expert, and the fitted ``m_half``; keyed ``(shape, gemm, kind)``, the kind suffixed ``_fp8`` for FP8."""
     fits: dict[tuple[str, str, str], float] = {}
-    for name in dict.fromkeys(r["shape"] for r in rows):
-        for gemm in ("fc1", "fc2"):
-            sub = [r for r in rows if r["shape"] == name and r["gemm"] == gemm]
-            if not sub:
+    for prec, name, gemm in dict.fromkeys((r["precision"], r["shape"], r["gemm"]) for r in rows):
+        sub = [r for r in rows if (r["precision"], r["shape"], r["gemm"]) == (prec, name, gemm)]
+        peak = max(r["gflop"] / r["dense_ms"] for r in sub)  # GFLOP per ms = TFLOP/s
+        print(f"{name} {gemm} {prec} (dense peak {peak:.0f} TFLOP/s): rows per expert -> efficiency of each way")
+        for kind, flops in (("grouped", 1), ("loop", 1), ("te", 1), ("te_fwd_bwd", 3)):
+            pts = [(r["m"], flops * r["gflop"] / r[f"{kind}_ms"] / peak) for r in sub if r[f"{kind}_ms"] > 0]
+            pts = [(m, e) for m, e in pts if math.isfinite(e) and e > 0]
+            if len(pts) < 3:
                 continue
-            peak = max(r["gflop"] / r["dense_ms"] for r in sub)  # GFLOP per ms = TFLOP/s
-            print(f"{name} {gemm} (dense peak {peak:.0f} TFLOP/s): rows per expert -> efficiency of each way")
-            for kind, flops in (("grouped", 1), ("loop", 1), ("te", 1), ("te_fwd_bwd", 3)):
-                pts = [(r["m"], flops * r["gflop"] / r[f"{kind}_ms"] / peak) for r in sub if r[f"{kind}_ms"] > 0]
-                pts = [(m, e) for m, e in pts if math.isfinite(e) and e > 0]
-                if len(pts) < 3:
-                    continue
-                half = fit_m_half([m for m, _ in pts], [min(e, 0.999) for _, e in pts])
-                fits[(name, gemm, kind)] = half
-                cells = " ".join(f"{m}:{e:.2f}" for m, e in pts)
-                print(f"  {kind:10s} {cells}  -> m_half {half:.0f}")
+            half = fit_m_half([m for m, _ in pts], [min(e, 0.999) for _, e in pts])
+            fits[(name, gemm, kind if prec == "bf16" else f"{kind}_{prec}")] = half
+            cells = " ".join(f"{m}:{e:.2f}" for m, e in pts)
+            print(f"  {kind:10s} {cells}  -> m_half {half:.0f}")
     return fits
 
 
-def host_floor(rows: list[dict]) -> tuple[float, float] | None:
+def host_floor(rows: list[dict], precision: str = "bf16") -> tuple[float, float] | None:
     """The median over shapes and GEMMs of TE's ``GroupedLinear`` seconds per expert at the fewest rows per expert,
     forward and forward + backward: there the GPU's work is a few microseconds and the time is the host's launches
     (the floor a MoE layer pays per local expert and GEMM without a CUDA graph). None without TE timings."""
+    rows = [r for r in rows if r["precision"] == precision]
     least = min((r["m"] for r in rows), default=None)
     sub = [r for r in rows if r["m"] == least and math.isfinite(r["te_ms"]) and math.isfinite(r["te_fwd_bwd_ms"])]
     if not sub:
@@ -228,9 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", metavar="OUT.csv", type=Path, help="time the GEMMs on this machine's GPU")
     ap.add_argument("--data", type=Path, default=DATA, help="the recorded CSV to read (default: %(default)s)")
+    ap.add_argument(
+        "--precision",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="with --run: bf16 (every way) or fp8 (TE's layers under FP8 current scaling; default %(default)s)",
+    )
     args = ap.parse_args(argv)
     if args.run:
-        run(args.run)
+        run(args.run, args.precision)
         return 0
     if not args.data.is_file():
         print(f"bench/grouped_gemm_gpu.py: no recorded timings at {args.data}", file=sys.stderr)
@@ -240,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
     names = {"grouped": "torch._grouped_mm", "loop": "one GEMM per expert", "te": "TE GroupedLinear forward"}
     names["te_fwd_bwd"] = "TE GroupedLinear forward + backward"
+    names["te_fp8"] = "TE GroupedLinear forward, FP8 current scaling (against TE's FP8 Linear)"
+    names["te_fwd_bwd_fp8"] = "TE GroupedLinear forward + backward, FP8 current scaling"
     for kind, label in names.items():
         halves = sorted(v for (_, _, k), v in fits.items() if k == kind)
         if halves:
@@ -248,14 +289,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"(median {halves[len(halves) // 2]:.0f})"
             )
     print(f"the model's fitted moe_gemm_m_half: {DEFAULT_PARAMS.moe_gemm_m_half:.0f}")
-    floor = host_floor(load(args.data))
-    if floor:
-        fwd, fwd_bwd = floor
-        print(
-            f"TE GroupedLinear at {min(ROWS_PER_EXPERT)} rows per expert (launch-bound), per expert and GEMM: forward "
-            f"{fwd * 1e6:.0f} us, forward + backward {fwd_bwd * 1e6:.0f} us; the model's host time per expert, "
-            f"forward (fc1 + fc2): {DEFAULT_PARAMS.moe_host_expert_fwd_s * 1e6:.0f} us"
-        )
+    for precision in ("bf16", "fp8"):
+        floor = host_floor(load(args.data), precision)
+        if floor:
+            fwd, fwd_bwd = floor
+            print(
+                f"TE GroupedLinear, {precision}, at {min(ROWS_PER_EXPERT)} rows per expert (launch-bound), per expert "
+                f"and GEMM: forward {fwd * 1e6:.0f} us, forward + backward {fwd_bwd * 1e6:.0f} us"
+            )
+    print(f"the model's host time per expert, forward (fc1 + fc2): {DEFAULT_PARAMS.moe_host_expert_fwd_s * 1e6:.0f} us")
     return 0
 
 

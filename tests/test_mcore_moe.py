@@ -4,6 +4,7 @@ refusals (Megatron-Core's own rules and what one GPU cannot run), the MoE FLOPs 
 from __future__ import annotations
 
 import csv
+import math
 import re
 import statistics
 from dataclasses import replace
@@ -408,6 +409,7 @@ def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
                     bench.COLUMNS,
                     (
                         "NVIDIA H200",
+                        "bf16",
                         "toy",
                         2048,
                         768,
@@ -425,8 +427,23 @@ def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
                 )
             )
         )
+    # FP8 rows: TE's layers only, against TE's FP8 dense layer at twice the rate, fitted under their own keys
+    rows += [
+        {
+            **r,
+            "precision": "fp8",
+            "dense_ms": r["dense_ms"] / 2,
+            "grouped_ms": float("nan"),
+            "loop_ms": float("nan"),
+            "te_ms": r["dense_ms"] / 2 / (r["m"] / (r["m"] + 900.0)),
+            "te_fwd_bwd_ms": float("nan"),
+        }
+        for r in rows
+    ]
     bench._write(tmp_path / "t.csv", rows)
     fits = bench.report(bench.load(tmp_path / "t.csv"))
+    assert fits[("toy", "fc1", "te_fp8")] == pytest.approx(900.0, rel=0.02)
+    assert ("toy", "fc1", "grouped_fp8") not in fits
     assert fits[("toy", "fc1", "grouped")] == pytest.approx(300.0, rel=0.02)
     assert fits[("toy", "fc1", "loop")] == pytest.approx(2000.0, rel=0.02)
     assert fits[("toy", "fc1", "te")] == pytest.approx(500.0, rel=0.02)
@@ -439,3 +456,18 @@ def test_grouped_gemm_bench_recovers_the_rows_per_expert_at_half_rate(tmp_path):
     assert fwd_bwd == pytest.approx(least["te_fwd_bwd_ms"] / 16 / 1e3)
     assert fwd_bwd > fwd
     assert bench.main(["--data", str(tmp_path / "missing.csv")]) == 2
+
+
+def test_grouped_gemm_bench_reads_a_csv_from_before_the_te_and_precision_columns(tmp_path):
+    """The first recorded CSV had neither TE's columns nor a precision: it reads as bf16 with TE unmeasured (NaN),
+    and the launch floor, which needs TE's timings, is None rather than a number made of nothing."""
+    bench = _bench("grouped_gemm_gpu")
+    old = tmp_path / "old.csv"
+    old.write_text(
+        "device,shape,hidden,expert_ffn,experts,gemm,m,dense_ms,grouped_ms,loop_ms,gflop\n"
+        "NVIDIA H200,toy,2048,768,16,fc1,16,0.02,0.04,0.36,1.6\n"
+    )
+    (row,) = bench.load(old)
+    assert row["precision"] == "bf16"
+    assert math.isnan(row["te_ms"]) and math.isnan(row["te_fwd_bwd_ms"])
+    assert bench.host_floor([row]) is None
