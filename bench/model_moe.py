@@ -46,6 +46,7 @@ GROUP_LAYOUT = (*LAYOUT, "seq_length", "cp", "etp")
 # priors of the fitted MoE parameters: (low, high)
 BOUNDS = {
     "moe_gemm_m_half": (16.0, 2048.0),
+    "moe_gemm_bf16_blackwell_ratio": (1.0, 16.0),
     "moe_a2a_eff": (0.2, 1.0),
     "moe_a2a_nic_eff": (0.3, 1.0),
     "moe_flex_speedup": (0.5, 3.0),

@@ -104,6 +104,9 @@ PARAM_RANGES: dict[str, Range] = {
     "moe_a2a_nic_plane_gbps": Range(1.0, 1e5, why="Gb/s of one network plane; it divides a time"),
     "moe_imbalance": Range(1.0, 1e4, why="the busiest expert-parallel rank's token copies over the mean"),
     "moe_host_grace_ratio": Range(0.1, 100.0, why="a Grace host's launch time over an x86 host's"),
+    "moe_gemm_bf16_blackwell_ratio": Range(
+        0.1, 100.0, why="a bf16 grouped GEMM's rows per expert at half rate on Blackwell over moe_gemm_m_half"
+    ),
     "moe_host_bwd_ratio": Range(0.0, 100.0, why="a MoE layer's backward launch time over its forward's"),
     "memory_reserve_gib": Range(0.0, 1024.0, why="GiB"),
     "memory_offset_gib": Range(-1024.0, 1024.0, why="GiB, added to every predicted peak"),

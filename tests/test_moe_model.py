@@ -191,6 +191,28 @@ def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overl
     assert host_wait(True) > host_wait(False)
 
 
+def test_bf16_grouped_gemms_on_blackwell_take_their_own_rows_at_half_rate():
+    """``moe_gemm_bf16_blackwell_ratio`` scales the grouped GEMM's rows at half rate for bf16 on Blackwell only:
+    raising it slows a bf16 MoE on B200 (more so at fewer rows per expert), and leaves MXFP8 on B200 and bf16 on
+    H100 where they were."""
+
+    def tps(gpu: str, ratio: float, **over) -> float:
+        params = DEFAULT_PARAMS.with_values(moe_gemm_bf16_blackwell_ratio=ratio)
+        r = RECIPES["qwen3_30b_a3b"]
+        return predict_layout(
+            r.arch, gpu, num_gpus=8, seq_length=r.seq_length, ep=8, gbs=512, params=params, **over
+        ).tokens_per_s_per_gpu
+
+    for mbs in (1, 4):
+        assert tps("b200", 8.0, mbs=mbs) < tps("b200", 1.0, mbs=mbs)
+    # fewer rows per expert at mbs 1: the same ratio costs a larger share of the step
+    loss = {mbs: 1 - tps("b200", 8.0, mbs=mbs) / tps("b200", 1.0, mbs=mbs) for mbs in (1, 4)}
+    assert loss[1] > loss[4] > 0
+    mx = dict(precision="fp8", fp8_recipe="mxfp8", mbs=4)
+    assert tps("b200", 8.0, **mx) == pytest.approx(tps("b200", 1.0, **mx), rel=1e-12)
+    assert tps("h100", 8.0, mbs=1) == pytest.approx(tps("h100", 1.0, mbs=1), rel=1e-12)
+
+
 def test_a_dense_model_has_no_expert_term():
     p = predict_layout(RECIPES["llama3_8b"].arch, "h100", num_gpus=8, cp=2)
     assert p.breakdown["time.ep_exposed_s"] == 0.0

@@ -112,6 +112,16 @@ def grouped_gemm_efficiency(m: float, m_half: float) -> float:
     return m / (m + m_half)
 
 
+def grouped_m_half(layout: ModelLayout, machine: Machine) -> float:
+    """The rows per expert at which this layout's grouped expert GEMM runs at half the GEMM rate:
+    ``Params.moe_gemm_m_half``, times ``Params.moe_gemm_bf16_blackwell_ratio`` for bf16 on Blackwell, whose
+    grouped GEMMs go through cuBLASLt's grouped matmul rather than the fused MXFP8 path."""
+    P = machine.params
+    if layout.precision == "bf16" and machine.gpu.arch == "blackwell":
+        return P.moe_gemm_m_half * P.moe_gemm_bf16_blackwell_ratio
+    return P.moe_gemm_m_half
+
+
 def expert_gemm_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     """The routed experts' GEMMs of one layer and micro-batch on this GPU, forward: FLOPs at the GEMM rate times
     the grouped efficiency (times the busiest rank's imbalance), plus the local experts' weights and the tokens
@@ -121,7 +131,7 @@ def expert_gemm_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> 
     pairs = k * local_tokens(shape) * imbalance(layout, machine)  # token copies through this GPU's experts
     flops = 2.0 * pairs * h * e * Fe
     m = tokens_per_expert(shape, layout) * imbalance(layout, machine)
-    eff = grouped_gemm_efficiency(m, P.moe_gemm_m_half)
+    eff = grouped_gemm_efficiency(m, grouped_m_half(layout, machine))
     local_experts = arch.num_experts / layout.ep
     weights = local_experts * e * h * Fe / layout.etp
     nbytes = weights * machine.gemm_input_bytes + pairs * (2.0 * h + (e - 1) * Fe) * 2.0
