@@ -94,7 +94,10 @@ def row_trial(row: dict):
         knobs["recompute_modules"] = row["recompute_modules"]
     if row["fp8_recipe"]:
         knobs["fp8_recipe"] = row["fp8_recipe"]
-    payload = published_stack_name(row.get("cross_entropy") or "te")
+    # every published MoE row reduced its gradients in bf16, bf16 runs too: Megatron-Bridge's performance scripts
+    # (set_{deepseek,gpt_oss,qwen3}_common_configs: cfg.ddp.grad_reduce_in_fp32 = False, from v0.2.1) and NeMo 2's
+    # Mixtral performance mode (recipe.trainer.plugins.grad_reduce_in_fp32 = False)
+    payload = published_stack_name(row.get("cross_entropy") or "te", bf16_grads=True)
     trial = make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), payload=payload, **knobs)
     broken = check(trial)
     if broken and broken.rule == "tp_comm_overlap_supported":

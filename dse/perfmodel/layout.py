@@ -333,8 +333,11 @@ def machine_for(gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
 def grad_bytes(precision: str, stack: Stack) -> float:
     """Bytes per gradient element: NVIDIA's FP8 and NVFP4 performance recipes reduce gradients in bf16
     (grad_reduce_in_fp32=False); Megatron's bf16 default accumulates and reduces them in fp32, and so does
-    recipes.mcore in FP8 (dse.perfmodel.stack)."""
-    return 2.0 if precision in ("fp8", "nvfp4") and not stack.fp8_grad_reduce_in_fp32 else 4.0
+    recipes.mcore in FP8; Megatron-Bridge's performance scripts reduce them in bf16 in bf16 runs too (the published
+    ``bf16-grads`` stacks; dse.perfmodel.stack)."""
+    if precision in ("fp8", "nvfp4"):
+        return 4.0 if stack.fp8_grad_reduce_in_fp32 else 2.0
+    return 4.0 if stack.bf16_grad_reduce_in_fp32 else 2.0
 
 
 def stage_layers(num_layers: int, p: int, v: int, first: int = 0, last: int = 0) -> tuple[float, float, float, bool]:

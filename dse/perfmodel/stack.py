@@ -32,7 +32,11 @@ step time by percents, are made by the payload's own code and differ between the
   FP8, and has no cache.
 * **FP8 gradients.** NVIDIA's FP8 performance recipes reduce gradients in bf16 (``grad_reduce_in_fp32=False``,
   2 bytes per parameter); recipes.mcore's DistributedDataParallelConfig keeps ``grad_reduce_in_fp32=True``
-  whatever the precision (4 bytes).
+  whatever the precision (4 bytes). In bf16 the recipes dse writes keep fp32 gradients (Megatron's default), but
+  Megatron-Bridge's performance scripts reduce them in bf16 whatever the precision (each model family's
+  ``set_*_common_configs`` in ``scripts/performance/configs/``, from v0.2.1: ``cfg.ddp.grad_reduce_in_fp32 =
+  False``), as does NeMo 2's Mixtral performance mode (``recipe.trainer.plugins.grad_reduce_in_fp32 = False``):
+  the published stacks ``published:<cross_entropy>:bf16-grads`` (:func:`published_stack_name`).
 * **gradient accumulation.** NVIDIA's recipes set ``gradient_accumulation_fusion=True``: the weight-gradient
   GEMMs accumulate into the fp32 gradient buffer. recipes.mcore turns it off (Megatron's output layer would need
   Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient as a bf16 tensor that
@@ -70,6 +74,7 @@ class Stack:
     cross_entropy: Literal["te", "native_fused", "native"] = "te"
     fp8_param_gather: bool = True  # FP8 runs keep the linear weights as FP8 tensors (no bf16 weight + FP8 cache)
     fp8_grad_reduce_in_fp32: bool = False  # FP8 runs keep fp32 gradient buffers (True) or bf16 ones
+    bf16_grad_reduce_in_fp32: bool = True  # bf16 runs keep fp32 gradient buffers (True) or bf16 ones
     grad_accumulation_fusion: bool = True  # the wgrad GEMMs accumulate into the gradient buffer (no extra pass)
     # the payload runs the architecture's own activation (ModelArch.activation: Nemotron's eager squared ReLU
     # in NeMo 2 and Megatron-Bridge); recipes.mcore runs F.silu when gated and F.gelu otherwise, whatever the arch
@@ -105,13 +110,17 @@ STACKS: dict[str, Stack] = {
 # NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column), named
 # "published:<cross_entropy>" so that a trial's payload field can carry one. Their CUDA graphs are knobs
 # (cuda_graph, cuda_graph_scope), read from the tables' columns of those names.
-def published_stack_name(cross_entropy: str) -> str:
-    """The name of the published stack that ran ``cross_entropy`` (a key of :data:`PUBLISHED_STACKS`)."""
-    return f"published:{cross_entropy}"
+def published_stack_name(cross_entropy: str, bf16_grads: bool = False) -> str:
+    """The name of the published stack that ran ``cross_entropy`` (a key of :data:`PUBLISHED_STACKS`), with
+    gradients reduced in bf16 in bf16 runs too where ``bf16_grads`` (the performance scripts of the module
+    docstring's "FP8 gradients")."""
+    return f"published:{cross_entropy}" + (":bf16-grads" if bf16_grads else "")
 
 
 PUBLISHED_STACKS: dict[str, Stack] = {
-    published_stack_name(ce): Stack(cross_entropy=ce) for ce in ("te", "native_fused", "native")
+    published_stack_name(ce, g): Stack(cross_entropy=ce, bf16_grad_reduce_in_fp32=not g)
+    for ce in ("te", "native_fused", "native")
+    for g in (False, True)
 }
 
 

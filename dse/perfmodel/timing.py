@@ -130,29 +130,29 @@ class Params:
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
     # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
     # per-micro-batch costs the model does not price end up here)
-    moe_gemm_m_half: float = 907.0
+    moe_gemm_m_half: float = 908.9
     # fitted: the rows per expert at half rate of a bf16 grouped expert GEMM on Blackwell over moe_gemm_m_half (the
     # published Blackwell rows run MXFP8, whose grouped path Transformer Engine fuses, or bf16, whose GroupedLinear
     # goes through cuBLASLt's grouped matmul: TransformerEngine issue 2939, 8 B300 in bf16 at Mixtral's shapes,
     # about twice the time of a loop of per-expert GEMMs, its split-K plans launching 6 times the GEMM kernels).
     # Prior 1-16: 1 is "no slower than MXFP8's grouped path" (dse.perfmodel.moe.grouped_m_half)
-    moe_gemm_bf16_blackwell_ratio: float = 6.542
+    moe_gemm_bf16_blackwell_ratio: float = 8.149
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
-    moe_a2a_eff: float = 0.2115
+    moe_a2a_eff: float = 0.2101
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
-    moe_a2a_nic_eff: float = 0.9637
+    moe_a2a_nic_eff: float = 0.9438
     # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
     # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
     moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
-    moe_flex_speedup: float = 2.924
+    moe_flex_speedup: float = 2.963
     # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
     # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
-    moe_a2a_overlap: float = 0.4374
+    moe_a2a_overlap: float = 0.5467
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
@@ -168,14 +168,14 @@ class Params:
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
     # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
-    moe_layer_overhead_s: float = 1.565e-3
+    moe_layer_overhead_s: float = 1.600e-3
     # fitted: an x86 host's time to launch one MoE layer's forward pass (attention and MoE block), per micro-batch,
     # outside CUDA graphs; the dispatcher's host sync makes each MoE layer's forward wait for it
     # (moe.moe_sync_wait). Prior 0.5-5 ms: a few hundred PyTorch ops at 5-15 µs
-    moe_host_fwd_s: float = 4.049e-3
+    moe_host_fwd_s: float = 4.048e-3
     # fitted: a Grace host's time for it over an x86 host's (prior 1-3: 2.75 per PyTorch op in a micro-benchmark,
     # 37.08 vs 13.48 µs on a Xeon 8480C, TransformerEngine issue 2053; less where the time is not the CPU's)
-    moe_host_grace_ratio: float = 2.008
+    moe_host_grace_ratio: float = 2.009
     # measured: what each expert a GPU holds adds to an x86 host's launch of a MoE layer's forward (TE's grouped
     # GEMM still passes every local expert's weights and row count from Python and launches per expert on Hopper).
     # bench/moe_gpu_runs.py: the step time's slope over 8, 16 and 32 experts of the small MoE on one H200 with its
