@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"bench/grouped_gemm_gpu.py: no recorded timings at {args.data}", file=sys.stderr)
         return 2
-    fits = report(load(args.data))
+    rows = load(args.data)
+    fits = report(rows)
     from dse.perfmodel import DEFAULT_PARAMS
 
     names = {"grouped": "torch._grouped_mm", "loop": "one GEMM per expert", "te": "TE GroupedLinear forward"}
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(f"the model's fitted moe_gemm_m_half: {DEFAULT_PARAMS.moe_gemm_m_half:.0f}")
     for precision in ("bf16", "fp8"):
-        floor = host_floor(load(args.data), precision)
+        floor = host_floor(rows, precision)
         if floor:
             fwd, fwd_bwd = floor
             print(
