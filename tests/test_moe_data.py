@@ -85,3 +85,18 @@ def test_hold_refuses_an_unknown_name_or_a_non_number(capsys):
             model_moe.main(["--hold", bad])
         assert exc.value.code == 2
         assert "--hold" in capsys.readouterr().err
+
+
+def test_starts_keep_the_least_cost_refit(monkeypatch, capsys):
+    """``--starts``: a refit from each starting point, the least cost kept: never more than the refit from the given
+    values alone, and one line per start."""
+    from dse.perfmodel import DEFAULT_PARAMS
+
+    far = {"moe_host_fwd_s": 1.5e-3, "moe_host_grace_ratio": 1.0, "moe_gemm_bf16_blackwell_ratio": 2.0}
+    monkeypatch.setattr(model_moe, "STARTS", (far,))
+    best = model_moe.fit_from_starts(ROWS, DEFAULT_PARAMS)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("start ")]
+    costs = [float(ln.rsplit("cost ", 1)[1]) for ln in lines]
+    assert len(costs) == 2
+    assert model_moe.fit_cost(ROWS, best) == pytest.approx(min(costs), abs=1e-4)
+    assert model_moe.fit_cost(ROWS, best) <= model_moe.fit_cost(ROWS, model_moe.fit(ROWS)) + 1e-9

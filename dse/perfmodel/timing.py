@@ -122,11 +122,12 @@ class Params:
     # at one network plane, the overlap's unpaired warm-up and cool-down passes and the CUDA graphs' share of the
     # MoE layer's own small kernels (refit once more with those), after the dispatcher's host sync per MoE
     # layer forward (moe_host_fwd_s), and after the measured host time per local expert and backward-to-forward
-    # host ratio below (moe_host_expert_fwd_s, moe_host_bwd_ratio; the least cost of 12 starts of moe_host_fwd_s
-    # and its Grace ratio)
-    # (moe_a2a_eff, moe_a2a_nic_eff and moe_flex_speedup end outside or at the bounds of their priors: few fitted
-    # rows cross the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least
-    # determined part; docs/moe.md says what a fit inside the priors costs):
+    # host ratio below (moe_host_expert_fwd_s, moe_host_bwd_ratio), and after the bf16 grouped GEMMs' own ratio on
+    # Blackwell and the published rows' bf16 gradients: the least cost of 19 starts (bench/model_moe.py --starts)
+    # (moe_a2a_eff and moe_flex_speedup end outside their priors, and moe_a2a_nic_eff with moe_a2a_overlap is not
+    # determined: the fit costs the same along a line of the two, which holds out 8.9-10.2%; few fitted rows cross
+    # the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least determined
+    # part; docs/moe.md says what a fit inside the priors costs):
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
     # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
     # per-micro-batch costs the model does not price end up here)
@@ -143,7 +144,7 @@ class Params:
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
-    moe_a2a_nic_eff: float = 0.9438
+    moe_a2a_nic_eff: float = 0.8095
     # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
     # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
     moe_a2a_nic_plane_gbps: float = 400.0
@@ -152,7 +153,7 @@ class Params:
     moe_flex_speedup: float = 2.963
     # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
     # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
-    moe_a2a_overlap: float = 0.5467
+    moe_a2a_overlap: float = 0.6878
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
