@@ -415,3 +415,54 @@ def test_cloudai_values_reach_no_traceback(tmp_path, edit, msg):
     r = runner.invoke(app, ["import", "cloudai", str(src), "--system", str(sysf), "--gpu", "h100", "--out", str(out)])
     assert r.exit_code == 2 and msg in r.output and r.output.strip().count("\n") == 0, r.output
     assert "Traceback" not in r.output and not (tmp_path / "o").exists()
+
+
+# CloudAI's own files, unchanged (tests/fixtures/cloudai/upstream/: each names its repository path and commit)
+UPSTREAM = FIX / "upstream"
+CLOUDAI_SYSTEM = UPSTREAM / "system" / "example_slurm_cluster.toml"
+CLOUDAI_TESTS = sorted((UPSTREAM / "test").glob("*.toml"))
+
+
+@pytest.mark.parametrize("src", CLOUDAI_TESTS, ids=lambda p: p.stem)
+def test_cloudais_own_example_system_and_tests_import_and_run(tmp_path, src):
+    """CloudAI's example Slurm system sets MELLANOX_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, names outside the
+    tuning families: the space lists each in an explicit [backend] allow_env, commented with the file it came
+    from, and dse itself accepts the space it wrote and runs it."""
+    out = tmp_path / "space.toml"
+    r = runner.invoke(
+        app, ["import", "cloudai", str(src), "--system", str(CLOUDAI_SYSTEM), "--gpu", "h100", "--out", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["validate", str(out)])
+    assert r.exit_code == 0, r.output
+    space = load_space(out)
+    assert space.backend.allow_env == ["MELLANOX_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+    assert space.settings["env.MELLANOX_VISIBLE_DEVICES"] == "0,3,4,5,6,9,10,11"
+    assert space.settings["env.NCCL_IB_GID_INDEX"] == "3"  # a tuning family: no opt-in needed
+    lines = out.read_text().splitlines()
+    for name in space.backend.allow_env:
+        line = next(x for x in lines if x.strip().startswith(f'"{name}"'))
+        assert "example_slurm_cluster.toml" in line and "global_env_vars" in line, line
+    result = run_study(space, out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0)
+    assert any(rec.ok for rec in result.records)
+
+
+def test_names_that_choose_code_or_control_dse_are_left_out_with_a_note(tmp_path):
+    """Names no space may set (LD_*, PYTHON*, SLURM_*), names of a file or library to load (NCCL_NET_PLUGIN) and
+    dse's own control variables (DSE_*) are not imported: each is a note, and the space still validates."""
+    sysf = tmp_path / "cluster.toml"
+    sysf.write_text(
+        CLOUDAI_SYSTEM.read_text()
+        + 'LD_PRELOAD = "/x.so"\nPYTHONPATH = "/p"\nNCCL_NET_PLUGIN = "/lib.so"\nDSE_PAYLOAD = "x"\nMY_TUNING = "1"\n'
+    )
+    out = tmp_path / "space.toml"
+    r = runner.invoke(app, ["import", "cloudai", str(TEST), "--system", str(sysf), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
+    space = load_space(out)
+    assert space.backend.allow_env == ["MELLANOX_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "MY_TUNING"]
+    text = out.read_text()
+    for name in ("LD_PRELOAD", "PYTHONPATH", "NCCL_NET_PLUGIN", "DSE_PAYLOAD"):
+        assert f"env.{name}" not in space.settings
+        assert f"# not imported: system.global_env_vars.{name}" in text, name
+        assert f"not imported: system.global_env_vars.{name}" in r.output

@@ -40,7 +40,7 @@ from typing import Any
 
 import tomlkit
 
-from dse import knobs
+from dse import allowlists, knobs
 from dse.errors import UserError, did_you_mean
 from dse.fsutil import write_text
 from dse.hardware import GPU_NAMES
@@ -416,10 +416,13 @@ def import_cloudai(
     if not isinstance(env, dict):
         raise UserError("expected a table of NAME = value", file=f, field="extra_env_vars")
     points = args.points * math.prod(max(len(v), 1) for v in env.values() if isinstance(v, list))
+    origins = {str(k): f"{path.name} {where.removesuffix('cmd_args')}extra_env_vars" for k in env}
     system_table: dict[str, Any] | None = None
     if system_path is not None:
         system_table, sys_env = _system(Path(system_path), notes, gpu)  # type: ignore[arg-type]
+        origins = {**{k: f"{Path(system_path).name} global_env_vars" for k in sys_env}, **origins}
         env = _merge_env(env, sys_env, notes)
+    env, allow_env = _env_opt_in(env, origins, notes)
     values = {**args.values, **{f"env.{k}": v for k, v in env.items()}}
     num_nodes = _node_count(entry, args.num_nodes, f)
     slurm: dict[str, Any] = dict((system_table or {}).get("slurm", {}))
@@ -449,12 +452,15 @@ def import_cloudai(
             "settings": settings,
             "knobs": varied,
             "search": search,
+            "backend": {"allow_env": list(allow_env)},
             "source": str(Path(out)),
         },
         f,
     )
     applied = [f"{where}.{d} = {_toml_value(v)}" for d, v in args.defaults]
-    text = _space_text(path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied)
+    text = _space_text(
+        path, recipe, name, system_ref, num_nodes, settings, varied, search, notes, test, applied, allow_env
+    )
     return Imported(text, space, system_text, system_file, notes, points, applied)
 
 
@@ -566,6 +572,42 @@ def _merge_env(env: dict[str, Any], sys_env: dict[str, str], notes: list[NotImpo
     return {**sys_env, **env}
 
 
+def _env_opt_in(
+    env: dict[str, Any], origins: dict[str, str], notes: list[NotImported]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the environment imported, {name: where it came from} for ``[backend] allow_env``).
+
+    dse denies environment names by default (:mod:`dse.allowlists`); CloudAI sets whatever its files say. A name of
+    a tuning family is imported as it is; any other name is imported with an explicit opt-in naming the CloudAI file
+    it came from, so that the space dse writes is one dse accepts. Left out, each with a note: names no space may
+    set (they choose the code that runs: ``LD_*``, ``PYTHON*``, ``SLURM_*``), names of a file or library to load
+    (``NCCL_NET_PLUGIN``) and dse's own control variables (``DSE_*``, which the payload reads).
+    """
+    kept: dict[str, Any] = {}
+    allow: dict[str, str] = {}
+    for name, value in env.items():
+        where = origins.get(name, "the CloudAI files")
+        field = f"system.global_env_vars.{name}" if where.endswith("global_env_vars") else f"extra_env_vars.{name}"
+        if why := allowlists.env_never(name):
+            reason: str | None = f"never set by a dse space: {why}"
+        elif name.startswith("DSE_"):
+            reason = "a dse control variable: the payload reads it and dse sets it (recipes/contract.py)"
+        elif name.endswith(allowlists.ENV_FILE_SUFFIXES):
+            reason = (
+                "it names a file or a library to load, which chooses the code that runs; to set it, add it to "
+                "[settings] and to [backend] allow_env yourself"
+            )
+        else:
+            reason = None
+        if reason is not None:
+            notes.append(NotImported(field, value, reason))
+            continue
+        kept[name] = value
+        if allowlists.env_family(name) is None:
+            allow[name] = where
+    return kept, allow
+
+
 def _node_count(entry: dict[str, Any], num_nodes: Any, f: str) -> Any:
     """The scenario's node count, else ``trainer.num_nodes``, else 1; one per space (a list is refused)."""
     if entry.get("num_nodes") is not None:
@@ -657,6 +699,7 @@ def _space_text(
     notes: list[NotImported],
     test: dict,
     applied: list[str],
+    allow_env: dict[str, str],
 ) -> str:
     """The space file: a tomlkit document, so every key and value is quoted by the library and the notes
     (CloudAI's description, defaults applied, fields not imported) are TOML comments."""
@@ -674,6 +717,8 @@ def _space_text(
                 _comment(table, f"CloudAI's NeMoRun default (the file leaves it out): {a}")
         for k, v in entries.items():
             table.add(str(k), _item(v))
+        if title == "backend" and allow_env:
+            table.add("allow_env", _allow_env_array(allow_env))
         doc.add(title, table)
     if notes:
         doc.add(tomlkit.nl())
@@ -681,6 +726,16 @@ def _space_text(
         for n in notes:
             _comment(doc, n.line())
     return tomlkit.dumps(doc)
+
+
+def _allow_env_array(allow_env: dict[str, str]) -> Any:
+    """``allow_env = [...]``, one name a line, each commented with where in CloudAI's files it was set."""
+    comment = "outside dse's tuning families (dse.allowlists); imported from"
+    array = tomlkit.array()
+    for name, where in allow_env.items():
+        array.add_line(name, comment=_escape_controls(f"{comment} {where}"))
+    array.add_line(indent="")
+    return array
 
 
 def _system_text(table: dict[str, Any], src: Path) -> str:
