@@ -287,8 +287,8 @@ def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
 
     try:
         yield ready
-    except UserError:
-        if created and not (out / META).exists():  # refused before the study started: leave nothing behind
+    except (UserError, KeyboardInterrupt):
+        if created and not (out / META).exists():  # refused (or stopped) before the study started: leave nothing
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:

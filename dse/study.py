@@ -265,13 +265,21 @@ def run_study(
     # goes into best/'s scripts, so it must be one a script can carry; a storage URL must be usable.
     check_path(out.absolute(), field="--out")
     storage = absolute_storage(storage) if storage is not None else None
-    if on_start is not None:
-        on_start()
+    return _run_locked(space, out, replace(req, resume=resume, storage=storage), on_start)
+
+
+def _run_locked(space: Space, out: Path, req: Request, on_start: Callable[[], None] | None) -> StudyResult:
+    """The study in ``out``, held for this run. ``on_start`` (the CLI's cost prediction, seconds on a large space)
+    runs once the directory is this run's, so that a refusal (in use by another run) comes before it."""
     try:
-        with outdir.locked(out, worker=worker) as ready:
-            resume = resume or (worker and (out / META).exists())  # another worker started it meanwhile
-            return _run(space, out, replace(req, resume=resume, storage=storage), ready)
+        with outdir.locked(out, worker=req.worker) as ready:
+            if on_start is not None:
+                on_start()
+            resume = req.resume or (req.worker and (out / META).exists())  # another worker started it meanwhile
+            return _run(space, out, replace(req, resume=resume), ready)
     except KeyboardInterrupt:
+        if not (out / META).exists():  # stopped before the study started (its cost prediction): nothing to resume
+            raise
         raise Interrupted(out, *outdir.saved_counts(out)) from None
 
 
@@ -322,11 +330,11 @@ def _preflight(space: Space, req: Request, backend: Backend) -> None:
         )
         with tempfile.TemporaryDirectory(prefix="dse-preflight-") as tmp:
             if backend.script_name is not None:
-                type(backend).write_script(plan, Path(tmp) / "trial")
+                type(backend).check_script(plan, Path(tmp) / "trial")
             needed = "needed by best/, the launch scripts of the best layout"
             best = build_plan(trial, payload=best_payload)
             for name in ("slurm", "local") if trial.layout.num_nodes == 1 else ("slurm",):
-                make_backend_class(name).write_script(best, Path(tmp) / name)
+                make_backend_class(name).check_script(best, Path(tmp) / name)
     except UserError as e:
         raise UserError(
             f"{e.message} ({needed}; checked before the first trial)",

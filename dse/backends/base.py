@@ -122,6 +122,13 @@ class Backend(abc.ABC):
 
         raise UserError(f"backend {cls.name!r} writes no launch script", field="--backend")
 
+    @classmethod
+    def check_script(cls, plan: LaunchPlan, run_dir: Path) -> None:
+        """Raise the :class:`~dse.errors.UserError` that :meth:`write_script` would raise for ``plan``, writing
+        nothing outside ``run_dir`` (the study's preflight and ``dse validate``). The default writes the script
+        there; a backend whose rendering is slow overrides it with its checks alone."""
+        cls.write_script(plan, run_dir)
+
     def stop_reason(self) -> str | None:
         """Why the study should end now (this backend can run nothing: a misconfigured cluster), or None.
         The study asks after recording each trial and ends with this as a user error."""

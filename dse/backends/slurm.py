@@ -134,16 +134,23 @@ def segment(nodes: int, system: System, options: dict) -> int | None:
     return allowlists.nvlink_segment(nodes, system.gpus_per_node, system.nvlink_domain)
 
 
+def check_sbatch(plan: LaunchPlan, job_dir: Path) -> tuple[Path, dict[str, str]]:
+    """Every check of what ``plan``'s sbatch script would carry (the system's Slurm settings, the job directory's
+    path, the environment), without nemo-run: ``dse validate`` and a study's start check a Slurm script this way
+    (nemo-run's import takes seconds); the job directory and the environment as checked."""
+    _check_settings(plan.trial.system.slurm, None)
+    job_dir = check_path(Path(job_dir).absolute())
+    return job_dir, check_env(plan.env)
+
+
 def render_sbatch(plan: LaunchPlan, job_dir: Path) -> str:
     """The sbatch script of ``plan`` with ``job_dir`` as its job directory, rendered by nemo-run."""
-    run = import_nemo_run()  # heavy (1-2 s); only the Slurm path needs it
+    job_dir, env = check_sbatch(plan, job_dir)
+    run = import_nemo_run()  # heavy (seconds); only a Slurm script's rendering needs it
     from nemo_run.core.execution.slurm import SlurmBatchRequest, SlurmJobDetails
 
     system = plan.trial.system
     s = system.slurm
-    _check_settings(s, None)
-    job_dir = check_path(Path(job_dir).absolute())
-    env = check_env(plan.env)
     name = job_name(job_dir)
 
     @dataclass(kw_only=True)
@@ -386,6 +393,10 @@ class SlurmBackend(Backend):
     @classmethod
     def write_script(cls, plan: LaunchPlan, run_dir: Path) -> Path:
         return write_sbatch(plan, run_dir)
+
+    @classmethod
+    def check_script(cls, plan: LaunchPlan, run_dir: Path) -> None:
+        check_sbatch(plan, run_dir)
 
     def __init__(self, space: Space | None = None, *, poll_s: float = 2.0, settle_s: float = 30.0):
         self.space, self.poll_s, self.settle_s = space, poll_s, settle_s
