@@ -21,6 +21,8 @@ The reward is only as good as this parser, so it is strict about what counts:
 
 * **Values** that are not finite positive numbers (``xxx``, ``nan``, ``inf``, ``0``) are ignored, never
   read as zero. Duplicate progress lines (several ranks printing the same iteration) count once.
+  A figure beyond :data:`PLAUSIBLE_MAX` (a step time of more than a week, ``1e308``) is a broken log or a
+  wrong unit: the run is ``no_metrics`` with that figure in its reason (the study goes on).
 
 * **Steady state**: the first ``max(2, ceil(10 % of steps))`` logged steps are warm-up and dropped; the
   reward uses the median step time of the rest (mean, p10 and p90 are reported too). A run whose logged
@@ -317,6 +319,20 @@ def _pos(text: str | None) -> float | None:
     return v if v is not None and v > 0 else None
 
 
+#: The largest figure a log may print for each metric, far beyond any real run (a week-long step, 100 PFLOP/s on
+#: one GPU, 100 TiB of memory on one GPU, a batch of 2**40 sequences): a larger one is a broken log or a wrong
+#: unit, and the run's figures are not trusted (status ``no_metrics``, the value in the reason), so statistics
+#: over them cannot overflow either.
+PLAUSIBLE_MAX = {
+    "step time (s)": 7 * 86400.0,
+    "TFLOP/s per GPU": 1e5,
+    "memory (GiB)": 1e5,
+    "global batch size": float(2**40),
+}
+#: A ``global_step`` above this is not a step (integers are read from at most 12 digits elsewhere too).
+_MAX_STEP = 10**12
+
+
 def _fields(rest: str, sep: str = "|", kv: str = ":") -> dict[str, str]:
     out: dict[str, str] = {}
     for part in rest.split(sep):
@@ -474,11 +490,24 @@ class _Scan:
         self.pending_trace = False  # a traceback was seen; its exception line is the reason
         self.ignore_next_trace = False
         self.last_ts: float | None = None
+        self.implausible: str | None = None  # the first figure past PLAUSIBLE_MAX, as the reason
         # per log format, in order: (substring gate, pattern's match, reader method, that format's steps)
         self._scanners = [(f.gate, f.pattern.match, getattr(self, f.reader), self.steps[f.name]) for f in LOG_FORMATS]
 
+    def _bound(self, value: float | None, what: str) -> float | None:
+        """``value`` if it is within :data:`PLAUSIBLE_MAX` for ``what``; else None, the first such noted."""
+        if value is None or value <= PLAUSIBLE_MAX[what]:
+            return value
+        if self.implausible is None:
+            self.implausible = (
+                f"implausible {what} {value:.6g} in the log (more than {PLAUSIBLE_MAX[what]:g}): "
+                "the log's figures are not trusted"
+            )
+        return None
+
     # -- memory ------------------------------------------------------------------------------------
     def _mem(self, alloc_gib: float | None, reserved_gib: float | None) -> None:
+        alloc_gib, reserved_gib = self._bound(alloc_gib, "memory (GiB)"), self._bound(reserved_gib, "memory (GiB)")
         if alloc_gib is not None and (self.mem_alloc is None or alloc_gib > self.mem_alloc):
             self.mem_alloc = alloc_gib
         if reserved_gib is not None and (self.mem_reserved is None or reserved_gib > self.mem_reserved):
@@ -514,7 +543,7 @@ class _Scan:
         d = _fields(m["rest"])
         ms = _pos(d.get(_MEG_STEP_KEY))
         ts = _parse_ts(m["ts"]) if (self.want_ts and m["ts"]) else None
-        steps[it] = (
+        steps[it] = self._record(
             ms / 1000.0 if ms is not None else None,
             _pos(d.get(_MEG_TFLOPS_KEY)),
             _num(_first(d, _MEG_LOSS_KEYS)),
@@ -522,12 +551,22 @@ class _Scan:
             _pos(d.get("global batch size")),
         )
 
+    def _record(self, step_s, tflops, loss, ts, gbs) -> tuple:
+        """One step's record, each figure checked against :data:`PLAUSIBLE_MAX`."""
+        return (
+            self._bound(step_s, "step time (s)"),
+            self._bound(tflops, "TFLOP/s per GPU"),
+            loss,
+            ts,
+            self._bound(gbs, "global batch size"),
+        )
+
     def _nemo(self, m: re.Match, steps: dict) -> None:
         d = _fields(m["rest"])
         gs = _num(d.get("global_step"))
         it = int(m["it"])
         # global_step identifies a step across epochs; without it, (epoch, iteration) does
-        if gs is not None and gs >= 0:
+        if gs is not None and 0 <= gs <= _MAX_STEP:
             key: tuple[int, ...] = (0, int(gs))
             self._iteration(int(gs))
         else:
@@ -537,7 +576,7 @@ class _Scan:
             return
         alloc, res = _pos(d.get("max_memory_allocated")), _pos(d.get("max_memory_reserved"))
         self._mem(alloc / _GIB if alloc else None, res / _GIB if res else None)
-        steps[key] = (
+        steps[key] = self._record(
             _pos(_first(d, _NEMO_STEP_KEYS)),
             _pos(_first(d, _NEMO_TFLOPS_KEYS)),
             _num(_first(d, _NEMO_LOSS_KEYS)),
@@ -546,15 +585,15 @@ class _Scan:
         )
 
     def _step_time(self, m: re.Match, steps: _Steps) -> None:
-        steps[steps.total] = (_pos(m["t"]), _pos(m["tf"]), None, None, None)
+        steps[steps.total] = self._record(_pos(m["t"]), _pos(m["tf"]), None, None, None)
 
     def _tqdm(self, m: re.Match, steps: dict) -> None:
         d = _fields(m["post"], sep=",", kv="=")
         gs = _num(d.get("global_step"))
-        if gs is None or gs < 0 or int(gs) in steps:
+        if gs is None or not 0 <= gs <= _MAX_STEP or int(gs) in steps:
             return  # without a global_step, refreshes of one step cannot be told from new steps
         self._iteration(int(gs))
-        steps[int(gs)] = (
+        steps[int(gs)] = self._record(
             _pos(d.get("train_step_timing in s")),
             _pos(_first(d, _NEMO_TFLOPS_KEYS)),
             _num(_first(d, _NEMO_LOSS_KEYS)),
@@ -863,6 +902,8 @@ def _status(
     verdict = _run_failure(ev, state, exit_code)
     if verdict is not None:
         return verdict
+    if scan.implausible is not None:
+        return "no_metrics", scan.implausible
     return _metrics_verdict(series, times, warm)
 
 

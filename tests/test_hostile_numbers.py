@@ -1,0 +1,89 @@
+"""Hostile numbers and unlucky clocks: a figure no run can produce, a study resumed under another definition,
+a clock that jumps. Each ends in a recorded trial or a one-line refusal, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from dse.parse import PLAUSIBLE_MAX, parse_log
+from tests.helpers import dse, write_space
+
+_NEMO = (
+    "Training epoch 0, iteration {i}/9 | global_step: {i} | reduced_train_loss: 5.0 | "
+    "train_step_timing in s: {t} | TFLOPS_per_GPU: {tf} | max_memory_allocated: {mem}"
+)
+
+
+def _log(t="1.5", tf="400", mem="1e10", at=None, n=10):
+    return [_NEMO.format(i=i, t=t if at in (None, i) else "1.5", tf=tf, mem=mem) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"t": "1e308"},
+        {"t": "1e308", "at": 7},
+        {"t": "9" * 400},  # parses to inf: ignored as before, then all-invalid
+        {"tf": "1e308"},
+        {"mem": "1e308"},
+        {"t": "1e300", "n": 3000},
+    ],
+)
+def test_absurd_figures_are_no_metrics_with_a_reason(kw):
+    m = parse_log(_log(**kw), exit_code=0)
+    assert m.status == "no_metrics", m
+    assert m.reason and ("implausible" in m.reason or "no valid step time" in m.reason)
+    assert m.step_time_s is None or m.step_time_s < PLAUSIBLE_MAX["step time (s)"]
+
+
+def test_a_huge_global_step_is_not_an_iteration():
+    line = _NEMO.format(i=0, t="1.5", tf="400", mem="1e10").replace("global_step: 0", "global_step: 1e300")
+    m = parse_log([line] * 3 + _log(), exit_code=0)
+    assert m.last_iteration is not None and m.last_iteration < 10**12
+
+
+def test_dse_parse_of_an_absurd_log_reports_it(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("\n".join(_log(t="1e308")) + "\n")
+    r = dse("parse", log)
+    assert r.exit_code == 0, r.output
+    assert "no_metrics" in r.stdout and "implausible step time" in r.stdout
+
+
+def _absurd_after(monkeypatch, n):
+    """The simulated trainer prints 1e308 as its step time from the (n+1)-th run on."""
+    import dse.backends.sim as sim
+
+    real, calls = sim.write_log, {"n": 0}
+
+    def write_log(run, fh, **kw):
+        calls["n"] += 1
+        if calls["n"] <= n:
+            return real(run, fh, **kw)
+
+        class Absurd:
+            def write(self, text):
+                return fh.write(text.replace("train_step_timing in s: ", "train_step_timing in s: 1e308 | x: "))
+
+        return real(run, Absurd(), **kw)
+
+    monkeypatch.setattr(sim, "write_log", write_log)
+
+
+def test_an_absurd_log_is_a_trial_and_the_study_and_resume_go_on(tmp_path, monkeypatch):
+    from dse.study import open_store
+
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    _absurd_after(monkeypatch, 2)
+    r = dse("run", "--space", path, "--out", out, "--agent", "random", "--trials", "4")
+    assert r.exit_code == 0, r.output
+    r = dse("run", "--space", path, "--out", out, "--agent", "random", "--trials", "6", "--resume")
+    assert r.exit_code == 0, r.output
+    store, _ = open_store(out)
+    records = [x for x in store.records() if x.status not in ("rejected", "screened")]
+    store.close()
+    assert len(records) == 6
+    later = [x for x in records[2:] if x.status != "oom"]  # an OOM run ends before its figures count
+    assert later and all(x.status == "no_metrics" and "implausible step time" in (x.reason or "") for x in later)
+    assert dse("leaderboard", out).exit_code == 0
