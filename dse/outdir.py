@@ -164,7 +164,17 @@ def fingerprint_fields(space: Space, backend: str) -> dict[str, Any]:
         "truth": b.truth if backend == "sim" else None,
         "twin_seed": b.twin_seed if backend == "sim" and b.truth == "twin" else None,
         "calibration": _file_hash(b.calibration) if b.calibration is not None else None,
+        **_early_stop_fields(space),
     }
+
+
+def _early_stop_fields(space: Space) -> dict[str, Any]:
+    """Early stop's settings when it is on (trials then run fewer steps: not comparable with full ones); none
+    when it is off, so a study fingerprinted before early stop existed keeps its fields."""
+    es = space.backend.early_stop
+    if not es.enabled:
+        return {}
+    return {"early_stop": es.model_dump(mode="json", exclude={"enabled", "poll_s"})}
 
 
 def fingerprint(space: Space, backend: str) -> dict[str, Any]:
@@ -301,10 +311,11 @@ def open_study(
     out: Path, space: Space, meta: dict[str, Any], *, resume: bool, rebuild: bool, worker: bool
 ) -> tuple[Store, dict[str, Any], str]:
     """The study's store, ``dse.json`` and storage URL. ``meta`` is what a new study writes to ``dse.json``; a
-    resumed one reads its own and is refused for another space, or for a storage that lost the study
-    (unless ``rebuild``: it starts anew under the old numbers)."""
+    resumed one reads its own and is refused for another space (checked against the fingerprint stored with
+    the study, not only the file's), or for a storage that lost the study (unless ``rebuild``: it starts anew
+    under the old numbers)."""
+    new_print = meta["fingerprint"]
     if resume:
-        new_print = meta["fingerprint"]
         meta = read_meta(out)
         if meta["space_name"] != space.name or meta["knobs"] != knob_lists(space):
             raise UserError(
@@ -312,43 +323,87 @@ def open_study(
                 file=space.source,
                 field="knobs",
             )
-        _check_fingerprint(out, meta, new_print, space.source)
+        _check_fingerprint(out, meta.get("fingerprint"), new_print, space.source)
+        _check_described(out, meta, space)
         url = stored_storage(meta["storage"], out)
         _check_rebuild(out, url, meta["study_name"], rebuild)
     else:
         url = stored_storage(meta["storage"], out)
-    store = _open(url, meta, resume, worker, out)
-    if not resume:
-        try:
+    store = _open(url, meta, resume, worker, out, new_print)
+    try:
+        if resume:
+            _check_stored(out, store, meta, new_print, space)
+        else:
             _write_json(out / META, meta)
-        except OSError as e:
-            store.close()
-            raise io_error(e, f"cannot write {out / META}") from None
+    except OSError as e:
+        store.close()
+        raise io_error(e, f"cannot write {out / META}") from None
+    except BaseException:
+        store.close()
+        raise
     return store, meta, url
 
 
-def _check_fingerprint(out: Path, meta: dict[str, Any], new: dict[str, Any], source: str) -> None:
-    """A resume is the same study: refused in one line naming the fields that differ. A ``dse.json`` written
-    before fingerprints were kept is accepted and given this one (said on stderr), since nothing says it differs."""
-    old = meta.get("fingerprint")
+def _refuse_resume(out: Path, changed: list[str], source: str) -> UserError:
+    return UserError(
+        f"differs from the study in {out} in {', '.join(changed)}; --resume continues the same study (the "
+        "trial budget, parallelism and agent settings may change): use a fresh --out for a different one",
+        file=source or None,
+        field="--resume",
+    )
+
+
+def _check_fingerprint(out: Path, old: Any, new: dict[str, Any], source: str) -> None:
+    """A resume is the same study: refused in one line naming the fields that differ. The fields are compared,
+    never the hash alone (an edited field under the old hash is a difference); a ``dse.json`` of a dse that
+    kept no fingerprint is checked against the store instead (:func:`_check_stored`)."""
     if not isinstance(old, dict) or not isinstance(old.get("fields"), dict):
-        meta["fingerprint"] = new
-        try:
-            _write_json(out / META, meta)
-        except OSError as e:
-            raise io_error(e, f"cannot write {out / META}") from None
-        print(f"{out / META}: no fingerprint of the study (an older dse); recorded this space's", file=sys.stderr)
-        return
-    if old.get("hash") == new["hash"]:
         return
     changed = fingerprint_changes(old["fields"], new["fields"])
-    if changed:  # equal fields under another hash: only the hashing changed
-        raise UserError(
-            f"differs from the study in {out} in {', '.join(changed)}; --resume continues the same study (the "
-            "trial budget, parallelism and agent settings may change): use a fresh --out for a different one",
-            file=source or None,
-            field="--resume",
-        )
+    if changed:
+        raise _refuse_resume(out, changed, source)
+
+
+# dse.json's own description of the study (written by every dse): compared when it keeps no fingerprint
+_DESCRIBED = {"recipe": "recipe", "gpu": "system.gpu", "num_nodes": "num_nodes", "gpus_per_node": "system.gpus_per_node"}
+
+
+def _check_described(out: Path, meta: dict[str, Any], space: Space) -> None:
+    """``dse.json``'s recipe, GPU and size against the space (what an older dse's file says of the study)."""
+    now = {
+        "recipe": space.recipe,
+        "gpu": space.system.gpu,
+        "num_nodes": space.num_nodes,
+        "gpus_per_node": space.system.gpus_per_node,
+    }
+    changed = [name for key, name in _DESCRIBED.items() if key in meta and meta[key] != now[key]]
+    if changed:
+        raise _refuse_resume(out, changed, space.source)
+
+
+def _check_stored(out: Path, store: Store, meta: dict[str, Any], new: dict[str, Any], space: Space) -> None:
+    """The resume against what the store holds: the fingerprint written with the study, else (a study of an
+    older dse) the GPUs its trials ran on; such a study is then given this space's fingerprint in the store,
+    and a ``dse.json`` without one gets it too (said on stderr)."""
+    stored = store.fingerprint()
+    if stored is not None:
+        changed = fingerprint_changes(stored["fields"], new["fields"])
+        if changed:
+            raise _refuse_resume(out, changed, space.source)
+    else:
+        ran = sorted(store.gpus() - {space.system.gpu})
+        if ran:
+            raise UserError(
+                f"differs from the study in {out}: its trials ran on {', '.join(ran)}, this space's system is "
+                f"{space.system.gpu}; use a fresh --out for a different study",
+                file=space.source or None,
+                field="--resume",
+            )
+        store.set_fingerprint(new)
+    if not isinstance(meta.get("fingerprint"), dict):
+        meta["fingerprint"] = new
+        _write_json(out / META, meta)
+        print(f"{out / META}: no fingerprint of the study (an older dse); recorded this space's", file=sys.stderr)
 
 
 def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:
@@ -375,9 +430,10 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     write_text(path, json.dumps(data, indent=2))  # atomically: a reader sees the old dse.json or the new one
 
 
-def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path) -> Store:
-    """The study's store (workers starting at once on an empty database: the store settles their race)."""
-    return Store(url, meta["study_name"], meta["knobs"], resume=resume or worker, base=out)
+def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path, fingerprint: dict) -> Store:
+    """The study's store (workers starting at once on an empty database: the store settles their race); a
+    study it creates is stored with ``fingerprint``."""
+    return Store(url, meta["study_name"], meta["knobs"], resume=resume or worker, base=out, fingerprint=fingerprint)
 
 
 @contextlib.contextmanager

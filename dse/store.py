@@ -12,6 +12,10 @@ The schema, version :data:`SCHEMA_VERSION` (kept in ``dse_meta``):
   (:meth:`Store.next_number`), by the database for workers (:meth:`Store.add_numbered`; the primary key
   makes two workers taking one number impossible).
 - ``dse_claims``: the per-point claims of workers (:mod:`dse.claims` says how they work).
+- ``dse_fingerprints``: a study's fingerprint (what defines it, :func:`dse.outdir.fingerprint`), written with
+  the study in one transaction; a resume is checked against it, never against a file beside the store. A
+  store of a dse that kept none gains the table and the row at its first resume (an added table: the schema
+  version is unchanged, and an older dse ignores it).
 
 Optuna is the sampler, not the store: the Optuna agent keeps its own in-memory study and is shown the stored
 history on resume. ``dse export optuna`` (:mod:`dse.export`) writes a study into an Optuna storage through
@@ -98,6 +102,12 @@ CLAIMS = sa.Table(
     sa.Column("number", sa.Integer, nullable=True),  # the trial, once it has one
     sa.Column("expires", sa.Double, nullable=False),  # time.time() past which the claim is free (done: never)
     sa.Column("done", sa.Boolean, nullable=False, default=False),
+)
+FINGERPRINTS = sa.Table(
+    "dse_fingerprints",
+    _META,
+    sa.Column("study_id", sa.Integer, sa.ForeignKey("dse_studies.id"), primary_key=True),
+    sa.Column("fingerprint", sa.Text, nullable=False),  # {"hash": ..., "fields": {...}} as JSON
 )
 _READ = (
     TRIALS.c.number,
@@ -266,6 +276,7 @@ class Store:
         batch_size: int = 256,
         max_delay_s: float = 1.0,
         base: str | Path | None = None,
+        fingerprint: dict[str, Any] | None = None,
     ):
         self.url, self.study_name, self.batch_size, self.max_delay_s = url, study_name, batch_size, max_delay_s
         # the study directory, absolute: relative run_dirs are read relative to it (resolve_run_dir)
@@ -275,7 +286,7 @@ class Store:
             with self.engine.connect():  # a server that cannot be reached fails now, not after the retries
                 pass
             self.study_id = retry(
-                lambda: self._open(knob_values, create=create, resume=resume),
+                lambda: self._open(knob_values, create=create, resume=resume, fingerprint=fingerprint),
                 on=RACES,
                 attempts=8,
                 first_wait_s=0.1,
@@ -295,8 +306,11 @@ class Store:
         self.batches_read = 0  # read batches so far (tests check that a reader streams)
         self._flushed_at = time.monotonic()
 
-    def _open(self, knob_values: dict[str, list[Any]], *, create: bool, resume: bool) -> int:
-        """The study's id: found, migrated from an older dse's Optuna tables, or created (``create``)."""
+    def _open(
+        self, knob_values: dict[str, list[Any]], *, create: bool, resume: bool, fingerprint: dict[str, Any] | None
+    ) -> int:
+        """The study's id: found, migrated from an older dse's Optuna tables, or created (``create``, with its
+        ``fingerprint``; a migrated study gets none here: its resume checks and records it)."""
         with self.engine.connect() as conn:
             tables = set(sa.inspect(conn).get_table_names())
             ready = _dse_version(conn, tables) is not None
@@ -325,7 +339,44 @@ class Store:
             migrated = legacy or []
             for start in range(0, len(migrated), READ_BATCH):
                 conn.execute(sa.insert(TRIALS), [_row(sid, r) for r in migrated[start : start + READ_BATCH]])
+            if fingerprint is not None and legacy is None:
+                FINGERPRINTS.create(conn, checkfirst=True)
+                conn.execute(sa.insert(FINGERPRINTS).values(study_id=sid, fingerprint=_json(fingerprint)))
         return sid
+
+    # -- the study's definition ----------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The fingerprint stored with the study (None: a study of a dse that kept none, or a damaged one)."""
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(FINGERPRINTS.name):
+                return None
+            text = conn.execute(
+                sa.select(FINGERPRINTS.c.fingerprint).where(FINGERPRINTS.c.study_id == self.study_id)
+            ).scalar()
+        try:
+            value = json.loads(text) if text is not None else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) and isinstance(value.get("fields"), dict) else None
+
+    def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        """Store the fingerprint of a study that has none (a study of an older dse, at its first resume)."""
+        try:
+            with self.engine.begin() as conn:
+                FINGERPRINTS.create(conn, checkfirst=True)
+                conn.execute(sa.insert(FINGERPRINTS).values(study_id=self.study_id, fingerprint=_json(fingerprint)))
+        except IntegrityError:
+            pass  # another worker recorded it first (from the same space: both were checked against the trials)
+        except (OSError, SQLAlchemyError) as e:
+            raise self._write_error(e) from None
+
+    def gpus(self) -> set[str]:
+        """The GPU generations the study's stored trials ran on."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(TRIALS.c.gpu).where(TRIALS.c.study_id == self.study_id, TRIALS.c.gpu.is_not(None)).distinct()
+            ).all()
+        return {r[0] for r in rows}
 
     def _stored_count(self) -> int:
         """The next number after the stored trials (their count: numbers have no gaps)."""

@@ -93,3 +93,58 @@ def test_a_damaged_dse_json_is_one_line_naming_it(tmp_path, edit):
     (out / META).write_text(json.dumps(meta))
     for args in (("run", "--space", path, "--out", out, "--resume"), ("leaderboard", out)):
         one_line_error(dse(*args), "dse.json")
+
+
+def _forget_stored_fingerprint(out):
+    """Make the study look as an older dse left it: no fingerprint in its store."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(f"sqlite:///{out / 'study.db'}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE dse_fingerprints"))
+    engine.dispose()
+
+
+def _edit_meta(out, edit):
+    meta = json.loads((out / META).read_text())
+    edit(meta)
+    (out / META).write_text(json.dumps(meta))
+
+
+def test_a_dse_json_without_fingerprint_is_checked_against_the_store(tmp_path):
+    path, out = _study(tmp_path)
+    _edit_meta(out, lambda m: [m.pop("fingerprint"), m.pop("gpu")])
+    write_space(tmp_path, BASE.replace('system = "h100"', 'system = "b200"'))
+    one_line_error(dse("run", "--space", path, "--out", out, "--resume"), "system.gpu", "--resume")
+
+
+def test_an_older_study_is_checked_against_the_gpus_its_trials_ran_on(tmp_path):
+    path, out = _study(tmp_path)
+    _forget_stored_fingerprint(out)
+    _edit_meta(out, lambda m: [m.pop("fingerprint"), m.pop("gpu")])
+    write_space(tmp_path, BASE.replace('system = "h100"', 'system = "b200"'))
+    one_line_error(dse("run", "--space", path, "--out", out, "--resume"), "trials ran on h100", "b200")
+    assert "fingerprint" not in json.loads((out / META).read_text())  # nothing recorded for a refused resume
+
+
+def test_an_older_study_gains_a_stored_fingerprint_at_its_first_resume(tmp_path):
+    path, out = _study(tmp_path)
+    _forget_stored_fingerprint(out)
+    assert dse("run", "--space", path, "--out", out, "--resume", "--trials", "3").exit_code == 0
+    _edit_meta(out, lambda m: m.pop("fingerprint"))
+    write_space(tmp_path, BASE.replace("gbs = 32", "gbs = 64"))
+    one_line_error(dse("run", "--space", path, "--out", out, "--resume"), "settings.gbs")
+
+
+def test_an_edited_fingerprint_under_the_old_hash_is_refused(tmp_path):
+    path, out = _study(tmp_path)
+    _edit_meta(out, lambda m: m["fingerprint"]["fields"]["system"].update(gpu="b200"))
+    _edit_meta(out, lambda m: m.update(gpu="b200"))
+    write_space(tmp_path, BASE.replace('system = "h100"', 'system = "b200"'))
+    one_line_error(dse("run", "--space", path, "--out", out, "--resume"), "system.gpu")
+
+
+def test_turning_early_stop_on_in_a_resume_is_refused(tmp_path):
+    path, out = _study(tmp_path)
+    write_space(tmp_path, BASE.replace("[search]", "[backend.early_stop]\nenabled = true\n\n[search]"))
+    one_line_error(dse("run", "--space", path, "--out", out, "--resume"), "early_stop")

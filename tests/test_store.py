@@ -69,7 +69,7 @@ def test_records_come_back_as_written_in_one_row_layout(tmp_path):
         row = conn.execute(sa.select(TRIALS).where(TRIALS.c.number == 3)).mappings().one()
         version = conn.execute(sa.text("SELECT value FROM dse_meta WHERE key = 'schema_version'")).scalar()
     engine.dispose()
-    assert tables == {"dse_meta", "dse_studies", "dse_trials", "dse_claims"}  # no Optuna table
+    assert tables == {"dse_meta", "dse_studies", "dse_trials", "dse_claims", "dse_fingerprints"}  # no Optuna table
     assert version == str(SCHEMA_VERSION)
     assert (row["status"], row["reason"], row["gpu"], row["num_gpus"]) == ("oom", "CUDA out of memory", "h100", 8)
     assert json.loads(row["metrics"]) == {"step_time_s": 3.5}
