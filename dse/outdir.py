@@ -365,7 +365,12 @@ def _check_fingerprint(out: Path, old: Any, new: dict[str, Any], source: str) ->
 
 
 # dse.json's own description of the study (written by every dse): compared when it keeps no fingerprint
-_DESCRIBED = {"recipe": "recipe", "gpu": "system.gpu", "num_nodes": "num_nodes", "gpus_per_node": "system.gpus_per_node"}
+_DESCRIBED = {
+    "recipe": "recipe",
+    "gpu": "system.gpu",
+    "num_nodes": "num_nodes",
+    "gpus_per_node": "system.gpus_per_node",
+}
 
 
 def _check_described(out: Path, meta: dict[str, Any], space: Space) -> None:
