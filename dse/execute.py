@@ -13,6 +13,7 @@ spending its budget on failed trials.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -130,7 +131,7 @@ def run_trial(
     try:
         result = backend.run(plan, run_dir) if stop is None else backend.run(plan, run_dir, stop=stop)
     except Exception as e:
-        return _declared_failure(e, backend, run_dir, wall_s=time.monotonic() - t0)
+        return _declared_failure(e, backend, run_dir, wall_s=elapsed_s(t0))
     if result.stopped and cancel is not None and cancel.is_set() and not (monitor is not None and monitor.decided):
         raise Cancelled(f"trial in {run_dir} cancelled")
     return _metrics(
@@ -140,8 +141,20 @@ def run_trial(
         run_dir,
         result,
         monitor,
-        wall=result.wall_s if result.wall_s is not None else time.monotonic() - t0,
+        wall=duration_s(result.wall_s) if result.wall_s is not None else elapsed_s(t0),
     )
+
+
+def elapsed_s(t0: float) -> float | None:
+    """Seconds since ``t0`` (a ``time.monotonic()`` reading): the run's duration never comes from the wall
+    clock, which jumps; None when even this clock reads less than ``t0`` (faked or reset under the run), so
+    the trial's GPU-hours are unknown rather than negative."""
+    return duration_s(time.monotonic() - t0)
+
+
+def duration_s(value: float | None) -> float | None:
+    """``value`` when it is a duration (finite, not negative), else None: unknown, never a negative cost."""
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def _monitor(
@@ -163,7 +176,7 @@ def _monitor(
     )
 
 
-def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: float) -> RunMetrics:
+def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: float | None) -> RunMetrics:
     """The failed trial that an error the backend declares (:attr:`~dse.backends.base.Backend.run_errors`) makes;
     anything else is raised: a full disk as an InfrastructureError (dse's machinery failed, not the trial),
     dse's own failures as they are, and any other exception, a bug, as it is (the study stops)."""
@@ -186,7 +199,7 @@ def _metrics(
     result: RunResult,
     monitor: Monitor | None,
     *,
-    wall: float,
+    wall: float | None,
 ) -> RunMetrics:
     """The trial's metrics from what its run left: the backend's reason when nothing ran, the monitor's when it
     stopped the run, otherwise the log parsed (this run's own, inside its run directory)."""
@@ -223,7 +236,7 @@ def saved_gpu_hours(trial: TrialConfig, metrics: RunMetrics) -> float | None:
     return max(0, int(trial.layout.max_steps) - metrics.steps) * metrics.step_time_s * trial.num_gpus / 3600.0
 
 
-def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:
+def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float | None) -> RunMetrics:
     """The result of a run stopped as a loser: status ``pruned``, the partial metrics of the log as read at
     the stop, the optimistic bound and the best it lost to, and the GPU-hours saved (as for an early stop)."""
     # a monitor decides "pruned" only with a Prune, and _monitor gives every monitor its context
@@ -247,7 +260,7 @@ def pruned(trial: TrialConfig, monitor: Monitor, wall_s: float) -> RunMetrics:
     )
 
 
-def early_stopped(trial: TrialConfig, metrics: RunMetrics, wall_s: float) -> RunMetrics:
+def early_stopped(trial: TrialConfig, metrics: RunMetrics, wall_s: float | None) -> RunMetrics:
     """The result of a run stopped once its steady state had converged: the metrics of the log as read at
     the stop (whatever the stop itself printed is not the trial's), flagged, with the GPU-hours that running
     on to ``max_steps`` at the measured step time would have cost (one logged line per step, as the

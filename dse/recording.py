@@ -18,6 +18,7 @@ from dse import logpack
 from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
+from dse.execute import duration_s
 from dse.leaderboard import Baseline, Provenance, Summary, frame, mfu, write_csv
 from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
@@ -51,7 +52,7 @@ def gpu_hours(info: dict[str, Any]) -> float | None:
     """GPUs x the run's wall time in hours (0 for a point never launched; None when the time is unknown)."""
     if not info["launched"]:
         return 0.0
-    wall = info["metrics"].get("wall_s")
+    wall = duration_s(info["metrics"].get("wall_s"))  # a negative or non-finite time is unknown, not a cost
     return info["num_gpus"] * wall / 3600.0 if wall is not None else None
 
 

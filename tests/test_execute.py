@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -129,3 +130,54 @@ def test_the_cancel_check_asks_the_monitor_at_the_monitors_own_interval(tmp_path
     assert rare.looks == 0 and often.looks == 3  # the backend may poll faster than the monitor looks
     cancel.set()
     assert check_rare(tmp_path / "log.txt") and CancelCheck(cancel)(tmp_path / "log.txt")
+
+
+class Timed(SimBackend):
+    """A backend that reports the given wall time (None: the caller measures it)."""
+
+    def __init__(self, wall_s):
+        super().__init__()
+        self.wall_s = wall_s
+
+    def run(self, plan, run_dir, stop=None):
+        return replace(super().run(plan, run_dir), wall_s=self.wall_s)
+
+
+@pytest.mark.parametrize("wall_s", [-7189.5, float("nan"), float("-inf")])
+def test_a_negative_or_broken_wall_time_is_unknown_not_a_negative_cost(tmp_path, wall_s):
+    from dse.recording import gpu_hours
+
+    m = run_trial(_trial(), tmp_path / "a", Timed(wall_s), SETTINGS)
+    assert m.status == "ok" and m.wall_s is None
+    assert gpu_hours({"launched": True, "num_gpus": 2, "metrics": {"wall_s": wall_s}}) is None
+
+
+def test_a_clock_that_jumps_back_during_a_run_gives_no_negative_duration(tmp_path, monkeypatch):
+    import dse.execute as execute
+
+    readings = iter([1_000_000.0, 1_000_000.0 - 7200.0])  # before the run, after it: the clock went back
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            return next(readings)
+
+    monkeypatch.setattr(execute, "time", Clock)
+    m = run_trial(_trial(), tmp_path / "a", Timed(None), SETTINGS)
+    assert m.status == "ok" and m.wall_s is None
+
+
+def test_the_run_is_timed_on_the_monotonic_clock_not_the_wall_clock(tmp_path, monkeypatch):
+    import dse.execute as execute
+
+    calls = []
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            calls.append("monotonic")
+            return 100.0 + 5.0 * len(calls)
+
+    monkeypatch.setattr(execute, "time", Clock)  # a call of time.time() would be an AttributeError
+    m = run_trial(_trial(), tmp_path / "a", Timed(None), SETTINGS)
+    assert m.wall_s == 5.0 and calls == ["monotonic", "monotonic"]
