@@ -12,18 +12,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dse.recipes import contract
+
 # -- environment names --------------------------------------------------------------------------------------------
 
 # Families of names a training run is tuned with: NCCL's, PyTorch's NCCL and allocator settings, Transformer
-# Engine's, the userbuffers', the NVIDIA container toolkit's, the payloads' own (recipes/contract.py), and the names
-# NeMo's and Megatron-Bridge's PerfEnvPlugin and performance scripts set.
+# Engine's, the userbuffers', the NVIDIA container toolkit's, the names NeMo's and Megatron-Bridge's PerfEnvPlugin
+# and performance scripts set, and the payloads' own settings (recipes/contract.py). Other DSE_* names are dse's
+# control variables (env_reserved).
 ENV_PREFIXES: dict[str, str] = {
     "NCCL_": "NCCL's settings",
     "TORCH_NCCL_": "PyTorch's NCCL process-group settings",
     "NVTE_": "Transformer Engine's settings",
     "UB_": "userbuffers (TP communication overlap) settings",
     "NVIDIA_": "the NVIDIA container toolkit's settings",
-    "DSE_": "the payloads' own settings (recipes/contract.py)",
 }
 ENV_NAMES: dict[str, str] = {
     "CUDA_DEVICE_MAX_CONNECTIONS": "CUDA stream queues (PerfEnvPlugin)",
@@ -38,6 +40,7 @@ ENV_NAMES: dict[str, str] = {
     "HF_HUB_OFFLINE": "Hugging Face downloads (performance scripts)",
     "CUDA_MODULE_LOADING": "CUDA's lazy module loading",
     "OMP_NUM_THREADS": "CPU threads per process",
+    **contract.PAYLOAD_SETTINGS,
 }
 # Inside the families above, names that name a file or a library (NCCL_NET_PLUGIN loads a shared library,
 # NCCL_DEBUG_FILE writes a file, TORCH_NCCL_DEBUG_INFO_TEMP_FILE too): they need [backend] allow_env as any
@@ -67,6 +70,18 @@ def env_never(name: str) -> str | None:
     return next((why for p, why in ENV_NEVER.items() if name.startswith(p)), None)
 
 
+def env_reserved(name: str) -> str | None:
+    """Why ``name`` is dse's own (``DSE_*`` other than the payloads' settings), or None: dse sets its control
+    variables from the space (recipes/contract.py), so a space, ``allow_env`` or an imported file never does."""
+    if name.startswith("DSE_") and name not in ENV_NAMES:
+        what = "a control variable dse sets" if name in contract.CONTROL_ENV else "reserved for dse's control variables"
+        return (
+            f"{name} is {what} (the payload obeys it; recipes/contract.py), not a setting of a space: the study "
+            "would record one run and launch another"
+        )
+    return None
+
+
 def env_family(name: str) -> str | None:
     """The tuning family that allows ``name`` without an opt-in, or None (then it needs ``allow_env``)."""
     if env_never(name):
@@ -83,6 +98,8 @@ def env_refusal(name: str, allow_env: Iterable[str] = ()) -> str | None:
     """Why a space may not set environment variable ``name`` (one sentence), or None when it may."""
     if why := env_never(name):
         return f"{name} is never set by a space: {why}"
+    if why := env_reserved(name):
+        return why
     if env_family(name) or name in set(allow_env):
         return None
     if name.endswith(ENV_FILE_SUFFIXES) and any(name.startswith(p) for p in ENV_PREFIXES):

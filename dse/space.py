@@ -327,6 +327,8 @@ class BackendSettings(_Strict):
         for name in v:
             if why := allowlists.env_never(name):
                 raise ValueError(f"{name} cannot be allowed: {why}")
+            if why := allowlists.env_reserved(name):
+                raise ValueError(f"{name} cannot be allowed: {why}")
         return v
 
     @field_validator("payload")

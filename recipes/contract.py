@@ -31,6 +31,18 @@ SIM_ENV = {
     "gbs": "DSE_SIM_GBS",
 }
 
+# dse's own control variables: dse sets them from the space, the system and the model, and the payload obeys
+# them; a space or an imported file that set one would run something other than what the study records.
+CONTROL_ENV = frozenset({ENV_NEMO_TASK, ENV_NEMO_RECIPE, ENV_FLOPS_CALLBACK, ENV_MBRIDGE_RECIPE, *SIM_ENV.values()})
+# The payloads' own settings a space may set (the simulated trainer's pacing and echo, for tests): name -> what.
+PAYLOAD_SETTINGS = {
+    "DSE_SIM_STEP_S": "the simulated trainer's seconds per step (a long-running trial)",
+    "DSE_SIM_SLEEP_S": "the simulated trainer's seconds before its first step (a job that hangs)",
+    "DSE_SIM_ECHO_ENV": "names whose values the simulated trainer prints (what the process received)",
+    "DSE_SIM_TEARDOWN_S": "the simulated trainer's seconds of teardown on rank 0",
+    "DSE_SIM_PEER_WAIT_S": "the simulated trainer's seconds other ranks wait for rank 0",
+}
+
 # A scheduler's word for how a job ended -> trial status; None: decided by the log and the exit code.
 # Slurm's sacct states, and torchx's SUCCEEDED (nemo-run's LocalExecutor's clean end).
 SCHEDULER_END_STATES: dict[str, str | None] = {

@@ -87,3 +87,52 @@ def test_an_absurd_log_is_a_trial_and_the_study_and_resume_go_on(tmp_path, monke
     later = [x for x in records[2:] if x.status != "oom"]  # an OOM run ends before its figures count
     assert later and all(x.status == "no_metrics" and "implausible step time" in (x.reason or "") for x in later)
     assert dse("leaderboard", out).exit_code == 0
+
+
+# -- dse's control variables are not a space's settings ------------------------------------------------------
+@pytest.mark.parametrize(
+    "line",
+    [
+        '"env.DSE_NEMO_TASK" = "finetune"',
+        '"env.DSE_SIM_STEP_TIME_S" = "0.001"',
+        '"env.DSE_NEMO_RECIPE" = "llama3_8b"',
+        '"env.DSE_ANYTHING" = "1"',
+    ],
+)
+def test_a_space_cannot_set_dses_control_variables(tmp_path, line):
+    from tests.helpers import one_line_error
+
+    name = line.split('"')[1]
+    text = write_space(tmp_path).read_text().replace("[knobs]", f"{line}\n\n[knobs]")
+    path = write_space(tmp_path, text)
+    for args in (
+        ("validate", path),
+        ("dry-run", "--space", path, "--out", tmp_path / "out"),
+        ("run", "--space", path, "--out", tmp_path / "out"),
+    ):
+        one_line_error(dse(*args), f"settings.{name}", "not a setting of a space")
+    assert not (tmp_path / "out").exists()
+
+
+def test_allow_env_cannot_opt_into_a_control_variable(tmp_path):
+    from tests.helpers import one_line_error
+
+    text = write_space(tmp_path).read_text()
+    text = text.replace("[knobs]", '"env.DSE_NEMO_TASK" = "finetune"\n\n[knobs]').replace(
+        "[search]", '[backend]\nallow_env = ["DSE_NEMO_TASK"]\n\n[search]'
+    )
+    one_line_error(dse("validate", write_space(tmp_path, text)), "allow_env", "DSE_NEMO_TASK")
+
+
+def test_the_payloads_own_settings_stay_allowed_and_the_launch_keeps_its_control():
+    import dataclasses
+
+    from dse.errors import UserError
+    from dse.launch import build_plan
+    from tests.trials import system, trial
+
+    t = trial(sys=system("h100", gpus_per_node=1), num_nodes=1, tp=1, pp=1, cp=1, vp=1, env_DSE_SIM_STEP_S="0.1")
+    assert build_plan(t, payload="sim").env["DSE_SIM_STEP_S"] == "0.1"
+    forced = dataclasses.replace(t, env={"DSE_NEMO_TASK": "finetune"})  # past validation, as a bug might
+    with pytest.raises(UserError, match="DSE_NEMO_TASK"):
+        build_plan(forced, payload="nemo2")
