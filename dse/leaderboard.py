@@ -104,7 +104,7 @@ class Provenance:
         truth is the ``sim`` backend's alone and uses no calibration (:mod:`dse.perfmodel.twin`); the ``sim``
         payload under another backend prints the model's figures, calibrated when the space names a file."""
         b = space.backend
-        if backend != "sim" and b.payload != "sim":
+        if backend == "replay" or (backend != "sim" and b.payload != "sim"):  # a replay gives recorded measurements
             return cls(backend)
         if backend == "sim" and b.truth == "twin":
             return cls(backend, f"twin (seed {b.twin_seed})", "none")

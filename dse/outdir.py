@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from dse import logpack
+from dse.backends.replay import table_path
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
 from dse.inputs import read_text
@@ -147,11 +148,12 @@ def fingerprint_fields(space: Space, backend: str) -> dict[str, Any]:
     """What defines a study, as ``dse.json`` keeps it: trials measured under different values of any of these
     are not comparable, so ``--resume`` refuses a change. The budget, the parallelism, the agent and its
     settings, the seed, the system's name, price and submission settings (account, partition...) may change.
-    The system is its content (a renamed or moved file is the same system); a calibration its file's hash."""
+    The system is its content (a renamed or moved file is the same system); a calibration its file's hash, and so
+    is a replayed study's table (only for the replay backend, so other studies' fingerprints are as they were)."""
     system = space.system.model_dump(mode="json", exclude={"name", "price_per_gpu_hour"})
     system["slurm"] = {k: v for k, v in system["slurm"].items() if k not in _SUBMISSION}
     b = space.backend
-    return {
+    fields = {
         "recipe": space.recipe,
         "payload": b.payload,
         "system": system,
@@ -166,6 +168,9 @@ def fingerprint_fields(space: Space, backend: str) -> dict[str, Any]:
         "calibration": _file_hash(b.calibration) if b.calibration is not None else None,
         **_early_stop_fields(space),
     }
+    if backend == "replay" and b.replay is not None:  # the replayed table is the truth: its content, hashed
+        fields["replay"] = _file_hash(str(table_path(b.replay)), field="backend.replay")
+    return fields
 
 
 def _early_stop_fields(space: Space) -> dict[str, Any]:
@@ -184,12 +189,12 @@ def fingerprint(space: Space, backend: str) -> dict[str, Any]:
     return {"hash": digest, "fields": fields}
 
 
-def _file_hash(path: str) -> str:
+def _file_hash(path: str, field: str = "backend.calibration") -> str:
     try:
         with open(path, "rb") as fh:
             return "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as e:
-        raise UserError(f"cannot read: {e.strerror or e}", file=path, field="backend.calibration") from None
+        raise UserError(f"cannot read: {e.strerror or e}", file=path, field=field) from None
 
 
 def fingerprint_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -308,6 +308,9 @@ class BackendSettings(_Strict):
     # a file from `dse calibrate`: the simulated figures (sim backend, sim payload) use its parameters; a
     # relative path is relative to the space file
     calibration: str | None = None
+    # replay backend only: the finished study to replay (its directory or its leaderboard.csv); a relative path is
+    # relative to the space file (dse.backends.replay reads and checks it)
+    replay: str | None = None
     # simulated backend only: "exact" writes the shipped model's figures; "twin" a seeded machine that differs
     # from the model (dse.perfmodel.twin, drawn around the shipped parameters; a calibration is not used),
     # so that a search is judged against a truth that is not its model
@@ -361,12 +364,14 @@ class Space(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _calibration_path(cls, data: Any) -> Any:
-        """A relative ``[backend] calibration`` path is relative to the space file (as docs/calibration.md says)."""
+        """A relative ``[backend] calibration`` or ``replay`` path is relative to the space file (as
+        docs/calibration.md and docs/backends.md say)."""
         if isinstance(data, dict) and isinstance(data.get("backend"), dict) and data.get("source"):
-            cal = data["backend"].get("calibration")
             src = Path(str(data["source"]))
-            if isinstance(cal, str) and not Path(cal).is_absolute() and src.is_file():
-                data = {**data, "backend": {**data["backend"], "calibration": str(src.parent / cal)}}
+            for key in ("calibration", "replay"):
+                path = data["backend"].get(key)
+                if isinstance(path, str) and not Path(path).is_absolute() and src.is_file():
+                    data = {**data, "backend": {**data["backend"], key: str(src.parent / path)}}
         return data
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))

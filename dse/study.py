@@ -608,7 +608,7 @@ class StudyLoop:
         if self.screen is None:
             return False
         trial = self.env.trial(action)
-        if constraints.check(trial) is not None:
+        if self.env.check(trial) is not None:
             return False  # rejected: the environment records it as such
         why = self.screen.reason(trial)
         if why is None:

@@ -105,7 +105,16 @@ class RecipeEnv(gym.Env):
 
     def rejection(self, action: dict[str, Any]) -> constraints.Rejection | None:
         """Why the action's point would be rejected (None when valid). Nothing is launched or recorded."""
-        return constraints.check(self.trial(action))
+        return self.check(self.trial(action))
+
+    def check(self, trial: TrialConfig) -> constraints.Rejection | None:
+        """The first validity rule ``trial`` breaks, else the backend's refusal (a replay table without the point,
+        :meth:`dse.backends.base.Backend.refusal`) as a rule named after the backend; None when it may launch."""
+        broken = constraints.check(trial)
+        if broken is not None:
+            return broken
+        why = self.backend.refusal(trial)
+        return None if why is None else constraints.Rejection(self.backend.name, why)
 
     def action_mask(self, action: dict[str, Any]) -> bool:
         """Gymnasium-style action masking for agents that skip invalid points: True when valid."""
@@ -130,7 +139,7 @@ class RecipeEnv(gym.Env):
             raise ValueError(f"action {action!r} is not in the action space {self.action_space}")
         point = self.decode(action)
         trial = resolve(self.space, point)
-        rejected = constraints.check(trial)
+        rejected = self.check(trial)
         if rejected:
             metrics = RunMetrics.rejected(f"{rejected.rule}: {rejected.reason}")
         else:

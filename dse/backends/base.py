@@ -129,6 +129,12 @@ class Backend(abc.ABC):
         there; a backend whose rendering is slow overrides it with its checks alone."""
         cls.write_script(plan, run_dir)
 
+    def refusal(self, trial: TrialConfig) -> str | None:
+        """Why this backend cannot run ``trial`` at all (a replay table that holds no run of its point), or None.
+        The environment asks it with the validity rules, before launch: a refused point is ``rejected`` with this
+        reason under the backend's name, costs nothing and is masked from agents, as a point that breaks a rule."""
+        return None
+
     def stop_reason(self) -> str | None:
         """Why the study should end now (this backend can run nothing: a misconfigured cluster), or None.
         The study asks after recording each trial and ends with this as a user error."""
