@@ -22,6 +22,15 @@ GPU-hours per run: GPUs x (step time x max_steps + the system's start-up time) /
 records them.
 
     python bench/search_efficiency.py [--seeds 20] [--budget 150] [--spaces a.toml b.toml ...] [--screen on off]
+
+``--replay [SPACE ...]`` judges the agents on real runs instead: each replay space (default: the real one-H200
+studies shipped in ``bench/data/*/replay_space.toml``) is searched by each agent through ``dse run``'s own loop
+on the replay backend (the recorded outcome of each point, the study's memory screen and refits as ``dse run``
+has them), seeds 0..``--seeds``-1. Printed per space, agent and screen: launched runs to the measured best (the
+best recorded ``ok`` figure of the objective among the space's points; median and max over seeds; ">N" when a
+seed never found it), GPU-hours (recorded) spent up to it, and the runs that ran out of memory (median).
+
+    python bench/search_efficiency.py --replay [--seeds 5] [--budget 30] [--agents grid guided] [--screen on off]
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
 from dse.study import agent_settings, space_options
 
+REPLAYS = tuple(str(p) for p in sorted((Path(__file__).parent / "data").glob("*/replay_space.toml")))
 SPACES = ("conf/spaces/llama3_405b_space.toml", "conf/spaces/llama3_70b_space.toml", "conf/spaces/llama3_8b_space.toml")
 AGENTS = {
     "grid": ("grid", {}),
@@ -135,6 +145,79 @@ def train_policy_for(space, path: str, steps: int, twins: int) -> None:
     )
 
 
+def replay_best(space) -> float:
+    """The best recorded ``ok`` reward of the objective among ``space``'s points in its replay table."""
+    from dse.backends.replay import read_table
+    from dse.trial import resolve
+
+    table = read_table(space.backend.replay, varied=space.knob_names, gpu=space.system.gpu)
+    points = {table.key(resolve(space, p)) for p in space.points()}
+    sign = 1 if space.objective.sense == "maximize" else -1
+    metric = space.objective.metric
+    values = [
+        sign * getattr(o, metric)
+        for key, o in table.rows.items()
+        if o.status == "ok" and getattr(o, metric, None) is not None and key in points
+    ]
+    if not values:
+        raise SystemExit(f"{space.source}: no recorded ok run of the objective's metric {metric} among its points")
+    return max(values)
+
+
+def replay_search(space, agent_key: str, screen: str, seed: int, budget: int, best: float) -> tuple[float, float, int]:
+    """One agent's study of a replay space through dse run's loop: (launched runs to the measured best, or inf;
+    recorded GPU-hours up to it; runs out of memory)."""
+    import csv
+    import tempfile
+
+    from dse.study import run_study
+
+    name, extra = AGENTS[agent_key]
+    search_ = space.search.model_copy(update={"screen": "memory" if screen == "on" else "none", "options": extra})
+    sp = space.model_copy(update={"search": search_})
+    sign = 1 if space.objective.sense == "maximize" else -1
+    with tempfile.TemporaryDirectory(prefix="dse-replay-") as tmp:
+        run_study(sp, out_dir=Path(tmp) / "study", agent=name, seed=seed, trials=budget)
+        with open(Path(tmp) / "study" / "leaderboard.csv", newline="") as fh:
+            rows = sorted(csv.DictReader(fh), key=lambda r: int(r["trial"]))
+    launched = [r for r in rows if r["status"] not in ("rejected", "screened")]
+    hours, ooms = 0.0, sum(r["status"] == "oom" for r in launched)
+    for i, r in enumerate(launched, 1):
+        hours += float(r["gpu_hours"] or 0.0)
+        value = r.get(space.objective.metric) or ""
+        if r["status"] == "ok" and value and sign * float(value) >= best * (1 - 1e-9 if best > 0 else 1 + 1e-9):
+            return i, hours, ooms
+    return math.inf, math.inf, ooms
+
+
+def replay_main(args) -> None:
+    """``--replay``: every agent on the replay spaces, launched runs to the measured best."""
+    t0 = time.perf_counter()
+    agents = [a for a in args.agents if a != "policy"]  # a policy is trained on twins, not on a replay
+    print(
+        "| replayed study | agent | screen | runs to the measured best (median) | max | GPU-h to it (median) | OOM runs (median) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for path in args.replay or REPLAYS:
+        space = load_space(path)
+        best = replay_best(space)
+        for a in agents:
+            for sc in args.screen:
+                got = [replay_search(space, a, sc, seed, args.budget, best) for seed in range(args.seeds)]
+                runs = [g[0] for g in got]
+
+                def show(x: float, fmt: str = "{:.0f}") -> str:
+                    return f">{args.budget}" if math.isinf(x) else fmt.format(x)
+
+                print(
+                    f"| {space.name} | {a} | {sc} | {show(float(np.median(runs)))} | {show(max(runs))} | "
+                    f"{show(float(np.median([g[1] for g in got])), '{:.3f}')} | "
+                    f"{np.median([g[2] for g in got]):.0f} |",
+                    flush=True,
+                )
+    print(f"\nmeasured: replayed real runs; {args.seeds} seeds, budget {args.budget}; {time.perf_counter() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spaces", nargs="+", default=list(SPACES))
@@ -144,7 +227,11 @@ def main() -> None:
     ap.add_argument("--policy-steps", type=int, default=60_000, help="PPO steps training the policy agent's policy")
     ap.add_argument("--policy-twins", type=int, default=8, help="twins (seeds 1000..) the policy trains on")
     ap.add_argument("--screen", nargs="+", default=["on", "off"], choices=["on", "off"], help="the memory screen")
+    ap.add_argument("--replay", nargs="*", default=None, help="judge the agents on replayed real studies (spaces)")
     args = ap.parse_args()
+    if args.replay is not None:
+        replay_main(args)
+        return
     t0 = time.perf_counter()
     print(
         "| space | agent | screen | runs to 99% median | p90 | GPU-h to 99% median | best@10 | best@25 | OOM share |"

@@ -17,6 +17,9 @@ Its truth here is one of:
   are computed once per environment). ``in_memory=False`` runs each point through :class:`RecipeEnv` and the
   backend, logs on disk under ``out_dir``;
 * the **model** itself (``backend="sim"`` on a space with ``truth = "exact"`` and no twin seed);
+* a **replay** of a finished study (``backend="replay"`` on a space with ``[backend] replay = PATH``): the recorded
+  outcome of each point, through :class:`RecipeEnv` and the replay backend (logs in ``out_dir``, each point run once
+  per environment); the game's points are the valid points the table holds, and its best is the best recorded;
 * any other backend of the registry (``local``, ``slurm``) through :class:`RecipeEnv`: real runs, in ``out_dir``.
 
 The vector form (``gym.make_vec``; sub-environment ``i`` is the twin of seed ``twin_seed + i``) shares the space's
@@ -154,6 +157,26 @@ def twin_best(space: Space, tab: Table, twin: Twin) -> float | None:
     return max(values, default=None)
 
 
+def replay_parts(
+    space: Space, tab: Table, out_dir: Path, seed: int = 0
+) -> tuple[Table, Callable[[Key], Outcome], float]:
+    """A replay's game parts: the valid points its table holds (the others are refused before launch, so the game
+    treats them as rejected), the truth (each point replayed once, through :class:`RecipeEnv` as a study runs it)
+    and the best recorded reward among them."""
+    from dse.backends.replay import ReplayBackend
+
+    backend = ReplayBackend.from_space(space, seed=seed)
+    held = [(k, t) for k, t in zip(tab.keys, tab.trials) if backend.refusal(t) is None]
+    if not held:
+        raise UserError("the replayed study holds none of the space's valid points", field="backend.replay")
+    sub = Table(space, [k for k, _ in held], [t for _, t in held], {k: tab.forecasts[k] for k, _ in held})
+    truth = cache(backend_truth(space, backend, out_dir, seed))
+    rewards = [o.reward for o in map(truth, sub.keys) if o.reward is not None]
+    if not rewards:
+        raise UserError("the replayed study has no ok run among the space's points", field="backend.replay")
+    return sub, truth, max(rewards)
+
+
 def _game(
     tab: Table, truth: Callable[[Key], Outcome], best: float | None, budget: int, options: dict[str, Any]
 ) -> SearchGame:
@@ -186,6 +209,9 @@ def make_env(
     if backend == "sim" and in_memory:
         return _game(tab, in_memory_truth(tab, twin, seed), best, budget, options)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dse-env-"))
+    if backend == "replay":
+        sub, truth, best = replay_parts(s, tab, out, seed)
+        return _game(sub, truth, best, budget, options)
     if backend == "sim":
         from dse.backends.sim import SimBackend
 

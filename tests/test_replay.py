@@ -127,3 +127,24 @@ def test_a_resume_over_another_table_is_refused(tmp_path):
     assert dse("run", "--space", space, "--out", tmp_path / "out").exit_code == 0
     table.write_text(table.read_text().replace("0.4922", "0.4"))
     one_line_error(dse("run", "--space", space, "--out", tmp_path / "out", "--resume"), "replay")
+
+
+def test_the_rl_environment_takes_a_replayed_study_as_its_truth(tmp_path):
+    import gymnasium as gym
+
+    import dse.envs  # noqa: F401  (registers dse/Recipe-v0)
+
+    space = STUDY_70B / "replay_space.toml"
+    env = gym.make("dse/Recipe-v0", space=str(space), backend="replay", budget=10, out_dir=tmp_path)
+    env.reset(seed=0)
+    got = {}
+    for mbs in range(3):  # mbs [1, 2, 4] x recompute [none, full]
+        for rec in range(2):
+            *_, terminated, _, info = env.step([mbs, rec])
+            got[(mbs, rec)] = info
+    recorded = by_point(rows(STUDY_70B / "leaderboard.csv"), "mbs", "recompute")
+    assert got[(2, 0)]["status"] == "oom" and got[(2, 0)]["launched"]
+    assert got[(1, 0)]["reward"] == pytest.approx(float(recorded[("2", "none")]["tflops_per_gpu"]))
+    assert {info["status"] for info in got.values()} == {"ok", "oom"}
+    assert terminated  # every point the table holds has run
+    env.close()
