@@ -181,8 +181,8 @@ def build_plan(
             raise UserError(why.reason, field="tp_comm_overlap")
     for name, value in trial.env.items():  # the space's env.NAME knobs win over the defaults above
         key = knobs.ENV_PREFIX + name
-        if why := allowlists.env_reserved(name):  # belt and braces: a space file never gets one this far
-            raise UserError(why, field=key)
+        if reserved := allowlists.env_reserved(name):  # belt and braces: a space file never gets one this far
+            raise UserError(reserved, field=key)
         env[name] = knobs.get(key, field=key).coerce(value, field=key)
     if (payload == "sim" or simulated) and sim_run is None:
         sim_run = simulate(trial, seed, flops_convention=flops_convention, params=params)
