@@ -60,6 +60,7 @@ COLUMNS = (
     "changed_knobs",
     "warning",
 )
+INT_COLUMNS = ("num_gpus", "best_trial", "trials", "ok")
 # best.json's keys that are columns of their own (or the recipe, which must match), not knobs
 NOT_KNOBS = ("recipe", "gpu", "num_gpus")
 
@@ -206,7 +207,9 @@ def table(studies: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for s in studies:
         base = None if not rows else {**rows[0], "layout": studies[0].get("layout")}
         rows.append(_row(s, base))
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    # counts stay integers where a row is blank (a study with no ok trial): pandas' nullable integers, which
+    # compare.csv writes as 16 and an empty field, where a float column would write 16.0
+    return pd.DataFrame(rows, columns=list(COLUMNS)).astype({c: "Int64" for c in INT_COLUMNS})
 
 
 def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dse import constraints
+from dse import constraints, knobs
+from dse.errors import UserError
 from dse.space import WALK_LIMIT, Space
-from dse.trial import resolve
+from dse.trial import TrialConfig, resolve
 
 SAMPLES = 20_000  # seeded draws for an estimate: about 1 s; the 95% interval is +-0.7% of the space at most
 CONFIDENCE = 0.95  # of the interval around an estimate
@@ -36,11 +37,97 @@ class Count:
     samples: int = 0
     valid_low: int = 0
     valid_high: int = 0
+    # per rule, the first point it rejected: its reason and the knobs of that reason the space does not vary
+    # (:func:`fixed_knobs`), so that a report can say which setting or recipe default did it
+    examples: dict[str, Example] = field(default_factory=dict)
+
+    def rules_line(self, top: int = 3) -> str:
+        """The first ``top`` rules by the points they removed, e.g. ``fsdp_no_pp 1,440, uneven_stages 96``."""
+        shown = [f"{rule} {n:,}" for rule, n in list(self.by_rule.items())[:top]]
+        more = len(self.by_rule) - top
+        return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+    def empty_reason(self) -> str:
+        """Why no point is valid, in one line: the rules that removed them, and the knobs the space does not vary
+        that took part (its settings, the recipe's layout), each with its rule's reason; without such knobs, the
+        first rule's reason."""
+        what = "each of the" if self.exact else f"each of {self.samples:,} seeded draws of the"
+        head = f"no valid point: {what} {self.raw:,} raw points breaks a rule ({self.rules_line()})"
+        fixed = [(rule, ex) for rule, ex in self.examples.items() if ex.fixed and rule in self.by_rule]
+        if not fixed:
+            first = next(iter(self.by_rule), None)
+            return f"{head}; {first}: {self.examples[first].reason}" if first in self.examples else head
+        parts = [f"{', '.join(ex.fixed.values())} in {rule} ({ex.reason})" for rule, ex in fixed]
+        return (
+            f"{head}; knobs the space does not vary take part: {'; '.join(parts)}; "
+            "vary them in [knobs] or set them in [settings]"
+        )
+
+
+@dataclass(frozen=True)
+class Example:
+    """The first point a rule rejected: the rule's reason, and ``fixed``: each knob of the reason the space does not
+    vary, as ``name=value (where the value comes from)``."""
+
+    reason: str
+    fixed: dict[str, str]
+
+
+def fixed_knobs(space: Space, trial: TrialConfig, rejection: constraints.Rejection) -> dict[str, str]:
+    """The knobs of ``rejection`` that ``space`` does not vary, each ``name=value (origin)``: set by the space's
+    ``[settings]``, by the recipe's layout for the GPU and precision (NVIDIA's preset where dse ships one), or the
+    catalogue's default. A point cannot move them, so when every point breaks a rule, these are what to change."""
+    out: dict[str, str] = {}
+    for name in rejection.knobs:
+        if name in space.knobs or name not in trial.values:
+            continue
+        if name in space.settings:
+            origin = "the space's [settings]"
+        elif name in knobs.CATALOGUE and knobs.CATALOGUE[name].recipe_layout:
+            origin = trial.recipe.layout_source(trial.system.gpu, str(trial.values["precision"]))
+        else:
+            origin = "dse's default"
+        out[name] = f"{name}={trial.values[name]} ({origin})"
+    return out
 
 
 def rejection_rule(space: Space, point: dict) -> str | None:
     rej = constraints.check(resolve(space, point))
     return None if rej is None else rej.rule
+
+
+def _rejection(space: Space, point: dict, examples: dict[str, Example]) -> str | None:
+    """The rule ``point`` breaks (None: valid); the first point of each rule is kept in ``examples``."""
+    trial = resolve(space, point)
+    rej = constraints.check(trial)
+    if rej is None:
+        return None
+    if rej.rule not in examples:
+        examples[rej.rule] = Example(rej.reason, fixed_knobs(space, trial, rej))
+    return rej.rule
+
+
+def first_valid(space: Space, *, samples: int = SAMPLES, seed: int = 0) -> dict | None:
+    """A valid point of ``space`` (the first one walked, or drawn above :data:`WALK_LIMIT` raw points), or None:
+    the walk stops at the first, so a space with valid points is cheap to check."""
+    if space.size <= WALK_LIMIT:
+        return next((p for p in space.points() if rejection_rule(space, p) is None), None)
+    rng = np.random.default_rng(seed)
+    sizes = [len(v) for v in space.knobs.values()]
+    for row in sample_indices(sizes, rng, samples):
+        point = space.point_at(tuple(int(i) for i in row))
+        if rejection_rule(space, point) is None:
+            return point
+    return None
+
+
+def check_not_empty(space: Space) -> None:
+    """Refuse a space with no valid point (one line naming the rules and the knobs the space does not vary that
+    removed every point): a study of it would launch nothing and look like a success. Above the walk limit the
+    space is drawn, not walked: a space no draw finds valid is refused only when it is walked."""
+    if first_valid(space) is not None or space.size > WALK_LIMIT:
+        return
+    raise UserError(count_valid(space).empty_reason(), file=space.source or None, field="knobs")
 
 
 def wilson(hits: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -64,22 +151,23 @@ def count_valid(
     """Exact up to ``WALK_LIMIT`` raw points (``on_progress(done, raw)`` every 1,000), estimated above."""
     raw = space.size
     by_rule: Counter[str] = Counter()
+    examples: dict[str, Example] = {}
     if raw <= WALK_LIMIT:
         valid = 0
         for i, point in enumerate(space.points(), 1):
-            rule = rejection_rule(space, point)
+            rule = _rejection(space, point, examples)
             if rule is None:
                 valid += 1
             else:
                 by_rule[rule] += 1
             if on_progress and i % 1000 == 0:
                 on_progress(i, raw)
-        return Count(raw, valid, True, dict(by_rule.most_common()), 0, valid, valid)
+        return Count(raw, valid, True, dict(by_rule.most_common()), 0, valid, valid, examples)
     sizes = [len(v) for v in space.knobs.values()]
     rng = np.random.default_rng(seed)
     hits = 0
     for row in sample_indices(sizes, rng, samples):
-        rule = rejection_rule(space, space.point_at(tuple(int(i) for i in row)))
+        rule = _rejection(space, space.point_at(tuple(int(i) for i in row)), examples)
         if rule is None:
             hits += 1
         else:
@@ -93,4 +181,5 @@ def count_valid(
         samples,
         math.floor(raw * lo),
         math.ceil(raw * hi),
+        examples,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dse import constraints
+from dse.counting import Count, count_valid
 from dse.errors import UserError
 from dse.forecast import Screen
 from dse.space import Space, load_system
@@ -63,15 +64,20 @@ def run_generations(
     rebuild: bool = False,
     warm_start: str | Path | None = None,
     on_start: Callable[[str, Space], Any] | None = None,
+    on_count: Callable[[str, Count], Any] | None = None,
     **kwargs: Any,
 ) -> list[StudyResult]:
     """Run (or resume) one study of ``space`` per system in ``out_dir/<system>``; kwargs go to run_study.
 
-    Every system is checked before the first study starts, so a bad name costs nothing. ``warm_start``: a
+    Every system is checked before the first study starts, so a bad name costs nothing: each one's valid points
+    are counted (``on_count``: the default layouts differ per GPU, so the same knobs can leave different points
+    valid), and a system with none is an error naming the rules and the settings or recipe defaults that removed
+    them (:meth:`dse.counting.Count.empty_reason`). ``warm_start``: a
     finished study whose best points (:func:`warm_start_points`) each sub-study runs first. With ``resume``, a
     system whose directory holds no study yet is started fresh (so an interrupted sweep resumes as a whole)."""
     out = Path(out_dir)
     spaces = [(name, space_for(space, name)) for name in systems]
+    check_counts(spaces, space.source or None, on_count)
     results = []
     for name, sub in spaces:
         sub_out = out / Path(name).stem
@@ -81,6 +87,20 @@ def run_generations(
         seeds = warm_start_points(sub, warm_start) if warm_start is not None else ()
         results.append(run_study(sub, out_dir=sub_out, resume=again, rebuild=rebuild and again, seeds=seeds, **kwargs))
     return results
+
+
+def check_counts(
+    spaces: Sequence[tuple[str, Space]], source: str | None, on_count: Callable[[str, Count], Any] | None = None
+) -> None:
+    """Count each system's valid points (``on_count(name, count)`` for each); refuse, before any study, a system
+    whose space has none."""
+    counts = [(name, count_valid(sub)) for name, sub in spaces]
+    for name, count in counts:
+        if on_count:
+            on_count(name, count)
+    for name, count in counts:
+        if count.valid == 0 and count.exact:
+            raise UserError(f"on {Path(name).stem}: {count.empty_reason()}", file=source, field="--systems")
 
 
 @dataclass(frozen=True)

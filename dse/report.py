@@ -138,7 +138,7 @@ def _calibration(meta: Mapping[str, Any], fields: Mapping[str, Any], space: Spac
 
 def fmt(v: Any) -> str:
     """A value for people: 4 significant digits for floats, empty for missing, ints as ints."""
-    if v is None:
+    if v is None or v is pd.NA:  # pd.NA: a blank of a nullable integer column
         return ""
     if isinstance(v, float):
         if math.isnan(v):

@@ -29,7 +29,7 @@ from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
 from dse.calibrate import calibrated_params
 from dse.claims import LEASE_S, Claims
-from dse.counting import count_valid
+from dse.counting import check_not_empty, count_valid
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
@@ -297,7 +297,9 @@ def check_study(space: Space, *, agent: str | None = None, sampler: str | None =
 
 def _probe(space: Space, req: Request) -> None:
     """Build the agent once on the bare action space, and the backend, so that a bad agent, sampler, option or
-    backend fails before anything is written."""
+    backend fails before anything is written; and refuse a space with no valid point (a study of it would launch
+    nothing and end as if it had succeeded)."""
+    check_not_empty(space)
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     make_agent(
         req.agent,

@@ -150,11 +150,29 @@ class Recipe:
     defaults: dict[str, Layout] = field(default_factory=dict)  # key "gpu/precision", e.g. "h100/fp8"
     scaled_from: str | None = None
 
-    def default_layout(self, gpu: str, precision: str) -> Layout:
+    def layout_key(self, gpu: str, precision: str) -> str | None:
+        """The ``gpu/precision`` key of the layout :meth:`default_layout` takes: this GPU and precision's, else
+        this GPU's BF16 one, else H100's in this precision, else H100's BF16 one; None where the recipe has none."""
         for key in (f"{gpu}/{precision}", f"{gpu}/bf16", f"h100/{precision}", "h100/bf16"):
             if key in self.defaults:
-                return self.defaults[key]
-        return Layout()
+                return key
+        return None
+
+    def default_layout(self, gpu: str, precision: str) -> Layout:
+        key = self.layout_key(gpu, precision)
+        return self.defaults[key] if key is not None else Layout()
+
+    def layout_source(self, gpu: str, precision: str) -> str:
+        """Which layout :meth:`default_layout` is, in words: NVIDIA's published preset for this GPU and precision
+        (the full recipes' table holds NVIDIA's presets), or the recipe's own layout, and why."""
+        key = self.layout_key(gpu, precision)
+        if self.scaled_from is not None and key is not None:
+            return f"the recipe's layout ({self.name}'s {key} entry; a reproducer of {self.scaled_from})"
+        if key is None:
+            return f"the recipe's layout (dse ships no NVIDIA preset of {self.name})"
+        if key == f"{gpu}/{precision}":
+            return f"NVIDIA's preset for {key}"
+        return f"the recipe's layout (NVIDIA's {key} preset; dse ships none for {gpu}/{precision})"
 
     def default_world(self, gpu: str, precision: str) -> int:
         """The world size the default layout for ``gpu`` in ``precision`` is NVIDIA's preset for (its gbs is the

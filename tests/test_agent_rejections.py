@@ -27,6 +27,9 @@ max_steps = 5
 tp = [3, 5, 6, 7]
 "env.MY_A" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
 "env.MY_B" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+"env.MY_C" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+"env.MY_D" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+"env.MY_E" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 [search]
 agent = "optuna"
@@ -38,7 +41,7 @@ max_rejected = 25
 [backend]
 kind = "sim"
 payload = "sim"
-allow_env = ["MY_A", "MY_B"]
+allow_env = ["MY_A", "MY_B", "MY_C", "MY_D", "MY_E"]
 """
 
 
@@ -47,6 +50,8 @@ def _space(*sizes: int) -> spaces.Dict:
 
 
 def test_optuna_on_a_space_with_no_valid_point_stops_after_max_rejected_and_says_so(tmp_path):
+    """A space small enough to walk is refused before the study when it has no valid point (tests/
+    test_empty_space.py); one of 400,000 raw points is drawn, not walked, and its agent must stop by itself."""
     result = run_study(load_space(write_space(tmp_path, ALL_INVALID)), out_dir=tmp_path / "out")
     assert result.new_trials == 25 and all(r.status == "rejected" for r in result.records)
     assert result.stop_reason is not None and "25 proposed points in a row were rejected" in result.stop_reason

@@ -111,12 +111,14 @@ def test_grid_refuses_a_space_above_the_walk_limit_with_the_count(runner, tmp_pa
     assert 'use agent "random" or "optuna" with [search] trials' in r.output  # the table name survives rich
 
 
-def test_grid_on_an_all_invalid_space_ends_with_one_line(runner, tmp_path):
-    # tp 3, 5, 6, 7 divide neither the 8 GPUs nor the 32 heads: no point is valid
+def test_grid_on_an_all_invalid_space_is_refused_with_one_line(runner, tmp_path):
+    # tp 3, 5, 6, 7 divide neither the 8 GPUs nor the 32 heads: no point is valid, and a study of it would launch
+    # nothing: refused before anything is written, naming the rule
     f = write_space(tmp_path / "bad.toml", {"tp": [3, 5, 6, 7]}, env_knobs=3, env_values=20)
     r = runner.invoke(app, ["run", "--space", str(f), "--agent", "grid", "--out", str(tmp_path / "out")])
-    assert r.exit_code == 0, r.output
-    assert "none of the 32,000 raw points is valid" in r.stdout and "0 new trials" in r.stdout
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "no valid point: each of the 32,000 raw points breaks a rule" in r.output.replace("\n", "")
+    assert "world_divisible" in r.output and not (tmp_path / "out").exists()
 
 
 def test_random_runs_its_trials_in_a_space_beyond_2_63_points(runner, tmp_path):

@@ -152,3 +152,78 @@ def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent)
     assert again[:9] == first  # resumed: the seeds are not run again
     # two more runs, unless the guided agent stops by itself first (its stop line, per system, says so)
     assert len(again) == 11 or (agent == "guided" and 9 <= len(again) < 11 and "gb200: stopped:" in r.output), r.output
+
+
+# DeepSeek-V3 as NVIDIA's H100 runs it, with DeepEP (moe_dispatcher = "flex") set once: the NeMo 2 payload's DeepEP
+# does not run on GB300, so every point there breaks moe_dispatcher_supported; on B300 some points stay valid
+DSV3 = """
+name = "dsv3"
+recipe = "deepseek_v3"
+system = "h100"
+num_nodes = 128
+
+[settings]
+seq_length = 4096
+gbs = 8192
+max_steps = 50
+moe_dispatcher = "flex"
+
+[knobs]
+tp = [1, 2]
+pp = [8, 16]
+ep = [32, 64]
+pp_first_layers = [4, 7]
+pp_last_layers = [1, 6]
+
+[search]
+agent = "guided"
+trials = 4
+"""
+
+
+def test_each_system_says_its_valid_points_and_the_rules_that_removed_the_rest(tmp_path):
+    out = tmp_path / "gen"
+    r = runner.invoke(
+        app, ["run", "--space", str(write_space(tmp_path, DSV3)), "--systems", "h100,b300", "--out", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    from dse.counting import count_valid
+
+    for name in ("h100", "b300"):
+        count = count_valid(space_for(load_space(write_space(tmp_path, DSV3)), name))
+        assert 0 < count.valid < count.raw
+        line = next(ln for ln in r.stderr.splitlines() if ln.startswith(f"{name}: {count.raw:,} raw points"))
+        assert f"{count.valid:,} valid" in line and next(iter(count.by_rule)) in line, line
+
+
+def test_a_system_with_no_valid_point_is_an_error_naming_it_and_the_rule_before_any_study(tmp_path):
+    out = tmp_path / "gen"
+    r = runner.invoke(
+        app, ["run", "--space", str(write_space(tmp_path, DSV3)), "--systems", "h100,b300,gb300", "--out", str(out)]
+    )
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip().splitlines()[-1]
+    assert "gb300" in line and "no valid point" in line and "moe_dispatcher_supported" in line, line
+    assert "moe_dispatcher=flex (the space's [settings])" in line
+    assert not out.exists()  # checked before the first study: nothing ran
+
+
+def test_compare_csv_keeps_integers_when_a_system_has_no_ok_trial(tmp_path):
+    """A study with no ok trial has a blank row: its neighbours' integer columns stay integers in compare.csv."""
+    from dse import compare
+
+    out = tmp_path / "gen"
+    r = runner.invoke(
+        app,
+        ["run", "--space", str(write_space(tmp_path)), "--systems", "h100,b200", "--out", str(out), "--trials", "3"],
+    )
+    assert r.exit_code == 0, r.output
+    studies = compare.gather([out / "h100", out / "b200"])
+    studies[1] = {**studies[1], "best": None}  # as a system whose every run failed
+    compare.write(studies, tmp_path / "c")
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "c" / "compare.csv").read_text().splitlines()))
+    assert rows[0]["num_gpus"] == "16" and rows[0]["best_trial"].isdigit() and rows[0]["trials"] == "3"
+    assert rows[1]["num_gpus"] == "" and rows[1]["best_trial"] == "" and rows[1]["trials"] == "3"
+    assert "<NA>" not in (tmp_path / "c" / "compare.html").read_text()

@@ -232,6 +232,13 @@ def interrupted(e, resume: str) -> None:
     )
 
 
+def system_count(name: str, count) -> None:
+    """``dse run --systems``, before any study: one system's raw and valid points and the first rules broken."""
+    valid = f"{count.valid:,} valid" if count.exact else f"about {count.valid:,} valid ({count.samples:,} draws)"
+    rules = f"; removed by {count.rules_line()}" if count.by_rule else ""
+    err_console.print(f"{plain(name)}: {count.raw:,} raw points, {valid}{rules}", highlight=False, soft_wrap=True)
+
+
 def sub_study(name: str, sub, out: Path) -> None:
     """``dse run --systems``: the line that starts one system's sub-study."""
     err_console.print(f"[bold]{name}[/]: {sub.num_nodes} nodes x {sub.system.gpus_per_node} {sub.system.gpu} -> {out}")
@@ -382,6 +389,8 @@ def space_count(s, data: dict, count, cost=None) -> None:
     for rule, n in data["rejected_by_rule"].items():
         table.add_row(rule, str(n))
     console.print(table)
+    if count.exact and not valid:  # dse validate and dse run refuse it with this line
+        note(plain(count.empty_reason()))
     if "twin" in data:
         tw = data["twin"]
         console.print(

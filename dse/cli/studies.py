@@ -255,7 +255,16 @@ def run_systems(
     def on_start(name, sub):
         render.sub_study(name, sub, out_dir / Path(name).stem)
 
-    results = run_generations(space, names, out_dir=out_dir, resume=resume, seed=seed, on_start=on_start, **kwargs)
+    results = run_generations(
+        space,
+        names,
+        out_dir=out_dir,
+        resume=resume,
+        seed=seed,
+        on_start=on_start,
+        on_count=lambda name, count: render.system_count(Path(name).stem, count),
+        **kwargs,
+    )
     for name, r in zip(names, results):
         if r.stop_reason:  # an agent that stopped by itself says why, per system, as a single study does
             render.line(f"{Path(name).stem}: {r.stop_reason}")
