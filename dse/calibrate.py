@@ -42,7 +42,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -105,13 +105,64 @@ class Run:
     step_time_s: float | None
     peak_memory_gib: float | None
     oom: bool = False
+    where: str = ""  # the file and row (or trial) it came from, for errors
+    key: tuple = ()  # what it ran (a TSV row's columns but its name and measurements): repeats share it
 
 
 # ---- sources -------------------------------------------------------------------------------------------
 
 
-def _int(row: dict, name: str, default: int = 0) -> int:
-    return int(row.get(name) or default)
+# The integer columns of a TSV row and the values each may take: far beyond any real run, so that a typo, a wrong
+# column or a hostile row (tp 0, hidden 1e9, a 5,000-digit number) is a one-line refusal naming the row, never a
+# traceback or a model evaluated where it divides by zero.
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "num_layers": (1, 10_000),
+    "hidden_size": (1, 1_000_000),
+    "num_attention_heads": (1, 100_000),
+    "num_query_groups": (1, 100_000),
+    "ffn_hidden_size": (1, 10_000_000),
+    "vocab_size": (1, 100_000_000),
+    "tp": (1, 1024),
+    "pp": (1, 1024),
+    "mbs": (1, 1_000_000),
+    "gbs": (1, 1_000_000_000),
+    "seq_length": (1, 100_000_000),
+    "num_gpus": (1, 1_000_000),
+    "num_experts": (0, 100_000),
+    "moe_topk": (0, 100_000),
+    "moe_ffn_hidden_size": (0, 10_000_000),
+    "moe_shared_expert_size": (0, 10_000_000),
+    "moe_first_dense_layers": (0, 10_000),
+    "kv_channels": (0, 1_000_000),
+    "ep": (1, 1024),
+    "etp": (1, 1024),
+}
+
+
+class RowError(ValueError):
+    """A TSV row's value out of its range (the reader turns it into a one-line error naming file and row)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+def _int(row: dict, name: str, default: int | None = 0) -> int:
+    """The integer in column ``name`` (``default`` when empty or absent; None: required), within
+    :data:`_INT_RANGES`."""
+    raw = row.get(name)
+    if raw is None or str(raw).strip() == "":
+        if default is None:
+            raise RowError(name, "is empty; give a value")
+        return default
+    text = str(raw).strip()
+    if len(text) > 12 or not text.lstrip("+-").isdigit():
+        raise RowError(name, f"{text[:40]!r} is not an integer of at most 12 digits")
+    value = int(text)
+    lo, hi = _INT_RANGES.get(name, (0, 10**12))
+    if not lo <= value <= hi:
+        raise RowError(name, f"{value} is out of range; it must be >= {lo} and <= {hi}")
+    return value
 
 
 def arch_from_row(row: dict):
@@ -120,14 +171,16 @@ def arch_from_row(row: dict):
     head size), as a :class:`dse.recipes.models.ModelArch`."""
     from dse.recipes.models import ModelArch
 
+    if _int(row, "num_experts") and _int(row, "moe_topk", 2) < 1:
+        raise RowError("moe_topk", "must be at least 1 in a row with experts")
     return ModelArch(
         row["model"],
-        int(row["num_layers"]),
-        int(row["hidden_size"]),
-        int(row["num_attention_heads"]),
-        int(row["num_query_groups"]),
-        int(row["ffn_hidden_size"]),
-        int(row["vocab_size"]),
+        _int(row, "num_layers", None),
+        _int(row, "hidden_size", None),
+        _int(row, "num_attention_heads", None),
+        _int(row, "num_query_groups", None),
+        _int(row, "ffn_hidden_size", None),
+        _int(row, "vocab_size", None),
         str(row["gated"]) == "True",
         num_experts=_int(row, "num_experts"),
         moe_topk=_int(row, "moe_topk", 2),
@@ -162,17 +215,17 @@ def trial_from_row(row: dict, gpu: str):
 
     arch = arch_from_row(row)
     recipe = Recipe(
-        arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=int(row["seq_length"]), num_gpus_default=1
+        arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=_int(row, "seq_length", None), num_gpus_default=1
     )
-    n = int(row.get("num_gpus") or 1)
+    n = _int(row, "num_gpus", 1)
     system = load_system({"gpu": gpu, "gpus_per_node": n, "nvlink_domain": n})
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
     values.update(
-        tp=int(row["tp"]),
-        pp=int(row["pp"]),
-        mbs=int(row["mbs"]),
-        gbs=int(row["gbs"]),
-        seq_length=int(row["seq_length"]),
+        tp=_int(row, "tp", None),
+        pp=_int(row, "pp", None),
+        mbs=_int(row, "mbs", None),
+        gbs=_int(row, "gbs", None),
+        seq_length=_int(row, "seq_length", None),
         recompute=row["recompute"],
         num_nodes=1,
         precision=row.get("precision") or "bf16",
@@ -212,40 +265,64 @@ def _float(v) -> float | None:
     return x if math.isfinite(x) and x > 0 else None
 
 
+#: The largest calibration TSV read, and the most runs one calibration fits: a calibration is fitted to the runs
+#: one measured (the shipped TSVs hold 13 to 300 rows, under 60 KB); leave-one-out refits once per run.
+MAX_TSV_BYTES = 1024 * 1024
+MAX_RUNS = 1000
+
+
+def _tsv_rows(path: Path) -> list[dict]:
+    """The rows of a calibration TSV of at most :data:`MAX_TSV_BYTES` bytes, its header checked."""
+    import io
+
+    text = read_text(path, cap=MAX_TSV_BYTES)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t")
+    missing = [c for c in _TSV_NEEDS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise UserError(
+            f"missing column(s) {', '.join(missing)}; the format is that of bench/data/h200_real_runs.tsv",
+            file=str(path),
+            field="header",
+        )
+    return list(reader)
+
+
 def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh, delimiter="\t")
-        missing = [c for c in _TSV_NEEDS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise UserError(
-                f"missing column(s) {', '.join(missing)}; the format is that of bench/data/h200_real_runs.tsv",
-                file=str(path),
-                field="header",
-            )
-        rows = list(reader)
-    from dse.hardware import gpu_from_device_name
+    rows = _tsv_rows(path)
+    from dse.hardware import HARDWARE, gpu_from_device_name
 
     # a gpu column may hold dse's names or the device's as torch prints it (bench/data/moe_gpu_runs.tsv)
     gpus = {gpu_from_device_name(r["gpu"]) or r["gpu"] for r in rows if r.get("gpu")}
     if len(gpus) > 1:
         raise UserError(
-            f"runs of several GPUs ({', '.join(sorted(gpus))}); calibrate one GPU at a time",
+            f"runs of several GPUs ({', '.join(sorted(gpus))[:200]}); calibrate one GPU at a time",
             file=str(path),
             field="gpu",
         )
     file_gpu = next(iter(gpus), None)
     if gpu and file_gpu and file_gpu != gpu:
-        raise UserError(f"runs are on {file_gpu}, not {gpu} as --gpu says", file=str(path), field="gpu")
+        raise UserError(f"runs are on {file_gpu[:40]!r}, not {gpu} as --gpu says", file=str(path), field="gpu")
     use = gpu or file_gpu
     if use is None:
         raise UserError("no gpu column; say which GPU the runs are on with --gpu", file=str(path), field="gpu")
+    if use not in HARDWARE:
+        raise UserError(f"{use[:40]!r} is not a GPU dse knows ({', '.join(HARDWARE)})", file=str(path), field="gpu")
     runs = []
     for i, r in enumerate(rows):
         st = _float(r.get("step_time_ms"))
         if st is None:
             continue
-        mem = _float(r.get("peak_allocated_gib"))
-        runs.append(Run(r.get("name") or f"row {i + 2}", trial_from_row(r, use), st / 1e3, mem))
+        name = f"row {i + 2}"
+        try:
+            trial = trial_from_row(r, use)
+            mem = _float(r.get("peak_allocated_gib"))
+            runs.append(Run(r.get("name") or name, trial, st / 1e3, mem, where=f"{path}: {name}", key=_row_key(r)))
+        except RowError as e:
+            raise UserError(str(e), file=f"{path}: {name}", field=e.name) from None
+        except UserError as e:  # the system of the row (its GPUs) refused
+            raise UserError(str(e), file=f"{path}: {name}") from None
+        except (ValueError, KeyError) as e:  # a value the knob catalogue or the system refuses
+            raise UserError(f"cannot be read: {str(e)[:200]}", file=f"{path}: {name}") from None
     return runs, use
 
 
@@ -320,8 +397,110 @@ def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]
                 )
             run = _board_run(row, resolve(space, _board_point(space, row, board_p)))
             if run is not None:
-                runs.append(run)
+                runs.append(replace(run, where=f"{board_p}: {run.name}"))
     return runs, study_gpu
+
+
+# A measured figure against the model's prediction for its layout: the model is within tens of percent on the
+# stacks it was fitted to and a factor of two or three on others, while a wrong unit is a factor of 1,000 (seconds
+# or nanoseconds given as milliseconds) or 2^30 (bytes as GiB). Past this factor a run is refused as a unit error.
+UNIT_FACTOR = 10.0
+# Runs of one layout (repeats) whose step times differ by more than this factor, or whose peaks differ by more than
+# MEMORY_REPEAT_FACTOR, contradict each other: one of them is not what the row says.
+REPEAT_FACTOR = 1.25
+MEMORY_REPEAT_FACTOR = 1.1
+# A fit whose step times are still off by more than this (mean absolute percentage) does not describe the runs.
+MAX_FIT_MAPE = 50.0
+
+
+def _predicted(run: Run):
+    """The model's figures for the run's layout; a layout the model cannot evaluate is refused in one line."""
+    try:
+        return predict(run.trial)
+    except (ValueError, ArithmeticError, KeyError) as e:
+        raise UserError(f"the model cannot evaluate this layout: {str(e)[:200]}", file=run.where or run.name) from None
+
+
+def _check_plausible(run: Run, gpu: str) -> None:
+    """Refuse a run whose figures no run of its layout can have: a step time off the model's by more than
+    :data:`UNIT_FACTOR` (a unit error), a peak above the GPU's memory or off the model's by that factor."""
+    from dse.hardware import HARDWARE
+
+    pr = _predicted(run)
+    where = run.where or run.name
+    if run.step_time_s is not None:
+        ratio = run.step_time_s / pr.step_time_s
+        if not 1 / UNIT_FACTOR <= ratio <= UNIT_FACTOR:
+            raise UserError(
+                f"step time {run.step_time_s * 1e3:.6g} ms is {ratio:.3g} times the model's {pr.step_time_s * 1e3:.4g} "
+                f"ms for this layout; a unit error? (a TSV's step_time_ms is milliseconds, a study's step_time_s "
+                f"seconds)",
+                file=where,
+                field="step_time",
+            )
+    if run.peak_memory_gib is not None:
+        cap = HARDWARE[gpu].memory_gib
+        ratio = run.peak_memory_gib / max(pr.peak_memory_gib, 1e-3)
+        if run.peak_memory_gib > cap or not 1 / UNIT_FACTOR <= ratio <= UNIT_FACTOR:
+            raise UserError(
+                f"peak memory {run.peak_memory_gib:.6g} GiB is not plausible on a {cap:g} GiB {gpu} (the model "
+                f"predicts {pr.peak_memory_gib:.4g} GiB); a unit error? (peak_allocated_gib is GiB, 2^30 bytes)",
+                file=where,
+                field="peak_memory",
+            )
+
+
+# A TSV's columns that name or measure a run rather than say what ran (a repeat differs only in these)
+_MEASURED = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_allocated_gib"}
+_MEASURED |= {"peak_reserved_gib", "loss_first", "loss_last"}
+
+
+def _row_key(row: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in row.items() if k not in _MEASURED and isinstance(k, str)))
+
+
+def _spread(a: float, b: float) -> float:
+    return max(a, b) / min(a, b)
+
+
+def _merge_repeats(runs: Sequence[Run]) -> list[Run]:
+    """One run per layout: repeats that agree (step times within :data:`REPEAT_FACTOR`, peaks within
+    :data:`MEMORY_REPEAT_FACTOR`) become one run with their median figures, so a row given 40 times weighs and
+    costs one run; repeats that disagree are refused, naming both."""
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.key or (id(r),), []).append(r)
+    out = []
+    for same in groups.values():
+        first = same[0]
+        for r in same[1:]:
+            for what, a, b, limit in (
+                ("step times", first.step_time_s, r.step_time_s, REPEAT_FACTOR),
+                ("peak memories", first.peak_memory_gib, r.peak_memory_gib, MEMORY_REPEAT_FACTOR),
+            ):
+                if a is not None and b is not None and _spread(a, b) > limit:
+                    raise UserError(
+                        f"the same layout as {first.where or first.name} with {what} {a:.6g} and {b:.6g}: repeats "
+                        "that disagree; keep the one that is right",
+                        file=r.where or r.name,
+                    )
+        if len(same) == 1:
+            out.append(first)
+            continue
+        st = [r.step_time_s for r in same if r.step_time_s is not None]
+        mem = [r.peak_memory_gib for r in same if r.peak_memory_gib is not None]
+        out.append(
+            Run(
+                first.name,
+                first.trial,
+                statistics.median(st) if st else None,
+                statistics.median(mem) if mem else None,
+                oom=all(r.oom for r in same),
+                where=first.where,
+                key=first.key,
+            )
+        )
+    return out
 
 
 def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[list[Run], str]:
@@ -357,7 +536,17 @@ def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[li
             field="SOURCE",
             file=", ".join(map(str, sources)),
         )
-    return runs, next(iter(seen.values()))
+    g = next(iter(seen.values()))
+    runs = _merge_repeats(runs)
+    if len(runs) > MAX_RUNS:
+        raise UserError(
+            f"{len(runs)} distinct runs; a calibration fits at most {MAX_RUNS} (leave-one-out refits once per run)",
+            field="SOURCE",
+            file=", ".join(map(str, sources)),
+        )
+    for r in runs:
+        _check_plausible(r, g)
+    return runs, g
 
 
 # ---- the fit -------------------------------------------------------------------------------------------
@@ -639,6 +828,8 @@ def calibrate(
         pr = CALIBRATION_PRIORS[n]
         shift = abs(pr.to_z(new) - pr.to_z(old)) / pr.width  # in prior widths
         report.append({"name": n, "old": old, "new": new, "moved": bool(shift > 0.1), "shift_sigma": shift})
+    fit = {"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)}
+    _check_fit(P, t_names, m_names, fit)
     on_loo = None if progress is None else (lambda done, _n: progress(1 + done, total))
     cal = Calibration(
         gpu=g,
@@ -646,10 +837,32 @@ def calibrate(
         sources=[str(s) for s in sources],
         runs=len(runs),
         date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        fit={"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)},
+        fit=fit,
         loo=leave_one_out(runs, t_names, m_names, fitted=P, progress=on_loo) if loo else None,
     )
     return cal, report
+
+
+def _check_fit(P: Params, t_names: Sequence[str], m_names: Sequence[str], fit: dict) -> None:
+    """Refuse a fit that the calibration file's reader would refuse (a parameter outside its range) or that does
+    not describe the runs (step times still off by more than :data:`MAX_FIT_MAPE` %): no file is written."""
+    from dse.calibration_file import PARAM_RANGES
+
+    for n in (*t_names, *m_names):
+        v, r = getattr(P, n), PARAM_RANGES.get(n)
+        if not math.isfinite(v) or (r is not None and not r.holds(v)):
+            raise UserError(
+                f"the fit gives {n} = {v:.6g}, outside its range ({r.text() if r else 'finite'}): the runs do not "
+                "fit the model with the parameters they identify (are the units right? more runs?); nothing written",
+                field="SOURCE",
+            )
+    after = fit["after"]["step_time_mape"]
+    if after is not None and after > MAX_FIT_MAPE:
+        raise UserError(
+            f"after the fit the model's step times are still {after:.0f}% off the runs' on average (more than "
+            f"{MAX_FIT_MAPE:g}%): the runs do not fit the model (are the units right?); nothing written",
+            field="SOURCE",
+        )
 
 
 # ---- the file (dse.calibration_file, which dse.space can import) --------------------------------------

@@ -363,7 +363,8 @@ def test_calibrate_reports_its_progress_fit_then_each_refit(tmp_path):
     calibrate([src], gpu="h200", loo=False, progress=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 1)]
     seen.clear()  # one run: no leave-one-out, so the fit is all there is to count
-    calibrate([synthetic_tsv(tmp_path / "one.tsv", KNOWN, n=1)], gpu="h200", progress=lambda d, t: seen.append((d, t)))
+    one = synthetic_tsv(tmp_path / "one.tsv", {"elementwise_scale": 3.0}, n=1)  # what one run's one parameter can say
+    calibrate([one], gpu="h200", progress=lambda d, t: seen.append((d, t)))
     assert seen == [(1, 1)]
 
 
