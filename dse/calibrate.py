@@ -215,7 +215,12 @@ def trial_from_row(row: dict, gpu: str):
 
     arch = arch_from_row(row)
     recipe = Recipe(
-        arch.name, arch, nemo2_recipe="", mbridge_recipe=None, seq_length=_int(row, "seq_length", None), num_gpus_default=1
+        arch.name,
+        arch,
+        nemo2_recipe="",
+        mbridge_recipe=None,
+        seq_length=_int(row, "seq_length", None),
+        num_gpus_default=1,
     )
     n = _int(row, "num_gpus", 1)
     system = load_system({"gpu": gpu, "gpus_per_node": n, "nvlink_domain": n})
