@@ -329,12 +329,40 @@ SBATCH_OWN_FIELD = {
 }
 
 
+def slurm_time(text: str) -> int | None:
+    """Seconds of a Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; None for
+    ``UNLIMITED``/``INFINITE``); an :class:`OptionError` for another spelling or a field out of its range (minutes
+    and seconds below 60 after the first field, hours below 24 after days), which Slurm would read otherwise."""
+    t = str(text).strip().upper()
+    if t in ("UNLIMITED", "INFINITE"):
+        return None
+    if not re.fullmatch(r"(\d{1,9}-)?\d{1,9}(:\d{1,2}){0,2}", t):
+        raise OptionError(f"{text!r} is not a Slurm time (MM, HH:MM:SS or D-HH:MM:SS)")
+    days, _, rest = t.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, sec = (parts + [0, 0])[:3]
+        bounded = [(h, 24, "hours")] + [(v, 60, w) for v, w in zip(parts[1:], ("minutes", "seconds"))]
+    else:  # MM, MM:SS, HH:MM:SS
+        h, m, sec = parts if len(parts) == 3 else (0, *(parts + [0])[:2])
+        bounded = [(v, 60, w) for v, w in zip(parts[1:], ("minutes", "seconds")[3 - len(parts) :])]
+    for value, limit, what in bounded:
+        if value >= limit:
+            raise OptionError(f"{text!r} is not a Slurm time: {what} {value} (at most {limit - 1})")
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
 def sbatch_options(table: Mapping[str, Any]) -> dict[str, Any]:
     """``[slurm] sbatch_options`` checked against :data:`SBATCH_ALLOWED`: sbatch's spelling (``time_min`` ->
-    ``time-min``) -> the value written (``True`` for a flag); a :class:`OptionError` for a refused option or value."""
+    ``time-min``) -> the value written (``True`` for a flag); a :class:`OptionError` for a refused option or value,
+    or for one option given in two spellings (``time_min`` and ``"time-min"``: which one wins is not said)."""
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for key, value in table.items():
         name = str(key).replace("_", "-")
+        if name in given:
+            raise OptionError(f"{given[name]} and {key} are the same option {name}; give it once")
+        given[name] = str(key)
         if name in SBATCH_OWN_FIELD:
             raise OptionError(f"{key}: set {SBATCH_OWN_FIELD[name]} instead")
         opt = SBATCH_ALLOWED.get(name)
@@ -356,6 +384,8 @@ def sbatch_options(table: Mapping[str, Any]) -> dict[str, Any]:
         elif not isinstance(value, str) or not re.fullmatch(opt.pattern or "", value):
             raise OptionError(f"{key}: {value!r} is not allowed; use {opt.what}")
         else:
+            if opt.pattern == _TIME:
+                slurm_time(value)  # its fields in range (00:61:99 is not a time)
             out[name] = value
     return out
 

@@ -154,6 +154,30 @@ class SlurmSettings(_Strict):
                 raise ValueError(f"{item!r} is not allowed; use {what}")
         return v
 
+    @field_validator("time_limit", "max_pending")
+    @classmethod
+    def _slurm_time(cls, v: str) -> str:
+        if v:
+            try:
+                allowlists.slurm_time(v)  # its fields in range: 00:61:99 is not a time
+            except allowlists.OptionError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("job_dir")
+    @classmethod
+    def _no_climbing(cls, v: str) -> str:
+        if any(part in (".", "..") for part in v.split("/")):
+            raise ValueError(f"{v!r} is not allowed; a job directory has no . or .. components")
+        return v
+
+    @model_validator(mode="after")
+    def _time_min_within_limit(self) -> SlurmSettings:
+        t_min, limit = self.sbatch_options.get("time-min"), allowlists.slurm_time(self.time_limit)
+        if t_min is not None and limit is not None and allowlists.slurm_time(t_min) > limit:  # type: ignore[operator]
+            raise ValueError(f"sbatch_options time-min {t_min} exceeds time_limit {self.time_limit}")
+        return self
+
     @field_validator("srun_args")
     @classmethod
     def _allowed_srun_args(cls, v: list[str]) -> list[str]:
@@ -395,6 +419,7 @@ class Space(_Strict):
             self._check_knob_values(name, values, f)
         self._check_backend(f)
         self._check_env_opt_in(f)
+        self._check_segment(f)
         if "num_nodes" in self.settings:
             raise UserError(
                 "set num_nodes at the top level of the space, not in [settings]", file=f, field="settings.num_nodes"
@@ -461,6 +486,22 @@ class Space(_Strict):
                 load_calibration(self.backend.calibration, gpu=self.system.gpu)
             except UserError as e:
                 raise UserError(str(e), file=f, field="backend.calibration") from None
+
+    def _check_segment(self, f: str | None) -> None:
+        """The system's ``sbatch_options.segment`` divides every node count of the space: Slurm allocates whole
+        segments, so a job of 18 nodes in segments of 7 (or of a million) is never scheduled."""
+        seg = self.system.slurm.sbatch_options.get("segment")
+        if not seg:
+            return
+        counts = sorted({self.num_nodes, *(int(v) for v in self.knobs.get("num_nodes", []))})
+        bad = [n for n in counts if n % seg]
+        if bad:
+            raise UserError(
+                f"segment {seg} does not divide the space's node count {bad[0]} (Slurm allocates whole segments); "
+                f"use a divisor of {bad[0]}, or 0 for none",
+                file=f,
+                field="system.slurm.sbatch_options.segment",
+            )
 
     def _check_env_opt_in(self, f: str | None) -> None:
         """Environment names are denied by default: a space sets only the tuning families of

@@ -136,3 +136,39 @@ def test_the_payloads_own_settings_stay_allowed_and_the_launch_keeps_its_control
     forced = dataclasses.replace(t, env={"DSE_NEMO_TASK": "finetune"})  # past validation, as a bug might
     with pytest.raises(UserError, match="DSE_NEMO_TASK"):
         build_plan(forced, payload="nemo2")
+
+
+# -- Slurm options that Slurm would read otherwise, or never schedule --------------------------------------------
+@pytest.mark.parametrize(
+    "slurm, nodes, field, needle",
+    [
+        ('time_limit = "00:61:99"', 2, "slurm.time_limit", "minutes 61"),
+        ('time_limit = "1-24:00:00"', 2, "slurm.time_limit", "hours 24"),
+        ('max_pending = "10:75"', 2, "slurm.max_pending", "seconds 75"),
+        ('job_dir = "../../../../../etc"', 2, "slurm.job_dir", "no . or .. components"),
+        ('job_dir = "/scratch/jobs/../../etc"', 2, "slurm.job_dir", "no . or .. components"),
+        ('sbatch_options = { time_min = "00:10:00", "time-min" = "00:20:00" }', 2, "sbatch_options", "give it once"),
+        ('time_limit = "00:30:00"\nsbatch_options = { time_min = "01:00:00" }', 2, "slurm", "exceeds time_limit"),
+        ('sbatch_options = { time_min = "00:61:99" }', 2, "sbatch_options", "minutes 61"),
+        ("sbatch_options = { segment = 7 }", 18, "segment", "does not divide the space's node count 18"),
+        ("sbatch_options = { segment = 1000000 }", 2, "segment", "does not divide the space's node count 2"),
+    ],
+)
+def test_slurm_options_slurm_would_misread_are_refused(tmp_path, slurm, nodes, field, needle):
+    from tests.helpers import one_line_error
+
+    sysfile = tmp_path / "sys.toml"
+    sysfile.write_text(f'gpu = "gb200"\ngpus_per_node = 4\nnvlink_domain = 72\n[slurm]\n{slurm}\n')
+    text = write_space(tmp_path).read_text().replace('system = "h100"', f'system = "{sysfile}"')
+    path = write_space(tmp_path, text.replace("num_nodes = 2", f"num_nodes = {nodes}"))
+    one_line_error(dse("validate", path), field, needle)
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90", 5400), ("10:30", 630), ("01:02:03", 3723), ("2-03", 183600), ("1-00:00:00", 86400), ("UNLIMITED", None)],
+)
+def test_slurm_times_in_every_spelling(text, seconds):
+    from dse.allowlists import slurm_time
+
+    assert slurm_time(text) == seconds

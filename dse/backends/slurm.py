@@ -254,17 +254,9 @@ class JobState:
 
 
 def slurm_seconds(text: str) -> float | None:
-    """Slurm's time formats (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None: unlimited."""
-    text = text.strip().upper()
-    if text in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        h, m, sec = (parts + [0, 0])[:3]
-    else:  # MM, MM:SS, HH:MM:SS
-        h, m, sec = parts if len(parts) == 3 else (0, *(parts + [0])[:2])
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+    """Slurm's time formats (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None: unlimited
+    (checked when the system file was read: :func:`dse.allowlists.slurm_time`)."""
+    return allowlists.slurm_time(text)
 
 
 def pending_reason(job_id: str) -> str:
