@@ -27,7 +27,7 @@ from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
 from dse.inputs import read_text
 from dse.space import Space
-from dse.store import Store, check_url, sqlite_path
+from dse.store import PASSWORD_ENV, Store, check_url, sqlite_path, without_password
 from dse.store import exists as study_exists
 
 META = "dse.json"
@@ -64,6 +64,12 @@ def absolute_storage(url: str) -> str:
     """``--storage`` as given, with a relative SQLite file made absolute now (a relative path
     would otherwise name a different file from every other working directory)."""
     check_url(url)
+    if without_password(url) != url:
+        print(
+            f"--storage: its password is not kept in {META}; a later dse on this study (--resume, leaderboard) "
+            f"reads it from {PASSWORD_ENV}, or libpq's PGPASSWORD, ~/.pgpass or service file",
+            file=sys.stderr,
+        )
     path = sqlite_path(url)
     if path is not None and not path.is_absolute():
         return "sqlite:///" + str(path.resolve()) + (("?" + url.partition("?")[2]) if "?" in url else "")
@@ -120,7 +126,7 @@ def new_meta(
         "space": space.source,
         "space_name": space.name,
         "study_name": space.name,
-        "storage": storage or DB,
+        "storage": without_password(storage) if storage else DB,  # a password is never written down
         "knobs": knob_lists(space),
         "recipe": space.recipe,
         "provenance": Provenance.of_space(space, backend).as_dict(),

@@ -175,18 +175,57 @@ def sqlite_path(url: str) -> Path | None:
     return Path(rest) if rest and rest != ":memory:" else None
 
 
+#: The storage password, for a URL that carries none (dse.json keeps the URL without it). PostgreSQL's own
+#: PGPASSWORD, ~/.pgpass (PGPASSFILE) and service file (PGSERVICEFILE) work as well: libpq reads them itself.
+PASSWORD_ENV = "DSE_STORAGE_PASSWORD"
+
+
+def _parsed(url: str) -> sa.URL | None:
+    try:
+        return sa.make_url(url)
+    except Exception:  # ArgumentError and friends: not a URL SQLAlchemy reads, so it carries no password
+        return None
+
+
+def without_password(url: str) -> str:
+    """``url`` as it may be written down (``dse.json``): without its password, if it has one."""
+    parsed = _parsed(url)
+    if parsed is None or parsed.password is None:
+        return url
+    bare = sa.URL.create(  # URL.set(password=None) keeps the password: None means "unchanged" there
+        parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database, parsed.query
+    )
+    return bare.render_as_string(hide_password=False)
+
+
+def shown(url: str) -> str:
+    """``url`` as it may be printed: its password as ``***``."""
+    parsed = _parsed(url)
+    return url if parsed is None or parsed.password is None else parsed.render_as_string(hide_password=True)
+
+
+def with_password(url: str) -> str | sa.URL:
+    """``url`` to connect with: given :data:`PASSWORD_ENV` and a server URL without a password, with that one."""
+    secret = os.environ.get(PASSWORD_ENV)
+    parsed = _parsed(url)
+    if not secret or parsed is None or parsed.password is not None or parsed.get_backend_name() == "sqlite":
+        return url
+    return parsed.set(password=secret)
+
+
 def check_url(url: str, *, field: str = "--storage") -> str:
     """``url`` if it is an SQLAlchemy URL whose driver is installed, else a one-line :class:`UserError`.
     Connects to nothing and writes nothing."""
     if "://" not in url:
         raise UserError(
-            f"{url!r} is not an SQL storage URL (e.g. sqlite:///study.db or postgresql+psycopg://host/db)", field=field
+            f"{shown(url)!r} is not an SQL storage URL (e.g. sqlite:///study.db or postgresql+psycopg://host/db)",
+            field=field,
         )
     try:
         parsed = sa.make_url(url)
-        parsed.get_dialect()  # imports the driver module: a missing driver fails here, not mid-study
+        parsed.get_dialect().import_dbapi()  # imports the driver module: a missing driver fails here, not mid-study
     except Exception as e:  # ArgumentError, NoSuchModuleError, ImportError: all mean "cannot use this URL"
-        raise UserError(f"cannot use storage {url!r}: {_one_line(e)}", field=field) from None
+        raise UserError(f"cannot use storage {shown(url)!r}: {_one_line(e)}", field=field) from None
     if _in_memory(parsed):
         raise UserError(
             f"{url!r} is an in-memory database: the study would vanish when dse exits; give a file "
@@ -208,7 +247,7 @@ def _in_memory(url: sa.URL) -> bool:
 def make_engine(url: str) -> sa.Engine:
     """An engine for ``url``; SQLite waits up to a minute for another process's write instead of failing."""
     check_url(url)
-    return sa.create_engine(url, connect_args={"timeout": 60} if url.startswith("sqlite") else {})
+    return sa.create_engine(with_password(url), connect_args={"timeout": 60} if url.startswith("sqlite") else {})
 
 
 def exists(url: str, study_name: str) -> bool:
@@ -297,7 +336,7 @@ class Store:
             self.engine.dispose()
             if sqlite_path(url) is not None:
                 raise UserError(f"cannot read the study database: {_one_line(e)}", file=url) from None
-            raise UserError(f"cannot open storage {url}: {_one_line(e)}", field="--storage") from None
+            raise UserError(f"cannot open storage {shown(url)}: {_one_line(e)}", field="--storage") from None
         except BaseException:
             self.engine.dispose()
             raise
@@ -327,7 +366,7 @@ class Store:
         if sid is not None:
             return sid
         if legacy is None and not create:
-            raise UserError(f"no study {self.study_name!r} in {self.url}")
+            raise UserError(f"no study {self.study_name!r} in {shown(self.url)}")
         if not ready:
             _create_schema(self.engine)
         with self.engine.begin() as conn:  # the study and, migrated, its trials: all or nothing
@@ -411,7 +450,7 @@ class Store:
         except IntegrityError:  # the numbers are taken: not through --worker, so nothing keeps them apart
             raise InfrastructureError(
                 f"another dse wrote trials {pending[0].number}.. of study {self.study_name!r} "
-                f"to {self.url} (several processes on one study: --worker each)"
+                f"to {shown(self.url)} (several processes on one study: --worker each)"
             ) from None
         except (OSError, SQLAlchemyError) as e:
             # the store cannot be written (disk full, read-only, database gone): dse's failure, not a trial's;
@@ -421,7 +460,7 @@ class Store:
         self._flushed_at = time.monotonic()
 
     def _write_error(self, e: BaseException) -> InfrastructureError:
-        return InfrastructureError(f"cannot write the study to {self.url}: {_one_line(e)}")
+        return InfrastructureError(f"cannot write the study to {shown(self.url)}: {_one_line(e)}")
 
     def close(self) -> None:
         if self.closed:

@@ -172,3 +172,61 @@ def test_slurm_times_in_every_spelling(text, seconds):
     from dse.allowlists import slurm_time
 
     assert slurm_time(text) == seconds
+
+
+# -- a storage password is never written down ---------------------------------------------------------------
+def test_a_storage_url_is_kept_and_shown_without_its_password(monkeypatch):
+    from dse.store import PASSWORD_ENV, shown, with_password, without_password
+
+    url = "postgresql+psycopg://dse:s3cret@db.example:5432/studies?sslmode=require"
+    assert without_password(url) == "postgresql+psycopg://dse@db.example:5432/studies?sslmode=require"
+    assert "s3cret" not in shown(url) and "***" in shown(url)
+    assert without_password("sqlite:////x/study.db") == "sqlite:////x/study.db"
+    monkeypatch.setenv(PASSWORD_ENV, "fromenv")
+    assert with_password(without_password(url)).password == "fromenv"
+    assert with_password(url) is url  # a URL with its own password keeps it
+    assert with_password("sqlite:////x/study.db") == "sqlite:////x/study.db"
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql+psycopg://u:s3cret@127.0.0.1:1/x", "mysql://u:s3cret@h/db", "mysql+pymysql://u:s3cret@h/db"]
+)
+def test_a_refused_storage_is_one_line_that_never_shows_its_password(tmp_path, url):
+    path = write_space(tmp_path)
+    r = dse("run", "--space", path, "--out", tmp_path / "out", "--storage", url)
+    assert r.exit_code == 2 and "s3cret" not in r.output and "Traceback" not in r.output, r.output
+    assert len([ln for ln in r.stderr.splitlines() if ln.startswith("error:")]) == 1, r.output
+    assert not (tmp_path / "out" / "dse.json").exists()
+
+
+@pytest.fixture
+def pg_db(pg_server):
+    """A fresh database on the test server (tests/services.py, trust authentication), dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    name = f"dse_test_{uuid.uuid4().hex[:10]}"
+    admin = pg_server.replace("+psycopg", "")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_postgresql_study_keeps_no_password_in_dse_json_and_resumes(tmp_path, pg_db, monkeypatch):
+    import json
+
+    from dse.store import PASSWORD_ENV
+
+    with_secret = pg_db.replace("postgres@", "postgres:s3cret@")
+    path, out = write_space(tmp_path), tmp_path / "out"
+    r = dse("run", "--space", path, "--out", out, "--storage", with_secret, "--agent", "random", "--trials", "2")
+    assert r.exit_code == 0, r.output
+    assert PASSWORD_ENV in r.stderr
+    assert "s3cret" not in (out / "dse.json").read_text()
+    assert json.loads((out / "dse.json").read_text())["storage"] == pg_db
+    monkeypatch.setenv(PASSWORD_ENV, "s3cret")  # the server trusts any; this is the path a resume takes
+    r = dse("run", "--space", path, "--out", out, "--resume", "--agent", "random", "--trials", "3")
+    assert r.exit_code == 0, r.output
