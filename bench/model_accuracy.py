@@ -1,6 +1,8 @@
 """Accuracy of the performance model against published throughput; prints figures, asserts nothing.
 
     python bench/model_accuracy.py          # per-row errors, MAPE, leave-one-out MAPE, ranking, memory, anchors
+    python bench/model_accuracy.py --by-source  # then the leave-one-source-out table (bench/model_sources.py),
+                                                # the headline accuracy figure: each source by a fit that never saw it
     python bench/model_accuracy.py --fit    # also refit the parameters on all rows and print them as the
                                             # constants to paste into dse/perfmodel/timing.py
 
@@ -136,7 +138,7 @@ FIT_CONTAINERS = ("mb2602_", "mb2604_")
 
 def fit_extra_ids() -> tuple[str, ...]:
     """The held-out table's rows that join the fit: :data:`FIT_EXTRA` and every row of :data:`FIT_CONTAINERS`."""
-    import model_heldout  # noqa: PLC0415 (it imports this module)
+    from bench import model_heldout  # noqa: PLC0415 (it imports this module)
 
     ids = [r["id"] for r in model_heldout.load_rows()]
     return FIT_EXTRA + tuple(i for i in ids if i.startswith(FIT_CONTAINERS) and i not in FIT_EXTRA)
@@ -161,7 +163,7 @@ def refit(rows: list[tuple]):
 
 def extra_fit_rows() -> list[tuple]:
     """(trial, published tokens/s/GPU) of the held-out rows that join the fit (:func:`fit_extra_ids`)."""
-    import model_heldout  # noqa: PLC0415 (it imports this module)
+    from bench import model_heldout  # noqa: PLC0415 (it imports this module)
 
     rows = {r["id"]: r for r in model_heldout.load_rows()}
     return [(model_heldout.row_trial(rows[i]), float(rows[i]["tokens_per_s_per_gpu"])) for i in fit_extra_ids()]
@@ -325,6 +327,12 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     ap.add_argument("--no-rank", action="store_true", help="skip the layout ranking")
+    ap.add_argument(
+        "--by-source",
+        action="store_true",
+        help="then the leave-one-source-out table (bench/model_sources.py: every source of the dense and MoE tables "
+        "predicted by a fit that never saw it; a dense refit per fitted source, minutes)",
+    )
     args = ap.parse_args(argv)
     rows = load_rows()
     params = DEFAULT_PARAMS
@@ -347,6 +355,11 @@ def main(argv=None) -> None:
     memory(rows, params)
     print()
     anchors(params)
+    if args.by_source:
+        from bench import model_sources  # noqa: PLC0415 (it imports this module)
+
+        print()
+        model_sources.main([])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,214 @@
+"""Leave-one-source-out accuracy of the performance model; prints figures, asserts nothing.
+
+    PYTHONPATH=. python bench/model_sources.py     # every source predicted by a fit that never saw it: MAPE per
+                                                   # source and per class, Spearman per (model, GPU) group
+    PYTHONPATH=. python bench/model_accuracy.py --by-source   # the same, after model_accuracy's own figures
+
+A *source* is one document that published throughput: a container's performance summary (Megatron-Bridge 25.09 to
+26.06, NeMo 24.07 to 25.07), NeMo's long-sequence tables, a paper (Narayanan et al. 2021, the Llama 3 paper). Each
+row of ``bench/data/published_*.tsv`` names its source in the ``source_key`` column. Rows of one source share its
+container, its scripts and its authors' conventions, so a random split of rows tests the model on rows whose
+siblings it was fitted to; holding out a whole source tests it as a user meets it, on a source it has never seen.
+
+For each source S:
+
+- dense rows: the dense parameters refitted (``model_accuracy.refit``, the shipped fit's rows less S's) where S has
+  rows in the shipped dense fit (the calibration table, ``FIT_EXTRA`` and the Megatron-Bridge 26.02 / 26.04 rows);
+  the shipped parameters where it has none, since that fit never saw S;
+- mixture-of-experts rows: the MoE parameters (``model_moe.fit``, least squares over ``MOE_FITTED``) refitted on
+  every MoE row of the other sources, on top of the dense parameters that never saw S.
+
+Then every row of S is predicted with its fold's parameters. The figures: MAPE and mean signed error per source, per
+class (dense / MoE, GPU architecture, precision, container family), Spearman of predicted vs published tokens/s/GPU
+within each (model, GPU) group of 3+ distinct layouts (a layout measured in several sources is one point at its mean),
+and the published layouts the folds call OOM. The sources no shipped fit sees at all are listed: they are the
+model's standing held-out check. Refitting the dense parameters takes about a minute per fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import model_accuracy, model_heldout, model_moe  # noqa: E402
+from dse.containers import family_of  # noqa: E402
+from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
+from dse.perfmodel.timing import Params  # noqa: E402
+
+
+def dense_rows() -> list[dict]:
+    """Every dense published row, calibration and held-out, with ``kind``, its trial and its layout key."""
+    out = []
+    for r in model_accuracy.load_rows():
+        out.append(dict(kind="dense", row=r, trial=model_accuracy.row_trial(r), layout=dense_layout(r)))
+    for r in model_heldout.load_rows():
+        out.append(dict(kind="dense", row=r, trial=model_heldout.row_trial(r), layout=dense_layout(r)))
+    return out
+
+
+def dense_layout(r: dict) -> tuple:
+    fp8 = r.get("fp8_recipe", "") if r["precision"] == "fp8" else ""
+    return tuple(r[k] for k in model_heldout.LAYOUT_KEYS) + ("mx" if fp8.startswith("mx") else "",)
+
+
+def moe_rows() -> list[dict]:
+    return [
+        dict(kind="MoE", row=r, trial=model_moe.row_trial(r), layout=tuple(r[k] for k in model_moe.GROUP_LAYOUT))
+        for r in model_moe.load_rows()
+    ]
+
+
+def dense_fit_ids() -> set[str]:
+    """The ids of the rows the shipped dense fit sees: the calibration table and ``model_accuracy.fit_extra_ids``."""
+    return {r["id"] for r in model_accuracy.load_rows()} | set(model_accuracy.fit_extra_ids())
+
+
+def dense_fold(source: str, rows: list[dict]) -> Params:
+    """The dense parameters of a fit that never saw ``source``: the shipped fit's rows less the source's, refitted;
+    the shipped parameters where the source has no row in that fit."""
+    fit_ids = dense_fit_ids()
+    if not any(x["row"]["id"] in fit_ids and x["row"]["source_key"] == source for x in rows):
+        return DEFAULT_PARAMS
+    train = [
+        (x["trial"], float(x["row"]["tokens_per_s_per_gpu"]))
+        for x in rows
+        if x["row"]["id"] in fit_ids and x["row"]["source_key"] != source
+    ]
+    return model_accuracy.refit(train)
+
+
+def moe_fold(source: str, rows: list[dict], base: Params) -> Params:
+    """The MoE parameters fitted on every MoE row of the other sources, on top of ``base``."""
+    train = [{**x["row"], "split": "fit"} for x in rows if x["row"]["source_key"] != source]
+    return model_moe.fit(train, base)
+
+
+def run_folds(dense: list[dict], moe: list[dict], refit_dense: bool = True) -> list[dict]:
+    """Every row's leave-one-source-out prediction: adds ``pred`` (its fold's) and ``err`` to each row record.
+    ``refit_dense`` False: the shipped dense parameters in every fold (a quick check of the MoE folds)."""
+    sources = sorted({x["row"]["source_key"] for x in dense + moe})
+    for s in sources:
+        t0 = time.perf_counter()
+        d_rows = [x for x in dense if x["row"]["source_key"] == s]
+        m_rows = [x for x in moe if x["row"]["source_key"] == s]
+        params = dense_fold(s, dense) if refit_dense else DEFAULT_PARAMS
+        refit = params is not DEFAULT_PARAMS
+        for x in d_rows:
+            x["pred"] = predict(x["trial"], params=params)
+        if m_rows:
+            params = moe_fold(s, moe, params)
+            for x in m_rows:
+                x["pred"] = predict(x["trial"], params=params)
+        for x in d_rows + m_rows:
+            x["err"] = x["pred"].tokens_per_s_per_gpu / float(x["row"]["tokens_per_s_per_gpu"]) - 1.0
+        print(
+            f"  fold {s:18s} dense {len(d_rows):3d} rows ({'refitted without it' if refit else 'shipped: never fitted'})"
+            f", MoE {len(m_rows):3d} rows  ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+    return dense + moe
+
+
+def precision_class(r: dict) -> str:
+    if r["precision"] != "fp8":
+        return r["precision"]
+    return "fp8/mx" if (r.get("fp8_recipe") or "").startswith("mx") else "fp8/per-tensor"
+
+
+def classes(x: dict) -> dict[str, str]:
+    r = x["row"]
+    tag = model_accuracy.row_container_tag(r)
+    return {
+        "kind": x["kind"],
+        "GPU architecture": HARDWARE[r["gpu"]].arch,
+        "precision": precision_class(r),
+        "container family": "none" if not tag else family_of(tag).name,
+    }
+
+
+def line(name: str, errs: list[float], width: int = 28) -> str:
+    mape = 100 * sum(map(abs, errs)) / len(errs)
+    signed = 100 * sum(errs) / len(errs)
+    return f"  {name:{width}s} n={len(errs):3d}  MAPE {mape:5.1f}%  mean signed {signed:+5.1f}%"
+
+
+def report(results: list[dict]) -> None:
+    fit_ids = dense_fit_ids()
+    moe_fitted = {r["source_key"] for r in model_moe.load_rows() if r["split"] == "fit"}
+    print("\n== leave-one-source-out, per source (tokens/s/GPU; each source predicted by a fit that never saw it)")
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    for x in results:
+        by_source[x["row"]["source_key"]].append(x)
+    for s, xs in sorted(by_source.items()):
+        for kind in ("dense", "MoE"):
+            e = [x["err"] for x in xs if x["kind"] == kind]
+            if e:
+                print(line(f"{s} {kind}", e))
+    for kind, goal in (("dense", 5), ("MoE", 10)):
+        e = [x["err"] for x in results if x["kind"] == kind]
+        print(line(f"all {kind} (goal <= {goal}%)", e))
+    for key in ("GPU architecture", "precision", "container family"):
+        print(f"\nby {key}:")
+        by: dict[tuple, list[float]] = defaultdict(list)
+        for x in results:
+            c = classes(x)
+            by[(c["kind"], c[key])].append(x["err"])
+        for (kind, c), e in sorted(by.items()):
+            print(line(f"{kind} {c}", e))
+    spearman_groups(results)
+    oom = [x["row"]["id"] for x in results if not x["pred"].fits]
+    print(
+        f"\npublished layouts predicted not to fit: {len(oom)} of {len(results)}"
+        + (f" ({', '.join(oom)})" if oom else "")
+    )
+    dense_unseen = sorted(
+        {x["row"]["source_key"] for x in results if x["kind"] == "dense"}
+        - {x["row"]["source_key"] for x in results if x["row"]["id"] in fit_ids}
+    )
+    moe_unseen = sorted({x["row"]["source_key"] for x in results if x["kind"] == "MoE"} - moe_fitted)
+    print(f"sources the shipped dense fit never sees: {', '.join(dense_unseen)}")
+    print(f"sources the shipped MoE fit never sees: {', '.join(moe_unseen)}")
+
+
+def spearman_groups(results: list[dict], min_layouts: int = 3) -> None:
+    """Spearman of the folds' predictions vs published tokens/s/GPU within each (model, GPU) group of
+    ``min_layouts`` or more distinct layouts; one point per layout at the mean of its rows."""
+    by: dict[tuple, dict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for x in results:
+        by[(x["kind"], x["row"]["model"], x["row"]["gpu"])][x["layout"]].append(x)
+    print(f"\nSpearman within (model, GPU) groups of {min_layouts}+ layouts (goal >= 0.9 each):")
+    rhos = []
+    for (kind, model, gpu), lays in sorted(by.items()):
+        if len(lays) < min_layouts:
+            continue
+        pub = [sum(float(x["row"]["tokens_per_s_per_gpu"]) for x in v) / len(v) for v in lays.values()]
+        pred = [sum(x["pred"].tokens_per_s_per_gpu for x in v) / len(v) for v in lays.values()]
+        rho = model_heldout.spearman(pred, pub)
+        rhos.append(rho)
+        print(f"  {kind:5s} {model:18s} {gpu:6s} layouts={len(lays):2d}  rho {rho:+.2f}")
+    good = sum(1 for r in rhos if r >= 0.9)
+    print(f"  {good} of {len(rhos)} groups at rho >= 0.9; lowest {min(rhos):+.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dense-only", action="store_true", help="only the dense rows")
+    ap.add_argument(
+        "--shipped-dense",
+        action="store_true",
+        help="keep the shipped dense parameters in every fold (no dense refit: seconds, not minutes; the dense rows "
+        "of the sources in the dense fit are then not held out)",
+    )
+    args = ap.parse_args(argv)
+    print("== folds")
+    results = run_folds(dense_rows(), [] if args.dense_only else moe_rows(), refit_dense=not args.shipped_dense)
+    report(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The leave-one-source-out protocol of bench/model_sources.py: every published row names its source, sources do not
+straddle one row id's container, the folds hold each source out of the fit that predicts it, and at least one whole
+source stays out of every shipped fit. The accuracy figures themselves are bench output, not tests."""
+
+from __future__ import annotations
+
+import re
+
+from bench import model_accuracy, model_heldout, model_moe, model_sources
+from dse.perfmodel import DEFAULT_PARAMS
+
+TABLES = {
+    "calibration": model_accuracy.load_rows(),
+    "held-out": model_heldout.load_rows(),
+    "moe": model_moe.load_rows(),
+}
+KEY = re.compile(r"(bridge|nemo)-\d\d\.\d\d(\.\d\d)?(-long)?|llama3-paper|megatron-lm-2021")
+
+
+def test_every_row_names_its_source():
+    for name, rows in TABLES.items():
+        for r in rows:
+            assert KEY.fullmatch(r["source_key"]), (name, r["id"], r["source_key"])
+            assert r["source"].strip(), (name, r["id"])
+
+
+def test_a_container_source_holds_only_its_containers_rows():
+    """A container summary's rows carry its release in their id (mb2604_..., nemo2502_...)."""
+    for rows in TABLES.values():
+        for r in rows:
+            m = re.fullmatch(r"(bridge|nemo)-(\d\d)\.(\d\d)(?:\.(\d\d))?(-long)?", r["source_key"])
+            if m:
+                prefix = ("mb" if m[1] == "bridge" else "nemo") + m[2] + m[3] + (m[4] or "")
+                assert r["id"].split("_")[0] == prefix, r["id"]
+
+
+def test_some_source_is_out_of_every_shipped_fit():
+    fitted = {r["source_key"] for rows in TABLES.values() for r in rows if r["id"] in model_sources.dense_fit_ids()}
+    fitted |= {r["source_key"] for r in TABLES["moe"] if r["split"] == "fit"}
+    every = {r["source_key"] for rows in TABLES.values() for r in rows}
+    assert every - fitted  # e.g. bridge-26.04.01 and bridge-26.06
+    assert fitted  # and the fits do see some
+
+
+def test_a_source_outside_the_dense_fit_keeps_the_shipped_parameters():
+    rows = model_sources.dense_rows()
+    assert model_sources.dense_fold("bridge-26.06", rows) is DEFAULT_PARAMS
+
+
+def test_the_moe_fold_never_sees_its_source(monkeypatch):
+    seen = []
+    monkeypatch.setattr(model_moe, "fit", lambda rows, base: seen.extend(rows) or base)
+    rows = model_sources.moe_rows()
+    model_sources.moe_fold("bridge-26.04", rows, DEFAULT_PARAMS)
+    assert seen and all(r["source_key"] != "bridge-26.04" for r in seen)
+    assert {r["split"] for r in seen} == {"fit"}
+    assert len(seen) == sum(1 for x in rows if x["row"]["source_key"] != "bridge-26.04")
