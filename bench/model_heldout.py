@@ -7,12 +7,16 @@ asserts nothing.
 
 Data: ``bench/data/published_perf_heldout.tsv`` — NeMo 24.03/24.07/25.02/25.04/25.07 and Megatron-Bridge
 25.09/25.11/26.02 performance summaries (rows absent from the calibration table), NeMo's long-sequence
-tables (context parallelism up to 1M tokens) and Narayanan et al. 2021, Table 1 (GPT 1.7B-1T on A100).
+tables (context parallelism up to 1M tokens), Narayanan et al. 2021, Table 1 (GPT 1.7B-1T on A100), and NVIDIA's
+DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking v25.03: Llama 3.1 8B / 70B / 405B on H100 in BF16 and
+delayed-scaling FP8, NeMo 24.12, at the smallest and largest scale of each table).
 Architectures outside ``recipes.models`` are ``--model-file`` TOMLs in ``bench/data/heldout_models/``.
 Columns beyond the calibration table's: ``recompute``, ``sp``, ``tp_comm_overlap`` (as the source's recipe
 ran; NVIDIA's recipes overlap TP communication whenever tp > 1, the 2021 paper predates it),
 ``fp8_recipe`` (cs = per-tensor current scaling, mx = MXFP8 32x32 blocks, as stated), ``model_file``, and
-``cross_entropy`` (also in the calibration table): the loss the row's container ran, priced by
+``bf16_grads`` (1: the row's optimizer reduced gradients in bf16 in bf16 runs too, as the NeMo launcher's
+``distributed_fused_adam`` with ``grad_sync_dtype: bf16`` of the DGX Cloud benchmarking recipes; empty: fp32 in
+bf16 runs), ``cross_entropy`` (also in the calibration table): the loss the row's container ran, priced by
 dse.perfmodel.stack.cross_entropy_bytes. ``native``, Megatron's unfused fp32 loss: Megatron-LM 2021, NeMo 24.03,
 and NeMo 24.07's GPT-3 and Llama 2 launcher configs (no ``cross_entropy_loss_fusion``); ``native_fused``,
 Megatron-Core's fused loss: NeMo 24.07's Llama 3 and Nemotron configs (``cross_entropy_loss_fusion: true``; the
@@ -51,6 +55,7 @@ from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
 from dse.constraints import check  # noqa: E402
 from dse.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
+from dse.perfmodel.stack import published_stack_name  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, Recipe  # noqa: E402
 from dse.space import System, load_system  # noqa: E402
@@ -92,10 +97,16 @@ def row_knobs(row: dict) -> dict:
         tp_comm_overlap=row["tp_comm_overlap"] == "1",
         cpu_offload_layers=int(row.get("cpu_offload_layers") or 0),  # 0: no table states offloading
         attention_backend=row.get("attention_backend") or "auto",
-        # "mx" / "mx (assumed)": MXFP8; "cs" and unstated: per-tensor current scaling
-        fp8_recipe="mxfp8" if row.get("fp8_recipe", "").startswith("mx") else "tensorwise",
+        fp8_recipe=fp8_recipe(row),
         **model_accuracy.row_graph(row),
     )
+
+
+def fp8_recipe(row: dict) -> str:
+    """The row's FP8 recipe: "mx" / "mx (assumed)": MXFP8; "delayed" (the NeMo launcher's amax-history scaling, as
+    stated in the row's config): delayed; "cs" and unstated: per-tensor current scaling."""
+    stated = row.get("fp8_recipe", "")
+    return "mxfp8" if stated.startswith("mx") else "delayed" if stated == "delayed" else "tensorwise"
 
 
 def row_system(row: dict) -> System | None:
@@ -120,7 +131,7 @@ def row_trial(row: dict, **override):
         row["gpu"],
         int(row["num_gpus"]),
         system=row_system(row),
-        payload=model_accuracy.row_stack(row),
+        payload=published_stack_name(row.get("cross_entropy") or "te", bf16_grads=row.get("bf16_grads") == "1"),
         container=model_accuracy.row_container_tag(row),
         **knobs,
     )

@@ -14,7 +14,7 @@ TABLES = {
     "held-out": model_heldout.load_rows(),
     "moe": model_moe.load_rows(),
 }
-KEY = re.compile(r"(bridge|nemo)-\d\d\.\d\d(\.\d\d)?(-long)?|llama3-paper|megatron-lm-2021")
+KEY = re.compile(r"(bridge|nemo)-\d\d\.\d\d(\.\d\d)?(-long)?|llama3-paper|megatron-lm-2021|dgxc-benchmarking")
 
 
 def test_every_row_names_its_source():
