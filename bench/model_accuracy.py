@@ -79,8 +79,9 @@ def row_container_tag(row: dict) -> str | None:
 
 def row_stack(row: dict) -> str:
     """The published stack a row's container ran (dse.perfmodel.stack.PUBLISHED_STACKS): its ``cross_entropy``
-    column, TE's fused loss where the column is empty."""
-    return published_stack_name(row.get("cross_entropy") or "te")
+    column, TE's fused loss where the column is empty; gradients reduced in bf16 in bf16 runs too where its
+    ``bf16_grads`` column (held-out table) is 1."""
+    return published_stack_name(row.get("cross_entropy") or "te", bf16_grads=row.get("bf16_grads") == "1")
 
 
 def row_graph(row: dict) -> dict:

@@ -55,7 +55,6 @@ from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
 from dse.constraints import check  # noqa: E402
 from dse.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
-from dse.perfmodel.stack import published_stack_name  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, Recipe  # noqa: E402
 from dse.space import System, load_system  # noqa: E402
@@ -131,7 +130,7 @@ def row_trial(row: dict, **override):
         row["gpu"],
         int(row["num_gpus"]),
         system=row_system(row),
-        payload=published_stack_name(row.get("cross_entropy") or "te", bf16_grads=row.get("bf16_grads") == "1"),
+        payload=model_accuracy.row_stack(row),
         container=model_accuracy.row_container_tag(row),
         **knobs,
     )

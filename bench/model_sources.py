@@ -137,8 +137,16 @@ def line(name: str, errs: list[float], width: int = 28) -> str:
     return f"  {name:{width}s} n={len(errs):3d}  MAPE {mape:5.1f}%  mean signed {signed:+5.1f}%"
 
 
-def report(results: list[dict]) -> None:
+def report(results: list[dict], rows: bool = False) -> None:
     fit_ids = dense_fit_ids()
+    if rows:
+        print("\n== every row (its source's fold): published and predicted tokens/s/GPU, error, fits")
+        for x in sorted(results, key=lambda x: (x["row"]["source_key"], x["row"]["id"])):
+            pub = float(x["row"]["tokens_per_s_per_gpu"])
+            print(
+                f"  {x['row']['source_key']:17s} {x['row']['id']:58s} {pub:9.1f} {x['pred'].tokens_per_s_per_gpu:9.1f} "
+                f"{100 * x['err']:+6.1f}%  {'fits' if x['pred'].fits else 'OOM'}"
+            )
     moe_fitted = {r["source_key"] for r in model_moe.load_rows() if r["split"] == "fit"}
     print("\n== leave-one-source-out, per source (tokens/s/GPU; each source predicted by a fit that never saw it)")
     by_source: dict[str, list[dict]] = defaultdict(list)
@@ -204,10 +212,11 @@ def main(argv: list[str] | None = None) -> None:
         help="keep the shipped dense parameters in every fold (no dense refit: seconds, not minutes; the dense rows "
         "of the sources in the dense fit are then not held out)",
     )
+    ap.add_argument("--rows", action="store_true", help="also print every row's error")
     args = ap.parse_args(argv)
     print("== folds")
     results = run_folds(dense_rows(), [] if args.dense_only else moe_rows(), refit_dense=not args.shipped_dense)
-    report(results)
+    report(results, rows=args.rows)
 
 
 if __name__ == "__main__":
