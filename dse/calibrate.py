@@ -52,7 +52,7 @@ from dse.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-expo
 from dse.calibration_file import load_calibration as _load
 from dse.calibration_file import loads as _loads
 from dse.errors import UserError
-from dse.inputs import read_text
+from dse.inputs import csv_row, read_text
 from dse.perfmodel.fit import PRIORS, Prior, minimise, nelder_mead
 from dse.perfmodel.model import predict, prepare
 from dse.perfmodel.timing import DEFAULT_PARAMS, PARAM_NAMES, Params
@@ -393,7 +393,7 @@ def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]
         raise UserError(f"the study ran on {study_gpu}, not {gpu} as --gpu says", file=str(meta_p), field="gpu")
     runs = []
     with open(board_p, newline="") as fh:
-        for row in csv.DictReader(fh):
+        for row in map(csv_row, csv.DictReader(fh)):
             if row.get("gpu") and row["gpu"] != study_gpu:
                 raise UserError(
                     f"trial {row.get('trial')} ran on {row['gpu']}, the study's system is {study_gpu}",

@@ -99,3 +99,28 @@ def parse_toml(text: str, *, file: str) -> dict[str, Any]:
 def load_toml(path: str | Path, *, cap: int = MAX_INPUT_BYTES) -> dict[str, Any]:
     """A TOML input file (:func:`read_text`, :func:`parse_toml`) as a dict."""
     return parse_toml(read_text(path, cap=cap), file=str(path))
+
+
+# -- CSV cells ---------------------------------------------------------------------------------------------------
+# A spreadsheet reads a cell that starts with one of these as a formula (OWASP's CSV injection): a failure reason
+# quoted from a log ("=HYPERLINK(...)") or an environment value could run one when a user opens leaderboard.csv.
+# dse's CSV writers put a ' before such a text cell (spreadsheets show the text as it is) and dse's CSV readers take
+# it off again, so a table read back holds the values written.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """``value`` as a CSV cell: a text that a spreadsheet would read as a formula with a leading ``'``."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+
+
+def from_csv_cell(value: Any) -> Any:
+    """A cell as :func:`csv_cell` wrote it, back to its value."""
+    if isinstance(value, str) and value.startswith("'") and value[1:].startswith(FORMULA_STARTS):
+        return value[1:]
+    return value
+
+
+def csv_row(row: dict) -> dict:
+    """A row of :class:`csv.DictReader` with each cell back to its value (:func:`from_csv_cell`)."""
+    return {k: from_csv_cell(v) for k, v in row.items()}

@@ -25,6 +25,10 @@ ENV_PREFIX = "env."
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # full match: "FOO\n" is not a name
 # Values that reach a shell are validated against this before quoting (belt and braces).
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=/+\-]*")
+# The longest environment value a space may set: settings are short (the longest real one, an allocator setting,
+# is under 100 characters), and Linux refuses to start a program with one string of its environment over 128 KiB
+# ("Argument list too long"), which would fail every trial of the study instead of its validation.
+MAX_ENV_VALUE = 4096
 
 # Which environment names a space may set at all is dse.allowlists' (default deny).
 
@@ -104,16 +108,30 @@ class Knob:
             return value
         if self.kind == "modules":
             return canonical_modules(value, self, file=file, field=field)
-        # str (environment values): the characters that can never start a shell expansion; a number as its text,
-        # but nan and inf are no setting a program reads as a number
+        return self._env_text(value, file=file, field=field)
+
+    def _env_text(self, value: Any, *, file: str | None, field: str | None) -> str:
+        """An environment value: the characters that can never start a shell expansion, at most
+        :data:`MAX_ENV_VALUE` of them; a number as its text, but nan and inf are no setting a program reads."""
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(
                 f"{value!r} is not allowed; {self.name} takes a finite number or text", file=file, field=field
             )
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_ENV_VALUE:
+            value = "9" * (MAX_ENV_VALUE + 1)  # its text would be too long (and str() refuses past 4,300 digits)
         text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        if isinstance(text, str) and len(text) > MAX_ENV_VALUE:
+            raise UserError(
+                f"a value of {len(text):,} characters; {self.name} takes at most {MAX_ENV_VALUE:,} (the kernel "
+                "refuses to start a program whose environment holds one far longer)",
+                file=file,
+                field=field,
+            )
         if not isinstance(text, str) or not _ENV_VALUE.fullmatch(text):
             raise UserError(
-                f"{value!r} is not allowed; {self.name} takes letters, digits and _.,:=/+-", file=file, field=field
+                f"{str(value)[:80]!r} is not allowed; {self.name} takes letters, digits and _.,:=/+-",
+                file=file,
+                field=field,
             )
         return text
 

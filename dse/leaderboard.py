@@ -31,6 +31,7 @@ import pandas as pd
 from dse.errors import UserError, infrastructure
 from dse.fsutil import atomic_write
 from dse.hardware import HARDWARE
+from dse.inputs import csv_cell
 from dse.parse import UNLAUNCHED_STATUSES
 from dse.store import TrialRecord
 
@@ -393,11 +394,17 @@ class Summary:
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write atomically (a temp file renamed into place), so a reader never sees half a table."""
+    """Write atomically (a temp file renamed into place), so a reader never sees half a table. A text cell that a
+    spreadsheet would read as a formula (``=``, ``+``, ``-``, ``@``) is written with a leading ``'``
+    (:func:`dse.inputs.csv_cell`; dse's readers take it off)."""
     path = checked_output(Path(path), "--csv")
+    safe = df.copy()
+    for col in safe.columns:
+        if not pd.api.types.is_numeric_dtype(safe[col]):  # text (object or pandas' str dtype): its cells
+            safe[col] = safe[col].map(csv_cell)
     try:
         with atomic_write(path, newline="") as fh:  # newline="": pandas writes its own line ends
-            df.to_csv(fh, index=False)
+            safe.to_csv(fh, index=False)
     except OSError as e:
         raise output_error(e, path, "--csv") from None
     return path

@@ -89,7 +89,7 @@ import statistics
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 
 from dse.recipes import contract
@@ -349,8 +349,19 @@ def _first(d: dict[str, str], keys: tuple[str, ...]) -> str | None:
     return None
 
 
+# Control characters (C0 but tab, DEL, C1): a log's BEL, ANSI escape or carriage return must never reach a terminal
+# or a CSV cell raw from a reason; they are written as \xNN.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written as ``\\xNN`` escapes (a reason is shown as it was logged,
+    never as a terminal would act on it)."""
+    return _CONTROL_RE.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def _clip(line: str) -> str:
-    s = line.strip()
+    s = printable(line.strip())
     return s if len(s) <= _REASON_MAX else s[: _REASON_MAX - 3] + "..."
 
 
@@ -372,8 +383,8 @@ def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterator[str], st
         if path.endswith(".gz") and _is_gzip(path):  # compressed (the simulated backend keeps its runs small)
             fh = gzip.open(path, "rt", encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115
         else:  # a log, or a file named .gz that is not gzip: read as the text it is
-            fh = open(path, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed in _iter_file
-        return _iter_file(fh), path
+            fh = open(path, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed in _FileLines
+        return _FileLines(fh, path), path
     return _split_cr(source), None
 
 
@@ -389,19 +400,31 @@ def _is_gzip(path: str) -> bool:
 MAX_LINE = 1 << 20  # characters of one line that are read; the rest of a longer line is skipped unread
 
 
-def _iter_file(fh) -> Iterator[str]:
-    """The file's lines, each at most :data:`MAX_LINE` characters: a log with no newline (a binary dump,
-    a runaway progress bar) is read in bounded chunks, so memory stays bounded whatever the file."""
-    with fh:
-        readline = fh.readline
-        try:
-            while line := readline(MAX_LINE):
-                yield line
-                if len(line) == MAX_LINE and not line.endswith("\n"):
-                    while (rest := readline(MAX_LINE)) and not rest.endswith("\n"):
-                        pass  # the tail of an overlong line: no progress record is that long
-        except (EOFError, zlib.error, gzip.BadGzipFile):  # a truncated or corrupt log.txt.gz ends where it breaks
-            return
+class _FileLines:
+    """The file's lines, each at most :data:`MAX_LINE` characters: a log with no newline (a binary dump, a runaway
+    progress bar) is read in bounded chunks, so memory stays bounded whatever the file. A compressed log that is
+    truncated or corrupt ends where it breaks, and :attr:`error` says so (the parse reports it)."""
+
+    def __init__(self, fh, path: str):
+        self.fh, self.path = fh, path
+        self.error: str | None = None
+        self.lines = 0
+
+    def __iter__(self) -> Iterator[str]:
+        with self.fh as fh:
+            readline = fh.readline
+            try:
+                while line := readline(MAX_LINE):
+                    self.lines += 1
+                    yield line
+                    if len(line) == MAX_LINE and not line.endswith("\n"):
+                        while (rest := readline(MAX_LINE)) and not rest.endswith("\n"):
+                            pass  # the tail of an overlong line: no progress record is that long
+            except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+                self.error = (
+                    f"corrupt log: {printable(os.path.basename(self.path))} breaks after {self.lines} line(s) "
+                    f"({str(e)[:120] or type(e).__name__}); the run's figures are not trusted"
+                )
 
 
 def _split_cr(lines: Iterable[str]) -> Iterator[str]:
@@ -795,8 +818,12 @@ def parse_log(
     """
     lines, path = _lines(source)
     scan = _Scan(want_ts=context.stall_timeout_s is not None)
-    scan.feed(lines)
-    return _conclude(scan, path, exit_code, scheduler_state, context)
+    scan.feed(iter(lines))
+    metrics = _conclude(scan, path, exit_code, scheduler_state, context)
+    corrupt = getattr(lines, "error", None)
+    if corrupt is not None and metrics.status in ("ok", "no_metrics"):  # what ended the run, if it said, stands
+        return replace(metrics, status="failed", reason=corrupt, partial=metrics.steps > 0)
+    return metrics
 
 
 def parse_run(result, context: ParseContext = ParseContext()) -> RunMetrics:

@@ -230,3 +230,83 @@ def test_a_postgresql_study_keeps_no_password_in_dse_json_and_resumes(tmp_path, 
     monkeypatch.setenv(PASSWORD_ENV, "s3cret")  # the server trusts any; this is the path a resume takes
     r = dse("run", "--space", path, "--out", out, "--resume", "--agent", "random", "--trials", "3")
     assert r.exit_code == 0, r.output
+
+
+# -- an environment value no program can be started with ---------------------------------------------------
+@pytest.mark.parametrize("value", ['"' + "x" * 200_000 + '"', "9" * 4200])
+def test_an_overlong_environment_value_is_refused_at_validation(tmp_path, value):
+    from tests.helpers import one_line_error
+
+    text = write_space(tmp_path).read_text().replace("[knobs]", f'"env.NCCL_DEBUG" = {value}\n\n[knobs]')
+    line = one_line_error(dse("validate", write_space(tmp_path, text)), "env.NCCL_DEBUG")
+    assert len(line) < 400
+
+
+# -- a damaged compressed log is said to be damaged ----------------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_log_gz_is_a_failed_run_saying_so(tmp_path, damage):
+    import gzip
+
+    data = gzip.compress(("\n".join(_log()) + "\n").encode())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data = data[:20] + bytes(b ^ 0xFF for b in data[20:60]) + data[60:]
+    log = tmp_path / "log.txt.gz"
+    log.write_bytes(data)
+    m = parse_log(log, exit_code=0)
+    assert m.status == "failed" and m.reason.startswith("corrupt log: log.txt.gz"), m
+    r = dse("parse", log)
+    assert r.exit_code == 0 and "corrupt log" in r.stdout, r.output
+
+
+def test_an_intact_log_gz_parses_as_its_text(tmp_path):
+    import gzip
+
+    log = tmp_path / "log.txt.gz"
+    log.write_bytes(gzip.compress(("\n".join(_log()) + "\n").encode()))
+    assert parse_log(log, exit_code=0).status == "ok"
+
+
+# -- what a log says reaches a terminal and a spreadsheet as text ------------------------------------------------
+def test_dse_parse_prints_no_control_character_from_a_log(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: boom\x07\x1b[2J\x1b]0;title\x07\n")
+    r = dse("parse", log, "--exit-code", "1")
+    assert r.exit_code == 0 and "boom" in r.stdout, r.output
+    assert not any(c in r.stdout for c in "\x07\x1b\x00"), repr(r.stdout)
+    assert "\\x07" in r.stdout
+
+
+def test_cells_a_spreadsheet_would_run_are_written_as_text_and_read_back(tmp_path):
+    import csv
+
+    import pandas as pd
+
+    from dse.inputs import csv_row
+    from dse.leaderboard import write_csv
+
+    cells = ['=HYPERLINK("http://x")', "+1+2", "-2+3", "@SUM(A1)", "\tx", "plain", "'quoted"]
+    path = write_csv(pd.DataFrame({"reason": cells, "n": [-1, 2, 3, 4, 5, 6, 7]}), tmp_path / "t.csv")
+    with open(path, newline="") as fh:
+        raw = list(csv.DictReader(fh))
+    assert [r["reason"][0] for r in raw[:5]] == ["'"] * 5 and raw[5]["reason"] == "plain"
+    assert raw[0]["n"] == "-1"  # a number is a number, not a formula
+    assert [csv_row(r)["reason"] for r in raw] == cells
+
+
+def test_a_failure_reason_that_looks_like_a_formula_is_text_in_the_leaderboard(tmp_path, monkeypatch):
+    import dse.backends.sim as sim
+
+    real = sim.write_log
+
+    def write_log(run, fh, **kw):
+        real(run, fh, **kw)
+        fh.write('=HYPERLINK("http://evil") Segmentation fault\n')
+        return 1
+
+    monkeypatch.setattr(sim, "write_log", write_log)
+    path, out = write_space(tmp_path), tmp_path / "out"
+    assert dse("run", "--space", path, "--out", out, "--agent", "random", "--trials", "2").exit_code == 0
+    board = (out / "leaderboard.csv").read_text()
+    assert "=HYPERLINK" in board and ",=HYPERLINK" not in board and "'=HYPERLINK" in board

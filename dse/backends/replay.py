@@ -29,7 +29,7 @@ from dse import knobs
 from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
 from dse.backends.scripts import LOG_NAME
 from dse.errors import UserError
-from dse.inputs import read_text
+from dse.inputs import csv_row, read_text
 from dse.launch import LaunchPlan
 from dse.parse import STATUSES
 
@@ -177,7 +177,7 @@ def read_table(path: str | Path, *, varied: Sequence[str] = (), gpu: str | None 
             )
     rows: dict[tuple[str, ...], tuple[float, Outcome]] = {}
     unmeasured: dict[tuple[str, ...], str] = {}
-    for i, cells in enumerate(reader, start=1):
+    for i, cells in enumerate(map(csv_row, reader), start=1):
         if gpu is not None and (g := (cells.get("gpu") or "").strip()) and g != gpu:
             raise UserError(f"recorded on {g}; the space's GPU is {gpu}", file=file, field=f"gpu (row {i})")
         o = _outcome(cells, i, file)
