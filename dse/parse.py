@@ -376,7 +376,7 @@ def _parse_ts(text: str) -> float | None:
         return None
 
 
-def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterator[str], str | None]:
+def _lines(source: str | os.PathLike | Iterable[str]) -> tuple[Iterable[str], str | None]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         # Universal newlines turn each tqdm '\r' refresh into its own line; bad bytes never stop a parse.
