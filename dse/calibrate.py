@@ -271,9 +271,10 @@ def _float(v) -> float | None:
 
 
 #: The largest calibration TSV read, and the most runs one calibration fits: a calibration is fitted to the runs
-#: one measured (the shipped TSVs hold 13 to 300 rows, under 60 KB); leave-one-out refits once per run.
+#: one measured (the shipped TSVs hold 13 to 144 rows, under 60 KB); leave-one-out refits once per run, and 200 runs
+#: take over a minute on a busy 2-core machine, so 300 keeps a calibration to minutes.
 MAX_TSV_BYTES = 1024 * 1024
-MAX_RUNS = 1000
+MAX_RUNS = 300
 
 
 def _tsv_rows(path: Path) -> list[dict]:

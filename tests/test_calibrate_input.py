@@ -116,3 +116,13 @@ def test_1e308_in_a_leaderboard_is_one_line(tmp_path, monkeypatch):
     out = tmp_path / "cal.toml"
     one_line_error(dse("calibrate", study, "--out", out), "leaderboard.csv", "a unit error")
     assert not out.exists()
+
+
+def test_more_distinct_runs_than_a_calibration_fits_are_refused_before_the_fit(tmp_path):
+    from dse.calibrate import MAX_RUNS
+
+    rows = _rows()
+    many = [{**rows[i % len(rows)], "gbs": str(8 * (1 + i))} for i in range(MAX_RUNS + 1)]
+    src = _write(tmp_path / "many.tsv", many)
+    one_line_error(dse("calibrate", src, "--gpu", "h200", "--out", tmp_path / "c.toml"), f"at most {MAX_RUNS}")
+    assert not (tmp_path / "c.toml").exists()
