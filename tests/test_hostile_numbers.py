@@ -310,3 +310,20 @@ def test_a_failure_reason_that_looks_like_a_formula_is_text_in_the_leaderboard(t
     assert dse("run", "--space", path, "--out", out, "--agent", "random", "--trials", "2").exit_code == 0
     board = (out / "leaderboard.csv").read_text()
     assert "=HYPERLINK" in board and ",=HYPERLINK" not in board and "'=HYPERLINK" in board
+
+
+def test_the_security_page_names_tests_that_exist():
+    """docs/security.md names each boundary's test: each named file and test exists."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "security.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", text)
+    assert named
+    for path, test in named:
+        source = (root / path).read_text()
+        assert not test or re.search(rf"^def {test}\(", source, re.M), f"{path}::{test}"
+    every = "".join(p.read_text() for p in (root / "tests").glob("test_*.py"))
+    for test in re.findall(r"`(test_\w+)`", text):
+        assert re.search(rf"^def {test}\(", every, re.M), test
