@@ -2,8 +2,9 @@
 
 The agent keeps its own in-memory study (the sampler's memory); the store is the durable record, where a
 failed or rejected trial is a FAIL trial. On resume the history is replayed into the sampler's study
-(``warm_start``). A point that was already tried is not run again: its known outcome is told to the new
-trial and the sampler is asked again.
+(``warm_start``). A point that was already tried is not run again, nor asked for again: the sampler's trial
+for it is told FAIL (every sampler ignores FAIL trials) and an untried point near it runs instead, so each
+proposal costs one ask (a TPE ask fits every trial told so far) and the sampler's history holds each point once.
 
 Failures reach the sampler as PRUNED trials, never as a sentinel value. Why not FAIL: Optuna's TPE ignores
 FAIL trials altogether, so a sampler told FAIL keeps proposing out-of-memory layouts (measured on the 405B
@@ -23,7 +24,7 @@ the constant liar (``TPESampler(constant_liar=True)``), which treats running tri
 concurrent asks spread out. The other samplers have no such option: random and qmc draw independently of
 running trials anyway (qmc's sequence never repeats), GP, NSGA-II and CMA-ES ignore running trials (they
 see only finished ones), so their concurrent asks may cluster. Whatever the sampler, a point already in flight
-is never handed out twice: such an ask is told FAIL (which every sampler ignores) and the sampler asked again.
+is never handed out twice: such an ask is told FAIL and an untried point near it is taken, as for a tried one.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class OptunaAgent(Agent):
     Options = OptunaOptions
     uses_mask = False  # rejected points are recorded as failed trials, so the sampler learns them
     uses_model = True  # for warm_start = "model" only
-    MAX_REPEATS = 20  # asks in a row that repeat a tried point before a random untried point is taken
+    NEAR_DRAWS = 32  # random neighbours drawn at each distance from a repeated proposal before a uniform untried one
     WARM_START_POINTS = 5
 
     def __init__(
@@ -166,39 +167,53 @@ class OptunaAgent(Agent):
         self._rejected = RejectionRun(max_rejected)
 
     def propose(self) -> Action | None:
+        """One ask of the sampler. A point it proposes that was tried (or is in flight) is not asked again: each
+        ask fits TPE to every trial told so far, and a sampler sure of its best region keeps proposing its best
+        points (measured: 716 asks for 79 proposals of the 70B space, each repeat told again as a new trial, so
+        the next fit was larger and surer still). Its trial is told FAIL (every sampler ignores FAIL trials, so
+        the sampler's history holds each point once) and an untried point near the proposal runs instead."""
         if len(self.outcomes) + len(self._pending) >= self._total:
             return None
         if (why := self._rejected.stop_reason("optuna")) is not None:
             self.stop_reason = why
             return None
-        for _ in range(self.MAX_REPEATS):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                trial = self.study.ask(self.dists)
-            action = {n: int(trial.params[n]) for n in self.names}
-            key = self.key(action)
-            if key in self.outcomes:  # already measured: tell the known outcome, ask again
-                self._tell(trial, *self.outcomes[key])
-                continue
-            if key in self._pending:  # in flight (parallel trials): never twice; FAIL is ignored by samplers
-                self.study.tell(trial, state=TrialState.FAIL)
-                continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            trial = self.study.ask(self.dists)
+        key = self.key({n: int(trial.params[n]) for n in self.names})
+        if key not in self.outcomes and key not in self._pending:
             self._pending[key] = trial
-            return action
-        # the sampler keeps repeating itself: a uniform untried point (drawn, in a space too large to list)
+            return self.to_action(key)
+        self.study.tell(trial, state=TrialState.FAIL)
+        near = self._near(key)
+        if near is None:
+            return None
+        self._pending[near] = None  # told through add_trial in observe()
+        return self.to_action(near)
+
+    def _untried(self, key: tuple[int, ...]) -> bool:
+        return key not in self.outcomes and key not in self._pending
+
+    def _near(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
+        """An untried point near ``key``: ``NEAR_DRAWS`` random draws that change one knob, then two, and so
+        on (the sampler chose this region; a neighbour keeps its guidance), else a uniform untried point (listed,
+        or drawn in a space too large to list); None when there is none."""
+        varied = [i for i, n in enumerate(self.sizes) if n > 1]
+        for d in range(1, len(varied) + 1):
+            for _ in range(self.NEAR_DRAWS):
+                point = list(key)
+                for i in self._rng.choice(varied, size=d, replace=False):
+                    point[i] = (point[i] + 1 + int(self._rng.integers(self.sizes[i] - 1))) % self.sizes[i]
+                if self._untried(tuple(point)):
+                    return tuple(point)
         if self._total > WALK_LIMIT:
             for _ in range(WALK_LIMIT):
-                key = tuple(int(self._rng.integers(n)) for n in self.sizes)
-                if key not in self.outcomes and key not in self._pending:
-                    self._pending[key] = None
-                    return self.to_action(key)
+                drawn = tuple(int(self._rng.integers(n)) for n in self.sizes)
+                if self._untried(drawn):
+                    return drawn
             return None
-        untried = [k for k in self.all_keys() if k not in self.outcomes and k not in self._pending]
-        if not untried:
-            return None
-        key = untried[int(self._rng.integers(len(untried)))]
-        self._pending[key] = None  # told through add_trial in observe()
-        return self.to_action(key)
+        untried = [k for k in self.all_keys() if self._untried(k)]
+        return untried[int(self._rng.integers(len(untried)))] if untried else None
 
     def _tell(self, trial, reward: float, ok: bool, pruned: bool = False) -> None:
         if ok:

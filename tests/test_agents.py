@@ -60,10 +60,27 @@ def test_optuna_proposes_rejected_points_too_and_learns():
     assert sorted(seen) == sorted(ALL)  # and, without repeats, it eventually covers the space
     # rejections reach the sampler without a value (PRUNED: TPE ignores FAIL trials), never as a sentinel
     for t in agent.study.trials:
+        if t.state.name == "FAIL":  # the sampler proposed a point already tried (a repeat, see below)
+            continue
         assert (t.state.name == "COMPLETE") == mask(t.params), t
         assert t.state.name in ("COMPLETE", "PRUNED") and (t.value is None) == (t.state.name == "PRUNED")
         if t.state.name == "COMPLETE":
             assert t.value == objective(t.params)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_optuna_asks_its_sampler_once_a_proposal_and_tells_each_point_once(sampler):
+    """A sampler that proposes a point already tried costs no further asks (each ask fits TPE to every trial told
+    so far): its trial is told FAIL, which every sampler ignores, and an untried point near it is run instead. The
+    sampler's history holds each point once, so its fit grows with the points tried, not with its repeats."""
+    agent = new("optuna", seed=0, sampler=sampler)
+    asks = []
+    ask = agent.study.ask
+    agent.study.ask = lambda *a, **k: asks.append(1) or ask(*a, **k)
+    seen = drive(agent, len(ALL))
+    assert sorted(seen) == sorted(ALL) and len(asks) <= len(seen)
+    told = [tuple(t.params[n] for n in "bac") for t in agent.study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert sorted(told) == sorted((b, a, c) for a, b, c in ALL)  # each point once
 
 
 def test_optuna_unknown_sampler_is_a_user_error():
