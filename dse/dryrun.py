@@ -3,11 +3,21 @@
 Trials are taken in grid order; a point that a constraint rejects (or that cannot be launched, e.g.
 tp_comm_overlap without a userbuffer config) is counted and skipped, with its reason. Each written point
 carries the model's forecast (:class:`dse.forecast.PointForecast`: predicted peak memory, fit, step time, and
-whether the memory screen would keep a study from launching it); its script is written all the same.
+whether the memory screen would keep a study from launching it); its script is written all the same, unless
+``only_fitting`` leaves out the points predicted not to fit.
+
+``out/index.csv`` lists every folder written with its knob values and forecast. Each folder is self-contained: its
+``code/`` is the payload its script runs, staged once in ``out/code`` and hard-linked into each folder (a copy
+where the file system has no hard links), so that a folder runs as written (a Slurm job's container mounts its
+folder alone) while thousands of folders cost one copy on disk.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import os
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +26,11 @@ from typing import Any
 from dse import registry as reg
 from dse.backends import load_backends
 from dse.backends.base import Backend
+from dse.backends.scripts import CODE_DIR, stage_code
 from dse.constraints import check
 from dse.errors import UserError
 from dse.forecast import PointForecast, Screen
+from dse.fsutil import write_text
 from dse.launch import build_plan
 from dse.space import WALK_LIMIT, Space
 from dse.trial import resolve
@@ -41,6 +53,8 @@ class DryRun:
     rejected: Counter[str] = field(default_factory=Counter)
     examined: int = 0
     stopped: str | None = None
+    not_fitting: int = 0  # valid points left out by only_fitting: predicted beyond the GPU's memory
+    index: Path | None = None  # out/index.csv
 
     @property
     def screened(self) -> int:
@@ -48,22 +62,19 @@ class DryRun:
         return sum(r.forecast is not None and r.forecast.screened for r in self.rows)
 
 
-def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> DryRun:
+INDEX = "index.csv"
+
+
+def dry_run(space: Space, backend: str, out: Path, limit: int | None = None, only_fitting: bool = False) -> DryRun:
     """Write each valid point's launch script (``Backend.write_script``: ``launch.sbatch`` for slurm,
-    ``launch.sh`` for local) under ``out/NNNNN/``.
+    ``launch.sh`` for local) under ``out/NNNNN/``, with the payload beside it, and ``out/index.csv``.
 
     The points are walked lazily in grid order and only the written ones are kept, so memory follows the
     scripts, not the space. Without ``limit`` a space of more than ``WALK_LIMIT`` raw points is refused (it
     would be that many scripts); with one, the walk ends after ``limit`` scripts or ``WALK_LIMIT`` raw points,
-    whichever comes first, and says so."""
-    registry = load_backends()
-    cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, field="--backend")
-    if cls.script_name is None:
-        scripted = [n for n in registry if getattr(registry[n](), "script_name", None)]
-        raise UserError(
-            f"backend {backend!r} writes no launch script; a dry run takes one of {', '.join(scripted)}",
-            field="--backend",
-        )
+    whichever comes first, and says so. ``only_fitting``: a point the model predicts beyond the GPU's memory is
+    counted (``not_fitting``), not written."""
+    cls = _script_backend(backend)
     if limit is not None and limit < 1:
         raise UserError(f"{limit} is not a positive number of trials", field="--limit")
     if limit is None and space.size > WALK_LIMIT:
@@ -74,6 +85,7 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
         )
     result = DryRun()
     screen = Screen(space)
+    code: Path | None = None
     for index, point in enumerate(space.points()):
         if limit is not None and len(result.rows) >= limit:
             break
@@ -95,6 +107,81 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None) -> 
         if reason is not None:
             result.rejected[reason] += 1
             continue
-        script = cls.write_script(plan, (out / f"{index:05d}").absolute())
-        result.rows.append(DryRunRow(index, dict(point), script, screen.point(trial)))
+        forecast = screen.point(trial)
+        if only_fitting and forecast is not None and not forecast.fits:
+            result.not_fitting += 1
+            continue
+        folder = (out / f"{index:05d}").absolute()
+        script = cls.write_script(plan, folder)
+        code = code or stage_code(out.absolute())
+        _link_tree(code, folder / CODE_DIR)
+        result.rows.append(DryRunRow(index, dict(point), script, forecast))
+    result.index = write_index(space, out, result.rows)
     return result
+
+
+def _script_backend(backend: str) -> type[Backend]:
+    registry = load_backends()
+    cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, field="--backend")
+    if cls.script_name is None:
+        scripted = [n for n in registry if getattr(registry[n](), "script_name", None)]
+        raise UserError(
+            f"backend {backend!r} writes no launch script; a dry run takes one of {', '.join(scripted)}",
+            field="--backend",
+        )
+    return cls
+
+
+def _link(src: str, dst: str) -> None:
+    """A hard link of ``src`` at ``dst``; a copy where the file system refuses hard links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    """``dest`` as a tree of hard links to ``src``'s files (replacing what was there)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, copy_function=_link)
+
+
+def write_index(space: Space, out: Path, rows: list[DryRunRow]) -> Path:
+    """``out/index.csv``: one line per folder written, with its knob values and the model's forecast (every
+    figure predicted, as its column says)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(
+        [
+            "folder",
+            *space.knob_names,
+            "num_nodes",
+            "gpus_per_node",
+            "predicted_peak_memory_gib",
+            "gpu_memory_gib",
+            "predicted_fits",
+            "predicted_step_time_s",
+            "screened",
+            "script",
+        ]
+    )
+    for r in rows:
+        f = r.forecast
+        figures = (
+            [f"{f.peak_memory_gib:.2f}", f"{f.memory_gib:.0f}", f.fits, f"{f.step_time_s:.4f}", f.screened]
+            if f
+            else [""] * 5
+        )
+        w.writerow(
+            [
+                f"{r.index:05d}",
+                *(r.knobs.get(k) for k in space.knob_names),
+                space.num_nodes,
+                space.system.gpus_per_node,
+                *figures,
+                os.path.relpath(r.script, out.absolute()),
+            ]
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return write_text(out / INDEX, buf.getvalue())

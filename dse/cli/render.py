@@ -455,6 +455,9 @@ def calibrate_progress():
     return bar, on_progress
 
 
+DRY_RUN_SHOWN = 50  # rows of the dry run's table on the terminal; index.csv lists every folder
+
+
 def dry_run(sp, backend: str, out: str, result) -> None:
     """``dse dry-run``: one row per script written with the model's forecast (peak memory against the GPU's,
     fit, step time), the rejections counted, what was not written."""
@@ -468,7 +471,7 @@ def dry_run(sp, backend: str, out: str, result) -> None:
         "script",
         title=f"dse dry-run: {sp.name} ({backend})",
     )
-    for r in result.rows:
+    for r in result.rows[:DRY_RUN_SHOWN]:
         f = r.forecast
         table.add_row(
             f"{r.index:05d}",
@@ -480,13 +483,22 @@ def dry_run(sp, backend: str, out: str, result) -> None:
             str(r.script),
         )
     console.print(table)
+    if len(result.rows) > DRY_RUN_SHOWN:
+        line(f"... and {len(result.rows) - DRY_RUN_SHOWN:,} more folders, every one in {result.index}")
     for reason, count in result.rejected.most_common():
         console.print(f"[yellow]rejected[/] {count} x {reason}", highlight=False, soft_wrap=True)
     if result.stopped:
         line(result.stopped)
+    if result.not_fitting:
+        line(f"{result.not_fitting} valid point(s) predicted beyond the GPU's memory left out (--only-fitting)")
     console.print(
         f"{len(result.rows)} {backend} script(s) written under {out}; {sum(result.rejected.values())} "
         "rejected; nothing submitted."
+    )
+    line(
+        f"each folder runs as written (its payload in code/); index of the folders (knob values, predicted memory "
+        f"and step time): {result.index}",
+        soft_wrap=True,
     )
     if result.screened:
         console.print(

@@ -130,10 +130,14 @@ def dry_run_cmd(
     ),
     out: str = typer.Option(..., "--out", metavar="TEXT", help="directory for the scripts (one folder per trial)"),
     limit: int | None = typer.Option(None, "--limit", metavar="N", help="write at most this many valid trials"),
+    only_fitting: bool = typer.Option(
+        False, "--only-fitting", help="leave out the points the model predicts beyond the GPU's memory"
+    ),
 ) -> None:
-    """Write each valid trial's launch script under --out and print a summary; nothing is submitted."""
+    """Write each valid trial's launch script under --out (one folder each, its payload beside it) and
+    --out/index.csv (each folder's knob values and the model's forecast); print a summary; nothing is submitted."""
     from dse.dryrun import dry_run
     from dse.space import load_space
 
     sp = load_space(space)
-    render.dry_run(sp, backend, out, dry_run(sp, backend, Path(out), limit))
+    render.dry_run(sp, backend, out, dry_run(sp, backend, Path(out), limit, only_fitting))
