@@ -30,7 +30,7 @@ from pathlib import Path
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
 from dse.launch import LaunchPlan, build_plan
-from dse.leaderboard import Provenance
+from dse.leaderboard import ModelError, Provenance
 from dse.space import Space
 from dse.store import TrialRecord
 from dse.trial import resolve
@@ -90,10 +90,16 @@ def best_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
 
 
 def write_best(
-    space: Space, records: Sequence[TrialRecord], out_dir: Path, *, provenance: Provenance | None = None
+    space: Space,
+    records: Sequence[TrialRecord],
+    out_dir: Path,
+    *,
+    provenance: Provenance | None = None,
+    model: ModelError | None = None,
 ) -> Path | None:
     """Write ``out_dir/best/`` for the best ``ok`` trial; None when no trial succeeded. ``provenance``: where
-    the figures come from (by default the space's own backend's), which ``best.json`` and ``README`` say."""
+    the figures come from (by default the space's own backend's), which ``best.json`` and ``README`` say;
+    ``model``: the model's error on the study's runs (the README's memory headroom is judged against it)."""
     from dse.backends.scripts import stage_code
 
     rec = best_record(records)
@@ -125,8 +131,50 @@ def write_best(
     write_text(d / "best.json", json.dumps(info, indent=2, default=str))
     stage_code(d)
     _write_scripts(plan, d, one_node)
-    _write_readme(d, rec.number, trial, limit, limit_source, one_node, prov)
+    if prov.simulated and not str(prov.truth).startswith("twin"):
+        model = None  # the model against its own figures: no error to speak of, the prior stands
+    memory = memory_lines(space, rec, trial, model, measured=not prov.simulated)
+    _write_readme(d, rec.number, trial, limit, limit_source, one_node, prov, memory)
     return d
+
+
+def memory_lines(
+    space: Space, rec: TrialRecord, trial, model: ModelError | None, *, measured: bool = True
+) -> list[str]:
+    """The README's memory paragraph: the predicted peak against the GPU's memory (the headroom), the model's
+    memory error (its MAPE on the study's measured runs, else the screen's margin, which the model's error on
+    known outcomes sets), the measured peak when there is one (``measured``: the study's figures are), and a
+    warning when the headroom is inside the error: the layout may not fit on the real machine."""
+    from dse.forecast import Screen
+
+    m = rec.metrics
+    peak, capacity = m.get("predicted_peak_memory_gib"), m.get("predicted_memory_gib")
+    if peak is None or capacity is None:  # recorded before trials kept their prediction: predicted now
+        f = Screen(space).point(trial)
+        peak, capacity = f.peak_memory_gib, f.memory_gib
+    headroom = capacity - peak
+    if model is not None and model.memory is not None:
+        error = model.memory * peak
+        why = f"+-{model.memory:.1%} of the peak ({error:.1f} GiB), its error on {model.mem_n} measured runs"
+    else:
+        error = space.search.screen_margin * capacity
+        why = (
+            f"+-{error:.1f} GiB ({space.search.screen_margin:.0%} of the GPU's memory, the screen's margin: "
+            "none measured here)"
+        )
+    lines = [
+        "",
+        f"Memory: predicted peak {peak:.1f} of {capacity:.1f} GiB, headroom {headroom:.1f} GiB "
+        f"({headroom / capacity:.1%}); the model's memory error {why}.",
+    ]
+    if measured and (got := m.get("peak_memory_gib")) is not None:
+        lines.append(f"Measured peak (allocated): {got:.1f} GiB.")
+    if headroom < error:
+        lines.append(
+            f"WARNING: the predicted headroom ({headroom:.1f} GiB) is inside the model's memory error "
+            f"({error:.1f} GiB): this layout may run out of memory; run it briefly before a long job."
+        )
+    return lines
 
 
 def _write_scripts(plan: LaunchPlan, d: Path, one_node: bool) -> None:
@@ -162,7 +210,16 @@ def _relative(run_dir: str | None, out_dir: Path) -> str | None:
         return run_dir
 
 
-def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, one_node: bool, prov: Provenance) -> None:
+def _write_readme(
+    d: Path,
+    number: int,
+    trial,
+    limit: str,
+    limit_source: str,
+    one_node: bool,
+    prov: Provenance,
+    memory: Sequence[str] = (),
+) -> None:
     k = trial.layout
     n, g = k.num_nodes, trial.system.gpus_per_node
     if prov.simulated:
@@ -185,6 +242,7 @@ def _write_readme(d: Path, number: int, trial, limit: str, limit_source: str, on
     lines += [
         "",
         f"Time limit {limit}: {limit_source}.",
+        *memory,
         "",
         "best.json: every resolved knob, the trial's metrics, the trainer command line and environment.",
     ]

@@ -84,20 +84,21 @@ def gather(dirs: Sequence[str | Path], *, allow_different_recipes: bool = False)
     studies: list[dict[str, Any]] = []
     for d in dirs:
         store, meta = open_store(Path(d))
-        try:
-            summary = Summary(0, baseline=Baseline.of_meta(meta))
+        space = report.study_space(meta)
+        provenance = report.study_provenance(meta, space)
+        try:  # the provenance labels the gain over the baseline: measured, or predicted
+            summary = Summary(0, provenance, baseline=Baseline.of_meta(meta))
             for r in store.iter_records():
                 summary.add(r)
         finally:
             store.close()
-        space = report.study_space(meta)
         studies.append(
             {
                 "dir": Path(d),
                 "meta": meta,
                 "summary": summary,
                 "best": summary.best,
-                "provenance": report.study_provenance(meta, space),
+                "provenance": provenance,
                 "layout": resolved_layout(Path(d), meta, summary.best, space),
             }
         )

@@ -39,7 +39,11 @@ if TYPE_CHECKING:
     from dse.space import Space
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", "mfu")
-HEAD = ("trial", "status", "reward", *METRIC_COLUMNS)
+#: What the study's model predicted for a trial when it launched it (kept in the trial's metrics): the step time and
+#: peak memory (leaderboard columns, beside the measured ones) and the GPU memory the peak was held against.
+PREDICTED = ("predicted_step_time_s", "predicted_peak_memory_gib", "predicted_memory_gib")
+PREDICTED_COLUMNS = PREDICTED[:2]
+HEAD = ("trial", "status", "reward", *METRIC_COLUMNS, *PREDICTED_COLUMNS)
 TAIL = ("gpu", "num_gpus", "gpu_hours", "steps", "early_stopped", "gpu_hours_saved", "run_dir", "reason")
 PROVENANCE_COLUMNS = ("backend", "truth", "calibration")
 SIMULATED_NOTE = "simulated: figures are the performance model's predictions, not measurements"
@@ -202,6 +206,7 @@ def _unranked(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.D
     for r in records:
         row = {"trial": r.number, "status": r.status, "reward": r.reward}
         row.update({m: (r.metrics.get(m) if r.ok else None) for m in METRIC_COLUMNS})
+        row.update({m: r.metrics.get(m) for m in PREDICTED_COLUMNS})  # also for a failure: what the model said
         row.update({k: r.knobs.get(k) for k in knob_names})
         row.update(
             gpu=r.gpu,
@@ -297,6 +302,69 @@ class Baseline:
         return f"{self.gain(best.metrics[self.metric], base):+.1%} over the recipe's layout (trial {measured.number})"
 
 
+#: The error a prediction is labelled with before a study has measured a run: the shipped model is within 10% of
+#: the step time on 123 of 132 held-out published rows (docs/performance-model.md; a user's own stack may differ more,
+#: which the study's own runs then say).
+PRIOR_STEP_ERROR = 0.10
+
+
+class ModelError:
+    """The study's model against its measured runs so far: the mean absolute percentage error of the step time
+    and of the peak memory over the ``ok`` trials that have both figures (predicted at launch, measured), and the
+    runs out of memory the model said fit (predicted peak within the GPU's memory). Sums only: no list is held."""
+
+    def __init__(self) -> None:
+        self.step_sum = self.mem_sum = 0.0
+        self.step_n = self.mem_n = self.ooms = self.oom_said_fit = 0
+
+    def add(self, r: TrialRecord) -> None:
+        m = r.metrics
+        if r.ok:
+            if (e := _relative(m.get("predicted_step_time_s"), m.get("step_time_s"))) is not None:
+                self.step_sum, self.step_n = self.step_sum + e, self.step_n + 1
+            if (e := _relative(m.get("predicted_peak_memory_gib"), m.get("peak_memory_gib"))) is not None:
+                self.mem_sum, self.mem_n = self.mem_sum + e, self.mem_n + 1
+        elif r.status == "oom":
+            self.ooms += 1
+            peak, capacity = m.get("predicted_peak_memory_gib"), m.get("predicted_memory_gib")
+            self.oom_said_fit += peak is not None and capacity is not None and peak <= capacity
+
+    @property
+    def step(self) -> float | None:
+        """The step time's MAPE so far (None before a measured ``ok`` run with a prediction)."""
+        return self.step_sum / self.step_n if self.step_n else None
+
+    @property
+    def memory(self) -> float | None:
+        """The peak memory's MAPE so far (None before a measured ``ok`` run with a prediction)."""
+        return self.mem_sum / self.mem_n if self.mem_n else None
+
+    def label(self) -> str:
+        """How a figure the model predicted is labelled: ``predicted (model error +-X%)``, X the step time's MAPE
+        on this study's runs, else the shipped model's on published rows (:data:`PRIOR_STEP_ERROR`)."""
+        if self.step is not None:
+            return f"predicted (model error +-{self.step:.0%} over {self.step_n} measured runs)"
+        return f"predicted (model error +-{PRIOR_STEP_ERROR:.0%} on published layouts; none measured here)"
+
+    def line(self) -> str:
+        """The summary's sentence on the model's error so far ('' before any measured run with a prediction)."""
+        parts = []
+        if self.step is not None:
+            parts.append(f"step time +-{self.step:.1%} MAPE over {self.step_n} runs")
+        if self.memory is not None:
+            parts.append(f"peak memory +-{self.memory:.1%} over {self.mem_n}")
+        if self.ooms:
+            parts.append(f"{self.oom_said_fit} of {self.ooms} OOM runs the model said fit")
+        return "; ".join(parts)
+
+
+def _relative(predicted: float | None, measured: float | None) -> float | None:
+    """|predicted - measured| / measured, or None without both (or a measured figure of 0)."""
+    if predicted is None or not measured:
+        return None
+    return abs(predicted - measured) / measured
+
+
 class Summary:
     """What a study's summary shows, from one pass over its trials: the ``top`` rows in leaderboard order,
     the statuses counted, launched runs, GPU-hours (spent, and up to the best), early stops, the best ``ok``
@@ -315,6 +383,7 @@ class Summary:
         self.n = self.launched = self.stopped = self.pruned = 0
         self.spent = self.saved = 0.0
         self.best: TrialRecord | None = None
+        self.model = ModelError()  # the model's error on the study's runs so far
         self._numbers, self._hours = array("q"), array("d")
 
     @classmethod
@@ -333,6 +402,7 @@ class Summary:
     def add(self, r: TrialRecord) -> None:
         self.n += 1
         self.counts[r.status] += 1
+        self.model.add(r)
         if (
             self.baseline is not None
             and self.baseline.in_space
@@ -364,10 +434,31 @@ class Summary:
         return list(self._rows)
 
     def baseline_line(self) -> str:
-        """The best's gain over the study's baseline ('' when the study records none, or has no best yet)."""
+        """The best's gain over the study's baseline, with where its figures come from ('' when the study records
+        none, or has no best yet)."""
         if self.baseline is None or self.best is None:
             return ""
-        return self.baseline.line(self.best, self.baseline_trial)
+        text = self.baseline.line(self.best, self.baseline_trial)
+        if not self.baseline.in_space and (self.baseline.predicted or {}).get(self.baseline.metric):
+            return f"{text}; the best {self.source()}, the recipe's layout {self.model.label()}"
+        return f"{text}: {self.source()}" if "%" in text else text
+
+    def source(self) -> str:
+        """Where the study's own figures come from: ``measured``, or ``predicted (simulated ...)`` for the
+        simulated backend's (the model's own, whatever their truth)."""
+        if self.provenance is not None and self.provenance.simulated:
+            return f"predicted (simulated, truth {self.provenance.truth})"
+        return "measured"
+
+    def model_line(self) -> str:
+        """The model's error so far, predicted at launch against measured (:class:`ModelError`); '' before any."""
+        p = self.provenance
+        if p is not None and p.simulated and not str(p.truth).startswith("twin"):
+            return ""  # the model's own figures (exact truth): its error against them says nothing
+        if not (body := self.model.line()):
+            return ""
+        against = "simulated" if self.provenance is not None and self.provenance.simulated else "measured"
+        return f"model error so far (predicted at launch vs {against}): {body}"
 
     @property
     def rows_held(self) -> int:

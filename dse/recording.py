@@ -149,6 +149,8 @@ def write_best_of(space: Space, summary: Summary, out: Path) -> None:
     """``out/best/`` for the study's best trial (only when the study ended normally), saying where its figures
     come from (the summary's provenance)."""
     try:
-        write_best(space, [summary.best] if summary.best else [], out, provenance=summary.provenance)
+        write_best(
+            space, [summary.best] if summary.best else [], out, provenance=summary.provenance, model=summary.model
+        )
     except OSError as e:
         raise io_error(e, f"cannot write {out / 'best'}") from None

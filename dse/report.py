@@ -551,11 +551,19 @@ class _Pass:
     best_y: list[float] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def over(cls, records: Iterable[TrialRecord], total: int, meta: Mapping[str, Any] | None = None) -> _Pass:
-        """One pass over ``records``; the summary knows the study's baseline when ``meta`` (``dse.json``) has one."""
+    def over(
+        cls,
+        records: Iterable[TrialRecord],
+        total: int,
+        meta: Mapping[str, Any] | None = None,
+        provenance: Provenance | None = None,
+    ) -> _Pass:
+        """One pass over ``records``; the summary knows the study's baseline when ``meta`` (``dse.json``) has one,
+        and where its figures come from (``provenance``: its labels, measured or predicted)."""
         from dse.leaderboard import Baseline, Summary
 
-        p = cls(max(1, math.ceil(total / PLOT_TRIALS)), Summary(REPORT_ROWS, baseline=Baseline.of_meta(meta or {})))
+        summary = Summary(REPORT_ROWS, provenance, Baseline.of_meta(meta or {}))
+        p = cls(max(1, math.ceil(total / PLOT_TRIALS)), summary)
         for r in records:
             p.summary.add(r)
             p.failures.add(r.number, r.status, r.reason)
@@ -594,6 +602,8 @@ def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
     )
     if line := summary.baseline_line():
         stats += f". Baseline: {line}"
+    if line := summary.model_line():
+        stats += f". {line[0].upper()}{line[1:]}"
     return what, stats
 
 
@@ -660,13 +670,13 @@ def render(
     if total is None:
         records = records if isinstance(records, Sequence) else list(records)
         total = len(records)
-    p = _Pass.over(records, total, meta)
+    space = study_space(meta)
+    p = _Pass.over(records, total, meta, study_provenance(meta, space))
     top = p.summary.rows
     in_sample = {r.number for r in p.sample}
     df = frame(p.sample + [r for r in top if r.number not in in_sample], knob_names)
     what, stats = _headline(meta, p.summary)
     name = str(meta.get("study_name", ""))
-    space = study_space(meta)
     objective = objective or study_objective(meta, space)
     return page(
         "report.html.j2",

@@ -54,7 +54,7 @@ from dse.perfmodel import predict
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
-from dse.trial import resolve
+from dse.trial import TrialConfig, resolve
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
 # dse.generations, dse.compare and the tests.
@@ -171,6 +171,13 @@ class StepResult(NamedTuple):
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+
+
+def with_predicted(result: StepResult, predicted: dict[str, float]) -> StepResult:
+    """``result`` with the model's predicted figures beside its measured metrics (what the trial's record keeps)."""
+    if not predicted:
+        return result
+    return result._replace(info={**result.info, "metrics": {**result.info["metrics"], **predicted}})
 
 
 @dataclass(frozen=True)
@@ -486,7 +493,9 @@ class StudyLoop:
         self.claims: Claims | None = None
         self.pool = Pool(req.parallel) if req.parallel > 1 or req.worker else None
         self.budget, self.total = _budget(space, req)
-        self.screen = Screen(space) if space.search.screen != "none" else None
+        # the model the study predicts with: its memory screen when on, and each launch's predicted figures
+        self.model = Screen(space)
+        self.screen = self.model if self.model.on else None
         self._running = threading.local()  # the number of the trial this thread runs (its run directory)
         self._synced = time.monotonic()
         self.env = RecipeEnv(
@@ -626,13 +635,23 @@ class StudyLoop:
         else:
             number = self.recorder.next_number()
         result = StepResult(*self.env.outcome(action, RunMetrics.screened(why), launched=False, trial=trial))
+        result = with_predicted(result, self.model.point(trial).as_metrics())
         self._finish(number, action, result, over=over)
         return True
 
     def _step(self, number: int, action: dict[str, int]) -> StepResult:
-        """One environment step, in trial ``number``'s run directory (in whichever thread runs it)."""
+        """One environment step, in trial ``number``'s run directory (in whichever thread runs it), with what the
+        study's model predicted for the point as it launched."""
         self._running.number = number
-        return StepResult(*self.env.step(action))
+        predicted = self._predicted(self.env.trial(action))
+        return with_predicted(StepResult(*self.env.step(action)), predicted)
+
+    def _predicted(self, trial: TrialConfig) -> dict[str, float]:
+        """The study's model's figures for ``trial`` now (:meth:`dse.forecast.PointForecast.as_metrics`); none for
+        a point that is not launched for a rule or the backend (the model cannot predict a broken layout)."""
+        if self.env.check(trial) is not None:
+            return {}
+        return self.model.point(trial).as_metrics()
 
     def _run_here(self, number: int, action: dict[str, int], *, rerun: bool) -> None:
         """One trial in this thread (``--parallel 1``, and points rejected without a launch)."""
@@ -757,7 +776,8 @@ class StudyLoop:
             scheduler_state=result.scheduler_state,
             context=parse_context(trial, self.space.backend),
         )
-        return StepResult(*self.env.outcome(action, replace(metrics, wall_s=result.wall_s), trial=trial))
+        got = StepResult(*self.env.outcome(action, replace(metrics, wall_s=result.wall_s), trial=trial))
+        return with_predicted(got, self._predicted(trial))
 
     def _ended_meanwhile(self, number: int, action: dict[str, int]) -> bool:
         """A rerun whose earlier run had in fact finished (a Slurm job that COMPLETED after the dse that

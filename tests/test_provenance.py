@@ -110,7 +110,7 @@ def test_a_local_backend_study_says_its_figures_are_measured(tmp_path, monkeypat
     best = json.loads((out / "best" / "best.json").read_text())
     assert best["figures"] == "measured" and best["provenance"]["backend"] == "local"
     readme = (out / "best" / "README").read_text()
-    assert "Its figures were measured (local backend)." in readme and "predicted" not in readme
+    assert "Its figures were measured (local backend)." in readme and "figures were predicted" not in readme
     assert "(the trial's, measured)" in readme
 
 

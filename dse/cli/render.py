@@ -176,6 +176,8 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
     )
     if line := summary.baseline_line():
         out.print(f"baseline: {line}", highlight=False)
+    if line := summary.model_line():
+        out.print(line, highlight=False)
     if (p := summary.provenance) is not None:
         out.print(f"{SIMULATED_NOTE} ({p.describe()})" if p.simulated else f"measured: {p.describe()}", highlight=False)
 
