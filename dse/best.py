@@ -145,13 +145,15 @@ def memory_lines(
     memory error (its MAPE on the study's measured runs, else the screen's margin, which the model's error on
     known outcomes sets), the measured peak when there is one (``measured``: the study's figures are), and a
     warning when the headroom is inside the error: the layout may not fit on the real machine."""
-    from dse.forecast import Screen
+    from dse.calibrate import calibrated_params
+    from dse.perfmodel import predict
 
     m = rec.metrics
     peak, capacity = m.get("predicted_peak_memory_gib"), m.get("predicted_memory_gib")
     if peak is None or capacity is None:  # recorded before trials kept their prediction: predicted now
-        f = Screen(space).point(trial)
-        peak, capacity = f.peak_memory_gib, f.memory_gib
+        params = calibrated_params(space.backend.calibration)
+        p = predict(trial, flops_convention=space.backend.flops_convention, params=params)
+        peak, capacity = p.peak_memory_gib, p.gpu_memory_gib
     headroom = capacity - peak
     if model is not None and model.memory is not None:
         error = model.memory * peak

@@ -133,3 +133,15 @@ def test_a_headroom_inside_the_memory_error_is_warned(tmp_path, peak, warned):
     # before any measured run the error is the screen's margin: 5% of 141 GiB = 7.05 GiB (7.1)
     assert "the model's memory error +-7.1 GiB (5% of the GPU's memory, the screen's margin" in text
     assert ("WARNING: the predicted headroom" in text) is warned
+
+
+def test_a_best_recorded_before_trials_kept_predictions_is_predicted_now(tmp_path):
+    from dse.best import memory_lines
+    from dse.store import TrialRecord
+
+    space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]'))
+    rec = TrialRecord(0, {"mbs": 2, "recompute": "none"}, "ok", 1.0, metrics={"peak_memory_gib": 121.7})
+    f = predicted(space, {"mbs": "2", "recompute": "none"})
+    text = "\n".join(memory_lines(space, rec, resolve(space, rec.knobs), None))
+    assert f"Memory: predicted peak {f.peak_memory_gib:.1f} of {f.memory_gib:.1f} GiB" in text
+    assert "Measured peak (allocated): 121.7 GiB." in text
