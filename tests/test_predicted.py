@@ -145,3 +145,14 @@ def test_a_best_recorded_before_trials_kept_predictions_is_predicted_now(tmp_pat
     text = "\n".join(memory_lines(space, rec, resolve(space, rec.knobs), None))
     assert f"Memory: predicted peak {f.peak_memory_gib:.1f} of {f.memory_gib:.1f} GiB" in text
     assert "Measured peak (allocated): 121.7 GiB." in text
+
+
+def test_a_comparison_says_where_its_figures_come_from(tmp_path):
+    from tests.helpers import dse
+
+    a = replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]')
+    assert dse("run", "--space", a, "--out", tmp_path / "a").exit_code == 0
+    r = dse("compare", tmp_path / "a", tmp_path / "a", "--out", tmp_path / "cmp")
+    assert r.exit_code == 0, r.output
+    assert "figures: measured\n" in r.stdout
+    assert "over the recipe's layout (trial 0): measured" in r.stdout

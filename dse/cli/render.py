@@ -268,6 +268,7 @@ def comparison(df, csv: Path, page: Path) -> None:
     for _, row in df.iterrows():
         table.add_row(*[fmt(row[c]) for c in cols])
     console.print(table)
+    line(f"figures: {figures_source(df)}")
     for system, gain in zip(df.system, df.get("recipe_layout_gain", [])):
         if isinstance(gain, str) and gain:
             line(f"baseline of {system}: {gain}")
@@ -275,6 +276,19 @@ def comparison(df, csv: Path, page: Path) -> None:
         if isinstance(warning, str) and warning:
             note(f"warning: {study}: {warning}")
     console.print(f"comparison: {csv}, {page}")
+
+
+def figures_source(df) -> str:
+    """Where a comparison's figures come from, per study: measured, or predicted by the model (simulated)."""
+    simulated = [isinstance(t, str) and bool(t) for t in df["truth"]]
+    names = [str(s) for s in df.system]
+    if not any(simulated):
+        return "measured"
+    if all(simulated):
+        return "predicted (simulated by the model), not measured"
+    sim = ", ".join(n for n, x in zip(names, simulated) if x)
+    real = ", ".join(n for n, x in zip(names, simulated) if not x)
+    return f"measured for {real}; predicted (simulated by the model) for {sim}"
 
 
 def line(text: str, **kw: Any) -> None:
