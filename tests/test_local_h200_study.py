@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from dse.errors import UserError
 from dse.launch import build_plan
 from dse.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step
-from dse.recipes.mcore.config import ConfigError, check, config_from_argv
+from dse.recipes.mcore.config import ConfigError, check, config_from_argv, stage_layers
 from dse.recipes.models import RECIPES
 from dse.space import load_space
 from dse.trial import resolve
@@ -69,14 +70,16 @@ def test_mcore_runs_recipes_bridge_lacks_and_skips_userbuffers():
         check(config_from_argv(list(args))[0], 8)
 
 
-def test_uneven_pipeline_split_is_read_and_refused():
+def test_uneven_pipeline_split_is_read_and_built():
+    """126 layers + embedding and loss over pp=8 x vp=8 chunks: Megatron's split, stages of 15, 16 ... 16, 15."""
     t = trial("llama3_405b", num_nodes=128, tp=8, pp=8, cp=1, vp=8)  # 126 layers + 2 over 64 chunks
     args = knobs.payload_args("mcore", t.recipe, {"pp": 8, "vp": 8}, gpu="h100", gpus_per_node=8)
     assert "model.account_for_embedding_in_pipeline_split=true" in args
-    cfg, _ = config_from_argv(list(args))
+    cfg, _ = config_from_argv([*args, "train.global_batch_size=512"])
     assert cfg.account_for_embedding_in_pipeline_split and cfg.account_for_loss_in_pipeline_split
-    with pytest.raises(ConfigError, match="evenly"):
-        check(cfg, 512)
+    assert stage_layers(check(cfg, 512, te_available=False)) == [15] + [16] * 6 + [15]
+    with pytest.raises(ConfigError, match="not divisible by pp\\*vp=64"):
+        check(replace(cfg, num_layers=125), 512, te_available=False)
 
 
 def test_h200_local_space_is_six_valid_mcore_points():

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from .train import train
 
-    return train(cfg)
+    return train(cfg, fake=ns.fake_process_group)
 
 
 if __name__ == "__main__":

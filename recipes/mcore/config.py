@@ -248,19 +248,7 @@ def check(
     )
     need(cfg.num_query_groups % cfg.tp == 0, f"num_query_groups={cfg.num_query_groups} is not divisible by tp={cfg.tp}")
     need(cfg.ffn_hidden_size % cfg.tp == 0, f"ffn_hidden_size={cfg.ffn_hidden_size} is not divisible by tp={cfg.tp}")
-    need(
-        not (cfg.pp_first_layers or cfg.pp_last_layers),
-        "num_layers_in_first/last_pipeline_stage: this payload splits the layers evenly over the pipeline stages only",
-    )
-    need(
-        not (cfg.account_for_embedding_in_pipeline_split or cfg.account_for_loss_in_pipeline_split),
-        "account_for_embedding/loss_in_pipeline_split=true: this payload splits the layers evenly over the "
-        "pipeline stages only",
-    )
-    need(
-        cfg.num_layers % (cfg.pp * cfg.vp) == 0,
-        f"num_layers={cfg.num_layers} is not divisible by pp*vp={cfg.pp * cfg.vp}",
-    )
+    _check_pipeline_split(cfg, need)
     need(cfg.vp == 1 or cfg.pp > 1, f"vp={cfg.vp} needs pp > 1")
     if te_available is None:
         te_available = te_importable()
@@ -322,7 +310,7 @@ def check(
             set(modules) <= set(DENSE_RECOMPUTE_MODULES),
             f"recompute_modules={cfg.recompute_modules}; a dense layer has {', '.join(DENSE_RECOMPUTE_MODULES)}",
         )
-    layers_per_stage = cfg.num_layers // cfg.pp
+    layers_per_stage = max(stage_layers(cfg))
     if cfg.recompute == "full":
         n = cfg.recompute_num_layers or None  # dse's 0 means "all layers"
         need(
@@ -358,6 +346,55 @@ def check(
             "recompute_method / recompute_num_layers apply to recompute=full only",
         )
         out = replace(out, recompute_method=None, recompute_num_layers=None)
+    return out
+
+
+def _check_pipeline_split(cfg: RunConfig, need) -> None:
+    """Megatron-Core's pipeline splits: even (pp*vp divides the layers), the embedding and loss counted as layers
+    (``account_for_*_in_pipeline_split``: pp*vp divides the layers plus those counted), or uneven first and last
+    stages (``num_layers_in_first/last_pipeline_stage``, no interleaving: the other stages split the rest evenly)."""
+    first, last = cfg.pp_first_layers or 0, cfg.pp_last_layers or 0
+    counted = int(cfg.account_for_embedding_in_pipeline_split) + int(cfg.account_for_loss_in_pipeline_split)
+    chunks = cfg.pp * cfg.vp
+    if first or last:
+        need(
+            not counted,
+            "num_layers_in_first/last_pipeline_stage and account_for_*_in_pipeline_split exclude each other",
+        )
+        need(cfg.vp == 1, "num_layers_in_first/last_pipeline_stage: wired here without interleaving (vp=1) only")
+        need(cfg.pp > 1, "num_layers_in_first/last_pipeline_stage needs pp > 1")
+        middle = cfg.pp - bool(first) - bool(last)
+        rest = cfg.num_layers - first - last
+        need(
+            rest >= 0 and (rest % middle == 0 if middle else rest == 0),
+            f"num_layers={cfg.num_layers} less the first ({first}) and last ({last}) stage's layers does not split "
+            f"evenly over the other {middle} pipeline stages",
+        )
+        return
+    if counted:
+        need(cfg.pp > 1, "account_for_embedding/loss_in_pipeline_split needs pp > 1")
+        need(
+            (cfg.num_layers + counted) % chunks == 0,
+            f"num_layers={cfg.num_layers} plus the {counted} counted for embedding/loss is not divisible by "
+            f"pp*vp={chunks}",
+        )
+        return
+    need(cfg.num_layers % chunks == 0, f"num_layers={cfg.num_layers} is not divisible by pp*vp={chunks}")
+
+
+def stage_layers(cfg: RunConfig) -> list[int]:
+    """Transformer layers on each pipeline stage (its virtual chunks together), as Megatron-Core splits them for
+    a configuration :func:`check` accepts."""
+    pp, first, last = cfg.pp, cfg.pp_first_layers or 0, cfg.pp_last_layers or 0
+    if first or last:
+        middle = pp - bool(first) - bool(last)
+        each = (cfg.num_layers - first - last) // middle if middle else 0
+        return [first or each] + [each] * (pp - 2) + [last or each]
+    emb, loss = int(cfg.account_for_embedding_in_pipeline_split), int(cfg.account_for_loss_in_pipeline_split)
+    each = (cfg.num_layers + emb + loss) // pp
+    out = [each] * pp
+    out[0] -= emb
+    out[-1] -= loss
     return out
 
 
@@ -706,6 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="FP8 (hybrid) with this scaling recipe; needs the TE spec",
     )
     run.add_argument(
+        "--fake-process-group",
+        action="store_true",
+        help="probe: run rank RANK of a WORLD_SIZE-rank job alone on this GPU under PyTorch's fake process group "
+        "(collectives skipped; the rank's weights, optimizer states, activations and kernels are real)",
+    )
+    run.add_argument(
         "--check-only",
         action="store_true",
         help="print the resolved configuration and the FLOPs per step as JSON and exit",
@@ -861,6 +904,14 @@ def header_lines(cfg: RunConfig, world: int, dp: int, device: str) -> list[str]:
     if cfg.is_moe:
         lines.append(format_moe_line(cfg))
     return lines
+
+
+def probe_line(cfg: RunConfig, rank: int, world: int, stage: int) -> str:
+    """The line a probe (``--fake-process-group``) prints after the header: which rank of which job it ran."""
+    return (
+        f"> recipes.mcore: probe of rank {rank} of {world} (pipeline stage {stage} of {cfg.pp}) on a fake "
+        f"process group: collectives skipped, compute and memory real"
+    )
 
 
 def format_moe_line(cfg: RunConfig) -> str:

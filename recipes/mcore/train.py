@@ -23,6 +23,7 @@ from .config import (
     format_memory_line,
     header_lines,
     model_flops_per_step,
+    probe_line,
 )
 
 
@@ -36,20 +37,32 @@ def _print(text: str) -> None:
     print(text, flush=True)
 
 
-def _init_distributed(cfg: RunConfig):
-    """torch.distributed from torchrun's environment, or a one-process group when run without torchrun."""
+def _init_distributed(cfg: RunConfig, fake: bool = False):
+    """torch.distributed from torchrun's environment, or a one-process group when run without torchrun.
+
+    ``fake``: one rank (``RANK``) of a ``WORLD_SIZE``-rank job in this one process, on PyTorch's ``fake``
+    process group (as Megatron-LM's ``--fake-process-group``): every collective returns at once, so the rank
+    builds and runs its own stage with real weights, optimizer states, activations and kernels. Megatron's gloo
+    groups are off there (``new_group`` on a fake store fails)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    if "RANK" not in os.environ:  # plain `python -m recipes.mcore`: one process, one GPU
+    if fake:
+        os.environ["LOCAL_RANK"] = "0"
+    elif "RANK" not in os.environ:  # plain `python -m recipes.mcore`: one process, one GPU
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
         )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
-    if not dist.is_initialized():
+    if fake and not dist.is_initialized():
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    elif not dist.is_initialized():
         dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local_rank))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=cfg.tp,
@@ -58,6 +71,7 @@ def _init_distributed(cfg: RunConfig):
         context_parallel_size=cfg.cp,
         expert_model_parallel_size=cfg.ep,
         expert_tensor_parallel_size=cfg.etp,
+        create_gloo_process_groups=not fake,
     )
     # As megatron.training.initialize._set_random_seed: a different seed per pipeline stage.
     seed = cfg.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
@@ -93,7 +107,7 @@ def _moe_config(cfg: RunConfig) -> dict:
     return extra
 
 
-def _transformer_config(cfg: RunConfig):
+def _transformer_config(cfg: RunConfig, fake: bool = False):
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.enums import AttnBackend
@@ -111,6 +125,10 @@ def _transformer_config(cfg: RunConfig):
             extra.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     if cfg.is_moe:
         extra.update(_moe_config(cfg))
+        if fake:
+            # A probe's other stages receive no activations (the fake group's receives leave their buffers as they
+            # were), so its router would see noise: route evenly instead, as Megatron's benchmarking option does.
+            extra["moe_router_force_load_balancing"] = True
     if cfg.cpu_offloading:
         extra.update(
             cpu_offloading=True,
@@ -141,6 +159,10 @@ def _transformer_config(cfg: RunConfig):
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
+        num_layers_in_first_pipeline_stage=cfg.pp_first_layers or None,
+        num_layers_in_last_pipeline_stage=cfg.pp_last_layers or None,
+        account_for_embedding_in_pipeline_split=cfg.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=cfg.account_for_loss_in_pipeline_split,
         autocast_dtype=torch.bfloat16,
         # The fusions NeMo's Llama recipes turn on (masked softmax, bias+SwiGLU/GeLU, bias+dropout+add, RoPE)
         # on the TE spec; off on the local spec, whose kernels would need Apex or TE. Gradient-accumulation
@@ -245,7 +267,7 @@ def _build_model(cfg: RunConfig, config):
     ]
 
 
-def _optimizer(cfg: RunConfig, chunks):
+def _optimizer(cfg: RunConfig, chunks, fake: bool = False):
     import torch
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -263,7 +285,7 @@ def _optimizer(cfg: RunConfig, chunks):
         params_dtype=torch.bfloat16,
         use_distributed_optimizer=cfg.distributed_optimizer,
     )
-    optimizer = get_megatron_optimizer(opt_config, chunks)
+    optimizer = get_megatron_optimizer(opt_config, chunks, use_gloo_process_groups=not fake)
     # Sample-based schedule, as Megatron steps it (increment = global batch size).
     decay = cfg.lr_decay_iters or cfg.train_iters
     scheduler = OptimizerParamScheduler(
@@ -336,26 +358,32 @@ def _cuda_mem(torch):
     )
 
 
-def train(cfg: RunConfig) -> int:
-    """Run ``cfg`` to the end; print Megatron-LM's log lines; return the process exit status."""
+def train(cfg: RunConfig, fake: bool = False) -> int:
+    """Run ``cfg`` to the end; print Megatron-LM's log lines; return the process exit status.
+
+    ``fake``: run one rank of a larger job (:func:`_init_distributed`); that rank prints every line a real run
+    prints on rank 0, the last rank and data-parallel rank 0 (header, iteration and memory lines), whichever
+    stage it is; on a stage other than the last the iteration lines carry no loss."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    rank, world = _init_distributed(cfg)
+    rank, world = _init_distributed(cfg, fake)
     dp = parallel_state.get_data_parallel_world_size()
     dp_rank = parallel_state.get_data_parallel_rank()
     num_micro = cfg.gbs // (cfg.mbs * dp)
     last_rank = world - 1
-    if rank == 0:
+    if rank == 0 or fake:
         for line in header_lines(cfg, world, dp, torch.cuda.get_device_name()):
             _print(line)
+        if fake:
+            _print(probe_line(cfg, rank, world, parallel_state.get_pipeline_model_parallel_rank()))
         _print("building GPT model ...")
-    config = _transformer_config(cfg)
+    config = _transformer_config(cfg, fake)
     chunks = _build_model(cfg, config)
-    optimizer, scheduler = _optimizer(cfg, chunks)
+    optimizer, scheduler = _optimizer(cfg, chunks, fake)
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     if cfg.overlap_grad_reduce:
@@ -371,7 +399,7 @@ def train(cfg: RunConfig) -> int:
     averager = LossAverager()
     skipped_total = 0
     dist.barrier()
-    if rank == 0:
+    if rank == 0 or fake:
         _print(
             f"[after model, optimizer, and learning rate scheduler are built] datetime: "
             f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} "
@@ -408,7 +436,7 @@ def train(cfg: RunConfig) -> int:
             now = time.perf_counter()
             n = iteration % cfg.log_interval or cfg.log_interval
             per_iter = (now - interval_start) / n
-            if rank == last_rank:
+            if rank == last_rank or fake:
                 lr = optimizer.param_groups[0]["lr"]
                 scale = optimizer.get_loss_scale()
                 scale = float(scale.item() if hasattr(scale, "item") else scale)
@@ -431,13 +459,15 @@ def train(cfg: RunConfig) -> int:
                 skipped_total = 0
             # As Megatron: memory after the first two logged iterations (optimizer state included from the
             # second), and at the end (its --log-memory-interval), by every rank of data-parallel rank 0.
-            if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) and dp_rank == 0:
+            if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) and (
+                dp_rank == 0 or fake
+            ):
                 _print(format_memory_line(rank, iteration, *_cuda_mem(torch)))
             dist.barrier()
             torch.cuda.synchronize()
             interval_start = time.perf_counter()
     dist.barrier()
-    if rank == 0:
+    if rank == 0 or fake:
         _print(f"[after training is done] datetime: {datetime.now().strftime('%Y-%m-%d %H:%M:%S')} ")
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
