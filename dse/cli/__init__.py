@@ -118,6 +118,7 @@ def user_errors(fn: Callable) -> Callable:
 _COMMANDS: dict[str, Callable] = {
     "recipes": model.recipes_cmd,
     "run": studies.run_cmd,
+    "probe": studies.probe_cmd,
     "compare": results.compare_cmd,
     "leaderboard": results.leaderboard_cmd,
     "validate": spaces.validate_cmd,

@@ -296,6 +296,28 @@ def line(text: str, **kw: Any) -> None:
     console.print(text, highlight=False, **kw)
 
 
+def probes(rows: list[dict], csv_path: Path) -> None:
+    """``dse probe``'s result: one line per probed rank, measured (the probe) beside predicted (the model)."""
+    table = Table(title="probes (measured: one rank under a fake process group; model: predicted, the worst rank)")
+    for col in ("point", "rank", "stage", "why", "status", "peak GiB", "model GiB", "step s", "GPU-min"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            str(r["point"]),
+            f"{r['rank']}/{r['world']}",
+            str(r["stage"]),
+            r["why"],
+            r["status"],
+            fmt(r["peak_memory_gib"]),
+            fmt(r["model_peak_memory_gib"]),
+            fmt(r["step_time_s"]),
+            fmt(r["gpu_minutes"]),
+        )
+    console.print(table)
+    total = sum(r["gpu_minutes"] for r in rows)
+    line(f"{len(rows)} probes, {total:.2f} GPU-minutes (measured); {csv_path}")
+
+
 # -- dse recipes / predict / calibrate ---------------------------------------------------------------------
 
 

@@ -269,3 +269,46 @@ def run_systems(
         if r.stop_reason:  # an agent that stopped by itself says why, per system, as a single study does
             render.line(f"{Path(name).stem}: {r.stop_reason}")
     render.comparison(*compare.write(compare.gather([r.out_dir for r in results]), out_dir))
+
+
+def probe_cmd(
+    space_file: Path = typer.Argument(..., metavar="SPACE", help="the space file (TOML)"),
+    point: list[str] | None = typer.Option(
+        None, "--point", metavar="KNOB=VALUE", help="probe this one point (repeatable; values as in a space file)"
+    ),
+    backend: str = typer.Option("local", metavar="TEXT", help="local (this machine's first GPU) | slurm (1-GPU jobs)"),
+    out: Path | None = typer.Option(None, metavar="PATH", help="output directory (default: probes/<space name>)"),
+    iters: int = typer.Option(3, min=2, metavar="N", help="training iterations of each probe"),
+    limit: int | None = typer.Option(None, min=1, metavar="N", help="probe at most N valid points (grid order)"),
+    timeout: float = typer.Option(900.0, min=1, metavar="S", help="seconds before a probe is stopped"),
+) -> None:
+    """Probe a layout on one GPU: for each valid point (or --point), run the ranks that bound its memory and time
+    (first and last pipeline stage, the stage with most layers, the one with most experts) one at a time, each as
+    one rank of the full job under PyTorch's fake process group (recipes.mcore --fake-process-group). Writes
+    probes.csv (measured peak memory and step time per rank, beside the model's predicted peak) in --out."""
+    from dse.probe import probe_space
+
+    space = load_space_arg(space_file, None)
+    out_dir = out or Path("probes") / space.name
+    rows = probe_space(
+        space, _parse_point(point or []), out_dir, backend=backend, iters=iters, limit=limit, timeout_s=timeout
+    )
+    render.probes(rows, out_dir / "probes.csv")
+
+
+def _parse_point(items: list[str]) -> dict | None:
+    """``--point knob=value`` pairs (values read as TOML literals, bare words as strings); None without any."""
+    import tomllib
+
+    if not items:
+        return None
+    out: dict = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name.strip():
+            raise UserError(f"{item!r} is not knob=value", field="--point")
+        try:
+            out[name.strip()] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[name.strip()] = text
+    return out

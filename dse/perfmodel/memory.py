@@ -317,15 +317,22 @@ class MemoryCounts:
         """The share of the activations the allocator cannot reuse: fragmentation, and the CUDA graphs' pool."""
         return P.memory_fragmentation + self.graphed * P.cuda_graph_pool_share
 
-    def peak_gib(self, P: Params, stack: Stack) -> float:
-        """The peak (GiB) under ``P``: the larger stage's bytes with fragmentation, plus the reserve and offset."""
+    def stage_gib(self, P: Params, stack: Stack) -> dict[str, float]:
+        """Each stage's peak (GiB) under ``P``, as :meth:`peak_gib` counts it: ``first``, ``last`` and ``mid`` (the
+        second stage where :func:`mid_stage_counts` counts it, else 0), each with the reserve and offset."""
         logits_mem = self.logits_elements * logits_peak_bytes(stack, P)
         act_last = self.act_last_layers + max(self.work, logits_mem)
-        mem_first = self.fixed_first + self.act_first * (1.0 + self.slack(P))
-        mem_last = self.fixed_last + act_last * (1.0 + self.slack(P))
-        mem_mid = self.fixed_mid + self.act_mid * (1.0 + self.slack(P))
-        peak = max(mem_first, mem_last, mem_mid)
-        return peak / GIB + P.memory_reserve_gib + P.memory_offset_gib + self.registered_gib(P)
+        extra = P.memory_reserve_gib + P.memory_offset_gib + self.registered_gib(P)
+        mem = {
+            "first": self.fixed_first + self.act_first * (1.0 + self.slack(P)),
+            "last": self.fixed_last + act_last * (1.0 + self.slack(P)),
+            "mid": self.fixed_mid + self.act_mid * (1.0 + self.slack(P)),
+        }
+        return {k: (v / GIB + extra if v else 0.0) for k, v in mem.items()}
+
+    def peak_gib(self, P: Params, stack: Stack) -> float:
+        """The peak (GiB) under ``P``: the larger stage's bytes with fragmentation, plus the reserve and offset."""
+        return max(self.stage_gib(P, stack).values())
 
     def registered_gib(self, P: Params) -> float:
         """What NCCL user-buffer registration holds beyond the buffers themselves (GiB)."""

@@ -1,0 +1,154 @@
+"""Probe vs model vs real run: the H100 logs of ``bench/h100_probe_device.sh``.
+
+    python bench/probe_compare.py
+
+Part 1 (bench/data/h100_mcore_grid): the one-GPU grid (llama3_8b_4l, seq 4096), each point's real run (dse's local
+backend) beside its world-1 probe (recipes.mcore --fake-process-group) and the model's predicted peak.
+Part 2 (bench/data/h100_probes): probes of ranks of 64- and 1,024-GPU layouts beside the model's predicted peak of
+the probed rank's stage (dse.probe.model_rank_gib), and each probe's GPU-minutes. Peaks are Megatron's
+``max allocated`` (GiB); every figure says whether it is measured or predicted.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dse.probe import ProbeRank, model_rank_gib, model_stage_gib  # noqa: E402
+from dse.space import load_space  # noqa: E402
+from dse.trial import resolve  # noqa: E402
+
+GRID = ROOT / "bench/data/h100_mcore_grid"
+PROBES = ROOT / "bench/data/h100_probes"
+SPACE_GRID = ROOT / "conf/spaces/llama3_8b_4l_h100_local_space.toml"
+
+# The layouts bench/h100_probe_plan.tsv probed, as dse spaces (one point each): recipe, nodes of 8 H100, settings.
+LAYOUTS = {
+    "l70b_w64_tp8pp8": ("llama3_70b", 8, 'tp = 8\npp = 8\ngbs = 16\nrecompute = "selective"'),
+    "l405b_w1024_tp8pp16": ("llama3_405b", 128, 'tp = 8\npp = 16\ngbs = 128\nrecompute = "full"'),
+    "q30b_w64_pp4ep16": (
+        "qwen3_30b_a3b",
+        8,
+        'tp = 1\npp = 4\nep = 16\netp = 1\ngbs = 64\nrecompute = "selective"\nmoe_grouped_gemm = false',
+    ),
+}
+SPACE = """name = "{name}"
+recipe = "{recipe}"
+system = {{ gpu = "h100", gpus_per_node = 8, nvlink_domain = 8 }}
+num_nodes = {nodes}
+[settings]
+{settings}
+cp = 1
+vp = 1
+mbs = 1
+seq_length = 4096
+attention_backend = "local"
+[knobs]
+sp = [false]
+[backend]
+kind = "local"
+payload = "mcore"
+"""
+
+
+def max_allocated_gib(log: Path) -> float | None:
+    mib = [float(x) for x in re.findall(r"\| max allocated: ([0-9.]+)", log.read_text())]
+    return max(mib) / 1024 if mib else None
+
+
+def step_ms(log: Path) -> float | None:
+    ms = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", log.read_text())]
+    return ms[-1] if ms else None
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    return f"{100.0 * (a - b) / b:+.1f}%" if a is not None and b else "-"
+
+
+def grid_rows() -> list[dict]:
+    space = load_space(SPACE_GRID)
+    rows = []
+    for r in csv.DictReader((GRID / "leaderboard.csv").read_text().splitlines()):
+        point = {"mbs": int(r["mbs"]), "recompute": r["recompute"]}
+        log = GRID / "probes" / f"grid_probe_{int(r['trial']):05d}.log"
+        probe_ok = "memory (MB)" in log.read_text() and "OutOfMemoryError" not in log.read_text()
+        rows.append(
+            {
+                "trial": int(r["trial"]),
+                **point,
+                "real_status": r["status"],
+                "real_peak_gib": float(r["peak_memory_gib"]) if r["peak_memory_gib"] else None,
+                "probe_status": "ok" if probe_ok else "oom",
+                "probe_peak_gib": max_allocated_gib(log),
+                "model_peak_gib": model_stage_gib(resolve(space, point))["first"],
+            }
+        )
+    return sorted(rows, key=lambda x: x["trial"])
+
+
+def probe_rows() -> list[dict]:
+    runs = list(csv.DictReader((PROBES / "runs.tsv").read_text().splitlines(), delimiter="\t"))
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (recipe, nodes, settings) in LAYOUTS.items():
+            path = Path(tmp) / f"{name}.toml"
+            path.write_text(SPACE.format(name=name, recipe=recipe, nodes=nodes, settings=settings))
+            space = load_space(path)
+            trial = resolve(space, {"sp": False})
+            stages = model_stage_gib(trial)
+            for run in (r for r in runs if r["name"].startswith(name + "_r")):
+                rank, world = int(run["rank"]), int(run["world"])
+                stage = rank // (world // trial.layout.pp)
+                why = "first stage" if stage == 0 else "last stage" if stage == trial.layout.pp - 1 else "middle"
+                log = PROBES / f"{run['name']}.log"
+                out.append(
+                    {
+                        "probe": run["name"],
+                        "world": world,
+                        "rank": rank,
+                        "stage": stage,
+                        "probe_peak_gib": max_allocated_gib(log),
+                        "model_peak_gib": model_rank_gib(stages, ProbeRank(rank, stage, 0, 0, why)),
+                        "probe_step_ms": step_ms(log),
+                        "gpu_minutes": float(run["wall_s"]) / 60.0,
+                    }
+                )
+    return out
+
+
+def main() -> None:
+    print("one-GPU grid, llama3_8b_4l seq 4096 on H100 (peak GiB: real and probe measured, model predicted)")
+    print(f"{'trial':>5} {'mbs':>3} {'recompute':>9} {'real':>12} {'probe':>12} {'probe-real':>10} {'model':>7}")
+    for r in grid_rows():
+        real = f"{r['real_peak_gib']:.2f}" if r["real_status"] == "ok" else r["real_status"]
+        probe = f"{r['probe_peak_gib']:.2f}" if r["probe_status"] == "ok" else r["probe_status"]
+        diff = _pct(r["probe_peak_gib"], r["real_peak_gib"]) if r["real_status"] == r["probe_status"] == "ok" else "-"
+        print(
+            f"{r['trial']:>5} {r['mbs']:>3} {r['recompute']:>9} {real:>12} {probe:>12} {diff:>10} "
+            f"{r['model_peak_gib']:>7.2f}"
+        )
+    print()
+    print("probes of large layouts on one H100 (probe measured, model predicted for the probed rank's stage)")
+    print(
+        f"{'probe':>26} {'rank':>9} {'stage':>5} {'probe GiB':>9} {'model GiB':>9} {'model-probe':>11} "
+        f"{'step ms':>8} {'GPU-min':>7}"
+    )
+    rows = probe_rows()
+    for r in rows:
+        print(
+            f"{r['probe']:>26} {r['rank']:>4}/{r['world']:<4} {r['stage']:>5} {r['probe_peak_gib']:>9.2f} "
+            f"{r['model_peak_gib']:>9.2f} {_pct(r['model_peak_gib'], r['probe_peak_gib']):>11} "
+            f"{r['probe_step_ms']:>8.0f} {r['gpu_minutes']:>7.2f}"
+        )
+    l405 = sum(r["gpu_minutes"] for r in rows if r["probe"].startswith("l405b"))
+    print(f"probing the 405B point (3 ranks): {l405:.2f} GPU-minutes (measured wall time of the probes)")
+
+
+if __name__ == "__main__":
+    main()
