@@ -62,6 +62,8 @@ class Agent(abc.ABC):
     stop_reason: str | None = None  # why propose() returned None, when the agent decided to stop by itself
     Options: type[BaseModel] = NoOptions  # what ``[search.options]`` may set; validated by make_agent
     requires: tuple[str, ...] = ()  # modules of an optional extra the agent needs (its error names the extra)
+    # options that name a file: a relative path is relative to the space file (dse.study.agent_settings)
+    path_options: tuple[str, ...] = ()
 
     def __init__(
         self, action_space: spaces.Dict, *, seed: int = 0, action_mask: ActionMask | None = None, **options: Any
@@ -76,6 +78,13 @@ class Agent(abc.ABC):
         self.names = list(action_space.spaces)
         self.sizes = [int(cast(spaces.Discrete, action_space.spaces[n]).n) for n in self.names]  # checked above
         self.seen: set[tuple[int, ...]] = set()
+
+    def prepare(self) -> None:
+        """Read or build what the options name (a policy file...), once, after the constructor: :func:`make_agent`
+        calls it unless told not to, and ``dse validate`` builds agents without it, so that checking a space reads
+        no file an option names (its constructor or options model checks only that the file is there). The default
+        has nothing to read."""
+        return None
 
     def key(self, action: Mapping[str, Any]) -> tuple[int, ...]:
         return action_key(action, self.names)
@@ -153,19 +162,23 @@ def make_agent(
     seed: int = 0,
     action_mask: ActionMask | None = None,
     forecast: Forecaster | None = None,
+    prepare: bool = True,
     **options: Any,
 ) -> Agent:
     """The agent called ``name``, built with its validated options (and the model's ``forecast`` for an agent
-    that ``uses_model``)."""
+    that ``uses_model``), and prepared (:meth:`Agent.prepare`) unless ``prepare`` is False."""
     cls = agent_class(name, registry)
     extra = {"forecast": forecast} if cls.uses_model else {}
-    return cls(
+    agent = cls(
         action_space,
         seed=seed,
         action_mask=action_mask if cls.uses_mask else None,
         **agent_options(cls, options),
         **extra,
     )
+    if prepare:
+        agent.prepare()
+    return agent
 
 
 #: Statuses of points that cost nothing because they were never launched (a constraint refused them, or the

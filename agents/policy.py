@@ -1,14 +1,18 @@
 """The ``policy`` agent (experimental): a learned search policy (PPO, Stable-Baselines3) proposes the points.
 
-With ``[search.options] policy = "FILE.zip"`` it uses a policy that ``dse train-policy SPACE`` trained on twins of
-the space; without one it first trains a policy of ``train_steps`` steps on the space's model forecast (the model
-as the truth: cheap, and no better than the model's own order). At each proposal it builds the observation of
+With ``[search.options] policy = "FILE"`` it uses a policy that ``dse train-policy SPACE`` trained on twins of
+the space (a relative path is relative to the space file; the file is data, never code: :mod:`dse.policy`), refused
+when it was trained on another space; without one it first trains a policy of ``train_steps`` steps on the space's
+model forecast (the model as the truth: cheap, and no better than the model's own order). At each proposal it builds the observation of
 :class:`dse.searchgame.SearchGame` from what it has seen (the last point, its outcome, the best so far, the model's
 forecast of the last point) and draws a point from the policy, as the policy acted while it trained; it draws again
 while the point is one already tried or one the rules reject (the model's forecast says which, or the action mask
 where there is no model), and after 256 draws takes the most probable untried point. It stops when none is left.
 
-Needs the ``rl`` extra (Stable-Baselines3 and torch); without it, choosing this agent is a one-line error.
+The policy is read (or trained) in :meth:`PolicyAgent.prepare`, not in the constructor: ``dse validate`` builds the
+agent without preparing it, so it checks only that the file is there.
+
+Needs the ``rl`` extra (Stable-Baselines3, torch, safetensors); without it, choosing this agent is a one-line error.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pydantic import Field
 
 from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
-from dse.policy import Policy, load, train
+from dse.policy import Policy, check_path, load, train
 from dse.searchgame import Forecast, History, Key, Outcome, SearchGame, fraction, observation_space, reference
 
 MAX_POINTS = 200_000  # every point is kept as a candidate row (as the guided agent's)
@@ -37,6 +41,9 @@ class PolicyOptions(NoOptions):
 
     policy: str | None = Field(None, min_length=1, max_length=4096)  # a policy saved by dse train-policy
     train_steps: int = Field(1024, ge=64, le=10_000_000)  # without a policy: PPO steps on the model's forecast
+    # derived by the study from the space (dse.outdir.policy_fingerprint), not a setting: a policy trained on
+    # another space is refused
+    space_fingerprint: dict[str, Any] | None = None
 
 
 class PolicyAgent(Agent):
@@ -44,7 +51,8 @@ class PolicyAgent(Agent):
     Options = PolicyOptions
     uses_mask = True
     uses_model = True
-    requires = ("stable_baselines3",)  # the rl extra: the contract suite skips the agent without it
+    requires = ("stable_baselines3", "safetensors")  # the rl extra: the contract suite skips the agent without it
+    path_options = ("policy",)
 
     def __init__(
         self,
@@ -53,6 +61,7 @@ class PolicyAgent(Agent):
         forecast: Forecaster | None = None,
         policy: str | None = None,
         train_steps: int = 1024,
+        space_fingerprint: dict[str, Any] | None = None,
         **kw: Any,
     ):
         super().__init__(action_space, **kw)
@@ -77,8 +86,30 @@ class PolicyAgent(Agent):
         self.ref = reference(self.forecasts)
         self.history = History(self.sizes)
         self._rng = np.random.default_rng(self.seed)
-        dim = observation_space(len(self.sizes)).shape[0]
-        self.policy = load(policy, self.sizes, dim) if policy else self._train_on_model(train_steps)
+        if policy is not None:
+            check_path(policy)  # there, a regular file, a safetensors header: dse validate checks this far
+        self.path, self.train_steps, self.space_fingerprint = policy, train_steps, space_fingerprint
+        self._policy: Policy | None = None
+
+    def prepare(self) -> None:
+        """Read the policy file (:func:`dse.policy.load`: validated, rebuilt, never unpickled), or train a policy on
+        the model's forecast when the options name none."""
+        self._prepared()
+
+    def _prepared(self) -> Policy:
+        if self._policy is None:
+            dim = observation_space(len(self.sizes)).shape[0]
+            self._policy = (
+                load(self.path, self.sizes, dim, space=self.space_fingerprint)
+                if self.path
+                else self._train_on_model(self.train_steps)
+            )
+        return self._policy
+
+    @property
+    def policy(self) -> Policy:
+        """The policy (read or trained on first use when :meth:`prepare` has not run)."""
+        return self._prepared()
 
     def _train_on_model(self, steps: int) -> Policy:
         """A policy trained on the model's forecast as the truth (no twin at hand): the fallback without a file."""

@@ -135,7 +135,7 @@ def train_policy_for(space, path: str, steps: int, twins: int) -> None:
     from dse.training import train_policy
 
     t0 = time.perf_counter()
-    out = Path(tempfile.mkdtemp(prefix="dse-policy-")) / f"{space.name}.zip"
+    out = Path(tempfile.mkdtemp(prefix="dse-policy-")) / f"{space.name}.safetensors"
     done = train_policy(path, out, twins=twins, steps=steps)
     POLICY_FILES[space.name] = str(done.path)
     print(

@@ -195,6 +195,16 @@ def fingerprint(space: Space, backend: str) -> dict[str, Any]:
     return {"hash": digest, "fields": fields}
 
 
+def policy_fingerprint(space: Space) -> dict[str, Any]:
+    """What a learned policy depends on (its actions, its observations, the twins it trained on): the study's
+    fingerprint fields less the backend, the truth and early stop (a policy trains on twins and runs on any backend). A policy
+    file keeps it; the ``policy`` agent refuses a policy whose hash is not its space's."""
+    fields = fingerprint(space, "sim")["fields"]
+    fields = {k: v for k, v in fields.items() if k not in ("backend", "truth", "twin_seed", "early_stop")}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+    return {"hash": digest, "fields": fields}
+
+
 def _file_hash(path: str, field: str = "backend.calibration") -> str:
     try:
         with open(path, "rb") as fh:

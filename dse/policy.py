@@ -1,10 +1,18 @@
 """A learned search policy (experimental): Stable-Baselines3's PPO trained on :class:`dse.searchgame.SearchGame`.
 
-``dse train-policy SPACE`` trains one on twins of the space (:mod:`dse.envs.search`) and saves it (SB3's own zip);
-the ``policy`` agent (:mod:`dse.agents.policy`) loads it and asks it, at each proposal, for the probability of
-each value of each knob given what the search has seen (the game's observation); it proposes the most probable point
-not yet tried that the rules accept. Stable-Baselines3 and torch come with the ``rl`` extra (``pip install
-'dse[rl]'``, a CPU build of torch first: docs/rl.md); the controller itself never imports torch (SB3 does).
+``dse train-policy SPACE`` trains one on twins of the space (:mod:`dse.envs.search`) and saves it; the ``policy``
+agent (:mod:`dse.agents.policy`) loads it and asks it, at each proposal, for the probability of each value of each
+knob given what the search has seen (the game's observation); it proposes the most probable point not yet tried that
+the rules accept. Stable-Baselines3, torch and safetensors come with the ``rl`` extra (``pip install 'dse[rl]'``, a
+CPU build of torch first: docs/rl.md); the controller itself never imports torch (SB3 and safetensors do).
+
+A policy file is data, never code: a safetensors file (a JSON header and raw little-endian arrays; nothing in it is
+unpickled or imported) holding the weights of one network whose architecture dse defines (:data:`ARCHITECTURE`:
+SB3's ``ActorCriticPolicy``, two tanh MLPs), and in its header's metadata one JSON document (:class:`PolicyMeta`):
+the architecture's sizes, the observation and action shapes, the knobs and the fingerprint of the space it was
+trained on. :func:`load` validates the metadata (strict, bounded), checks every tensor's name, shape and dtype
+against what the metadata implies before any network is built, then builds the network itself and loads the weights
+into it. SB3's own ``PPO.load`` (which unpickles the zip's ``data`` member) is never called.
 
 Why PPO with its default MLP: it is what SB3 users reach for first on a ``MultiDiscrete`` action, it trains on CPU
 in a minute on a small space, and the point here is an honest baseline of a learned policy beside the
@@ -13,90 +21,266 @@ model-guided agent, not a tuned RL method.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dse.errors import UserError
+from dse.space import MAX_KNOBS, MAX_VALUES_PER_KNOB
 
 RL_EXTRA = "the learned policy needs the rl extra: pip install 'dse[rl]' (install a CPU torch first: docs/rl.md)"
 # PPO's settings for these short episodes (tens of steps): a rollout of 256 steps per environment, small batches
 PPO_SETTINGS: dict[str, Any] = {"n_steps": 256, "batch_size": 64, "n_epochs": 5, "gamma": 0.95, "ent_coef": 0.01}
+ARCHITECTURE = "sb3-actor-critic-mlp"  # SB3's ActorCriticPolicy: tanh MLPs for the policy (pi) and the value (vf)
+NET_ARCH = [64, 64]  # SB3's default for PPO, written out so that the file says it
+FORMAT, VERSION = "dse-policy", 1
+META_KEY = "dse_policy"  # the safetensors metadata entry that holds the JSON document
+MAX_FILE_BYTES = 64 * 2**20  # a trained policy is tens of KB; this bounds what a hostile file makes dse read
+MAX_WIDTH, MAX_DEPTH = 1024, 8  # per hidden layer, hidden layers per MLP
+MAX_OBS = 4 * MAX_KNOBS + 64  # the game's observation has 2 entries per knob and a dozen more
+
+_Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Architecture(_Strict):
+    """The network dse builds: which one (only :data:`ARCHITECTURE`) and its hidden layers' widths."""
+
+    kind: Literal["sb3-actor-critic-mlp"] = ARCHITECTURE
+    activation: Literal["tanh"] = "tanh"
+    pi: list[_Width] = Field(default_factory=lambda: list(NET_ARCH), min_length=1, max_length=MAX_DEPTH)
+    vf: list[_Width] = Field(default_factory=lambda: list(NET_ARCH), min_length=1, max_length=MAX_DEPTH)
+
+
+class SpaceStamp(_Strict):
+    """The fingerprint of the space a policy was trained on (:func:`dse.outdir.policy_fingerprint`): its hash, and
+    its fields, so that a mismatch can name what differs."""
+
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    fields: dict[str, Any] = Field(max_length=64)
+
+
+class PolicyMeta(_Strict):
+    """The JSON document a policy file carries (validated strictly; nothing in it is code)."""
+
+    format: Literal["dse-policy"] = FORMAT
+    version: Literal[1] = VERSION
+    architecture: Architecture = Field(default_factory=Architecture)
+    observation_dim: int = Field(ge=1, le=MAX_OBS)
+    action_sizes: list[Annotated[int, Field(ge=1, le=MAX_VALUES_PER_KNOB)]] = Field(min_length=1, max_length=MAX_KNOBS)
+    knobs: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=MAX_KNOBS)
+    space: SpaceStamp | None = None
+    trained: dict[str, int | list[int]] = Field(default_factory=dict, max_length=16)  # twins, steps, seed: a record
+
+    @model_validator(mode="after")
+    def _one_name_per_knob(self) -> PolicyMeta:
+        if self.knobs and len(self.knobs) != len(self.action_sizes):
+            raise ValueError(f"{len(self.knobs)} knob names for {len(self.action_sizes)} action sizes")
+        return self
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the network's state dict and its shape: what a file must hold, exactly."""
+        a = self.architecture
+        out: dict[str, tuple[int, ...]] = {}
+        for name, widths in (("policy_net", a.pi), ("value_net", a.vf)):
+            fan_in = self.observation_dim
+            for i, w in enumerate(widths):  # Linear, Tanh, Linear, Tanh...: the Linear layers are 0, 2, 4...
+                out[f"mlp_extractor.{name}.{2 * i}.weight"] = (w, fan_in)
+                out[f"mlp_extractor.{name}.{2 * i}.bias"] = (w,)
+                fan_in = w
+        out["action_net.weight"] = (sum(self.action_sizes), a.pi[-1])
+        out["action_net.bias"] = (sum(self.action_sizes),)
+        out["value_net.weight"] = (1, a.vf[-1])
+        out["value_net.bias"] = (1,)
+        return out
 
 
 def available() -> bool:
-    """Whether Stable-Baselines3 (and so torch) is installed."""
+    """Whether Stable-Baselines3 (and so torch) and safetensors are installed."""
     import importlib.util
 
-    return importlib.util.find_spec("stable_baselines3") is not None
+    return all(importlib.util.find_spec(m) is not None for m in ("stable_baselines3", "safetensors"))
 
 
-def _sb3():
+def _require(field: str = "search.agent") -> None:
     if not available():
-        raise UserError(RL_EXTRA, field="search.agent")
-    import stable_baselines3
+        raise UserError(RL_EXTRA, field=field)
 
-    return stable_baselines3
+
+def _network(meta: PolicyMeta) -> Any:
+    """SB3's ``ActorCriticPolicy`` for ``meta``'s shapes and widths, freshly initialised, in evaluation mode."""
+    from gymnasium import spaces
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from dse.searchgame import OBS_HIGH
+
+    obs = spaces.Box(low=0.0, high=OBS_HIGH, shape=(meta.observation_dim,), dtype=np.float32)
+    arch = meta.architecture
+    net = ActorCriticPolicy(
+        obs, spaces.MultiDiscrete(meta.action_sizes), lambda _: 0.0, net_arch={"pi": arch.pi, "vf": arch.vf}
+    )
+    net.set_training_mode(False)
+    return net
 
 
 class Policy:
-    """A trained PPO model, asked for the log-probabilities of each knob's values given an observation."""
+    """A trained actor-critic network, asked for the log-probabilities of each knob's values given an observation,
+    and the metadata it is saved with."""
 
-    def __init__(self, model: Any):
-        self.model = model
+    def __init__(self, net: Any, meta: PolicyMeta):
+        self.net, self.meta = net, meta
 
     @property
     def sizes(self) -> list[int]:
-        return [int(n) for n in self.model.action_space.nvec]
+        return list(self.meta.action_sizes)
 
     @property
     def obs_dim(self) -> int:
-        return int(self.model.observation_space.shape[0])
+        return self.meta.observation_dim
 
     def log_probs(self, obs: np.ndarray) -> list[np.ndarray]:
         """One array per knob: the log-probability of each of its values (SB3's public policy API)."""
-        policy = self.model.policy
-        tensor, _ = policy.obs_to_tensor(np.asarray(obs, dtype=np.float32))
-        dist = policy.get_distribution(tensor)
+        tensor, _ = self.net.obs_to_tensor(np.asarray(obs, dtype=np.float32))
+        dist = self.net.get_distribution(tensor)
         return [d.logits.detach().cpu().numpy()[0] for d in dist.distribution]
 
-    def save(self, path: str | Path) -> Path:
-        self.model.save(str(path))
-        p = Path(path)
-        return p if p.suffix == ".zip" else p.with_name(p.name + ".zip")
+    def to_bytes(self) -> bytes:
+        """The policy file's content: the weights and the metadata as one safetensors file (the caller writes it:
+        :func:`dse.training.save`)."""
+        from safetensors.torch import save
+
+        state = {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()}
+        return save(state, metadata={META_KEY: self.meta.model_dump_json()})
 
 
-def train(env_fns: Sequence[Callable[[], Any]], steps: int, *, seed: int = 0) -> Policy:
-    """PPO trained for ``steps`` environment steps on the environments ``env_fns`` make (one SB3 ``DummyVecEnv``)."""
-    sb3 = _sb3()
+def train(
+    env_fns: Sequence[Callable[[], Any]],
+    steps: int,
+    *,
+    seed: int = 0,
+    knobs: Sequence[str] = (),
+    space: Mapping[str, Any] | None = None,
+) -> Policy:
+    """PPO trained for ``steps`` environment steps on the environments ``env_fns`` make (one SB3 ``DummyVecEnv``);
+    ``knobs`` and ``space`` (the space's :func:`dse.outdir.policy_fingerprint`) go into the policy's metadata."""
+    _require()
+    import stable_baselines3 as sb3
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     vec = DummyVecEnv(list(env_fns))
     settings = dict(PPO_SETTINGS, n_steps=max(16, min(PPO_SETTINGS["n_steps"], steps // max(len(env_fns), 1))))
     settings["batch_size"] = min(settings["batch_size"], settings["n_steps"] * len(env_fns))
-    model = sb3.PPO("MlpPolicy", vec, seed=seed, device="cpu", verbose=0, **settings)
+    arch = Architecture()
+    model = sb3.PPO(
+        "MlpPolicy",
+        vec,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs={"net_arch": {"pi": arch.pi, "vf": arch.vf}},
+        **settings,
+    )
     model.learn(total_timesteps=steps)
-    return Policy(model)
+    meta = PolicyMeta(
+        architecture=arch,
+        observation_dim=int(vec.observation_space.shape[0]),
+        action_sizes=[int(n) for n in vec.action_space.nvec],
+        knobs=list(knobs),
+        space=SpaceStamp.model_validate(dict(space)) if space is not None else None,
+        trained={"steps": int(steps), "seed": int(seed), "environments": len(env_fns)},
+    )
+    model.policy.set_training_mode(False)
+    return Policy(model.policy, meta)
 
 
-def load(path: str | Path, sizes: Sequence[int], obs_dim: int, *, field: str = "search.options.policy") -> Policy:
-    """The policy saved at ``path``; a one-line error when it is missing or was trained on another space."""
-    sb3 = _sb3()
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such policy file (train one with dse train-policy SPACE --out {p})", field=field)
+def _read(p: Path, field: str) -> tuple[PolicyMeta, dict[str, Any]]:
+    """The metadata and the tensors of the policy file ``p``: its header read and validated, every tensor checked
+    against the metadata's shapes before any is read. A one-line error for anything else."""
+    from safetensors import safe_open
+
+    def bad(why: str) -> UserError:
+        return UserError(f"{p}: not a policy written by dse train-policy ({why})", field=field)
+
     try:
-        policy = Policy(sb3.PPO.load(str(p), device="cpu"))
-    except Exception as e:  # a file that is not an SB3 model: one line, not a traceback
+        with safe_open(str(p), framework="pt", device="cpu") as f:
+            raw = (f.metadata() or {}).get(META_KEY)
+            if raw is None:
+                raise bad(f"no {META_KEY!r} metadata")
+            meta = PolicyMeta.model_validate_json(raw)
+            want = meta.shapes()
+            got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            if got != want:
+                wrong = sorted(set(got) ^ set(want)) or sorted(k for k in want if got[k] != want[k])
+                raise bad(f"its tensors do not match its metadata: {', '.join(wrong[:3])}")
+            if any(f.get_slice(k).get_dtype() != "F32" for k in want):
+                raise bad("its tensors are not float32")
+            return meta, {k: f.get_tensor(k) for k in want}
+    except UserError:
+        raise
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise bad(f"metadata {'.'.join(str(x) for x in err['loc']) or 'document'}: {err['msg']}") from None
+    except Exception as e:  # safetensors' own errors (not a safetensors file, a bad header): one line
+        raise bad(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
+
+def check_path(path: str | Path, *, field: str = "search.options.policy") -> Path:
+    """``path`` when it names a regular file of a plausible size that starts as a safetensors file does (an 8-byte
+    header length, then ``{``); a one-line error otherwise. Reads those 9 bytes and nothing more (``dse validate``
+    checks a policy this far and no further: a zip, a pickle, is refused here without being opened as one)."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{p}: no such policy file (train one with dse train-policy SPACE --out {p})", field=field)
+    if not p.is_file():
+        raise UserError(f"{p}: not a regular file; a policy is a file written by dse train-policy", field=field)
+    try:
+        with open(p, "rb") as fh:
+            size, head = os.fstat(fh.fileno()).st_size, fh.read(9)
+    except OSError as e:
+        raise UserError(f"{p}: cannot read: {e.strerror or e}", field=field) from None
+    if size > MAX_FILE_BYTES:
         raise UserError(
-            f"{p}: not a policy saved by dse train-policy ({str(e).splitlines()[0]})", field=field
-        ) from None
-    if policy.sizes != list(sizes) or policy.obs_dim != obs_dim:
+            f"{p}: {size:,} bytes; a policy written by dse train-policy is at most {MAX_FILE_BYTES:,}", field=field
+        )
+    if len(head) < 9 or not 2 <= int.from_bytes(head[:8], "little") <= size - 8 or head[8:] != b"{":
+        raise UserError(f"{p}: not a policy written by dse train-policy (not a safetensors file)", field=field)
+    return p
+
+
+def load(
+    path: str | Path,
+    sizes: Sequence[int],
+    obs_dim: int,
+    *,
+    space: Mapping[str, Any] | None = None,
+    field: str = "search.options.policy",
+) -> Policy:
+    """The policy saved at ``path`` (see the module docstring); a one-line error when it is missing, is not a policy
+    file, or was trained on another space (``space``: this space's :func:`dse.outdir.policy_fingerprint`)."""
+    _require()
+    p = check_path(path, field=field)
+    meta, tensors = _read(p, field)
+    if meta.action_sizes != list(sizes) or meta.observation_dim != obs_dim:
         raise UserError(
-            f"{p}: trained on a space of {policy.sizes} knob values, this one has {list(sizes)}; "
+            f"{p}: trained on a space of {meta.action_sizes} knob values, this one has {list(sizes)}; "
             "train a policy on this space (dse train-policy)",
             field=field,
         )
-    return policy
+    if space is not None and meta.space is not None and meta.space.hash != space["hash"]:
+        fields = space.get("fields") or {}
+        changed = sorted(k for k in set(fields) | set(meta.space.fields) if fields.get(k) != meta.space.fields.get(k))
+        raise UserError(
+            f"{p}: trained on another space (differs in {', '.join(changed) or 'its fingerprint'}); "
+            "train a policy on this space (dse train-policy)",
+            field=field,
+        )
+    net = _network(meta)
+    net.load_state_dict(tensors, strict=True)
+    return Policy(net, meta)

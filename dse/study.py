@@ -94,9 +94,15 @@ def ordinal_knobs(space: Space) -> list[str]:
 
 def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> dict[str, Any]:
     """The agent's options: ``[search.options]``, with the sampler (``--sampler`` over
-    ``[search.options].sampler`` over ``[search].sampler``) for an agent that declares one."""
+    ``[search.options].sampler`` over ``[search].sampler``) for an agent that declares one. An option that names a
+    file (the agent's ``path_options``) is relative to the space file, as ``[backend] calibration`` is."""
     options = dict(space.search.options)
     cls = agent_class(agent, registry)
+    here = Path(space.source).parent if space.source else None
+    for name in cls.path_options:
+        value = options.get(name)
+        if here is not None and isinstance(value, str) and value and not Path(value).is_absolute():
+            options[name] = str(here / value)
     if "sampler" in cls.Options.model_fields:
         options["sampler"] = sampler or options.get("sampler") or space.search.sampler
     elif sampler is not None:
@@ -111,9 +117,11 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
 def space_options(space: Space, agent: str, options: dict[str, Any], registry, *, parallel: int = 1) -> dict[str, Any]:
     """``options`` plus what the study derives from the space for an agent that declares it: the ordinal knobs,
     the warm start (``[search] warm_start`` unless ``[search.options]`` sets it), the trials in flight at
-    once (``parallel``) and the memory screen's margin when the screen is on (``screen_margin``). Not recorded in ``dse.json`` (the space file and the command line say them)."""
+    once (``parallel``) and the memory screen's margin when the screen is on (``screen_margin``). Not recorded in ``dse.json`` (the space file and the command line say them).
+    The space's fingerprint for a learned policy (``space_fingerprint``) is the space's, whatever the options say."""
     fields = agent_class(agent, registry).Options.model_fields
     derived: dict[str, Any] = {}
+    fixed = {"space_fingerprint": outdir.policy_fingerprint(space)} if "space_fingerprint" in fields else {}
     if "parallel" in fields:
         derived["parallel"] = parallel
     if "ordinal" in fields:
@@ -122,7 +130,7 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry, *
         derived["warm_start"] = space.search.warm_start
     if "screen_margin" in fields and space.search.screen != "none":
         derived["screen_margin"] = space.search.screen_margin  # an agent that skips what the screen removes
-    return {**derived, **options}
+    return {**derived, **options, **fixed}
 
 
 @dataclass
@@ -297,24 +305,30 @@ def check_study(space: Space, *, agent: str | None = None, sampler: str | None =
     agent = agent or space.search.agent
     registry = load_agents()
     options = agent_settings(space, agent, sampler, registry)
-    _probe(
-        space, Request(agent, options, registry, space.search.seed, space.backend.kind, parallel=space.search.parallel)
-    )
+    request = Request(agent, options, registry, space.search.seed, space.backend.kind, parallel=space.search.parallel)
+    _probe(space, request, prepare=False)
 
 
-def _probe(space: Space, req: Request) -> None:
+def _probe(space: Space, req: Request, *, prepare: bool = True) -> None:
     """Build the agent once on the bare action space, and the backend, so that a bad agent, sampler, option or
     backend fails before anything is written; and refuse a space with no valid point (a study of it would launch
-    nothing and end as if it had succeeded)."""
+    nothing and end as if it had succeeded). ``prepare=False`` (``dse validate``): the agent reads no file its
+    options name (a policy), it only checks that it is there."""
     check_not_empty(space)
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
-    make_agent(
-        req.agent,
-        req.registry,
-        probe,
-        seed=req.seed,
-        **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
-    )
+    try:
+        make_agent(
+            req.agent,
+            req.registry,
+            probe,
+            seed=req.seed,
+            prepare=prepare,
+            **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
+        )
+    except UserError as e:  # an option's problem is the space file's
+        if e.file is not None:
+            raise
+        raise UserError(e.message, file=space.source or None, field=e.field) from None
     _preflight(space, req, make_backend(req.backend, space, req.seed))
 
 

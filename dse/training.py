@@ -3,18 +3,38 @@
 Each of ``twins`` sub-environments is ``dse/Recipe-v0`` on the twin of one seed (:func:`dse.envs.search.make_env`,
 in memory), from ``first_twin`` on: by default seeds 1000 and up, so that the twins a search is judged on
 (``bench/search_efficiency.py`` uses seeds 0..N-1) are never the ones the policy was trained on.
+
+The output is checked before any training (a minute to hours): a path that exists is refused unless ``force`` (and
+a directory, or anything not a regular file, always), and the directory must take a new file (one is created there
+and removed). The policy is written to a temporary file beside the output and then linked into place, so a reader
+never sees half a policy and, without ``force``, a file that appeared meanwhile is not replaced either.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from dse.envs.search import as_space, make_env, table
 from dse.errors import UserError
-from dse.policy import Policy, train
+from dse.outdir import policy_fingerprint
+from dse.policy import Policy, available, train
 
 FIRST_TWIN = 1000  # training twins start here: the benchmark judges searches on seeds 0..N-1
+# Bounds of the inputs, so that a typo cannot start a run of days or exhaust memory:
+# - twins: each is one environment holding its own outcome of every valid point of the space (up to 100,000) in
+#   memory, and PPO collects a rollout from each in turn; 64 is 8 times the default of 8.
+# - steps: PPO trains at about 800 environment steps a second on one free core (docs/rl.md), so 10,000,000 steps is
+#   about 3.5 hours; the documented policies use 60,000 (the default) to 200,000.
+# - budget: launched runs per training episode, at most the points a walkable space has.
+# - seed: what NumPy's and torch's seeding accept (an unsigned 32-bit integer).
+MAX_TWINS = 64
+MIN_STEPS, MAX_STEPS = 64, 10_000_000
+MAX_BUDGET = 100_000
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -23,6 +43,79 @@ class Trained:
     path: Path | None
     twins: list[int]
     steps: int
+
+
+def check_inputs(*, twins: int, steps: int, budget: int, seed: int, first_twin: int = FIRST_TWIN) -> None:
+    """Each input within its bound (see above); a one-line error naming the option otherwise."""
+    for name, value, lo, hi in (
+        ("--twins", twins, 1, MAX_TWINS),
+        ("--steps", steps, MIN_STEPS, MAX_STEPS),
+        ("--budget", budget, 1, MAX_BUDGET),
+        ("--seed", seed, 0, MAX_SEED),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise UserError(f"{value!r} is out of range; give an integer from {lo:,} to {hi:,}", field=name)
+    if not 0 <= first_twin <= MAX_SEED - twins + 1:
+        raise UserError(f"twin seeds {first_twin}.. are not unsigned 32-bit integers", field="first_twin")
+
+
+def check_out(out: Path, *, force: bool = False) -> None:
+    """``out`` may be written: not there (or ``force`` and a regular file), in a directory that takes a new file.
+    A one-line error naming ``--out`` otherwise; nothing is left behind."""
+    if out.is_dir() or ((out.exists() or out.is_symlink()) and not out.is_file()):
+        raise UserError(
+            "is not a regular file; give the path of the policy file to write", file=str(out), field="--out"
+        )
+    if (out.exists() or out.is_symlink()) and not force:
+        raise UserError("already exists; pass --force to replace it (or another --out)", file=str(out), field="--out")
+    if not out.parent.is_dir():
+        raise UserError(f"no such directory: {out.parent}", file=str(out), field="--out")
+    probe = _temporary(out)
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as e:
+        raise UserError(f"cannot write here: {e.strerror or e}", file=str(out), field="--out") from None
+    os.unlink(probe)
+
+
+def _temporary(out: Path) -> Path:
+    return out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
+
+
+def save(policy: Policy, out: Path, *, force: bool = False) -> Path:
+    """Write ``policy`` to ``out``: a temporary file beside it, then linked into place (``force``: renamed over it).
+    Without ``force`` an ``out`` that exists by now is refused, never replaced."""
+    tmp = _temporary(out)
+    data = policy.to_bytes()
+    try:
+        # permissions as a plain open gives (0666 less the umask), as every file dse writes
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if force:
+            os.replace(tmp, out)
+        else:
+            try:
+                os.link(tmp, out)  # fails when out exists: the one check that cannot race
+            except FileExistsError:
+                raise UserError(
+                    "appeared while the policy trained; pass --force to replace it (or another --out)",
+                    file=str(out),
+                    field="--out",
+                ) from None
+            except OSError:  # a file system without hard links: check, then rename
+                if out.exists() or out.is_symlink():
+                    raise UserError(
+                        "already exists; pass --force to replace it", file=str(out), field="--out"
+                    ) from None
+                os.replace(tmp, out)
+    except OSError as e:
+        raise UserError(f"cannot write: {e.strerror or e}", file=str(out), field="--out") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return out
 
 
 def train_policy(
@@ -34,13 +127,18 @@ def train_policy(
     seed: int = 0,
     budget: int = 50,
     first_twin: int = FIRST_TWIN,
+    force: bool = False,
 ) -> Trained:
     """PPO trained for ``steps`` steps on ``twins`` twins of ``space`` (seeds ``first_twin`` and up), saved to
-    ``out`` when given (SB3's zip)."""
-    if twins < 1 or steps < 64 or budget < 1:
-        raise UserError(
-            f"need at least 1 twin, 64 steps and a budget of 1 (got {twins}, {steps}, {budget})", field="--steps"
-        )
+    ``out`` when given (:mod:`dse.policy`'s file; an existing ``out`` only with ``force``). Inputs and the output
+    are checked before training."""
+    check_inputs(twins=twins, steps=steps, budget=budget, seed=seed, first_twin=first_twin)
+    if out is not None:
+        check_out(out, force=force)
+    if not available():
+        from dse.policy import RL_EXTRA
+
+        raise UserError(RL_EXTRA, field="train-policy")
     s = as_space(space)
     tab = table(s)
     seeds = [first_twin + i for i in range(twins)]
@@ -48,6 +146,7 @@ def train_policy(
     def env_fn(ts: int):
         return lambda: make_env(s, "sim", twin_seed=ts, budget=budget, table_=tab)
 
-    policy = train([env_fn(ts) for ts in seeds], steps, seed=seed)
-    path = policy.save(out) if out is not None else None
+    stamp = policy_fingerprint(s)
+    policy = train([env_fn(ts) for ts in seeds], steps, seed=seed, knobs=s.knob_names, space=stamp)
+    path = save(policy, out, force=force) if out is not None else None
     return Trained(policy, path, seeds, steps)
