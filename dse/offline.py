@@ -11,6 +11,11 @@ The dataset keeps the environment's spec (``gym.make("dse/Recipe-v0", space=...,
 space as the study's ``dse.json`` names it), so ``dataset.recover_environment()`` builds the environment again where
 that space file is found. Minari writes under ``MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``);
 ``--datasets-path`` sets it for the export. Needs the ``rl`` extra (Minari with its HDF5 storage).
+
+Minari makes a dataset's directories from its id before it checks the id's syntax, so the id is checked here first
+(:func:`check_dataset_id`: letters, digits, ``_`` and ``-`` in ``/``-separated parts, ending in ``-vN``; never ``.``
+or ``..``), before anything is created; the datasets folder is created (or found) next, with one line when it cannot
+be (``/proc/x``). A dataset whose writing fails is removed, so no half of one is left under its id.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +41,10 @@ from dse.store import TrialRecord
 from dse.study import open_store
 
 MINARI_EXTRA = "dse export minari needs the rl extra: pip install 'dse[rl]' (Minari with its HDF5 storage)"
+# A subset of Minari's (namespace/)name-vN syntax that is also a relative path inside the datasets folder: no '.',
+# no empty part, no leading '/'; 200 characters at most (a file name's limit is 255)
+DATASET_ID = re.compile(r"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*-v[0-9]{1,9}")
+MAX_ID = 200
 
 
 @dataclass
@@ -97,13 +108,49 @@ def _space(meta: dict[str, Any], given: str | None) -> tuple[Space, str]:
     return space, path
 
 
-def to_minari(study_dir: Path, dataset_id: str | None = None, *, space: str | None = None):
-    """Write the study of ``study_dir`` as the Minari dataset ``dataset_id`` (default ``dse/NAME/study-v0``); the
-    dataset (a ``minari.MinariDataset``)."""
+def check_dataset_id(dataset_id: str, field: str = "--dataset-id") -> str:
+    """``dataset_id`` when it is a Minari dataset id that names a folder inside the datasets folder (see the module
+    docstring); a one-line error otherwise. Nothing is created."""
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    allowed = "letters, digits, _ and - in parts separated by /, ending in -vN (dse/nemotron3/guided-v0)"
+    if len(dataset_id) > MAX_ID or not DATASET_ID.fullmatch(dataset_id):
+        shown = dataset_id if len(dataset_id) <= 80 else dataset_id[:77] + "..."
+        raise UserError(f"{shown!r} is not a dataset id: {allowed}, {MAX_ID} characters at most", field=field)
+    try:
+        parse_dataset_id(dataset_id)  # Minari's own syntax (a namespace of 2 characters at least...)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0], field=field) from None
+    return dataset_id
+
+
+def datasets_root(path: Path | None) -> Path:
+    """The datasets folder (``path``, else ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), created when
+    absent; a one-line error when it is not a folder or cannot be made."""
+    root = path or Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+    field = "--datasets-path" if path is not None else "MINARI_DATASETS_PATH"
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        raise UserError("is not a directory", file=str(root), field=field)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create: {e.strerror or e}", file=str(root), field=field) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise UserError("cannot write here", file=str(root), field=field)
+    return root
+
+
+def to_minari(
+    study_dir: Path, dataset_id: str | None = None, *, space: str | None = None, datasets_path: Path | None = None
+):
+    """Write the study of ``study_dir`` as the Minari dataset ``dataset_id`` (default ``dse/NAME/study-v0``) under
+    ``datasets_path`` (see :func:`datasets_root`); the dataset (a ``minari.MinariDataset``). The id and the folder
+    are checked before anything is created."""
     if importlib.util.find_spec("minari") is None or importlib.util.find_spec("h5py") is None:
         raise UserError(MINARI_EXTRA, field="export minari")
+    if dataset_id is not None:
+        check_dataset_id(dataset_id)
     import gymnasium as gym
-    import minari
     from minari.data_collector import EpisodeBuffer
 
     store, meta = open_store(study_dir)
@@ -124,7 +171,10 @@ def to_minari(study_dir: Path, dataset_id: str | None = None, *, space: str | No
         truncations=ep.truncations,
         infos=infos,
     )
-    dataset_id = dataset_id or f"dse/{meta['study_name']}/study-v0"
+    if dataset_id is None:
+        dataset_id = check_dataset_id(f"dse/{meta['study_name']}/study-v0", field="--dataset-id (the default)")
+    root = datasets_root(datasets_path)
+    os.environ["MINARI_DATASETS_PATH"] = str(root)  # Minari's documented setting, read when it writes
     spec = gym.spec(ENV_ID)
     spec = gym.envs.registration.EnvSpec(
         id=spec.id,
@@ -132,6 +182,15 @@ def to_minari(study_dir: Path, dataset_id: str | None = None, *, space: str | No
         vector_entry_point=spec.vector_entry_point,
         kwargs=env_kwargs(meta, path),
     )
+    return _create(dataset_id, buf, spec, root, meta)
+
+
+def _create(dataset_id: str, buf: Any, spec: Any, root: Path, meta: dict[str, Any]):
+    """Minari's ``create_dataset_from_buffers``, its errors as one line; a dataset it left half-written removed."""
+    import minari
+
+    target = root / dataset_id
+    existed = target.exists() or target.is_symlink()
     try:
         with warnings.catch_warnings():
             # Minari recommends an author, an e-mail and a code link; a study has none of its own to give
@@ -144,11 +203,9 @@ def to_minari(study_dir: Path, dataset_id: str | None = None, *, space: str | No
                 algorithm_name=f"dse {meta.get('agent', 'study')}",
                 description=f"dse study {meta['study_name']}: one episode of {ENV_ID}, one step per trial",
             )
-    except ValueError as e:  # an id already taken, or one Minari's syntax refuses: one line
-        raise UserError(str(e).splitlines()[0], field="--dataset-id") from None
-
-
-def datasets_path(path: Path | None) -> None:
-    """Point Minari at ``path`` (its documented ``MINARI_DATASETS_PATH``) for this process."""
-    if path is not None:
-        os.environ["MINARI_DATASETS_PATH"] = str(path)
+    except (ValueError, OSError) as e:
+        if not existed:  # Minari refuses an id that exists, so what is there now is this export's, half written
+            shutil.rmtree(target, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write the dataset: {e.strerror or e}", file=str(target)) from None
+        raise UserError(str(e).splitlines()[0], field="--dataset-id") from None  # an id already taken: one line

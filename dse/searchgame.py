@@ -18,6 +18,12 @@ environment (its reward is one run's objective; it never ends by itself), the ga
 * **terminated**: the stop rule: every valid point has run, or (when the truth is known, as on a twin) the best found
   is within ``target`` (default 1%) of the truth's best, as ``bench/search_efficiency.py`` counts a search done.
 
+Arguments are checked where they enter (:func:`check_int`, :func:`check_number`): a wrong type is a ``TypeError``
+and a value out of range a ``ValueError``, each naming the argument and what it takes. An action not in the action
+space (not one integer per knob, or an index out of range; a float, a bool or a complex number is no index, however
+integral) is a ``ValueError`` from ``step``, never truncated or run, as Gymnasium's environments refuse an action
+outside their action space.
+
 The truth is a function ``key -> Outcome``: a twin's figures (:func:`dse.envs.twin_truth`, in memory), or a run on a
 backend through :class:`dse.envs.RecipeEnv`. The forecast is the shipped model's, as a study hands it to agents.
 """
@@ -40,7 +46,77 @@ RUN_SCALE = 100.0  # launched runs are observed as runs / RUN_SCALE, capped at 1
 OBS_HIGH = 10.0  # fractions of the model's best above this are clipped (a twin is within tens of percent)
 RUN_COST = 0.005  # the reward's cost of one launched run (a fraction of the model's best)
 WASTE_COST = 0.01  # the reward's cost of a proposal that launched nothing (rejected, or already run)
+MAX_BUDGET = 1_000_000  # launched runs per episode: ten times the points of the largest walkable space
 _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no step yet
+
+
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as an int when it is an integer (a bool is not) from ``lo`` to ``hi``; else TypeError/ValueError."""
+    allowed = f"{name} takes an integer from {lo:,} to {hi:,}"
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{allowed}; got {value!r} ({type(value).__name__})")
+    if not lo <= value <= hi:
+        raise ValueError(f"{allowed}; got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value: Any, lo: float, hi: float, *, above: bool = False) -> float:
+    """``value`` as a float when it is a finite real number (a bool is not) from ``lo`` (excluded when ``above``)
+    to ``hi``; else TypeError/ValueError."""
+    allowed = (
+        f"{name} takes a finite number {'above' if above else 'from'} {lo:g} {'and at most' if above else 'to'} {hi:g}"
+    )
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{allowed}; got {value!r} ({type(value).__name__})")
+    try:
+        v = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"{allowed}; got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(v) or v > hi or v < lo or (above and v == lo):
+        raise ValueError(f"{allowed}; got {value!r}")
+    return v
+
+
+def game_args(budget: Any = 50, target: Any = 0.99, run_cost: Any = RUN_COST, waste_cost: Any = WASTE_COST) -> dict:
+    """The game's arguments, checked (see the module docstring): ``budget`` launched runs (1 to 1,000,000), the stop
+    rule's ``target`` fraction of the truth's best (above 0, at most 1), the costs per run and per wasted proposal
+    (0 to :data:`OBS_HIGH`, the largest value an observation holds)."""
+    return {
+        "budget": check_int("budget", budget, 1, MAX_BUDGET),
+        "target": check_number("target", target, 0.0, 1.0, above=True),
+        "run_cost": check_number("run_cost", run_cost, 0.0, OBS_HIGH),
+        "waste_cost": check_number("waste_cost", waste_cost, 0.0, OBS_HIGH),
+    }
+
+
+def action_key(action: Any, sizes: Sequence[int], space: Any = None) -> Key:
+    """The point ``action`` selects, when it is in the ``MultiDiscrete(sizes)`` action space: one integer per knob
+    (a list or tuple of ints, or an integer array), each from 0 to its size - 1. A ValueError otherwise (see the
+    module docstring): nothing is truncated."""
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(
+            f"action {action!r} is not in the action space {space if space is not None else sizes}: {why}; give one "
+            f"integer per knob ({len(sizes)}), the i-th from 0 to its number of values - 1"
+        )
+
+    if isinstance(action, list | tuple):
+        if any(isinstance(a, bool) or not isinstance(a, int | np.integer) for a in action):
+            raise refuse("not all integers")
+        values = [int(a) for a in action]
+    elif isinstance(action, np.ndarray):
+        if action.dtype.kind not in "iu":
+            raise refuse(f"an array of {action.dtype}, not of integers")
+        if action.ndim != 1:
+            raise refuse(f"an array of shape {action.shape}")
+        values = [int(a) for a in action]
+    else:
+        raise refuse(f"a {type(action).__name__}")
+    if len(values) != len(sizes):
+        raise refuse(f"{len(values)} entries")
+    if not all(0 <= a < n for a, n in zip(values, sizes)):
+        raise refuse("an index out of range")
+    return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -152,14 +228,15 @@ class SearchGame(gym.Env):
         run_cost: float = RUN_COST,
         waste_cost: float = WASTE_COST,
     ):
+        args = game_args(budget, target, run_cost, waste_cost)
         self.names, self.sizes = list(names), [int(n) for n in sizes]
         self.forecasts, self.truth = forecasts, truth
-        self.budget, self.true_best, self.target = budget, best, target
-        self.run_cost, self.waste_cost = run_cost, waste_cost
+        self.budget, self.true_best, self.target = args["budget"], best, args["target"]
+        self.run_cost, self.waste_cost = args["run_cost"], args["waste_cost"]
         self.ref = reference(forecasts)
         self.action_space = spaces.MultiDiscrete(self.sizes)
         self.observation_space = observation_space(len(self.sizes))
-        self._goal = fraction(best, self.ref) * target if best is not None else math.inf
+        self._goal = fraction(best, self.ref) * self.target if best is not None else math.inf
         self.history = History(self.sizes)
         self.tried: set[Key] = set()
         self.proposals = 0
@@ -170,9 +247,7 @@ class SearchGame(gym.Env):
         return self.history.vector(), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        key: Key = tuple(int(a) for a in np.asarray(action).reshape(-1))
-        if len(key) != len(self.sizes) or not all(0 <= a < n for a, n in zip(key, self.sizes)):
-            raise ValueError(f"action {action!r} is not in the action space {self.action_space}")
+        key = action_key(action, self.sizes, self.action_space)
         self.proposals += 1
         forecast = self.forecasts.get(key)
         if forecast is None:

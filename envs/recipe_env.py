@@ -1,6 +1,8 @@
 """``RecipeEnv``: a Gymnasium environment in which each ``step`` is one trial of a space.
 
-Action: a ``Dict`` of ``Discrete`` spaces, one per varying knob (the index of its value in the space file).
+Action: a ``Dict`` of ``Discrete`` spaces, one per varying knob (the index of its value in the space file). An action
+not in that space (a knob missing or unknown, an index out of range, a value that is not an integer: a float, a bool
+or a complex number, however integral) is a ``ValueError`` from ``step``, never truncated or run.
 Observation: the run's status and its metrics (0 where unknown; the ``info`` dict has ``None`` there).
 Reward: from the space's objective (:mod:`dse.reward`).
 
@@ -134,9 +136,18 @@ class RecipeEnv(gym.Env):
             self._seed = seed
         return self._obs(None, {}), {}
 
+    def check_action(self, action: Any) -> None:
+        """A ValueError when ``action`` is not in the action space (see the module docstring)."""
+        ok = isinstance(action, dict) and set(action) == set(self._names)
+        ok = ok and all(not isinstance(v, bool) and isinstance(v, int | np.integer) for v in action.values())
+        if not (ok and all(0 <= action[n] < len(v) for n, v in zip(self._names, self._values))):
+            raise ValueError(
+                f"action {action!r} is not in the action space {self.action_space}: give a dict of one integer per "
+                f"knob ({', '.join(self._names)}), each from 0 to its number of values - 1"
+            )
+
     def step(self, action: dict[str, Any]):
-        if not self.action_space.contains({k: np.int64(v) for k, v in action.items()}):
-            raise ValueError(f"action {action!r} is not in the action space {self.action_space}")
+        self.check_action(action)
         point = self.decode(action)
         trial = resolve(self.space, point)
         rejected = self.check(trial)

@@ -24,6 +24,10 @@ Its truth here is one of:
 
 The vector form (``gym.make_vec``; sub-environment ``i`` is the twin of seed ``twin_seed + i``) shares the space's
 table of valid points and forecasts between its sub-environments.
+
+Every argument is checked before the space's table is built (:func:`check_args`): a wrong type is a ``TypeError``,
+a value out of range a ``ValueError``, each naming the argument and what it takes (the game's own arguments:
+:func:`dse.searchgame.game_args`).
 """
 
 from __future__ import annotations
@@ -49,11 +53,13 @@ from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import Twin, make_twin, valid_trials
 from dse.recipes.sim.logwriter import write_log
-from dse.searchgame import Forecast, Key, Outcome, SearchGame
+from dse.searchgame import Forecast, Key, Outcome, SearchGame, check_int, game_args
 from dse.space import WALK_LIMIT, Space, load_space
 from dse.trial import TrialConfig
 
 ENV_ID = "dse/Recipe-v0"
+MAX_SEED = 2**32 - 1  # a twin's seed and the jitter's, as [backend] twin_seed: unsigned 32-bit
+MAX_ENVS = 1024  # sub-environments of the vector form: each keeps its twin's outcome of every valid point in memory
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,35 @@ class Table:
 
 def as_space(space: Space | str | Path) -> Space:
     """A :class:`Space`, or the path of a space file (a shipped one found by its ``conf/spaces/...`` path)."""
+    if not isinstance(space, Space | str | Path):
+        raise TypeError(f"space takes a dse.space.Space or the path of a space file; got {type(space).__name__}")
     return space if isinstance(space, Space) else load_space(space)
+
+
+def check_args(
+    *,
+    backend: Any = "sim",
+    twin_seed: Any = None,
+    budget: Any = 50,
+    in_memory: Any = True,
+    out_dir: Any = None,
+    seed: Any = 0,
+    **options: Any,
+) -> dict[str, Any]:
+    """:func:`make_env`'s arguments checked (the game's in :func:`dse.searchgame.game_args`); the game's, normalised."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend takes a backend's name (sim, local, slurm); got {backend!r}")
+    if twin_seed is not None:
+        check_int("twin_seed", twin_seed, 0, MAX_SEED)
+    check_int("seed", seed, 0, MAX_SEED)
+    if not isinstance(in_memory, bool):
+        raise TypeError(f"in_memory takes True or False; got {in_memory!r} ({type(in_memory).__name__})")
+    if out_dir is not None and not isinstance(out_dir, str | Path):
+        raise TypeError(f"out_dir takes a directory's path or None; got {type(out_dir).__name__}")
+    unknown = sorted(set(options) - {"target", "run_cost", "waste_cost"})
+    if unknown:
+        raise TypeError(f"dse/Recipe-v0 takes no argument {unknown[0]!r}; the game's: target, run_cost, waste_cost")
+    return game_args(budget, **options)
 
 
 def table(space: Space) -> Table:
@@ -198,6 +232,10 @@ def make_env(
 ) -> SearchGame:
     """The entry point of ``dse/Recipe-v0`` (see the module docstring). ``options``: the game's ``target``,
     ``run_cost``, ``waste_cost``."""
+    args = check_args(
+        backend=backend, twin_seed=twin_seed, budget=budget, in_memory=in_memory, out_dir=out_dir, seed=seed, **options
+    )
+    budget, options = args.pop("budget"), args
     s = as_space(space)
     if twin_seed is None and backend == "sim" and s.backend.truth == "twin":
         twin_seed = s.backend.twin_seed
@@ -230,11 +268,17 @@ def make_vec(
 ) -> gym.vector.SyncVectorEnv:
     """The vector entry point of ``dse/Recipe-v0``: ``num_envs`` sub-environments, the i-th on the twin of seed
     ``twin_seed + i`` (or ``twin_seeds[i]``), sharing one table of the space."""
+    check_int("num_envs", num_envs, 1, MAX_ENVS)
+    if twin_seeds is None:
+        check_int("twin_seed", twin_seed, 0, MAX_SEED - num_envs + 1)  # the last sub-environment's too
+        seeds = [twin_seed + i for i in range(num_envs)]
+    else:
+        seeds = [check_int("twin_seeds[]", ts, 0, MAX_SEED) for ts in twin_seeds]
+    if len(seeds) != num_envs:
+        raise ValueError(f"twin_seeds has {len(seeds)} seeds for num_envs={num_envs}; give one per environment")
+    check_args(**kw)  # before the table is built, as make_env does
     s = as_space(space)
     tab = table(s)
-    seeds = list(twin_seeds) if twin_seeds is not None else [twin_seed + i for i in range(num_envs)]
-    if len(seeds) != num_envs:
-        raise UserError(f"{len(seeds)} twin seeds for {num_envs} environments", field="twin_seeds")
 
     def one(ts: int) -> Callable[[], SearchGame]:
         return lambda: make_env(s, "sim", twin_seed=ts, table_=tab, **kw)

@@ -119,3 +119,101 @@ def test_without_the_rl_extra_the_policy_agent_is_a_one_line_error_naming_it(mon
 def test_gym_make_imports_dse_envs_itself_through_the_module_prefix():
     env = gym.make("dse.envs:dse/Recipe-v0", space=SPACE, twin_seed=1, budget=5)
     assert env.spec.id == "dse/Recipe-v0" and env.unwrapped.true_best is not None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [1.5, 0, 0, 0, 0],
+        [1.0, 0, 0, 0, 0],  # integral, still a float: not an index
+        [True, 0, 0, 0, 0],
+        [1 + 0j, 0, 0, 0, 0],
+        [float("inf"), 0, 0, 0, 0],
+        [2**70, 0, 0, 0, 0],
+        [-1, 0, 0, 0, 0],
+        [0, 0, 0, 0],
+        np.array([0.5, 0, 0, 0, 0]),
+        np.array([True, False, False, False, False]),
+        np.zeros((1, 5), dtype=np.int64),
+        "00000",
+        3,
+    ],
+)
+def test_an_action_outside_the_action_space_is_a_value_error_and_runs_nothing(space, tab, bad):
+    env = make_env(space, twin_seed=0, table_=tab)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="is not in the action space"):
+        env.step(bad)
+    assert env.proposals == 0 and not env.tried  # nothing proposed, nothing run
+    _, _, _, _, info = env.step([0, 0, 0, 0, 0])  # the env still works, and ints of any integer type are indices
+    env.step(np.array([0, 0, 0, 0, 1], dtype=np.uint8))
+    assert env.proposals == 2 and info["action"] == (0, 0, 0, 0, 0)
+
+
+def test_the_study_environment_refuses_an_action_outside_its_space(space, tmp_path):
+    from dse.backends.sim import SimBackend
+    from dse.envs import RecipeEnv
+
+    env = RecipeEnv(space, SimBackend(), tmp_path)
+    env.reset(seed=0)
+    names = space.knob_names
+    good = dict.fromkeys(names, 0)
+    for bad in (
+        {**good, names[0]: 1.5},
+        {**good, names[0]: True},
+        {**good, names[0]: float("inf")},
+        {**good, names[0]: 10**6},
+        {**good, "tp2": 0},
+        {n: 0 for n in names[1:]},
+        [0] * len(names),
+    ):
+        with pytest.raises(ValueError, match="is not in the action space"):
+            env.step(bad)
+    assert not (tmp_path / "trials").exists()  # nothing launched
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, needle",
+    [
+        ({"run_cost": float("nan")}, ValueError, "run_cost takes a finite number"),
+        ({"run_cost": float("inf")}, ValueError, "run_cost"),
+        ({"waste_cost": -1}, ValueError, "waste_cost"),
+        ({"budget": 0}, ValueError, "budget takes an integer from 1"),
+        ({"budget": -5}, ValueError, "budget"),
+        ({"budget": 1.5}, TypeError, "budget takes an integer"),
+        ({"budget": True}, TypeError, "budget"),
+        ({"target": float("nan")}, ValueError, "target takes a finite number above 0"),
+        ({"target": 0}, ValueError, "target"),
+        ({"target": 1.5}, ValueError, "target"),
+        ({"target": 10**400}, ValueError, "target"),
+        ({"twin_seed": 2**70}, ValueError, "twin_seed takes an integer from 0 to 4,294,967,295"),
+        ({"twin_seed": "3"}, TypeError, "twin_seed"),
+        ({"twin_seed": -1}, ValueError, "twin_seed"),
+        ({"seed": 1.0}, TypeError, "seed"),
+        ({"in_memory": "no"}, TypeError, "in_memory takes True or False"),
+        ({"backend": 3}, TypeError, "backend"),
+        ({"out_dir": 3}, TypeError, "out_dir"),
+        ({"space": 3}, TypeError, "space takes"),
+        ({"no_such": 1}, TypeError, "no argument 'no_such'"),
+    ],
+)
+def test_bad_arguments_are_a_clear_error_naming_the_argument(kwargs, error, needle):
+    args = {"space": SPACE, "backend": "sim", **kwargs}
+    with pytest.raises(error, match=needle):
+        gym.make("dse/Recipe-v0", **args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, needle",
+    [
+        ({"num_envs": 0}, ValueError, "num_envs takes an integer from 1 to 1,024"),
+        ({"num_envs": -1}, ValueError, "num_envs"),
+        ({"num_envs": 2, "twin_seed": 2**32 - 1}, ValueError, "twin_seed"),
+        ({"num_envs": 2, "twin_seeds": [0]}, ValueError, "twin_seeds has 1 seeds for num_envs=2"),
+        ({"num_envs": 1, "twin_seeds": ["0"]}, TypeError, "twin_seeds"),
+        ({"num_envs": 1, "budget": 0}, ValueError, "budget"),
+    ],
+)
+def test_bad_vector_arguments_are_a_clear_error(kwargs, error, needle):
+    with pytest.raises(error, match=needle):
+        gym.make_vec("dse/Recipe-v0", space=SPACE, **kwargs)

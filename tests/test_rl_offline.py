@@ -70,3 +70,34 @@ def test_an_id_already_taken_is_a_one_line_error(study):
     assert runner.invoke(app, ["export", "minari", str(study)]).exit_code == 0
     res = runner.invoke(app, ["export", "minari", str(study)])
     assert res.exit_code == 2 and "already exists" in res.output and "Traceback" not in res.output
+
+
+def tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "study" not in p.relative_to(root).parts[:1])
+
+
+@pytest.mark.parametrize(
+    "bad", ["../escape-v0", "dse/../../escape-v0", "/tmp/escape-v0", "a//b-v0", "noversion", "a/b.c-v0", "x" * 300]
+)
+def test_a_dataset_id_that_is_no_plain_relative_path_is_refused_before_anything_is_created(study, tmp_path, bad):
+    before = tree(tmp_path)
+    res = CliRunner().invoke(app, ["export", "minari", str(study), "--dataset-id", bad])
+    assert res.exit_code == 2 and "--dataset-id" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert tree(tmp_path) == before  # not even the datasets folder
+    assert not (tmp_path.parent / "escape-v0").exists() and not (tmp_path / "escape-v0").exists()
+
+
+def test_a_datasets_path_that_cannot_be_made_is_one_line(study, tmp_path):
+    (tmp_path / "file").write_text("x")
+    before = tree(tmp_path)
+    for bad in ("/proc/x", str(tmp_path / "file"), str(tmp_path / "file" / "sub")):
+        res = CliRunner().invoke(app, ["export", "minari", str(study), "--datasets-path", bad])
+        assert res.exit_code == 2 and bad in res.output and "--datasets-path" in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert tree(tmp_path) == before
+    # a folder that is not there yet is made: the named output, and nothing beside it
+    res = CliRunner().invoke(app, ["export", "minari", str(study), "--datasets-path", str(tmp_path / "new" / "ds")])
+    assert res.exit_code == 0, res.output
+    new = set(tree(tmp_path)) - set(before)
+    assert "new/ds" in new and all(p == "new" or p.startswith("new/ds") for p in new), new

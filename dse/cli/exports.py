@@ -36,11 +36,9 @@ def minari_cmd(
     ),
 ) -> None:
     """Write the study as a Minari dataset: one episode of dse/Recipe-v0, one step per trial (the rl extra)."""
-    from dse.offline import datasets_path as set_path
     from dse.offline import to_minari
 
-    set_path(datasets_path)
-    ds = to_minari(study_dir, dataset_id, space=space)
+    ds = to_minari(study_dir, dataset_id, space=space, datasets_path=datasets_path)
     render.console.print(
         f"wrote Minari dataset {ds.spec.dataset_id!r} ({ds.total_steps} steps, 1 episode)", highlight=False
     )
