@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -35,9 +35,12 @@ from dse.space import MAX_KNOBS, MAX_VALUES_PER_KNOB
 RL_EXTRA = "the learned policy needs the rl extra: pip install 'dse[rl]' (install a CPU torch first: docs/rl.md)"
 # PPO's settings for these short episodes (tens of steps): a rollout of 256 steps per environment, small batches
 PPO_SETTINGS: dict[str, Any] = {"n_steps": 256, "batch_size": 64, "n_epochs": 5, "gamma": 0.95, "ent_coef": 0.01}
-ARCHITECTURE = "sb3-actor-critic-mlp"  # SB3's ActorCriticPolicy: tanh MLPs for the policy (pi) and the value (vf)
+ARCHITECTURE: Final = (
+    "sb3-actor-critic-mlp"  # SB3's ActorCriticPolicy: tanh MLPs for the policy (pi) and the value (vf)
+)
 NET_ARCH = [64, 64]  # SB3's default for PPO, written out so that the file says it
-FORMAT, VERSION = "dse-policy", 1
+FORMAT: Final = "dse-policy"
+VERSION: Final = 1
 META_KEY = "dse_policy"  # the safetensors metadata entry that holds the JSON document
 MAX_FILE_BYTES = 64 * 2**20  # a trained policy is tens of KB; this bounds what a hostile file makes dse read
 MAX_WIDTH, MAX_DEPTH = 1024, 8  # per hidden layer, hidden layers per MLP
@@ -188,10 +191,15 @@ def train(
         **settings,
     )
     model.learn(total_timesteps=steps)
+    from gymnasium import spaces
+
+    obs, act = vec.observation_space, vec.action_space
+    if not isinstance(act, spaces.MultiDiscrete) or obs.shape is None or len(obs.shape) != 1:
+        raise TypeError(f"a policy learns a MultiDiscrete action from a flat observation; got {act} and {obs}")
     meta = PolicyMeta(
         architecture=arch,
-        observation_dim=int(vec.observation_space.shape[0]),
-        action_sizes=[int(n) for n in vec.action_space.nvec],
+        observation_dim=int(obs.shape[0]),
+        action_sizes=[int(n) for n in act.nvec],
         knobs=list(knobs),
         space=SpaceStamp.model_validate(dict(space)) if space is not None else None,
         trained={"steps": int(steps), "seed": int(seed), "environments": len(env_fns)},
