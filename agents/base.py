@@ -123,6 +123,11 @@ class Agent(abc.ABC):
         default has nothing open."""
         return None  # a hook with a default, not abstract: grid and random keep no state for a point in flight
 
+    def reforecast(self) -> None:
+        """The model behind the agent's forecast was refit on the study's runs (dse.refit): an agent that keeps
+        forecasts asks again. The default keeps none."""
+        return None
+
     def warm_start(self, history: Iterable[tuple]) -> None:
         """Replay finished trials (resume): ``(action, reward, ok)`` or ``(action, reward, ok, status, metrics)``."""
         for action, reward, ok, *rest in history:

@@ -138,7 +138,7 @@ class GuidedAgent(Agent):
         self.obs_rows: list[int] = []
         self.obs_u: list[float] = []
         self.mem_rows: list[int] = []  # successful runs with a measured peak
-        self.mem_delta: list[float] = []
+        self.mem_peak: list[float] = []  # their measured peaks
         self.oom_rows: list[int] = []
         self.runs = 0
         self._post: tuple[np.ndarray, np.ndarray] | None = None
@@ -196,7 +196,7 @@ class GuidedAgent(Agent):
             return np.ones(len(self.keys))
         # delta = measured - predicted peak = a + b * predicted; priors a ~ N(0, 3^2) GiB, b ~ N(0, 0.05^2)
         rows = list(self.mem_rows)
-        deltas = list(self.mem_delta)
+        deltas = [m - float(self.peak[r]) for r, m in zip(rows, self.mem_peak)]
         prior = np.diag([1 / 3.0**2, 1 / 0.05**2])
         noise2 = 0.5**2
         for _ in range(3):  # OOMs the current fit calls fitting become pseudo-observations past the border
@@ -217,6 +217,18 @@ class GuidedAgent(Agent):
         mu = P @ w
         sd = np.sqrt(np.einsum("ij,jk,ik->i", P, cov, P) + noise2)
         return _cdf((self.cap - self.peak - mu) / sd)
+
+    def reforecast(self) -> None:
+        """The study's model was refit (dse.refit): every kept point's forecast asked again, so the ranking, the
+        memory border and the stop rule read the refit model (the residual model then learns what it still
+        misses)."""
+        if self.forecast is None:
+            return
+        for i, key in enumerate(self.keys):
+            f = self.forecast(self.to_action(key))
+            if f is not None and f.reward and math.isfinite(f.reward):
+                self.base[i], self.peak[i] = _u(f.reward), f.peak_memory_gib
+        self._post = None
 
     def abandon(self, action: Action) -> None:
         """No longer in flight (so no longer believed at its mean, and no longer holding back the stop rule, which
@@ -250,7 +262,7 @@ class GuidedAgent(Agent):
             peak = (metrics or {}).get("peak_memory_gib")
             if peak is not None and self.forecast is not None:
                 self.mem_rows.append(i)
-                self.mem_delta.append(float(peak) - self.peak[i])
+                self.mem_peak.append(float(peak))
         elif status == "oom" and self.forecast is not None:
             self.oom_rows.append(i)
 

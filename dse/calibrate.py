@@ -20,8 +20,9 @@ Decisions where the issue is silent:
 * Measured memory is Megatron's peak *allocated* memory (TSV ``peak_allocated_gib``, the study's
   ``peak_memory_gib``); the offset :attr:`Params.memory_offset_gib` absorbs what the stack keeps outside the
   model's count (or that the model's reserve counts but the allocator does not see).
-* A failed trial whose reason says out-of-memory is evidence that the layout did not fit: a prediction
-  below the GPU's memory for it is penalised like a miss of the measured peak.
+* A failed trial whose reason says out-of-memory is evidence that the layout did not fit: a censored observation
+  (its peak is above the GPU's memory, by an unknown amount), whose term is the log-probability of that under the
+  measured peaks' scatter (:func:`memory_loss`).
 * A calibration is for one GPU: runs of several GPUs, or of another GPU than ``--gpu``, are refused, and so
   is a calibration file used for another GPU.
 * Speed: each run is prepared once (:func:`dse.perfmodel.model.prepare`) and the fit evaluates only what the
@@ -47,6 +48,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+from scipy.special import log_ndtr
 
 from dse.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-exported for the CLI)
 from dse.calibration_file import load_calibration as _load
@@ -656,8 +658,10 @@ def time_loss(runs: Sequence[Run]) -> Loss:
 
 
 def memory_loss(runs: Sequence[Run]) -> Loss:
-    """Squared log error of the predicted peaks over the runs with one, and for each out-of-memory run whose
-    prediction fits the GPU the log of the GPU's memory over it (it did not fit: a miss), over ``MEM_SIGMA``^2."""
+    """Squared log error of the predicted peaks over the runs with one, over ``MEM_SIGMA``^2; an out-of-memory run is
+    a censored observation (its peak is above the GPU's memory): -2 log of the probability that a peak scattered
+    as a measured one (``MEM_SIGMA``) around the prediction exceeds the GPU's memory (SciPy's ``log_ndtr``), a
+    one-sided term that pushes the prediction above the memory and vanishes once it is well above."""
     measured = [(i, prepare(r.trial), math.log(r.peak_memory_gib)) for i, r in enumerate(runs) if r.peak_memory_gib]
     ooms = [(i, prepare(r.trial)) for i, r in enumerate(runs) if r.oom]
 
@@ -666,10 +670,10 @@ def memory_loss(runs: Sequence[Run]) -> Loss:
         for i, p, lm in measured:
             pm = p.peak_memory_gib(P)
             out[i] = (math.log(pm) - lm) ** 2 if pm > 0 else 100.0
-        for i, p in ooms:  # did not fit: a prediction under the GPU's memory is a miss
+        for i, p in ooms:  # censored: the peak is above the GPU's memory, by how much unknown
             pm, gpu_gib = p.peak_memory_gib(P), p.hw.memory_gib
-            if pm < gpu_gib:
-                out[i] = (math.log(gpu_gib / max(pm, 1e-3))) ** 2
+            z = math.log(max(pm, 1e-3) / gpu_gib) / MEM_SIGMA
+            out[i] = -2.0 * MEM_SIGMA**2 * float(log_ndtr(z))  # -2 log P(peak > memory), in the loss's units
         return out
 
     return Loss(terms, tuple(i for i, _, _ in measured) + tuple(i for i, _ in ooms), MEM_SIGMA**2)

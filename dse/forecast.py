@@ -23,7 +23,7 @@ from dse import constraints
 from dse.agents.base import Action, Forecast, Forecaster
 from dse.calibrate import calibrated_params
 from dse.leaderboard import PREDICTED
-from dse.perfmodel import predict
+from dse.refit import StudyModel
 from dse.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
 from dse.trial import TrialConfig, resolve
 
@@ -31,18 +31,23 @@ __all__ = ["DEFAULT_SCREEN_MARGIN", "Screen", "StudyCost", "model_forecaster", "
 COST_SAMPLES = 2_000  # seeded draws for the cost of a space too large to walk
 
 
-def model_forecaster(space: Space) -> Forecaster:
-    """``action -> Forecast`` (None for a point the constraints reject) for ``space``'s objective."""
+def prior_model(space: Space) -> StudyModel:
+    """The model a study starts from (the space's calibration, else the shipped parameters), learning nothing."""
+    return StudyModel(space, calibrated_params(space.backend.calibration), learns=False, cache=0)
+
+
+def model_forecaster(space: Space, model: StudyModel | None = None) -> Forecaster:
+    """``action -> Forecast`` (None for a point the constraints reject) for ``space``'s objective, under ``model``
+    (the study's, refit as its runs come: each call asks its current parameters) or the prior's."""
     names = space.knob_names
     metric, sense = space.objective.metric, space.objective.sense
-    convention = space.backend.flops_convention
-    params = calibrated_params(space.backend.calibration)
+    model = model or prior_model(space)
 
     def forecast(action: Action) -> Forecast | None:
         trial = resolve(space, {n: space.knobs[n][int(action[n])] for n in names})
         if constraints.check(trial) is not None:
             return None
-        p = predict(trial, flops_convention=convention, params=params)
+        p = model.predict(trial)
         value = float(getattr(p, metric))
         return Forecast(
             reward=value if sense == "maximize" else -value,
@@ -83,16 +88,25 @@ class Screen:
     """The memory screen of a space (``[search] screen``, ``screen_margin``): ``reason(trial)`` says why a valid
     point is not launched, or None. Off (``screen = "none"``) it screens nothing but still forecasts."""
 
-    def __init__(self, space: Space):
+    def __init__(self, space: Space, model: StudyModel | None = None):
         self.space = space
         self.on = space.search.screen != "none"
-        self.margin = space.search.screen_margin
-        self.params = calibrated_params(space.backend.calibration)
-        self.source = "the space's calibration" if space.backend.calibration else "the shipped model"
+        self.model = model or prior_model(space)
+
+    @property
+    def margin(self) -> float:
+        """The margin now: the space's until the study has measured a peak, then from the model's measured error."""
+        return self.model.margin
+
+    @property
+    def source(self) -> str:
+        if self.model.runs and self.model.learns:
+            return f"the model refit on {len(self.model.runs)} runs of this study"
+        return "the space's calibration" if self.space.backend.calibration else "the shipped model"
 
     def point(self, trial: TrialConfig) -> PointForecast:
         """The model's forecast of one valid point."""
-        p = predict(trial, flops_convention=self.space.backend.flops_convention, params=self.params)
+        p = self.model.predict(trial)
         steps = int(trial.values["max_steps"])
         hours = trial.num_gpus * (p.step_time_s * steps + self.space.system.startup_s) / 3600.0
         screened = self.on and screened_peak(p.peak_memory_gib, p.gpu_memory_gib, self.margin)
@@ -102,6 +116,8 @@ class Screen:
         """Why the screen keeps ``trial`` from launching (its predicted peak and the GPU's memory), or None."""
         if not self.on:
             return None
+        if (why := self.model.oom_neighbour(trial)) is not None:
+            return why
         f = self.point(trial)
         if not f.screened:
             return None

@@ -28,6 +28,7 @@ from dse.backends import Backend, load_backends
 from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
 from dse.calibrate import calibrated_params
+from dse.calibration_file import write as write_calibration
 from dse.claims import LEASE_S, Claims
 from dse.counting import check_not_empty, count_valid
 from dse.envs.recipe_env import RecipeEnv, better
@@ -52,6 +53,7 @@ from dse.parallel import Done, Pool
 from dse.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
 from dse.perfmodel import predict
 from dse.recording import Recorder, placeholder, record_of, write_best_of
+from dse.refit import StudyModel
 from dse.space import WALK_LIMIT, Space
 from dse.store import Store, TrialRecord
 from dse.trial import TrialConfig, resolve
@@ -71,6 +73,8 @@ __all__ = [
     "forecast_cost",
     "make_backend",
     "open_store",
+    "MODEL_FILE",
+    "learns",
     "ordinal_knobs",
     "read_meta",
     "run_study",
@@ -80,6 +84,16 @@ __all__ = [
     "stored_storage",
     "trial_dir",
 ]
+
+
+MODEL_FILE = "calibration.toml"  # the study's refit model, a calibration file (--calibration, --warm-start take it)
+
+
+def learns(space: Space, backend: Backend) -> bool:
+    """Whether a study's runs refit its model (dse.refit): measured runs do (a real backend, a replay) and so do the
+    simulated backend's ``twin`` truth's, a stand-in for a machine that is not the model (so the loop is testable
+    without GPUs); the simulated backend's ``exact`` truth is the model itself and teaches it nothing."""
+    return not backend.simulated or space.backend.truth == "twin"
 
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:
@@ -202,6 +216,7 @@ class Request:
     storage: str | None = None
     rebuild: bool = False
     on_trial: Callable[[TrialRecord, int, int | None], None] | None = None
+    on_model: Callable[[str], None] | None = None  # each refit's one line (dse.refit), and what contradicted the screen
     seeds: Sequence[dict[str, Any]] = ()
     parallel: int = 1
     worker: bool = False
@@ -221,6 +236,7 @@ def run_study(
     storage: str | None = None,
     rebuild: bool = False,
     on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
+    on_model: Callable[[str], None] | None = None,
     seeds: Sequence[dict[str, Any]] = (),
     default_out: bool = False,
     parallel: int | None = None,
@@ -269,6 +285,7 @@ def run_study(
         trials=trials,
         rebuild=rebuild,
         on_trial=on_trial,
+        on_model=on_model,
         seeds=list(seeds),
         parallel=parallel,
         worker=worker,
@@ -444,6 +461,9 @@ def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> St
         loop = StudyLoop(space, out, backend, recorder, req)
         loop.replay()
         loop.run()
+        if req.on_model is not None:  # the runs that contradicted the screen, in the study's last words
+            for line in loop.learner.contradictions:
+                req.on_model(f"screen contradicted: {line}")
     except InfrastructureError:
         # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again)
         recorder.abandon()
@@ -507,8 +527,10 @@ class StudyLoop:
         self.claims: Claims | None = None
         self.pool = Pool(req.parallel) if req.parallel > 1 or req.worker else None
         self.budget, self.total = _budget(space, req)
-        # the model the study predicts with: its memory screen when on, and each launch's predicted figures
-        self.model = Screen(space)
+        # the model the study predicts with (dse.refit: refit on its measured runs): its memory screen when on, the
+        # agents' forecasts and each launch's predicted figures
+        self.learner = StudyModel(space, calibrated_params(space.backend.calibration), learns=learns(space, backend))
+        self.model = Screen(space, self.learner)
         self.screen = self.model if self.model.on else None
         self._running = threading.local()  # the number of the trial this thread runs (its run directory)
         self._synced = time.monotonic()
@@ -527,9 +549,23 @@ class StudyLoop:
             self.env.action_space,
             seed=req.seed,
             action_mask=self.env.action_mask,
-            forecast=model_forecaster(space),
+            forecast=model_forecaster(space, self.learner),
             **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
         )
+
+    def _learn(self, number: int, knobs: dict[str, Any], status: str, metrics, *, refit: bool = True) -> None:
+        """A finished run shown to the study's model (dse.refit): refit, its line said, the fit kept in the study's
+        directory (MODEL_FILE), the agent's forecasts renewed."""
+        trial = resolve(self.space, knobs)
+        line = self.learner.observe(number, trial, status, metrics, refit=refit)
+        if line is not None:
+            self._refitted(line)
+
+    def _refitted(self, line: str) -> None:
+        write_calibration(self.learner.calibration(self.space.system.gpu, str(self.out)), self.out / MODEL_FILE)
+        self.agent.reforecast()
+        if self.req.on_model is not None:
+            self.req.on_model(line)
 
     # -- before the first trial -----------------------------------------------------------------------
     def replay(self) -> None:
@@ -541,6 +577,10 @@ class StudyLoop:
         ran: list[dict[str, Any]] = []
         interrupted: list[TrialRecord] = []
         self.agent.warm_start(self._history(interrupted, ran if seeds else None))
+        if self.learner.learns and self.learner.runs:  # resume: refit once on every stored run
+            line = self.learner.refit()
+            if line is not None:
+                self._refitted(line.replace("model:", "model (resumed):", 1))
         reruns = _reruns(self.recorder.store, interrupted)
         rerun_points = [r.knobs for r in reruns]
         self.queued.extend((r.number, self.env.encode(r.knobs)) for r in reruns)
@@ -562,6 +602,7 @@ class StudyLoop:
             self.best = better(self.best, r.metrics, self.space.objective, ok=r.ok)
             if ran is not None:
                 ran.append(r.knobs)
+            self._learn(r.number, r.knobs, r.status, r.metrics, refit=False)
             yield self.env.encode(r.knobs), r.reward, r.ok, r.status, r.metrics
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -764,6 +805,8 @@ class StudyLoop:
             # opened for the point (Agent.abandon)
             self.agent.abandon(action)
         else:
+            if info["status"] not in UNLAUNCHED_STATUSES:
+                self._learn(number, info["knobs"], info["status"], info["metrics"])
             self.agent.observe(
                 action, result.reward, info["status"] == "ok", status=info["status"], metrics=info["metrics"]
             )

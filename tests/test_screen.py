@@ -56,13 +56,16 @@ def test_grid_screens_the_points_predicted_beyond_memory_and_launches_the_others
 
 @pytest.mark.parametrize(
     ("extra", "screened", "oom"),
-    [('screen = "none"', 0, 3), ("screen_margin = 0.0", 3, 0), ("screen_margin = 10", 0, 3)],
+    [('screen = "none"', 0, 3), ("screen_margin = 0.0", 3, 0), ("screen_margin = 10", 1, 2)],
 )
 def test_screen_off_and_margin(tmp_path, extra, screened, oom):
     space = small(tmp_path, extra)
     res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
     statuses = [r.status for r in res.records]
     assert statuses.count("screened") == screened and statuses.count("oom") == oom
+    if extra == "screen_margin = 10":  # the margin screens nothing; the out-of-memory neighbour rule does
+        (r,) = [r for r in res.records if r.status == "screened"]
+        assert "ran out of memory" in r.reason
 
 
 @pytest.mark.parametrize("agent", ["random", "optuna"])

@@ -129,6 +129,7 @@ def run_cmd(
             storage=storage,
             rebuild=rebuild,
             on_trial=on_trial,
+            on_model=lambda line: render.err_console.print(line, highlight=False, markup=False),
             seeds=seeds,
             default_out=out is None,
             parallel=parallel,

@@ -1,0 +1,203 @@
+"""How a study learns: the model refit on the study's own measured runs, the screen's margin from the model's
+measured error, and the out-of-memory neighbour rule.
+
+The model is a prior (the shipped parameters, or the space's ``[backend] calibration``). After each measured run
+(a real backend, a replay, or the simulated backend's ``twin`` truth, which stands in for a machine that is not the
+model; never the simulated backend's ``exact`` truth, whose runs are the model itself and teach it nothing) the
+study refits the step-time and memory parameters on its runs with :mod:`dse.calibrate`'s MAP fit (priors centred
+on the prior's values), an out-of-memory run counting as a censored observation: its peak is above the GPU's memory
+(:func:`dse.calibrate.memory_loss`). The fit is kept small so that it costs milliseconds per run: at most
+:data:`MAX_TIME` time parameters (the first of :data:`dse.calibrate.STACK_TIME` the runs move) and the two memory
+parameters, from the previous fit's values (``bench/refit_speed.py`` measures it).
+
+The screen's margin: before the first measured peak, the space's ``[search] screen_margin`` (the shipped figure);
+then the largest share of the GPU's memory by which the refit model missed a measured peak on the study's runs,
+plus :data:`MARGIN_FLOOR`, and never more than the space's margin: the margin narrows as runs agree.
+
+The out-of-memory neighbour rule: a point that needs at least the memory of a point that ran out (the same values
+but a larger or equal micro-batch, sequence, and less or equal recompute) is not launched (``screened``, with the
+out-of-memory trial it follows from), whatever the model says.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dse.calibrate import MEMORY, STACK_TIME, Run, errors, fit_runs
+from dse.calibration_file import Calibration
+from dse.perfmodel.model import Prediction, Prepared, prepare
+from dse.perfmodel.timing import Params
+from dse.space import Space
+
+__all__ = ["MARGIN_FLOOR", "MAX_TIME", "StudyModel", "needs_more_memory"]
+
+MAX_TIME = 2  # time parameters refit per run: a bounded subset, so that a refit costs milliseconds
+CACHE = 20_000  # points kept prepared (the guided agent forecasts every point again after each refit)
+MARGIN_FLOOR = 0.01  # the screen's margin never narrows below 1% of the GPU's memory
+# knobs whose larger values need more memory, everything else equal (recompute: less recompute keeps more)
+_MORE = {"mbs": None, "seq_length": None, "recompute": ("full", "selective", "none")}
+
+
+def _order(name: str, value: Any) -> float:
+    ranks = _MORE[name]
+    if ranks is None:
+        return float(value)
+    return float(ranks.index(value)) if value in ranks else math.nan
+
+
+def needs_more_memory(values: Mapping[str, Any], ran_out: Mapping[str, Any]) -> bool:
+    """Whether a point (its resolved ``values``) needs at least the memory of ``ran_out``'s: every value the same
+    but a larger or equal ``mbs`` and ``seq_length`` and a less or equal ``recompute``."""
+    for k, v in ran_out.items():
+        if k in _MORE:
+            a, b = _order(k, values.get(k)), _order(k, v)
+            if not (a >= b):  # NaN (a value outside the order) is not comparable: not a neighbour
+                return False
+        elif values.get(k) != v:
+            return False
+    return True
+
+
+def _key(trial) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in trial.values.items())) + tuple(sorted(trial.env.items()))
+
+
+@dataclass
+class StudyModel:
+    """The study's model: ``prior`` refit on its measured ``runs`` (``params``). ``learns``: whether the study's
+    runs are evidence (see the module docstring)."""
+
+    space: Space
+    prior: Params
+    learns: bool
+    params: Params = field(init=False)
+    runs: list[Run] = field(default_factory=list)
+    ooms: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (trial number, resolved values)
+    contradictions: list[str] = field(default_factory=list)  # out-of-memory runs the screen had let through
+    cache: int = CACHE
+    _prepared: dict[tuple, Prepared] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.params = self.prior
+
+    # -- predictions -------------------------------------------------------------------------------------
+    def prepared(self, trial) -> Prepared:
+        key = _key(trial)
+        got = self._prepared.get(key)
+        if got is None:
+            got = prepare(trial, flops_convention=self.space.backend.flops_convention)
+            if len(self._prepared) < self.cache:
+                self._prepared[key] = got
+        return got
+
+    def predict(self, trial) -> Prediction:
+        """The prediction of ``trial`` under the current (refit) parameters."""
+        return self.prepared(trial).predict(self.params)
+
+    @property
+    def margin(self) -> float:
+        """The screen's margin (a share of the GPU's memory): the space's until a peak is measured, then the
+        largest miss of a measured peak on the study's runs plus :data:`MARGIN_FLOOR`, at most the space's."""
+        shipped = self.space.search.screen_margin
+        misses = [
+            abs(self.prepared(r.trial).peak_memory_gib(self.params) - r.peak_memory_gib)
+            / self.prepared(r.trial).hw.memory_gib
+            for r in self.runs
+            if r.peak_memory_gib
+        ]
+        if not misses:
+            return shipped
+        return min(shipped, max(misses) + MARGIN_FLOOR)
+
+    def oom_neighbour(self, trial) -> str | None:
+        """Why ``trial`` is not launched by the out-of-memory neighbour rule, or None."""
+        for number, values in self.ooms:
+            if needs_more_memory(trial.values, values):
+                return f"needs at least the memory of trial {number}, which ran out of memory"
+        return None
+
+    # -- learning ----------------------------------------------------------------------------------------
+    def observe(
+        self, number: int, trial, status: str, metrics: Mapping[str, Any] | None, *, refit: bool = True
+    ) -> str | None:
+        """A finished run: evidence when it is measured (ok with a step time, or out of memory); then the model is
+        refit and the one line that says so returned (None when nothing was learnt)."""
+        metrics = metrics or {}
+        if status == "oom":
+            self.ooms.append((number, dict(trial.values)))
+            if self.predict(trial).peak_memory_gib <= self.prepared(trial).hw.memory_gib * (1 + self.margin):
+                self.contradictions.append(
+                    f"trial {number} ran out of memory where the model said it fits "
+                    f"(predicted {self.predict(trial).peak_memory_gib:.1f} GiB of {self.prepared(trial).hw.memory_gib:.0f})"
+                )
+            run = Run(f"trial {number}", trial, None, None, oom=True)
+        elif status == "ok" and metrics.get("step_time_s"):
+            peak = metrics.get("peak_memory_gib")
+            run = Run(f"trial {number}", trial, float(metrics["step_time_s"]), float(peak) if peak else None)
+        else:
+            return None
+        if not self.learns:
+            return None
+        self.runs.append(run)
+        return self.refit() if refit else None
+
+    def refit(self) -> str | None:
+        """Refit on the runs so far (a bounded subset of parameters, from the prior's values); the one line."""
+        if not self.runs:
+            return None
+        n_time = sum(1 for r in self.runs if r.step_time_s)
+        n_mem = sum(1 for r in self.runs if r.peak_memory_gib or r.oom)
+        time_names = [n for n in STACK_TIME if self._moves_time(n)][: min(n_time, MAX_TIME)]
+        mem_names = list(MEMORY[:n_mem])
+        self.params = fit_runs(self.runs, time_names, mem_names, base=self.prior)
+        return self.describe()
+
+    def _moves_time(self, name: str) -> bool:
+        from dse.calibrate import CALIBRATION_PRIORS
+
+        pr = CALIBRATION_PRIORS[name]
+        moved = self.prior.with_values(**{name: pr.from_z(pr.to_z(getattr(self.prior, name)) + pr.width)})
+        return any(
+            abs(math.log(self.prepared(r.trial).step_time_s(moved) / self.prepared(r.trial).step_time_s(self.prior)))
+            > 0.005
+            for r in self.runs
+            if r.step_time_s
+        )
+
+    def describe(self) -> str:
+        """One line: how the refit moved the step time and the peak memory, after how many runs, and the model's
+        measured error on them."""
+        runs = self.runs
+        ratio = math.exp(
+            sum(
+                math.log(
+                    self.prepared(r.trial).step_time_s(self.params) / self.prepared(r.trial).step_time_s(self.prior)
+                )
+                for r in runs
+            )
+            / len(runs)
+        )
+        mem = sum(
+            self.prepared(r.trial).peak_memory_gib(self.params) - self.prepared(r.trial).peak_memory_gib(self.prior)
+            for r in runs
+        ) / len(runs)
+        err = errors(runs, self.params) if any(r.step_time_s for r in runs) else {}
+        parts = [f"model: step time x{ratio:.2f}, peak memory {mem:+.1f} GiB after {len(runs)} runs"]
+        if err.get("step_time_mape") is not None:
+            parts.append(f"measured step-time error {err['step_time_mape']:.1f}%")
+        parts.append(f"screen margin {100 * self.margin:.0f}%")
+        return parts[0] + " (" + ", ".join(parts[1:]) + ")"
+
+    def calibration(self, gpu: str, source: str) -> Calibration:
+        """The refit as a calibration file's content (``--calibration``, ``--warm-start`` take it)."""
+        names = sorted({*STACK_TIME, *MEMORY})
+        return Calibration(
+            gpu=gpu,
+            params={n: float(getattr(self.params, n)) for n in names},
+            sources=[source],
+            runs=len(self.runs),
+            fit={"after": errors(self.runs, self.params)},
+        )

@@ -1,0 +1,108 @@
+"""How a study learns (dse.refit): the censored out-of-memory fit, the out-of-memory neighbour rule, the screen's
+margin from the model's measured error, the refit said and kept in the study's directory, and refit on resume."""
+
+from __future__ import annotations
+
+from dse import constraints
+from dse import study as study_mod
+from dse.calibrate import Run, fit_runs
+from dse.calibration_file import load_calibration
+from dse.forecast import Screen
+from dse.perfmodel import DEFAULT_PARAMS, predict
+from dse.refit import MARGIN_FLOOR, StudyModel, needs_more_memory
+from dse.space import load_space
+from dse.trial import resolve
+from tests.helpers import SMALL_SPACE, write_space
+
+TWIN = SMALL_SPACE.replace('screen = "none"', "") + '\n[backend]\nkind = "sim"\ntruth = "twin"\ntwin_seed = 1\n'
+
+
+def _space(tmp_path, text=TWIN):
+    return load_space(write_space(tmp_path, text))
+
+
+def _fitting(space, low=0.6, high=0.95):
+    """A valid point predicted to fit, between ``low`` and ``high`` of the GPU's memory."""
+    for p in space.points():
+        t = resolve(space, p)
+        if constraints.check(t) is None:
+            pr = predict(t)
+            if low * pr.gpu_memory_gib < pr.peak_memory_gib < high * pr.gpu_memory_gib:
+                return p, t, pr
+    raise AssertionError("no such point")
+
+
+def test_an_out_of_memory_run_raises_the_memory_estimate_of_its_point_above_the_gpus(tmp_path):
+    space = _space(tmp_path)
+    _, trial, before = _fitting(space)
+    fitted = fit_runs([Run("oom", trial, None, None, oom=True)], [], ["memory_offset_gib"])
+    after = predict(trial, params=fitted)
+    assert before.peak_memory_gib < before.gpu_memory_gib < after.peak_memory_gib
+
+
+def test_the_out_of_memory_neighbour_rule():
+    ran_out = {"tp": 2, "pp": 1, "mbs": 2, "recompute": "selective", "seq_length": 4096}
+    assert needs_more_memory({**ran_out, "mbs": 4}, ran_out)
+    assert needs_more_memory({**ran_out, "recompute": "none"}, ran_out)
+    assert needs_more_memory({**ran_out, "seq_length": 8192, "mbs": 2}, ran_out)
+    assert needs_more_memory(dict(ran_out), ran_out)
+    assert not needs_more_memory({**ran_out, "mbs": 1}, ran_out)
+    assert not needs_more_memory({**ran_out, "recompute": "full"}, ran_out)
+    assert not needs_more_memory({**ran_out, "tp": 4}, ran_out)  # another layout: the model decides
+
+
+def test_a_point_needing_the_memory_of_an_oom_is_screened_whatever_the_model_says(tmp_path):
+    space = _space(tmp_path)
+    point, trial, _ = _fitting(space)
+    model = StudyModel(space, DEFAULT_PARAMS, learns=False)
+    screen = Screen(space, model)
+    assert screen.reason(trial) is None
+    model.observe(7, trial, "oom", None)
+    assert "trial 7" in screen.reason(trial) and "ran out of memory" in screen.reason(trial)
+    bigger = resolve(space, {**point, "mbs": 2})
+    smaller_layout = resolve(space, {**point, "tp": 8})
+    assert "trial 7" in (screen.reason(bigger) or "")
+    assert "trial 7" not in (screen.reason(smaller_layout) or "")
+    assert model.contradictions and "trial 7 ran out of memory where the model said it fits" in model.contradictions[0]
+
+
+def test_the_margin_is_the_shipped_one_before_a_peak_and_narrows_as_runs_agree(tmp_path):
+    space = _space(tmp_path)
+    _, trial, pr = _fitting(space)
+    model = StudyModel(space, DEFAULT_PARAMS, learns=True)
+    assert model.margin == space.search.screen_margin
+    line = model.observe(0, trial, "ok", {"step_time_s": pr.step_time_s * 1.5, "peak_memory_gib": pr.peak_memory_gib})
+    assert line.startswith("model: step time x1.") and "after 1 runs" in line
+    assert MARGIN_FLOOR <= model.margin < space.search.screen_margin
+    assert model.predict(trial).step_time_s > 1.3 * pr.step_time_s  # the refit learnt the slower machine
+
+
+def test_a_twin_study_refits_says_so_and_keeps_the_fit(tmp_path):
+    space = _space(tmp_path)
+    lines: list[str] = []
+    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=4, on_model=lines.append)
+    launched = [r for r in res.records if r.status in ("ok", "oom")]
+    refits = [x for x in lines if x.startswith("model: ")]
+    assert len(refits) == len(launched) and f"after {len(launched)} runs" in refits[-1]
+    cal = load_calibration(tmp_path / "out" / study_mod.MODEL_FILE, gpu=space.system.gpu)
+    assert cal.runs == len(launched) and cal.params
+    # the fit is a calibration file a later study takes
+    text = TWIN.replace('kind = "sim"', f'kind = "sim"\ncalibration = "{tmp_path / "out" / study_mod.MODEL_FILE}"')
+    again = load_space(write_space(tmp_path, text, name="again.toml"))
+    assert Screen(again).source == "the space's calibration"
+
+
+def test_the_exact_truth_teaches_the_model_nothing(tmp_path):
+    space = _space(tmp_path, TWIN.replace('truth = "twin"', 'truth = "exact"'))
+    lines: list[str] = []
+    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=3, on_model=lines.append)
+    assert not [x for x in lines if x.startswith("model")]
+    assert not (tmp_path / "out" / study_mod.MODEL_FILE).exists()
+
+
+def test_a_resumed_study_refits_on_its_stored_runs(tmp_path):
+    space = _space(tmp_path)
+    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=3)
+    lines: list[str] = []
+    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=4, resume=True, on_model=lines.append)
+    assert lines[0].startswith("model (resumed): ") and "after 3 runs" in lines[0]
