@@ -473,6 +473,18 @@ class Summary:
         b = self.best.number
         return sum(h for n, h in zip(self._numbers, self._hours) if n <= b)
 
+    def runs_line(self) -> str:
+        """Launched runs, screened points and GPU-hours (spent, up to the best) and the early stops: one sentence,
+        the same in ``dse run``'s summary, ``dse leaderboard`` and the report's header."""
+        screened = self.counts.get("screened", 0)
+        return (
+            f"launched runs: {self.launched}"
+            + (f"; screened (not launched): {screened}" if screened else "")
+            + f"; GPU-hours: {self.spent:,.1f} spent"
+            + (f", {to_best:,.1f} to the best" if (to_best := self.to_best) is not None else "")
+            + self.savings_line()
+        )
+
     def savings_line(self) -> str:
         """:func:`savings_line` of the trials added."""
         if not (self.stopped or self.pruned):

@@ -592,13 +592,12 @@ def _headline(meta: Mapping[str, Any], summary: Any) -> tuple[str, str]:
     )
     if not summary.n:
         return what, "no trials yet"
-    to_best = summary.to_best
     stats = (
         f"{summary.n} trials: "
         + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
-        + f"; {summary.launched} launched runs; GPU-hours: {fmt(summary.spent)} spent"
-        + (f", {fmt(to_best)} to the best" if to_best is not None else "")
-        + summary.savings_line()
+        + "; "
+        # the same sentence as the terminal's summary (dse run, dse leaderboard): one figure, one way of writing it
+        + summary.runs_line()
     )
     if line := summary.baseline_line():
         stats += f". Baseline: {line}"

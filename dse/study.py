@@ -215,7 +215,7 @@ class Request:
     resume: bool = False
     storage: str | None = None
     rebuild: bool = False
-    on_trial: Callable[[TrialRecord, int, int | None], None] | None = None
+    on_trial: Callable[[TrialRecord, int, int | None, float | None], None] | None = None
     on_model: Callable[[str], None] | None = None  # each refit's one line (dse.refit), and what contradicted the screen
     seeds: Sequence[dict[str, Any]] = ()
     parallel: int = 1
@@ -235,7 +235,7 @@ def run_study(
     resume: bool = False,
     storage: str | None = None,
     rebuild: bool = False,
-    on_trial: Callable[[TrialRecord, int, int | None], None] | None = None,
+    on_trial: Callable[[TrialRecord, int, int | None, float | None], None] | None = None,
     on_model: Callable[[str], None] | None = None,
     seeds: Sequence[dict[str, Any]] = (),
     default_out: bool = False,
@@ -244,8 +244,9 @@ def run_study(
     lease_s: float = LEASE_S,
     on_start: Callable[[], None] | None = None,
 ) -> StudyResult:
-    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total)`` reports
-    progress (total: the budget, or for a grid without one the number of valid points; None when unknown).
+    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total, best)`` reports
+    progress (total: the budget, or for a grid without one the number of valid points; None when unknown; best:
+    the study's best value of the objective's metric so far, resumed trials included).
     ``rebuild`` (with ``resume``): when the storage holds no study although run directories say trials ran,
     start it anew instead of refusing. ``seeds`` are points (knob values) run first, before the agent
     proposes, and shown to it as its own outcomes (warm start); a seed the study already ran is skipped, so a
@@ -813,7 +814,7 @@ class StudyLoop:
         self.done += info["status"] not in UNLAUNCHED_STATUSES
         self.new += 1
         if self.req.on_trial:
-            self.req.on_trial(rec, self.done, self.total)
+            self.req.on_trial(rec, self.done, self.total, self.best)
         if check and (why := self.backend.stop_reason()) is not None:
             raise UserError(why, file=self.space.source or None, field=f"system {self.space.system.name}")
 

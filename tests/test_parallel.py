@@ -91,7 +91,7 @@ def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(t
         out_dir=tmp_path / "par",
         agent="grid",
         parallel=3,
-        on_trial=lambda rec, done, total: finished.append(rec.number),
+        on_trial=lambda rec, done, total, best: finished.append(rec.number),
     )
     assert backend.most == 3  # three at once, never more
     assert finished != sorted(finished)  # recorded as they finished, not in launch order
@@ -164,7 +164,7 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
     backend.run = run
     monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
 
-    def on_trial(rec, done, total):
+    def on_trial(rec, done, total, best):
         while backend.now < 3:  # the three other slots are running
             time.sleep(0.01)
         raise KeyboardInterrupt

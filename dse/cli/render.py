@@ -165,15 +165,7 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
     if dropped:
         out.print(f"not shown: {', '.join(dropped)} (every column is in leaderboard.csv)", highlight=False)
     out.print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
-    spent, to_best = summary.spent, summary.to_best
-    out.print(
-        f"launched runs: {summary.launched}"
-        + (f"; screened (not launched): {n}" if (n := summary.counts.get("screened", 0)) else "")
-        + f"; GPU-hours: {spent:,.1f} spent"
-        + (f", {to_best:,.1f} to the best" if to_best is not None else "")
-        + summary.savings_line(),
-        highlight=False,
-    )
+    out.print(summary.runs_line(), highlight=False)
     if line := summary.baseline_line():
         out.print(f"baseline: {line}", highlight=False)
     if line := summary.model_line():
@@ -183,7 +175,8 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
 
 
 def trial_progress(name: str, objective: str) -> tuple[Progress, Callable]:
-    """The progress bar of ``dse run`` on stderr, and the ``on_trial(record, done, budget)`` that moves it.
+    """The progress bar of ``dse run`` on stderr, and the ``on_trial(record, done, budget, best)`` that moves it
+    (``best``: the study's best value of the objective, resumed trials included, as the summary's cells show it).
 
     The bar starts with the first trial, so that an error before the study starts is the only line printed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -198,18 +191,15 @@ def trial_progress(name: str, objective: str) -> tuple[Progress, Callable]:
         transient=False,
     )
     task = progress.add_task(name, total=None, best="")
-    best: dict[str, float | None] = {"reward": None}
 
-    def on_trial(rec, done, budget):
+    def on_trial(rec, done, budget, best):
         if not progress.live.is_started:
             progress.start()
-        if rec.ok and (best["reward"] is None or rec.reward > best["reward"]):
-            best["reward"] = rec.reward
         progress.update(
             task,
             completed=done,
             total=budget,
-            best=f"best {objective}: {abs(best['reward']):.4g}" if best["reward"] is not None else "",
+            best=f"best {objective}: {fmt(best)}" if best is not None else "",
         )
 
     return progress, on_trial
