@@ -80,8 +80,13 @@ def row_container_tag(row: dict) -> str | None:
 def row_stack(row: dict) -> str:
     """The published stack a row's container ran (dse.perfmodel.stack.PUBLISHED_STACKS): its ``cross_entropy``
     column, TE's fused loss where the column is empty; gradients reduced in bf16 in bf16 runs too where its
-    ``bf16_grads`` column (held-out table) is 1."""
-    return published_stack_name(row.get("cross_entropy") or "te", bf16_grads=row.get("bf16_grads") == "1")
+    ``bf16_grads`` column (held-out table) is 1, master weights kept as 16-bit remainders where its
+    ``param_remainders`` column is 1 (NeMo 1's distributed_fused_adam)."""
+    return published_stack_name(
+        row.get("cross_entropy") or "te",
+        bf16_grads=row.get("bf16_grads") == "1",
+        param_remainders=row.get("param_remainders") == "1",
+    )
 
 
 def row_graph(row: dict) -> dict:

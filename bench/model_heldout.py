@@ -16,7 +16,8 @@ ran; NVIDIA's recipes overlap TP communication whenever tp > 1, the 2021 paper p
 ``fp8_recipe`` (cs = per-tensor current scaling, mx = MXFP8 32x32 blocks, as stated), ``model_file``, and
 ``bf16_grads`` (1: the row's optimizer reduced gradients in bf16 in bf16 runs too, as the NeMo launcher's
 ``distributed_fused_adam`` with ``grad_sync_dtype: bf16`` of the DGX Cloud benchmarking recipes; empty: fp32 in
-bf16 runs), ``cross_entropy`` (also in the calibration table): the loss the row's container ran, priced by
+bf16 runs), ``param_remainders`` (1: that optimizer keeps the fp32 master weights as 16-bit remainders beside the
+bf16 weights, as NeMo 1 sets it for ``distributed_fused_adam``), ``cross_entropy`` (also in the calibration table): the loss the row's container ran, priced by
 dse.perfmodel.stack.cross_entropy_bytes. ``native``, Megatron's unfused fp32 loss: Megatron-LM 2021, NeMo 24.03,
 and NeMo 24.07's GPT-3 and Llama 2 launcher configs (no ``cross_entropy_loss_fusion``); ``native_fused``,
 Megatron-Core's fused loss: NeMo 24.07's Llama 3 and Nemotron configs (``cross_entropy_loss_fusion: true``; the

@@ -85,7 +85,13 @@ def layer_activation_bytes(
 
 
 def state_bytes_per_param(
-    d: float, *, fsdp: bool = False, grad_bytes: float = 4, weight_bytes: float = 2, resident_weight_bytes: float = 2
+    d: float,
+    *,
+    fsdp: bool = False,
+    grad_bytes: float = 4,
+    weight_bytes: float = 2,
+    resident_weight_bytes: float = 2,
+    master_bytes: float = 4,
 ) -> float:
     """Bytes per parameter of weights, gradients and Adam state with bf16 weights and fp32 gradients.
 
@@ -94,10 +100,13 @@ def state_bytes_per_param(
     sharded over the d data-parallel ranks) = 6 + 12/d. Megatron FSDP shards weights and gradients too:
     (2 + 4 + 12)/d, with ``weight_bytes`` 1 when the model keeps FP8 weights (``fp8_param_gather``).
     ``resident_weight_bytes``: what an unsharded weight element holds without FSDP (:func:`resident_weight_bytes`).
+    ``master_bytes``: the master weight's bytes in the optimizer shard (2 where only its low 16 bits are kept:
+    :attr:`dse.perfmodel.stack.Stack.master_param_bytes`).
     """
+    opt = 8.0 + master_bytes
     if fsdp:
-        return (weight_bytes + grad_bytes + 12.0) / d
-    return resident_weight_bytes + grad_bytes + 12.0 / d
+        return (weight_bytes + grad_bytes + opt) / d
+    return resident_weight_bytes + grad_bytes + opt / d
 
 
 def resident_weight_bytes(fp8_params: bool, fp8_recipe: str, non_tn_fp8_gemm: bool) -> float:
@@ -392,12 +401,15 @@ def memory_counts(
         grad_bytes=grad_b,
         weight_bytes=weight_b,
         resident_weight_bytes=resident_b,
+        master_bytes=stack.master_param_bytes,
     )
     fsdp_buf = fsdp_buffer_bytes(stages.layer_params / t, h * shape.fc1_cols, weight_b, grad_b) if layout.fsdp else 0.0
     # the backward pass of one layer needs its full activations and their gradients; unfused attention's
     # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
     experts = _moe.expert_stages(arch, layout, stages)
-    expert_b = state_bytes_per_param(experts.data_parallel, grad_bytes=grad_b, weight_bytes=weight_b)
+    expert_b = state_bytes_per_param(
+        experts.data_parallel, grad_bytes=grad_b, weight_bytes=weight_b, master_bytes=stack.master_param_bytes
+    )
     s_loc = shape.seq_length / shape.cp
     work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
     graph_first = graph_static_bytes(shape, layout, first_layers)

@@ -37,6 +37,10 @@ step time by percents, are made by the payload's own code and differ between the
   ``set_*_common_configs`` in ``scripts/performance/configs/``, from v0.2.1: ``cfg.ddp.grad_reduce_in_fp32 =
   False``), as does NeMo 2's Mixtral performance mode (``recipe.trainer.plugins.grad_reduce_in_fp32 = False``):
   the published stacks ``published:<cross_entropy>:bf16-grads`` (:func:`published_stack_name`).
+* **master weights.** NeMo 1's ``distributed_fused_adam`` over a bf16 model (the NeMo launcher's recipes, as the DGX
+  Cloud benchmarking recipes ran them) keeps the fp32 master weight as its low 16 bits beside the bf16 weight
+  (``store_param_remainders=True``): 2 bytes per parameter in the optimizer shard instead of 4
+  (``Stack.master_param_bytes``; the published stacks ``...:remainders``).
 * **gradient accumulation.** NVIDIA's recipes set ``gradient_accumulation_fusion=True``: the weight-gradient
   GEMMs accumulate into the fp32 gradient buffer. recipes.mcore turns it off (Megatron's output layer would need
   Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient as a bf16 tensor that
@@ -82,6 +86,11 @@ class Stack:
     # the payload trains with the architecture's dropout (ModelArch.dropout); recipes.mcore sets hidden_dropout and
     # attention_dropout to 0 whatever the arch
     arch_dropout: bool = True
+    # bytes per parameter of the fp32 master weight in the optimizer shard: 4, or 2 where the optimizer keeps only the
+    # low 16 bits beside the bf16 weight (NeMo 1's distributed_fused_adam: MegatronBaseModel.setup_optimization sets
+    # store_param_remainders=True for an fp32 optimizer over a bf16 model; Megatron-Core's OptimizerConfig has the
+    # same switch for its precision-aware optimizer)
+    master_param_bytes: float = 4.0
 
 
 # NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
@@ -110,17 +119,25 @@ STACKS: dict[str, Stack] = {
 # NVIDIA's recipes with the loss that the measurement's container ran (the tables' cross_entropy column), named
 # "published:<cross_entropy>" so that a trial's payload field can carry one. Their CUDA graphs are knobs
 # (cuda_graph, cuda_graph_scope), read from the tables' columns of those names.
-def published_stack_name(cross_entropy: str, bf16_grads: bool = False) -> str:
+def published_stack_name(cross_entropy: str, bf16_grads: bool = False, param_remainders: bool = False) -> str:
     """The name of the published stack that ran ``cross_entropy`` (a key of :data:`PUBLISHED_STACKS`), with
     gradients reduced in bf16 in bf16 runs too where ``bf16_grads`` (the performance scripts of the module
-    docstring's "FP8 gradients")."""
-    return f"published:{cross_entropy}" + (":bf16-grads" if bf16_grads else "")
+    docstring's "FP8 gradients"), and the master weights kept as 16-bit remainders where ``param_remainders``
+    (:attr:`Stack.master_param_bytes`: NeMo 1's distributed_fused_adam)."""
+    return (
+        f"published:{cross_entropy}"
+        + (":bf16-grads" if bf16_grads else "")
+        + (":remainders" if param_remainders else "")
+    )
 
 
 PUBLISHED_STACKS: dict[str, Stack] = {
-    published_stack_name(ce, g): Stack(cross_entropy=ce, bf16_grad_reduce_in_fp32=not g)
+    published_stack_name(ce, g, r): Stack(
+        cross_entropy=ce, bf16_grad_reduce_in_fp32=not g, master_param_bytes=2.0 if r else 4.0
+    )
     for ce in ("te", "native_fused", "native")
     for g in (False, True)
+    for r in (False, True)
 }
 
 
