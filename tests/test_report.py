@@ -79,6 +79,24 @@ def test_importance_is_estimated_on_ok_trials_and_skipped_with_too_few():
     assert set(imp) == {"tp", "recompute"} and imp["tp"] > imp["recompute"]
 
 
+def test_importance_is_the_share_of_the_variance_each_knob_explains_as_the_box_plots_show():
+    """tp alone moves the objective; recompute moves it a little; the best trials differ only in recompute:
+    the ranking follows the box plots' spread (tp first), whatever separates the top trials."""
+    rows = [(t, r) for t in (2, 4, 8) for r in ("none", "full")] * 2
+    many = [
+        rec(n, tp, recompute=rc, reward=float(100 * tp + (1 if rc == "full" else 0))) for n, (tp, rc) in enumerate(rows)
+    ]
+    imp = report.importances(many, META["knobs"])
+    assert list(imp) == ["tp", "recompute"]
+    y = [r.reward for r in many]
+    mean = sum(y) / len(y)
+    total = sum((v - mean) ** 2 for v in y)
+    assert imp["recompute"] == pytest.approx(len(y) * 0.5**2 / total)  # two halves, each 0.5 from the mean
+    assert imp["tp"] + imp["recompute"] == pytest.approx(1.0)  # the two effects are all there is
+    fig = report._importance_figure(imp, len(many))
+    assert "eta squared" in fig.layout.title.text and "12 ok trials" in fig.layout.title.text
+
+
 def test_failures_are_grouped_by_class_with_one_short_reason():
     text = report.failures_table(report.frame(records(), ["tp", "recompute"]))
     assert text.count("<tr>") == 3  # header, oom, nccl_error
