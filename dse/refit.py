@@ -26,8 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dse.calibrate import MEMORY, STACK_TIME, Run, errors, fit_runs
+import numpy as np
+
+from dse.calibrate import CALIBRATION_PRIORS, MEMORY, STACK_TIME, Loss, Run, errors, memory_loss, time_loss
 from dse.calibration_file import Calibration
+from dse.perfmodel.fit import nelder_mead
 from dse.perfmodel.model import Prediction, Prepared, prepare
 from dse.perfmodel.timing import Params
 from dse.space import Space
@@ -36,6 +39,7 @@ __all__ = ["MARGIN_FLOOR", "MAX_TIME", "StudyModel", "needs_more_memory"]
 
 MAX_TIME = 2  # time parameters refit per run: a bounded subset, so that a refit costs milliseconds
 CACHE = 20_000  # points kept prepared (the guided agent forecasts every point again after each refit)
+QUICK_ITERS = 200  # one Nelder-Mead descent per refit, from the last fit's values (bench/refit.py times it)
 MARGIN_FLOOR = 0.01  # the screen's margin never narrows below 1% of the GPU's memory
 # knobs whose larger values need more memory, everything else equal (recompute: less recompute keeps more)
 _MORE = {"mbs": None, "seq_length": None, "recompute": ("full", "selective", "none")}
@@ -59,6 +63,24 @@ def needs_more_memory(values: Mapping[str, Any], ran_out: Mapping[str, Any]) -> 
         elif values.get(k) != v:
             return False
     return True
+
+
+def _quick_fit(names: list[str], loss: Loss, base: Params, start: Params) -> Params:
+    """dse calibrate's MAP fit of ``names`` (the loss plus Gaussian priors centred on the shipped values), in one
+    short descent from ``start``'s values (the last refit's: one more run moves the optimum little) instead of
+    calibrate's restarts and coordinate grid; ``base`` gives every other parameter."""
+    priors = [CALIBRATION_PRIORS[n] for n in names]
+    centre = np.array([p.to_z(p.centre) for p in priors])
+    width = np.array([p.width for p in priors])
+    z0 = np.array([p.to_z(getattr(start, n)) for n, p in zip(names, priors)])
+
+    def to_params(z: np.ndarray) -> Params:
+        return base.with_values(**{n: p.from_z(float(v)) for n, p, v in zip(names, priors, z)})
+
+    def objective(z: np.ndarray) -> float:
+        return loss(to_params(z)) + float(np.sum(((z - centre) / width) ** 2))
+
+    return to_params(nelder_mead(objective, z0, step=0.3, iters=QUICK_ITERS, tol=1e-4))
 
 
 def _key(trial) -> tuple:
@@ -152,7 +174,12 @@ class StudyModel:
         n_mem = sum(1 for r in self.runs if r.peak_memory_gib or r.oom)
         time_names = [n for n in STACK_TIME if self._moves_time(n)][: min(n_time, MAX_TIME)]
         mem_names = list(MEMORY[:n_mem])
-        self.params = fit_runs(self.runs, time_names, mem_names, base=self.prior)
+        P = self.params
+        if time_names:
+            P = _quick_fit(time_names, time_loss(self.runs), self.prior, P)
+        if mem_names:
+            P = _quick_fit(mem_names, memory_loss(self.runs), P, P)
+        self.params = P
         return self.describe()
 
     def _moves_time(self, name: str) -> bool:
