@@ -112,7 +112,14 @@ def probe_plan(plan: LaunchPlan, target: ProbeRank, world: int, iters: int = DEF
         )
     if iters < 2:
         raise UserError(f"{iters} iterations: a probe needs at least 2 (the optimizer's states exist from the first)")
-    argv = (*plan.argv, PROBE_FLAG, f"train.train_iters={iters}", f"scheduler.lr_decay_iters={iters}")
+    # the flag before the overrides: argparse takes no flag between positional path=value arguments
+    argv = (
+        *plan.argv[:3],
+        PROBE_FLAG,
+        *plan.argv[3:],
+        f"train.train_iters={iters}",
+        f"scheduler.lr_decay_iters={iters}",
+    )
     env = {**plan.env, "WORLD_SIZE": str(world), "RANK": str(target.rank)}
     return replace(plan, argv=argv, env=env)
 

@@ -158,8 +158,15 @@ def test_probe_plan_adds_the_flag_rank_and_world(tmp_path):
     plan = build_plan(trial, payload="mcore")
     target = probe.probe_ranks(probe.payload_config(plan), trial.num_gpus)[1]
     p = probe.probe_plan(plan, target, trial.num_gpus, iters=4)
-    assert p.argv[: len(plan.argv)] == plan.argv
-    assert p.argv[len(plan.argv) :] == ("--fake-process-group", "train.train_iters=4", "scheduler.lr_decay_iters=4")
+    assert p.argv == (
+        *plan.argv[:3],
+        "--fake-process-group",
+        *plan.argv[3:],
+        "train.train_iters=4",
+        "scheduler.lr_decay_iters=4",
+    )
+    cfg, ns = config_from_argv(list(p.argv[3:]))  # the payload reads it: the flag, and the probe's iterations
+    assert ns.fake_process_group and cfg.train_iters == 4 and cfg.tp == 8
     assert (p.env["WORLD_SIZE"], p.env["RANK"]) == ("64", "56")
     script = probe.write_probe_script(p, tmp_path / "r56", "local").read_text()
     assert "export RANK=56" in script and "torchrun" not in script and "--fake-process-group" in script
