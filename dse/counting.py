@@ -84,7 +84,7 @@ def fixed_knobs(space: Space, trial: TrialConfig, rejection: constraints.Rejecti
         if name in space.settings:
             origin = "the space's [settings]"
         elif name in knobs.CATALOGUE and knobs.CATALOGUE[name].recipe_layout:
-            origin = trial.recipe.layout_source(trial.system.gpu, str(trial.values["precision"]))
+            origin = trial.recipe.layout_source(trial.system.gpu, str(trial.values["precision"]), trial.num_gpus)
         else:
             origin = "dse's default"
         out[name] = f"{name}={trial.values[name]} ({origin})"

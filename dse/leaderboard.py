@@ -247,6 +247,9 @@ class Baseline:
     direction: str
     predicted: dict[str, float] | None = None
     note: str | None = None
+    # which layout it is, in words (``recipes.models.Recipe.layout_source``): "NVIDIA's preset for gb300/nvfp4", or
+    # the recipe's own and why; a study recorded before dse said so reads "the recipe's layout"
+    source: str = "the recipe's layout"
 
     def as_dict(self) -> dict[str, Any]:
         """``dse.json``'s ``baseline`` table."""
@@ -257,6 +260,7 @@ class Baseline:
             "direction": self.direction,
             "predicted": self.predicted,
             "note": self.note,
+            "source": self.source,
         }
 
     @classmethod
@@ -272,6 +276,7 @@ class Baseline:
             str(b.get("direction", "maximize")),
             b.get("predicted"),
             b.get("note"),
+            str(b.get("source") or "the recipe's layout"),
         )
 
     def gain(self, best: float, base: float) -> float:
@@ -283,23 +288,24 @@ class Baseline:
         """One sentence: "+3.4% over the recipe's layout (trial 0)"; for a baseline outside the space, the gain
         over the model's prediction for it; for a baseline that ran but has no figure, what became of it."""
         layout = ", ".join(f"{k}={v}" for k, v in self.knobs.items())
+        src = self.source
         if not self.in_space:
             value = (self.predicted or {}).get(self.metric)
             if not value:
-                return f"the recipe's layout ({layout}) is not in the space and has no prediction: {self.note}"
+                return f"{src} ({layout}) is not in the space and has no prediction: {self.note}"
             return (
-                f"{self.gain(best.metrics[self.metric], value):+.1%} over the recipe's layout as the model "
+                f"{self.gain(best.metrics[self.metric], value):+.1%} over {src} as the model "
                 f"predicts it ({layout}: {value:.4g} {self.metric}; not measured: {self.note})"
             )
         if measured is None:
-            return f"the recipe's layout ({layout}) has not run yet"
+            return f"{src} ({layout}) has not run yet"
         if not measured.ok:
             why = f": {measured.reason}" if measured.reason else ""
-            return f"the recipe's layout (trial {measured.number}, {layout}) was {measured.status}{why}"
+            return f"{src} (trial {measured.number}, {layout}) was {measured.status}{why}"
         if measured.number == best.number:
-            return f"the best is the recipe's layout itself (trial {measured.number})"
+            return f"the best is {src} itself (trial {measured.number})"
         base = measured.metrics[self.metric]
-        return f"{self.gain(best.metrics[self.metric], base):+.1%} over the recipe's layout (trial {measured.number})"
+        return f"{self.gain(best.metrics[self.metric], base):+.1%} over {src} (trial {measured.number})"
 
 
 #: The error a prediction is labelled with before a study has measured a run: the shipped model is within 10% of
@@ -440,7 +446,7 @@ class Summary:
             return ""
         text = self.baseline.line(self.best, self.baseline_trial)
         if not self.baseline.in_space and (self.baseline.predicted or {}).get(self.baseline.metric):
-            return f"{text}; the best {self.source()}, the recipe's layout {self.model.label()}"
+            return f"{text}; the best {self.source()}, {self.baseline.source} {self.model.label()}"
         return f"{text}: {self.source()}" if "%" in text else text
 
     def source(self) -> str:

@@ -392,31 +392,54 @@ def make_backend_class(name: str) -> type[Backend]:
 def baseline_of(space: Space) -> Baseline:
     """The study's baseline: the recipe's default layout for the GPU (what ``resolve`` gives the knobs the space
     varies when the point sets none: the recipe's ``recipe_layout`` knobs, NVIDIA's published layout where dse
-    ships it, under the space's settings). In the space (each value one the space lists, no rule broken) it is
-    measured as the study's first trial; otherwise the model predicts it (calibrated as the space says) and the
-    study shows it as a reference. A space that varies the precision gets the recipe's layout at the precision the
-    model predicts best for the objective (fitting in memory): a user who allows FP8 would run NVIDIA's FP8 layout,
-    so a BF16 baseline would credit the search with the precision's gain."""
-    trial = resolve(space, _baseline_precision(space))
+    ships it, under the space's settings; ``Baseline.source`` says which). In the space (each value one the space
+    lists, no rule broken) it is measured as the study's first trial; otherwise the model predicts it (calibrated
+    as the space says) and the study shows it as a reference. A space that varies the precision gets the recipe's
+    layout at the precision the model predicts best for the objective (fitting in memory): a user who allows FP8
+    would run NVIDIA's FP8 layout, so a BF16 baseline would credit the search with the precision's gain. A knob
+    the layout leaves at a value that is the same run as the space's first listed one (a CUDA graph scope without
+    a graph, an FP8 recipe without FP8) takes that first value (:func:`_baseline_trial`)."""
+    trial = _baseline_trial(space, _baseline_precision(space))
     point = {
         k: (trial.env.get(k[len(knobs.ENV_PREFIX) :]) if knobs.is_env(k) else trial.values[k]) for k in space.knobs
     }
     metric, direction = space.objective.metric, space.objective.sense
+    source = trial.recipe.layout_source(trial.system.gpu, str(trial.values["precision"]), trial.num_gpus)
     outside = [k for k, v in point.items() if v not in space.knobs[k]]
     broken = constraints.check(resolve(space, point)) if not outside else None
     if not outside and broken is None and space.search.baseline == "run":
-        return Baseline(point, True, metric, direction)
+        return Baseline(point, True, metric, direction, source=source)
     if outside:
         note = f"{', '.join(outside)} not among the space's values"
     else:
         note = f"it breaks {_rule(broken)}" if broken is not None else '[search] baseline = "predict"'
     if constraints.check(trial) is not None:
-        return Baseline(point, False, metric, direction, None, note + "; the model cannot predict a broken layout")
+        return Baseline(
+            point, False, metric, direction, None, note + "; the model cannot predict a broken layout", source
+        )
     p = predict(
         trial, flops_convention=space.backend.flops_convention, params=calibrated_params(space.backend.calibration)
     )
     figures = {m: float(getattr(p, m)) for m in ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu")}
-    return Baseline(point, False, metric, direction, figures, note)
+    return Baseline(point, False, metric, direction, figures, note, source)
+
+
+def _baseline_trial(space: Space, point: dict[str, Any]) -> TrialConfig:
+    """``point`` resolved, with each knob a duplicate rule rejects (``constraints.DUPLICATE_RULES``: a value that
+    runs the same job as the space's first listed one) moved to that first value: the recipe's layout leaves
+    ``cuda_graph_scope`` at "full", which with no CUDA graph is the same run as any scope, and the baseline is that
+    run, not a rejected point."""
+    trial = resolve(space, point)
+    for _ in range(len(constraints.DUPLICATE_RULES)):
+        rej = constraints.check(trial)
+        if rej is None or rej.rule not in constraints.DUPLICATE_RULES or not rej.knobs:
+            break
+        knob = rej.knobs[0]
+        if knob not in trial.first_listed or point.get(knob) == trial.first_listed[knob]:
+            break
+        point = {**point, knob: trial.first_listed[knob]}
+        trial = resolve(space, point)
+    return trial
 
 
 def _baseline_precision(space: Space) -> dict[str, Any]:
@@ -428,7 +451,7 @@ def _baseline_precision(space: Space) -> dict[str, Any]:
     params = calibrated_params(space.backend.calibration)
     scored = []
     for p in listed:
-        trial = resolve(space, {"precision": p})
+        trial = _baseline_trial(space, {"precision": p})
         if constraints.check(trial) is not None:
             continue
         pred = predict(trial, flops_convention=space.backend.flops_convention, params=params)

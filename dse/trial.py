@@ -137,7 +137,7 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
     recipe = recipe or space.recipe_obj
     values: dict[str, Any] = {name: k.default for name, k in knobs.CATALOGUE.items()}
     precision = point.get("precision", space.settings.get("precision", "bf16"))
-    defaults = recipe.default_values(space.system.gpu, precision)
+    defaults = recipe.default_values(space.system.gpu, precision, space.num_nodes * space.system.gpus_per_node)
     values.update({name: defaults[name] for name in knobs.recipe_layout_knobs()})
     values["num_nodes"] = space.num_nodes
     env: dict[str, str] = {}

@@ -133,6 +133,22 @@ class Layout:
     num_gpus: int = field(default=0, compare=False)
 
 
+def fit_layout(layout: Layout, layers: int, world: int) -> Layout:
+    """A full model's preset fitted to a reproducer's ``layers`` and ``world`` GPUs. What a reproducer keeps is
+    each layer's work per GPU (its GEMM shapes, TP and CP collectives), so tp and cp are kept first: the largest tp
+    up to the preset's that divides the world, the largest cp up to the preset's that divides the GPUs left; then
+    the largest pp up to the preset's that divides both the layers and the GPUs left after that, and the largest vp
+    up to the preset's that divides each stage's layers (1 without a pipeline). A layout that already fits is
+    returned as it is."""
+    tp = max(d for d in range(1, min(layout.tp, world) + 1) if world % d == 0)
+    left = world // tp
+    cp = max(d for d in range(1, min(layout.cp, left) + 1) if left % d == 0)
+    left //= cp
+    pp = max(d for d in range(1, min(layout.pp, left) + 1) if layers % d == 0 and left % d == 0)
+    vp = max(d for d in range(1, layout.vp + 1) if (layers // pp) % d == 0) if pp > 1 else 1
+    return replace(layout, tp=tp, pp=pp, cp=cp, vp=vp)
+
+
 # the fields that are knobs (num_gpus is where the layout runs, not a knob)
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout) if f.name != "num_gpus")
 
@@ -162,12 +178,15 @@ class Recipe:
         key = self.layout_key(gpu, precision)
         return self.defaults[key] if key is not None else Layout()
 
-    def layout_source(self, gpu: str, precision: str) -> str:
-        """Which layout :meth:`default_layout` is, in words: NVIDIA's published preset for this GPU and precision
+    def layout_source(self, gpu: str, precision: str, world: int | None = None) -> str:
+        """Which layout :meth:`default_values` gives, in words: NVIDIA's published preset for this GPU and precision
         (the full recipes' table holds NVIDIA's presets), or the recipe's own layout, and why."""
         key = self.layout_key(gpu, precision)
         if self.scaled_from is not None and key is not None:
-            return f"the recipe's layout ({self.name}'s {key} entry; a reproducer of {self.scaled_from})"
+            layout = self.defaults[key]
+            fitted = world is not None and fit_layout(layout, self.arch.num_layers, world) != layout
+            how = f" fitted to {world} GPUs and {self.arch.num_layers} layers" if fitted else ""
+            return f"the recipe's layout ({self.name}'s {key} entry{how}; a reproducer of {self.scaled_from})"
         if key is None:
             return f"the recipe's layout (dse ships no NVIDIA preset of {self.name})"
         if key == f"{gpu}/{precision}":
@@ -179,10 +198,14 @@ class Recipe:
         preset's there); the recipe's ``num_gpus_default`` where the layout names none."""
         return self.default_layout(gpu, precision).num_gpus or self.num_gpus_default
 
-    def default_values(self, gpu: str, precision: str) -> dict[str, Any]:
+    def default_values(self, gpu: str, precision: str, world: int | None = None) -> dict[str, Any]:
         """The knob values this recipe chooses on ``gpu`` in ``precision``: its layout and its sequence length
-        (the knobs the controller's catalogue marks ``recipe_layout``)."""
+        (the knobs the controller's catalogue marks ``recipe_layout``). A reproducer's layout is its full model's
+        preset, which needs more GPUs than the reproducer has: on ``world`` GPUs it is fitted to them
+        (:func:`fit_layout`), so that its default layout runs."""
         layout = self.default_layout(gpu, precision)
+        if world is not None and self.scaled_from is not None:
+            layout = fit_layout(layout, self.arch.num_layers, world)
         # the fields one by one: dataclasses.asdict deep-copies each (scalars all), which cost more than the rest of
         # resolving a point (dse.trial.resolve, once per point a space walk checks)
         return {**{name: getattr(layout, name) for name in LAYOUT_FIELDS}, "seq_length": self.seq_length}

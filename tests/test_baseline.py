@@ -37,10 +37,13 @@ def test_baseline_in_the_space_runs_first_and_the_summary_says_the_gain(tmp_path
     line = res.summary.baseline_line()
     best, base = res.summary.best.metrics["tflops_per_gpu"], first.metrics["tflops_per_gpu"]
     if res.summary.best.number == 0:
-        assert line == "the best is the recipe's layout itself (trial 0)"
+        assert line == "the best is NVIDIA's preset for h100/fp8 itself (trial 0)"
     else:
         # the simulated backend's figures are the model's: the gain says so
-        assert line == f"{best / base - 1:+.1%} over the recipe's layout (trial 0): predicted (simulated, truth exact)"
+        assert (
+            line
+            == f"{best / base - 1:+.1%} over NVIDIA's preset for h100/fp8 (trial 0): predicted (simulated, truth exact)"
+        )
 
 
 def test_a_resumed_study_does_not_run_its_baseline_again(tmp_path):
@@ -64,7 +67,7 @@ def test_baseline_outside_the_space_is_predicted_and_shown_as_a_reference(tmp_pa
     assert all(r.knobs["tp"] != 4 for r in res.records)  # never launched
     line = res.summary.baseline_line()
     gain = res.summary.best.metrics["tflops_per_gpu"] / base.predicted["tflops_per_gpu"] - 1
-    assert line.startswith(f"{gain:+.1%} over the recipe's layout as the model predicts it (")
+    assert line.startswith(f"{gain:+.1%} over NVIDIA's preset for h100/fp8 as the model predicts it (")
     assert "not measured: tp not among the space's values" in line
 
 
@@ -127,3 +130,44 @@ def test_a_predicted_baseline_is_never_launched(tmp_path):
     res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=3)
     assert all(r.knobs != base.knobs for r in res.records)
     assert '; not measured: [search] baseline = "predict")' in res.summary.baseline_line()
+
+
+SPACES = sorted((Path(__file__).resolve().parents[1] / "conf" / "spaces").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_every_shipped_space_has_a_baseline_with_a_figure_and_says_which_layout_it_is(path):
+    """Measured first (in the space) or predicted: never "no prediction". Where dse ships NVIDIA's preset for the
+    GPU and precision, the baseline is that preset and says so; otherwise it says it is the recipe's layout."""
+    space = load_space(path)
+    base = study_mod.baseline_of(space)
+    assert base.in_space or (base.predicted or {}).get(space.objective.metric), (base.note, base.knobs)
+    recipe = space.recipe_obj
+    precision = base.knobs.get("precision", space.settings.get("precision", "bf16"))
+    if not recipe.scaled_from and f"{space.system.gpu}/{precision}" in recipe.defaults:
+        assert base.source == f"NVIDIA's preset for {space.system.gpu}/{precision}"
+    else:
+        assert base.source.startswith("the recipe's layout (")
+
+
+@pytest.mark.parametrize("name", ["llama3_405b_gb300_nvfp4_space", "llama3_70b_b300_nvfp4_space"])
+def test_an_nvfp4_space_runs_nvidias_nvfp4_preset_first(name):
+    """The recipe leaves cuda_graph_scope at "full", which with no CUDA graph is the same run as the space's first
+    listed scope: the baseline is NVIDIA's NVFP4 preset, in the space, not a broken BF16 layout."""
+    space = load_space(Path(__file__).resolve().parents[1] / "conf" / "spaces" / f"{name}.toml")
+    base = study_mod.baseline_of(space)
+    gpu = space.system.gpu
+    preset = space.recipe_obj.defaults[f"{gpu}/nvfp4"]
+    assert base.in_space and base.knobs["precision"] == "nvfp4" and base.source == f"NVIDIA's preset for {gpu}/nvfp4"
+    assert (base.knobs["tp"], base.knobs["pp"], base.knobs["vp"]) == (preset.tp, preset.pp, preset.vp)
+    assert base.knobs["cuda_graph"] == "none" and base.knobs["cuda_graph_scope"] == space.knobs["cuda_graph_scope"][0]
+
+
+def test_the_summary_names_the_preset():
+    base = Baseline(DEFAULT, True, "tflops_per_gpu", "maximize", source="NVIDIA's preset for h100/fp8")
+    s = Summary(5, baseline=base)
+    s.add(TrialRecord(0, DEFAULT, "ok", 400.0, metrics={"tflops_per_gpu": 400.0}))
+    s.add(TrialRecord(1, {**DEFAULT, "tp": 8}, "ok", 500.0, metrics={"tflops_per_gpu": 500.0}))
+    assert s.baseline_line() == "+25.0% over NVIDIA's preset for h100/fp8 (trial 0)"
+    # a dse.json written before dse said which layout it is
+    assert Baseline.of_meta({"baseline": {"knobs": DEFAULT}}).source == "the recipe's layout"

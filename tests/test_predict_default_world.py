@@ -66,10 +66,9 @@ def test_a_one_gpu_recipe_predicts_on_one_gpu_of_a_node():
 
 
 # what may still refuse a recipe's defaults: FP8 on A100; the flex dispatcher of the Bridge presets with the
-# default nemo2 payload on GB200 / GB300 (DeepEP does not run there); the 2-node reproducers of the dense models
-# keep the full model's layouts, which need more than their 16 GPUs (a space sets tp / pp / cp)
+# default nemo2 payload on GB200 / GB300 (DeepEP does not run there). The 2-node reproducers of the dense models
+# run their full model's presets fitted to their 16 GPUs and layers (recipes.models.fit_layout).
 LEGITIMATE = {"fp8_needs_hopper", "moe_dispatcher_supported"}
-REPRODUCERS = {"llama3_70b_16l", "llama3_405b_8l", "nemotron4_340b_8l"}
 
 
 @pytest.mark.parametrize("model", sorted(RECIPES))
@@ -81,8 +80,7 @@ def test_every_recipe_on_every_gpu_at_its_defaults_predicts_or_says_why_not(mode
             if r.exit_code == 0:
                 continue
             assert r.exit_code == 2, (gpu, precision, r.output)
-            allowed = LEGITIMATE | ({"world_divisible", "layers_divisible"} if model in REPRODUCERS else set())
-            assert any(f"invalid layout ({rule})" in r.output for rule in allowed), (gpu, precision, r.output)
+            assert any(f"invalid layout ({rule})" in r.output for rule in LEGITIMATE), (gpu, precision, r.output)
 
 
 def test_gpus_per_node_given_is_kept_for_a_one_gpu_recipe():
