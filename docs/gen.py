@@ -333,7 +333,13 @@ def example_two_node() -> dict[str, str]:
                 f"| `{path}` | `{space.recipe}` | {counts['valid']} of {counts['raw']} | {tflops:.1f} | {layout} |"
             )
         shown = _dse("dse leaderboard runs/llama3_70b_2node_space --top 5")
-    return {"examples/two-node-spaces.txt": "\n".join(rows) + "\n", "examples/two-node-top5.txt": shown}
+        header = Path("runs/llama3_70b_2node_space/leaderboard.csv").read_text().split("\n", 1)[0]
+    return {
+        "examples/two-node-spaces.txt": "\n".join(rows) + "\n",
+        "examples/two-node-top5.txt": shown,
+        # the columns the study's leaderboard.csv has, as it wrote them (results.md and the README list them)
+        "examples/leaderboard-columns.txt": header.replace(",", ", ") + "\n",
+    }
 
 
 def example_predict() -> dict[str, str]:
@@ -354,7 +360,8 @@ def example_systems() -> dict[str, str]:
     """The same 70B space on H100, B200 and GB200 (``--systems``), a grid each, and the comparison."""
     with _scratch():
         out = _dse("dse run --space conf/spaces/llama3_70b_generations_space.toml --systems h100,b200,gb200,b300")
-    return {"examples/systems.txt": out}
+        header = Path("runs/llama3_70b_generations_64/compare.csv").read_text().split("\n", 1)[0]
+    return {"examples/systems.txt": out, "examples/compare-columns.txt": header.replace(",", ", ") + "\n"}
 
 
 def example_cloudai() -> dict[str, str]:

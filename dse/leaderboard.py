@@ -18,6 +18,7 @@ differs from the model) and ``calibration`` (simulated figures only: ``none`` or
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -219,7 +220,12 @@ def _unranked(records: Iterable[TrialRecord], knob_names: Sequence[str]) -> pd.D
             reason=r.reason,
         )
         rows.append(row)
-    return pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
+    df = pd.DataFrame(rows, columns=[*HEAD, *knob_names, *TAIL])
+    # counts stay integers beside a trial that has none (a rejected or screened point ran no step): pandas'
+    # nullable integers, which the CSV writes as 50 and an empty field, where a float column writes 50.0
+    for c in ("trial", "num_gpus", "steps"):
+        df[c] = pd.to_numeric(df[c]).round().astype("Int64")
+    return df
 
 
 def _ranked(df: pd.DataFrame) -> pd.DataFrame:
@@ -500,6 +506,17 @@ class Summary:
             + (f", {self.pruned} pruned" if self.pruned else "")
             + f", {self.saved:,.1f} GPU-hours saved"
         )
+
+
+def relative_run_dirs(df: pd.DataFrame, study_dir: str | Path) -> pd.DataFrame:
+    """``df``'s ``run_dir`` column relative to ``study_dir`` (``trials/00003``), in place. Decision: the study's
+    ``leaderboard.csv`` and an export (``dse leaderboard DIR --csv FILE``) write the same table, run directories
+    relative to the study directory, as the store and ``best/best.json`` keep them: a moved or copied study's
+    tables stay right, and an export names the study it came from by its command (``DIR``)."""
+    prefix = os.path.join(os.path.abspath(study_dir), "")
+    # string prefixes, not os.path.relpath: one row per trial (185k on the big grid)
+    df["run_dir"] = [p[len(prefix) :] if isinstance(p, str) and p.startswith(prefix) else p for p in df["run_dir"]]
+    return df
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:

@@ -8,7 +8,6 @@ what to record and when; this module only writes. Where the files live is :mod:`
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
 from dse.execute import duration_s
-from dse.leaderboard import Baseline, Provenance, Summary, frame, mfu, write_csv
+from dse.leaderboard import Baseline, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
 from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
 from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
@@ -133,12 +132,9 @@ class Recorder:
 
 
 def write_leaderboard(df, out: Path) -> Path:
-    """``out/leaderboard.csv``. Decision: it names run directories relative to the study directory
-    (``trials/00003``), as the store and ``best/best.json`` do, so a moved or copied study's own table stays
-    right; ``dse leaderboard DIR --csv FILE`` writes them absolute, since FILE may be anywhere."""
-    prefix = os.path.join(os.path.abspath(out), "")
-    # string prefixes, not os.path.relpath: one row per trial (185k on the big grid)
-    df["run_dir"] = [p[len(prefix) :] if isinstance(p, str) and p.startswith(prefix) else p for p in df["run_dir"]]
+    """``out/leaderboard.csv``, run directories relative to the study directory (:func:`dse.leaderboard.
+    relative_run_dirs`, as ``dse leaderboard DIR --csv FILE`` writes them)."""
+    relative_run_dirs(df, out)
     try:
         return write_csv(df, out / LEADERBOARD)
     except OSError as e:

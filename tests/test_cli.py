@@ -138,3 +138,26 @@ def test_usage_errors_are_one_line(args, needles):
 def test_no_arguments_still_prints_the_help():
     r = dse()
     assert "Commands:" in r.output and "error" not in r.output
+
+
+def test_the_study_csv_and_the_export_are_the_same_table(tmp_path):
+    """``leaderboard.csv`` and ``dse leaderboard DIR --csv FILE`` write the same table: ``run_dir`` relative to the
+    study directory in both (a moved study's tables stay right), ``steps`` and ``num_gpus`` integers even beside a
+    rejected or screened trial that has none."""
+    import csv as csvlib
+    from pathlib import Path
+
+    path = write_space(tmp_path)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", "--space", str(path), "--out", str(out), "--agent", "optuna", "--trials", "12"])
+    assert r.exit_code == 0, r.output
+    export = tmp_path / "export.csv"
+    assert runner.invoke(app, ["leaderboard", str(out), "--csv", str(export)]).exit_code == 0
+    study_text, export_text = (out / "leaderboard.csv").read_text(), export.read_text()
+    assert study_text == export_text
+    rows = list(csvlib.DictReader(study_text.splitlines()))
+    assert any(row["steps"] == "" for row in rows), "optuna proposes rejected points: they ran no step"
+    launched = [row for row in rows if row["steps"]]
+    assert launched and all(row["steps"].isdigit() and row["num_gpus"].isdigit() for row in launched)
+    for row in launched:
+        assert not Path(row["run_dir"]).is_absolute() and (out / row["run_dir"]).is_dir()

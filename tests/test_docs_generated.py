@@ -5,6 +5,7 @@ fails here. Regenerate with ``python docs/gen.py``."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,19 @@ def test_examples_name_no_machine_path():
     for page in (ROOT / "docs" / "examples").iterdir():
         text = page.read_text()
         assert "/tmp/" not in text and "/home/" not in text and "/root" not in text and "/work/" not in text, page
+
+
+def test_readme_and_results_list_every_column_the_leaderboard_csv_has():
+    """The columns of a study's leaderboard.csv as docs/gen.py's 2-node grid wrote them (knobs aside, which are the
+    space's own): each is named in the README's paragraph on the CSV and in results.md, so neither goes stale."""
+    header = (ROOT / "docs" / "examples" / "leaderboard-columns.txt").read_text().strip().split(", ")
+    knob_columns = {"tp", "pp", "vp", "cp", "mbs", "recompute"}  # what conf/spaces/llama3_70b_2node_space varies
+    fixed = [c for c in header if c not in knob_columns]
+    assert {"backend", "truth", "calibration", "mfu", "num_gpus"} <= set(fixed)
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("**The leaderboard CSV.**") :].split("\n\n", 1)[0]
+    results = (ROOT / "docs" / "results.md").read_text()
+    for column in fixed:
+        named = re.compile(rf"\b{column}\b")  # a whole name: gpu is not gpu_hours
+        assert named.search(paragraph), f"README's CSV paragraph omits {column}"
+        assert named.search(results), f"results.md omits {column}"

@@ -18,7 +18,7 @@ def leaderboard_cmd(
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
-    from dse.leaderboard import Baseline, Provenance, Summary, checked_output, frame, write_csv
+    from dse.leaderboard import Baseline, Provenance, Summary, checked_output, frame, relative_run_dirs, write_csv
     from dse.store import READ_BATCH
     from dse.study import open_store
 
@@ -30,7 +30,8 @@ def leaderboard_cmd(
     try:  # one pass over the study, in batches: the summary keeps the top rows, the CSV its compact table
         if csv is not None:
             rows = summary.feed(store.iter_records())
-            write_csv(frame(rows, knob_names, batch=READ_BATCH, provenance=summary.provenance), csv)
+            table = frame(rows, knob_names, batch=READ_BATCH, provenance=summary.provenance)
+            write_csv(relative_run_dirs(table, out_dir), csv)
         else:
             for r in store.iter_records():
                 summary.add(r)
