@@ -66,7 +66,7 @@ def test_an_oom_the_model_said_fits_is_counted(tmp_path):
 def test_a_measured_gain_says_measured_and_a_simulated_one_predicted(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]'))
     res = run_study(space, out_dir=tmp_path / "replay")
-    assert res.summary.baseline_line().endswith("over the recipe's layout (trial 0): measured")
+    assert res.summary.baseline_line().endswith(f"over {res.summary.baseline.source} (trial 0): measured")
     sim = space.model_copy(update={"backend": space.backend.model_copy(update={"kind": "sim"})})
     res = run_study(sim, out_dir=tmp_path / "sim")
     line = res.summary.baseline_line()
@@ -82,7 +82,7 @@ def test_a_predicted_baseline_says_the_models_error(tmp_path):
     model = res.summary.model
     assert model.step_n == 2
     assert line.endswith(
-        f"the best measured, the recipe's layout predicted (model error +-{model.step:.0%} over 2 measured runs)"
+        f"the best measured, {res.summary.baseline.source} predicted (model error +-{model.step:.0%} over 2 measured runs)"
     )
     empty = type(model)()  # before any measured run: the shipped model's error on published layouts
     assert empty.label() == (
@@ -159,4 +159,4 @@ def test_a_comparison_says_where_its_figures_come_from(tmp_path):
     r = dse("compare", tmp_path / "a", tmp_path / "a", "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
     assert "figures: measured\n" in r.stdout
-    assert "over the recipe's layout (trial 0): measured" in r.stdout
+    assert "(trial 0): measured" in r.stdout
