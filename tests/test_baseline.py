@@ -168,6 +168,6 @@ def test_the_summary_names_the_preset():
     s = Summary(5, baseline=base)
     s.add(TrialRecord(0, DEFAULT, "ok", 400.0, metrics={"tflops_per_gpu": 400.0}))
     s.add(TrialRecord(1, {**DEFAULT, "tp": 8}, "ok", 500.0, metrics={"tflops_per_gpu": 500.0}))
-    assert s.baseline_line() == "+25.0% over NVIDIA's preset for h100/fp8 (trial 0)"
+    assert s.baseline_line() == "+25.0% over NVIDIA's preset for h100/fp8 (trial 0): measured"
     # a dse.json written before dse said which layout it is
     assert Baseline.of_meta({"baseline": {"knobs": DEFAULT}}).source == "the recipe's layout"

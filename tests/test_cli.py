@@ -60,8 +60,9 @@ def test_run_then_leaderboard_csv(tmp_path):
         "peak_memory_gib",
         "mfu",  # after the older metrics: the columns before it keep their places
     ]
-    assert list(df.columns[8:11]) == ["backend", "truth", "calibration"]  # where the figures come from
-    assert list(df.columns[11:15]) == ["tp", "pp", "vp", "mbs"]
+    assert list(df.columns[8:10]) == ["predicted_step_time_s", "predicted_peak_memory_gib"]  # the model's
+    assert list(df.columns[10:13]) == ["backend", "truth", "calibration"]  # where the figures come from
+    assert list(df.columns[13:17]) == ["tp", "pp", "vp", "mbs"]
     assert {"gpu", "num_gpus", "run_dir"} <= set(df.columns)
     assert len(df) == 12
     ok = df[df.status == "ok"]
