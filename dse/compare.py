@@ -231,13 +231,13 @@ def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
         )
         fig.update_layout(
             title="Throughput of the best layout (tokens/s, whole job)",
-            yaxis_tickformat=".4g",
+            yaxis_tickformat=",.4~r",  # 250,000, not 2.500e+5 (d3's rounded decimal notation)
             height=380,
             template="plotly_white",
             xaxis=dict(type="category"),
         )
         plot = Markup(fig.to_html(full_html=False, include_plotlyjs=True))  # Plotly escapes its JSON's < > /
-    links = [(str(Path(s["dir"]).resolve() / "report.html"), str(s["meta"].get("study_name"))) for s in studies]
+    links = [(str(Path(s["dir"]).resolve() / "report.html"), _link_text(s)) for s in studies]
     warnings = [f"{name}: {w}" for name, w in zip(df.study, df.warning) if isinstance(w, str) and w]
     shown, same = html_columns(df)
     return report.page(
@@ -249,6 +249,13 @@ def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
         links=links,
         warnings=warnings,
     )
+
+
+def _link_text(study: dict[str, Any]) -> str:
+    """A study's link on the page: its system, name and folder (``--systems`` sub-studies share the space's name, so
+    the name alone made identical links)."""
+    meta = study["meta"]
+    return f"{meta.get('system') or meta.get('gpu') or '?'}: {meta.get('study_name')} ({Path(study['dir']).name}/report.html)"
 
 
 def html_columns(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:

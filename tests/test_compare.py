@@ -4,6 +4,7 @@ figures come from, and a page whose changed knobs are never cut or scrolled away
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 
@@ -87,3 +88,13 @@ def test_the_page_wraps_the_changed_knobs_whole(tmp_path):
     cell = '<td class="wrap">' + ", ".join(f"<span>{p.replace('>', '&gt;')}</span>" for p in changed.split(", "))
     assert cell + "</td>" in page and 'class="cut"' not in page
     assert "in every study: recipe llama3_70b_16l" in page  # said once, not a column
+
+
+def test_the_pages_links_tell_studies_of_one_space_apart_and_its_axis_writes_no_exponent(tmp_path):
+    """Studies of one space (dse run --systems' sub-studies share its name) get distinct link texts."""
+    a, b = _study(tmp_path, "a"), _study(tmp_path, "b")
+    assert dse("compare", a, b, "--out", tmp_path / "c").exit_code == 0
+    page = (tmp_path / "c" / "compare.html").read_text()
+    texts = re.findall(r'<li><a href="[^"]*">([^<]*)</a></li>', page)
+    assert len(texts) == 2 and len(set(texts)) == 2, texts
+    assert '"tickformat":",.4~r"' in page  # d3's rounded decimal notation: 250,000, never 2.500e+5
