@@ -295,3 +295,19 @@ def test_fake_group_serves_cpu_tensors_for_a_64_rank_layout(rank, stage, first, 
     assert line is not None, proc.stderr[-3000:]
     assert line.split(" ", 4)[1:4] == [str(stage), str(first), str(last)]
     assert line.endswith("[1.0, 1.0, 1.0, 1.0] [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0]")
+
+
+def test_dse_probe_on_the_device_recorded_every_rank_it_chose():
+    """bench/data/h100_dse_probe: dse probe itself on one H100. Each row's peak is its log's, and the one-GPU grid's
+    first point probed this way has the real run's peak within 3%."""
+    data = ROOT / "bench/data/h100_dse_probe"
+    rows = {}
+    for name in ("grid0", "l70b"):
+        for row in csv.DictReader((data / name / "probes.csv").read_text().splitlines()):
+            log = data / name / f"{int(row['point']):05d}" / f"rank{int(row['rank']):05d}" / "log.txt"
+            assert row["status"] == "ok" and "--fake-process-group" in log.with_name("launch.sh").read_text()
+            assert float(row["peak_memory_gib"]) == pytest.approx(_max_allocated_gib(log), rel=1e-6)
+            rows.setdefault(name, []).append(row)
+    assert [(r["point"], r["rank"]) for r in rows["l70b"]] == [("0", "0"), ("0", "56"), ("1", "0"), ("1", "56")]
+    real = next(r for r in csv.DictReader((GRID / "leaderboard.csv").read_text().splitlines()) if r["trial"] == "0")
+    assert float(rows["grid0"][0]["peak_memory_gib"]) == pytest.approx(float(real["peak_memory_gib"]), rel=0.03)
