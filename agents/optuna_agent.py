@@ -202,7 +202,7 @@ class OptunaAgent(Agent):
         for d in range(1, len(varied) + 1):
             for _ in range(self.NEAR_DRAWS):
                 point = list(key)
-                for i in self._rng.choice(varied, size=d, replace=False):
+                for i in map(int, self._rng.choice(varied, size=d, replace=False)):
                     point[i] = (point[i] + 1 + int(self._rng.integers(self.sizes[i] - 1))) % self.sizes[i]
                 if self._untried(tuple(point)):
                     return tuple(point)
