@@ -182,13 +182,14 @@ def test_dse_mbridge_moe_overrides_round_trip(recipe):
         check(cfg, 8, te_available=True)
 
 
-def test_mla_sliding_windows_and_uneven_stages_are_refused():
+def test_mla_and_sliding_windows_are_refused_and_an_uneven_stage_needs_pipeline_stages():
     with pytest.raises(ConfigError, match="multi-latent attention is not wired"):
         config_from_argv(["--factory", "deepseek_v3_recipe"])
     with pytest.raises(ConfigError, match="sliding-window attention is not wired"):
         config_from_argv(["--factory", "gpt_oss_120b_recipe"])
     cfg, _ = config_from_argv(["--model", "small_moe", "model.num_layers_in_first_pipeline_stage=3"])
-    with pytest.raises(ConfigError, match="splits the layers evenly"):
+    # uneven pipeline splits are wired (Megatron's num_layers_in_first/last_pipeline_stage), but only between stages
+    with pytest.raises(ConfigError, match="num_layers_in_first/last_pipeline_stage needs pp > 1"):
         check(cfg, 1, te_available=True)
 
 

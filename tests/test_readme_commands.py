@@ -29,6 +29,7 @@ NOT_RUN = {
     "dse calibrate runs/my_study": "a placeholder: the user's own study directory",
     "dse dry-run --space my_space.toml": "a placeholder: the user's own space file",
     "dse run --space my_space.toml": "a placeholder: the user's own space file, on their cluster",
+    "dse probe my_space.toml": "a placeholder: the user's own space file, on their cluster",
     "dse run --space conf/spaces/llama3_70b_2node_space.toml --out runs/w1 --storage postgresql": "needs a PostgreSQL server (.ci/postgres/up.sh); tests/test_workers.py runs workers on one",
     "dse run --space tests/data/spaces/llama3_70b_16l_local_slurm.toml --backend slurm": "needs the local Slurm cluster (.ci/slurm/up.sh); tests/test_slurm_backend.py runs this space",
     "dse run --space conf/spaces/llama3_8b_4l_h200_local_space.toml --backend local": "needs a GPU; tests/test_local_h200_study.py checks its recorded study",
