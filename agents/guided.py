@@ -14,7 +14,12 @@ What it keeps (all refitted after every observation, in well under a second on t
 * **Memory border**: measured peak minus predicted peak as ``a + b * predicted`` (Bayesian, priors of a few
   GiB and a few percent), from the peaks of successful runs; an out-of-memory run whose point the current
   fit says fits adds a pseudo-observation just past the GPU's memory. The probability that a point fits is
-  the normal probability of its predicted headroom.
+  the normal probability of its predicted headroom, less the model's measured memory miss: the most a launched
+  run's peak came above the forecast it launched with (an out-of-memory run: at least to the GPU's memory). The
+  study refits its model after each run, so the refit puts a point that ran out above the GPU's memory and the
+  border alone would learn nothing from it; the miss keeps what the OOM says about the model's error, and a point
+  predicted to fit by less than it is risky (a low probability of fitting, so ranked last and, when nothing else
+  is likely to beat the best, left for the stop rule).
 * **Acquisition**: expected improvement of ``u`` over the best measured, times the probability of fitting.
   Stops when no untried point has at least ``stop_prob`` probability (fit x improvement by more than
   ``min_gain``) of beating the best measured, and says so in :attr:`stop_reason`.
@@ -140,6 +145,7 @@ class GuidedAgent(Agent):
         self.mem_rows: list[int] = []  # successful runs with a measured peak
         self.mem_peak: list[float] = []  # their measured peaks
         self.oom_rows: list[int] = []
+        self.memory_miss = 0.0  # GiB: the largest under-prediction of a peak at launch (_note_miss)
         self.runs = 0
         self._post: tuple[np.ndarray, np.ndarray] | None = None
         self.pending: dict[int, float] = {}  # row in flight -> the u believed for it (its mean when proposed)
@@ -205,8 +211,8 @@ class GuidedAgent(Agent):
             cov = np.linalg.inv(A)
             w = cov @ (X.T @ np.array(deltas)) / noise2 if rows else np.zeros(2)
             added = False
-            for r in self.oom_rows:
-                need = self.cap[r] - self.peak[r] + 0.5
+            for r in self.oom_rows:  # past the border the miss leaves (one OOM counted once, not twice)
+                need = self.cap[r] - self.memory_miss - self.peak[r] + 0.5
                 if w[0] + w[1] * self.peak[r] < need and r not in rows:
                     rows.append(r)
                     deltas.append(need)
@@ -216,7 +222,27 @@ class GuidedAgent(Agent):
         P = np.column_stack([np.ones(len(self.keys)), self.peak])
         mu = P @ w
         sd = np.sqrt(np.einsum("ij,jk,ik->i", P, cov, P) + noise2)
-        return _cdf((self.cap - self.peak - mu) / sd)
+        return _cdf((self.cap - self.memory_miss - self.peak - mu) / sd)
+
+    def _note_miss(self, ok: bool, status: str | None, metrics: Mapping[str, Any]) -> None:
+        """The model's measured memory error on this study: how far a launched run's peak came above what the model
+        predicted for it at launch (the study keeps that forecast beside the measured figures:
+        ``predicted_peak_memory_gib`` against ``predicted_memory_gib`` of GPU memory); an out-of-memory run came
+        at least to the GPU's memory. The largest such miss so far is held back from every point's headroom
+        (:meth:`_fit_probability`): a point predicted to fit by less than the model has already been wrong by is
+        risky, and is ranked (and counted by the stop rule) at its low probability of fitting. Over-predictions
+        launch nothing that runs out of memory and are not counted."""
+        predicted, capacity = metrics.get("predicted_peak_memory_gib"), metrics.get("predicted_memory_gib")
+        if predicted is None:
+            return  # not launched by this study's model (a point with no forecast)
+        if status == "oom" and capacity is not None:
+            miss = float(capacity) - float(predicted)
+        elif ok and metrics.get("peak_memory_gib") is not None:
+            miss = float(metrics["peak_memory_gib"]) - float(predicted)
+        else:
+            return
+        if math.isfinite(miss):
+            self.memory_miss = max(self.memory_miss, miss)
 
     def reforecast(self) -> None:
         """The study's model was refit (dse.refit): every kept point's forecast asked again, so the ranking, the
@@ -251,6 +277,8 @@ class GuidedAgent(Agent):
         i = self.index.get(self.key(action))
         if status not in ("rejected", "screened"):  # points never launched are no runs
             self.runs += 1
+            if self.forecast is not None:
+                self._note_miss(ok, status, metrics or {})
         if i is None:
             return
         self.tried[i] = True

@@ -4,7 +4,8 @@ launched.
 
 Prints, per replay space: the runs the guided agent launched in order (status), whether it found the measured best
 and after how many runs, the OOM runs it launched, the refit's step-time error (MAPE) on the recorded ok runs not
-yet launched after each run, and the time one refit takes (median and max over the study's refits).
+yet launched after each run, what the last refit predicts for the recorded out-of-memory points the agent did not
+launch, and the time one refit takes (median and max over the study's refits).
 
     python bench/refit.py [SPACE ...]   (default: every bench/data/*/replay_space.toml)
 """
@@ -69,6 +70,18 @@ def bench(path: str) -> None:
             print(
                 f"  after {i} runs: refit step-time error on the {len(later)} recorded ok runs not yet launched "
                 f"{100 * statistics.fmean(errs):.1f}% (measured)"
+            )
+    ran = {tuple(str(x.knobs[n]) for n in space.knob_names) for x in launched}
+    table = read_table(space.backend.replay, varied=space.knob_names, gpu=space.system.gpu)
+    for p in space.points():
+        trial = resolve(space, p)
+        o = table.outcome(trial)
+        if o is not None and o.status == "oom" and tuple(str(v) for v in p.values()) not in ran:
+            print(
+                f"  {'/'.join(str(v) for v in p.values())} ran out of memory in the recorded grid, not launched: "
+                f"predicted {model.predict(trial).peak_memory_gib:.1f} GiB by the last refit, "
+                f"{model.prepared(trial).peak_memory_gib(DEFAULT_PARAMS):.1f} by the shipped model, "
+                f"of {model.prepared(trial).hw.memory_gib:.0f}"
             )
     print(f"  one refit: median {1e3 * statistics.median(times):.0f} ms, max {1e3 * max(times):.0f} ms (measured)")
 

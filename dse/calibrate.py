@@ -75,6 +75,11 @@ STACK_PRIORS: dict[str, Prior] = {
     "moe_imbalance": Prior(D.moe_imbalance, 0.5, "log_min1"),
     # MoE: the host's launch time of a MoE layer's forward (another CPU, another Transformer Engine / Megatron-Core)
     "moe_host_fwd_s": Prior(D.moe_host_fwd_s, 1.0, "log"),
+    # bytes per logit element at the last stage's peak (dse.perfmodel.stack.logits_peak_bytes): another loss keeps
+    # other fp32 copies (the logits scale with mbs x seq x vocab, so a wrong count misjudges every larger
+    # micro-batch); log width 1.0, a factor 2.7 at one sigma
+    "logits_bytes": Prior(D.logits_bytes, 1.0, "log"),
+    "logits_bytes_native": Prior(D.logits_bytes_native, 1.0, "log"),
 }
 CALIBRATION_PRIORS: dict[str, Prior] = {
     **{n: Prior(getattr(D, n), p.width, p.kind) for n, p in PRIORS.items()},
@@ -93,6 +98,9 @@ STACK_TIME = (
     "moe_host_fwd_s",
 )
 MEMORY = ("memory_offset_gib", "memory_fragmentation")
+# memory parameters --params may name besides: the bytes per logit element (a study's refit fits the one its loss
+# uses where its runs depend on it: dse.refit)
+LOGITS_MEMORY = ("logits_bytes", "logits_bytes_native")
 TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
 MEM_SIGMA = 0.03
 OOM_WORDS = ("oom", "out of memory")
@@ -706,8 +714,8 @@ def choose_params(runs: Sequence[Run], requested: Sequence[str] | None) -> tuple
                 f"unknown parameter(s) {', '.join(unknown)}; calibratable: {', '.join(CALIBRATION_PRIORS)}",
                 field="--params",
             )
-        t = [n for n in requested if n not in MEMORY]
-        m = [n for n in requested if n in MEMORY]
+        t = [n for n in requested if n not in (*MEMORY, *LOGITS_MEMORY)]
+        m = [n for n in requested if n in (*MEMORY, *LOGITS_MEMORY)]
         if len(t) > n_time or len(m) > n_mem:
             raise UserError(
                 f"{len(requested)} parameters asked for but only {n_time} runs with a step time and "

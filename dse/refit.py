@@ -7,8 +7,12 @@ model; never the simulated backend's ``exact`` truth, whose runs are the model i
 study refits the step-time and memory parameters on its runs with :mod:`dse.calibrate`'s MAP fit (priors centred
 on the prior's values), an out-of-memory run counting as a censored observation: its peak is above the GPU's memory
 (:func:`dse.calibrate.memory_loss`). The fit is kept small so that it costs milliseconds per run: at most
-:data:`MAX_TIME` time parameters (the first of :data:`dse.calibrate.STACK_TIME` the runs move) and the two memory
-parameters, from the previous fit's values (``bench/refit_speed.py`` measures it).
+:data:`MAX_TIME` time parameters (the first of :data:`dse.calibrate.STACK_TIME` the runs move) and as many memory
+parameters as runs with a peak or an out-of-memory end, of three the runs move (:meth:`StudyModel._memory_candidates`:
+the constant offset, the bytes per logit element of the runs' loss, the allocator's share of the activations), from
+the previous fit's values (``bench/refit.py`` measures it). The logits grow with the micro-batch whatever the
+recompute, so one out-of-memory run of a larger micro-batch raises every larger micro-batch's prediction, not only
+its own point's.
 
 The screen's margin: before the first measured peak, the space's ``[search] screen_margin`` (the shipped figure);
 then the largest share of the GPU's memory by which the refit model missed a measured peak on the study's runs,
@@ -28,7 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from dse.calibrate import CALIBRATION_PRIORS, MEMORY, STACK_TIME, Loss, Run, errors, memory_loss, time_loss
+from dse.calibrate import (
+    CALIBRATION_PRIORS,
+    LOGITS_MEMORY,
+    MEMORY,
+    STACK_TIME,
+    Loss,
+    Run,
+    errors,
+    memory_loss,
+    time_loss,
+)
 from dse.calibration_file import Calibration
 from dse.perfmodel.fit import nelder_mead
 from dse.perfmodel.model import Prediction, Prepared, prepare
@@ -65,10 +79,13 @@ def needs_more_memory(values: Mapping[str, Any], ran_out: Mapping[str, Any]) -> 
     return True
 
 
-def _quick_fit(names: list[str], loss: Loss, base: Params, start: Params) -> Params:
+def _quick_fit(names: list[str], loss: Loss, base: Params, start: Params, *, restarts: bool = False) -> Params:
     """dse calibrate's MAP fit of ``names`` (the loss plus Gaussian priors centred on the shipped values), in one
     short descent from ``start``'s values (the last refit's: one more run moves the optimum little) instead of
-    calibrate's restarts and coordinate grid; ``base`` gives every other parameter."""
+    calibrate's restarts and coordinate grid; ``base`` gives every other parameter. ``restarts``: also one descent
+    from each parameter moved one prior width up, the best kept: the peak is a maximum of terms (a layer's backward
+    working set or the logits), flat in a parameter until its term is the largest, where one descent from the last
+    values never moves it (the memory fit's loss costs microseconds, so the extra descents cost little)."""
     priors = [CALIBRATION_PRIORS[n] for n in names]
     centre = np.array([p.to_z(p.centre) for p in priors])
     width = np.array([p.width for p in priors])
@@ -80,7 +97,9 @@ def _quick_fit(names: list[str], loss: Loss, base: Params, start: Params) -> Par
     def objective(z: np.ndarray) -> float:
         return loss(to_params(z)) + float(np.sum(((z - centre) / width) ** 2))
 
-    return to_params(nelder_mead(objective, z0, step=0.3, iters=QUICK_ITERS, tol=1e-4))
+    starts = [z0] + ([z0 + width * np.eye(len(names))[k] for k in range(len(names))] if restarts else [])
+    fits = [nelder_mead(objective, z, step=0.3, iters=QUICK_ITERS, tol=1e-4) for z in starts]
+    return to_params(min(fits, key=objective))
 
 
 def _key(trial) -> tuple:
@@ -173,18 +192,36 @@ class StudyModel:
         n_time = sum(1 for r in self.runs if r.step_time_s)
         n_mem = sum(1 for r in self.runs if r.peak_memory_gib or r.oom)
         time_names = [n for n in STACK_TIME if self._moves_time(n)][: min(n_time, MAX_TIME)]
-        mem_names = list(MEMORY[:n_mem])
+        mem_names = [n for n in self._memory_candidates() if self._moves_memory(n)][:n_mem]
         P = self.params
         if time_names:
             P = _quick_fit(time_names, time_loss(self.runs), self.prior, P)
         if mem_names:
-            P = _quick_fit(mem_names, memory_loss(self.runs), P, P)
+            P = _quick_fit(mem_names, memory_loss(self.runs), P, P, restarts=True)
         self.params = P
         return self.describe()
 
-    def _moves_time(self, name: str) -> bool:
-        from dse.calibrate import CALIBRATION_PRIORS
+    def _memory_candidates(self) -> list[str]:
+        """The memory parameters a refit may move, in order: the constant offset, the bytes per logit element of
+        the runs' loss (:data:`dse.calibrate.LOGITS_MEMORY`: the one term that grows with the micro-batch in every
+        recompute mode and that a stack's loss sets), then the allocator's share of the activations."""
+        logits = {"te": "logits_bytes"}
+        losses = {logits.get(self.prepared(r.trial).stack.cross_entropy, LOGITS_MEMORY[1]) for r in self.runs}
+        return [MEMORY[0], *sorted(losses), *MEMORY[1:]]
 
+    def _moves_memory(self, name: str) -> bool:
+        """Whether moving ``name`` one prior width up moves some run's predicted peak (an out-of-memory run's too)
+        by more than half a percent: a parameter no run depends on is not identifiable."""
+        pr = CALIBRATION_PRIORS[name]
+        moved = self.params.with_values(**{name: pr.from_z(pr.to_z(getattr(self.params, name)) + pr.width)})
+        return any(
+            abs(self.prepared(r.trial).peak_memory_gib(moved) / self.prepared(r.trial).peak_memory_gib(self.params) - 1)
+            > 0.005
+            for r in self.runs
+            if r.peak_memory_gib or r.oom
+        )
+
+    def _moves_time(self, name: str) -> bool:
         pr = CALIBRATION_PRIORS[name]
         moved = self.prior.with_values(**{name: pr.from_z(pr.to_z(getattr(self.prior, name)) + pr.width)})
         return any(
@@ -220,7 +257,7 @@ class StudyModel:
 
     def calibration(self, gpu: str, source: str) -> Calibration:
         """The refit as a calibration file's content (``--calibration``, ``--warm-start`` take it)."""
-        names = sorted({*STACK_TIME, *MEMORY})
+        names = sorted({*STACK_TIME, *MEMORY, *LOGITS_MEMORY})
         return Calibration(
             gpu=gpu,
             params={n: float(getattr(self.params, n)) for n in names},

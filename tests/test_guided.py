@@ -120,3 +120,45 @@ def test_forecast_is_the_shipped_model_not_the_twin(tmp_path):
     action = {k: space.knobs[k].index(v) for k, v in point.items()}
     assert f(action).reward == predict(resolve(space, point)).tflops_per_gpu
     assert f({"tp": 0, "pp": 0, "vp": 1, "mbs": 0}) is None  # vp = 2 without pipeline parallelism: rejected
+
+
+def test_guided_holds_back_the_models_measured_memory_miss_from_every_points_headroom():
+    # the model's peaks: 71 + x GiB of 80. x = 2, predicted at launch at 73 GiB, ran out of memory: the model was
+    # wrong by at least 7 GiB there. The study's refit then puts x = 2 itself above the GPU's memory and nothing
+    # else moves, so the agent's border learns nothing from the OOM; told the prediction x = 2 launched with, the
+    # agent holds the 7 GiB missed back from every point's headroom
+    refit = {"on": False}
+    act = spaces.Dict(OrderedDict([("x", spaces.Discrete(12))]))
+
+    def forecast(action):
+        x = action["x"]
+        peak = 71.0 + x + (10.0 if refit["on"] and x == 2 else 0.0)
+        return Forecast(reward=100.0 + 10.0 * x, peak_memory_gib=peak, memory_gib=80.0)
+
+    blind, told = (make_agent("guided", load_agents(), act, seed=0, forecast=forecast) for _ in range(2))
+    refit["on"] = True
+    launch = {"predicted_peak_memory_gib": 73.0, "predicted_memory_gib": 80.0}
+    for agent, metrics in ((blind, {}), (told, launch)):
+        agent.reforecast()
+        agent.observe({"x": 2}, 0.0, False, status="oom", metrics=metrics)
+    assert blind.memory_miss == 0.0 and told.memory_miss == pytest.approx(7.0)
+    fit_blind, fit_told = blind._fit_probability(), told._fit_probability()
+    # x = 1: 8 GiB to spare; 1 more than the model has missed by, inside the border's own scatter
+    assert fit_blind[1] > 0.9 and fit_told[1] < fit_blind[1] - 0.25
+    assert (fit_told <= fit_blind).all()
+    # an over-prediction launches nothing that runs out of memory: it is no miss
+    told.observe({"x": 0}, 100.0, True, status="ok", metrics={"peak_memory_gib": 60.0, **launch})
+    assert told.memory_miss == pytest.approx(7.0)
+
+
+def test_guided_on_the_replayed_h100_grid_finds_the_best_with_at_most_one_oom(tmp_path):
+    """The real one-H100 grid (4 of its 9 points ran out of memory; the shipped model says 7 fit), replayed: the
+    refit and the agent's memory risk keep it to one out-of-memory run."""
+    from pathlib import Path
+
+    space = load_space(Path(__file__).resolve().parent.parent / "bench/data/h100_mcore_grid/replay_space.toml")
+    res = study_mod.run_study(space, out_dir=tmp_path / "s", agent="guided", trials=30)
+    launched = [r for r in res.records if r.status in ("ok", "oom")]
+    ok = [r.metrics["tflops_per_gpu"] for r in launched if r.status == "ok"]
+    assert sum(r.status == "oom" for r in launched) <= 1
+    assert max(ok) == pytest.approx(224.1)  # the measured best of the recorded grid

@@ -106,3 +106,27 @@ def test_a_resumed_study_refits_on_its_stored_runs(tmp_path):
     lines: list[str] = []
     study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=4, resume=True, on_model=lines.append)
     assert lines[0].startswith("model (resumed): ") and "after 3 runs" in lines[0]
+
+
+def test_one_oom_of_a_larger_micro_batch_refits_the_logits_so_larger_ones_are_predicted_not_to_fit():
+    """The real one-H100 grid (unfused attention, Megatron's fp32 loss): mbs 1 ran, mbs 2 without recompute ran out
+    of memory. The refit moves the bytes per logit element (they grow with mbs in every recompute mode), so mbs 4
+    with selective or full recompute, which the shipped model puts at 57-65 GiB of 80 and which ran out too, are
+    predicted above the GPU's memory."""
+    from pathlib import Path
+
+    from dse.backends.replay import read_table
+
+    space = load_space(Path(__file__).resolve().parent.parent / "bench/data/h100_mcore_grid/replay_space.toml")
+    table = read_table(space.backend.replay, varied=space.knob_names, gpu=space.system.gpu)
+    model = StudyModel(space, DEFAULT_PARAMS, learns=True)
+    for number, point in enumerate(({"mbs": 1, "recompute": "none"}, {"mbs": 2, "recompute": "none"})):
+        trial = resolve(space, point)
+        got = table.outcome(trial)
+        model.observe(
+            number, trial, got.status, {"step_time_s": got.step_time_s, "peak_memory_gib": got.peak_memory_gib}
+        )
+    assert model.params.logits_bytes_native > DEFAULT_PARAMS.logits_bytes_native
+    for recompute in ("selective", "full"):
+        trial = resolve(space, {"mbs": 4, "recompute": recompute})
+        assert predict(trial).peak_memory_gib < 70 and model.predict(trial).peak_memory_gib > 80
