@@ -227,6 +227,8 @@ class SearchGame(gym.Env):
         target: float = 0.99,
         run_cost: float = RUN_COST,
         waste_cost: float = WASTE_COST,
+        redraw: Callable[[int], tuple[Callable[[Key], Outcome], float | None]] | None = None,
+        twin_seed: int | None = None,
     ):
         args = game_args(budget, target, run_cost, waste_cost)
         self.names, self.sizes = list(names), [int(n) for n in sizes]
@@ -236,15 +238,56 @@ class SearchGame(gym.Env):
         self.ref = reference(forecasts)
         self.action_space = spaces.MultiDiscrete(self.sizes)
         self.observation_space = observation_space(len(self.sizes))
-        self._goal = fraction(best, self.ref) * self.target if best is not None else math.inf
+        self._set_best(best)
+        self.redraw, self.twin_seed, self.base_twin_seed = redraw, twin_seed, twin_seed or 0
+        self._valid = np.zeros(int(np.prod(self.sizes)), dtype=bool)
+        if forecasts:
+            self._valid[np.ravel_multi_index(np.array(list(forecasts), dtype=np.int64).T, self.sizes)] = True
+        self._mask = self._valid.copy()
         self.history = History(self.sizes)
         self.tried: set[Key] = set()
         self.proposals = 0
 
+    def _set_best(self, best: float | None) -> None:
+        self.true_best = best
+        self._goal = fraction(best, self.ref) * self.target if best is not None else math.inf
+
+    def action_masks(self) -> np.ndarray:
+        """One bool per point of the space, flattened in C order (``np.ravel_multi_index(action, sizes)``): True
+        where the point is valid (the rules accept it) and not yet tried, i.e. where a step would launch a run."""
+        return self._mask.copy()
+
+    def _info(self) -> dict[str, Any]:
+        return {"action_mask": self.action_masks(), "twin_seed": self.twin_seed}
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """A new search. On a twin with a redraw, ``seed`` draws a new twin (the same seed, the same twin: a function
+        of the constructor's ``twin_seed`` and ``seed``) and ``options={"twin_seed": N}`` pins twin N; ``reset()``
+        without either keeps the current twin."""
         super().reset(seed=seed)
+        pin = self._pinned(options)
+        if self.redraw is not None and (pin is not None or seed is not None):
+            # the drawn twin's seed mixes the constructor's twin seed in: sub-environments built on distinct twin
+            # seeds draw distinct twins even from one reset seed
+            ts = pin if pin is not None else int(np.random.default_rng([self.base_twin_seed, seed]).integers(2**32))
+            self.truth, best = self.redraw(ts)
+            self.twin_seed = ts
+            self._set_best(best)
         self.history, self.tried, self.proposals = History(self.sizes), set(), 0
-        return self.history.vector(), {}
+        self._mask = self._valid.copy()
+        return self.history.vector(), self._info()
+
+    def _pinned(self, options: dict[str, Any] | None) -> int | None:
+        """The twin seed ``options`` pins (None when it pins none); a ValueError for options the game does not take."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"twin_seed"})
+        if unknown:
+            raise ValueError(f"reset takes the option twin_seed only; got {unknown[0]!r}")
+        if "twin_seed" not in options:
+            return None
+        if self.redraw is None:
+            raise ValueError("the option twin_seed needs an environment on a twin (backend sim, in memory)")
+        return check_int("options['twin_seed']", options["twin_seed"], 0, 2**32 - 1)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         key = action_key(action, self.sizes, self.action_space)
@@ -256,6 +299,7 @@ class SearchGame(gym.Env):
             outcome = Outcome("repeat")  # already run: nothing new is launched
         else:
             self.tried.add(key)
+            self._mask[np.ravel_multi_index(key, self.sizes)] = False
             outcome = self.truth(key)
         ok = outcome.status == "ok"
         value = fraction(outcome.reward, self.ref) if ok else 0.0
@@ -272,5 +316,6 @@ class SearchGame(gym.Env):
             "launched": launched,
             "best_fraction": self.history.best_value,
             "runs": self.history.runs,
+            **self._info(),
         }
         return self.history.vector(), float(reward), terminated, truncated, info

@@ -38,6 +38,12 @@ class TrialConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layout", knobs.KnobValues.of(self.values))
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles (a mapping proxy does not): its mappings as dicts, read-only again when unpickled, so that an
+        environment holding trials crosses to another process (Gymnasium's async vector form)."""
+        maps = (dict(self.values), dict(self.env), dict(self.first_listed))
+        return _unpickle_trial, (self.recipe, self.system, *maps, self.varied, self.payload)
+
     # -- derived -----------------------------------------------------------------------------------
     @property
     def arch(self):
@@ -164,3 +170,9 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
         first_listed=MappingProxyType({k: v[0] for k, v in space.knobs.items() if v}),
         payload=space.backend.payload,
     )
+
+
+def _unpickle_trial(recipe, system, values, env, first_listed, varied, payload) -> TrialConfig:
+    """A pickled :class:`TrialConfig` rebuilt (see its ``__reduce__``)."""
+    proxy = MappingProxyType
+    return TrialConfig(recipe, system, proxy(values), proxy(env), varied, proxy(first_listed), payload)

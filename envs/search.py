@@ -153,15 +153,36 @@ def simulated_outcome(space: Space, trial: TrialConfig, twin: Twin | None, seed:
     )
 
 
+class InMemoryTruth:
+    """``key -> Outcome`` on the simulated backend, computed once per point (a class, not a closure: the
+    environment pickles, as an async vector environment needs)."""
+
+    def __init__(self, tab: Table, twin: Twin | None, seed: int = 0):
+        self.space, self.twin, self.seed = tab.space, twin, seed
+        self.by_key = dict(zip(tab.keys, tab.trials))
+        self.outcomes: dict[Key, Outcome] = {}
+
+    def __call__(self, key: Key) -> Outcome:
+        if key not in self.outcomes:
+            self.outcomes[key] = simulated_outcome(self.space, self.by_key[key], self.twin, self.seed)
+        return self.outcomes[key]
+
+
 def in_memory_truth(tab: Table, twin: Twin | None, seed: int = 0) -> Callable[[Key], Outcome]:
     """``key -> Outcome`` on the simulated backend, computed once per point."""
-    by_key = dict(zip(tab.keys, tab.trials))
+    return InMemoryTruth(tab, twin, seed)
 
-    @cache
-    def truth(key: Key) -> Outcome:
-        return simulated_outcome(tab.space, by_key[key], twin, seed)
 
-    return truth
+@dataclass(frozen=True)
+class TwinDraw:
+    """The game's redraw on a twin: ``twin_seed -> (truth, best)`` for the twin of that seed (in memory)."""
+
+    tab: Table
+    seed: int = 0
+
+    def __call__(self, twin_seed: int) -> tuple[Callable[[Key], Outcome], float | None]:
+        twin = make_twin(self.tab.space, twin_seed, trials=self.tab.trials)
+        return InMemoryTruth(self.tab, twin, self.seed), twin_best(self.tab.space, self.tab, twin)
 
 
 def backend_truth(space: Space, backend: Backend, out_dir: Path, seed: int = 0) -> Callable[[Key], Outcome]:
@@ -212,10 +233,10 @@ def replay_parts(
 
 
 def _game(
-    tab: Table, truth: Callable[[Key], Outcome], best: float | None, budget: int, options: dict[str, Any]
+    tab: Table, truth: Callable[[Key], Outcome], best: float | None, budget: int, options: dict[str, Any], **kw: Any
 ) -> SearchGame:
     s = tab.space
-    return SearchGame(s.knob_names, tab.sizes, tab.forecasts, truth, budget=budget, best=best, **options)
+    return SearchGame(s.knob_names, tab.sizes, tab.forecasts, truth, budget=budget, best=best, **options, **kw)
 
 
 def make_env(
@@ -245,7 +266,8 @@ def make_env(
     twin = make_twin(s, twin_seed, trials=tab.trials) if twin_seed is not None else None
     best = twin_best(s, tab, twin) if twin is not None else None
     if backend == "sim" and in_memory:
-        return _game(tab, in_memory_truth(tab, twin, seed), best, budget, options)
+        redraw = TwinDraw(tab, seed) if twin is not None else None
+        return _game(tab, in_memory_truth(tab, twin, seed), best, budget, options, redraw=redraw, twin_seed=twin_seed)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dse-env-"))
     if backend == "replay":
         sub, truth, best = replay_parts(s, tab, out, seed)
