@@ -269,7 +269,11 @@ class SearchGame(gym.Env):
         if self.redraw is not None and (pin is not None or seed is not None):
             # the drawn twin's seed mixes the constructor's twin seed in: sub-environments built on distinct twin
             # seeds draw distinct twins even from one reset seed
-            ts = pin if pin is not None else int(np.random.default_rng([self.base_twin_seed, seed]).integers(2**32))
+            ts = (
+                pin
+                if pin is not None
+                else int(np.random.default_rng([self.base_twin_seed, int(seed or 0)]).integers(2**32))
+            )
             self.truth, best = self.redraw(ts)
             self.twin_seed = ts
             self._set_best(best)
