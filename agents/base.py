@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dse import registry as reg
 from dse.errors import UserError
-from dse.parse import UNLAUNCHED_STATUSES
+from dse.logs.parse import UNLAUNCHED_STATUSES
 
 Action = dict[str, int]
 ActionMask = Callable[[Action], bool]

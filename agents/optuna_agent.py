@@ -10,7 +10,7 @@ Failures reach the sampler as PRUNED trials, never as a sentinel value. Why not 
 FAIL trials altogether, so a sampler told FAIL keeps proposing out-of-memory layouts (measured on the 405B
 space: 87 of 150 trials OOM). TPE ranks a pruned trial without intermediate values below every completed
 one, so it learns to avoid the region without being given a made-up number. A ``pruned`` trial (a loser
-stopped early, dse.steady) is PRUNED too, with its reward (the optimistic bound it lost with) as its one
+stopped early, dse.logs.steady) is PRUNED too, with its reward (the optimistic bound it lost with) as its one
 intermediate value: TPE ranks pruned trials with an intermediate value by it, above those without, so a
 pruned layout counts as a loser that ran, not as a failure.
 

@@ -1,7 +1,7 @@
 """Steady-state early stop on the recorded real logs: steps each log needed, and the error of the estimate.
 
 For every real log in the repository (H200 runs: tests/fixtures/logs/real_h200*, bench/data/h200_local_study),
-the rule of :mod:`dse.steady` is replayed step by step on the log's step times; printed per log: the steps
+the rule of :mod:`dse.logs.steady` is replayed step by step on the log's step times; printed per log: the steps
 logged, the steps the rule needed, the early estimate and its error against the full-run median (what
 ``dse parse`` reports for the whole log). Then a sweep of (min_steps, window, tolerance) with, for each,
 the mean share of steps saved and the worst error, to show why the defaults are what they are.
@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dse.parse import LogFollower, parse_log  # noqa: E402
+from dse.logs.parse import LogFollower, parse_log  # noqa: E402
+from dse.logs.steady import Rule, estimate, steps_needed  # noqa: E402
 from dse.space import EarlyStopSettings  # noqa: E402
-from dse.steady import Rule, estimate, steps_needed  # noqa: E402
 
 
 def real_logs() -> list[Path]:

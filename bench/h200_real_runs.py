@@ -5,7 +5,7 @@
 
 The TSV holds one row per real run (one H200, bf16, mock data; logs in tests/fixtures/logs/real_h200/):
 model dimensions, layout, batch, recompute, and the measured median step time after warm-up (the first
-max(2, ceil(10 %)) logged iterations dropped, as dse.parse does), the median logged TFLOP/s/GPU (causal
+max(2, ceil(10 %)) logged iterations dropped, as dse.logs.parse does), the median logged TFLOP/s/GPU (causal
 convention) and the peak allocated / reserved memory from Megatron's memory lines. The prediction is
 ``dse.perfmodel.predict`` for the same configuration on an ``h200`` system of one GPU, with
 ``attention_backend=local`` (the local spec's unfused core attention). Needs no torch.
@@ -71,7 +71,7 @@ _MEM = re.compile(
 
 
 def warmup_steps(n: int) -> int:
-    """Logged steps treated as warm-up: max(2, ceil(10 % of n)), the rule of dse.parse and issue 4."""
+    """Logged steps treated as warm-up: max(2, ceil(10 % of n)), the rule of dse.logs.parse and issue 4."""
     return max(2, math.ceil(n / 10))
 
 

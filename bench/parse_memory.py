@@ -22,8 +22,8 @@ from pathlib import Path
 CHILD = """
 import resource, sys
 from pathlib import Path
-from dse.parse import parse_log
-from dse import logpack
+from dse.logs.parse import parse_log
+from dse.logs import logpack
 src = Path(sys.argv[1])
 if src.exists():
     m = parse_log(src)

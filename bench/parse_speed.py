@@ -1,4 +1,4 @@
-"""Measure dse.parse throughput on a generated training log (default 1 GB); prints MB/s and peak memory.
+"""Measure dse.logs.parse throughput on a generated training log (default 1 GB); prints MB/s and peak memory.
 
 The log mixes what real multi-node logs carry: NCCL INFO noise, srun ``--label`` (``12: ``) and
 torchrun (``[rank3]:``) prefixes, NeMo warnings that quote metric names, tqdm refreshes with ``\\r``,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dse.parse import ParseContext, parse_log  # noqa: E402
+from dse.logs.parse import ParseContext, parse_log  # noqa: E402
 
 NOISE = [
     "node{n:03d}:{pid}:{tid} [{r}] NCCL INFO Channel {c:02d}/0 : {r}[{r}] -> {r2}[{r2}] via P2P/CUMEM/read",

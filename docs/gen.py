@@ -27,9 +27,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from dse import constraints, hardware, knobs, parse
+from dse import constraints, hardware, knobs
 from dse.backends.base import INFRASTRUCTURE
 from dse.cli import app
+from dse.logs import parse
 from dse.recipes import contract
 
 DOCS = Path(__file__).resolve().parent
@@ -200,7 +201,7 @@ def gpus_page() -> str:
 
 # ----------------------------------------------------------------------------------------------- statuses
 
-# What each status means to a user. The keys must be dse.parse.STATUSES (the test checks), so a new status
+# What each status means to a user. The keys must be dse.logs.parse.STATUSES (the test checks), so a new status
 # cannot go undocumented.
 STATUS_MEANING = {
     "ok": "the run ended cleanly with steady-state steps; its metrics are the reward",

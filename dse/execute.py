@@ -1,4 +1,4 @@
-"""Run one trial: its launch plan, the backend, the log parsed into :class:`dse.parse.RunMetrics`.
+"""Run one trial: its launch plan, the backend, the log parsed into :class:`dse.logs.parse.RunMetrics`.
 
 The one path every caller uses (the Gymnasium environment, and through it the study). It neither numbers
 nor records trials: the caller gives the run directory and keeps the result. A failed run is data (a
@@ -24,10 +24,10 @@ from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
 from dse.calibrate import calibrated_params
 from dse.errors import Cancelled, InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
-from dse.parse import ParseContext, RunMetrics, parse_log
+from dse.logs.parse import ParseContext, RunMetrics, parse_log
+from dse.logs.steady import Monitor, Prune, Rule
 from dse.perfmodel import model_flops_per_step
 from dse.space import BackendSettings, Objective
-from dse.steady import Monitor, Prune, Rule
 from dse.trial import TrialConfig
 
 

@@ -33,7 +33,7 @@ from dse.errors import UserError, infrastructure
 from dse.fsutil import atomic_write
 from dse.hardware import HARDWARE
 from dse.inputs import csv_cell
-from dse.parse import UNLAUNCHED_STATUSES
+from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.store import TrialRecord
 
 if TYPE_CHECKING:

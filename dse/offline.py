@@ -34,7 +34,7 @@ import numpy as np
 
 from dse.envs.search import ENV_ID, Table, table
 from dse.errors import UserError
-from dse.parse import UNLAUNCHED_STATUSES
+from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.searchgame import RUN_COST, WASTE_COST, History, fraction, reference
 from dse.space import Space, load_space
 from dse.store import TrialRecord

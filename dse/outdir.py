@@ -21,11 +21,11 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from dse import logpack
 from dse.backends.replay import table_path
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
 from dse.inputs import read_text
+from dse.logs import logpack
 from dse.space import Space
 from dse.store import PASSWORD_ENV, Store, check_url, sqlite_path, without_password
 from dse.store import exists as study_exists
@@ -230,7 +230,7 @@ def knob_lists(space: Space) -> dict[str, list[Any]]:
 
 
 def count_run_dirs(out_dir: Path) -> int:
-    """How many trials' run directories ``out_dir`` holds, packed ones (dse.logpack) included."""
+    """How many trials' run directories ``out_dir`` holds, packed ones (dse.logs.logpack) included."""
     d = Path(out_dir) / "trials"
     return (sum(1 for p in d.iterdir() if p.is_dir() and p.name.isdigit()) + logpack.count(d)) if d.is_dir() else 0
 

@@ -24,7 +24,7 @@ from typing import Any
 from dse.backends.scripts import CODE_DIR, LOG_NAME, check_env, check_path, comment, quoted_command, stage_code
 from dse.errors import UserError
 from dse.launch import LaunchPlan, build_plan
-from dse.parse import ParseContext, RunMetrics, parse_log
+from dse.logs.parse import ParseContext, RunMetrics, parse_log
 from dse.recipes.mcore.config import ConfigError, RunConfig, config_from_argv, stage_layers
 from dse.trial import TrialConfig
 

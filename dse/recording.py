@@ -13,12 +13,12 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from dse import logpack
 from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
 from dse.execute import duration_s
 from dse.leaderboard import Baseline, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
+from dse.logs import logpack
 from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
 from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
@@ -104,7 +104,7 @@ class Recorder:
         if self.packer is not None and rec.run_dir is not None:
             self.packer.add(rec.number)
             if self.packer.ready:
-                self.store.flush()  # a pack holds only trials the store has (dse.logpack)
+                self.store.flush()  # a pack holds only trials the store has (dse.logs.logpack)
                 self.packer.pack()
 
     def abandon(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from dse.parse import RunMetrics
+from dse.logs.parse import RunMetrics
 from dse.space import Objective
 
 

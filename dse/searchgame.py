@@ -8,7 +8,7 @@ environment (its reward is one run's objective; it never ends by itself), the ga
   so that any library's policy (Stable-Baselines3's included) can emit it;
 * **observation**: a flat ``Box`` vector (:func:`observation`, :data:`FEATURES` names its entries): the last
   proposed point and the best point so far (indices scaled to 0..1), the last run's status (one-hot over
-  :data:`dse.parse.STATUSES`, 0 before the first step), its value and the best value as fractions of the model's best
+  :data:`dse.logs.parse.STATUSES`, 0 before the first step), its value and the best value as fractions of the model's best
   forecast over the space, the model's forecast for the last point (the same fraction; its peak memory as a fraction
   of the GPU's), and the launched runs so far (/100, capped at 1);
 * **reward**: the gain of the best value found (as that fraction) minus ``run_cost`` per launched run and
@@ -39,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from dse.parse import STATUSES, UNLAUNCHED_STATUSES
+from dse.logs.parse import STATUSES, UNLAUNCHED_STATUSES
 
 Key = tuple[int, ...]
 RUN_SCALE = 100.0  # launched runs are observed as runs / RUN_SCALE, capped at 1

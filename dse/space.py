@@ -297,13 +297,13 @@ class Search(_Strict):
 
 
 class EarlyStopSettings(_Strict):
-    """``[backend.early_stop]``: stop a trial once its steady-state step time has converged (dse.steady).
+    """``[backend.early_stop]``: stop a trial once its steady-state step time has converged (dse.logs.steady).
 
     Defaults from the recorded real H200 logs (``bench/early_stop.py``; docs/early-stop.md). Off unless
     ``enabled = true``: turning it on changes every study's steps and GPU-hours, so a space asks for it.
     ``poll_s``: how often the local and Slurm backends look at the growing log. ``prune_margin`` (off unless
     set; needs ``enabled``): stop a trial as ``pruned`` once even its optimistic figure (a 95 % bound,
-    dse.steady.median_lower_bound) is worse than the study's best by more than this share of the best.
+    dse.logs.steady.median_lower_bound) is worse than the study's best by more than this share of the best.
     """
 
     enabled: bool = False

@@ -37,6 +37,7 @@ from dse.execute import parse_context
 from dse.forecast import Screen, StudyCost, model_forecaster, study_cost
 from dse.launch import build_plan
 from dse.leaderboard import Baseline, Summary
+from dse.logs.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
 from dse.outdir import (
     DB,
     LEADERBOARD,
@@ -50,7 +51,6 @@ from dse.outdir import (
     trial_dir,
 )
 from dse.parallel import Done, Pool
-from dse.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
 from dse.perfmodel import predict
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.refit import StudyModel

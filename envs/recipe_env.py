@@ -34,7 +34,7 @@ from gymnasium import spaces
 from dse import constraints
 from dse.backends.base import Backend
 from dse.execute import run_trial
-from dse.parse import STATUSES, RunMetrics
+from dse.logs.parse import STATUSES, RunMetrics
 from dse.reward import reward as compute_reward
 from dse.space import Objective, Space
 from dse.trial import TrialConfig, resolve

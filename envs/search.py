@@ -48,7 +48,7 @@ from dse.calibrate import calibrated_params
 from dse.envs.recipe_env import RecipeEnv
 from dse.errors import UserError
 from dse.execute import parse_context
-from dse.parse import parse_log
+from dse.logs.parse import parse_log
 from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import Twin, make_twin, valid_trials

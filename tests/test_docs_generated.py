@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dse import parse
+from dse.logs import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("docs_gen", ROOT / "docs" / "gen.py")

@@ -19,10 +19,10 @@ from dse.backends.slurm import SlurmBackend
 from dse.errors import UserError
 from dse.execute import run_trial
 from dse.launch import build_plan
-from dse.parse import LogFollower, parse_log
+from dse.logs.parse import LogFollower, parse_log
+from dse.logs.steady import Monitor, Rule, converged, estimate, steps_needed
 from dse.recipes.sim.logwriter import SimRun
 from dse.space import BackendSettings, EarlyStopSettings, load_space
-from dse.steady import Monitor, Rule, converged, estimate, steps_needed
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dse.errors import UserError
-from dse.parse import STATUSES, parse_log
+from dse.logs.parse import STATUSES, parse_log
 from tests.helpers import SMALL_SPACE, dse
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import pytest
 from dse import constraints
 from dse.backends.local import render_local_script
 from dse.launch import build_plan
-from dse.parse import ParseContext, parse_log
+from dse.logs.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step, predict
 from dse.space import load_space
 from dse.trial import resolve

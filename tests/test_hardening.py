@@ -369,7 +369,7 @@ def test_numbers_out_of_range_are_one_line_errors(tmp_path, repl, field):
 def test_a_log_without_newlines_is_parsed_in_bounded_memory(tmp_path):
     import tracemalloc
 
-    from dse.parse import parse_log
+    from dse.logs.parse import parse_log
 
     log = tmp_path / "log.txt"
     line = "Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_timing in s: 2.5 | TFLOPS_per_GPU: 400\n"

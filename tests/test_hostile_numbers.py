@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dse.parse import PLAUSIBLE_MAX, parse_log
+from dse.logs.parse import PLAUSIBLE_MAX, parse_log
 from tests.helpers import dse, write_space
 
 _NEMO = (

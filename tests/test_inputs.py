@@ -464,7 +464,7 @@ def test_a_dse_json_that_is_no_object_is_one_line(study, tmp_path, text, needle)
 def test_a_log_named_gz_that_is_not_gzip_parses_inertly(tmp_path):
     """A ``log.txt.gz`` that is not gzip is read as the text it is; gzip's magic followed by junk is a failed
     trial that says the log is corrupt; a truncated one is read up to where it breaks."""
-    from dse.parse import parse_log
+    from dse.logs.parse import parse_log
 
     line = "Training epoch 0, iteration {i}/9 | global_step: {i} | train_step_timing in s: 2.5 | TFLOPS_per_GPU: 400\n"
     text = "".join(line.format(i=i) for i in range(10))

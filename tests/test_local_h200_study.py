@@ -16,7 +16,7 @@ from dse import knobs
 from dse.backends.local import render_local_script
 from dse.errors import UserError
 from dse.launch import build_plan
-from dse.parse import ParseContext, parse_log
+from dse.logs.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step
 from dse.recipes.mcore.config import ConfigError, check, config_from_argv, stage_layers
 from dse.recipes.models import RECIPES

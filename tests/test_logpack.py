@@ -1,4 +1,4 @@
-"""Simulated trials' logs packed PACK_SIZE at a time (dse.logpack): what is packed, what is read back, and
+"""Simulated trials' logs packed PACK_SIZE at a time (dse.logs.logpack): what is packed, what is read back, and
 what a full disk, a damaged pack or a resume do."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dse import logpack
 from dse.cli import app
 from dse.errors import InfrastructureError
+from dse.logs import logpack
 from dse.space import load_space
 from dse.study import open_store, run_study
 from tests.helpers import write_space

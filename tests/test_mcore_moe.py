@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.parse import ParseContext, parse_log
+from dse.logs.parse import ParseContext, parse_log
 from dse.recipes import contract
 from dse.recipes.mcore.config import (
     SMALL_GQA,

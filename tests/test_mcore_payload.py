@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dse import knobs
-from dse.parse import ParseContext, parse_log
+from dse.logs.parse import ParseContext, parse_log
 from dse.recipes.mcore.__main__ import main
 from dse.recipes.mcore.config import (
     SMALL_GQA,

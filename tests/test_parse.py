@@ -1,4 +1,4 @@
-"""dse.parse against golden fixture logs (tests/fixtures/logs) and small hand-written logs.
+"""dse.logs.parse against golden fixture logs (tests/fixtures/logs) and small hand-written logs.
 
 Expected figures are written out from the values the fixtures were made with, not read back from the
 parser: a median here is the median of the listed step times after dropping the warm-up.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.parse import STATUSES, ParseContext, RunMetrics, parse_log, parse_run
+from dse.logs.parse import STATUSES, ParseContext, RunMetrics, parse_log, parse_run
 from dse.recipes.sim.logwriter import OOM_EXIT_CODE, SimRun, write_log
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -543,7 +543,7 @@ def test_logwriter_oom_ending_is_oom_with_partial_metrics():
 
 # ---------------------------------------------------------------------------------- robustness
 def test_failure_gate_covers_every_marker():
-    from dse.parse import _FAIL_GATE, _NCCL_LINE_MARKS, _NCCL_MARKS, _OOM_EXC_MARKS, _OOM_MARKS, _SIGNAL_MARKS
+    from dse.logs.parse import _FAIL_GATE, _NCCL_LINE_MARKS, _NCCL_MARKS, _OOM_EXC_MARKS, _OOM_MARKS, _SIGNAL_MARKS
 
     fixed = ("CANCELLED AT", "Traceback (most recent call last)", "Exited with exit code")
     for marker in _OOM_MARKS + _OOM_EXC_MARKS + _NCCL_MARKS + _NCCL_LINE_MARKS + _SIGNAL_MARKS + fixed:

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from dse import logpack, parse
-from dse.parse import LogFollower, parse_log
+from dse.logs import logpack, parse
+from dse.logs.parse import LogFollower, parse_log
 
 
 def megatron(it: int | str, ms: float, total: int = 100) -> str:

@@ -14,7 +14,7 @@ import statistics
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dse.parse import ParseContext, parse_log
+from dse.logs.parse import ParseContext, parse_log
 
 PREFIXES = ["", "0: ", " 12: ", "[rank3]:", "[default0]:", "[1,0]<stdout>:", "job/0 ", "3: [rank3]: "]
 NOISE = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.parse import parse_log
+from dse.logs.parse import parse_log
 
 CORPUS = Path(__file__).parent / "fixtures" / "logs" / "verdict"
 README = Path(__file__).parents[1] / "README.md"

@@ -17,7 +17,7 @@ from dse import probe
 from dse.cli import app
 from dse.errors import UserError
 from dse.launch import build_plan
-from dse.parse import ParseContext, parse_log
+from dse.logs.parse import ParseContext, parse_log
 from dse.recipes.mcore.__main__ import main
 from dse.recipes.mcore.config import (
     ConfigError,

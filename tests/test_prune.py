@@ -22,10 +22,10 @@ from dse.agents.optuna_agent import OptunaAgent
 from dse.backends.local import LocalBackend
 from dse.errors import UserError
 from dse.execute import run_trial
-from dse.parse import ParseContext, RunMetrics, parse_log
+from dse.logs.parse import ParseContext, RunMetrics, parse_log
+from dse.logs.steady import Monitor, Prune, Rule, median_lower_bound
 from dse.reward import reward
 from dse.space import BackendSettings, EarlyStopSettings, Objective, load_space
-from dse.steady import Monitor, Prune, Rule, median_lower_bound
 from tests.helpers import SMALL_SPACE, write_space
 from tests.test_early_stop import fake_slurm  # noqa: F401 - the fake sbatch/sacct/scancel fixture
 from tests.trials import DATA, system, trial

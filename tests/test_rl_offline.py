@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.envs.search import table
-from dse.parse import UNLAUNCHED_STATUSES
+from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.searchgame import RUN_COST, WASTE_COST, reference
 from dse.space import load_space
 from dse.study import open_store

@@ -238,8 +238,8 @@ def test_a_long_trial_is_stopped_early_by_scancel(tmp_path):
     """Issue 19 on a real Slurm: a simulated trial of 300 steps at 0.2 s (a minute to run out) is cancelled by
     the early stop once its steady state has converged, and its result reads ok, stopped early."""
     from dse.execute import early_stopped, parse_context
+    from dse.logs.steady import Monitor, Rule
     from dse.space import BackendSettings
-    from dse.steady import Monitor, Rule
 
     t = trial(
         "llama3_70b_16l",

@@ -142,7 +142,7 @@ def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch)
     lb = pd.read_csv(res.leaderboard).set_index("trial").sort_index()
     assert list(lb["reward"]) == pytest.approx(rewards)
     from dse.backends.scripts import run_log
-    from dse.parse import ParseContext, parse_log
+    from dse.logs.parse import ParseContext, parse_log
 
     for rec in res.records:
         if rec.ok:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class StopCheck(Protocol):
-    """What a backend is handed to stop a run early (dse.steady.Monitor): called with the path of the log
+    """What a backend is handed to stop a run early (dse.logs.steady.Monitor): called with the path of the log
     the run is writing, it answers True once the run should stop. A backend calls it every ``poll_s``
     seconds while the run lasts (the simulated backend after each step it writes) and then stops the job
     the way a user would; it neither parses the log nor knows the rule."""
@@ -103,7 +103,7 @@ class Backend(abc.ABC):
     # (a launcher that cannot start, a scheduler command that breaks). Each becomes the trial's outcome
     # (failed, the error as its reason); any other exception is a bug and stops the study (dse.execute).
     run_errors: tuple[type[Exception], ...] = (OSError,)
-    # True: its run directories (exactly a compressed log, dse.logpack.packable) are packed once recorded
+    # True: its run directories (exactly a compressed log, dse.logs.logpack.packable) are packed once recorded
     packs_logs: bool = False
 
     @classmethod

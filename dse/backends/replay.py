@@ -31,7 +31,7 @@ from dse.backends.scripts import LOG_NAME
 from dse.errors import UserError
 from dse.inputs import csv_row, read_text
 from dse.launch import LaunchPlan
-from dse.parse import STATUSES
+from dse.logs.parse import STATUSES
 
 if TYPE_CHECKING:
     from dse.space import Space

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dse import allowlists
 from dse.errors import UserError
-from dse.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
+from dse.logs.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
 from dse.recipes import contract
 
 LOG_NAME = contract.LOG_NAME  # the trainer's output in every run directory (as the simulated backend writes it)

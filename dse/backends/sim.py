@@ -24,7 +24,7 @@ class SimBackend(Backend):
     """Writes the simulated log into the run directory; exit code as the simulated trainer would return."""
 
     interruptible = False  # milliseconds in-process: a Ctrl-C lets it finish (its log is never cut mid-write)
-    packs_logs = True  # a grid of them would be a directory of 8 KiB on disk per 400-byte log (dse.logpack)
+    packs_logs = True  # a grid of them would be a directory of 8 KiB on disk per 400-byte log (dse.logs.logpack)
 
     name = "sim"
     simulated = True

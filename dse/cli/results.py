@@ -116,7 +116,7 @@ def parse_cmd(
     A trial directory of a study takes its batch, sequence length and GPUs from the study's dse.json (the
     flags override them); without --exit-code or --scheduler-state the exit code is unknown and the verdict
     is what ended the log."""
-    from dse.parse import ParseContext, parse_log
+    from dse.logs.parse import ParseContext, parse_log
 
     log, notes = _study_log(log)
     sizes, note = _study_sizes(log)
@@ -145,8 +145,8 @@ def parse_cmd(
 
 def _log_source(log: str) -> Path | Iterator[str]:
     """What ``dse parse LOG`` reads: a log file, a run directory's log, or a packed simulated trial's lines."""
-    from dse import logpack
     from dse.backends.scripts import run_log
+    from dse.logs import logpack
 
     path = Path(log)
     if path.is_dir():  # a run directory: its log (a simulated trial's is log.txt.gz)

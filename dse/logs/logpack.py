@@ -45,7 +45,7 @@ from dse.recipes import contract
 LOG_NAME = contract.LOG_NAME
 COMPRESSED_LOG = LOG_NAME + ".gz"  # the simulated backend's log, gzip-compressed
 PACK_SIZE = 256
-MAX_LINE = 1 << 20  # characters of one packed log's line that are read (as dse.parse.MAX_LINE)
+MAX_LINE = 1 << 20  # characters of one packed log's line that are read (as dse.logs.parse.MAX_LINE)
 _PACK = re.compile(r"logs-(\d+)-(\d+)(?:-\d+)?\.tar\.xz")
 _BROKEN = (tarfile.TarError, EOFError, lzma.LZMAError, zlib.error, OSError)  # what a cut or damaged pack raises
 
@@ -156,7 +156,7 @@ def _member_lines(pack_path: Path, member: str) -> Iterator[str]:
             raw = tar.extractfile(info) if info is not None else None
             assert raw is not None  # _holds found it
             text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
-            # dse.parse reads a file the same way; not imported from there: the two modules are independent layers
+            # dse.logs.parse reads a file the same way; not imported from there: the two modules are independent layers
             while line := text.readline(MAX_LINE):
                 yield line
                 if len(line) == MAX_LINE and not line.endswith("\n"):

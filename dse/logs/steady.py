@@ -2,8 +2,8 @@
 
 The rule (:func:`converged`), on the step times a log has printed so far:
 
-1. the warm-up is the parser's (:func:`dse.parse.steady_split`: the first max(2, 10 %) logged steps), so the
-   estimate at the stop is exactly what :func:`dse.parse.parse_log` reports for the log cut there;
+1. the warm-up is the parser's (:func:`dse.logs.parse.steady_split`: the first max(2, 10 %) logged steps), so the
+   estimate at the stop is exactly what :func:`dse.logs.parse.parse_log` reports for the log cut there;
 2. at least ``min_steps`` steady steps;
 3. the median of the steady steps moved less than ``tolerance`` (relative) over the last ``window`` steps:
    for each of the ``window`` shorter prefixes, ``|median(prefix) / median(now) - 1| < tolerance``.
@@ -15,7 +15,7 @@ estimate against the full-run median); docs/early-stop.md has the figures.
 :class:`Monitor` is the stop condition a backend is handed (it knows no parser): the backend calls it with
 the path of the log it is writing, every ``poll_s`` seconds (or after each step, for the simulated backend),
 and stops the job the way a user would when it answers True. The monitor reads the growing log with
-:class:`dse.parse.LogFollower` (the same scanner, only the appended bytes each call).
+:class:`dse.logs.parse.LogFollower` (the same scanner, only the appended bytes each call).
 
 Pruning (:class:`Prune`, ``[backend.early_stop] prune_margin``): a trial that has not converged yet is stopped
 as a loser when even its optimistic figure is worse than the best the study has measured by more than the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from dse.parse import LogFollower, ParseContext, RunMetrics, steady_split
+from dse.logs.parse import LogFollower, ParseContext, RunMetrics, steady_split
 
 
 @dataclass(frozen=True)

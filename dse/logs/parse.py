@@ -264,12 +264,12 @@ class RunMetrics:
     # the run's wall time (set by dse.execute.run_trial, not by the parser): the backend's own figure where it
     # simulates one, else the clock around the run; the trial's GPU-hours come from it
     wall_s: float | None = None
-    # early stop (dse.steady, set by dse.execute.run_trial): the run was stopped once its steady-state step
+    # early stop (dse.logs.steady, set by dse.execute.run_trial): the run was stopped once its steady-state step
     # time had converged; ``steps`` is then the steps it ran, and ``gpu_hours_saved`` what running on to
     # ``max_steps`` at the measured step time would have cost more
     early_stopped: bool = False
     gpu_hours_saved: float | None = None
-    # pruned runs (status "pruned", dse.steady.Prune): the objective's metric at the bound on the median step
+    # pruned runs (status "pruned", dse.logs.steady.Prune): the objective's metric at the bound on the median step
     # time that is best for the trial, worse than the study's best (``prune_best``) by more than the margin;
     # the agents' reward comes from it (dse.reward), never from the partial estimate as if it were complete
     prune_bound: float | None = None
@@ -733,7 +733,7 @@ class _Scan:
 
 # ------------------------------------------------------------------------------------------ following a live log
 def steady_split(values: list[float | None]) -> tuple[int, list[float]]:
-    """The parser's warm-up rule (public for :mod:`dse.steady`): (steps dropped, valid steady values)."""
+    """The parser's warm-up rule (public for :mod:`dse.logs.steady`): (steps dropped, valid steady values)."""
     return _steady(values)
 
 
