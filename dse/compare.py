@@ -239,16 +239,36 @@ def page(df: pd.DataFrame, studies: Sequence[dict[str, Any]]) -> str:
         plot = Markup(fig.to_html(full_html=False, include_plotlyjs=True))  # Plotly escapes its JSON's < > /
     links = [(str(Path(s["dir"]).resolve() / "report.html"), _link_text(s)) for s in studies]
     warnings = [f"{name}: {w}" for name, w in zip(df.study, df.warning) if isinstance(w, str) and w]
-    shown, same = html_columns(df)
+    # the gain's sentence says which layout the baseline is and where its figures come from, a paragraph per
+    # study: below the table, which shows the gain alone (a 3,000 px column otherwise)
+    gains = [(_link_text(s), line) for s, line in zip(studies, df.recipe_layout_gain) if isinstance(line, str) and line]
+    shown, same = html_columns(
+        df.assign(
+            recipe_layout_gain=[_gain_cell(s.get("summary"), line) for s, line in zip(studies, df.recipe_layout_gain)]
+        )
+    )
     return report.page(
         "compare.html.j2",
         title="dse compare",
         table=report.table(shown, wrap=("changed_knobs", "warning")),
+        gains=gains,
         same=same,
         plot=plot,
         links=links,
         warnings=warnings,
     )
+
+
+def _gain_cell(summary: Summary | None, line: Any) -> str:
+    """The page's short ``recipe_layout_gain`` (``line``, the CSV's sentence): the gain alone ("+3.4%"; "+9.2% vs
+    predicted" over a baseline the model predicts, not measured), or "see below" where the sentence has none
+    (a failed baseline, ...)."""
+    if not isinstance(line, str) or not line:
+        return ""
+    gain = summary.baseline_gain() if summary is not None else None
+    if gain is None:
+        return "see below"
+    return f"{gain[0]:+.1%}" + (" vs predicted" if gain[1] else "")
 
 
 def _link_text(study: dict[str, Any]) -> str:

@@ -455,6 +455,21 @@ class Summary:
             return f"{text}; the best {self.source()}, {self.baseline.source} {self.model.label()}"
         return f"{text}: {self.source()}" if "%" in text else text
 
+    def baseline_gain(self) -> tuple[float, bool] | None:
+        """The best's gain over the baseline as a fraction (what :meth:`baseline_line` leads with), and whether the
+        baseline's figure is the model's prediction (a baseline outside the space); None where the line has no
+        gain (no baseline or best, a baseline not run yet, failed, or without a prediction)."""
+        b, best = self.baseline, self.best
+        if b is None or best is None:
+            return None
+        if b.in_space:
+            ran = self.baseline_trial
+            value = ran.metrics.get(b.metric) if ran is not None and ran.ok else None
+        else:
+            value = (b.predicted or {}).get(b.metric)
+        mine = best.metrics.get(b.metric)
+        return (b.gain(mine, value), not b.in_space) if value and mine else None
+
     def source(self) -> str:
         """Where the study's own figures come from: ``measured``, or ``predicted (simulated ...)`` for the
         simulated backend's (the model's own, whatever their truth)."""

@@ -464,7 +464,8 @@ def table(
     rows = [[(fmt(v), limit) for v, limit in zip(row, limits)] for row in df.itertuples(index=False, name=None)]
     columns = [str(c) for c in df.columns]
     wraps = [c in wrapped for c in columns]
-    return Markup(page("table.html.j2", columns=columns, rows=rows, wraps=wraps, css=css))  # escaped there
+    texts = [c in wrapped or c in cut for c in columns]
+    return Markup(page("table.html.j2", columns=columns, rows=rows, wraps=wraps, texts=texts, css=css))  # escaped there
 
 
 #: the failures table's class for a trial that failed for infrastructure (dse.backends.base.is_infrastructure)
@@ -628,18 +629,30 @@ def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]],
     return out
 
 
+def _reward_repeats_metric(lb: pd.DataFrame, objective: Objective) -> bool:
+    """Whether the leaderboard's reward column says nothing its objective's metric column does not."""
+    if "reward" not in lb or objective.metric not in lb:
+        return False
+    if objective.sense == "minimize":
+        return True
+    has = lb[objective.metric].notna()
+    pruned = (lb.status == "pruned").any() if "status" in lb else True
+    return not pruned and bool((lb.reward[has] == lb[objective.metric][has]).all())
+
+
 def _leaderboard(
     lb_df: pd.DataFrame, knob_names: Sequence[str], total: int, objective: Objective | None = None
 ) -> dict | None:
     """The leaderboard section: its table, and the columns with one value in every row (gpu, num_gpus,
     early_stopped when nothing stopped early, ...) said once above it, so the table fits the page; the CSV
-    keeps every column. A minimising study's table has no reward column: its metric's column says the same
-    without the sign (the reward of a 2 s step is -2)."""
+    keeps every column. The reward column is left out where the objective's metric column says the same: always
+    for a minimising study (the reward of a 2 s step is -2), and for a maximising one when every row with the
+    metric has it as its reward and no trial was pruned (a pruned trial's reward is its bound, not its figure)."""
     if not len(lb_df):
         return None
     lb = lb_df.copy()
-    if objective is not None and objective.sense == "minimize" and objective.metric in lb:
-        lb = lb.drop(columns=["reward"], errors="ignore")
+    if objective is not None and _reward_repeats_metric(lb, objective):
+        lb = lb.drop(columns=["reward"])
     lb["run_dir"] = lb.run_dir.map(lambda p: Path(p).name if isinstance(p, str) else None)
     lb = lb.rename(columns={"run_dir": "run"})
     keep = {"trial", "status", "reward", "reason", *knob_names}

@@ -98,3 +98,21 @@ def test_the_pages_links_tell_studies_of_one_space_apart_and_its_axis_writes_no_
     texts = re.findall(r'<li><a href="[^"]*">([^<]*)</a></li>', page)
     assert len(texts) == 2 and len(set(texts)) == 2, texts
     assert '"tickformat":",.4~r"' in page  # d3's rounded decimal notation: 250,000, never 2.500e+5
+
+
+def test_the_page_shows_the_gain_over_each_baseline_short_with_its_sentence_below(tmp_path):
+    """compare.csv's recipe_layout_gain is a sentence (which layout, where its figures come from): on the page the
+    table shows the gain alone, as the sentence starts, and the sentence is below it, whole, once per study."""
+    a, b = _study(tmp_path, "a"), _study(tmp_path, "b", SMALL_SPACE.replace(SETTINGS, SETTINGS + "fsdp = true\n"))
+    assert dse("compare", a, b, "--out", tmp_path / "c").exit_code == 0
+    lines = [s.lstrip("'") for s in pd.read_csv(tmp_path / "c" / "compare.csv").recipe_layout_gain]
+    page = (tmp_path / "c" / "compare.html").read_text()
+    table, below = page.split("</table>", 1)
+    cells = re.findall(r"<td>([^<]*)</td></tr>", table)  # the row's last cell: the gain (nothing empty after it)
+    assert len(cells) == len(lines) == 2, cells
+    for line, cell in zip(lines, cells):
+        gain = re.match(r"[+-]\d+\.\d%", line)
+        predicted = "as the model predicts it" in line
+        assert cell == (f"{gain.group(0)}{' vs predicted' if predicted else ''}" if gain else "see below"), cell
+        assert line.replace("'", "&#39;") in below and line.replace("'", "&#39;") not in table
+    assert cells[1] == "see below"  # fsdp on: the baseline is not in the space and has no prediction

@@ -231,4 +231,12 @@ def test_a_step_time_studys_leaderboard_shows_seconds_not_rewards():
     board = page.split("<h2>Leaderboard</h2>")[1]
     assert "<th>reward</th>" not in board and "<th>step_<wbr>time_<wbr>s</th>" in board
     assert "-1.24" not in board and "<td>1.24</td>" in board  # trial 4: a 1.24 s step, never its reward -1.24
-    assert "<th>reward</th>" in report.render(records(), META).split("<h2>Leaderboard</h2>")[1]
+
+
+def test_a_leaderboard_shows_the_reward_only_where_it_says_something_its_metric_does_not():
+    """A maximising study's reward is its metric (TFLOP/s): one column, not two; a pruned trial's reward is its
+    bound, not its figure, so a table with one keeps the column."""
+    board = report.render(records(), META).split("<h2>Leaderboard</h2>")[1]
+    assert "<th>reward</th>" not in board and "<th>tflops_<wbr>per_<wbr>gpu</th>" in board
+    pruned = [*records(), rec(7, 4, "pruned", reward=150.0)]
+    assert "<th>reward</th>" in report.render(pruned, META).split("<h2>Leaderboard</h2>")[1]
