@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from scipy.special import log_ndtr
@@ -122,9 +123,10 @@ class Run:
 # ---- sources -------------------------------------------------------------------------------------------
 
 
-# The integer columns of a TSV row and the values each may take: far beyond any real run, so that a typo, a wrong
-# column or a hostile row (tp 0, hidden 1e9, a 5,000-digit number) is a one-line refusal naming the row, never a
-# traceback or a model evaluated where it divides by zero.
+# The integer columns of a TSV row that are no knob and the values each may take: far beyond any real run, so that
+# a typo, a wrong column or a hostile row (hidden 1e9, a 5,000-digit number) is a one-line refusal naming the row,
+# never a traceback or a model evaluated where it divides by zero. A knob's column (tp 0) is refused outside the
+# knob's own range (dse.knobs.Column).
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "num_layers": (1, 10_000),
     "hidden_size": (1, 1_000_000),
@@ -132,11 +134,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "num_query_groups": (1, 100_000),
     "ffn_hidden_size": (1, 10_000_000),
     "vocab_size": (1, 100_000_000),
-    "tp": (1, 1024),
-    "pp": (1, 1024),
-    "mbs": (1, 1_000_000),
-    "gbs": (1, 1_000_000_000),
-    "seq_length": (1, 100_000_000),
+    "seq_length": (1, 100_000_000),  # the architecture's; the knob's own column is in the knob's range
     "num_gpus": (1, 1_000_000),
     "num_experts": (0, 100_000),
     "moe_topk": (0, 100_000),
@@ -144,8 +142,6 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "moe_shared_expert_size": (0, 10_000_000),
     "moe_first_dense_layers": (0, 10_000),
     "kv_channels": (0, 1_000_000),
-    "ep": (1, 1024),
-    "etp": (1, 1024),
 }
 
 
@@ -157,9 +153,9 @@ class RowError(ValueError):
         self.name = name
 
 
-def _int(row: dict, name: str, default: int | None = 0) -> int:
-    """The integer in column ``name`` (``default`` when empty or absent; None: required), within
-    :data:`_INT_RANGES`."""
+def _int(row: dict, name: str, default: int | None = 0, bounds: tuple[int, int] | None = None) -> int:
+    """The integer in column ``name`` (``default`` when empty or absent; None: required), within ``bounds``
+    (by default :data:`_INT_RANGES`)."""
     raw = row.get(name)
     if raw is None or str(raw).strip() == "":
         if default is None:
@@ -169,7 +165,7 @@ def _int(row: dict, name: str, default: int | None = 0) -> int:
     if len(text) > 12 or not text.lstrip("+-").isdigit():
         raise RowError(name, f"{text[:40]!r} is not an integer of at most 12 digits")
     value = int(text)
-    lo, hi = _INT_RANGES.get(name, (0, 10**12))
+    lo, hi = bounds or _INT_RANGES.get(name, (0, 10**12))
     if not lo <= value <= hi:
         raise RowError(name, f"{value} is out of range; it must be >= {lo} and <= {hi}")
     return value
@@ -201,23 +197,48 @@ def arch_from_row(row: dict):
     )
 
 
+def _knob_cell(row: dict, name: str, knob) -> Any:
+    """Knob ``name``'s value in one TSV row, as its catalogue column says (:class:`dse.knobs.Column`)."""
+    column = knob.column
+    raw = row.get(name)
+    if raw is None or str(raw).strip() == "":
+        if column.required:
+            raise RowError(name, "is empty; give a value")
+        return knob.default if column.empty is None else column.empty
+    if knob.kind == "int":
+        return _int(row, name, None, (knob.minimum or 0, knob.maximum or 10**12))
+    if knob.kind == "bool":
+        return str(raw).strip() == "True"
+    return raw
+
+
+def _knob_columns(row: dict, *, moe: bool) -> dict:
+    from dse import knobs
+
+    return {
+        name: _knob_cell(row, name, k)
+        for name, k in knobs.CATALOGUE.items()
+        if k.column is not None and k.column.moe == moe
+    }
+
+
 def moe_values_from_row(row: dict) -> dict:
-    """A MoE row's knob values (expert parallelism and the dispatcher's options); none for a dense row."""
-    if not _int(row, "num_experts"):
-        return {}
-    return dict(
-        ep=_int(row, "ep", 1),
-        etp=_int(row, "etp", 1),
-        moe_dispatcher=row.get("moe_dispatcher") or "alltoall",
-        moe_grouped_gemm=str(row.get("moe_grouped_gemm", "True")) == "True",
-        moe_permute_fusion=str(row.get("moe_permute_fusion", "False")) == "True",
-    )
+    """A MoE row's knob values (the catalogue's MoE columns: expert parallelism and the dispatcher's options); none
+    for a dense row."""
+    return _knob_columns(row, moe=True) if _int(row, "num_experts") else {}
+
+
+def knob_values_from_row(row: dict) -> dict:
+    """One TSV row's knob values: each catalogue knob with a calibration column (:class:`dse.knobs.Column`), the
+    MoE columns in a MoE row only; every other knob keeps its default."""
+    return {**_knob_columns(row, moe=False), **moe_values_from_row(row)}
 
 
 def trial_from_row(row: dict, gpu: str):
     """A TrialConfig for one TSV row (format of bench/data/h200_real_runs.tsv): its architecture as a one-off
-    recipe on one GPU, the local layer spec's unfused attention unless the row has ``attention_backend``; a row
-    with ``num_experts`` is a MoE run (:func:`arch_from_row`, :func:`moe_values_from_row`)."""
+    recipe on one GPU, its knobs by the catalogue's columns (:func:`knob_values_from_row`: the local layer spec's
+    unfused attention unless the row has ``attention_backend``); a row with ``num_experts`` is a MoE run
+    (:func:`arch_from_row`, :func:`moe_values_from_row`)."""
     from dse import knobs
     from dse.recipes.models import Recipe
     from dse.space import load_system
@@ -235,25 +256,23 @@ def trial_from_row(row: dict, gpu: str):
     n = _int(row, "num_gpus", 1)
     system = load_system({"gpu": gpu, "gpus_per_node": n, "nvlink_domain": n})
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
-    values.update(
-        tp=_int(row, "tp", None),
-        pp=_int(row, "pp", None),
-        mbs=_int(row, "mbs", None),
-        gbs=_int(row, "gbs", None),
-        seq_length=_int(row, "seq_length", None),
-        recompute=row["recompute"],
-        num_nodes=1,
-        precision=row.get("precision") or "bf16",
-        attention_backend=row.get("attention_backend") or "local",
-        **moe_values_from_row(row),
-    )
+    values.update(knob_values_from_row(row), num_nodes=1)
     # the rows are recipes.mcore runs (bench/h200_real_runs.py, bench/h200_te_runs.py) unless they say otherwise
     return TrialConfig(
         recipe=recipe, system=system, values=MappingProxyType(values), payload=row.get("payload") or "mcore"
     )
 
 
-_TSV_NEEDS = (
+def _tsv_needs() -> tuple[str, ...]:
+    """The columns every calibration TSV has: the architecture's, the catalogue's required knob columns
+    (:class:`dse.knobs.Column`) and the measured step time."""
+    from dse import knobs
+
+    required = tuple(n for n, k in knobs.CATALOGUE.items() if k.column is not None and k.column.required)
+    return _ARCH_NEEDS + required + ("step_time_ms",)
+
+
+_ARCH_NEEDS = (
     "model",
     "num_layers",
     "hidden_size",
@@ -262,13 +281,6 @@ _TSV_NEEDS = (
     "ffn_hidden_size",
     "vocab_size",
     "gated",
-    "tp",
-    "pp",
-    "mbs",
-    "gbs",
-    "seq_length",
-    "recompute",
-    "step_time_ms",
 )
 
 
@@ -293,7 +305,7 @@ def _tsv_rows(path: Path) -> list[dict]:
 
     text = read_text(path, cap=MAX_TSV_BYTES)
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t")
-    missing = [c for c in _TSV_NEEDS if c not in (reader.fieldnames or [])]
+    missing = [c for c in _tsv_needs() if c not in (reader.fieldnames or [])]
     if missing:
         raise UserError(
             f"missing column(s) {', '.join(missing)}; the format is that of bench/data/h200_real_runs.tsv",

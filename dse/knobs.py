@@ -39,6 +39,45 @@ SpellFn = Callable[["Knob", Any, Mapping[str, Any], "Spelling"], list[str]]
 
 
 @dataclass(frozen=True)
+class Where:
+    """What a knob's derived default may read besides the trial's knobs: the GPU, the model's hidden size and the
+    payload that runs it."""
+
+    gpu: str
+    hidden_size: int
+    payload: str
+
+
+# A knob's derived default ("auto"): its value when a space leaves it unset (None), from the trial's other values
+# and, for a rule that :func:`settle` writes into the trial, where it runs (None for a rule read where it is used).
+AutoFn = Callable[[Mapping[str, Any], "Where | None"], Any]
+
+
+@dataclass(frozen=True)
+class Column:
+    """How a calibration TSV (bench/data/h200_real_runs.tsv's format, read by ``dse.calibrate``) gives a knob: a
+    ``required`` column, or an optional one whose empty or absent cell is ``empty`` (None: the knob's default);
+    ``moe``: read from MoE rows only (a dense row runs the knob's default). An int column is refused outside the
+    knob's range; a bool column reads "True" / "False"."""
+
+    required: bool = False
+    moe: bool = False
+    empty: Any = None
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The value ``dse predict`` takes instead of a recipe's default ``replaces`` for the knob that rule ``rule``
+    alone rejects (when the user did not pass the knob), with the note it prints (``{payload}`` and ``{gpu}``
+    filled in); a study never does this (``dse.cli.model``)."""
+
+    rule: str
+    replaces: Any
+    value: Any
+    note: str
+
+
+@dataclass(frozen=True)
 class Knob:
     """One tunable setting, with every fact about it: the catalogue entry is the only place a knob is described.
 
@@ -50,9 +89,13 @@ class Knob:
     ``nemo2_factory`` names the NeMo 2 factory argument for a knob that touches objects a dotted override
     cannot reach (a callback in the trainer's list). ``ordinal``: its values have an order a sampler can use.
     ``recipe_layout``: a recipe's default layout sets it (``recipes.models.Recipe.default_values``).
-    ``model_arg``: the keyword of :func:`dse.perfmodel.model.predict_layout` it feeds (None: the model does not
-    read it). ``nemo2_reads``: the NeMo 2 paths whose value is the knob's, which an importer reads back (None:
-    its ``nemo2`` paths).
+    ``model_arg``: the field of :class:`dse.perfmodel.layout.ModelLayout` it feeds, with the knob's default, and
+    so a flag of ``dse predict`` (None: the model does not read it, nor does predict take it). ``nemo2_reads``:
+    the NeMo 2 paths whose value is the knob's, which an importer reads back (None: its ``nemo2`` paths).
+    ``auto``: its derived default (:data:`AutoFn`), which :func:`settle` writes into a trial where ``settled``, and
+    which is read where the value is used otherwise (:func:`effective`). ``moe_only``: spelled for a MoE model only
+    (:data:`MOE_KNOBS`). ``column``: how a calibration TSV gives it (:class:`Column`; None: no column, the
+    default). ``fallback``: what ``dse predict`` takes for a recipe default its payload cannot run (:class:`Fallback`).
     """
 
     name: str
@@ -70,6 +113,11 @@ class Knob:
     recipe_layout: bool = False
     model_arg: str | None = None
     nemo2_reads: tuple[str, ...] | None = None
+    auto: AutoFn | None = field(default=None, hash=False)
+    settled: bool = False
+    moe_only: bool = False
+    column: Column | None = None
+    fallback: Fallback | None = None
 
     @property
     def imported_from(self) -> tuple[str, ...]:
@@ -227,8 +275,10 @@ BRIDGE_SPELLING = tuple(f for f, s in SPELLINGS.items() if s is MBRIDGE)
 # bf16_mixed, so bf16 needs no override (and cannot clear fp8 by one: nemo-run reads "null" for the str-typed
 # MegatronMixedPrecision.fp8 as the string "null", which would switch FP8 on).
 _P = "trainer.plugins."
+# The one spelling of bf16 training: the precision knob's default, its value in the spelling tables and the model.
+BF16 = "bf16"
 NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
-    "bf16": (),
+    BF16: (),
     "delayed": (
         _P + "fp8=hybrid",
         _P + "fp8_recipe=delayed",
@@ -258,7 +308,7 @@ NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
 # Megatron-Bridge: a mixed-precision recipe by name (megatron.bridge.training.mixed_precision); the payload's
 # entry point resolves it, as Bridge's ConfigContainer does for a string.
 MBRIDGE_PRECISION: dict[str, str] = {
-    "bf16": "bf16_mixed",
+    BF16: "bf16_mixed",
     "delayed": "bf16_with_fp8_delayed_scaling_mixed",
     "tensorwise": "bf16_with_fp8_current_scaling_mixed",
     "mxfp8": "bf16_with_mxfp8_mixed",
@@ -286,7 +336,7 @@ def _spelled_by(lead: str, knob: Knob, values: Mapping[str, Any]) -> bool:
 def _precision_key(values: Mapping[str, Any]) -> str:
     """The precision recipe a trial runs: bf16, nvfp4 (which ignores ``fp8_recipe``), or the FP8 recipe."""
     precision = values.get("precision", CATALOGUE["precision"].default)
-    if precision in ("bf16", "nvfp4"):
+    if precision in (BF16, "nvfp4"):
         return str(precision)
     return str(values.get("fp8_recipe", CATALOGUE["fp8_recipe"].default))
 
@@ -362,8 +412,31 @@ def _sp(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list
     if value is None:
         if "tp" not in values:
             return []
-        value = values["tp"] > 1  # the default: on exactly when tensor parallel
+        value = effective(knob.name, values)
     return sp.plain(knob, value)
+
+
+# --- derived defaults ("auto") ----------------------------------------------------------------------------------
+def _sp_auto(values: Mapping[str, Any], where: Where | None) -> bool:
+    """Sequence parallelism left unset: on exactly when tensor parallel, as NVIDIA's recipes set it; the trial keeps
+    None (its recorded point), read as this wherever it is used."""
+    return bool(values["tp"] > 1)
+
+
+def _tp_comm_overlap_auto(values: Mapping[str, Any], where: Where | None) -> bool:
+    """TP communication overlap left unset: on exactly when tp > 1 with sequence parallelism and the payload ships a
+    userbuffer config that NVIDIA's scripts use for (GPU, precision, hidden size, tp), as NeMo's and
+    Megatron-Bridge's performance recipes turn it on (``dse.hardware.userbuffer_config``), and never under NVFP4,
+    which those scripts run without it (``dse.constraints.nvfp4_no_tp_comm_overlap``). Without ``where`` (a layout
+    the model is given directly) it is off."""
+    tp, precision = values["tp"], values["precision"]
+    return bool(
+        where is not None
+        and tp > 1
+        and precision != "nvfp4"
+        and effective("sp", values)
+        and hardware.userbuffer_config(where.gpu, precision, where.hidden_size, tp, where.payload) is not None
+    )
 
 
 def _attention(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -457,9 +530,6 @@ def _nccl_ub(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) ->
 
 # --- mixture of experts ---------------------------------------------------------------------------------------
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
-# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`overrides`), so
-# that they stay as they were before MoE support. ``ep`` is spelled for every recipe, as it always was.
-MOE_KNOBS = frozenset({"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"})
 # flex: Megatron-Core's MoEFlexTokenDispatcher. Megatron-Bridge picks its kernels by moe_flex_dispatcher_backend
 # (megatron/bridge/training/flex_dispatcher_backend.py apply_flex_dispatcher_backend, which also clears
 # moe_shared_expert_overlap); NVIDIA's Bridge presets name "hybridep" throughout
@@ -526,7 +596,11 @@ ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 _S = "trainer.strategy."
 _M = "model.config."
 _OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
-_LAYOUT = dict(recipe_layout=True)  # the recipe's default layout sets it (recipes.models.Recipe.default_values)
+_LAYOUT = dict(recipe_layout=True)
+_REQUIRED = Column(required=True)  # a calibration TSV's required column (dse.calibrate)
+_MOE_COLUMN = Column(
+    moe=True
+)  # a calibration TSV's column read in MoE rows  # the recipe's default layout sets it (recipes.models.Recipe.default_values)
 CATALOGUE: dict[str, Knob] = {
     k.name: k
     for k in (
@@ -537,6 +611,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=[_S + "tensor_model_parallel_size"],
             mbridge=["model.tensor_model_parallel_size"],
             model_arg="tp",
+            column=_REQUIRED,
             **_LAYOUT,
         ),
         _int(
@@ -546,6 +621,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=[_S + "pipeline_model_parallel_size"],
             mbridge=["model.pipeline_model_parallel_size"],
             model_arg="pp",
+            column=_REQUIRED,
             **_LAYOUT,
         ),
         _int(
@@ -575,6 +651,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=["model.expert_model_parallel_size"],
             **_LAYOUT,
             model_arg="ep",
+            column=_MOE_COLUMN,
         ),
         _int(
             "etp",
@@ -584,6 +661,8 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=["model.expert_tensor_parallel_size"],
             **_LAYOUT,
             model_arg="etp",
+            column=_MOE_COLUMN,
+            moe_only=True,
         ),
         Knob(
             "moe_dispatcher",
@@ -596,6 +675,17 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_moe_dispatcher),
             recipe_layout=True,
             model_arg="moe_dispatcher",
+            # the MoE recipes' layouts are Megatron-Bridge's presets, whose flex is HybridEP; NeMo 2 spells flex as
+            # DeepEP, which does not run on GB200/GB300, and NeMo's own performance scripts use alltoall there
+            fallback=Fallback(
+                "moe_dispatcher_supported",
+                "flex",
+                "alltoall",
+                "(Megatron-Bridge's HybridEP preset) replaced by alltoall: the {payload} payload's flex dispatcher "
+                "does not run on {gpu}, and NeMo's scripts use alltoall there",
+            ),
+            column=_MOE_COLUMN,
+            moe_only=True,
         ),
         Knob(
             "moe_grouped_gemm",
@@ -606,6 +696,8 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.moe_grouped_gemm",),
             recipe_layout=True,
             model_arg="moe_grouped_gemm",
+            column=_MOE_COLUMN,
+            moe_only=True,
         ),
         Knob(
             "moe_a2a_overlap",
@@ -617,6 +709,7 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_moe_a2a_overlap),
             recipe_layout=True,
             model_arg="moe_a2a_overlap",
+            moe_only=True,
         ),
         Knob(
             "moe_permute_fusion",
@@ -627,6 +720,8 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.moe_permute_fusion",),
             recipe_layout=True,
             model_arg="moe_permute_fusion",
+            column=_MOE_COLUMN,
+            moe_only=True,
         ),
         _int(
             "pp_first_layers",
@@ -661,6 +756,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.sequence_parallel",),
             spell=_both(_sp),
             model_arg="sp",
+            auto=_sp_auto,
         ),
         _int(
             "mbs",
@@ -669,6 +765,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=["data.micro_batch_size"],
             mbridge=["train.micro_batch_size"],
             model_arg="mbs",
+            column=_REQUIRED,
             **_LAYOUT,
         ),
         _int(
@@ -679,6 +776,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=["data.global_batch_size"],
             mbridge=["train.global_batch_size"],
             model_arg="gbs",
+            column=_REQUIRED,
             **_LAYOUT,
         ),
         _int(
@@ -690,6 +788,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=["data.seq_length", "model.config.seq_length"],
             mbridge=["model.seq_length", "dataset.sequence_length"],
             model_arg="seq_length",
+            column=_REQUIRED,
             **_LAYOUT,
         ),
         Knob(
@@ -702,6 +801,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.recompute_granularity",),
             spell=_both(_recompute),
             model_arg="recompute",
+            column=_REQUIRED,
             recipe_layout=True,
         ),
         _int(
@@ -735,13 +835,14 @@ CATALOGUE: dict[str, Knob] = {
             "choice",
             "training precision: bf16, fp8 (its scaling recipe is fp8_recipe) or nvfp4 (Blackwell's 4-bit "
             "E2M1 with 16-element E4M3 block scales; fp8_recipe is ignored)",
-            "bf16",
-            choices=("bf16", "fp8", "nvfp4"),
+            BF16,
+            choices=(BF16, "fp8", "nvfp4"),
             nemo2=("trainer.plugins",),
             mbridge=("mixed_precision",),
             nemo2_reads=(),
             spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision},
             model_arg="precision",
+            column=Column(),
         ),
         Knob(
             "fp8_recipe",
@@ -754,6 +855,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2_reads=(),
             spell={"nemo2": _nemo2_precision, "mbridge": _mbridge_precision},
             model_arg="fp8_recipe",
+            column=Column(),
         ),
         Knob(
             "fsdp",
@@ -777,6 +879,8 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("comm_overlap.tp_comm_overlap",),
             nemo2_factory="tp_comm_overlap",
             model_arg="tp_comm_overlap",
+            auto=_tp_comm_overlap_auto,
+            settled=True,
         ),
         Knob(
             "nccl_ub",
@@ -801,6 +905,7 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_cpu_offload),
             nemo2_reads=(_M + "cpu_offloading_num_layers",),
             model_arg="cpu_offload_layers",
+            column=Column(),
             **_LAYOUT,
         ),
         # Megatron-Core's AttnBackend (megatron/core/transformer/enums.py): auto lets Transformer Engine pick (flash
@@ -818,6 +923,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2_factory="attention_backend",
             spell=_both(_attention),
             model_arg="attention_backend",
+            column=Column(empty="local"),  # the calibration runs' local layer spec
         ),
         Knob(
             "cuda_graph",
@@ -861,11 +967,26 @@ CATALOGUE: dict[str, Knob] = {
 }
 
 
-@dataclass(frozen=True)
-class KnobValues:
-    """Every catalogue knob's value, typed: one field per catalogue entry, named as the knob (a test keeps the
-    two in step), so that readers of a trial (``TrialConfig.layout.tp``) are checked by mypy. ``None`` in
-    ``sp`` and ``tp_comm_overlap`` is "auto" (``dse.trial``)."""
+# The knobs only a MoE recipe spells: a dense recipe's scripts carry none of them (:func:`overrides`), so
+# that they stay as they were before MoE support. ``ep`` is spelled for every recipe, as it always was.
+MOE_KNOBS = frozenset(n for n, k in CATALOGUE.items() if k.moe_only)
+
+
+def _catalogue_defaults(cls: type) -> type:
+    """Each field of ``cls`` (named as a catalogue knob) takes that knob's default: the typed layouts' defaults are
+    the catalogue's, written nowhere else."""
+    for name in cls.__annotations__:
+        setattr(cls, name, CATALOGUE[name].default)
+    return cls
+
+
+@dataclass(slots=True, kw_only=True)
+@_catalogue_defaults
+class ModelKnobs:
+    """The values of the knobs the performance model reads (the catalogue's ``model_arg``), typed, each field named
+    as its knob with the knob's default: the base of :class:`dse.perfmodel.layout.ModelLayout` and of
+    :class:`KnobValues` (a test keeps the fields and the catalogue in step). ``None`` in ``sp`` and
+    ``tp_comm_overlap`` is "auto" (:func:`effective`, :func:`settle`). Never changed once built."""
 
     tp: int
     pp: int
@@ -895,6 +1016,15 @@ class KnobValues:
     attention_backend: str
     cuda_graph: str
     cuda_graph_scope: str
+
+
+@dataclass(slots=True, kw_only=True)
+@_catalogue_defaults
+class KnobValues(ModelKnobs):
+    """Every catalogue knob's value, typed: the model's knobs and the run's (``num_nodes``, ``max_steps``), one
+    field per catalogue entry in its order, so that readers of a trial (``TrialConfig.layout.tp``) are checked by
+    mypy."""
+
     num_nodes: int
     max_steps: int
 
@@ -942,8 +1072,30 @@ def recipe_layout_knobs() -> tuple[str, ...]:
 
 
 def model_args(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The performance model's keyword arguments (``predict_layout``'s) from a trial's knob values."""
+    """The model's layout fields (``dse.perfmodel.layout.ModelLayout``'s, by ``model_arg``) from a trial's knob values."""
     return {k.model_arg: values.get(n, k.default) for n, k in CATALOGUE.items() if k.model_arg}
+
+
+def effective(name: str, values: Mapping[str, Any], where: Where | None = None) -> Any:
+    """The value knob ``name`` runs with: its value in ``values``, or where unset (None) its derived default
+    (:attr:`Knob.auto`) from the other values."""
+    knob, value = CATALOGUE[name], values.get(name)
+    return knob.auto(values, where) if value is None and knob.auto is not None else value
+
+
+def settle(values: dict[str, Any], where: Where) -> dict[str, Any]:
+    """Settle a trial's values in place, as NVIDIA's recipes run: each knob whose derived default the trial records
+    (:attr:`Knob.settled`) and that is unset (None) takes it; each set of modules is written in its canonical
+    spelling (:func:`canonical_modules`), whatever order or form the space gave. Knobs whose derived default is
+    not recorded (``sp``) stay None and read as it where used (:func:`effective`). Every path to a trial
+    (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so one layout has one
+    prediction."""
+    for name, knob in CATALOGUE.items():
+        if knob.kind == "modules" and name in values:
+            values[name] = canonical_modules(values[name], knob)
+        elif knob.auto is not None and knob.settled and values.get(name) is None:
+            values[name] = knob.auto(values, where)
+    return values
 
 
 def spelling_of(flavour: str) -> Spelling:

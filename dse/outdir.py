@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from dse import knobs
 from dse.backends.replay import table_path
 from dse.errors import InfrastructureError, UserError, infrastructure
 from dse.fsutil import write_text
@@ -483,7 +484,7 @@ def trial_sizes(space: Space) -> dict[str, dict[str, int]]:
     GPUs, for tokens/s/GPU, kept in ``dse.json`` so that a moved study needs no space file."""
     from dse.trial import resolve
 
-    precisions = space.knobs.get("precision") or [space.settings.get("precision", "bf16")]
+    precisions = space.knobs.get("precision") or [space.settings.get("precision", knobs.CATALOGUE["precision"].default)]
     sizes = {}
     for p in dict.fromkeys(str(v) for v in precisions):
         layout = resolve(space, {"precision": p}).layout

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from dse import knobs
 from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
@@ -27,7 +28,7 @@ from dse.trial import TrialConfig
 SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
 
 
-def record_of(number: int, info: dict[str, Any], reward: float, *, precision: str = "bf16") -> TrialRecord:
+def record_of(number: int, info: dict[str, Any], reward: float, *, precision: str = knobs.BF16) -> TrialRecord:
     """The store's record of one environment step (``info`` as :class:`envs.recipe_env.RecipeEnv` gives it), its
     metrics with the run's ``mfu`` (:func:`dse.leaderboard.mfu`; ``precision``: the trial's) when it has TFLOP/s."""
     metrics = info["metrics"]

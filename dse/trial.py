@@ -12,7 +12,6 @@ from types import MappingProxyType
 from typing import Any
 
 from dse import knobs
-from dse.hardware import userbuffer_config
 from dse.recipes.models import Recipe
 from dse.space import Space, System
 
@@ -65,8 +64,7 @@ class TrialConfig:
 
     @property
     def sequence_parallel(self) -> bool:
-        sp = self.layout.sp
-        return self.layout.tp > 1 if sp is None else bool(sp)
+        return bool(knobs.effective("sp", self.values))
 
     @property
     def uneven_stages(self) -> bool:
@@ -111,28 +109,11 @@ class TrialConfig:
 
 
 def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System, payload: str = "nemo2") -> dict[str, Any]:
-    """Settle the knobs whose default depends on the rest of the layout, in place, as NVIDIA's recipes run.
-
-    ``tp_comm_overlap`` left unset (None) is on exactly when tp > 1 with sequence parallelism and ``payload``
-    ships a userbuffer config that NVIDIA's scripts use for (GPU, precision, hidden size, tp), as NeMo's and
-    Megatron-Bridge's performance recipes turn it on (``dse.hardware.userbuffer_config``), and never under NVFP4,
-    which those scripts run without it (:func:`dse.constraints.nvfp4_no_tp_comm_overlap`); ``sp`` left unset
-    stays None and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`); ``recompute_modules`` is written in
-    its canonical spelling (``dse.knobs.canonical_modules``).
-    Every path to a trial (``dse run``, ``dse predict``, ``dse dry-run``, the benches) goes through here, so
-    one layout has one prediction.
-    """
-    if "recompute_modules" in values:  # one spelling per set, whatever order or form the space gave
-        values["recompute_modules"] = knobs.canonical_modules(values["recompute_modules"])
-    if values.get("tp_comm_overlap") is None:
-        tp, sp = values["tp"], values["sp"]
-        values["tp_comm_overlap"] = bool(
-            tp > 1
-            and values["precision"] != "nvfp4"
-            and (tp > 1 if sp is None else sp)
-            and userbuffer_config(system.gpu, values["precision"], recipe.arch.hidden_size, tp, payload) is not None
-        )
-    return values
+    """Settle the knobs whose default depends on the rest of the layout, in place, by the catalogue's rules
+    (``dse.knobs.settle``): ``tp_comm_overlap`` left unset takes its derived default; ``sp`` left unset stays None
+    and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`); ``recompute_modules`` is written in its canonical
+    spelling. Every path to a trial goes through here, so one layout has one prediction."""
+    return knobs.settle(values, knobs.Where(system.gpu, recipe.arch.hidden_size, payload))
 
 
 def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = None) -> TrialConfig:
@@ -142,7 +123,7 @@ def resolve(space: Space, point: Mapping[str, Any], *, recipe: Recipe | None = N
     the registry)."""
     recipe = recipe or space.recipe_obj
     values: dict[str, Any] = {name: k.default for name, k in knobs.CATALOGUE.items()}
-    precision = point.get("precision", space.settings.get("precision", "bf16"))
+    precision = point.get("precision", space.settings.get("precision", values["precision"]))
     defaults = recipe.default_values(space.system.gpu, precision, space.num_nodes * space.system.gpus_per_node)
     values.update({name: defaults[name] for name in knobs.recipe_layout_knobs()})
     values["num_nodes"] = space.num_nodes

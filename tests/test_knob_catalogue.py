@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from dse import knobs
+from dse.calibrate import knob_values_from_row
 from dse.errors import UserError
-from dse.perfmodel.model import prepare_layout
+from dse.perfmodel.layout import ModelLayout
 from dse.perfmodel.trials import make_trial
 from dse.recipes.contract import PAYLOADS
 from dse.recipes.models import RECIPES
@@ -42,14 +42,64 @@ def test_recipe_layout_knobs_are_what_a_recipe_chooses():
     assert RECIPES["llama3_70b"].default_values("gb200", "fp8")["cpu_offload_layers"] == 40
 
 
-def test_model_args_are_prepare_layouts_keywords():
-    params = inspect.signature(prepare_layout).parameters
+def test_every_model_layout_field_of_a_knob_is_the_catalogues_with_its_default():
+    layout = {f.name: f for f in dataclasses.fields(ModelLayout)}
+    model_knobs = {n: k for n, k in knobs.CATALOGUE.items() if k.model_arg}
+    assert {k.model_arg for k in model_knobs.values()} == {n for n in layout if n in knobs.CATALOGUE}
+    for name, knob in model_knobs.items():
+        assert knob.model_arg == name and layout[name].default == knob.default, name  # no default written twice
+    # the rest are what the system gives: the world, its links and fabric, the container; not knobs
+    rest = set(layout) - set(model_knobs)
+    assert rest == {"num_gpus", "dropout", "nvlink_domain", "scaleout_gbps", "container", "pod_gpus"} | {
+        "pod_oversubscription",
+        "rank_order",
+    }
+    assert "max_steps" not in layout and "num_nodes" not in layout  # the model reads the world size instead
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
-    args = knobs.model_args(values)
-    assert set(args) <= set(params) and {"tp", "sp", "precision", "cpu_offload_layers"} <= set(args)
-    # every prepare_layout keyword named like a knob is fed by that knob: none is left to hand plumbing
-    assert {n for n in params if n in knobs.CATALOGUE} == set(args)
-    assert "max_steps" not in args and "num_nodes" not in args  # the model reads the world size instead
+    assert set(knobs.model_args(values)) == set(model_knobs)
+
+
+def test_an_unset_sequence_parallel_in_a_model_layout_takes_the_catalogues_rule():
+    assert ModelLayout(num_gpus=8, tp=4).sp is True and ModelLayout(num_gpus=8).sp is False
+    assert ModelLayout(num_gpus=8, tp=4, sp=False).sp is False
+
+
+def test_derived_defaults_are_the_catalogues_and_settle_writes_only_the_settled_ones():
+    assert {n for n, k in knobs.CATALOGUE.items() if k.auto} == {"sp", "tp_comm_overlap"}
+    where = knobs.Where("h100", 8192, "nemo2")
+    values = {n: k.default for n, k in knobs.CATALOGUE.items()} | {"tp": 4, "recompute_modules": "mlp,core_attn"}
+    knobs.settle(values, where)
+    assert values["sp"] is None and knobs.effective("sp", values) is True  # read as tp > 1, recorded as unset
+    assert values["tp_comm_overlap"] is True  # NVIDIA ships a bf16 userbuffer config for H100, 8192 wide, tp 4
+    assert values["recompute_modules"] == "core_attn,mlp"
+    assert knobs.settle({**values, "tp_comm_overlap": None, "tp": 3}, where)["tp_comm_overlap"] is False
+
+
+def test_moe_knobs_are_the_catalogues_moe_only_entries():
+    assert knobs.MOE_KNOBS == {"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"}
+    assert all(knobs.CATALOGUE[n].moe_only for n in knobs.MOE_KNOBS) and "ep" not in knobs.MOE_KNOBS
+
+
+def test_every_calibration_column_of_a_knob_comes_from_the_catalogue():
+    with open("bench/data/h200_real_runs.tsv") as f:
+        header = f.readline().rstrip("\n").split("\t")
+    with open("bench/data/moe_gpu_runs.tsv") as f:
+        header += f.readline().rstrip("\n").split("\t")
+    columns = {n for n, k in knobs.CATALOGUE.items() if k.column}
+    # every knob named by a shipped TSV's header is read by its catalogue column, and each column is in one
+    assert {h for h in header if h in knobs.CATALOGUE} == columns
+    row = {h: "" for h in header} | {"tp": "2", "pp": "1", "mbs": "1", "gbs": "8", "seq_length": "4096"}
+    row |= {"recompute": "none", "num_experts": "8", "moe_grouped_gemm": "False", "ep": "4"}
+    values = knob_values_from_row(row)
+    assert set(values) == columns
+    assert values["attention_backend"] == "local" and values["precision"] == knobs.BF16  # empty cells
+    assert values["ep"] == 4 and values["moe_grouped_gemm"] is False and values["moe_dispatcher"] == "alltoall"
+    dense = knob_values_from_row({**row, "num_experts": "0"})
+    assert not set(dense) & {n for n, k in knobs.CATALOGUE.items() if k.column and k.column.moe}
+
+
+def test_bf16_is_one_constant():
+    assert knobs.CATALOGUE["precision"].default == knobs.BF16 and knobs.BF16 in knobs.NEMO2_PRECISION
 
 
 def test_imported_paths_carry_the_value_itself():
@@ -79,6 +129,9 @@ def test_a_knob_spells_itself_where_it_has_its_own_spelling_else_by_its_paths():
 def test_the_typed_layout_has_a_field_of_the_right_type_per_knob():
     declared = {f.name: f.type for f in dataclasses.fields(knobs.KnobValues)}  # annotations as text
     assert list(declared) == list(knobs.CATALOGUE)
+    assert {f.name: f.default for f in dataclasses.fields(knobs.KnobValues)} == {
+        n: k.default for n, k in knobs.CATALOGUE.items()
+    }
     for name, knob in knobs.CATALOGUE.items():
         expected = {
             "int": "int",

@@ -27,8 +27,12 @@ def recipes_cmd() -> None:
     render.recipes(RECIPES.values())
 
 
-# Knobs that are not part of a layout's prediction (run length) or that a flag of their own covers.
-_PREDICT_SKIP = ("num_nodes", "max_steps")
+def _not_predicted(name: str) -> bool:
+    """A catalogue knob the model does not read (the run's length, its nodes: ``--num-gpus`` covers them), and so
+    no flag of ``dse predict`` (``dse.knobs.Knob.model_arg``)."""
+    from dse import knobs
+
+    return name in knobs.CATALOGUE and knobs.CATALOGUE[name].model_arg is None
 
 
 # house: most of its lines are its Typer options, one per line as the formatter writes them; the body is short
@@ -130,7 +134,7 @@ def predict_cmd(
     if as_json:
         from dse import knobs
 
-        shown = {k: trial.values[k] for k in knobs.CATALOGUE if k not in _PREDICT_SKIP}
+        shown = {k: trial.values[k] for k in knobs.CATALOGUE if not _not_predicted(k)}
         out = {
             "model": trial.recipe.name,
             "gpu": system.gpu,
@@ -201,7 +205,7 @@ def _settings(knob_flags: dict[str, Any], set_: list[str]) -> dict[str, Any]:
         if value is not None:
             settings[name] = knobs.CATALOGUE[name].coerce(value, field="--" + name.replace("_", "-"))
     for name, value in _parse_set(set_).items():
-        if name in _PREDICT_SKIP:
+        if _not_predicted(name):
             raise UserError(f"{name} is not a layout knob here; use --num-gpus", field=f"--set {name}")
         settings[name] = knobs.get(name, field=f"--set {name}").coerce(value, field=f"--set {name}")
     return settings
@@ -354,10 +358,11 @@ def _as_given(
             )
             given["gbs"] = scaled
             continue
-        swap = _payload_dispatcher(trial, rejection.rule, rejection.knobs, given)
+        swap = _fallback(trial, rejection.rule, rejection.knobs, given)
         if swap is not None:
-            dropped.append(swap)
-            given["moe_dispatcher"] = "alltoall"
+            name, value, note = swap
+            dropped.append(note)
+            given[name] = value
             continue
         from_recipe = _from_recipe(trial, given)
         culprits = [k for k in rejection.knobs if k in from_recipe]
@@ -369,21 +374,22 @@ def _as_given(
             given[k] = knobs.CATALOGUE[k].default
 
 
-def _payload_dispatcher(trial: TrialConfig, rule: str, rule_knobs, settings: dict[str, Any]) -> str | None:
-    """The note for a recipe's flex dispatcher that the chosen payload cannot run on this GPU, where the user passed
-    none of the knobs the rule names; None otherwise. The MoE recipes' default layouts are Megatron-Bridge's presets,
-    whose flex dispatcher is HybridEP; NeMo 2 spells flex as DeepEP, which does not run on GB200/GB300, and NeMo's
-    own performance scripts use the all-to-all dispatcher there. ``dse predict`` takes that (and says so) rather
-    than refusing the recipe at its defaults; a study does not (``_as_given``'s docstring says why)."""
-    if rule != "moe_dispatcher_supported" or trial.layout.moe_dispatcher != "flex":
+def _fallback(trial: TrialConfig, rule: str, rule_knobs, settings: dict[str, Any]) -> tuple[str, Any, str] | None:
+    """(knob, value, note) where rule ``rule`` rejects the trial for one knob alone that the user did not pass and
+    whose catalogue entry names a value ``dse predict`` takes instead of the recipe's for that rule
+    (``dse.knobs.Fallback``: alltoall for the MoE recipes' flex dispatcher where the payload's flex does not run on
+    the GPU); None otherwise. A study does not do this (``_as_given``'s docstring says why)."""
+    from dse import knobs
+
+    names = set(rule_knobs)
+    name = names.pop() if len(names) == 1 else None
+    if name is None or name in settings or name not in knobs.CATALOGUE:
         return None
-    if set(rule_knobs) != {"moe_dispatcher"} or "moe_dispatcher" in settings:  # e.g. DeepEP's ep*etp > 1: not this
+    fallback, value = knobs.CATALOGUE[name].fallback, trial.values[name]
+    if fallback is None or fallback.rule != rule or value != fallback.replaces:
         return None
-    return (
-        f"recipe default moe_dispatcher=flex (Megatron-Bridge's HybridEP preset) replaced by alltoall: the "
-        f"{trial.payload} payload's flex dispatcher does not run on {trial.system.gpu}, and NeMo's scripts use "
-        f"alltoall there ({rule})"
-    )
+    note = fallback.note.format(payload=trial.payload, gpu=trial.system.gpu)
+    return name, fallback.value, f"recipe default {name}={value} {note} ({rule})"
 
 
 def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
@@ -428,7 +434,7 @@ def _knob_parameters() -> list[inspect.Parameter]:
 
     params = []
     for name, k in knobs.CATALOGUE.items():
-        if name in _PREDICT_SKIP:
+        if _not_predicted(name):
             continue
         flag = "--" + name.replace("_", "-")
         ann: Any

@@ -241,12 +241,12 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
     """``trainer.plugins`` -> precision and fp8_recipe, as the catalogue's NeMo 2 precision table spells them."""
     fp8 = plugins.get("fp8")
     if fp8 in (None, False):
-        values: dict[str, Any] = {"precision": "bf16"} if "fp8" in plugins else {}
+        values: dict[str, Any] = {"precision": knobs.BF16} if "fp8" in plugins else {}
         spelled: dict[str, str] = {}
     elif fp8 in ("hybrid", "e4m3"):
         recipe = plugins.get("fp8_recipe", "mxfp8" if fp8 == "e4m3" else "delayed")
-        if not isinstance(recipe, str) or recipe not in knobs.NEMO2_PRECISION or recipe == "bf16":
-            choices = [k for k in knobs.NEMO2_PRECISION if k != "bf16"]
+        if not isinstance(recipe, str) or recipe not in knobs.NEMO2_PRECISION or recipe == knobs.BF16:
+            choices = [k for k in knobs.NEMO2_PRECISION if k != knobs.BF16]
             raise UserError(
                 f"{recipe!r} is not an FP8 recipe dse knows; one of {', '.join(choices)}",
                 file=f,

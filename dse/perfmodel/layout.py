@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dse import knobs
 from dse.containers import FAMILIES, REFERENCE
 from dse.hardware import GpuSpec
+from dse.knobs import ModelKnobs
 from dse.perfmodel.flops import layer_params, mlp_factor
 from dse.perfmodel.stack import Stack
 from dse.perfmodel.timing import Params
@@ -65,43 +67,17 @@ def graph_captured_share(cuda_graph: str, cuda_graph_scope: str) -> float:
     return min(1.0, sum(GRAPH_PART_SHARE.get(part, 0.0) for part in cuda_graph_scope.split(",")))
 
 
-@dataclass(slots=True)
-class ModelLayout:
-    """The layout and options of one prediction: :func:`dse.perfmodel.model.predict_layout`'s keyword arguments,
-    under the same names (the knob catalogue names the one each knob feeds), with ``sp`` and ``dropout``
-    resolved; ``nvlink_domain`` and ``scaleout_gbps`` None take the GPU's defaults. ``container`` is the software
-    stack's family (:data:`dse.containers.FAMILIES`); ``pod_gpus``, ``pod_oversubscription`` and ``rank_order``
-    describe the fabric above the NVLink domain (:func:`dse.perfmodel.model.dp_exposed_time`)."""
+@dataclass(slots=True, kw_only=True)
+class ModelLayout(ModelKnobs):
+    """The layout and options of one prediction: the knobs the model reads, each a field named as its knob with the
+    knob's default (:class:`dse.knobs.ModelKnobs`: the catalogue's ``model_arg`` knobs), and what the system
+    gives. ``sp`` left unset takes its derived default (``dse.knobs.effective``); ``tp_comm_overlap`` left unset
+    is off (a trial's is settled by ``dse.knobs.settle``). ``nvlink_domain`` and ``scaleout_gbps`` None take the
+    GPU's defaults. ``container`` is the software stack's family (:data:`dse.containers.FAMILIES`); ``pod_gpus``,
+    ``pod_oversubscription`` and ``rank_order`` describe the fabric above the NVLink domain
+    (:func:`dse.perfmodel.model.dp_exposed_time`)."""
 
     num_gpus: int
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    vp: int = 1
-    mbs: int = 1
-    gbs: int = 128
-    seq_length: int = 4096
-    sp: bool = False
-    recompute: str = "none"
-    recompute_num_layers: int = 0
-    recompute_modules: str = "core_attn"
-    precision: str = "bf16"
-    fp8_recipe: str = "tensorwise"
-    fsdp: bool = False
-    tp_comm_overlap: bool = False
-    nccl_ub: bool = False
-    cpu_offload_layers: int = 0
-    attention_backend: str = "auto"
-    cuda_graph: str = "none"
-    cuda_graph_scope: str = "full"
-    ep: int = 1
-    etp: int = 1
-    moe_dispatcher: str = "alltoall"
-    moe_grouped_gemm: bool = True
-    moe_a2a_overlap: bool = False
-    moe_permute_fusion: bool = False
-    pp_first_layers: int = 0
-    pp_last_layers: int = 0
     dropout: bool = False
     nvlink_domain: int | None = None
     scaleout_gbps: float | None = None
@@ -113,6 +89,10 @@ class ModelLayout:
     pod_gpus: int | None = None
     pod_oversubscription: float = 1.0
     rank_order: str = "tp-cp-dp-pp"
+
+    def __post_init__(self) -> None:
+        if self.sp is None:
+            self.sp = knobs.effective("sp", {"tp": self.tp})
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute recomputes ``module`` (a name of Megatron-Core's ``recompute_modules``)."""

@@ -181,7 +181,7 @@ def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: s
         arch.num_attention_heads,
         shape.tp,
         recompute=recompute,
-        sp=layout.sp,
+        sp=bool(layout.sp),
         g=arch.num_query_groups,
         ffn=arch.ffn_hidden_size,
         gated=arch.gated_mlp,

@@ -756,13 +756,10 @@ def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
     ``prepare(trial).predict(params)``, and a fit prepares each run once and evaluates it under many parameters."""
     sysm, arch = trial.system, trial.recipe.arch
     stack = payload_stack(getattr(trial, "payload", None))
-    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here; the
-    # layout built here rather than through prepare_layout's keywords, which would bind them all a second time
-    args = knobs.model_args(trial.values)
-    args["sp"] = _sp(args["tp"], args["sp"])
+    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here
     layout = ModelLayout(
         num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
-        **args,
+        **knobs.model_args(trial.values),
         dropout=_dropout(arch, stack, None),
         nvlink_domain=sysm.nvlink_domain,
         scaleout_gbps=sysm.scaleout_gbps,
@@ -785,110 +782,28 @@ def model_family(tag: str) -> str:
         return REFERENCE
 
 
-def _sp(tp: int, sp: bool | None) -> bool:
-    """Sequence parallelism: None reads as tp > 1, as NVIDIA's recipes set it."""
-    return tp > 1 if sp is None else sp
-
-
 def _dropout(arch, stack: Stack, dropout: bool | None) -> bool:
     """Dropout: None takes the architecture's (``ModelArch.dropout``) on a stack that runs it (``Stack.arch_dropout``)."""
     return stack.arch_dropout and arch.dropout > 0.0 if dropout is None else dropout
 
 
-def predict_layout(arch, gpu: str, *, params: Params = DEFAULT_PARAMS, **layout: Any) -> Prediction:
-    """The model on plain values (what :func:`predict` reads from a trial): ``layout`` is :func:`prepare_layout`'s
-    keywords (sizes per the knob names, the system's links and fabric, the container, the FLOPs convention, the
-    payload's ``stack``), whose one list the knob catalogue's test and ``dse predict``'s flags read."""
-    return prepare_layout(arch, gpu, **layout).predict(params)
-
-
-# house: most of its lines are its keywords, one per knob the model reads (dse predict's flags); the body is short
-def prepare_layout(
+def predict_layout(
     arch,
     gpu: str,
     *,
-    num_gpus: int,
-    tp: int = 1,
-    pp: int = 1,
-    cp: int = 1,
-    vp: int = 1,
-    mbs: int = 1,
-    gbs: int = 128,
-    seq_length: int = 4096,
-    sp: bool | None = None,
-    recompute: str = "none",
-    recompute_num_layers: int = 0,
-    recompute_modules: str = "core_attn",
-    precision: str = "bf16",
-    fp8_recipe: str = "tensorwise",
-    fsdp: bool = False,
-    tp_comm_overlap: bool = False,
-    nccl_ub: bool = False,
-    cpu_offload_layers: int = 0,
-    attention_backend: str = "auto",
-    cuda_graph: str = "none",
-    cuda_graph_scope: str = "full",
-    ep: int = 1,
-    etp: int = 1,
-    moe_dispatcher: str = "alltoall",
-    moe_grouped_gemm: bool = True,
-    moe_a2a_overlap: bool = False,
-    moe_permute_fusion: bool = False,
-    pp_first_layers: int = 0,
-    pp_last_layers: int = 0,
-    dropout: bool | None = None,
-    nvlink_domain: int | None = None,
-    scaleout_gbps: float | None = None,
-    container: str = REFERENCE,
-    pod_gpus: int | None = None,
-    pod_oversubscription: float = 1.0,
-    rank_order: str = "tp-cp-dp-pp",
+    params: Params = DEFAULT_PARAMS,
     flops_convention: str = "causal",
     stack: Stack = NVIDIA_RECIPES,
-) -> Prepared:
-    """:class:`Prepared` on plain values: the layout the model reads, one keyword per knob it reads (the catalogue's
-    ``model_arg``), the system's links and fabric, the container, the FLOPs convention and the payload's ``stack``;
-    ``dropout`` None takes the architecture's (``ModelArch.dropout``) on a stack that runs it
-    (``Stack.arch_dropout``). The arguments are :class:`dse.perfmodel.layout.ModelLayout`'s fields."""
-    layout = ModelLayout(
-        num_gpus=num_gpus,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        vp=vp,
-        mbs=mbs,
-        gbs=gbs,
-        seq_length=seq_length,
-        sp=_sp(tp, sp),
-        recompute=recompute,
-        recompute_num_layers=recompute_num_layers,
-        recompute_modules=recompute_modules,
-        precision=precision,
-        fp8_recipe=fp8_recipe,
-        fsdp=fsdp,
-        tp_comm_overlap=tp_comm_overlap,
-        nccl_ub=nccl_ub,
-        cpu_offload_layers=cpu_offload_layers,
-        attention_backend=attention_backend,
-        cuda_graph=cuda_graph,
-        cuda_graph_scope=cuda_graph_scope,
-        ep=ep,
-        etp=etp,
-        moe_dispatcher=moe_dispatcher,
-        moe_grouped_gemm=moe_grouped_gemm,
-        moe_a2a_overlap=moe_a2a_overlap,
-        moe_permute_fusion=moe_permute_fusion,
-        pp_first_layers=pp_first_layers,
-        pp_last_layers=pp_last_layers,
-        dropout=_dropout(arch, stack, dropout),
-        nvlink_domain=nvlink_domain,
-        scaleout_gbps=scaleout_gbps,
-        container=container,
-        pod_gpus=pod_gpus,
-        pod_oversubscription=pod_oversubscription,
-        rank_order=rank_order,
-    )
-    return Prepared.of(arch, gpu, layout, stack, flops_convention)
+    dropout: bool | None = None,
+    **layout: Any,
+) -> Prediction:
+    """The model on plain values (what :func:`predict` reads from a trial): ``layout`` is
+    :class:`dse.perfmodel.layout.ModelLayout`'s fields (the knobs the model reads, by the catalogue's names and
+    with its defaults, and the system's links and fabric and the container), beside the FLOPs convention and the
+    payload's ``stack``; ``dropout`` None takes the architecture's (``ModelArch.dropout``) on a stack that runs it
+    (``Stack.arch_dropout``)."""
+    model_layout = ModelLayout(**layout, dropout=_dropout(arch, stack, dropout))
+    return Prepared.of(arch, gpu, model_layout, stack, flops_convention).predict(params)
 
 
 def predict_model_layout(

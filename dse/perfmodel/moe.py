@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dse import knobs
 from dse.perfmodel.flops import expert_params, mlp_factor
 from dse.perfmodel.layout import GRAPH_PART_SHARE, Machine, ModelLayout, Shape, Stages, kept_score_bytes
 from dse.recipes.models import ModelArch
@@ -117,7 +118,7 @@ def grouped_m_half(layout: ModelLayout, machine: Machine) -> float:
     ``Params.moe_gemm_m_half``, times ``Params.moe_gemm_bf16_blackwell_ratio`` for bf16 on Blackwell, whose
     grouped GEMMs go through cuBLASLt's grouped matmul rather than the fused MXFP8 path."""
     P = machine.params
-    if layout.precision == "bf16" and machine.gpu.arch == "blackwell":
+    if layout.precision == knobs.BF16 and machine.gpu.arch == "blackwell":
         return P.moe_gemm_m_half * P.moe_gemm_bf16_blackwell_ratio
     return P.moe_gemm_m_half
 
