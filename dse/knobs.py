@@ -439,8 +439,9 @@ def _tp_comm_overlap_auto(values: Mapping[str, Any], where: Where | None) -> boo
     )
 
 
-def _attention(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
-    # auto: the recipe's own choice (Transformer Engine picks), so the scripts stay as they were
+def _unless_default(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    # the default is the recipe's own setting (attention auto: Transformer Engine picks; overlap_param_gather: the
+    # recipes' True), spelled by nothing, so the scripts stay as they were
     return [] if value == knob.default else sp.plain(knob, value)
 
 
@@ -893,6 +894,19 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_nccl_ub),
             model_arg="nccl_ub",
         ),
+        # Megatron-Core's DistributedDataParallelConfig.overlap_param_gather (default False there); NeMo 2's and
+        # Megatron-Bridge's pretraining recipes set it True (their DistributedDataParallelConfig)
+        Knob(
+            "overlap_param_gather",
+            "bool",
+            "overlap the distributed optimizer's weight all-gather with the next step's forward (Megatron-Core's "
+            "ddp overlap_param_gather); off: the weights are gathered right after the optimizer step",
+            True,
+            nemo2=(_S + "ddp.overlap_param_gather",),
+            mbridge=("ddp.overlap_param_gather",),
+            spell=_both(_unless_default),
+            model_arg="overlap_param_gather",
+        ),
         # the one NeMo 2 field of the offloading spelling that carries the value is what an importer reads back
         _int(
             "cpu_offload_layers",
@@ -921,7 +935,7 @@ CATALOGUE: dict[str, Knob] = {
             nemo2=(),
             mbridge=("model.attention_backend",),
             nemo2_factory="attention_backend",
-            spell=_both(_attention),
+            spell=_both(_unless_default),
             model_arg="attention_backend",
             column=Column(empty="local"),  # the calibration runs' local layer spec
         ),
@@ -1012,6 +1026,7 @@ class ModelKnobs:
     fsdp: bool
     tp_comm_overlap: bool | None
     nccl_ub: bool
+    overlap_param_gather: bool
     cpu_offload_layers: int
     attention_backend: str
     cuda_graph: str

@@ -624,7 +624,8 @@ def dp_exposed_time(
     """Data-parallel communication left exposed per step, over the data- and context-parallel ranks: with the
     distributed optimizer a reduce-scatter of gradients and an all-gather of bf16 weights once per step; with
     FSDP all-gathers of the weights forward and backward and a reduce-scatter per micro-batch; hidden behind
-    compute up to a fitted share (Params.dp_overlap). With ``nccl_ub`` a group inside one NVLink domain runs at
+    compute up to a fitted share (Params.dp_overlap), the distributed optimizer's weight all-gather only with
+    ``overlap_param_gather``. With ``nccl_ub`` a group inside one NVLink domain runs at
     NVLink SHARP's bandwidth (Params.nccl_ub_nvls_gain)."""
     d_r = shape.data_parallel * shape.cp
     if d_r <= 1:
@@ -641,7 +642,15 @@ def dp_exposed_time(
         return shape.microbatches * _exposed(comm_mb, P.dp_overlap * microbatch_s)
     comm = per_byte * p_local * (2.0 + grad_b) + 2 * lat
     comm += expert_dp_time(shape, layout, machine, stages, grad_b)
-    return _exposed(comm, P.dp_overlap * microbatch_s)
+    if layout.overlap_param_gather:
+        return _exposed(comm, P.dp_overlap * microbatch_s)
+    # Without overlap_param_gather Megatron-Core's distributed optimizer all-gathers the updated weights right after
+    # its step, before the next forward can start (DistributedOptimizer.step_with_ready_grads, megatron/core/
+    # optimizer/distrib_optimizer.py: "If not overlapping all-gather for parameters, launch synchronous all-gather
+    # communication calls here"; with it, the next forward's pre-hooks launch them bucket by bucket): the weights'
+    # share of the traffic, 2 of each parameter's 2 + grad_b bytes, is exposed whole.
+    gather = comm * 2.0 / (2.0 + grad_b)
+    return _exposed(comm - gather, P.dp_overlap * microbatch_s) + gather
 
 
 def expert_dp_time(shape: Shape, layout: ModelLayout, machine: Machine, stages: Stages, grad_b: float) -> float:

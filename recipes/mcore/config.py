@@ -121,6 +121,8 @@ class RunConfig:
     seed: int = 1234
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool | None = None  # None: on when data-parallel size > 1
+    # Megatron-Core's default: this loop has no forward pre-hook, so it gathers the weights after the optimizer step
+    overlap_param_gather: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -275,6 +277,10 @@ def check(
         )
     need(not cfg.fsdp, "fsdp=true: Megatron FSDP is not wired into this payload; use the distributed optimizer")
     need(not cfg.tp_comm_overlap, "tp_comm_overlap=true needs Transformer Engine's userbuffers")
+    need(
+        not cfg.overlap_param_gather,
+        "overlap_param_gather=true: this loop gathers the weights after the optimizer step (no forward pre-hook)",
+    )
     need(
         not cfg.cpu_offloading or te,
         "cpu_offloading=true: Megatron-Core offloads activations through Transformer "
@@ -525,6 +531,7 @@ _OVERRIDES: dict[str, str] = {
     "optimizer.use_distributed_optimizer": "distributed_optimizer",
     "ddp.use_distributed_optimizer": "distributed_optimizer",
     "ddp.overlap_grad_reduce": "overlap_grad_reduce",
+    "ddp.overlap_param_gather": "overlap_param_gather",
     "scheduler.lr_warmup_iters": "lr_warmup_iters",
     "scheduler.lr_decay_iters": "lr_decay_iters",
     "rng.seed": "seed",

@@ -58,8 +58,9 @@ _DEFAULT_CONFIG: dict[str, Any] = {
             "account_for_loss_in_pipeline_split": False,
             "ckpt_async_save": False,
             "use_te_rng_tracker": False,
-            # DistributedDataParallelConfig's fields that knobs set (nccl_ub; its FSDP double buffer)
-            "ddp": {"nccl_ub": False, "fsdp_double_buffer": False},
+            # DistributedDataParallelConfig's fields that knobs set (nccl_ub; its FSDP double buffer; the weight
+            # all-gather's overlap, True in NeMo 2's recipes)
+            "ddp": {"nccl_ub": False, "fsdp_double_buffer": False, "overlap_param_gather": True},
         },
         "plugins": {
             "precision": "bf16-mixed",
