@@ -112,12 +112,23 @@ class Screen:
         screened = self.on and screened_peak(p.peak_memory_gib, p.gpu_memory_gib, self.margin)
         return PointForecast(p.peak_memory_gib, p.gpu_memory_gib, p.step_time_s, hours, screened)
 
+    def buffers_gib(self, trial: TrialConfig) -> float:
+        """What a probe of ``trial`` cannot see and a real run holds beside its tensors (GiB, predicted): the
+        model's reserve for the CUDA context and NCCL's communicators and buffers, and NCCL user-buffer
+        registration where the point turns it on."""
+        params = self.model.params
+        return params.memory_reserve_gib + self.model.prepared(trial).memory.registered_gib(params)
+
     def reason(self, trial: TrialConfig) -> str | None:
         """Why the screen keeps ``trial`` from launching (its predicted peak and the GPU's memory), or None."""
         if not self.on:
             return None
         if (why := self.model.oom_neighbour(trial)) is not None:
             return why
+        return self.model_reason(trial)
+
+    def model_reason(self, trial: TrialConfig) -> str | None:
+        """The model's part of :meth:`reason`: the predicted peak beyond the GPU's memory and the margin."""
         f = self.point(trial)
         if not f.screened:
             return None

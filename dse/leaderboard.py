@@ -240,6 +240,40 @@ def _ranked(df: pd.DataFrame) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
+class ProbeCost:
+    """A study's probes (``[search] screen = "probe"``, :mod:`dse.probe_screen`) as ``dse.json`` counts them:
+    points probed, ranks probed (one one-GPU run each), points the probes screened, and the probes' GPU-minutes
+    (measured wall time of one GPU each), which are not in the runs' GPU-hours."""
+
+    points: int = 0
+    ranks: int = 0
+    screened: int = 0
+    gpu_minutes: float = 0.0
+
+    @classmethod
+    def of_meta(cls, meta: Mapping[str, Any]) -> ProbeCost | None:
+        """``dse.json``'s ``probes``, or None when it has none (or one this dse cannot read: nothing is invented)."""
+        got = meta.get("probes")
+        if not isinstance(got, dict):
+            return None
+        try:
+            cost = cls(int(got["points"]), int(got["ranks"]), int(got["screened"]), float(got["gpu_minutes"]))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        return cost if math.isfinite(cost.gpu_minutes) else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"points": self.points, "ranks": self.ranks, "screened": self.screened, "gpu_minutes": self.gpu_minutes}
+
+    def line(self) -> str:
+        """One clause of the runs' line: what the probes cost, apart from the runs."""
+        return (
+            f"; probes (one GPU each, before launch): {self.points} points on {self.ranks} ranks, "
+            f"{self.screened} screened, {self.gpu_minutes:,.1f} GPU-minutes measured (not in the GPU-hours)"
+        )
+
+
+@dataclass(frozen=True)
 class Baseline:
     """The layout a study measures itself against: the recipe's default layout for the GPU (NVIDIA's published
     one where dse ships it), as ``dse.json``'s ``baseline`` records it. ``in_space``: the study runs it as its
@@ -383,12 +417,20 @@ class Summary:
     trial. Holds ``top`` records (at most twice that while adding) and one (number, GPU-hours) pair per trial,
     16 bytes, for the GPU-hours up to the best, which is known only at the end; never the study's records.
     ``provenance``: where the study's figures come from, when the caller knows (the summary says so).
-    ``baseline``: the study's baseline as ``dse.json`` records it (:class:`Baseline`), when it does."""
+    ``baseline``: the study's baseline as ``dse.json`` records it (:class:`Baseline`), when it does.
+    ``probes``: what its probes cost (:class:`ProbeCost`), when it probed."""
 
-    def __init__(self, top: int = 20, provenance: Provenance | None = None, baseline: Baseline | None = None):
+    def __init__(
+        self,
+        top: int = 20,
+        provenance: Provenance | None = None,
+        baseline: Baseline | None = None,
+        probes: ProbeCost | None = None,
+    ):
         self.top = max(0, int(top))
         self.provenance = provenance
         self.baseline = baseline
+        self.probes = probes
         self.baseline_trial: TrialRecord | None = None  # the first trial that ran the baseline's point
         self._rows: list[TrialRecord] = []
         self.counts: Counter = Counter()
@@ -510,6 +552,7 @@ class Summary:
             + f"; GPU-hours: {self.spent:,.1f} spent"
             + (f", {to_best:,.1f} to the best" if (to_best := self.to_best) is not None else "")
             + self.savings_line()
+            + (self.probes.line() if self.probes is not None else "")
         )
 
     def savings_line(self) -> str:

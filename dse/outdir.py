@@ -457,6 +457,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     write_text(path, json.dumps(data, indent=2))  # atomically: a reader sees the old dse.json or the new one
 
 
+def write_meta(out_dir: Path, meta: dict[str, Any]) -> None:
+    """``dse.json`` rewritten with ``meta`` (what a study adds as it runs: its probes' counts), atomically."""
+    try:
+        _write_json(Path(out_dir) / META, meta)
+    except OSError as e:
+        raise io_error(e, f"cannot write {Path(out_dir) / META}") from None
+
+
 def _open(url: str, meta: dict[str, Any], resume: bool, worker: bool, out: Path, fingerprint: dict) -> Store:
     """The study's store (workers starting at once on an empty database: the store settles their race); a
     study it creates is stored with ``fingerprint``."""

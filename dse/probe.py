@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,47 @@ def result_row(r: ProbeResult, model_peak_gib: float | None = None) -> dict[str,
     }
 
 
+def held_gib(m: RunMetrics) -> float | None:
+    """What a probe's allocator held at its peak (``max reserved``: the caching allocator's blocks, fragmentation
+    included, which is what runs out), else its ``max allocated`` where the log gives only that."""
+    return m.peak_memory_reserved_gib or m.peak_memory_gib
+
+
+def screen_reason(results: list[ProbeResult], buffers_gib: float, capacity_gib: float) -> tuple[bool, str | None]:
+    """The probe screen's verdict on one point from its probes: (measured, why it is not launched or None).
+
+    Not launched when a probed rank ran out of memory on its GPU, or when the largest memory a probed rank's
+    allocator held, plus ``buffers_gib`` (what a probe cannot see: NCCL's communicators and buffers, the CUDA
+    context; the model's figure), exceeds ``capacity_gib``. ``measured`` is False when no probe ended with a
+    peak (it failed for another reason): the caller falls back to the model's screen."""
+    for r in results:
+        if r.metrics.status == "oom":
+            return True, f"probe: rank {r.target.rank} ({r.target.why}) ran out of memory on one GPU (measured)"
+    held = [(g, r) for r in results if r.metrics.status == "ok" and (g := held_gib(r.metrics))]
+    if not held:
+        return False, None
+    peak, r = max(held, key=lambda x: x[0])
+    if peak + buffers_gib <= capacity_gib:
+        return True, None
+    return True, (
+        f"probe: rank {r.target.rank} ({r.target.why}) held {peak:.1f} GiB (measured) + {buffers_gib:.1f} GiB for "
+        f"NCCL buffers and the CUDA context (predicted) > {capacity_gib:.0f} GiB GPU memory"
+    )
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], *, append: bool = False) -> None:
+    """``rows`` as CSV at ``path`` (a header of every key seen), or appended to it (its header when new)."""
+    import csv
+
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    new = not append or not path.exists()
+    with open(path, "w" if new else "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
 def model_stage_gib(trial: TrialConfig) -> dict[str, float]:
     """The model's predicted peak (GiB) of the first, last and (where it counts one) middle pipeline stage."""
     from dse.perfmodel.model import prepare
@@ -252,6 +294,34 @@ def model_rank_gib(stages: dict[str, float], target: ProbeRank) -> float:
     if target.why == "last stage":
         return stages["last"]
     return stages["mid"] or max(stages.values())
+
+
+def probe_point(
+    trial: TrialConfig,
+    point: dict[str, Any],
+    out: Path,
+    *,
+    backend: str = "local",
+    iters: int = DEFAULT_ITERS,
+    timeout_s: float = 900.0,
+    seed: int = 0,
+) -> Iterator[tuple[ProbeResult, float]]:
+    """Probe one point on each of its :func:`probe_ranks`, one after another (``out/rankNNNNN/``): each probe's
+    result as it ends, with the model's predicted peak of the probed rank (:func:`model_rank_gib`)."""
+    plan = build_plan(trial, payload=PROBE_PAYLOAD, seed=seed)
+    model = model_stage_gib(trial)
+    for target in probe_ranks(payload_config(plan), trial.num_gpus):
+        result = run_probe(
+            trial,
+            point,
+            target,
+            out / f"rank{target.rank:05d}",
+            backend=backend,
+            iters=iters,
+            timeout_s=timeout_s,
+            seed=seed,
+        )
+        yield result, model_rank_gib(model, target)
 
 
 def _points(space, point: dict[str, Any] | None, limit: int | None):
@@ -294,8 +364,6 @@ def probe_space(
 ) -> list[dict[str, Any]]:
     """Probe each point (:func:`_points`) on its :func:`probe_ranks`, one after another; write ``out/probes.csv``
     after each probe (a stopped command keeps what it measured); return its rows."""
-    import csv
-
     if space.backend.payload != PROBE_PAYLOAD:
         raise UserError(
             f"a probe runs the {PROBE_PAYLOAD} payload; this space's payload is {space.backend.payload!r}",
@@ -305,20 +373,12 @@ def probe_space(
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for index, p, trial in _points(space, point, limit):
-        plan = build_plan(trial, payload=PROBE_PAYLOAD, seed=space.search.seed)
-        model = model_stage_gib(trial)
-        for target in probe_ranks(payload_config(plan), trial.num_gpus):
-            model_peak = model_rank_gib(model, target)
-            run_dir = out / f"{index:05d}" / f"rank{target.rank:05d}"
-            result = run_probe(
-                trial, p, target, run_dir, backend=backend, iters=iters, timeout_s=timeout_s, seed=space.search.seed
-            )
+        probes = probe_point(
+            trial, p, out / f"{index:05d}", backend=backend, iters=iters, timeout_s=timeout_s, seed=space.search.seed
+        )
+        for result, model_peak in probes:
             rows.append({"point": index, **result_row(result, model_peak)})
-            with open(out / "probes.csv", "w", newline="") as fh:
-                keys = list(dict.fromkeys(k for r in rows for k in r))
-                writer = csv.DictWriter(fh, fieldnames=keys)
-                writer.writeheader()
-                writer.writerows(rows)
+            write_rows(out / "probes.csv", rows)
     if not rows:
         raise UserError("no valid point to probe", field="--point" if point else "knobs")
     return rows

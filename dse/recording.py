@@ -18,7 +18,7 @@ from dse.best import write_best
 from dse.claims import add_trial
 from dse.errors import InfrastructureError
 from dse.execute import duration_s
-from dse.leaderboard import Baseline, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
+from dse.leaderboard import Baseline, ProbeCost, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
 from dse.logs import logpack
 from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
@@ -123,7 +123,7 @@ class Recorder:
         with serialized(self.out, worker):
             self.store.flush()
             meta = read_meta(self.out)
-            summary = Summary(SUMMARY_ROWS, Provenance.of_meta(meta), Baseline.of_meta(meta))
+            summary = Summary(SUMMARY_ROWS, Provenance.of_meta(meta), Baseline.of_meta(meta), ProbeCost.of_meta(meta))
             try:
                 rows = summary.feed(self.store.iter_records())
                 df = frame(rows, list(space.knobs), batch=READ_BATCH, provenance=summary.provenance)

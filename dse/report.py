@@ -567,9 +567,9 @@ class _Pass:
     ) -> _Pass:
         """One pass over ``records``; the summary knows the study's baseline when ``meta`` (``dse.json``) has one,
         and where its figures come from (``provenance``: its labels, measured or predicted)."""
-        from dse.leaderboard import Baseline, Summary
+        from dse.leaderboard import Baseline, ProbeCost, Summary
 
-        summary = Summary(REPORT_ROWS, provenance, Baseline.of_meta(meta or {}))
+        summary = Summary(REPORT_ROWS, provenance, Baseline.of_meta(meta or {}), ProbeCost.of_meta(meta or {}))
         p = cls(max(1, math.ceil(total / PLOT_TRIALS)), summary)
         for r in records:
             p.summary.add(r)

@@ -284,8 +284,10 @@ class Search(_Strict):
     seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and Optuna's seeds are unsigned 32-bit
     parallel: int = Field(1, ge=1, le=1024, description="trials in flight at once (dse run --parallel)")
     # the memory screen (dse.forecast.Screen): "memory" keeps from launch a point predicted to exceed the GPU's
-    # memory by more than screen_margin (a share of it); "none" launches every valid point
-    screen: Literal["memory", "none"] = "memory"
+    # memory by more than screen_margin (a share of it); "probe" probes each point on one GPU first (dse.probe:
+    # local or slurm backend, mcore payload) and keeps it from launch on the probe's measured peak plus the
+    # model's NCCL buffers and CUDA context; "none" launches every valid point
+    screen: Literal["memory", "probe", "none"] = "memory"
     # the study's baseline (dse.study.baseline_of): "run" measures the recipe's layout first when the space holds it
     # (a trial of the budget, run alone before the agent proposes); "predict" never launches it and shows the
     # model's figures for it as the reference instead (a parallel study loses no wall time to it)

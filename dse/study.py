@@ -52,6 +52,7 @@ from dse.outdir import (
 )
 from dse.parallel import Done, Pool
 from dse.perfmodel import predict
+from dse.probe_screen import ProbeScreen, check_probe_screen
 from dse.recording import Recorder, placeholder, record_of, write_best_of
 from dse.refit import StudyModel
 from dse.space import WALK_LIMIT, Space
@@ -355,6 +356,7 @@ def _preflight(space: Space, req: Request, backend: Backend) -> None:
     launch plan the backend runs and the script it writes, and ``best/``'s plan and scripts (a Slurm script
     always, a local one for one node). Checked on the space's first point: the system's values and the
     settings are every point's, so a study that would fail at every launch, or at its end, never starts."""
+    check_probe_screen(space, req.backend)
     trial = resolve(space, next(iter(space.points())))
     settings = space.backend
     # best/ writes the payload a real run uses (dse.best.write_best: the sim payload's is nemo2)
@@ -556,6 +558,12 @@ class StudyLoop:
         self.learner = StudyModel(space, calibrated_params(space.backend.calibration), learns=learns(space, backend))
         self.model = Screen(space, self.learner)
         self.screen = self.model if self.model.on else None
+        # [search] screen = "probe": each point probed on one GPU before its launch (dse.probe_screen)
+        self.prober = (
+            ProbeScreen(space, out, req.backend, self.model, worker=req.worker)
+            if space.search.screen == "probe"
+            else None
+        )
         self._running = threading.local()  # the number of the trial this thread runs (its run directory)
         self._synced = time.monotonic()
         self.env = RecipeEnv(
@@ -700,7 +708,10 @@ class StudyLoop:
         trial = self.env.trial(action)
         if self.env.check(trial) is not None:
             return False  # rejected: the environment records it as such
-        why = self.screen.reason(trial)
+        if self.prober is None:
+            why = self.screen.reason(trial)
+        else:  # the out-of-memory neighbour rule first: a point it screens costs no probe
+            why = self.learner.oom_neighbour(trial) or self.prober.reason(action, trial)
         if why is None:
             return False
         over = False

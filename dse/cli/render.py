@@ -436,6 +436,11 @@ def study_cost(s, cost) -> None:
     about = "" if cost.exact else "about "
     if s.search.screen == "none":
         screen = "memory screen off"
+    elif s.search.screen == "probe":
+        screen = (
+            f"probe screen: each point probed on one GPU before its launch (the model predicts {about}"
+            f"{cost.screened:,} of {about}{cost.points:,} valid points beyond the GPU's memory)"
+        )
     else:
         screen = (
             f"memory screen: {about}{cost.screened:,} of {about}{cost.points:,} valid points predicted "

@@ -18,7 +18,16 @@ def leaderboard_cmd(
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
-    from dse.leaderboard import Baseline, Provenance, Summary, checked_output, frame, relative_run_dirs, write_csv
+    from dse.leaderboard import (
+        Baseline,
+        ProbeCost,
+        Provenance,
+        Summary,
+        checked_output,
+        frame,
+        relative_run_dirs,
+        write_csv,
+    )
     from dse.store import READ_BATCH
     from dse.study import open_store
 
@@ -26,7 +35,7 @@ def leaderboard_cmd(
         checked_output(csv, "--csv")  # a bad --csv is refused before the study is read
     store, meta = open_store(out_dir)
     knob_names = list(meta["knobs"])
-    summary = Summary(top, Provenance.of_meta(meta), Baseline.of_meta(meta))
+    summary = Summary(top, Provenance.of_meta(meta), Baseline.of_meta(meta), ProbeCost.of_meta(meta))
     try:  # one pass over the study, in batches: the summary keeps the top rows, the CSV its compact table
         if csv is not None:
             rows = summary.feed(store.iter_records())
