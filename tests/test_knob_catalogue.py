@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import subprocess
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -150,3 +153,22 @@ def test_a_trial_reads_its_knobs_typed_and_refuses_a_missing_one():
         _ = t.tp  # type: ignore[attr-defined]  # no knob reads as an attribute of the trial itself
     with pytest.raises(KeyError, match="max_steps"):
         dataclasses.replace(t, values=MappingProxyType({k: v for k, v in t.values.items() if k != "max_steps"}))
+
+
+def test_the_knob_example_design_names_is_four_code_files_at_most():
+    """DESIGN.md's "how to add a knob" names a commit and its --stat: at most four code files (tests and docs aside),
+    and, in a checkout that has the commit, the files git lists for it."""
+    root = Path(__file__).resolve().parent.parent
+    found = re.search(
+        r"is\s+commit ([0-9a-f]{7,40}), four code files.*?```text\n(.*?)```", (root / "DESIGN.md").read_text(), re.S
+    )
+    assert found, "DESIGN.md names no knob example commit"
+    commit, stat = found.groups()
+    files = [line.split("|")[0].strip() for line in stat.splitlines() if "|" in line]
+    code = [f for f in files if not f.startswith(("tests/", "docs/"))]
+    assert "dse/knobs.py" in code and len(code) <= 4
+    shown = subprocess.run(
+        ["git", "show", "--stat=200", "--format=", commit], cwd=root, capture_output=True, text=True, check=False
+    )
+    if shown.returncode == 0:  # a shallow clone may not hold the commit
+        assert [line.split("|")[0].strip() for line in shown.stdout.splitlines() if "|" in line] == files
