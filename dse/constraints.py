@@ -526,7 +526,7 @@ def cpu_offload_supported(t: TrialConfig) -> Broken | None:
 def cp_needs_te_attention(t: TrialConfig) -> Broken | None:
     """Context parallelism runs inside Transformer Engine's attention; Megatron's unfused/local attention
     has no CP support."""
-    backend = t.values.get("attention_backend", "auto")
+    backend = knobs.effective("attention_backend", t.values)
     if t.layout.cp > 1 and backend in ("unfused", "local"):
         return broken(
             f"cp={t.layout.cp} needs Transformer Engine attention; attention_backend={backend} has no context "

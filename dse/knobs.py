@@ -335,10 +335,10 @@ def _spelled_by(lead: str, knob: Knob, values: Mapping[str, Any]) -> bool:
 
 def _precision_key(values: Mapping[str, Any]) -> str:
     """The precision recipe a trial runs: bf16, nvfp4 (which ignores ``fp8_recipe``), or the FP8 recipe."""
-    precision = values.get("precision", CATALOGUE["precision"].default)
+    precision = effective("precision", values)
     if precision in (BF16, "nvfp4"):
         return str(precision)
-    return str(values.get("fp8_recipe", CATALOGUE["fp8_recipe"].default))
+    return str(effective("fp8_recipe", values))
 
 
 def _nemo2_precision(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
@@ -356,8 +356,8 @@ def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) 
     full recomputes every layer (uniform, 1 layer per chunk) or the first N layers of each stage (block, N)."""
     if _spelled_by("recompute", knob, values):
         return []
-    mode = values.get("recompute", "none")
-    n = values.get("recompute_num_layers", 0) or 0
+    mode = effective("recompute", values)
+    n = effective("recompute_num_layers", values) or 0
     prefix = sp.model
     if mode == "full":
         method, layers = ("block", n) if n > 0 else ("uniform", 1)
@@ -372,7 +372,7 @@ def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) 
         f"{prefix}recompute_method=null",
         f"{prefix}recompute_num_layers=null",
     ]
-    modules = canonical_modules(values.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES))
+    modules = canonical_modules(effective("recompute_modules", values))
     if mode == "selective" and modules != DEFAULT_RECOMPUTE_MODULES:
         out.append(f"{prefix}recompute_modules={_spell_list(modules.split(','), sp)}")
     return out
@@ -496,12 +496,12 @@ def _cuda_graph(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling)
     nothing, so that ungraphed command lines stay as they were."""
     if _spelled_by("cuda_graph", knob, values):
         return []
-    impl = values.get("cuda_graph", CATALOGUE["cuda_graph"].default)
+    impl = effective("cuda_graph", values)
     if impl == "none":
         return []
     if sp.family == "nemo2":
         return list(NEMO2_GRAPH)
-    scope = values.get("cuda_graph_scope", CATALOGUE["cuda_graph_scope"].default)
+    scope = effective("cuda_graph_scope", values)
     names = "" if scope == "full" else scope  # "full": the whole layer, an empty list since core 0.16
     out = [f"model.cuda_graph_impl={impl}", f"model.cuda_graph_scope=[{names}]", *MBRIDGE_GRAPH]
     return out + list(MBRIDGE_FULL_ITERATION) if scope == "full_iteration" else out
@@ -1092,9 +1092,10 @@ def model_args(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def effective(name: str, values: Mapping[str, Any], where: Where | None = None) -> Any:
-    """The value knob ``name`` runs with: its value in ``values``, or where unset (None) its derived default
-    (:attr:`Knob.auto`) from the other values."""
-    knob, value = CATALOGUE[name], values.get(name)
+    """The value knob ``name`` runs with: its value in ``values`` (its default where absent), or where unset
+    (None) its derived default (:attr:`Knob.auto`) from the other values."""
+    knob = CATALOGUE[name]
+    value = values.get(name, knob.default)
     return knob.auto(values, where) if value is None and knob.auto is not None else value
 
 
@@ -1160,8 +1161,8 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
 def userbuffer_name(values: Mapping[str, Any], *, gpu: str, hidden_size: int, payload: str) -> str | None:
     """The userbuffer config ``payload`` loads for the trial's (GPU, precision, width, tp), as NVIDIA's scripts
     for that payload do (``dse.hardware.userbuffer_config``); None without one."""
-    precision = values.get("precision", CATALOGUE["precision"].default)
-    return hardware.userbuffer_config(gpu, precision, hidden_size, values.get("tp", 1), payload)
+    precision, tp = effective("precision", values), effective("tp", values)
+    return hardware.userbuffer_config(gpu, precision, hidden_size, tp, payload)
 
 
 def factory_call(name: str, args: Mapping[str, Any]) -> str:
@@ -1213,8 +1214,8 @@ def pipeline_split_overrides(
     With ``explicit`` (an MoE recipe, whose NeMo 2 and Bridge recipes set a split of their own: NeMo's DeepSeek-V3
     first 3 and last 2 layers, Bridge's its layouts) the four fields are spelled even for an even split.
     """
-    pp, vp = values.get("pp", 1), values.get("vp", 1) or 1
-    first, last = values.get("pp_first_layers", 0) or 0, values.get("pp_last_layers", 0) or 0
+    pp, vp = effective("pp", values), effective("vp", values) or 1
+    first, last = effective("pp_first_layers", values) or 0, effective("pp_last_layers", values) or 0
     chunks = pp * vp
     uneven = bool(first or last)
     on = not uneven and pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0

@@ -39,6 +39,16 @@ def test_ordinal_knobs_are_the_catalogues_listed_ascending():
     assert knobs.ordinal_knobs(varied) == ["tp", "cpu_offload_layers"]  # pp unsorted; max_steps a run setting
 
 
+def test_a_recipes_layout_starts_from_the_catalogues_defaults():
+    """recipes.models (data both the controller and the payloads read, so it imports no catalogue) writes its
+    default layout's fields; each is the catalogue's default of that knob."""
+    from dse.recipes.models import Layout
+
+    fields = {f.name: f.default for f in dataclasses.fields(Layout) if f.name in knobs.CATALOGUE}
+    assert set(fields) == set(knobs.recipe_layout_knobs()) - {"seq_length"}  # the recipe's own, not its layout's
+    assert fields == {n: knobs.CATALOGUE[n].default for n in fields}
+
+
 def test_recipe_layout_knobs_are_what_a_recipe_chooses():
     chosen = set(RECIPES["llama3_70b"].default_values("gb200", "fp8"))
     assert set(knobs.recipe_layout_knobs()) == chosen
