@@ -84,6 +84,9 @@ class GuidedOptions(NoOptions):
     stop_prob: float = Field(0.02, gt=0, lt=1, allow_inf_nan=False)
     # the study's memory screen ([search] screen_margin; None: off)
     screen_margin: float | None = Field(None, ge=0, le=10, allow_inf_nan=False)
+    # GiB held back from every point's headroom from the start: the miss the model the study starts from has
+    # measured (the study fills it in from its calibration file; it grows with this study's own misses)
+    memory_miss: float = Field(0.0, ge=0, le=10_000, allow_inf_nan=False)
 
 
 class GuidedAgent(Agent):
@@ -104,6 +107,7 @@ class GuidedAgent(Agent):
         min_gain: float = 0.005,
         stop_prob: float = 0.02,
         screen_margin: float | None = None,
+        memory_miss: float = 0.0,
         **kw,
     ):
         super().__init__(action_space, **kw)
@@ -145,7 +149,7 @@ class GuidedAgent(Agent):
         self.mem_rows: list[int] = []  # successful runs with a measured peak
         self.mem_peak: list[float] = []  # their measured peaks
         self.oom_rows: list[int] = []
-        self.memory_miss = 0.0  # GiB: the largest under-prediction of a peak at launch (_note_miss)
+        self.memory_miss = memory_miss  # GiB: the largest under-prediction of a peak at launch (_note_miss)
         self.runs = 0
         self._post: tuple[np.ndarray, np.ndarray] | None = None
         self.pending: dict[int, float] = {}  # row in flight -> the u believed for it (its mean when proposed)

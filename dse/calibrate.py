@@ -918,3 +918,10 @@ def calibrated_params(path: str | None) -> Params:
     """The parameters of a space's ``[backend] calibration`` (checked when the space was loaded), read once
     per process; the shipped ones without a file."""
     return DEFAULT_PARAMS if path is None else DEFAULT_PARAMS.with_values(**load_calibration(path).params)
+
+
+@functools.lru_cache(maxsize=8)
+def calibrated_miss(path: str | None) -> float:
+    """The model's measured memory miss (GiB) that a space's ``[backend] calibration`` carries (a study's refit keeps
+    it: dse.refit), 0 without a file or a figure."""
+    return 0.0 if path is None else load_calibration(path).memory_miss_gib or 0.0

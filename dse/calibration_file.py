@@ -18,6 +18,8 @@ from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.inputs import parse_toml, read_text
 
+MAX_MISS_GIB = 10_000.0  # far beyond any GPU's memory: a larger miss is a wrong file, not a measurement
+
 
 @dataclass
 class Calibration:
@@ -30,6 +32,10 @@ class Calibration:
     date: str = ""
     fit: dict | None = None
     loo: dict | None = None
+    # a study's refit (dse.refit): the most a run's peak came above the model's forecast at its launch, GiB (an
+    # out-of-memory run: at least up to the GPU's memory); the guided agent of a study that starts from this file
+    # holds it back from every point's headroom. None: not measured (dse calibrate's files)
+    memory_miss_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ def dumps(cal: Calibration) -> str:
     prov.add("sources", [str(s) for s in cal.sources])
     prov.add("date", cal.date)
     prov.add("runs", int(cal.runs))
+    if cal.memory_miss_gib is not None:
+        prov.add("memory_miss_gib", round(float(cal.memory_miss_gib), 3))
     for title, block in (
         ("fit_before", (cal.fit or {}).get("before")),
         ("fit_after", (cal.fit or {}).get("after")),
@@ -174,7 +182,19 @@ def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | No
         sources=_sources(prov.get("sources", []), file),
         runs=_runs(prov.get("runs", 0), file),
         date=str(prov.get("date", "")),
+        memory_miss_gib=_miss(prov.get("memory_miss_gib"), file),
     )
+
+
+def _miss(v: object, file: str) -> float | None:
+    """``provenance.memory_miss_gib``: GiB, a finite number from 0 to the largest GPU memory's tenfold; absent: None."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 <= v <= MAX_MISS_GIB):
+        raise UserError(
+            f"{v!r} is not a number of GiB from 0 to {MAX_MISS_GIB:g}", file=file, field="provenance.memory_miss_gib"
+        )
+    return float(v)
 
 
 def _param(name: str, v: object, file: str, names: Collection[str] | None) -> float:

@@ -79,15 +79,18 @@ def needs_more_memory(values: Mapping[str, Any], ran_out: Mapping[str, Any]) -> 
     return True
 
 
-def _quick_fit(names: list[str], loss: Loss, base: Params, start: Params, *, restarts: bool = False) -> Params:
-    """dse calibrate's MAP fit of ``names`` (the loss plus Gaussian priors centred on the shipped values), in one
+def _quick_fit(
+    names: list[str], loss: Loss, base: Params, start: Params, centre_at: Params, *, restarts: bool = False
+) -> Params:
+    """dse calibrate's MAP fit of ``names`` (the loss plus Gaussian priors of calibrate's widths centred on
+    ``centre_at``'s values: the study's prior, the shipped model or the calibration it starts from), in one
     short descent from ``start``'s values (the last refit's: one more run moves the optimum little) instead of
     calibrate's restarts and coordinate grid; ``base`` gives every other parameter. ``restarts``: also one descent
     from each parameter moved one prior width up, the best kept: the peak is a maximum of terms (a layer's backward
     working set or the logits), flat in a parameter until its term is the largest, where one descent from the last
     values never moves it (the memory fit's loss costs microseconds, so the extra descents cost little)."""
     priors = [CALIBRATION_PRIORS[n] for n in names]
-    centre = np.array([p.to_z(p.centre) for p in priors])
+    centre = np.array([p.to_z(getattr(centre_at, n)) for n, p in zip(names, priors)])
     width = np.array([p.width for p in priors])
     z0 = np.array([p.to_z(getattr(start, n)) for n, p in zip(names, priors)])
 
@@ -118,6 +121,9 @@ class StudyModel:
     runs: list[Run] = field(default_factory=list)
     ooms: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (trial number, resolved values)
     contradictions: list[str] = field(default_factory=list)  # out-of-memory runs the screen had let through
+    # GiB: the most a run's peak came above the model's forecast at its launch (an out-of-memory run: at least up to
+    # the GPU's memory); it starts at the figure the prior's calibration carries, and the calibration file keeps it
+    memory_miss: float = 0.0
     cache: int = CACHE
     _prepared: dict[tuple, Prepared] = field(default_factory=dict)
 
@@ -167,6 +173,7 @@ class StudyModel:
         """A finished run: evidence when it is measured (ok with a step time, or out of memory); then the model is
         refit and the one line that says so returned (None when nothing was learnt)."""
         metrics = metrics or {}
+        self._note_miss(trial, status, metrics)
         if status == "oom":
             self.ooms.append((number, dict(trial.values)))
             if self.predict(trial).peak_memory_gib <= self.prepared(trial).hw.memory_gib * (1 + self.margin):
@@ -185,6 +192,17 @@ class StudyModel:
         self.runs.append(run)
         return self.refit() if refit else None
 
+    def _note_miss(self, trial, status: str, metrics: Mapping[str, Any]) -> None:
+        """How far a measured run came above the forecast it launched with (the trial's ``predicted_peak_memory_gib``,
+        else the model's prediction now): :attr:`memory_miss` keeps the largest."""
+        if status not in ("ok", "oom") or (status == "ok" and not metrics.get("peak_memory_gib")):
+            return
+        predicted = metrics.get("predicted_peak_memory_gib")
+        predicted = float(predicted) if predicted is not None else self.predict(trial).peak_memory_gib
+        came = self.prepared(trial).hw.memory_gib if status == "oom" else float(metrics["peak_memory_gib"])
+        if math.isfinite(came - predicted):
+            self.memory_miss = max(self.memory_miss, came - predicted)
+
     def refit(self) -> str | None:
         """Refit on the runs so far (a bounded subset of parameters, from the prior's values); the one line."""
         if not self.runs:
@@ -195,9 +213,9 @@ class StudyModel:
         mem_names = [n for n in self._memory_candidates() if self._moves_memory(n)][:n_mem]
         P = self.params
         if time_names:
-            P = _quick_fit(time_names, time_loss(self.runs), self.prior, P)
+            P = _quick_fit(time_names, time_loss(self.runs), self.prior, P, self.prior)
         if mem_names:
-            P = _quick_fit(mem_names, memory_loss(self.runs), P, P, restarts=True)
+            P = _quick_fit(mem_names, memory_loss(self.runs), P, P, self.prior, restarts=True)
         self.params = P
         return self.describe()
 
@@ -264,4 +282,5 @@ class StudyModel:
             sources=[source],
             runs=len(self.runs),
             fit={"after": errors(self.runs, self.params)},
+            memory_miss_gib=self.memory_miss,
         )

@@ -27,7 +27,7 @@ from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
-from dse.calibrate import calibrated_params
+from dse.calibrate import calibrated_miss, calibrated_params
 from dse.calibration_file import write as write_calibration
 from dse.claims import LEASE_S, Claims
 from dse.counting import check_not_empty, count_valid
@@ -143,6 +143,8 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry, *
         derived["ordinal"] = ordinal_knobs(space)
     if "warm_start" in fields:
         derived["warm_start"] = space.search.warm_start
+    if "memory_miss" in fields:  # what the model it starts from has missed a peak by (a warm start's refit)
+        derived["memory_miss"] = calibrated_miss(space.backend.calibration)
     if "screen_margin" in fields and space.search.screen != "none":
         derived["screen_margin"] = space.search.screen_margin  # an agent that skips what the screen removes
     return {**derived, **options, **fixed}
@@ -555,7 +557,12 @@ class StudyLoop:
         self.budget, self.total = _budget(space, req)
         # the model the study predicts with (dse.refit: refit on its measured runs): its memory screen when on, the
         # agents' forecasts and each launch's predicted figures
-        self.learner = StudyModel(space, calibrated_params(space.backend.calibration), learns=learns(space, backend))
+        self.learner = StudyModel(
+            space,
+            calibrated_params(space.backend.calibration),
+            learns=learns(space, backend),
+            memory_miss=calibrated_miss(space.backend.calibration),
+        )
         self.model = Screen(space, self.learner)
         self.screen = self.model if self.model.on else None
         # [search] screen = "probe": each point probed on one GPU before its launch (dse.probe_screen)

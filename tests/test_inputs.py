@@ -276,6 +276,10 @@ def test_calibration_parameters_have_ranges(tmp_path, line, needles):
         (("runs = 3", 'runs = "3"'), "provenance.runs"),
         (("runs = 3", "runs = 3\nsources = 5"), "provenance.sources"),
         (('[provenance]\ngpu = "h100"', 'provenance = 5\n[x]\ngpu = "h100"'), "provenance"),
+        (("runs = 3", "runs = 3\nmemory_miss_gib = -1.0"), "provenance.memory_miss_gib"),
+        (("runs = 3", "runs = 3\nmemory_miss_gib = nan"), "provenance.memory_miss_gib"),
+        (("runs = 3", 'runs = 3\nmemory_miss_gib = "9"'), "provenance.memory_miss_gib"),
+        (("runs = 3", "runs = 3\nmemory_miss_gib = 1e308"), "provenance.memory_miss_gib"),
     ],
 )
 def test_calibration_provenance_is_typed(tmp_path, repl, needle):

@@ -3,6 +3,8 @@ margin from the model's measured error, the refit said and kept in the study's d
 
 from __future__ import annotations
 
+import pytest
+
 from dse import constraints
 from dse import study as study_mod
 from dse.calibrate import Run, fit_runs
@@ -130,3 +132,39 @@ def test_one_oom_of_a_larger_micro_batch_refits_the_logits_so_larger_ones_are_pr
     for recompute in ("selective", "full"):
         trial = resolve(space, {"mbs": 4, "recompute": recompute})
         assert predict(trial).peak_memory_gib < 70 and model.predict(trial).peak_memory_gib > 80
+
+
+def test_a_warm_start_starts_from_the_old_studys_refit_and_says_so(tmp_path):
+    import pandas as pd
+
+    from dse.agents.base import load_agents
+    from dse.calibrate import calibrated_params
+    from dse.cli.studies import with_calibration
+    from tests.helpers import dse
+
+    path = write_space(tmp_path, TWIN)
+    old = tmp_path / "old"
+    assert dse("run", "--space", path, "--out", old, "--agent", "guided", "--trials", "3").exit_code == 0
+    kept = old / study_mod.MODEL_FILE
+    r = dse(
+        "run", "--space", path, "--out", tmp_path / "new", "--agent", "random", "--trials", "1", "--warm-start", old
+    )
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("warm start:"))
+    assert f"the model starts from its refit on 3 runs ({kept})" in line
+    # the old study's refit keeps the most its model missed a peak by at launch; the new study starts from it
+    miss = load_calibration(kept).memory_miss_gib
+    assert miss is not None and miss >= 0
+    assert load_calibration(tmp_path / "new" / study_mod.MODEL_FILE).memory_miss_gib >= miss
+    warm = with_calibration(load_space(path), kept)
+    assert study_mod.space_options(warm, "guided", {}, load_agents())["memory_miss"] == miss
+    # the first trial launched with the old study's refit model's prediction, not the shipped model's
+    first = pd.read_csv(tmp_path / "new" / "leaderboard.csv").sort_values("trial").iloc[0]
+    trial = resolve(load_space(path), {k: first[k].item() for k in ("tp", "pp", "vp", "mbs")})
+    refit = predict(trial, params=calibrated_params(str(kept))).step_time_s
+    assert first["predicted_step_time_s"] == pytest.approx(refit, rel=1e-6)
+    assert abs(predict(trial).step_time_s / refit - 1) > 0.01
+    # a space that names its own calibration keeps it, and the line says so
+    named = write_space(tmp_path, TWIN.replace('kind = "sim"', f'kind = "sim"\ncalibration = "{kept}"'), "named.toml")
+    r = dse("run", "--space", named, "--out", tmp_path / "n2", "--trials", "1", "--warm-start", old)
+    assert r.exit_code == 0 and "the calibration this study names" in r.stderr, r.output

@@ -66,7 +66,8 @@ def run_cmd(
         None,
         "--warm-start",
         metavar="PATH",
-        help="a finished study, of any space: its best ok points, mapped into this space and valid here, run first",
+        help="a finished study, of any space: its best ok points, mapped into this space and valid here, run first; "
+        "on the same GPU the model starts from the study's refit (its calibration.toml)",
     ),
     parallel: int | None = typer.Option(
         None,
@@ -114,7 +115,8 @@ def run_cmd(
     space = with_calibration(with_twin(load_space_arg(space_file, gpu), twin_seed), calibration)
     out_dir = out or Path("runs") / space.name
     check_seed(seed)
-    seeds = warm_start_seeds(space, warm_start)
+    space, model_words = warm_start_model(space, warm_start)
+    seeds = warm_start_seeds(space, warm_start, model_words)
     progress, on_trial = render.trial_progress(space.name, space.objective.metric)
     try:
         result = run_study(
@@ -214,15 +216,38 @@ def load_space_arg(space_file: Path, gpu: str | None):
     return load_space(space_file)
 
 
-def warm_start_seeds(space, study_dir: Path | None) -> list:
+def warm_start_model(space, study_dir: Path | None):
+    """``space`` starting from the model a finished study learnt (``--warm-start``): its refit, the
+    ``calibration.toml`` it keeps (dse.refit), as ``[backend] calibration``, when it was made on this space's GPU
+    and neither the space nor ``--calibration`` names one; and the words the warm start's line says of the model."""
+    if study_dir is None:
+        return space, ""
+    from dse.calibration_file import load_calibration
+    from dse.study import MODEL_FILE
+
+    path = study_dir / MODEL_FILE
+    if space.backend.calibration:
+        return space, f"the model: the calibration this study names, not the refit {path} keeps"
+    if not path.is_file():
+        return space, f"the model: the shipped one (no refit {path} kept there)"
+    cal = load_calibration(path)  # a broken file is one line naming it and the field
+    if cal.gpu != space.system.gpu:
+        return space, f"the model: the shipped one (its refit {path} is of {cal.gpu}, not {space.system.gpu})"
+    space = with_calibration(space, path)
+    return space, f"the model starts from its refit on {cal.runs} runs ({path})"
+
+
+def warm_start_seeds(space, study_dir: Path | None, model_words: str = "") -> list:
     """The points of a finished study (``--warm-start``, any space) mapped into ``space`` and valid there, to run
-    first; one line says what was carried and why the rest was not."""
+    first; one line says what was carried and why the rest was not, and (``model_words``) which model the study
+    starts from (:func:`warm_start_model`)."""
     if study_dir is None:
         return []
     from dse.generations import carry_points
 
     carried = carry_points(space, study_dir)
-    render.note(carried.line(study_dir, f"at {space.num_nodes} nodes of {space.system.name}"))
+    line = carried.line(study_dir, f"at {space.num_nodes} nodes of {space.system.name}")
+    render.note(f"{line}; {model_words}" if model_words else line)
     return carried.points
 
 
