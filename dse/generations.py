@@ -2,7 +2,7 @@
 
 Each system gets its own sub-study in ``OUT/<system>/`` (an ordinary output directory: resumable with
 ``--resume``, readable by ``dse report`` and ``dse leaderboard``); the comparison of their best layouts is
-:mod:`dse.compare`.
+:mod:`dse.results.compare`.
 
 Decision (node counts): every generation runs on the **same number of GPUs** as the space asks for
 (``num_nodes x gpus_per_node`` of the space's own system), so per-GPU throughput, speed-up and GPU-hours

@@ -18,7 +18,7 @@ The schema, version :data:`SCHEMA_VERSION` (kept in ``dse_meta``):
   version is unchanged, and an older dse ignores it).
 
 Optuna is the sampler, not the store: the Optuna agent keeps its own in-memory study and is shown the stored
-history on resume. ``dse export optuna`` (:mod:`dse.export`) writes a study into an Optuna storage through
+history on resume. ``dse export optuna`` (:mod:`dse.results.export`) writes a study into an Optuna storage through
 Optuna's public API, for optuna-dashboard.
 
 Decisions:

@@ -60,7 +60,7 @@ from dse.store import Store, TrialRecord
 from dse.trial import TrialConfig, resolve
 
 # The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
-# dse.generations, dse.compare and the tests.
+# dse.generations, dse.results.compare and the tests.
 __all__ = [
     "DB",
     "LEADERBOARD",

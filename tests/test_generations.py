@@ -210,7 +210,7 @@ def test_a_system_with_no_valid_point_is_an_error_naming_it_and_the_rule_before_
 
 def test_compare_csv_keeps_integers_when_a_system_has_no_ok_trial(tmp_path):
     """A study with no ok trial has a blank row: its neighbours' integer columns stay integers in compare.csv."""
-    from dse import compare
+    from dse.results import compare
 
     out = tmp_path / "gen"
     r = runner.invoke(

@@ -334,7 +334,7 @@ def test_a_journal_file_is_refused_before_anything_is_written(tmp_path):
 def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
     import optuna
 
-    from dse import export
+    from dse.results import export
     from dse.store import Store, TrialRecord
 
     url = f"sqlite:///{tmp_path / 'x.db'}"

@@ -137,7 +137,7 @@ def test_sim_study_prunes_losers_records_them_pruned_and_optuna_prunes_them(tmp_
     best = lambda res: max((r for r in res.records if r.ok), key=lambda r: r.reward).knobs  # noqa: E731
     assert best(on) == best(off)
     # Optuna's record: PRUNED for pruned, COMPLETE for ok; the pruned ones carry no value
-    from dse.export import to_optuna
+    from dse.results.export import to_optuna
 
     to_optuna(tmp_path / "on", f"sqlite:///{tmp_path / 'optuna.db'}")
     st = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
@@ -159,7 +159,7 @@ def test_summary_and_report_show_pruned_trials_and_the_savings(tmp_path):
 
     from dse.cli.render import print_summary
     from dse.leaderboard import savings_line
-    from dse.report import render
+    from dse.results.report import render
 
     res = study_mod.run_study(prune_space(tmp_path, 0.05), out_dir=tmp_path / "out")
     n_pruned = sum(r.status == "pruned" for r in res.records)

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from dse import report
+from dse.results import report
 from dse.space import Objective
 from dse.store import TrialRecord
 
@@ -143,7 +143,7 @@ def test_a_script_in_a_reason_knob_value_or_name_is_escaped_everywhere():
 def test_the_comparison_page_escapes_study_names_and_knob_values(tmp_path):
     import pandas as pd
 
-    from dse import compare
+    from dse.results import compare
 
     df = pd.DataFrame(
         [{c: None for c in compare.COLUMNS} | {"study": XSS, "changed_knobs": f"tp 8->{XSS}"}],

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse import report
 from dse.cli import app
+from dse.results import report
 from dse.study import open_store
 from tests.report_browser import chromium, probe
 

@@ -171,7 +171,7 @@ def test_the_agent_is_not_shown_a_refused_trial(tmp_path, fake_sbatch, monkeypat
 def test_the_report_classes_a_refusal_as_infrastructure():
     import pandas as pd
 
-    from dse.report import INFRASTRUCTURE_CLASS, failures_table
+    from dse.results.report import INFRASTRUCTURE_CLASS, failures_table
 
     df = pd.DataFrame(
         {

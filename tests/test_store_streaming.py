@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dse import report
 from dse.cli import app
 from dse.leaderboard import Summary, frame
+from dse.results import report
 from dse.space import load_space
 from dse.store import Store, TrialRecord
 from dse.study import open_store, run_study
@@ -137,8 +137,8 @@ def test_leaderboard_and_report_of_a_large_study(big_study, tmp_path, monkeypatc
 def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkeypatch):
     """`dse compare` and the warm start of `--systems` read a study as a stream: never `Store.records()`
     (the whole study as one list); what they report is what the whole list gives."""
-    from dse import compare
     from dse.generations import warm_start_points
+    from dse.results import compare
 
     everything = open_store(big_study)[0].records()
 

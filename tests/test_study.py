@@ -32,7 +32,7 @@ def test_grid_visits_every_valid_point_once(tmp_path):
 
 
 def test_store_round_trip_and_optunas_view_of_it(tmp_path):
-    from dse import export
+    from dse.results import export
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     knobs = {"tp": [1, 2], "recompute": ["none", "full"]}

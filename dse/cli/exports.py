@@ -17,7 +17,7 @@ def optuna_cmd(
     ),
 ) -> None:
     """Write the study into an Optuna storage (params, reward as value, FAIL for failures) for optuna-dashboard."""
-    from dse.export import to_optuna
+    from dse.results.export import to_optuna
 
     name, n = to_optuna(study_dir, storage)
     render.console.print(f"wrote study {name!r} ({n} trials) to {storage}", highlight=False)
@@ -36,7 +36,7 @@ def minari_cmd(
     ),
 ) -> None:
     """Write the study as a Minari dataset: one episode of dse/Recipe-v0, one step per trial (the rl extra)."""
-    from dse.offline import to_minari
+    from dse.results.offline import to_minari
 
     ds = to_minari(study_dir, dataset_id, space=space, datasets_path=datasets_path)
     render.console.print(

@@ -58,8 +58,8 @@ def report_cmd(
     ),
 ) -> None:
     """Write the study's HTML report: best configuration, plots, leaderboard (self-contained)."""
-    from dse import report
     from dse.leaderboard import checked_output
+    from dse.results import report
     from dse.study import open_store
 
     path = html_file or Path(out_dir) / "report.html"
@@ -86,7 +86,7 @@ def compare_cmd(
     ),
 ) -> None:
     """Compare finished studies (one per GPU generation): best layouts, speed-up, GPU-hours, cost, changed knobs."""
-    from dse import compare
+    from dse.results import compare
 
     studies = compare.gather(dirs, allow_different_recipes=allow_different_recipes)
     render.comparison(*compare.write(studies, out or Path(dirs[0]).resolve().parent))

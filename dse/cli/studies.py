@@ -264,8 +264,8 @@ def run_systems(
     **kwargs,
 ) -> None:
     """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
-    from dse import compare
     from dse.generations import parse_systems, run_generations
+    from dse.results import compare
 
     if kwargs.get("rebuild") and not resume:
         raise UserError("--rebuild goes with --resume", field="--rebuild")

@@ -25,10 +25,10 @@ from typing import Any
 import pandas as pd
 from markupsafe import Markup
 
-from dse import report
 from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.leaderboard import Baseline, Summary, write_csv
+from dse.results import report
 from dse.space import Space, load_system
 from dse.store import TrialRecord
 from dse.study import open_store
