@@ -93,8 +93,9 @@ MODEL_FILE = "calibration.toml"  # the study's refit model, a calibration file (
 def learns(space: Space, backend: Backend) -> bool:
     """Whether a study's runs refit its model (dse.refit): measured runs do (a real backend, a replay) and so do the
     simulated backend's ``twin`` truth's, a stand-in for a machine that is not the model (so the loop is testable
-    without GPUs); the simulated backend's ``exact`` truth is the model itself and teaches it nothing."""
-    return not backend.simulated or space.backend.truth == "twin"
+    without GPUs); the simulated backend's ``exact`` truth is the model itself and teaches it nothing. None do
+    when the space turns learning off (``[search] learn = false``, ``dse run --no-learn``)."""
+    return space.search.learn and (not backend.simulated or space.backend.truth == "twin")
 
 
 def make_backend(name: str, space: Space, seed: int) -> Backend:

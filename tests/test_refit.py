@@ -168,3 +168,50 @@ def test_a_warm_start_starts_from_the_old_studys_refit_and_says_so(tmp_path):
     named = write_space(tmp_path, TWIN.replace('kind = "sim"', f'kind = "sim"\ncalibration = "{kept}"'), "named.toml")
     r = dse("run", "--space", named, "--out", tmp_path / "n2", "--trials", "1", "--warm-start", old)
     assert r.exit_code == 0 and "the calibration this study names" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("how", ["space", "cli"])
+def test_with_learning_off_the_predicted_columns_are_the_priors(tmp_path, how):
+    """``[search] learn = false`` or ``dse run --no-learn``: a twin study (whose runs would refit the model) keeps
+    the model it starts from: every launched trial's predicted figures are the shipped model's, no refit is said or
+    kept. The same study learning predicts differently once it has run (so the check can fail)."""
+    import pandas as pd
+
+    from tests.helpers import dse
+
+    def predicted(out):
+        lb = pd.read_csv(out / "leaderboard.csv")
+        lb = lb[lb.status.isin(["ok", "oom"])].sort_values("trial")
+        space = load_space(write_space(tmp_path, TWIN, "plain.toml"))
+        rows = []
+        for _, r in lb.iterrows():
+            pr = predict(resolve(space, {k: int(r[k]) for k in ("tp", "pp", "vp", "mbs")}))
+            rows.append(
+                (r["predicted_step_time_s"], pr.step_time_s, r["predicted_peak_memory_gib"], pr.peak_memory_gib)
+            )
+        return rows
+
+    text = TWIN.replace("[search]", "[search]\nlearn = false") if how == "space" else TWIN
+    path = write_space(tmp_path, text)
+    args = ["--no-learn"] if how == "cli" else []
+    r = dse("run", "--space", path, "--out", tmp_path / "off", "--agent", "random", "--trials", "6", *args)
+    assert r.exit_code == 0, r.output
+    assert "model: " not in r.output and not (tmp_path / "off" / study_mod.MODEL_FILE).exists()
+    rows = predicted(tmp_path / "off")
+    assert len(rows) >= 2
+    for st, st_prior, peak, peak_prior in rows:
+        assert st == pytest.approx(st_prior, rel=1e-9) and peak == pytest.approx(peak_prior, rel=1e-9)
+    on = dse(
+        "run",
+        "--space",
+        write_space(tmp_path, TWIN, "on.toml"),
+        "--out",
+        tmp_path / "on",
+        "--agent",
+        "random",
+        "--trials",
+        "6",
+    )
+    assert on.exit_code == 0, on.output
+    later = predicted(tmp_path / "on")[1:]  # launched after the first refit
+    assert any(abs(st / st_prior - 1) > 1e-6 for st, st_prior, _, _ in later)

@@ -47,6 +47,11 @@ def run_cmd(
         help="a calibration file from 'dse calibrate' for the model-guided agent and the memory screen "
         "(sets [backend] calibration = FILE)",
     ),
+    no_learn: bool = typer.Option(
+        False,
+        "--no-learn",
+        help="keep the model the study starts from: no refit on its runs (sets [search] learn = false)",
+    ),
     rebuild: bool = typer.Option(
         False,
         "--rebuild",
@@ -109,10 +114,11 @@ def run_cmd(
             rebuild=rebuild,
             warm_start=warm_start,
             parallel=parallel,
+            no_learn=no_learn,
         )
     from dse.study import Interrupted, forecast_cost, run_study
 
-    space = with_calibration(with_twin(load_space_arg(space_file, gpu), twin_seed), calibration)
+    space = with_calibration(with_learn(with_twin(load_space_arg(space_file, gpu), twin_seed), no_learn), calibration)
     out_dir = out or Path("runs") / space.name
     check_seed(seed)
     space, model_words = warm_start_model(space, warm_start)
@@ -182,6 +188,13 @@ def with_twin(space, twin_seed: int | None):
     return space.model_copy(
         update={"backend": space.backend.model_copy(update={"truth": "twin", "twin_seed": twin_seed})}
     )
+
+
+def with_learn(space, no_learn: bool):
+    """``space`` with ``[search] learn = false`` when ``--no-learn`` is given (dse.refit: no refit on its runs)."""
+    if not no_learn:
+        return space
+    return space.model_copy(update={"search": space.search.model_copy(update={"learn": False})})
 
 
 def with_calibration(space, calibration: Path | None):
@@ -261,6 +274,7 @@ def run_systems(
     storage: str | None,
     twin_seed: int | None,
     seed: int | None,
+    no_learn: bool = False,
     **kwargs,
 ) -> None:
     """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
@@ -274,7 +288,7 @@ def run_systems(
             "takes no --storage with --systems (each sub-study keeps its own SQLite file)", field="--storage"
         )
     check_seed(seed)
-    space = with_twin(load_space_arg(space_file, gpu), twin_seed)
+    space = with_learn(with_twin(load_space_arg(space_file, gpu), twin_seed), no_learn)
     names = parse_systems(systems)
     out_dir = out or Path("runs") / space.name
 
