@@ -62,7 +62,7 @@ class Agent(abc.ABC):
     stop_reason: str | None = None  # why propose() returned None, when the agent decided to stop by itself
     Options: type[BaseModel] = NoOptions  # what ``[search.options]`` may set; validated by make_agent
     requires: tuple[str, ...] = ()  # modules of an optional extra the agent needs (its error names the extra)
-    # options that name a file: a relative path is relative to the space file (dse.study.agent_settings)
+    # options that name a file: a relative path is relative to the space file (dse.study.loop.agent_settings)
     path_options: tuple[str, ...] = ()
 
     def __init__(

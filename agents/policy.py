@@ -41,7 +41,7 @@ class PolicyOptions(NoOptions):
 
     policy: str | None = Field(None, min_length=1, max_length=4096)  # a policy saved by dse train-policy
     train_steps: int = Field(1024, ge=64, le=10_000_000)  # without a policy: PPO steps on the model's forecast
-    # derived by the study from the space (dse.outdir.policy_fingerprint), not a setting: a policy trained on
+    # derived by the study from the space (dse.study.outdir.policy_fingerprint), not a setting: a policy trained on
     # another space is refused
     space_fingerprint: dict[str, Any] | None = None
 

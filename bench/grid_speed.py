@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 
 
 def main() -> None:

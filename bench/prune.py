@@ -2,7 +2,7 @@
 
 For each agent (grid over every valid point; Optuna/TPE with 150 launched runs) and each setting (no early
 stop; early stop; early stop + ``prune_margin`` M for each M given), one study of
-``conf/spaces/llama3_405b_space.toml`` with ``max_steps = 100``, run through ``dse.study.run_study`` (the
+``conf/spaces/llama3_405b_space.toml`` with ``max_steps = 100``, run through ``dse.study.loop.run_study`` (the
 path ``dse run`` takes) in a temporary directory. Printed per study: trials launched, early-stopped and
 pruned, GPU-hours spent and saved against the same agent without early stop, GPU-hours of the trials that
 ran (``ok`` or ``pruned``: the ones an early stop can shorten; OOMs cost their start-up either way), and the
@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dse.leaderboard import early_stop_savings, gpu_hours  # noqa: E402
 from dse.space import load_space  # noqa: E402
-from dse.study import run_study  # noqa: E402
+from dse.study.leaderboard import early_stop_savings, gpu_hours  # noqa: E402
+from dse.study.loop import run_study  # noqa: E402
 
 SPACE = ROOT / "conf" / "spaces" / "llama3_405b_space.toml"
 

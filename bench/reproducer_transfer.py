@@ -13,7 +13,7 @@ draws them from the seed alone); only the layout-effect scale (set per space to 
 the per-point noise differ. The full-scale guided search then runs against that seed's twin of the full space
 twice: the shipped model as its forecast and memory screen, and the calibration (``[backend] calibration``);
 a third row adds ``--warm-start`` from the reproducer's study (its best 8 points carried into the full space,
-``dse.generations.carry_points``, run first).
+``dse.study.generations.carry_points``, run first).
 As in bench/search_efficiency.py the full-scale outcomes come straight from the twin (no log round trip) and
 a run counts when launched (a screened or rejected point costs nothing). A search that never reaches 99% within
 the budget counts as more than the budget (">B").
@@ -37,10 +37,10 @@ from gymnasium import spaces
 
 from dse.agents.base import load_agents, make_agent
 from dse.forecast import Screen, model_forecaster
-from dse.generations import carry_points
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
-from dse.study import agent_settings, space_options
+from dse.study.generations import carry_points
+from dse.study.loop import agent_settings, space_options
 
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"
 PAIRS = {

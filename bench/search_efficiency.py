@@ -48,7 +48,7 @@ from dse.agents.base import load_agents, make_agent
 from dse.forecast import Screen, model_forecaster
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
-from dse.study import agent_settings, space_options
+from dse.study.loop import agent_settings, space_options
 
 REPLAYS = tuple(str(p) for p in sorted((Path(__file__).parent / "data").glob("*/replay_space.toml")))
 SPACES = ("conf/spaces/llama3_405b_space.toml", "conf/spaces/llama3_70b_space.toml", "conf/spaces/llama3_8b_space.toml")
@@ -170,7 +170,7 @@ def replay_search(space, agent_key: str, screen: str, seed: int, budget: int, be
     import csv
     import tempfile
 
-    from dse.study import run_study
+    from dse.study.loop import run_study
 
     name, extra = AGENTS[agent_key]
     search_ = space.search.model_copy(update={"screen": "memory" if screen == "on" else "none", "options": extra})

@@ -16,7 +16,7 @@ from dse.agents.random import MAX_INVALID_DRAWS, RandomAgent
 from dse.counting import SAMPLES, count_valid
 from dse.envs.recipe_env import RecipeEnv
 from dse.space import WALK_LIMIT, load_space
-from dse.study import make_backend
+from dse.study.loop import make_backend
 
 
 def write(path: Path, knobs: dict) -> Path:

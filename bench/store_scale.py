@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dse.leaderboard import Summary, frame
-from dse.store import Store, TrialRecord
+from dse.study.leaderboard import Summary, frame
+from dse.study.store import Store, TrialRecord
 
 
 def _rss_mib() -> float:

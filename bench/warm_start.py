@@ -13,9 +13,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from dse.generations import space_for, warm_start_points
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.generations import space_for, warm_start_points
+from dse.study.loop import run_study
 
 
 def best(records) -> float:

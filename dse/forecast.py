@@ -22,7 +22,6 @@ import numpy as np
 from dse import constraints
 from dse.agents.base import Action, Forecast, Forecaster
 from dse.calibrate import calibrated_params
-from dse.leaderboard import PREDICTED
 from dse.refit import StudyModel
 from dse.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
 from dse.trial import TrialConfig, resolve
@@ -77,11 +76,6 @@ class PointForecast:
     @property
     def fits(self) -> bool:
         return self.peak_memory_gib <= self.memory_gib
-
-    def as_metrics(self) -> dict[str, float]:
-        """What a trial's record keeps of this forecast, made at its launch (:data:`dse.leaderboard.PREDICTED`):
-        the predicted step time and peak memory beside the measured ones, and the GPU memory it was held against."""
-        return dict(zip(PREDICTED, (self.step_time_s, self.peak_memory_gib, self.memory_gib)))
 
 
 class Screen:

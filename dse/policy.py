@@ -63,7 +63,7 @@ class Architecture(_Strict):
 
 
 class SpaceStamp(_Strict):
-    """The fingerprint of the space a policy was trained on (:func:`dse.outdir.policy_fingerprint`): its hash, and
+    """The fingerprint of the space a policy was trained on (:func:`dse.study.outdir.policy_fingerprint`): its hash, and
     its fields, so that a mismatch can name what differs."""
 
     hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -172,7 +172,7 @@ def train(
     space: Mapping[str, Any] | None = None,
 ) -> Policy:
     """PPO trained for ``steps`` environment steps on the environments ``env_fns`` make (one SB3 ``DummyVecEnv``);
-    ``knobs`` and ``space`` (the space's :func:`dse.outdir.policy_fingerprint`) go into the policy's metadata."""
+    ``knobs`` and ``space`` (the space's :func:`dse.study.outdir.policy_fingerprint`) go into the policy's metadata."""
     _require()
     import stable_baselines3 as sb3
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -271,7 +271,7 @@ def load(
     field: str = "search.options.policy",
 ) -> Policy:
     """The policy saved at ``path`` (see the module docstring); a one-line error when it is missing, is not a policy
-    file, or was trained on another space (``space``: this space's :func:`dse.outdir.policy_fingerprint`)."""
+    file, or was trained on another space (``space``: this space's :func:`dse.study.outdir.policy_fingerprint`)."""
     _require()
     p = check_path(path, field=field)
     meta, tensors = _read(p, field)

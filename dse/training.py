@@ -20,8 +20,8 @@ from pathlib import Path
 
 from dse.envs.search import as_space, make_env, table
 from dse.errors import UserError
-from dse.outdir import policy_fingerprint
 from dse.policy import Policy, available, train
+from dse.study.outdir import policy_fingerprint
 
 FIRST_TWIN = 1000  # training twins start here: the benchmark judges searches on seeds 0..N-1
 # Bounds of the inputs, so that a typo cannot start a run of days or exhaust memory:

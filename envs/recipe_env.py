@@ -9,7 +9,7 @@ Reward: from the space's objective (:mod:`dse.reward`).
 ``step`` is decode, check, run, reward: a point that breaks a constraint is ``rejected`` with the failure
 reward and never launched; a valid one runs through :func:`dse.execute.run_trial` in the directory that
 ``run_dirs()`` names. The outcome is in ``info`` (status, reason, knobs, metrics, whether it launched). The
-environment records nothing and numbers nothing of its own but run directories: the study (``dse.study``)
+environment records nothing and numbers nothing of its own but run directories: the study (``dse.study.loop``)
 numbers and records trials, so the environment works from any RL library without a store.
 
 Pruning (``[backend.early_stop] prune_margin``) compares a running trial with ``best()``, the best value of the

@@ -10,7 +10,7 @@ from gymnasium import spaces
 from dse.agents.optuna_agent import OptunaAgent
 from dse.agents.random import RandomAgent
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 from tests.helpers import write_space
 
 ALL_INVALID = """

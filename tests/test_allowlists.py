@@ -192,8 +192,8 @@ def test_a_squashfs_image_path_is_accepted_and_reaches_srun(tmp_path):
 
 # -- best/ names no path of the controller -----------------------------------------------------------------------
 def test_best_scripts_name_no_path_of_the_study(tmp_path):
-    from dse import study as study_mod
     from dse.space import load_space
+    from dse.study import loop as study_mod
 
     space = load_space(write_space(tmp_path, SMALL_SPACE.replace("num_nodes = 2", "num_nodes = 1")))
     out = tmp_path / "study-out"
@@ -217,8 +217,8 @@ def test_best_launch_sh_moved_to_another_directory_still_runs(tmp_path):
     import os
     import sys
 
-    from dse import best as best_mod
     from dse.recipes.sim.logwriter import SimRun
+    from dse.study import best as best_mod
 
     t = trial("llama3_70b_16l", sys=system("h100"), num_nodes=1, tp=1, pp=1, cp=1, vp=1, gbs=4, max_steps=3)
     run = SimRun(step_time_s=0.01, tflops_per_gpu=100.0, gbs=4, max_steps=3)

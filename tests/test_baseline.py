@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse import study as study_mod
 from dse.hardware import HARDWARE
-from dse.leaderboard import Baseline, Summary
 from dse.space import load_space
-from dse.store import TrialRecord
+from dse.study import loop as study_mod
+from dse.study.leaderboard import Baseline, Summary
+from dse.study.store import TrialRecord
 
 SHIPPED = Path(__file__).resolve().parents[1] / "conf" / "spaces" / "llama3_70b_space.toml"
 # the 70B space lists bf16 and fp8: the baseline is the recipe's layout at the precision the model predicts faster

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from dse import best as best_mod
-from dse import study as study_mod
 from dse.space import load_space
+from dse.study import best as best_mod
+from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial
 

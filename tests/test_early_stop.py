@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse import study as study_mod
 from dse.backends.local import LocalBackend
 from dse.backends.slurm import SlurmBackend
 from dse.errors import UserError
@@ -23,6 +22,7 @@ from dse.logs.parse import LogFollower, parse_log
 from dse.logs.steady import Monitor, Rule, converged, estimate, steps_needed
 from dse.recipes.sim.logwriter import SimRun
 from dse.space import BackendSettings, EarlyStopSettings, load_space
+from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial
 

@@ -145,7 +145,7 @@ class Timed(SimBackend):
 
 @pytest.mark.parametrize("wall_s", [-7189.5, float("nan"), float("-inf")])
 def test_a_negative_or_broken_wall_time_is_unknown_not_a_negative_cost(tmp_path, wall_s):
-    from dse.recording import gpu_hours
+    from dse.study.recording import gpu_hours
 
     m = run_trial(_trial(), tmp_path / "a", Timed(wall_s), SETTINGS)
     assert m.status == "ok" and m.wall_s is None

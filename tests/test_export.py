@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 from tests.helpers import write_space
 
 runner = CliRunner()

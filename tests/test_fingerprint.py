@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dse.outdir import META, fingerprint_changes
+from dse.study.outdir import META, fingerprint_changes
 from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 
 SYSTEM = 'gpu = "h100"\ngpus_per_node = 8\nnvlink_domain = 8\n[slurm]\ncontainer_image = "nvcr.io#nvidia/nemo:25.09"\n'

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.errors import UserError
-from dse.generations import parse_systems, space_for
 from dse.space import load_space
+from dse.study.generations import parse_systems, space_for
 from tests.helpers import write_space
 
 runner = CliRunner()
@@ -100,7 +100,7 @@ def test_compare_of_a_directory_without_a_study_is_one_line(tmp_path):
 @pytest.mark.parametrize("agent", ["optuna", "random", "grid", "guided"])
 def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent):
     from dse import constraints
-    from dse.generations import warm_start_points
+    from dse.study.generations import warm_start_points
     from dse.trial import resolve
 
     space = write_space(tmp_path)
@@ -134,7 +134,7 @@ def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent)
     ]
     r = runner.invoke(app, [*args, "--trials", "9"])
     assert r.exit_code == 0, r.output
-    from dse.study import open_store
+    from dse.study.loop import open_store
 
     def knobs():  # launched trials in order (the budget counts launched runs)
         store, _ = open_store(gb / "gb200")

@@ -8,10 +8,10 @@ from collections import OrderedDict
 import pytest
 from gymnasium import spaces
 
-from dse import study as study_mod
 from dse.agents.base import Forecast, load_agents, make_agent
 from dse.perfmodel.twin import make_twin, valid_trials
 from dse.space import load_space
+from dse.study import loop as study_mod
 from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, write_space
 

@@ -233,7 +233,7 @@ def test_a_full_disk_stops_the_study_and_resume_reruns_the_trial(tmp_path, monke
     from typer.testing import CliRunner
 
     from dse.cli import app
-    from dse.study import open_store
+    from dse.study.loop import open_store
 
     path = write_space(tmp_path)
     out = tmp_path / "out"
@@ -263,7 +263,7 @@ def test_a_full_disk_stops_the_study_and_resume_reruns_the_trial(tmp_path, monke
 
 def test_an_unwritable_store_is_infrastructure_not_a_trial(tmp_path):
     from dse.errors import InfrastructureError
-    from dse.store import Store, TrialRecord
+    from dse.study.store import Store, TrialRecord
 
     store = Store(f"sqlite:///{tmp_path / 'x.db'}", "s", {"tp": [1, 2]}, batch_size=1)
     (tmp_path / "x.db").unlink()  # the database is gone under the running study
@@ -303,7 +303,7 @@ def test_resume_without_the_study_database_refuses(tmp_path, how):
 
 
 def test_a_moved_study_reads_and_resumes_its_own_database(tmp_path):
-    from dse.study import open_store
+    from dse.study.loop import open_store
 
     path = write_space(tmp_path)
     first = tmp_path / "first"
@@ -479,7 +479,7 @@ def test_a_full_disk_when_writing_best_is_one_line(tmp_path, monkeypatch):
 
     from typer.testing import CliRunner
 
-    import dse.recording as recording
+    import dse.study.recording as recording
     from dse.cli import app
 
     def full(*a, **k):

@@ -71,7 +71,7 @@ def _absurd_after(monkeypatch, n):
 
 
 def test_an_absurd_log_is_a_trial_and_the_study_and_resume_go_on(tmp_path, monkeypatch):
-    from dse.study import open_store
+    from dse.study.loop import open_store
 
     path = write_space(tmp_path)
     out = tmp_path / "out"
@@ -176,7 +176,7 @@ def test_slurm_times_in_every_spelling(text, seconds):
 
 # -- a storage password is never written down ---------------------------------------------------------------
 def test_a_storage_url_is_kept_and_shown_without_its_password(monkeypatch):
-    from dse.store import PASSWORD_ENV, shown, with_password, without_password
+    from dse.study.store import PASSWORD_ENV, shown, with_password, without_password
 
     url = "postgresql+psycopg://dse:s3cret@db.example:5432/studies?sslmode=require"
     assert without_password(url) == "postgresql+psycopg://dse@db.example:5432/studies?sslmode=require"
@@ -218,7 +218,7 @@ def pg_db(pg_server):
 def test_a_postgresql_study_keeps_no_password_in_dse_json_and_resumes(tmp_path, pg_db, monkeypatch):
     import json
 
-    from dse.store import PASSWORD_ENV
+    from dse.study.store import PASSWORD_ENV
 
     with_secret = pg_db.replace("postgres@", "postgres:s3cret@")
     path, out = write_space(tmp_path), tmp_path / "out"
@@ -284,7 +284,7 @@ def test_cells_a_spreadsheet_would_run_are_written_as_text_and_read_back(tmp_pat
     import pandas as pd
 
     from dse.inputs import csv_row
-    from dse.leaderboard import write_csv
+    from dse.study.leaderboard import write_csv
 
     cells = ['=HYPERLINK("http://x")', "+1+2", "-2+3", "@SUM(A1)", "\tx", "plain", "'quoted"]
     path = write_csv(pd.DataFrame({"reason": cells, "n": [-1, 2, 3, 4, 5, 6, 7]}), tmp_path / "t.csv")

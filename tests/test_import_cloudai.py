@@ -14,7 +14,7 @@ from dse.cli import app
 from dse.errors import UserError
 from dse.importers.cloudai import import_cloudai, nemo2_paths
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 
 runner = CliRunner()
 FIX = Path(__file__).parent / "fixtures" / "cloudai"

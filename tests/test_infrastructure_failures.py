@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dse.backends.base import INFRASTRUCTURE, LaunchFailures, is_infrastructure
-from dse.store import TrialRecord
-from dse.study import _rerun, open_store
+from dse.study.loop import _rerun, open_store
+from dse.study.store import TrialRecord
 from tests.helpers import dse, write_space
 
 LOCAL = """

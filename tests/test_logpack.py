@@ -17,7 +17,7 @@ from dse.cli import app
 from dse.errors import InfrastructureError
 from dse.logs import logpack
 from dse.space import load_space
-from dse.study import open_store, run_study
+from dse.study.loop import open_store, run_study
 from tests.helpers import write_space
 
 runner = CliRunner()

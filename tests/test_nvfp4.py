@@ -107,7 +107,7 @@ def test_nvfp4_launches_with_transformer_engines_fast_math_as_nvidias_presets_do
 
 
 def test_mfu_of_an_nvfp4_run_is_against_the_fp4_peak():
-    from dse.leaderboard import mfu
+    from dse.study.leaderboard import mfu
 
     assert mfu(3000.0, "gb300", "nvfp4") == pytest.approx(3000.0 / 15000.0)
     assert mfu(3000.0, "gb300", "fp8") == pytest.approx(3000.0 / 5000.0)

@@ -14,13 +14,13 @@ import pandas as pd
 import pytest
 from gymnasium import spaces
 
-from dse import study as study_mod
 from dse.agents.guided import GuidedAgent
 from dse.agents.optuna_agent import OptunaAgent
 from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
-from dse.outdir import trial_dir
 from dse.space import load_space
+from dse.study import loop as study_mod
+from dse.study.outdir import trial_dir
 from tests.helpers import write_space
 from tests.test_study import valid_count
 
@@ -335,7 +335,7 @@ def test_replace_rewrites_a_row_as_optuna_reads_it(tmp_path):
     import optuna
 
     from dse.results import export
-    from dse.store import Store, TrialRecord
+    from dse.study.store import Store, TrialRecord
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     store = Store(url, "s", {"tp": [1, 2]})

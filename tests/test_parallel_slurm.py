@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from dse import study as study_mod
 from dse.space import load_space
+from dse.study import loop as study_mod
 from tests.helpers import write_space
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]

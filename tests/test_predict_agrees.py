@@ -14,7 +14,7 @@ from dse.constraints import check
 from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 from dse.trial import resolve
 
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"

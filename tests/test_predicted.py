@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from dse.forecast import Screen
-from dse.leaderboard import PRIOR_STEP_ERROR
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.leaderboard import PRIOR_STEP_ERROR
+from dse.study.loop import run_study
 from dse.trial import resolve
 from tests.test_replay import STUDY_8B, STUDY_70B, replay_space, rows
 
@@ -119,8 +119,8 @@ def test_best_readme_gives_the_headroom_against_the_models_memory_error(tmp_path
 
 @pytest.mark.parametrize(("peak", "warned"), [(135.0, True), (130.0, False)])
 def test_a_headroom_inside_the_memory_error_is_warned(tmp_path, peak, warned):
-    from dse.best import memory_lines
-    from dse.store import TrialRecord
+    from dse.study.best import memory_lines
+    from dse.study.store import TrialRecord
 
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]'))
     rec = TrialRecord(
@@ -140,8 +140,8 @@ def test_a_headroom_inside_the_memory_error_is_warned(tmp_path, peak, warned):
 
 
 def test_a_best_recorded_before_trials_kept_predictions_is_predicted_now(tmp_path):
-    from dse.best import memory_lines
-    from dse.store import TrialRecord
+    from dse.study.best import memory_lines
+    from dse.study.store import TrialRecord
 
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]'))
     rec = TrialRecord(0, {"mbs": 2, "recompute": "none"}, "ok", 1.0, metrics={"peak_memory_gib": 121.7})

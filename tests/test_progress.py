@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dse import study as study_mod
 from dse.cli import render
 from dse.space import load_space
+from dse.study import loop as study_mod
 from tests.helpers import write_space
 
 

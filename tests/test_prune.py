@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from dse import study as study_mod
 from dse.agents.optuna_agent import OptunaAgent
 from dse.backends.local import LocalBackend
 from dse.errors import UserError
@@ -26,6 +25,7 @@ from dse.logs.parse import ParseContext, RunMetrics, parse_log
 from dse.logs.steady import Monitor, Prune, Rule, median_lower_bound
 from dse.reward import reward
 from dse.space import BackendSettings, EarlyStopSettings, Objective, load_space
+from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 from tests.test_early_stop import fake_slurm  # noqa: F401 - the fake sbatch/sacct/scancel fixture
 from tests.trials import DATA, system, trial
@@ -158,8 +158,8 @@ def test_summary_and_report_show_pruned_trials_and_the_savings(tmp_path):
     from rich.console import Console
 
     from dse.cli.render import print_summary
-    from dse.leaderboard import savings_line
     from dse.results.report import render
+    from dse.study.leaderboard import savings_line
 
     res = study_mod.run_study(prune_space(tmp_path, 0.05), out_dir=tmp_path / "out")
     n_pruned = sum(r.status == "pruned" for r in res.records)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from dse import constraints
-from dse import study as study_mod
 from dse.calibrate import Run, fit_runs
 from dse.calibration_file import load_calibration
 from dse.forecast import Screen
 from dse.perfmodel import DEFAULT_PARAMS, predict
 from dse.refit import MARGIN_FLOOR, StudyModel, needs_more_memory
 from dse.space import load_space
+from dse.study import loop as study_mod
 from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, write_space
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 from tests.helpers import dse, one_line_error
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data"

@@ -9,7 +9,7 @@ import pytest
 
 from dse.results import report
 from dse.space import Objective
-from dse.store import TrialRecord
+from dse.study.store import TrialRecord
 
 TFLOPS = Objective(metric="tflops_per_gpu")
 STEP_TIME = Objective(metric="step_time_s")
@@ -208,7 +208,7 @@ def test_the_objective_comes_from_dse_json_then_the_space_file_then_the_default(
 
 
 def test_the_header_says_where_the_figures_come_from(tmp_path):
-    from dse.leaderboard import Provenance
+    from dse.study.leaderboard import Provenance
     from tests.helpers import SMALL_SPACE, write_space
 
     twin = SMALL_SPACE + '\n[backend]\ntruth = "twin"\ntwin_seed = 3\n'

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.results import report
-from dse.study import open_store
+from dse.study.loop import open_store
 from tests.report_browser import chromium, probe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_failed_heavy_study_report_in_chromium(tmp_path):
 def test_all_failed_study_report_in_chromium(tmp_path):
     chromium()
     meta = {"study_name": "nothing", "knobs": {"tp": [2, 4]}}
-    from dse.store import TrialRecord
+    from dse.study.store import TrialRecord
 
     recs = [TrialRecord(i, {"tp": 2}, "oom", 0.0, "CUDA out of memory", {}, f"/r/{i}", "h100", 8) for i in range(3)]
     page = tmp_path / "none.html"
@@ -153,8 +153,8 @@ def test_compare_page_in_chromium(tmp_path):
 def test_slurm_study_report_and_compare_in_chromium(tmp_path):
     """A study through the local Slurm cluster: its report in Chromium, and `dse compare` against a sim study."""
     chromium()
-    from dse import study
     from dse.space import load_space
+    from dse.study import loop as study
     from tests.trials import DATA
 
     space = load_space(DATA / "spaces" / "llama3_70b_16l_local_slurm.toml")

@@ -13,7 +13,7 @@ from dse.envs.search import table
 from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.searchgame import RUN_COST, WASTE_COST, reference
 from dse.space import load_space
-from dse.study import open_store
+from dse.study.loop import open_store
 
 minari = pytest.importorskip("minari", reason="the rl extra (minari) is not installed")
 pytest.importorskip("h5py", reason="the rl extra (minari's HDF5 storage) is not installed")

@@ -87,9 +87,9 @@ def test_train_policy_then_the_policy_agent_runs_a_study_with_it(tmp_path):
 
 
 def test_a_policy_round_trips_and_acts_as_trained(trained):
-    from dse.outdir import policy_fingerprint
     from dse.policy import load
     from dse.space import load_space
+    from dse.study.outdir import policy_fingerprint
 
     space = load_space(SPACE)
     loaded = load(trained.path, trained.policy.sizes, trained.policy.obs_dim, space=policy_fingerprint(space))

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dse import study as study_mod
 from dse.backends.base import is_infrastructure
 from dse.backends.slurm import SUBMIT_FAILED, SlurmBackend, sbatch_message
 from dse.errors import UserError
 from dse.execute import run_trial
 from dse.space import BackendSettings, load_space
+from dse.study import loop as study_mod
 from tests.trials import DATA, system, trial
 
 SBATCH = Path(__file__).parent / "data" / "sbatch"

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from dse import constraints
-from dse import study as study_mod
 from dse.forecast import Screen, study_cost
 from dse.space import load_space
+from dse.study import loop as study_mod
 from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 

@@ -108,7 +108,8 @@ def test_grid_of_a_two_node_reproducer_through_sbatch(tmp_path, time_limit_job):
 
 
 def test_study_loop_over_slurm_fills_the_leaderboard(tmp_path, time_limit_job):
-    from dse import constraints, study
+    from dse import constraints
+    from dse.study import loop as study
     from dse.trial import resolve
 
     space = load_space(SPACE)

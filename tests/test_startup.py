@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dse import study as study_mod
 from dse.errors import UserError
 from dse.space import load_space
+from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 
 ROOT = Path(__file__).resolve().parent.parent

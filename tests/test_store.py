@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from dse.cli import app
 from dse.errors import UserError
 from dse.space import load_space
-from dse.store import SCHEMA_VERSION, TRIALS, Store, TrialRecord, check_url, exists
-from dse.study import open_store, run_study
+from dse.study.loop import open_store, run_study
+from dse.study.store import SCHEMA_VERSION, TRIALS, Store, TrialRecord, check_url, exists
 from tests.helpers import write_space
 
 runner = CliRunner()

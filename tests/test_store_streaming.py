@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.leaderboard import Summary, frame
 from dse.results import report
 from dse.space import load_space
-from dse.store import Store, TrialRecord
-from dse.study import open_store, run_study
+from dse.study.leaderboard import Summary, frame
+from dse.study.loop import open_store, run_study
+from dse.study.store import Store, TrialRecord
 from tests.helpers import SMALL_SPACE, write_space
 
 runner = CliRunner()
@@ -137,8 +137,8 @@ def test_leaderboard_and_report_of_a_large_study(big_study, tmp_path, monkeypatc
 def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkeypatch):
     """`dse compare` and the warm start of `--systems` read a study as a stream: never `Store.records()`
     (the whole study as one list); what they report is what the whole list gives."""
-    from dse.generations import warm_start_points
     from dse.results import compare
+    from dse.study.generations import warm_start_points
 
     everything = open_store(big_study)[0].records()
 
@@ -177,9 +177,9 @@ def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkey
 
 KILLER = """
 import os, signal, sys
-from dse.store import Store
+from dse.study.store import Store
 from dse.space import load_space
-from dse.study import run_study
+from dse.study.loop import run_study
 
 init, record = Store.__init__, Store.record
 
@@ -284,7 +284,7 @@ def test_a_simulated_run_directory_is_compact_and_parses_again(tmp_path):
 
 
 def test_the_streamed_summary_says_what_the_list_functions_say():
-    from dse.leaderboard import gpu_hours, savings_line
+    from dse.study.leaderboard import gpu_hours, savings_line
 
     recs = [
         TrialRecord(

@@ -8,11 +8,11 @@ import optuna
 import pandas as pd
 import pytest
 
-from dse import study as study_mod
 from dse.backends.sim import SimBackend
 from dse.errors import UserError
 from dse.space import load_space
-from dse.store import Store, TrialRecord
+from dse.study import loop as study_mod
+from dse.study.store import Store, TrialRecord
 from tests.helpers import write_space
 
 
@@ -192,8 +192,8 @@ def test_a_slow_trial_is_written_at_once(tmp_path):
 
 
 def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
-    from dse.leaderboard import gpu_hours
     from dse.perfmodel import predict
+    from dse.study.leaderboard import gpu_hours
     from dse.trial import resolve
 
     space = load_space(write_space(tmp_path))

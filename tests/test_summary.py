@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 from dse.cli.render import print_summary
-from dse.store import TrialRecord
+from dse.study.store import TrialRecord
 
 KNOBS = ["tp", "pp", "vp", "cp", "mbs", "recompute", "precision"]
 

@@ -7,13 +7,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dse import study as study_mod
 from dse.backends.sim import SimBackend
 from dse.cli import app
 from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import TARGET_MAPE, make_twin, mape, valid_trials
 from dse.space import load_space
+from dse.study import loop as study_mod
 from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, write_space
 

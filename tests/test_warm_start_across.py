@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from dse import constraints
 from dse.cli import app
 from dse.forecast import Screen
-from dse.generations import carry_points
 from dse.space import load_space
-from dse.study import open_store
+from dse.study.generations import carry_points
+from dse.study.loop import open_store
 from dse.trial import resolve
 
 runner = CliRunner()

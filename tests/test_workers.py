@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from dse import study as study_mod
-from dse.claims import CLAIMS, Claims, add_trial
-from dse.leaderboard import frame
 from dse.space import load_space
-from dse.store import Store, TrialRecord
+from dse.study import loop as study_mod
+from dse.study.claims import CLAIMS, Claims, add_trial
+from dse.study.leaderboard import frame
+from dse.study.store import Store, TrialRecord
 from tests.helpers import SMALL_SPACE, write_space
 from tests.test_study import valid_count
 

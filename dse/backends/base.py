@@ -51,7 +51,7 @@ class RunResult:
 
 
 #: How a trial's reason begins when the machinery around the trial failed (a launcher that cannot start, a
-#: command not found), not its layout: ``--resume`` runs such trials again (dse.study), as interrupted ones.
+#: command not found), not its layout: ``--resume`` runs such trials again (dse.study.loop), as interrupted ones.
 INFRASTRUCTURE = "infrastructure: "
 
 

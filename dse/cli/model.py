@@ -497,7 +497,7 @@ def calibrate_cmd(
     from dse.calibrate import calibrate
     from dse.calibration_file import write
     from dse.hardware import HARDWARE
-    from dse.leaderboard import checked_output, output_error
+    from dse.study.leaderboard import checked_output, output_error
 
     if gpu is not None and gpu not in HARDWARE:
         raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")

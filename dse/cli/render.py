@@ -151,7 +151,7 @@ def print_summary(records, knob_names, top: int, *, objective: str | None = None
     takes what width is left and is shortened with an ellipsis, the whole text being in ``leaderboard.csv``.
     A summary that knows its study's provenance ends with where the figures come from (simulated: the model's).
     """
-    from dse.leaderboard import SIMULATED_NOTE, Summary, frame
+    from dse.study.leaderboard import SIMULATED_NOTE, Summary, frame
 
     out = out or console
     summary = records if isinstance(records, Summary) else Summary.of(records, top)

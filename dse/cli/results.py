@@ -18,7 +18,7 @@ def leaderboard_cmd(
     top: int = typer.Option(20, min=1, metavar="N", help="rows to show"),
 ) -> None:
     """Show the trials of a study ranked by reward (failures last); optionally export CSV."""
-    from dse.leaderboard import (
+    from dse.study.leaderboard import (
         Baseline,
         ProbeCost,
         Provenance,
@@ -28,8 +28,8 @@ def leaderboard_cmd(
         relative_run_dirs,
         write_csv,
     )
-    from dse.store import READ_BATCH
-    from dse.study import open_store
+    from dse.study.loop import open_store
+    from dse.study.store import READ_BATCH
 
     if csv is not None:
         checked_output(csv, "--csv")  # a bad --csv is refused before the study is read
@@ -58,9 +58,9 @@ def report_cmd(
     ),
 ) -> None:
     """Write the study's HTML report: best configuration, plots, leaderboard (self-contained)."""
-    from dse.leaderboard import checked_output
     from dse.results import report
-    from dse.study import open_store
+    from dse.study.leaderboard import checked_output
+    from dse.study.loop import open_store
 
     path = html_file or Path(out_dir) / "report.html"
     store, meta = open_store(out_dir)
@@ -182,8 +182,8 @@ def _rounded(v):
 def _study_log(log: str) -> tuple[str, list[str]]:
     """``log``, or for a study directory (it holds ``dse.json``) its best trial's run directory, with a note
     saying so; a study without a best is a one-line error."""
-    from dse.best import BEST_DIR
-    from dse.outdir import META
+    from dse.study.best import BEST_DIR
+    from dse.study.outdir import META
 
     study = Path(log)
     if not (study / META).is_file():
@@ -201,7 +201,7 @@ def _study_log(log: str) -> tuple[str, list[str]]:
 def _study_sizes(log: str) -> tuple[dict[str, int], str | None]:
     """The global batch size, sequence length and GPUs of a trial directory's run (``STUDY/trials/NNNNN``)
     from the study's ``dse.json`` and the trial's knobs in its store; ({}, None) for a log outside a study."""
-    from dse.outdir import META, read_meta
+    from dse.study.outdir import META, read_meta
 
     path = Path(log).absolute()
     study = path.parent.parent
@@ -220,7 +220,7 @@ def _study_sizes(log: str) -> tuple[dict[str, int], str | None]:
 
 def _trial_knobs(study: Path, number: int) -> dict:
     """The varied knobs of trial ``number`` in the study's store (one streamed pass; {} when it is not there)."""
-    from dse.study import open_store
+    from dse.study.loop import open_store
 
     try:
         store, _ = open_store(study)

@@ -17,7 +17,7 @@ def validate_cmd(files: list[Path] = typer.Argument(..., metavar="FILES", help="
     """Check space files: schema, knob names and values, recipe, system, and what `dse run` checks before its first
     trial (agent, sampler, backend, launch scripts). Exit 2 on the first bad file."""
     from dse.space import load_space
-    from dse.study import check_study
+    from dse.study.loop import check_study
 
     for f in files:
         space = load_space(f)

@@ -116,7 +116,7 @@ def run_cmd(
             parallel=parallel,
             no_learn=no_learn,
         )
-    from dse.study import Interrupted, forecast_cost, run_study
+    from dse.study.loop import Interrupted, forecast_cost, run_study
 
     space = with_calibration(with_learn(with_twin(load_space_arg(space_file, gpu), twin_seed), no_learn), calibration)
     out_dir = out or Path("runs") / space.name
@@ -236,7 +236,7 @@ def warm_start_model(space, study_dir: Path | None):
     if study_dir is None:
         return space, ""
     from dse.calibration_file import load_calibration
-    from dse.study import MODEL_FILE
+    from dse.study.loop import MODEL_FILE
 
     path = study_dir / MODEL_FILE
     if space.backend.calibration:
@@ -256,7 +256,7 @@ def warm_start_seeds(space, study_dir: Path | None, model_words: str = "") -> li
     starts from (:func:`warm_start_model`)."""
     if study_dir is None:
         return []
-    from dse.generations import carry_points
+    from dse.study.generations import carry_points
 
     carried = carry_points(space, study_dir)
     line = carried.line(study_dir, f"at {space.num_nodes} nodes of {space.system.name}")
@@ -277,9 +277,9 @@ def run_systems(
     no_learn: bool = False,
     **kwargs,
 ) -> None:
-    """``dse run --systems``: one sub-study per system (dse.generations), then the comparison."""
-    from dse.generations import parse_systems, run_generations
+    """``dse run --systems``: one sub-study per system (dse.study.generations), then the comparison."""
     from dse.results import compare
+    from dse.study.generations import parse_systems, run_generations
 
     if kwargs.get("rebuild") and not resume:
         raise UserError("--rebuild goes with --resume", field="--rebuild")

@@ -4,7 +4,7 @@ One row per study, in the order given (the first is the baseline): the system an
 metrics, the job's throughput (tokens/s over all its GPUs), the speed-up over the first, the GPU-hours (and,
 with ``price_per_gpu_hour`` in the system file, the cost) of training 1B tokens with that layout, the
 GPU-hours the search itself spent, the best's gain over the study's own baseline (``recipe_layout_gain``: the
-recipe's default layout for its GPU, measured or predicted, as :class:`dse.leaderboard.Baseline` says it), where the figures come from (``backend``, and for simulated ones ``truth``
+recipe's default layout for its GPU, measured or predicted, as :class:`dse.study.leaderboard.Baseline` says it), where the figures come from (``backend``, and for simulated ones ``truth``
 and ``calibration``, from each study's ``dse.json``), and every knob whose resolved value (recipe defaults
 applied: FSDP, offloaded layers, TP overlap, FP8 recipe, ...) differs from the first study's best layout.
 
@@ -27,11 +27,11 @@ from markupsafe import Markup
 
 from dse.errors import UserError
 from dse.fsutil import write_text
-from dse.leaderboard import Baseline, Summary, write_csv
 from dse.results import report
 from dse.space import Space, load_system
-from dse.store import TrialRecord
-from dse.study import open_store
+from dse.study.leaderboard import Baseline, Summary, write_csv
+from dse.study.loop import open_store
+from dse.study.store import TrialRecord
 from dse.trial import resolve
 
 COLUMNS = (
@@ -75,7 +75,7 @@ def _price(meta: dict[str, Any]) -> float | None:
 
 
 def gather(dirs: Sequence[str | Path], *, allow_different_recipes: bool = False) -> list[dict[str, Any]]:
-    """What the comparison needs from each study directory: its meta, a :class:`dse.leaderboard.Summary` of its
+    """What the comparison needs from each study directory: its meta, a :class:`dse.study.leaderboard.Summary` of its
     trials (best record, counts, GPU-hours), read as a stream (no study is held whole), where its figures come
     from and its best layout resolved. Studies of different recipes are refused unless
     ``allow_different_recipes``."""

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from dse.errors import UserError
-from dse.store import Store, TrialRecord, check_url
-from dse.study import open_store
+from dse.study.loop import open_store
+from dse.study.store import Store, TrialRecord, check_url
 
 BATCH = 1_000  # trials handed to Study.add_trials at once (what the export holds, whatever the study's size)
 STUDY_ATTRS = ("space", "recipe", "system", "gpu", "num_nodes", "agent", "backend")

@@ -37,8 +37,8 @@ from dse.errors import UserError
 from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.searchgame import RUN_COST, WASTE_COST, History, fraction, reference
 from dse.space import Space, load_space
-from dse.store import TrialRecord
-from dse.study import open_store
+from dse.study.loop import open_store
+from dse.study.store import TrialRecord
 
 MINARI_EXTRA = "dse export minari needs the rl extra: pip install 'dse[rl]' (Minari with its HDF5 storage)"
 # A subset of Minari's (namespace/)name-vN syntax that is also a relative path inside the datasets folder: no '.',

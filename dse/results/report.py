@@ -12,7 +12,7 @@ leaderboard does. Numbers are shown to 4 significant digits; an empty cell is em
 ordinal knobs are drawn in numeric order; the page fits 1400 px (long reasons are cut, the full text is
 on hover). ``tests/test_report_browser.py`` renders it in headless Chromium.
 
-Decisions: GPU-hours are the study's (``dse.leaderboard.gpu_hours``: GPUs x each run's wall time). Knob
+Decisions: GPU-hours are the study's (``dse.study.leaderboard.gpu_hours``: GPUs x each run's wall time). Knob
 importance is each knob's share of the ok trials' variance of the objective (eta squared; :func:`importances`
 says why not Optuna's evaluators), so it ranks the knobs as the box plots show them. The Pareto front
 the issue mentions needs a two-metric objective, which spaces cannot express yet, so it is not drawn.
@@ -43,9 +43,9 @@ from markupsafe import Markup
 from dse.backends.base import is_infrastructure
 from dse.errors import UserError
 from dse.fsutil import write_text
-from dse.leaderboard import UNKNOWN, Provenance, frame
 from dse.space import Objective, Space, load_space
-from dse.store import TrialRecord
+from dse.study.leaderboard import UNKNOWN, Provenance, frame
+from dse.study.store import TrialRecord
 
 REASON_CHARS = 48  # reason cut in tables (full text in the cell's title)
 PLOT_TRIALS = 5_000  # at most this many trials (every k-th one, plus the top rows) in the plots of a large study
@@ -567,7 +567,7 @@ class _Pass:
     ) -> _Pass:
         """One pass over ``records``; the summary knows the study's baseline when ``meta`` (``dse.json``) has one,
         and where its figures come from (``provenance``: its labels, measured or predicted)."""
-        from dse.leaderboard import Baseline, ProbeCost, Summary
+        from dse.study.leaderboard import Baseline, ProbeCost, Summary
 
         summary = Summary(REPORT_ROWS, provenance, Baseline.of_meta(meta or {}), ProbeCost.of_meta(meta or {}))
         p = cls(max(1, math.ceil(total / PLOT_TRIALS)), summary)
@@ -730,7 +730,7 @@ def write(
     extra_html: str = "",
     total: int | None = None,
 ) -> Path:
-    from dse.leaderboard import checked_output, output_error
+    from dse.study.leaderboard import checked_output, output_error
 
     path = checked_output(Path(path), "--html")
     text = render(records, meta, objective=objective, best=best, extra_html=extra_html, total=total)

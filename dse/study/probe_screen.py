@@ -13,7 +13,7 @@ The probes of a study live in its directory, apart from its runs: ``probes/NNNNN
 point's index in the space's grid, as ``dse probe`` numbers it) and ``probes/probes.csv`` (one line per probed
 rank: the point, the rank, what it measured, the model's figure beside it and whether the point was screened).
 ``dse.json``'s ``probes`` counts them and their GPU-minutes, which are not in the runs' GPU-hours; the study's
-summary says both (:class:`dse.leaderboard.ProbeCost`).
+summary says both (:class:`dse.study.leaderboard.ProbeCost`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dse import outdir
 from dse.errors import UserError
 from dse.forecast import Screen
-from dse.leaderboard import ProbeCost
 from dse.probe import PROBE_BACKENDS, PROBE_PAYLOAD, probe_point, result_row, screen_reason, write_rows
 from dse.space import Space
+from dse.study import outdir
+from dse.study.leaderboard import ProbeCost
 from dse.trial import TrialConfig
 
 __all__ = ["PROBES_DIR", "ProbeScreen", "check_probe_screen"]

@@ -22,7 +22,7 @@ from dse.counting import Count, count_valid
 from dse.errors import UserError
 from dse.forecast import Screen
 from dse.space import Space, load_system
-from dse.study import StudyResult, open_store, run_study
+from dse.study.loop import StudyResult, open_store, run_study
 from dse.trial import resolve
 
 WARM_START_TOP = 8  # seeds taken from a finished study: its best 8 ok points that are valid here

@@ -2,8 +2,8 @@
 the leaderboard and ``best/``.
 
 A launched trial has a row before it ends (:func:`placeholder`: ``failed``/``interrupted``, what a Ctrl-C or a
-killed dse leaves and ``--resume`` runs again); its result replaces it. The study (:mod:`dse.study`) decides
-what to record and when; this module only writes. Where the files live is :mod:`dse.outdir`.
+killed dse leaves and ``--resume`` runs again); its result replaces it. The study (:mod:`dse.study.loop`) decides
+what to record and when; this module only writes. Where the files live is :mod:`dse.study.outdir`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from dse import knobs
-from dse.best import write_best
-from dse.claims import add_trial
 from dse.errors import InfrastructureError
 from dse.execute import duration_s
-from dse.leaderboard import Baseline, ProbeCost, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
 from dse.logs import logpack
-from dse.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.space import Space
-from dse.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
+from dse.study.best import write_best
+from dse.study.claims import add_trial
+from dse.study.leaderboard import Baseline, ProbeCost, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
+from dse.study.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
+from dse.study.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
 from dse.trial import TrialConfig
 
 SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
@@ -30,7 +30,7 @@ SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
 
 def record_of(number: int, info: dict[str, Any], reward: float, *, precision: str = knobs.BF16) -> TrialRecord:
     """The store's record of one environment step (``info`` as :class:`envs.recipe_env.RecipeEnv` gives it), its
-    metrics with the run's ``mfu`` (:func:`dse.leaderboard.mfu`; ``precision``: the trial's) when it has TFLOP/s."""
+    metrics with the run's ``mfu`` (:func:`dse.study.leaderboard.mfu`; ``precision``: the trial's) when it has TFLOP/s."""
     metrics = info["metrics"]
     if (u := mfu(metrics.get("tflops_per_gpu"), info["gpu"], precision)) is not None:
         metrics = {**metrics, "mfu": u}
@@ -133,7 +133,7 @@ class Recorder:
 
 
 def write_leaderboard(df, out: Path) -> Path:
-    """``out/leaderboard.csv``, run directories relative to the study directory (:func:`dse.leaderboard.
+    """``out/leaderboard.csv``, run directories relative to the study directory (:func:`dse.study.leaderboard.
     relative_run_dirs`, as ``dse leaderboard DIR --csv FILE`` writes them)."""
     relative_run_dirs(df, out)
     try:

@@ -3,8 +3,8 @@
 A directory holds one study: ``dse.json`` (what ran: space file, study name, storage URL, knob names), the
 store (``study.db`` by default), ``trials/NNNNN/`` run directories and ``leaderboard.csv``. A lock file
 keeps a second ``dse run`` out of a directory in use, unless each is a ``--worker`` (they share it and
-claim points in the storage: :mod:`dse.claims`). What a trial records is :mod:`dse.recording`; the loop
-that runs trials is :mod:`dse.study`.
+claim points in the storage: :mod:`dse.study.claims`). What a trial records is :mod:`dse.study.recording`; the loop
+that runs trials is :mod:`dse.study.loop`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dse.fsutil import write_text
 from dse.inputs import read_text
 from dse.logs import logpack
 from dse.space import Space
-from dse.store import PASSWORD_ENV, Store, check_url, sqlite_path, without_password
-from dse.store import exists as study_exists
+from dse.study.store import PASSWORD_ENV, Store, check_url, sqlite_path, without_password
+from dse.study.store import exists as study_exists
 
 META = "dse.json"
 DB = "study.db"
@@ -43,7 +43,7 @@ def trial_dir(out_dir: Path, number: int) -> Path:
 
 def stored_run_dir(number: int) -> str:
     """The run directory as the store keeps it: relative to the study directory (``trials/00003``), so a
-    moved or copied study still finds it; readers get it resolved (``dse.store.resolve_run_dir``)."""
+    moved or copied study still finds it; readers get it resolved (``dse.study.store.resolve_run_dir``)."""
     return trial_dir(Path("."), number).as_posix()
 
 
@@ -121,7 +121,7 @@ def new_meta(
     space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int, backend: str
 ) -> dict[str, Any]:
     """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
-    from dse.leaderboard import Provenance  # imported where used: only a new study's description needs it
+    from dse.study.leaderboard import Provenance  # imported where used: only a new study's description needs it
 
     return {
         "space": space.source,

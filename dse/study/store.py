@@ -11,8 +11,8 @@ The schema, version :data:`SCHEMA_VERSION` (kept in ``dse_meta``):
   which names the run directory, is assigned here and only here: by counting for a single writer
   (:meth:`Store.next_number`), by the database for workers (:meth:`Store.add_numbered`; the primary key
   makes two workers taking one number impossible).
-- ``dse_claims``: the per-point claims of workers (:mod:`dse.claims` says how they work).
-- ``dse_fingerprints``: a study's fingerprint (what defines it, :func:`dse.outdir.fingerprint`), written with
+- ``dse_claims``: the per-point claims of workers (:mod:`dse.study.claims` says how they work).
+- ``dse_fingerprints``: a study's fingerprint (what defines it, :func:`dse.study.outdir.fingerprint`), written with
   the study in one transaction; a resume is checked against it, never against a file beside the store. A
   store of a dse that kept none gains the table and the row at its first resume (an added table: the schema
   version is unchanged, and an older dse ignores it).

@@ -11,9 +11,9 @@ interrupted row. A Ctrl-C gives the worker's claims up at once (lease 0), so ``-
 
 Why a table of its own: nothing in a trial's row keeps two workers from starting the same point; a primary
 key on the point is the one thing that makes "never a point twice" hold without a lock server. The table is
-part of the store's schema (:mod:`dse.store`), in the same database (SQLite or PostgreSQL).
+part of the store's schema (:mod:`dse.study.store`), in the same database (SQLite or PostgreSQL).
 
-Trial numbers come from the database in this mode (:meth:`dse.store.Store.add_numbered`), since no worker
+Trial numbers come from the database in this mode (:meth:`dse.study.store.Store.add_numbered`), since no worker
 can count alone: the placeholder row of a claimed point is a trial row like any other, in the store's one
 layout.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from dse.store import CLAIMS, Store, TrialRecord, make_engine
+from dse.study.store import CLAIMS, Store, TrialRecord, make_engine
 
 LEASE_S = 60.0  # a dead worker's points wait this long before another worker reruns them
 

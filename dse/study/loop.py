@@ -1,11 +1,11 @@
 """The agent loop: build the environment and the agent, run trials, record them.
 
-A study lives in an output directory (:mod:`dse.outdir`: ``dse.json``, the store, ``trials/NNNNN/`` run
+A study lives in an output directory (:mod:`dse.study.outdir`: ``dse.json``, the store, ``trials/NNNNN/`` run
 directories, the lock that keeps a second ``dse run`` out unless each is a ``--worker``); its trials are
-written by :mod:`dse.recording` (rows in the store, the leaderboard, ``best/``). This module runs the loop:
+written by :mod:`dse.study.recording` (rows in the store, the leaderboard, ``best/``). This module runs the loop:
 :class:`StudyLoop` holds what is queued, what is in flight, the best measured and the trials done, and each
-of its steps is a method. ``--parallel N`` keeps N trials in flight (:mod:`dse.parallel`); ``--worker``s
-claim points in the storage (:mod:`dse.claims`).
+of its steps is a method. ``--parallel N`` keeps N trials in flight (:mod:`dse.study.parallel`); ``--worker``s
+claim points in the storage (:mod:`dse.study.claims`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from dse import constraints, knobs, outdir
+from dse import constraints, knobs
 from dse import registry as reg
 from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
@@ -29,16 +29,20 @@ from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
 from dse.calibrate import calibrated_miss, calibrated_params
 from dse.calibration_file import write as write_calibration
-from dse.claims import LEASE_S, Claims
 from dse.counting import check_not_empty, count_valid
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
-from dse.forecast import Screen, StudyCost, model_forecaster, study_cost
+from dse.forecast import PointForecast, Screen, StudyCost, model_forecaster, study_cost
 from dse.launch import build_plan
-from dse.leaderboard import Baseline, Summary
 from dse.logs.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
-from dse.outdir import (
+from dse.perfmodel import predict
+from dse.refit import StudyModel
+from dse.space import WALK_LIMIT, Space
+from dse.study import outdir
+from dse.study.claims import LEASE_S, Claims
+from dse.study.leaderboard import Baseline, Summary, predicted_metrics
+from dse.study.outdir import (
     DB,
     LEADERBOARD,
     META,
@@ -50,17 +54,14 @@ from dse.outdir import (
     stored_storage,
     trial_dir,
 )
-from dse.parallel import Done, Pool
-from dse.perfmodel import predict
-from dse.probe_screen import ProbeScreen, check_probe_screen
-from dse.recording import Recorder, placeholder, record_of, write_best_of
-from dse.refit import StudyModel
-from dse.space import WALK_LIMIT, Space
-from dse.store import Store, TrialRecord
+from dse.study.parallel import Done, Pool
+from dse.study.probe_screen import ProbeScreen, check_probe_screen
+from dse.study.recording import Recorder, placeholder, record_of, write_best_of
+from dse.study.store import Store, TrialRecord
 from dse.trial import TrialConfig, resolve
 
-# The study's API; the output directory's names (dse.outdir) stay importable from here for the CLI,
-# dse.generations, dse.results.compare and the tests.
+# The study's API; the output directory's names (dse.study.outdir) stay importable from here for the CLI,
+# dse.study.generations, dse.results.compare and the tests.
 __all__ = [
     "DB",
     "LEADERBOARD",
@@ -88,6 +89,10 @@ __all__ = [
 
 
 MODEL_FILE = "calibration.toml"  # the study's refit model, a calibration file (--calibration, --warm-start take it)
+
+
+def _as_metrics(p: PointForecast) -> dict[str, float]:
+    return predicted_metrics(p.step_time_s, p.peak_memory_gib, p.memory_gib)
 
 
 def learns(space: Space, backend: Backend) -> bool:
@@ -256,7 +261,7 @@ def run_study(
     proposes, and shown to it as its own outcomes (warm start); a seed the study already ran is skipped, so a
     resumed study does not run them again. ``default_out``: the user gave no ``--out`` (``out_dir`` is the
     default), so an error names the default, not the flag. ``parallel``: trials in flight at once
-    (``--parallel``, default ``[search] parallel``; see :mod:`dse.parallel`): results are recorded as they
+    (``--parallel``, default ``[search] parallel``; see :mod:`dse.study.parallel`): results are recorded as they
     finish, in any order, each under the number it was given at its launch.
 
     A Ctrl-C stops every running trial (each backend's own way: ``scancel``, the process group) and raises
@@ -268,7 +273,7 @@ def run_study(
 
     ``worker``: one of several processes on the same study (same ``out_dir``, or the same ``storage``): the
     directory is shared instead of locked, each point is claimed in the storage before it runs
-    (:mod:`dse.claims`; a dead worker's claims expire after ``lease_s``), trial numbers come from the
+    (:mod:`dse.study.claims`; a dead worker's claims expire after ``lease_s``), trial numbers come from the
     storage, and each worker's agent is shown the others' results as they come. A worker starts the study
     when there is none yet, and joins it otherwise (``--resume`` is implied). ``trials`` is the study's
     budget; the workers may overshoot it by the trials the others have in flight.
@@ -362,7 +367,7 @@ def _preflight(space: Space, req: Request, backend: Backend) -> None:
     check_probe_screen(space, req.backend)
     trial = resolve(space, next(iter(space.points())))
     settings = space.backend
-    # best/ writes the payload a real run uses (dse.best.write_best: the sim payload's is nemo2)
+    # best/ writes the payload a real run uses (dse.study.best.write_best: the sim payload's is nemo2)
     best_payload = "nemo2" if settings.payload == "sim" else settings.payload
     needed = "needed by every trial's launch"
     try:
@@ -566,7 +571,7 @@ class StudyLoop:
         )
         self.model = Screen(space, self.learner)
         self.screen = self.model if self.model.on else None
-        # [search] screen = "probe": each point probed on one GPU before its launch (dse.probe_screen)
+        # [search] screen = "probe": each point probed on one GPU before its launch (dse.study.probe_screen)
         self.prober = (
             ProbeScreen(space, out, req.backend, self.model, worker=req.worker)
             if space.search.screen == "probe"
@@ -733,7 +738,7 @@ class StudyLoop:
         else:
             number = self.recorder.next_number()
         result = StepResult(*self.env.outcome(action, RunMetrics.screened(why), launched=False, trial=trial))
-        result = with_predicted(result, self.model.point(trial).as_metrics())
+        result = with_predicted(result, _as_metrics(self.model.point(trial)))
         self._finish(number, action, result, over=over)
         return True
 
@@ -745,11 +750,11 @@ class StudyLoop:
         return with_predicted(StepResult(*self.env.step(action)), predicted)
 
     def _predicted(self, trial: TrialConfig) -> dict[str, float]:
-        """The study's model's figures for ``trial`` now (:meth:`dse.forecast.PointForecast.as_metrics`); none for
+        """The study's model's figures for ``trial`` now (:func:`dse.study.leaderboard.predicted_metrics`); none for
         a point that is not launched for a rule or the backend (the model cannot predict a broken layout)."""
         if self.env.check(trial) is not None:
             return {}
-        return self.model.point(trial).as_metrics()
+        return _as_metrics(self.model.point(trial))
 
     def _run_here(self, number: int, action: dict[str, int], *, rerun: bool) -> None:
         """One trial in this thread (``--parallel 1``, and points rejected without a launch)."""

@@ -34,7 +34,7 @@ from dse.fsutil import atomic_write
 from dse.hardware import HARDWARE
 from dse.inputs import csv_cell
 from dse.logs.parse import UNLAUNCHED_STATUSES
-from dse.store import TrialRecord
+from dse.study.store import TrialRecord
 
 if TYPE_CHECKING:
     from dse.space import Space
@@ -44,6 +44,14 @@ METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak
 #: peak memory (leaderboard columns, beside the measured ones) and the GPU memory the peak was held against.
 PREDICTED = ("predicted_step_time_s", "predicted_peak_memory_gib", "predicted_memory_gib")
 PREDICTED_COLUMNS = PREDICTED[:2]
+
+
+def predicted_metrics(step_time_s: float, peak_memory_gib: float, memory_gib: float) -> dict[str, float]:
+    """What a trial's record keeps of the model's forecast made at its launch (:data:`PREDICTED`): the predicted
+    step time and peak memory beside the measured ones, and the GPU memory it was held against."""
+    return dict(zip(PREDICTED, (step_time_s, peak_memory_gib, memory_gib)))
+
+
 HEAD = ("trial", "status", "reward", *METRIC_COLUMNS, *PREDICTED_COLUMNS)
 TAIL = ("gpu", "num_gpus", "gpu_hours", "steps", "early_stopped", "gpu_hours_saved", "run_dir", "reason")
 PROVENANCE_COLUMNS = ("backend", "truth", "calibration")
@@ -241,7 +249,7 @@ def _ranked(df: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class ProbeCost:
-    """A study's probes (``[search] screen = "probe"``, :mod:`dse.probe_screen`) as ``dse.json`` counts them:
+    """A study's probes (``[search] screen = "probe"``, :mod:`dse.study.probe_screen`) as ``dse.json`` counts them:
     points probed, ranks probed (one one-GPU run each), points the probes screened, and the probes' GPU-minutes
     (measured wall time of one GPU each), which are not in the runs' GPU-hours."""
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
 from dse.launch import LaunchPlan, build_plan
-from dse.leaderboard import ModelError, Provenance
 from dse.space import Space
-from dse.store import TrialRecord
+from dse.study.leaderboard import ModelError, Provenance
+from dse.study.store import TrialRecord
 from dse.trial import resolve
 
 BEST_DIR = "best"
