@@ -27,7 +27,18 @@ from pydantic import Field
 from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
 from dse.policy import Policy, check_path, load, train
-from dse.searchgame import Forecast, History, Key, Outcome, SearchGame, fraction, observation_space, reference
+from dse.searchgame import (
+    DEFAULT_BUDGET,
+    Forecast,
+    History,
+    Key,
+    Outcome,
+    SearchGame,
+    fraction,
+    observation_space,
+    reference,
+    value_counts,
+)
 
 MAX_POINTS = 200_000  # every point is kept as a candidate row (as the guided agent's)
 DRAWS = 256  # draws from the policy per proposal before the most probable untried point is taken
@@ -84,7 +95,7 @@ class PolicyAgent(Agent):
         self.tried = np.zeros(len(keys), dtype=bool)
         self.index = {k: i for i, k in enumerate(keys)}
         self.ref = reference(self.forecasts)
-        self.history = History(self.sizes)
+        self.history = History(self.sizes, value_counts(self.keys, self.sizes))
         self._rng = np.random.default_rng(self.seed)
         if policy is not None:
             check_path(policy)  # there, a regular file, a safetensors header: dse validate checks this far
@@ -98,12 +109,15 @@ class PolicyAgent(Agent):
 
     def _prepared(self) -> Policy:
         if self._policy is None:
-            dim = observation_space(len(self.sizes)).shape[0]
+            dim = observation_space(self.sizes).shape[0]
             self._policy = (
-                load(self.path, self.sizes, dim, space=self.space_fingerprint)
+                load(self.path, [*self.sizes, 2], dim, space=self.space_fingerprint)
                 if self.path
                 else self._train_on_model(self.train_steps)
             )
+            # the observation's share of the budget spent is as the policy's training episodes counted it
+            budget = self._policy.meta.trained.get("budget", DEFAULT_BUDGET)
+            self.history.budget = budget if isinstance(budget, int) and budget > 0 else DEFAULT_BUDGET
         return self._policy
 
     @property
@@ -120,7 +134,7 @@ class PolicyAgent(Agent):
             return Outcome("ok", f.reward, f.peak_memory_gib) if f.peak_memory_gib <= f.memory_gib else Outcome("oom")
 
         def make() -> SearchGame:
-            return SearchGame(self.names, self.sizes, forecasts, truth, budget=min(50, len(forecasts)))
+            return SearchGame(self.names, self.sizes, forecasts, truth, budget=min(DEFAULT_BUDGET, len(forecasts)))
 
         key = (tuple(self.names), tuple(self.sizes), tuple(sorted(forecasts.items())), self.seed, steps)
         if key not in _TRAINED:
@@ -134,7 +148,7 @@ class PolicyAgent(Agent):
         if not untried.any():
             self.stop_reason = f"stopped: every valid point tried, after {self.history.runs} runs"
             return None
-        logp = self.policy.log_probs(self.history.vector())
+        logp = self.policy.log_probs(self.history.vector())[: len(self.sizes)]  # the knobs' (the agent never stops)
         probs = [np.exp(lp - lp.max()) / np.exp(lp - lp.max()).sum() for lp in logp]
         draws = np.stack([self._rng.choice(len(p), size=DRAWS, p=p) for p in probs], axis=1)
         for row in draws:

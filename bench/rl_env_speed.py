@@ -31,10 +31,13 @@ def drive(env, steps: int, rng: np.random.Generator, vector: bool = False) -> tu
         n = env.action_space.nvec if not vector else env.single_action_space.nvec
         if vector:
             action = rng.integers(0, n, size=(env.num_envs, len(n)))
+            action[:, -1] = 0  # never stop: a random stop would end most episodes in two steps
             _, _, term, trunc, info = env.step(action)
             runs += int(np.sum(info["launched"]))
         else:
-            _, _, term, trunc, info = env.step(rng.integers(0, n))
+            action = rng.integers(0, n)
+            action[-1] = 0
+            _, _, term, trunc, info = env.step(action)
             runs += int(info["launched"])
             if term or trunc:
                 env.reset()

@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dse.errors import UserError
-from dse.space import MAX_KNOBS, MAX_VALUES_PER_KNOB
+from dse.space import MAX_KNOBS, MAX_VALUES_PER_KNOB, WALK_LIMIT
 
 RL_EXTRA = "the learned policy needs the rl extra: pip install 'dse[rl]' (install a CPU torch first: docs/rl.md)"
 # PPO's settings for these short episodes (tens of steps): a rollout of 256 steps per environment, small batches
@@ -44,7 +44,7 @@ VERSION: Final = 1
 META_KEY = "dse_policy"  # the safetensors metadata entry that holds the JSON document
 MAX_FILE_BYTES = 64 * 2**20  # a trained policy is tens of KB; this bounds what a hostile file makes dse read
 MAX_WIDTH, MAX_DEPTH = 1024, 8  # per hidden layer, hidden layers per MLP
-MAX_OBS = 4 * MAX_KNOBS + 64  # the game's observation has 2 entries per knob and a dozen more
+MAX_OBS = 4 * MAX_KNOBS + 64 + WALK_LIMIT  # 2 entries per knob, a score more, and one per knob value (walkable)
 
 _Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
 
@@ -77,15 +77,18 @@ class PolicyMeta(_Strict):
     version: Literal[1] = VERSION
     architecture: Architecture = Field(default_factory=Architecture)
     observation_dim: int = Field(ge=1, le=MAX_OBS)
-    action_sizes: list[Annotated[int, Field(ge=1, le=MAX_VALUES_PER_KNOB)]] = Field(min_length=1, max_length=MAX_KNOBS)
+    # one per knob, then the game's stop entry (2)
+    action_sizes: list[Annotated[int, Field(ge=1, le=MAX_VALUES_PER_KNOB)]] = Field(
+        min_length=2, max_length=MAX_KNOBS + 1
+    )
     knobs: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=MAX_KNOBS)
     space: SpaceStamp | None = None
     trained: dict[str, int | list[int]] = Field(default_factory=dict, max_length=16)  # twins, steps, seed: a record
 
     @model_validator(mode="after")
     def _one_name_per_knob(self) -> PolicyMeta:
-        if self.knobs and len(self.knobs) != len(self.action_sizes):
-            raise ValueError(f"{len(self.knobs)} knob names for {len(self.action_sizes)} action sizes")
+        if self.knobs and len(self.knobs) + 1 != len(self.action_sizes):
+            raise ValueError(f"{len(self.knobs)} knob names for {len(self.action_sizes)} action sizes (knobs, stop)")
         return self
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -202,7 +205,12 @@ def train(
         action_sizes=[int(n) for n in act.nvec],
         knobs=list(knobs),
         space=SpaceStamp.model_validate(dict(space)) if space is not None else None,
-        trained={"steps": int(steps), "seed": int(seed), "environments": len(env_fns)},
+        trained={
+            "steps": int(steps),
+            "seed": int(seed),
+            "environments": len(env_fns),
+            "budget": int(vec.get_attr("budget")[0]),
+        },
     )
     model.policy.set_training_mode(False)
     return Policy(model.policy, meta)

@@ -175,10 +175,12 @@ def in_memory_truth(tab: Table, twin: Twin | None, seed: int = 0) -> Callable[[K
 
 @dataclass(frozen=True)
 class TwinDraw:
-    """The game's redraw on a twin: ``twin_seed -> (truth, best)`` for the twin of that seed (in memory)."""
+    """The game's redraw on a twin: ``twin_seed -> (truth, best)`` for the twin of that seed (in memory);
+    ``seeds``: the range (inclusive) a reset's seed draws a twin seed from (a split of the suite)."""
 
     tab: Table
     seed: int = 0
+    seeds: tuple[int, int] = (0, MAX_SEED)
 
     def __call__(self, twin_seed: int) -> tuple[Callable[[Key], Outcome], float | None]:
         twin = make_twin(self.tab.space, twin_seed, trials=self.tab.trials)
@@ -236,7 +238,9 @@ def _game(
     tab: Table, truth: Callable[[Key], Outcome], best: float | None, budget: int, options: dict[str, Any], **kw: Any
 ) -> SearchGame:
     s = tab.space
-    return SearchGame(s.knob_names, tab.sizes, tab.forecasts, truth, budget=budget, best=best, **options, **kw)
+    game = SearchGame(s.knob_names, tab.sizes, tab.forecasts, truth, budget=budget, best=best, **options, **kw)
+    game.table = tab  # the space's points, resolved: what the suite's shared encoding reads
+    return game
 
 
 def make_env(
@@ -249,14 +253,19 @@ def make_env(
     out_dir: str | Path | None = None,
     seed: int = 0,
     table_: Table | None = None,
+    twin_range: tuple[int, int] = (0, MAX_SEED),
     **options: Any,
 ) -> SearchGame:
     """The entry point of ``dse/Recipe-v0`` (see the module docstring). ``options``: the game's ``target``,
-    ``run_cost``, ``waste_cost``."""
+    ``run_cost``, ``waste_cost``; ``twin_range``: the twin seeds a reset's seed draws from (inclusive)."""
     args = check_args(
         backend=backend, twin_seed=twin_seed, budget=budget, in_memory=in_memory, out_dir=out_dir, seed=seed, **options
     )
     budget, options = args.pop("budget"), args
+    if not isinstance(twin_range, tuple | list) or len(twin_range) != 2:
+        raise TypeError(f"twin_range takes (first, last) twin seeds; got {twin_range!r}")
+    lo = check_int("twin_range[0]", twin_range[0], 0, MAX_SEED)
+    twin_range = (lo, check_int("twin_range[1]", twin_range[1], lo, MAX_SEED))
     s = as_space(space)
     if twin_seed is None and backend == "sim" and s.backend.truth == "twin":
         twin_seed = s.backend.twin_seed
@@ -266,7 +275,7 @@ def make_env(
     twin = make_twin(s, twin_seed, trials=tab.trials) if twin_seed is not None else None
     best = twin_best(s, tab, twin) if twin is not None else None
     if backend == "sim" and in_memory:
-        redraw = TwinDraw(tab, seed) if twin is not None else None
+        redraw = TwinDraw(tab, seed, twin_range) if twin is not None else None
         return _game(tab, in_memory_truth(tab, twin, seed), best, budget, options, redraw=redraw, twin_seed=twin_seed)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dse-env-"))
     if backend == "replay":

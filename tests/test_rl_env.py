@@ -8,10 +8,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import dse.envs
-from dse.envs.search import make_env, table, twin_best
+from dse.envs.search import make_env, table
 from dse.errors import UserError
-from dse.perfmodel.twin import make_twin
-from dse.searchgame import features
+from dse.searchgame import action_of, features
 from dse.space import load_space
 
 SPACE = "conf/spaces/nemotron3_8b_space.toml"  # small: 216 raw points, 162 valid
@@ -35,7 +34,10 @@ def test_gym_make_passes_check_env():
     env = gym.make("dse/Recipe-v0", space=SPACE, backend="sim", twin_seed=2, budget=10)
     check_env(env.unwrapped, skip_render_check=True)
     obs, _ = env.reset(seed=0)
-    assert env.observation_space.contains(obs) and obs.shape == (len(features(load_space(SPACE).knob_names)),)
+    sp = load_space(SPACE)
+    assert env.observation_space.contains(obs) and obs.shape == (
+        len(features(sp.knob_names, [len(sp.knobs[n]) for n in sp.knob_names])),
+    )
 
 
 def test_the_vector_form_is_one_twin_per_sub_environment_and_each_passes_check_env():
@@ -50,7 +52,7 @@ def test_the_vector_form_is_one_twin_per_sub_environment_and_each_passes_check_e
     # the same point, three twins: three different measured values
     fits = {k: f for k, f in games[0].forecasts.items() if f.peak_memory_gib < 0.8 * f.memory_gib}
     top = max(fits, key=lambda k: fits[k].reward)
-    action = np.tile(np.array(top, dtype=np.int64), (3, 1))
+    action = np.tile(action_of(top), (3, 1))
     _, rewards, *_, infos = vec.step(action)
     assert len(set(np.round(infos["reward"], 6))) == 3 and rewards.shape == (3,)
 
@@ -69,20 +71,67 @@ def test_in_memory_figures_are_the_figures_of_runs_on_disk(space, tab, tmp_path)
     assert len(list((tmp_path / "trials").iterdir())) == len(keys)  # the slow path did run each point
 
 
-def test_budget_truncates_and_the_stop_rule_terminates(space, tab):
-    twin = make_twin(space, 4, trials=tab.trials)
-    best = twin_best(space, tab, twin)
+def test_the_budget_truncates_the_step_that_spends_it_and_nothing_launches_past_it(space, tab):
     env = make_env(space, twin_seed=4, table_=tab, budget=3)
     env.reset()  # no seed: twin 4 (a seed would draw another twin)
     ok_keys = [k for k in tab.forecasts if env.truth(k).status == "ok"]
-    worst = sorted(ok_keys, key=lambda k: env.truth(k).reward)[:3]
-    ends = [env.step(np.array(k))[2:4] for k in worst]
+    worst = sorted(ok_keys, key=lambda k: env.truth(k).reward)[:4]
+    ends = [env.step(action_of(k))[2:4] for k in worst[:3]]
     assert ends == [(False, False), (False, False), (False, True)]  # truncated: the budget of 3 runs is spent
-    env.reset()
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(action_of(worst[3]))
+    assert len(env.tried) == 3 and env.history.runs == 3
+
+
+def test_the_truths_best_ends_nothing_and_changes_no_reward(space, tab):
+    """The twin's best is an oracle: the episode goes on after it is found, and the rewards and observations are
+    those of a game that does not know it; only info's scores use it."""
+    env = make_env(space, twin_seed=4, table_=tab, budget=5)
+    blind = make_env(space, twin_seed=4, table_=tab, budget=5)
+    env.reset(), blind.reset()
+    blind.true_best = None
+    ok_keys = [k for k in tab.forecasts if env.truth(k).status == "ok"]
     top = max(ok_keys, key=lambda k: env.truth(k).reward)
-    _, reward, terminated, truncated, info = env.step(np.array(top))
-    assert terminated and not truncated and env.truth(top).reward >= 0.99 * best
-    assert reward == pytest.approx(info["best_fraction"] - env.run_cost)
+    for key in [top, *ok_keys[:2]]:
+        a, b = env.step(action_of(key)), blind.step(action_of(key))
+        assert np.array_equal(a[0], b[0]) and a[1:4] == b[1:4]
+        assert not (a[2] or a[3])  # the best point found ends nothing
+        assert a[4]["solved"] and a[4]["of_true_best"] >= env.target
+        assert b[4]["of_true_best"] is None and not b[4]["solved"]
+    assert a[1] == pytest.approx(-env.run_cost)
+
+
+def test_the_stop_action_ends_the_episode_launching_nothing_for_free(space, tab):
+    env = make_env(space, twin_seed=4, table_=tab)
+    obs0, _ = env.reset()
+    key = next(iter(tab.forecasts))
+    obs, reward, terminated, truncated, info = env.step(action_of(key, stop=True))
+    assert terminated and not truncated and reward == 0.0
+    assert info["status"] == "stop" and info["stop"] and not info["launched"] and not env.tried
+    assert np.array_equal(obs, obs0)
+    assert env.action_masks()[-1]  # stop is always allowed
+    with pytest.raises(RuntimeError):
+        env.step(action_of(key))
+    env.reset()
+    assert env.step(action_of(key))[4]["launched"]
+
+
+def test_a_repeat_is_its_own_status_and_the_observation_counts_the_tried_values(space, tab):
+    env = make_env(space, twin_seed=0, table_=tab)
+    env.reset()
+    names = features(space.knob_names, tab.sizes)
+    keys = list(tab.forecasts)[:3]
+    for key in keys:
+        obs, *_ = env.step(action_of(key))
+    valid = np.array(list(tab.forecasts))
+    for j, n in enumerate(space.knob_names):
+        for i in range(tab.sizes[j]):
+            tried = sum(k[j] == i for k in keys)
+            share = tried / max(int((valid[:, j] == i).sum()), 1)
+            assert obs[names.index(f"tried.{n}[{i}]")] == pytest.approx(share)
+    obs, reward, *_, info = env.step(action_of(keys[0]))
+    assert info["status"] == "repeat" and not info["launched"] and reward == -env.waste_cost
+    assert obs[names.index("status.repeat")] == 1.0 and obs[names.index("status.rejected")] == 0.0
 
 
 def test_a_rejected_point_launches_nothing_and_costs_a_little(space, tab):
@@ -90,10 +139,10 @@ def test_a_rejected_point_launches_nothing_and_costs_a_little(space, tab):
     env.reset(seed=0)
     sizes = tab.sizes
     bad = next(k for k in np.ndindex(*sizes) if k not in tab.forecasts)
-    obs, reward, terminated, truncated, info = env.step(np.array(bad))
+    obs, reward, terminated, truncated, info = env.step(action_of(bad))
     assert info["status"] == "rejected" and not info["launched"] and info["runs"] == 0
     assert reward == -env.waste_cost and not (terminated or truncated)
-    names = features(space.knob_names)
+    names = features(space.knob_names, sizes)
     assert obs[names.index("status.rejected")] == 1.0
 
 
@@ -124,18 +173,19 @@ def test_gym_make_imports_dse_envs_itself_through_the_module_prefix():
 @pytest.mark.parametrize(
     "bad",
     [
-        [1.5, 0, 0, 0, 0],
-        [1.0, 0, 0, 0, 0],  # integral, still a float: not an index
-        [True, 0, 0, 0, 0],
-        [1 + 0j, 0, 0, 0, 0],
-        [float("inf"), 0, 0, 0, 0],
-        [2**70, 0, 0, 0, 0],
-        [-1, 0, 0, 0, 0],
-        [0, 0, 0, 0],
-        np.array([0.5, 0, 0, 0, 0]),
-        np.array([True, False, False, False, False]),
-        np.zeros((1, 5), dtype=np.int64),
-        "00000",
+        [1.5, 0, 0, 0, 0, 0],
+        [1.0, 0, 0, 0, 0, 0],  # integral, still a float: not an index
+        [True, 0, 0, 0, 0, 0],
+        [1 + 0j, 0, 0, 0, 0, 0],
+        [float("inf"), 0, 0, 0, 0, 0],
+        [2**70, 0, 0, 0, 0, 0],
+        [-1, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 2],  # stop is 0 or 1
+        [0, 0, 0, 0, 0],  # a point without its stop entry
+        np.array([0.5, 0, 0, 0, 0, 0]),
+        np.array([True, False, False, False, False, False]),
+        np.zeros((1, 6), dtype=np.int64),
+        "000000",
         3,
     ],
 )
@@ -145,8 +195,8 @@ def test_an_action_outside_the_action_space_is_a_value_error_and_runs_nothing(sp
     with pytest.raises(ValueError, match="is not in the action space"):
         env.step(bad)
     assert env.proposals == 0 and not env.tried  # nothing proposed, nothing run
-    _, _, _, _, info = env.step([0, 0, 0, 0, 0])  # the env still works, and ints of any integer type are indices
-    env.step(np.array([0, 0, 0, 0, 1], dtype=np.uint8))
+    _, _, _, _, info = env.step([0, 0, 0, 0, 0, 0])  # the env still works, and ints of any integer type are indices
+    env.step(np.array([0, 0, 0, 0, 1, 0], dtype=np.uint8))
     assert env.proposals == 2 and info["action"] == (0, 0, 0, 0, 0)
 
 

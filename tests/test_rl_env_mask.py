@@ -11,6 +11,7 @@ import pytest
 
 import dse.envs  # noqa: F401  (registers dse/Recipe-v0)
 from dse.envs.search import make_env, table
+from dse.searchgame import action_of
 from dse.space import load_space
 
 SPACE = "conf/spaces/nemotron3_8b_space.toml"  # small: 216 raw points, 162 valid
@@ -30,16 +31,16 @@ def test_the_mask_is_false_exactly_where_a_step_would_launch_nothing(tab):
     _, info = env.reset(seed=0)
     assert np.array_equal(info["action_mask"], env.action_masks())
     for key in list(tab.forecasts)[:5]:  # some points tried: the mask must drop them
-        *_, info = env.step(np.array(key))
+        *_, info = env.step(action_of(key))
     mask = env.action_masks()
     assert np.array_equal(info["action_mask"], mask)
-    assert mask.shape == (int(np.prod(tab.sizes)),) and mask.dtype == bool
+    assert mask.shape == (int(np.prod(tab.sizes)) + 1,) and mask.dtype == bool and mask[-1]  # the last: stop
     for key in np.ndindex(*tab.sizes):  # every action of the space, each from the same state
         probe = copy.deepcopy(env)
-        *_, info = probe.step(np.array(key))
+        *_, info = probe.step(action_of(key))
         assert bool(mask[np.ravel_multi_index(key, tab.sizes)]) == info["launched"], (key, info["status"])
         assert info["launched"] or info["status"] in ("rejected", "repeat")
-    assert 0 < mask.sum() < len(tab.forecasts)
+    assert 0 < mask[:-1].sum() < len(tab.forecasts)
 
 
 def test_reset_with_a_seed_draws_a_twin_and_the_same_seed_the_same_twin(tab):
@@ -71,11 +72,11 @@ def test_the_twin_seed_option_pins_a_twin(tab):
 def test_the_environment_pickles_and_steps_identically(tab):
     env = gym.make("dse/Recipe-v0", space=SPACE, twin_seed=3, budget=20)
     env.reset(seed=1)
-    env.step(np.array(next(iter(tab.forecasts))))
+    env.step(action_of(next(iter(tab.forecasts))))
     clone = pickle.loads(pickle.dumps(env))
     rng = np.random.default_rng(0)
     for _ in range(15):
-        a = rng.integers(0, tab.sizes)
+        a = action_of(rng.integers(0, tab.sizes))
         x, y = env.step(a), clone.step(a)
         assert np.array_equal(x[0], y[0]) and x[1:4] == y[1:4] and x[4]["status"] == y[4]["status"]
 
@@ -87,4 +88,4 @@ def test_a_sync_vector_env_draws_a_distinct_twin_per_sub_environment(tab):
     assert len(set(seeds)) == 3
     keys = list(tab.forecasts)[::20]
     assert len({tuple(outcomes(e.unwrapped, keys)) for e in vec.envs}) == 3
-    assert info["action_mask"].shape == (3, int(np.prod(tab.sizes)))
+    assert info["action_mask"].shape == (3, int(np.prod(tab.sizes)) + 1)

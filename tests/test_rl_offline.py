@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dse.cli import app
 from dse.envs.search import table
 from dse.logs.parse import UNLAUNCHED_STATUSES
-from dse.searchgame import RUN_COST, WASTE_COST, reference
+from dse.searchgame import RUN_COST, WASTE_COST, features, reference
 from dse.space import load_space
 from dse.study.loop import open_store
 
@@ -41,7 +41,7 @@ def test_a_study_round_trips_through_minari(study, tmp_path):
     space = load_space(SPACE)
     assert ds.total_episodes == 1 and ds.total_steps == len(records)
     ep = next(ds.iterate_episodes())
-    want = [[space.knobs[n].index(r.knobs[n]) for n in space.knob_names] for r in records]
+    want = [[space.knobs[n].index(r.knobs[n]) for n in space.knob_names] + [0] for r in records]  # 0: no stop
     assert ep.actions.tolist() == want
     assert ep.infos["trial"].tolist() == [-1] + [r.number for r in records]
     for v, r in zip(ep.infos["value"][1:], records):
@@ -51,7 +51,8 @@ def test_a_study_round_trips_through_minari(study, tmp_path):
     launched = ep.infos["launched"][1:]
     assert launched.tolist() == [int(r.status not in UNLAUNCHED_STATUSES) for r in records]
     # the observation after each step says how many runs were launched so far (/100), and the last status
-    runs = ep.observations[:, -1]
+    sizes = [len(space.knobs[n]) for n in space.knob_names]
+    runs = ep.observations[:, features(space.knob_names, sizes).index("runs")]
     assert np.allclose(runs, np.concatenate([[0], np.cumsum(launched)]) / 100)
     assert ep.truncations[-1] and not ep.terminations.any()
     # the return is the best found (a fraction of the model's best forecast) less the cost of the proposals

@@ -22,11 +22,12 @@ twins = gym.make_vec("dse/Recipe-v0", num_envs=8, space=SPACE, twin_seed=1000, b
 model = PPO("MlpPolicy", DummyVecEnv([lambda e=e: e for e in twins.envs]), n_steps=64, batch_size=64, seed=0)
 model.learn(total_timesteps=steps)
 
-# One search on twin 0, which the policy never trained on: propose, observe, until the budget or the stop rule.
+# One search on twin 0, which the policy never trained on: propose, observe, until the budget or the policy stops.
 env = gym.make("dse/Recipe-v0", space=SPACE, twin_seed=0, budget=30)
 obs, info = env.reset()  # no seed: the twin stays twin 0 (a seed would draw another)
 terminated = truncated = False
 while not (terminated or truncated):
     action, _ = model.predict(obs)
+    action[-1] = 0  # its last entry is stop: this search spends the whole budget, however briefly PPO trained
     obs, reward, terminated, truncated, info = env.step(action)
 print(f"best found: {info['best_fraction']:.3f} of the model's best forecast, after {info['runs']} runs")

@@ -35,7 +35,7 @@ import numpy as np
 from dse.envs.search import ENV_ID, Table, table
 from dse.errors import UserError
 from dse.logs.parse import UNLAUNCHED_STATUSES
-from dse.searchgame import RUN_COST, WASTE_COST, History, fraction, reference
+from dse.searchgame import RUN_COST, WASTE_COST, History, action_of, fraction, reference, value_counts
 from dse.space import Space, load_space
 from dse.study.loop import open_store
 from dse.study.store import TrialRecord
@@ -64,7 +64,7 @@ class Episode:
 def episode(space: Space, tab: Table, records: list[TrialRecord]) -> Episode:
     """The study's records as one episode of the search game (see the module docstring)."""
     names, ref = space.knob_names, reference(tab.forecasts)
-    hist, tried, ep = History(tab.sizes), set(), Episode()
+    hist, tried, ep = History(tab.sizes, value_counts(tab.keys, tab.sizes)), set(), Episode()
     ep.observations.append(hist.vector())
     for rec in records:
         key = tuple(space.knobs[n].index(rec.knobs[n]) for n in names)
@@ -74,7 +74,7 @@ def episode(space: Space, tab: Table, records: list[TrialRecord]) -> Episode:
         value = fraction(rec.reward, ref) if rec.ok else 0.0
         gain = hist.record(key, rec.status, value, tab.forecasts.get(key), ref)
         ep.observations.append(hist.vector())
-        ep.actions.append(np.array(key, dtype=np.int64))
+        ep.actions.append(action_of(key))
         ep.rewards.append(gain - (RUN_COST if launched else WASTE_COST))
         metric = rec.metrics.get(space.objective.metric)
         ep.trial.append(rec.number)
