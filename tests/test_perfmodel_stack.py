@@ -327,11 +327,14 @@ def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
     short = dict(
         num_gpus=64, tp=2, pp=4, cp=2, vp=5, mbs=1, gbs=128, seq_length=8192, precision="fp8", tp_comm_overlap=True
     )  # ~6 ms per layer and micro-batch on the GPU
+    # a host slower than the layer (12 ms per layer forward + backward; the fitted time is whatever the published
+    # rows give, so the mechanism is tested at a stated one)
+    slow = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.012, container_host_bridge26=1.0)
     off = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.0)
     for gpu in ("gb200", "gb300"):
-        bound = predict_layout(arch, gpu, **short)
+        bound = predict_layout(arch, gpu, params=slow, **short)
         free = predict_layout(arch, gpu, params=off, **short)
-        graphed = predict_layout(arch, gpu, cuda_graph="local", cuda_graph_scope="full_iteration", **short)
+        graphed = predict_layout(arch, gpu, params=slow, cuda_graph="local", cuda_graph_scope="full_iteration", **short)
         assert bound.step_time_s > 1.3 * free.step_time_s, gpu
         # no host wait, and the captured layers' launch overhead (layer_overhead_s) gone too
         assert graphed.breakdown["time.host_wait_s"] == 0.0
@@ -342,7 +345,7 @@ def test_a_grace_host_bounds_short_layers_unless_the_step_is_graphed():
         # the wait is what the host's time adds over the GPU's, layer by layer
         layers = 16  # 80 layers over pp 4: the busiest stage's, as layer_compute_s counts
         m = 128 / (1 * 64 / (2 * 4 * 2))
-        assert bound.breakdown["time.host_wait_s"] < m * layers * DEFAULT_PARAMS.host_layer_s_grace
+        assert bound.breakdown["time.host_wait_s"] < m * layers * slow.host_layer_s_grace
     assert (
         predict_layout(arch, "b200", **short).step_time_s
         == predict_layout(arch, "b200", params=off, **short).step_time_s
@@ -363,6 +366,8 @@ def test_a_graphed_layout_is_faster_by_the_host_term_and_uses_more_memory():
 
     arch = RECIPES["nemotron4_340b"].arch
     lay = dict(num_gpus=128, tp=8, pp=4, vp=12, mbs=1, gbs=32, seq_length=4096, precision="fp8", tp_comm_overlap=True)
+    # a host slower than these layers (12 ms per layer; the fitted time is whatever the published rows give)
+    lay["params"] = DEFAULT_PARAMS.with_values(host_layer_s_grace=0.012)
     none = predict_layout(arch, "gb200", **lay)
     full = predict_layout(arch, "gb200", cuda_graph="local", **lay)
     attn = predict_layout(arch, "gb200", cuda_graph="transformer_engine", cuda_graph_scope="attn", **lay)
@@ -408,3 +413,29 @@ def test_master_weight_remainders_shrink_the_optimizer_shard_by_two_bytes_per_pa
     params_per_gpu = full.breakdown["mem.states_gib"] * 2**30 / (2 + 2 + 12 / 4)
     assert saved == pytest.approx(2.0 / 4 * params_per_gpu / 2**30, rel=0.01)
     assert rem.tokens_per_s_per_gpu == pytest.approx(full.tokens_per_s_per_gpu)
+
+
+def test_blackwell_bf16_gemms_hold_the_share_of_their_matmul_ceiling_that_fp8_does():
+    """Blackwell's bf16 GEMMs run at the fitted FP8 efficiency times the ratio of the measured bf16 and FP8 matmul
+    ceilings (Params.bf16_over_fp8_eff_blackwell); Hopper's at the measured bf16 ceiling (gemm_eff_bf16). A bf16 run
+    on GB200 is therefore slower than the bf16 peak ratio over H100 says, and a bf16 run's step time on Blackwell
+    moves with the ratio while Hopper's does not."""
+    from dse.perfmodel.layout import bf16_gemm_efficiency
+    from dse.perfmodel.model import predict_layout
+    from dse.recipes.models import RECIPES
+
+    P = DEFAULT_PARAMS
+    assert bf16_gemm_efficiency(P, "blackwell") == pytest.approx(
+        P.gemm_eff_fp8_blackwell * P.bf16_over_fp8_eff_blackwell
+    )
+    assert bf16_gemm_efficiency(P, "hopper") == P.gemm_eff_bf16
+    arch = RECIPES["llama3_70b"].arch
+    lay = dict(num_gpus=64, tp=4, pp=4, vp=5, mbs=1, gbs=128, seq_length=8192, precision="bf16")
+    faster = P.with_values(bf16_over_fp8_eff_blackwell=2 * P.bf16_over_fp8_eff_blackwell)
+    assert (
+        predict_layout(arch, "b200", params=faster, **lay).step_time_s < predict_layout(arch, "b200", **lay).step_time_s
+    )
+    assert (
+        predict_layout(arch, "h100", params=faster, **lay).step_time_s
+        == predict_layout(arch, "h100", **lay).step_time_s
+    )

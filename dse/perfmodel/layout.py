@@ -189,6 +189,7 @@ class Machine:
     attn_eff: float
     gemm_rate: float
     gemm_input_bytes: float
+    bf16_gemm_rate: float  # bf16 GEMMs (the output layer, unfused attention, a bf16 run's linear layers), FLOP/s
 
     @classmethod
     def of(cls, gpu: GpuSpec, params: Params, layout: ModelLayout) -> Machine:
@@ -209,6 +210,7 @@ class Machine:
         sw, sw_ultra = container_efficiency(P, layout.container)
         tensor_ratio = (P.ultra_tensor_ratio * sw_ultra if gpu.blackwell_ultra else 1.0) * sw
         bf16_peak = gpu.bf16_tflops * 1e12 * tensor_ratio
+        bf16_gemm = bf16_peak * bf16_gemm_efficiency(P, gpu.arch)
         if fp4 and gpu.fp4_tflops is not None:
             gemm_rate, gemm_in = gpu.fp4_tflops * 1e12 * tensor_ratio * P.gemm_eff_nvfp4, NVFP4_ELEMENT_BYTES
         elif fp8 and gpu.fp8_tflops is not None:  # (fp8 implies it; said again for the type checker)
@@ -218,7 +220,7 @@ class Machine:
             mx = P.mxfp8_gemm_ratio if layout.fp8_recipe == "mxfp8" else 1.0
             gemm_rate, gemm_in = gpu.fp8_tflops * 1e12 * tensor_ratio * eff8 * mx, 1.0
         else:
-            gemm_rate, gemm_in = bf16_peak * P.gemm_eff_bf16, 2.0
+            gemm_rate, gemm_in = bf16_gemm, 2.0
         return cls(
             gpu=gpu,
             params=P,
@@ -233,11 +235,21 @@ class Machine:
             attn_eff={"blackwell": P.attn_eff_blackwell, "ampere": P.attn_eff_ampere}.get(gpu.arch, P.attn_eff),
             gemm_rate=gemm_rate,
             gemm_input_bytes=gemm_in,
+            bf16_gemm_rate=bf16_gemm,
         )
 
     def link_Bps(self, span: float) -> float:
         """A point-to-point or ring link over ``span`` consecutive GPUs: NVLink inside one domain, else the NIC."""
         return self.nvlink_Bps if span <= self.nvlink_domain else self.nic_Bps
+
+
+def bf16_gemm_efficiency(params: Params, arch: str) -> float:
+    """The fraction of the bf16 peak that large bf16 GEMMs reach on ``arch``: the measured matmul ceiling on Hopper and
+    Ampere (``gemm_eff_bf16``); on Blackwell the fitted FP8 efficiency times the ratio of the measured bf16 and FP8
+    matmul ceilings (``bf16_over_fp8_eff_blackwell``; dse.perfmodel.timing says why)."""
+    if arch == "blackwell":
+        return params.gemm_eff_fp8_blackwell * params.bf16_over_fp8_eff_blackwell
+    return params.gemm_eff_bf16
 
 
 _FAMILIES = {f.name: f for f in FAMILIES}

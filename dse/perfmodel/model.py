@@ -316,7 +316,7 @@ def unfused_attention_time(shape: Shape, layout: ModelLayout, machine: Machine) 
     P, t, T, s = machine.params, shape.tp, shape.tokens, shape.seq_length
     a, d = shape.arch.num_attention_heads, shape.head_dim
     scores = shape.mbs * (a / t) * s * s / shape.cp  # score elements per micro-batch on this GPU
-    attn_gemm = 4.0 * T * s * (a / t) * d / (machine.bf16_peak * P.gemm_eff_bf16)
+    attn_gemm = 4.0 * T * s * (a / t) * d / machine.bf16_gemm_rate
     fwd_b, bwd_b = unfused_score_bytes(layout.dropout)
     forward = attn_gemm + scores * fwd_b * P.unfused_scores_scale / machine.hbm_Bps
     return forward, 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / machine.hbm_Bps
@@ -587,8 +587,7 @@ def logits_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stac
     h, V = arch.hidden_size, arch.vocab_size
     logits_flops = 2.0 * T * h * V / t
     logits_gemm = (
-        logits_flops / (machine.bf16_peak * P.gemm_eff_bf16)
-        + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / machine.hbm_Bps
+        logits_flops / machine.bf16_gemm_rate + ((T * h + h * V / t) * 2.0 + 2.0 * T * V / t) / machine.hbm_Bps
     )
     ce = T * V / t * cross_entropy_bytes(stack) * P.elementwise_scale / machine.hbm_Bps  # the payload's loss
     return 3.0 * logits_gemm + ce + (2.0 * tp_one if layout.sp and t > 1 else 0.0)

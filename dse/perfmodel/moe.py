@@ -161,7 +161,7 @@ def router_time(shape: Shape, machine: Machine) -> float:
     if not arch.num_experts:
         return 0.0
     T = local_tokens(shape)
-    gemm = 3.0 * 2.0 * T * arch.hidden_size * arch.num_experts / (machine.bf16_peak * machine.params.gemm_eff_bf16 / 4)
+    gemm = 3.0 * 2.0 * T * arch.hidden_size * arch.num_experts / (machine.bf16_gemm_rate / 4)
     return gemm + T * arch.num_experts * ROUTER_BYTES * machine.params.elementwise_scale / machine.hbm_Bps
 
 
