@@ -1,10 +1,10 @@
 """The ``policy`` agent (experimental): a learned search policy (PPO, Stable-Baselines3) proposes the points.
 
 With ``[search.options] policy = "FILE"`` it uses a policy that ``dse train-policy SPACE`` trained on twins of
-the space (a relative path is relative to the space file; the file is data, never code: :mod:`dse.policy`), refused
+the space (a relative path is relative to the space file; the file is data, never code: :mod:`dse.rl.policy`), refused
 when it was trained on another space; without one it first trains a policy of ``train_steps`` steps on the space's
 model forecast (the model as the truth: cheap, and no better than the model's own order). At each proposal it builds the observation of
-:class:`dse.searchgame.SearchGame` from what it has seen (the last point, its outcome, the best so far, the model's
+:class:`dse.rl.searchgame.SearchGame` from what it has seen (the last point, its outcome, the best so far, the model's
 forecast of the last point) and draws a point from the policy, as the policy acted while it trained; it draws again
 while the point is one already tried or one the rules reject (the model's forecast says which, or the action mask
 where there is no model), and after 256 draws takes the most probable untried point. It stops when none is left.
@@ -26,8 +26,8 @@ from pydantic import Field
 
 from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
-from dse.policy import Policy, check_path, load, train
-from dse.searchgame import (
+from dse.rl.policy import Policy, check_path, load, train
+from dse.rl.searchgame import (
     DEFAULT_BUDGET,
     Forecast,
     History,
@@ -103,7 +103,7 @@ class PolicyAgent(Agent):
         self._policy: Policy | None = None
 
     def prepare(self) -> None:
-        """Read the policy file (:func:`dse.policy.load`: validated, rebuilt, never unpickled), or train a policy on
+        """Read the policy file (:func:`dse.rl.policy.load`: validated, rebuilt, never unpickled), or train a policy on
         the model's forecast when the options name none."""
         self._prepared()
 

@@ -121,7 +121,7 @@ def search(space, agent_key, twin_table, seed, budget, forecast, screened=frozen
 
 def default_agents() -> list[str]:
     """Every agent, the policy agent only where its extra (Stable-Baselines3) is installed."""
-    from dse.policy import available
+    from dse.rl.policy import available
 
     return [a for a in AGENTS if a != "policy" or available()]
 
@@ -132,7 +132,7 @@ def train_policy_for(space, path: str, steps: int, twins: int) -> None:
     import tempfile
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as dse train-policy: torch's small MLP is faster on one thread
-    from dse.training import train_policy
+    from dse.rl.training import train_policy
 
     t0 = time.perf_counter()
     out = Path(tempfile.mkdtemp(prefix="dse-policy-")) / f"{space.name}.safetensors"

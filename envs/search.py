@@ -8,7 +8,7 @@
     env = gym.make("dse/Recipe-v0", space="conf/spaces/llama3_8b_space.toml", backend="sim", twin_seed=3, budget=30)
     vec = gym.make_vec("dse/Recipe-v0", num_envs=8, space="conf/spaces/llama3_8b_space.toml")  # twins 0..7
 
-The game itself (action, observation, reward, ``terminated`` and ``truncated``) is :class:`dse.searchgame.SearchGame`.
+The game itself (action, observation, reward, ``terminated`` and ``truncated``) is :class:`dse.rl.searchgame.SearchGame`.
 Its truth here is one of:
 
 * a **twin** of the space (``backend="sim"`` with ``twin_seed``, or a space whose ``[backend] truth = "twin"``): in
@@ -27,7 +27,7 @@ table of valid points and forecasts between its sub-environments.
 
 Every argument is checked before the space's table is built (:func:`check_args`): a wrong type is a ``TypeError``,
 a value out of range a ``ValueError``, each naming the argument and what it takes (the game's own arguments:
-:func:`dse.searchgame.game_args`).
+:func:`dse.rl.searchgame.game_args`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import Twin, make_twin, valid_trials
 from dse.recipes.sim.logwriter import write_log
-from dse.searchgame import Forecast, Key, Outcome, SearchGame, check_int, game_args
+from dse.rl.searchgame import Forecast, Key, Outcome, SearchGame, check_int, game_args
 from dse.space import WALK_LIMIT, Space, load_space
 from dse.trial import TrialConfig
 
@@ -94,7 +94,7 @@ def check_args(
     seed: Any = 0,
     **options: Any,
 ) -> dict[str, Any]:
-    """:func:`make_env`'s arguments checked (the game's in :func:`dse.searchgame.game_args`); the game's, normalised."""
+    """:func:`make_env`'s arguments checked (the game's in :func:`dse.rl.searchgame.game_args`); the game's, normalised."""
     if not isinstance(backend, str):
         raise TypeError(f"backend takes a backend's name (sim, local, slurm); got {backend!r}")
     if twin_seed is not None:

@@ -70,7 +70,10 @@ def test_every_module_sits_in_a_layer_of_the_import_contracts():
             continue
         for f in [*folder.glob("*.py")]:
             mod = pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"
-            if mod != "dse" and not any(mod == n or mod.startswith(n + ".") for n in named):
+            # a package's own module is placed where the package or any of its modules is (a room whose modules
+            # sit on several layers, as dse.rl's game below the agents and its training above the environment)
+            inner = f.stem == "__init__" and any(n.startswith(mod + ".") for n in named)
+            if mod != "dse" and not inner and not any(mod == n or mod.startswith(n + ".") for n in named):
                 missing.append(mod)
     assert missing == []
 

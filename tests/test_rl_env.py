@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 import dse.envs
 from dse.envs.search import make_env, table
 from dse.errors import UserError
-from dse.searchgame import action_of, features
+from dse.rl.searchgame import action_of, features
 from dse.space import load_space
 
 SPACE = "conf/spaces/nemotron3_8b_space.toml"  # small: 216 raw points, 162 valid
@@ -155,12 +155,12 @@ def test_a_space_too_large_to_walk_is_a_one_line_error(tmp_path):
 
 
 def test_without_the_rl_extra_the_policy_agent_is_a_one_line_error_naming_it(monkeypatch):
-    import dse.policy
+    import dse.rl.policy
     from dse.agents.base import load_agents, make_agent
     from tests.contracts import SPACE as TOY
     from tests.contracts import forecast, mask
 
-    monkeypatch.setattr(dse.policy, "available", lambda: False)
+    monkeypatch.setattr(dse.rl.policy, "available", lambda: False)
     with pytest.raises(UserError, match=r"pip install 'dse\[rl\]'"):
         make_agent("policy", load_agents(), TOY, action_mask=mask, forecast=forecast, train_steps=64)
 

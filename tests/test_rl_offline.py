@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dse.cli import app
 from dse.envs.search import table
 from dse.logs.parse import UNLAUNCHED_STATUSES
-from dse.searchgame import RUN_COST, WASTE_COST, features, reference
+from dse.rl.searchgame import RUN_COST, WASTE_COST, features, reference
 from dse.space import load_space
 from dse.study.loop import open_store
 

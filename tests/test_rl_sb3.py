@@ -41,7 +41,7 @@ def policy_space(tmp_path: Path, policy: str, *, name: str = "space.toml", extra
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A policy trained (shortly) by dse train-policy's code on twins of the nemotron3_8b space, and its file."""
-    from dse.training import train_policy
+    from dse.rl.training import train_policy
 
     out = tmp_path_factory.mktemp("policy") / "nemotron3.safetensors"
     return train_policy(SPACE, out, twins=2, steps=256)
@@ -87,7 +87,7 @@ def test_train_policy_then_the_policy_agent_runs_a_study_with_it(tmp_path):
 
 
 def test_a_policy_round_trips_and_acts_as_trained(trained):
-    from dse.policy import load
+    from dse.rl.policy import load
     from dse.space import load_space
     from dse.study.outdir import policy_fingerprint
 
@@ -137,7 +137,7 @@ def test_a_crafted_policy_file_is_refused_in_one_line_before_any_network_is_buil
     from safetensors.torch import load_file, save_file
 
     from dse.errors import UserError
-    from dse.policy import META_KEY, load
+    from dse.rl.policy import META_KEY, load
 
     meta = json.loads(trained.policy.meta.model_dump_json())
     tensors = load_file(str(trained.path))
@@ -210,7 +210,7 @@ def test_a_policy_trained_on_another_space_is_a_one_line_error(trained, tmp_path
 
 def test_validate_checks_only_that_the_policy_is_there(trained, tmp_path, monkeypatch):
     """dse validate reads no more of a policy than its first bytes: no network is built, nothing unpickled."""
-    from dse import policy
+    from dse.rl import policy
 
     def never(*a, **k):
         raise AssertionError("dse validate loaded the policy")
@@ -225,7 +225,7 @@ def test_validate_checks_only_that_the_policy_is_there(trained, tmp_path, monkey
 
 def test_force_replaces_a_file_and_without_it_one_that_appeared_during_training_is_kept(trained, tmp_path):
     from dse.errors import UserError
-    from dse.training import save
+    from dse.rl.training import save
 
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")  # as if written while the policy trained (train_policy checked it was absent)

@@ -34,7 +34,7 @@ def train_policy_cmd(
     # PPO's small MLP trains about twice as fast on one CPU thread as on torch's default pool (measured: 4,096
     # steps on nemotron3_8b in 6 s against 13 s); set before torch loads, and a user's own setting wins
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from dse.training import train_policy
+    from dse.rl.training import train_policy
 
     t0 = time.perf_counter()
     done = train_policy(space, out, twins=twins, steps=steps, seed=seed, budget=budget, force=force)

@@ -2,7 +2,7 @@
 
 The study is one episode of ``dse/Recipe-v0`` (:mod:`dse.envs.search`): each stored trial, in number order, is one
 step. Its action is the trial's knob values as indices into the space's lists; its observation and reward are what
-:class:`dse.searchgame.SearchGame` would have returned for that outcome (the model's forecast from the space, the
+:class:`dse.rl.searchgame.SearchGame` would have returned for that outcome (the model's forecast from the space, the
 values from the store); the last step is ``terminated`` when every valid point has run, else ``truncated`` (the
 budget, or the agent's own stop). The infos carry, per step, the trial's number, whether it launched, and the
 objective's metric (NaN unless ``ok``); the first entry (the reset's) is -1, 0 and NaN.
@@ -35,7 +35,7 @@ import numpy as np
 from dse.envs.search import ENV_ID, Table, table
 from dse.errors import UserError
 from dse.logs.parse import UNLAUNCHED_STATUSES
-from dse.searchgame import RUN_COST, WASTE_COST, History, action_of, fraction, reference, value_counts
+from dse.rl.searchgame import RUN_COST, WASTE_COST, History, action_of, fraction, reference, value_counts
 from dse.space import Space, load_space
 from dse.study.loop import open_store
 from dse.study.store import TrialRecord

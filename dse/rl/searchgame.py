@@ -1,7 +1,7 @@
 """The search as a reinforcement-learning episode: one episode is one search of a space, one step one proposed point.
 
 :class:`SearchGame` is the environment behind ``gym.make("dse/Recipe-v0")`` (registered by :mod:`dse.envs`), and
-the one a learned policy is trained on (:mod:`dse.policy`). Where :class:`dse.envs.RecipeEnv` is the study's
+the one a learned policy is trained on (:mod:`dse.rl.policy`). Where :class:`dse.envs.RecipeEnv` is the study's
 environment (its reward is one run's objective; it never ends by itself), the game is a whole search:
 
 * **action**: ``MultiDiscrete(sizes + [2])``: one entry per knob the space varies (the index of its value in the

@@ -1,4 +1,4 @@
-"""A learned search policy (experimental): Stable-Baselines3's PPO trained on :class:`dse.searchgame.SearchGame`.
+"""A learned search policy (experimental): Stable-Baselines3's PPO trained on :class:`dse.rl.searchgame.SearchGame`.
 
 ``dse train-policy SPACE`` trains one on twins of the space (:mod:`dse.envs.search`) and saves it; the ``policy``
 agent (:mod:`dse.agents.policy`) loads it and asks it, at each proposal, for the probability of each value of each
@@ -125,7 +125,7 @@ def _network(meta: PolicyMeta) -> Any:
     from gymnasium import spaces
     from stable_baselines3.common.policies import ActorCriticPolicy
 
-    from dse.searchgame import OBS_HIGH
+    from dse.rl.searchgame import OBS_HIGH
 
     obs = spaces.Box(low=0.0, high=OBS_HIGH, shape=(meta.observation_dim,), dtype=np.float32)
     arch = meta.architecture
@@ -159,7 +159,7 @@ class Policy:
 
     def to_bytes(self) -> bytes:
         """The policy file's content: the weights and the metadata as one safetensors file (the caller writes it:
-        :func:`dse.training.save`)."""
+        :func:`dse.rl.training.save`)."""
         from safetensors.torch import save
 
         state = {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()}

@@ -1,4 +1,4 @@
-"""``dse train-policy SPACE``: a learned search policy (:mod:`dse.policy`) trained on twins of the space.
+"""``dse train-policy SPACE``: a learned search policy (:mod:`dse.rl.policy`) trained on twins of the space.
 
 Each of ``twins`` sub-environments is ``dse/Recipe-v0`` on the twin of one seed (:func:`dse.envs.search.make_env`,
 in memory), from ``first_twin`` on: by default seeds 1000 and up, so that the twins a search is judged on
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dse.envs.search import as_space, make_env, table
 from dse.errors import UserError
-from dse.policy import Policy, available, train
+from dse.rl.policy import Policy, available, train
 from dse.study.outdir import policy_fingerprint
 
 FIRST_TWIN = 1000  # training twins start here: the benchmark judges searches on seeds 0..N-1
@@ -130,13 +130,13 @@ def train_policy(
     force: bool = False,
 ) -> Trained:
     """PPO trained for ``steps`` steps on ``twins`` twins of ``space`` (seeds ``first_twin`` and up), saved to
-    ``out`` when given (:mod:`dse.policy`'s file; an existing ``out`` only with ``force``). Inputs and the output
+    ``out`` when given (:mod:`dse.rl.policy`'s file; an existing ``out`` only with ``force``). Inputs and the output
     are checked before training."""
     check_inputs(twins=twins, steps=steps, budget=budget, seed=seed, first_twin=first_twin)
     if out is not None:
         check_out(out, force=force)
     if not available():
-        from dse.policy import RL_EXTRA
+        from dse.rl.policy import RL_EXTRA
 
         raise UserError(RL_EXTRA, field="train-policy")
     s = as_space(space)
