@@ -162,3 +162,46 @@ def test_probe_cost_reads_only_what_it_can():
     assert cost == ProbeCost(2, 3, 1, 1.25)
     assert "2 points on 3 ranks, 1 screened, 1.2 GPU-minutes" in Summary(probes=cost).runs_line()
     assert "probes" not in Summary().runs_line()
+
+
+# ------------------------------------------------------------------------------------------- the device's study
+def _max_allocated_gib(log: Path) -> float:
+    return max(float(x) for x in re.findall(r"\| max allocated: ([0-9.]+)", log.read_text())) / 1024
+
+
+def test_the_probe_screened_study_on_the_h100_launched_no_point_that_ran_out_of_memory():
+    """bench/data/h100_probe_screen: dse run with screen = "probe" on one H100 (mbs 2 and 4, recompute none and
+    selective). The probes screened exactly the points the real grid (bench/data/h100_mcore_grid) ran out of
+    memory on; the one launched point ran, with its probe's peak; the probes' GPU-minutes are dse.json's."""
+    data = ROOT / "bench/data/h100_probe_screen"
+    study = data / "study"
+    probes = _rows(study / "probes" / "probes.csv")
+    for r in probes:
+        run = study / r["run_dir"]
+        assert "--fake-process-group" in (run / "launch.sh").read_text()
+        if r["status"] == "ok":
+            assert float(r["peak_memory_gib"]) == pytest.approx(_max_allocated_gib(run / "log.txt"), rel=1e-6)
+        else:
+            assert r["status"] == "oom" and "OutOfMemoryError" in (run / "log.txt").read_text()
+    board = _rows(study / "leaderboard.csv")
+    assert "oom" not in {r["status"] for r in board}
+    real = {_grid_index(r): r["status"] for r in _rows(GRID / "leaderboard.csv")}
+    screened = {_grid_index(r) for r in board if r["status"] == "screened"}
+    launched = {_grid_index(r) for r in board if r["status"] == "ok"}
+    assert {_grid_index(r) for r in probes} == screened | launched == {3, 4, 6, 7}
+    assert screened == {i for i in screened | launched if real[i] == "oom"} == {3, 6, 7}
+    held = next(r for r in probes if r["screened"] == "True" and r["status"] == "ok")
+    assert (
+        float(held["peak_memory_reserved_gib"]) + float(held["buffers_gib"])
+        > 80
+        > float(held["peak_memory_gib"]) + float(held["buffers_gib"])
+    )  # the allocator's blocks, not its live tensors, decided it
+    (ran,) = [r for r in board if r["status"] == "ok"]
+    probe_peak = next(float(r["peak_memory_gib"]) for r in probes if r["screened"] == "False")
+    assert float(ran["peak_memory_gib"]) == pytest.approx(probe_peak, rel=0.03)
+    meta = json.loads((study / "dse.json").read_text())["probes"]
+    assert meta["ranks"] == len(probes) == 4 and meta["screened"] == 3
+    assert meta["gpu_minutes"] == pytest.approx(sum(float(r["gpu_minutes"]) for r in probes), abs=1e-3)
+    assert "probes (one GPU each, before launch): 4 points on 4 ranks, 3 screened" in " ".join(
+        (data / "dse_run.txt").read_text().split()
+    )
