@@ -177,8 +177,9 @@ class StudyModel:
         if status == "oom":
             self.ooms.append((number, dict(trial.values)))
             if self.predict(trial).peak_memory_gib <= self.prepared(trial).hw.memory_gib * (1 + self.margin):
+                point = ", ".join(f"{k} {trial.values.get(k)}" for k in self.space.knob_names)
                 self.contradictions.append(
-                    f"trial {number} ran out of memory where the model said it fits "
+                    f"trial {number} ({point}) ran out of memory where the model said it fits "
                     f"(predicted {self.predict(trial).peak_memory_gib:.1f} GiB of {self.prepared(trial).hw.memory_gib:.0f})"
                 )
             run = Run(f"trial {number}", trial, None, None, oom=True)

@@ -65,7 +65,10 @@ def test_a_point_needing_the_memory_of_an_oom_is_screened_whatever_the_model_say
     smaller_layout = resolve(space, {**point, "tp": 8})
     assert "trial 7" in (screen.reason(bigger) or "")
     assert "trial 7" not in (screen.reason(smaller_layout) or "")
-    assert model.contradictions and "trial 7 ran out of memory where the model said it fits" in model.contradictions[0]
+    named = ", ".join(f"{k} {trial.values[k]}" for k in space.knob_names)
+    assert model.contradictions and model.contradictions[0].startswith(
+        f"trial 7 ({named}) ran out of memory where the model said it fits"
+    )
 
 
 def test_the_margin_is_the_shipped_one_before_a_peak_and_narrows_as_runs_agree(tmp_path):
