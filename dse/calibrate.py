@@ -118,6 +118,18 @@ class Run:
     oom: bool = False
     where: str = ""  # the file and row (or trial) it came from, for errors
     key: tuple = ()  # what it ran (a TSV row's columns but its name and measurements): repeats share it
+    # a probe's peak is one pipeline stage's (dse probe): "first", "last" or "mid" (the model's stage of it);
+    # None: the run's peak, the largest stage's
+    stage: str | None = None
+
+
+def run_peak_gib(p, P: Params, stage: str | None) -> float:
+    """The model's peak (GiB) of a prepared layout ``p`` under ``P`` as a run measures it: the largest stage's, or a
+    probed stage's (a middle stage where the model counts none: the largest, as ``dse probe`` compares it)."""
+    if stage is None:
+        return p.peak_memory_gib(P)
+    stages = p.memory.stage_gib(P, p.stack)
+    return stages.get(stage) or max(stages.values())
 
 
 # ---- sources -------------------------------------------------------------------------------------------
@@ -398,6 +410,8 @@ def _board_point(space, row: dict, board_p: Path) -> dict:
 def _board_run(row: dict, trial) -> Run | None:
     """The run of one leaderboard row: an ``ok`` trial with a step time, an out-of-memory failure, or None."""
     name = f"trial {row.get('trial')}"
+    if row.get("status", "") in ("screened", "rejected"):  # never launched: its reason is no measurement of it
+        return None
     if row.get("status", "") == "ok":
         st = _float(row.get("step_time_s"))
         return None if st is None else Run(name, trial, st, _float(row.get("peak_memory_gib")))
@@ -426,7 +440,55 @@ def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]
             run = _board_run(row, resolve(space, _board_point(space, row, board_p)))
             if run is not None:
                 runs.append(replace(run, where=f"{board_p}: {run.name}"))
+    if (path / PROBES_CSV).is_file():  # screen = "probe": the study's probes, apart from its runs
+        runs += _probe_runs(space, path / PROBES_CSV)
     return runs, study_gpu
+
+
+PROBES_CSV = "probes/probes.csv"  # a study's probes (dse.study.probe_screen)
+PROBE_META = "probe.json"  # what dse probe --out DIR writes beside its probes.csv: the space it probed
+_STAGE_OF_WHY = {"first stage": "first", "last stage": "last"}
+
+
+def _probe_runs(space, csv_p: Path) -> list[Run]:
+    """The memory observations of a ``probes.csv``: each probed rank's peak (``ok``) or its out-of-memory end, of
+    its pipeline stage (the model's first, last or a middle stage), with no step time (a probe's is its compute
+    alone: no communication, no bubble)."""
+    from dse.trial import resolve
+
+    runs = []
+    with open(csv_p, newline="") as fh:
+        for row in map(csv_row, csv.DictReader(fh)):
+            trial = resolve(space, _board_point(space, row, csv_p))
+            stage = _STAGE_OF_WHY.get(row.get("why", ""), "mid")
+            name = f"probe of point {row.get('point')} rank {row.get('rank')}"
+            peak = _float(row.get("peak_memory_gib"))
+            if row.get("status") == "ok" and peak:
+                runs.append(Run(name, trial, None, peak, where=f"{csv_p}: {name}", stage=stage))
+            elif row.get("status") == "oom":
+                runs.append(Run(name, trial, None, None, oom=True, where=f"{csv_p}: {name}", stage=stage))
+    return runs
+
+
+def runs_from_probes(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
+    """The probes of ``dse probe --out DIR``: its ``probes.csv``, of the space its ``probe.json`` names (from the
+    working directory or the probes' directory)."""
+    from dse.space import load_space
+
+    meta_p = path / PROBE_META
+    try:
+        meta = json.loads(read_text(meta_p))
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"cannot read: {str(e)[:200] or type(e).__name__}", file=str(meta_p)) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("space"), str):
+        raise UserError("not a probe.json (an object naming its space file)", file=str(meta_p), field="space")
+    space_p = next((c for c in (Path(meta["space"]), path / meta["space"]) if c.is_file()), Path(meta["space"]))
+    if not space_p.is_file():
+        raise UserError(f"the probed space file {space_p} is not found", file=str(meta_p), field="space")
+    space = load_space(space_p)
+    if gpu and space.system.gpu != gpu:
+        raise UserError(f"the probes ran on {space.system.gpu}, not {gpu} as --gpu says", file=str(meta_p), field="gpu")
+    return _probe_runs(space, path / "probes.csv"), space.system.gpu
 
 
 # A measured figure against the model's prediction for its layout: the model is within tens of percent on the
@@ -538,7 +600,9 @@ def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[li
     for src in sources:
         p = Path(src)
         try:
-            if p.is_dir():
+            if p.is_dir() and (p / PROBE_META).is_file():
+                got, g = runs_from_probes(p, gpu)
+            elif p.is_dir():
                 got, g = runs_from_study(p, gpu)
             elif p.is_file():
                 got, g = runs_from_tsv(p, gpu)
@@ -558,9 +622,9 @@ def load_runs(sources: Sequence[str | Path], gpu: str | None = None) -> tuple[li
             + "); calibrate one GPU at a time",
             field="SOURCE",
         )
-    if not any(r.step_time_s for r in runs):
+    if not any(r.step_time_s or r.peak_memory_gib for r in runs):
         raise UserError(
-            "no usable runs (an ok trial or a TSV row with a step time)",
+            "no usable runs (an ok trial, a TSV row with a step time, or a probe with a peak)",
             field="SOURCE",
             file=", ".join(map(str, sources)),
         )
@@ -682,21 +746,23 @@ def memory_loss(runs: Sequence[Run]) -> Loss:
     a censored observation (its peak is above the GPU's memory): -2 log of the probability that a peak scattered
     as a measured one (``MEM_SIGMA``) around the prediction exceeds the GPU's memory (SciPy's ``log_ndtr``), a
     one-sided term that pushes the prediction above the memory and vanishes once it is well above."""
-    measured = [(i, prepare(r.trial), math.log(r.peak_memory_gib)) for i, r in enumerate(runs) if r.peak_memory_gib]
-    ooms = [(i, prepare(r.trial)) for i, r in enumerate(runs) if r.oom]
+    measured = [
+        (i, prepare(r.trial), math.log(r.peak_memory_gib), r.stage) for i, r in enumerate(runs) if r.peak_memory_gib
+    ]
+    ooms = [(i, prepare(r.trial), r.stage) for i, r in enumerate(runs) if r.oom]
 
     def terms(P: Params) -> list[float]:
         out = [0.0] * len(runs)
-        for i, p, lm in measured:
-            pm = p.peak_memory_gib(P)
+        for i, p, lm, stage in measured:
+            pm = run_peak_gib(p, P, stage)
             out[i] = (math.log(pm) - lm) ** 2 if pm > 0 else 100.0
-        for i, p in ooms:  # censored: the peak is above the GPU's memory, by how much unknown
-            pm, gpu_gib = p.peak_memory_gib(P), p.hw.memory_gib
+        for i, p, stage in ooms:  # censored: the peak is above the GPU's memory, by how much unknown
+            pm, gpu_gib = run_peak_gib(p, P, stage), p.hw.memory_gib
             z = math.log(max(pm, 1e-3) / gpu_gib) / MEM_SIGMA
             out[i] = -2.0 * MEM_SIGMA**2 * float(log_ndtr(z))  # -2 log P(peak > memory), in the loss's units
         return out
 
-    return Loss(terms, tuple(i for i, _, _ in measured) + tuple(i for i, _ in ooms), MEM_SIGMA**2)
+    return Loss(terms, tuple(m[0] for m in measured) + tuple(o[0] for o in ooms), MEM_SIGMA**2)
 
 
 def identifiable(
@@ -735,7 +801,7 @@ def choose_params(runs: Sequence[Run], requested: Sequence[str] | None) -> tuple
                 field="--params",
             )
         return t, m
-    t = identifiable(runs, STACK_TIME)[:n_time]
+    t = identifiable(runs, STACK_TIME)[:n_time] if n_time else []
     m = list(MEMORY[:n_mem])
     return t, m
 
@@ -761,7 +827,8 @@ def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
         if r.step_time_s:
             st.append(abs(pr.step_time_s - r.step_time_s) / r.step_time_s)
         if r.peak_memory_gib:
-            mem.append(abs(pr.peak_memory_gib - r.peak_memory_gib) / r.peak_memory_gib)
+            pm = pr.peak_memory_gib if r.stage is None else run_peak_gib(prepare(r.trial), P, r.stage)
+            mem.append(abs(pm - r.peak_memory_gib) / r.peak_memory_gib)
     return {
         "step_time_mape": 100 * statistics.fmean(st) if st else None,
         "memory_mape": 100 * statistics.fmean(mem) if mem else None,

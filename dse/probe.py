@@ -371,6 +371,10 @@ def probe_space(
             field="backend.payload",
         )
     out.mkdir(parents=True, exist_ok=True)
+    if getattr(space, "source", None):  # dse calibrate DIR reads the probes against the space they probed
+        import json
+
+        (out / "probe.json").write_text(json.dumps({"space": str(Path(space.source).absolute())}) + "\n")
     rows: list[dict[str, Any]] = []
     for index, p, trial in _points(space, point, limit):
         probes = probe_point(
