@@ -162,3 +162,21 @@ def test_guided_on_the_replayed_h100_grid_finds_the_best_with_at_most_one_oom(tm
     ok = [r.metrics["tflops_per_gpu"] for r in launched if r.status == "ok"]
     assert sum(r.status == "oom" for r in launched) <= 1
     assert max(ok) == pytest.approx(224.1)  # the measured best of the recorded grid
+
+
+def test_the_stop_rule_reads_the_refit_model():
+    """The study refits its model and asks the agent to forecast again (reforecast): the stop rule then judges the
+    untried points by the refit model's figures, not the ones the study started with."""
+    rewards = {0: 100.0, 1: 60.0, 2: 50.0, 3: 40.0}
+    act = spaces.Dict(OrderedDict([("x", spaces.Discrete(4))]))
+
+    def forecast(action):
+        return Forecast(reward=rewards[action["x"]], peak_memory_gib=40.0, memory_gib=80.0)
+
+    agent = make_agent("guided", load_agents(), act, seed=0, forecast=forecast)
+    assert agent.propose() == {"x": 0}
+    agent.observe({"x": 0}, 100.0, True, status="ok", metrics={"peak_memory_gib": 40.0})
+    assert agent.propose() is None and agent.stop_reason.startswith("stopped: no untried point predicted within")
+    rewards[3] = 150.0  # the refit model now puts x = 3 well above the best
+    agent.reforecast()
+    assert agent.propose() == {"x": 3}
