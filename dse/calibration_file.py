@@ -114,6 +114,9 @@ PARAM_RANGES: dict[str, Range] = {
         0.1, 100.0, why="a bf16 grouped GEMM's rows per expert at half rate on Blackwell over moe_gemm_m_half"
     ),
     "moe_host_bwd_ratio": Range(0.0, 100.0, why="a MoE layer's backward launch time over its forward's"),
+    "bf16_over_fp8_eff_blackwell": Range(
+        0.1, 10.0, why="Blackwell's bf16 GEMM efficiency over its FP8 one; it multiplies a rate"
+    ),
     "memory_reserve_gib": Range(0.0, 1024.0, why="GiB"),
     "memory_offset_gib": Range(-1024.0, 1024.0, why="GiB, added to every predicted peak"),
     "memory_fragmentation": Range(0.0, 100.0, why="a share of the activation memory"),

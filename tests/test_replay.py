@@ -140,7 +140,7 @@ def test_the_rl_environment_takes_a_replayed_study_as_its_truth(tmp_path):
     got = {}
     for mbs in range(3):  # mbs [1, 2, 4] x recompute [none, full]
         for rec in range(2):
-            *_, terminated, _, info = env.step([mbs, rec])
+            *_, terminated, _, info = env.step([mbs, rec, 0])  # the last entry: stop (0, go on)
             got[(mbs, rec)] = info
     recorded = by_point(rows(STUDY_70B / "leaderboard.csv"), "mbs", "recompute")
     assert got[(2, 0)]["status"] == "oom" and got[(2, 0)]["launched"]
