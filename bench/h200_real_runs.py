@@ -148,7 +148,7 @@ def _trial(row: dict):
     """A dse TrialConfig for one row: a one-off recipe with the row's architecture, an h200 system of one GPU."""
     from types import MappingProxyType
 
-    from dse import knobs
+    from dse.facts import knobs
     from dse.recipes.models import ModelArch, Recipe
     from dse.space import load_system
     from dse.trial import TrialConfig

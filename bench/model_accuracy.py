@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dse.containers import row_container  # noqa: E402
+from dse.facts.containers import row_container  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, predict  # noqa: E402
 from dse.perfmodel.fit import PRIORS, fit  # noqa: E402
 from dse.perfmodel.stack import published_stack_name  # noqa: E402
@@ -72,7 +72,7 @@ def row_trial(row: dict, **override):
 
 
 def row_container_tag(row: dict) -> str | None:
-    """The container a row ran (dse.containers.row_container: from its id, else its source), whose family's
+    """The container a row ran (dse.facts.containers.row_container: from its id, else its source), whose family's
     efficiencies the model applies; None (the system's default, the reference family) where neither says."""
     return row_container(row["id"], row.get("source", ""))
 

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
 from dse.constraints import check  # noqa: E402
-from dse.containers import family_of  # noqa: E402
+from dse.facts.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, Recipe  # noqa: E402
@@ -167,7 +167,7 @@ def group(row: dict) -> dict[str, str]:
 
 
 def container_family(row: dict) -> str:
-    """The name of the container family (dse.containers) the row ran, "none" where no container is known."""
+    """The name of the container family (dse.facts.containers) the row ran, "none" where no container is known."""
     tag = model_accuracy.row_container_tag(row)
     return "none" if tag is None else family_of(tag).name
 

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import model_accuracy, model_heldout, model_moe  # noqa: E402
-from dse.containers import family_of  # noqa: E402
+from dse.facts.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
 from dse.perfmodel.timing import Params  # noqa: E402
 

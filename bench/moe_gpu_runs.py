@@ -99,12 +99,12 @@ def write_tsv(logdir: Path, out: Path = TSV) -> list[dict]:
 
 
 def gpu_key(name: str) -> str:
-    """dse's GPU name (a row of dse.hardware) for torch's device name: 'NVIDIA H100 80GB HBM3' -> h100."""
-    from dse.hardware import gpu_from_device_name
+    """dse's GPU name (a row of dse.facts.hardware) for torch's device name: 'NVIDIA H100 80GB HBM3' -> h100."""
+    from dse.facts.hardware import gpu_from_device_name
 
     key = gpu_from_device_name(name)
     if key is None:
-        raise ValueError(f"no GPU of dse.hardware in the device name {name!r}")
+        raise ValueError(f"no GPU of dse.facts.hardware in the device name {name!r}")
     return key
 
 

@@ -16,7 +16,7 @@ from collections import Counter
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.hardware import GPU_NAMES
+from dse.facts.hardware import GPU_NAMES
 from dse.recipes.models import RECIPES
 
 PRECISIONS = ("bf16", "fp8")

@@ -27,9 +27,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from dse import constraints, hardware, knobs
+from dse import constraints
 from dse.backends.base import INFRASTRUCTURE
 from dse.cli import app
+from dse.facts import hardware, knobs
 from dse.logs import parse
 from dse.recipes import contract
 
@@ -88,7 +89,7 @@ def _spelling(k: knobs.Knob, family: str) -> str:
 
 
 def knobs_page() -> str:
-    """The knob catalogue (``dse/knobs.py``): name, type and values, default, meaning and each payload's spelling."""
+    """The knob catalogue (``dse/facts/knobs.py``): name, type and values, default, meaning and each payload's spelling."""
     out = [
         HEADER,
         "# Knobs",
@@ -170,7 +171,7 @@ def constraints_page() -> str:
 
 
 def gpus_page() -> str:
-    """The GPU table of ``dse/hardware.py`` and its sources (the module's docstring)."""
+    """The GPU table of ``dse/facts/hardware.py`` and its sources (the module's docstring)."""
     doc = inspect.getdoc(hardware) or ""
     sources = [_md(p) for p in doc.split("\n\n")[2:]]
     out = [

@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 from scipy.special import log_ndtr
 
-from dse.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-exported for the CLI)
-from dse.calibration_file import load_calibration as _load
-from dse.calibration_file import loads as _loads
 from dse.errors import UserError
+from dse.facts.calibration_file import Calibration, dumps  # noqa: F401 (dumps re-exported for the CLI)
+from dse.facts.calibration_file import load_calibration as _load
+from dse.facts.calibration_file import loads as _loads
 from dse.inputs import csv_row, read_text
 from dse.perfmodel.fit import PRIORS, Prior, minimise, nelder_mead
 from dse.perfmodel.model import predict, prepare
@@ -138,7 +138,7 @@ def run_peak_gib(p, P: Params, stage: str | None) -> float:
 # The integer columns of a TSV row that are no knob and the values each may take: far beyond any real run, so that
 # a typo, a wrong column or a hostile row (hidden 1e9, a 5,000-digit number) is a one-line refusal naming the row,
 # never a traceback or a model evaluated where it divides by zero. A knob's column (tp 0) is refused outside the
-# knob's own range (dse.knobs.Column).
+# knob's own range (dse.facts.knobs.Column).
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "num_layers": (1, 10_000),
     "hidden_size": (1, 1_000_000),
@@ -210,7 +210,7 @@ def arch_from_row(row: dict):
 
 
 def _knob_cell(row: dict, name: str, knob) -> Any:
-    """Knob ``name``'s value in one TSV row, as its catalogue column says (:class:`dse.knobs.Column`)."""
+    """Knob ``name``'s value in one TSV row, as its catalogue column says (:class:`dse.facts.knobs.Column`)."""
     column = knob.column
     raw = row.get(name)
     if raw is None or str(raw).strip() == "":
@@ -225,7 +225,7 @@ def _knob_cell(row: dict, name: str, knob) -> Any:
 
 
 def _knob_columns(row: dict, *, moe: bool) -> dict:
-    from dse import knobs
+    from dse.facts import knobs
 
     return {
         name: _knob_cell(row, name, k)
@@ -241,7 +241,7 @@ def moe_values_from_row(row: dict) -> dict:
 
 
 def knob_values_from_row(row: dict) -> dict:
-    """One TSV row's knob values: each catalogue knob with a calibration column (:class:`dse.knobs.Column`), the
+    """One TSV row's knob values: each catalogue knob with a calibration column (:class:`dse.facts.knobs.Column`), the
     MoE columns in a MoE row only; every other knob keeps its default."""
     return {**_knob_columns(row, moe=False), **moe_values_from_row(row)}
 
@@ -251,7 +251,7 @@ def trial_from_row(row: dict, gpu: str):
     recipe on one GPU, its knobs by the catalogue's columns (:func:`knob_values_from_row`: the local layer spec's
     unfused attention unless the row has ``attention_backend``); a row with ``num_experts`` is a MoE run
     (:func:`arch_from_row`, :func:`moe_values_from_row`)."""
-    from dse import knobs
+    from dse.facts import knobs
     from dse.recipes.models import Recipe
     from dse.space import load_system
     from dse.trial import TrialConfig
@@ -277,8 +277,8 @@ def trial_from_row(row: dict, gpu: str):
 
 def _tsv_needs() -> tuple[str, ...]:
     """The columns every calibration TSV has: the architecture's, the catalogue's required knob columns
-    (:class:`dse.knobs.Column`) and the measured step time."""
-    from dse import knobs
+    (:class:`dse.facts.knobs.Column`) and the measured step time."""
+    from dse.facts import knobs
 
     required = tuple(n for n, k in knobs.CATALOGUE.items() if k.column is not None and k.column.required)
     return _ARCH_NEEDS + required + ("step_time_ms",)
@@ -329,7 +329,7 @@ def _tsv_rows(path: Path) -> list[dict]:
 
 def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
     rows = _tsv_rows(path)
-    from dse.hardware import HARDWARE, gpu_from_device_name
+    from dse.facts.hardware import HARDWARE, gpu_from_device_name
 
     # a gpu column may hold dse's names or the device's as torch prints it (bench/data/moe_gpu_runs.tsv)
     gpus = {gpu_from_device_name(r["gpu"]) or r["gpu"] for r in rows if r.get("gpu")}
@@ -395,7 +395,7 @@ def _study_space(path: Path):
 
 def _board_point(space, row: dict, board_p: Path) -> dict:
     """The space's point of one leaderboard row (each knob's value as the space spells it)."""
-    from dse import knobs
+    from dse.facts import knobs
 
     point = {}
     for name, values in space.knobs.items():
@@ -514,7 +514,7 @@ def _predicted(run: Run):
 def _check_plausible(run: Run, gpu: str) -> None:
     """Refuse a run whose figures no run of its layout can have: a step time off the model's by more than
     :data:`UNIT_FACTOR` (a unit error), a peak above the GPU's memory or off the model's by that factor."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
 
     pr = _predicted(run)
     where = run.where or run.name
@@ -943,7 +943,7 @@ def calibrate(
 def _check_fit(P: Params, t_names: Sequence[str], m_names: Sequence[str], fit: dict) -> None:
     """Refuse a fit that the calibration file's reader would refuse (a parameter outside its range) or that does
     not describe the runs (step times still off by more than :data:`MAX_FIT_MAPE` %): no file is written."""
-    from dse.calibration_file import PARAM_RANGES
+    from dse.facts.calibration_file import PARAM_RANGES
 
     for n in (*t_names, *m_names):
         v, r = getattr(P, n), PARAM_RANGES.get(n)
@@ -962,7 +962,7 @@ def _check_fit(P: Params, t_names: Sequence[str], m_names: Sequence[str], fit: d
         )
 
 
-# ---- the file (dse.calibration_file, which dse.space can import) --------------------------------------
+# ---- the file (dse.facts.calibration_file, which dse.space can import) --------------------------------------
 
 
 def apply(cal: Calibration, base: Params = DEFAULT_PARAMS) -> Params:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dse import hardware, knobs
-from dse.hardware import HARDWARE, gpus_where
+from dse.facts import hardware, knobs
+from dse.facts.hardware import HARDWARE, gpus_where
 from dse.trial import TrialConfig
 
 
@@ -88,7 +88,7 @@ def uneven_stages(t: TrialConfig) -> Broken | None:
     checks of ``num_layers_in_first/last_pipeline_stage`` (transformer_config.py ``__post_init__``, "Uneven PP"):
     pipeline parallelism, middle stages if and only if layers are left for them, the layers left divisible by the
     middle stages, and each middle stage's layers by vp. With vp > 1 dse spells the split as a
-    ``pipeline_model_parallel_layout`` (:func:`dse.knobs.pipeline_layout`, as NVIDIA's DeepSeek-V3 presets do), so
+    ``pipeline_model_parallel_layout`` (:func:`dse.facts.knobs.pipeline_layout`, as NVIDIA's DeepSeek-V3 presets do), so
     the first and last stages need not divide by vp."""
     lay = t.layout
     first, last = lay.pp_first_layers, lay.pp_last_layers
@@ -166,7 +166,7 @@ def dense_takes_no_moe_knobs(t: TrialConfig) -> Broken | None:
     """A dense model has no experts to spread: Megatron-Core refuses expert parallelism without experts
     ("num_moe_experts must be non None to use expert-parallel": megatron/core/transformer/transformer_config.py
     ``__post_init__``; megatron/training/arguments.py ``validate_args``). The other MoE-only knobs are not spelled
-    for a dense recipe (``dse.knobs.MOE_KNOBS``), so a space varying one would run the same job once per value:
+    for a dense recipe (``dse.facts.knobs.MOE_KNOBS``), so a space varying one would run the same job once per value:
     the point is kept once, with the first value the space lists."""
     if t.arch.is_moe:
         return None
@@ -239,7 +239,7 @@ def moe_needs_sp(t: TrialConfig) -> Broken | None:
 
 
 # The flex dispatcher's kernels by payload family: NeMo 2 switches DeepEP on (moe_enable_deepep, as NVIDIA's
-# scripts/performance/llm/pretrain_deepseek_v3.py); Megatron-Bridge names its backend (dse.knobs.FLEX_BACKEND).
+# scripts/performance/llm/pretrain_deepseek_v3.py); Megatron-Bridge names its backend (dse.facts.knobs.FLEX_BACKEND).
 # Where each runs: megatron/bridge/training/flex_dispatcher_backend.py validate_flex_dispatcher_backend (DeepEP on
 # Ampere, Hopper, B200 and B300, not on Grace-Blackwell; HybridEP on compute capability 8, 9 and 10).
 def _flex_backend(t: TrialConfig) -> str:
@@ -327,7 +327,7 @@ def moe_a2a_overlap_supported(t: TrialConfig) -> Broken | None:
 
 def moe_grouped_gemm_supported(t: TrialConfig) -> Broken | None:
     """Grouped GEMMs need compute capability 8 or newer (megatron/training/arguments.py ``validate_args``), which
-    every GPU of dse.hardware has; recomputing the expert activation (``moe_act`` in ``recompute_modules``) needs
+    every GPU of dse.facts.hardware has; recomputing the expert activation (``moe_act`` in ``recompute_modules``) needs
     them (transformer_config.py: "moe_act in recompute_modules is only supported with moe_grouped_gemm"). With FP8
     they need Transformer Engine >= 1.11, and fused permutation (``moe_permute_fusion``) TE >= 2.1
     (transformer_config.py): the container's TE version is not part of a trial, so neither is checked here."""
@@ -426,7 +426,7 @@ def nvfp4_no_tp_comm_overlap(t: TrialConfig) -> Broken | None:
 def userbuffer_config(trial: TrialConfig) -> str | None:
     """The userbuffer config ``trial``'s payload loads for its (GPU, precision, hidden size, tp), or None.
 
-    One table per payload for the controller and the payload (``dse.hardware.userbuffer_config``: NeMo 2's in
+    One table per payload for the controller and the payload (``dse.facts.hardware.userbuffer_config``: NeMo 2's in
     ``recipes.nemo2.userbuffers``, Megatron-Bridge's in ``recipes.mbridge.userbuffers``, plain data).
     """
     return hardware.userbuffer_config(

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dse import constraints, knobs
+from dse import constraints
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.space import WALK_LIMIT, Space
 from dse.trial import TrialConfig, resolve
 

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dse import allowlists, knobs
 from dse.constraints import tp_comm_overlap_supported, userbuffer_config  # noqa: F401 (re-exported)
 from dse.errors import UserError
-from dse.hardware import HARDWARE
+from dse.facts import allowlists, knobs
+from dse.facts.hardware import HARDWARE
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 from dse.recipes import contract

@@ -331,7 +331,7 @@ def _points(space, point: dict[str, Any] | None, limit: int | None):
     from dse.trial import resolve
 
     if point is not None:
-        from dse import knobs
+        from dse.facts import knobs
 
         for name, value in point.items():
             point[name] = knobs.get(name, field=f"--point {name}").coerce(value, field=f"--point {name}")

@@ -43,7 +43,7 @@ from dse.calibrate import (
     memory_loss,
     time_loss,
 )
-from dse.calibration_file import Calibration
+from dse.facts.calibration_file import Calibration
 from dse.perfmodel.fit import nelder_mead
 from dse.perfmodel.model import Prediction, Prepared, prepare
 from dse.perfmodel.timing import Params

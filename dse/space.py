@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dse import allowlists, knobs
 from dse.errors import UserError, did_you_mean
-from dse.hardware import GPU_NAMES
+from dse.facts import allowlists, knobs
+from dse.facts.hardware import GPU_NAMES
 from dse.inputs import load_toml
 from dse.recipes import contract
 from dse.recipes.models import RECIPES, Recipe
@@ -130,9 +130,9 @@ class SlurmSettings(_Strict):
     gpus_per_node_flag: bool = True  # emit --gpus-per-node (off for clusters without GRES)
     exclusive: bool = True
     # srun options of the training step, parsed as srun parses them and limited to options that select resources
-    # (dse.allowlists.SRUN_ALLOWED); kept in their full spelling (`--cpu-b cores` -> `--cpu-bind=cores`)
+    # (dse.facts.allowlists.SRUN_ALLOWED); kept in their full spelling (`--cpu-b cores` -> `--cpu-bind=cores`)
     srun_args: list[str] = Field(default_factory=list)
-    # `#SBATCH --name=value` lines: options that select or account resources (dse.allowlists.SBATCH_ALLOWED)
+    # `#SBATCH --name=value` lines: options that select or account resources (dse.facts.allowlists.SBATCH_ALLOWED)
     sbatch_options: dict[str, Any] = Field(default_factory=dict)
     job_dir: str = ""  # where sbatch scripts and logs go on the cluster; default: the trial's run dir
     max_pending: str = ""  # a Slurm time; a job pending longer is cancelled and failed with Slurm's reason ("": wait)
@@ -199,7 +199,7 @@ class System(_Strict):
     """A cluster: one GPU generation, uniform nodes."""
 
     name: str
-    gpu: str = Field(description="a GPU generation of dse.hardware.HARDWARE")
+    gpu: str = Field(description="a GPU generation of dse.facts.hardware.HARDWARE")
     gpus_per_node: int = Field(8, ge=1, le=GPUS_PER_NODE_MAX)
     nvlink_domain: int = Field(
         8, ge=1, le=knobs.NODES_MAX, description="GPUs that share one NVLink domain (72 on GB200 NVL72)"
@@ -210,7 +210,7 @@ class System(_Strict):
     container: str = Field(
         "25.09",
         description="NeMo / Megatron-Bridge container version, YY.MM; the performance model applies its family's "
-        "software efficiency (dse.containers)",
+        "software efficiency (dse.facts.containers)",
     )
     # the scale-out fabric above the NVLink domain (the NIC bandwidth per GPU is scaleout_gbps); the performance
     # model's data-parallel collectives that span several pods pay the oversubscription (dse.perfmodel.model)
@@ -348,7 +348,7 @@ class BackendSettings(_Strict):
     allow_env: list[str] = Field(
         default_factory=list,
         max_length=MAX_SETTINGS,
-        description="environment names outside the tuning families (dse.allowlists) the space may set: an explicit "
+        description="environment names outside the tuning families (dse.facts.allowlists) the space may set: an explicit "
         "opt-in; never SLURM_*, SRUN_*, LD_*, PYTHON*",
     )
     early_stop: EarlyStopSettings = Field(default_factory=EarlyStopSettings)
@@ -484,7 +484,7 @@ class Space(_Strict):
                 field="backend.early_stop.prune_margin",
             )
         if self.backend.calibration is not None:
-            from dse.calibration_file import load_calibration
+            from dse.facts.calibration_file import load_calibration
 
             # refused here (missing, malformed, made on another GPU), not at the first trial
             try:
@@ -510,7 +510,7 @@ class Space(_Strict):
 
     def _check_env_opt_in(self, f: str | None) -> None:
         """Environment names are denied by default: a space sets only the tuning families of
-        :mod:`dse.allowlists`, and other names it lists in ``[backend] allow_env``."""
+        :mod:`dse.facts.allowlists`, and other names it lists in ``[backend] allow_env``."""
         for part, names in (("settings", self.settings), ("knobs", self.knobs)):
             for n in names:
                 if knobs.is_env(n) and (

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from dse import knobs
+from dse.facts import knobs
 from dse.recipes.models import Recipe
 from dse.space import Space, System
 
@@ -110,7 +110,7 @@ class TrialConfig:
 
 def resolve_auto(values: dict[str, Any], recipe: Recipe, system: System, payload: str = "nemo2") -> dict[str, Any]:
     """Settle the knobs whose default depends on the rest of the layout, in place, by the catalogue's rules
-    (``dse.knobs.settle``): ``tp_comm_overlap`` left unset takes its derived default; ``sp`` left unset stays None
+    (``dse.facts.knobs.settle``): ``tp_comm_overlap`` left unset takes its derived default; ``sp`` left unset stays None
     and reads as tp > 1 (:attr:`TrialConfig.sequence_parallel`); ``recompute_modules`` is written in its canonical
     spelling. Every path to a trial goes through here, so one layout has one prediction."""
     return knobs.settle(values, knobs.Where(system.gpu, recipe.arch.hidden_size, payload))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dse import allowlists
 from dse.backends.scripts import stage_code
 from dse.backends.slurm import render_sbatch, write_relocatable_sbatch
+from dse.facts import allowlists
 from dse.launch import build_plan
 from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 from tests.trials import DATA, system, trial

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse.hardware import HARDWARE
+from dse.facts.hardware import HARDWARE
 from dse.space import load_space
 from dse.study import loop as study_mod
 from dse.study.leaderboard import Baseline, Summary

@@ -104,7 +104,7 @@ def test_hostile_strings_in_a_calibration_file_round_trip_and_add_no_key(tmp_pat
     """A source path or date with a newline, quotes or TOML syntax stays one value (tomlkit escapes it)."""
     import tomllib
 
-    from dse.calibration_file import write
+    from dse.facts.calibration_file import write
 
     hostile = 'runs"\n[params]\nelementwise_scale = 99.0\n# \\'
     cal = Calibration(
@@ -435,7 +435,7 @@ def test_a_tsv_may_name_its_gpu_as_the_device_does(tmp_path):
     """The gpu column may hold the device's name as torch prints it (bench/data/moe_gpu_runs.tsv): it is read as
     dse's GPU, and a mismatch with --gpu is still refused. The longest name wins (a GB300 is not a B300); a device
     of no row is not guessed."""
-    from dse.hardware import gpu_from_device_name
+    from dse.facts.hardware import gpu_from_device_name
 
     assert gpu_from_device_name("NVIDIA H100 80GB HBM3") == "h100"
     assert gpu_from_device_name("NVIDIA GB300") == "gb300" and gpu_from_device_name("NVIDIA B300 SXM6") == "b300"

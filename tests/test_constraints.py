@@ -7,7 +7,8 @@ from types import MappingProxyType
 
 import pytest
 
-from dse import constraints, knobs
+from dse import constraints
+from dse.facts import knobs
 from dse.recipes.models import RECIPES
 from dse.space import load_system
 from dse.trial import TrialConfig

@@ -1,4 +1,4 @@
-"""The container in the model (dse.containers, a family's efficiency), the fabric above the NVLink domain (a data-
+"""The container in the model (dse.facts.containers, a family's efficiency), the fabric above the NVLink domain (a data-
 parallel collective across the pods of an oversubscribed fabric), and ``dse predict --container``."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dse.containers import FAMILIES, REFERENCE, resolve, row_container
 from dse.errors import UserError
+from dse.facts.containers import FAMILIES, REFERENCE, resolve, row_container
 from dse.perfmodel import predict
 from dse.perfmodel.model import predict_layout
 from dse.perfmodel.timing import DEFAULT_PARAMS, PARAM_NAMES

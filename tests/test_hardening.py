@@ -125,7 +125,7 @@ def test_protected_environment_names_need_an_opt_in(tmp_path, var):
 
 
 def test_environment_name_with_a_trailing_newline_is_refused():
-    from dse import knobs
+    from dse.facts import knobs
 
     with pytest.raises(UserError, match="not an environment variable name"):
         knobs.get("env.FOO\n")

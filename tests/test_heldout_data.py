@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench import model_accuracy, model_heldout
-from dse.hardware import HARDWARE
+from dse.facts.hardware import HARDWARE
 from dse.perfmodel.flops import model_flops_per_step
 
 ROWS = model_heldout.load_rows()

@@ -169,7 +169,7 @@ def test_slurm_options_slurm_would_misread_are_refused(tmp_path, slurm, nodes, f
     [("90", 5400), ("10:30", 630), ("01:02:03", 3723), ("2-03", 183600), ("1-00:00:00", 86400), ("UNLIMITED", None)],
 )
 def test_slurm_times_in_every_spelling(text, seconds):
-    from dse.allowlists import slurm_time
+    from dse.facts.allowlists import slurm_time
 
     assert slurm_time(text) == seconds
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse import knobs
 from dse.cli import app
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.importers.cloudai import import_cloudai, nemo2_paths
 from dse.space import load_space
 from dse.study.loop import run_study

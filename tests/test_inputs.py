@@ -289,7 +289,7 @@ def test_calibration_provenance_is_typed(tmp_path, repl, needle):
 
 
 def test_every_model_parameter_has_a_range():
-    from dse.calibration_file import PARAM_RANGES
+    from dse.facts.calibration_file import PARAM_RANGES
     from dse.perfmodel.timing import DEFAULT_PARAMS, PARAM_NAMES
 
     assert set(PARAM_RANGES) == set(PARAM_NAMES)
@@ -301,7 +301,7 @@ def test_a_calibration_at_its_ranges_predicts_finite_positive_figures(tmp_path):
     """The ranges' ends give a prediction, not a ZeroDivisionError, an OverflowError or a negative time."""
     import math
 
-    from dse.calibration_file import PARAM_RANGES
+    from dse.facts.calibration_file import PARAM_RANGES
 
     for end in ("low", "high"):
         values = {n: (r.high if end == "high" else r.low) for n, r in PARAM_RANGES.items()}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse import knobs
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.recipes.models import RECIPES
 from dse.recipes.nemo2 import userbuffers
 
@@ -294,7 +294,7 @@ def test_payload_args_mbridge_refuses_nemotron():
 
 
 def test_userbuffer_lookup():
-    from dse.hardware import userbuffer_config
+    from dse.facts.hardware import userbuffer_config
 
     assert userbuffer_config("gb300", "bf16", 18432, 8) == "userbuffers_bf16_b200_h18432_tp8_mbs1_seqlen4096"
     assert userbuffer_config("h200", "fp8", 8192, 4) == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"

@@ -113,7 +113,7 @@ def caps() -> str:
 
 
 def calibration() -> str:
-    from dse.calibration_file import PARAM_RANGES
+    from dse.facts.calibration_file import PARAM_RANGES
 
     lines = ["| parameter | allowed | why |", "| --- | --- | --- |"]
     for name, r in sorted(PARAM_RANGES.items()):

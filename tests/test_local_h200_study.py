@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dse import knobs
 from dse.backends.local import render_local_script
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.launch import build_plan
 from dse.logs.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dse import knobs
+from dse.facts import knobs
 from dse.recipes.mbridge.argv import parse, recipe_module
 from dse.recipes.models import RECIPES
 

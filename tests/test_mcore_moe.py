@@ -158,8 +158,8 @@ def test_moe_plan_lines_are_valid_command_lines(plan):
 
 @pytest.mark.parametrize("recipe", ["mixtral_8x7b", "qwen3_30b_a3b", "qwen3_235b_a22b"])
 def test_dse_mbridge_moe_overrides_round_trip(recipe):
-    """What dse spells for an MoE recipe (dse.knobs, mbridge) is understood, with the architecture's MoE fields."""
-    from dse import knobs
+    """What dse spells for an MoE recipe (dse.facts.knobs, mbridge) is understood, with the architecture's MoE fields."""
+    from dse.facts import knobs
     from dse.recipes.models import RECIPES
 
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}

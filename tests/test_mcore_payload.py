@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dse import knobs
+from dse.facts import knobs
 from dse.logs.parse import ParseContext, parse_log
 from dse.recipes.mcore.__main__ import main
 from dse.recipes.mcore.config import (
@@ -60,7 +60,7 @@ def test_help_and_check_only_run_without_torch():
 
 
 def test_dse_mbridge_overrides_round_trip():
-    """Every override dse.knobs spells for the mbridge flavour is understood, with the value dse meant."""
+    """Every override dse.facts.knobs spells for the mbridge flavour is understood, with the value dse meant."""
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
     values.update(tp=1, pp=1, mbs=2, gbs=16, seq_length=4096, recompute="full", recompute_num_layers=0, max_steps=30)
     argv = ["--factory", "llama3_8b_recipe", "-y", *knobs.overrides(values, "mbridge")]

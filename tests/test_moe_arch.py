@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse import knobs
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.perfmodel.trials import load_model_file
 from dse.recipes.models import RECIPES
 
@@ -58,7 +58,7 @@ def test_a_dense_recipe_spells_no_moe_setting():
 def test_flex_dispatcher_is_spelled_as_each_payloads_performance_scripts_do():
     nemo2 = _argv("deepseek_v3", "nemo2")
     assert "model.config.moe_token_dispatcher_type=flex" in nemo2 and "model.config.moe_enable_deepep=true" in nemo2
-    # pp 8 with vp 4: the uneven split is NVIDIA's layout (dse.knobs.pipeline_layout)
+    # pp 8 with vp 4: the uneven split is NVIDIA's layout (dse.facts.knobs.pipeline_layout)
     assert "trainer.strategy.pipeline_model_parallel_layout=Et|" + "tt|" * 30 + "mL" in nemo2
     bridge = _argv("deepseek_v3", "mbridge")
     assert "model.moe_token_dispatcher_type=flex" in bridge

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse import constraints, knobs
+from dse import constraints
+from dse.facts import knobs
 from dse.recipes.models import RECIPES
 from tests.test_constraints import make
 

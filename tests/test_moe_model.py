@@ -133,7 +133,7 @@ def test_a_graph_of_the_router_and_preprocessing_replays_half_the_moe_layers_sma
 
 
 def test_the_dispatchers_host_sync_makes_a_short_moe_forward_wait_for_its_host():
-    from dse.hardware import HARDWARE as GPUS
+    from dse.facts.hardware import HARDWARE as GPUS
     from dse.perfmodel.layout import Machine, ModelLayout, Shape
     from dse.perfmodel.moe import moe_host_forward_s, moe_sync_wait
 
@@ -166,7 +166,7 @@ def test_the_dispatchers_host_sync_makes_a_short_moe_forward_wait_for_its_host()
 
 
 def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overlap():
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.perfmodel.layout import Machine, ModelLayout, Shape
     from dse.perfmodel.moe import moe_host_forward_s, moe_overlap_sync_wait
 
@@ -337,7 +337,7 @@ def test_recompute_modules_trade_a_moe_models_memory_for_time(model, gpu, num_gp
 
 
 def test_a_moe_graph_scope_removes_the_captured_launch_overhead():
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.perfmodel.layout import Machine, ModelLayout, Shape
     from dse.perfmodel.model import moe_layer_time
     from dse.perfmodel.stack import NVIDIA_RECIPES

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dse import knobs
+from dse.facts import knobs
 from dse.recipes.models import RECIPES
 from dse.recipes.nemo2 import spec
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dse import constraints, knobs
-from dse.hardware import HARDWARE, gpus_where
+from dse import constraints
+from dse.facts import knobs
+from dse.facts.hardware import HARDWARE, gpus_where
 from dse.perfmodel import predict_layout
 from dse.perfmodel.model import fp8_quant_bytes, nvfp4_quant_bytes
 from dse.recipes.models import RECIPES

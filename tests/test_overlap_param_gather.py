@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dse import knobs
+from dse.facts import knobs
 from dse.perfmodel.model import predict_layout
 from dse.recipes.mcore.config import ConfigError, check, config_from_argv, parse_overrides
 from dse.recipes.models import RECIPES

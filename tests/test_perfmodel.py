@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dse.hardware import GPU_NAMES as GPU_GENERATIONS
+from dse.facts.hardware import GPU_NAMES as GPU_GENERATIONS
 from dse.perfmodel import HARDWARE, model_flops_per_step, predict, predict_layout
 from dse.perfmodel.fit import fit, nelder_mead
 from dse.perfmodel.memory import inflight_chunks, layer_activation_bytes, state_bytes_per_param
@@ -476,7 +476,7 @@ def test_mxfp8_gemm_ratio_prices_only_mxfp8_gemms():
 def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
     """GB300 and GB200 share dense peaks, HBM bandwidth and NVLink; without data parallelism and with the same
     NIC the step differs only by the softmax exponentials: one per causal score element forward, one backward,
-    at each GPU's special-function-unit rate (dse.hardware). Blackwell Ultra's sustained tensor rate is set to
+    at each GPU's special-function-unit rate (dse.facts.hardware). Blackwell Ultra's sustained tensor rate is set to
     GB200's here (ultra_tensor_ratio=1), and the Grace host's time per layer off (host_layer_s_grace=0: these
     layers are shorter than it), to isolate the exponentials."""
     arch = RECIPES["llama3_8b"].arch

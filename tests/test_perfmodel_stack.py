@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.knobs import CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES
+from dse.facts.knobs import CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES
 from dse.perfmodel import predict
 from dse.perfmodel.memory import GIB, layer_activation_bytes
 from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, payload_stack
@@ -103,7 +103,7 @@ def test_a_fused_softmax_keeps_two_bytes_per_score_without_dropout():
 def test_unfused_gradient_accumulation_costs_a_pass_over_the_parameters_per_microbatch():
     """recipes.mcore sets gradient_accumulation_fusion=False: each micro-batch's bf16 weight gradients are added to
     the fp32 buffer afterwards (2 + 2 + 4 + 4 bytes per parameter at the Adam pass's share of HBM bandwidth)."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
 
     assert ("gradient_accumulation_fusion=False" in TRAIN) == (not STACKS["mcore"].grad_accumulation_fusion)
     mcore, bridge, t = _pair()
@@ -158,7 +158,7 @@ def test_dse_predict_takes_the_payload():
 def test_the_native_loss_streams_its_fp32_copy():
     """Megatron's native cross entropy makes 52 bytes of HBM traffic per logit, the fused one 16: the logits term
     grows by 36 bytes per logit (at the element-wise kernels' fitted scale) per micro-batch."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.perfmodel.stack import cross_entropy_bytes
 
     assert (cross_entropy_bytes(STACKS["mcore"]), cross_entropy_bytes(NVIDIA_RECIPES)) == (52.0, 16.0)
@@ -180,7 +180,7 @@ def test_eager_squared_relu_costs_its_bytes_on_nvidia_stacks_only():
     """Nemotron's eager squared ReLU (ModelArch.activation) adds SQUARED_RELU_EXTRA_BYTES per element of the MLP
     intermediate per token to every layer's element-wise traffic, forward + backward, on NeMo 2 / Bridge; the
     same arch on recipes.mcore's stack, or with a fused activation, pays nothing."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.perfmodel.model import SQUARED_RELU_EXTRA_BYTES, predict_layout
     from dse.recipes.models import RECIPES
 
@@ -218,7 +218,7 @@ def test_dropout_costs_its_bytes_on_nvidia_stacks_only():
     """ModelArch.dropout adds HIDDEN_DROPOUT_BYTES per hidden element per token (the bias-dropout-add masks); with
     unfused attention also the score bytes of unfused_score_bytes(True) beyond (False), forward and backward; the
     masks are held for the backward (memory grows). recipes.mcore's stack runs without dropout whatever the arch."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.perfmodel.model import HIDDEN_DROPOUT_BYTES, predict_layout, unfused_score_bytes
     from dse.recipes.models import RECIPES
 
@@ -249,7 +249,7 @@ def test_published_stacks_price_the_loss_their_containers_ran():
     bytes per logit at the last stage's peak, as the unfused native one does)."""
     import csv
 
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.perfmodel.stack import PUBLISHED_STACKS, cross_entropy_bytes
     from dse.perfmodel.trials import make_trial
     from dse.recipes.models import RECIPES

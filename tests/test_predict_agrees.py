@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse import knobs
 from dse.cli import app
 from dse.constraints import check
+from dse.facts import knobs
 from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.space import load_space

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.hardware import GPU_NAMES
+from dse.facts.hardware import GPU_NAMES
 from dse.recipes.models import RECIPES
 
 

@@ -103,7 +103,7 @@ def test_b300_predicts_with_bridges_layout(model, num_gpus, layout):
 
 def test_b300_is_an_hgx_b200_with_blackwell_ultra_memory_and_fp4():
     """Same dense BF16/FP8 peaks, NVLink and node as B200; GB300's 288 GB and attention units; more FP4."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
 
     b200, b300, gb300 = HARDWARE["b200"], HARDWARE["b300"], HARDWARE["gb300"]
     assert (b300.bf16_tflops, b300.fp8_tflops, b300.nvlink_gbps) == (b200.bf16_tflops, b200.fp8_tflops, 1800.0)

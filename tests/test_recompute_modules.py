@@ -8,8 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dse import constraints, knobs
+from dse import constraints
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.launch import build_plan
 from dse.perfmodel.model import predict_layout
 from dse.recipes.models import RECIPES

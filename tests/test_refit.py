@@ -7,7 +7,7 @@ import pytest
 
 from dse import constraints
 from dse.calibrate import Run, fit_runs
-from dse.calibration_file import load_calibration
+from dse.facts.calibration_file import load_calibration
 from dse.forecast import Screen
 from dse.perfmodel import DEFAULT_PARAMS, predict
 from dse.refit import MARGIN_FLOOR, StudyModel, needs_more_memory

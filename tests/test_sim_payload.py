@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dse import knobs
+from dse.facts import knobs
 from dse.launch import build_plan
 from dse.recipes.models import RECIPES
 from dse.recipes.sim import __main__ as sim

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse import knobs
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.space import load_space, load_system
 from tests.helpers import SMALL_SPACE, write_space
 

@@ -1,5 +1,5 @@
 """TP overlap per payload: each payload ships its own userbuffer configs, and the controller allows
-``tp_comm_overlap`` where NVIDIA's scripts for that payload load one for the layout (dse.hardware.UB_LOOKUPS)."""
+``tp_comm_overlap`` where NVIDIA's scripts for that payload load one for the layout (dse.facts.hardware.UB_LOOKUPS)."""
 
 from __future__ import annotations
 

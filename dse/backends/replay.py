@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dse import knobs
 from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
 from dse.backends.scripts import LOG_NAME
 from dse.errors import UserError
+from dse.facts import knobs
 from dse.inputs import csv_row, read_text
 from dse.launch import LaunchPlan
 from dse.logs.parse import STATUSES

@@ -13,8 +13,8 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from dse import allowlists
 from dse.errors import UserError
+from dse.facts import allowlists
 from dse.logs.logpack import COMPRESSED_LOG  # the simulated backend's log, gzip-compressed
 from dse.recipes import contract
 
@@ -38,7 +38,7 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_.,:/+@=\-]+")
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Environment names must be identifiers outside :data:`dse.allowlists.ENV_NEVER`; values are strings (quoted
+    """Environment names must be identifiers outside :data:`dse.facts.allowlists.ENV_NEVER`; values are strings (quoted
     by the writer, never checked for content here, so that a value reaches the process literally)."""
     out = {}
     for name, value in env.items():

@@ -29,7 +29,6 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dse import allowlists
 from dse.backends.base import INFRASTRUCTURE, Backend, LaunchFailures, RunResult, StopCheck
 from dse.backends.scripts import (
     DIR_VAR,
@@ -45,7 +44,8 @@ from dse.backends.scripts import (
     stage_code,
 )
 from dse.errors import UserError
-from dse.hardware import HARDWARE
+from dse.facts import allowlists
+from dse.facts.hardware import HARDWARE
 from dse.launch import LaunchPlan
 from dse.recipes import contract
 from dse.space import (
@@ -255,7 +255,7 @@ class JobState:
 
 def slurm_seconds(text: str) -> float | None:
     """Slurm's time formats (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None: unlimited
-    (checked when the system file was read: :func:`dse.allowlists.slurm_time`)."""
+    (checked when the system file was read: :func:`dse.facts.allowlists.slurm_time`)."""
     return allowlists.slurm_time(text)
 
 

@@ -14,7 +14,7 @@ import typer
 
 from dse.cli import render
 from dse.errors import UserError, did_you_mean
-from dse.hardware import GPU_NAMES
+from dse.facts.hardware import GPU_NAMES
 
 if TYPE_CHECKING:
     from dse.trial import TrialConfig
@@ -29,8 +29,8 @@ def recipes_cmd() -> None:
 
 def _not_predicted(name: str) -> bool:
     """A catalogue knob the model does not read (the run's length, its nodes: ``--num-gpus`` covers them), and so
-    no flag of ``dse predict`` (``dse.knobs.Knob.model_arg``)."""
-    from dse import knobs
+    no flag of ``dse predict`` (``dse.facts.knobs.Knob.model_arg``)."""
+    from dse.facts import knobs
 
     return name in knobs.CATALOGUE and knobs.CATALOGUE[name].model_arg is None
 
@@ -132,7 +132,7 @@ def predict_cmd(
         params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
     if as_json:
-        from dse import knobs
+        from dse.facts import knobs
 
         shown = {k: trial.values[k] for k in knobs.CATALOGUE if not _not_predicted(k)}
         out = {
@@ -161,22 +161,22 @@ def predict_cmd(
 
 def _container_note(tag: str, field: str) -> str:
     """The note of a container tag newer than every family (mapped to the newest), or ""; an older or malformed
-    tag is a UserError naming ``field`` and the known families (dse.containers.resolve)."""
-    from dse.containers import resolve
+    tag is a UserError naming ``field`` and the known families (dse.facts.containers.resolve)."""
+    from dse.facts.containers import resolve
 
     return resolve(tag, field=field).note
 
 
 def _family(tag: str) -> str:
     """The name of the container family of ``tag`` (already resolved once by :func:`_container_note`)."""
-    from dse.containers import resolve
+    from dse.facts.containers import resolve
 
     return resolve(tag).family.name
 
 
 def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, payload: str) -> None:
     """The options of ``dse predict`` that name one of a fixed set, or one of two options."""
-    from dse.hardware import HARDWARE
+    from dse.facts.hardware import HARDWARE
     from dse.recipes.contract import PAYLOADS
 
     if (model is None) == (model_file is None):
@@ -198,7 +198,7 @@ def _check_choices(model, model_file, gpu, system_ref, flops_convention: str, pa
 
 def _settings(knob_flags: dict[str, Any], set_: list[str]) -> dict[str, Any]:
     """The knob values passed as flags (``--tp 8``) and as ``--set tp=8``, checked by the catalogue."""
-    from dse import knobs
+    from dse.facts import knobs
 
     settings: dict[str, Any] = {}
     for name, value in knob_flags.items():
@@ -234,7 +234,7 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     """The layout as a one-point space resolves it in a study: the same resolve -> check -> predict. A
     ``--model-file`` architecture is not in the registry, so the space names a registered recipe and
     ``resolve`` gets the architecture itself."""
-    from dse import knobs
+    from dse.facts import knobs
     from dse.perfmodel.trials import load_model_file
     from dse.recipes.models import RECIPES, Recipe
     from dse.space import Space
@@ -281,7 +281,7 @@ def _default_world(recipe, system, settings: dict[str, Any]) -> int:
     """The world size ``dse predict`` takes when --num-gpus is not given: the one NVIDIA's preset for the
     recipe's default layout on this GPU and precision runs on (``Recipe.default_world``), where its gbs is the
     preset's."""
-    from dse import knobs
+    from dse.facts import knobs
 
     precision = settings.get("precision", knobs.CATALOGUE["precision"].default)
     return int(recipe.default_world(system.gpu, precision))
@@ -340,8 +340,8 @@ def _as_given(
     trials differ in knobs the space does not list, and change a study's resolved points (and so its
     fingerprint on resume). A space sets the knob in ``[settings]`` or varies it instead.
     """
-    from dse import knobs
     from dse.constraints import check
+    from dse.facts import knobs
 
     given = dict(settings)
     dropped: list[str] = []
@@ -377,9 +377,9 @@ def _as_given(
 def _fallback(trial: TrialConfig, rule: str, rule_knobs, settings: dict[str, Any]) -> tuple[str, Any, str] | None:
     """(knob, value, note) where rule ``rule`` rejects the trial for one knob alone that the user did not pass and
     whose catalogue entry names a value ``dse predict`` takes instead of the recipe's for that rule
-    (``dse.knobs.Fallback``: alltoall for the MoE recipes' flex dispatcher where the payload's flex does not run on
+    (``dse.facts.knobs.Fallback``: alltoall for the MoE recipes' flex dispatcher where the payload's flex does not run on
     the GPU); None otherwise. A study does not do this (``_as_given``'s docstring says why)."""
-    from dse import knobs
+    from dse.facts import knobs
 
     names = set(rule_knobs)
     name = names.pop() if len(names) == 1 else None
@@ -394,7 +394,7 @@ def _fallback(trial: TrialConfig, rule: str, rule_knobs, settings: dict[str, Any
 
 def _from_recipe(trial, settings: dict[str, Any]) -> dict[str, Any]:
     """The layout values the recipe chose for the GPU (not passed, not the catalogue's default)."""
-    from dse import knobs
+    from dse.facts import knobs
 
     return {
         k: trial.values[k]
@@ -430,7 +430,7 @@ def _refuse_invalid(trial: TrialConfig, from_recipe: dict[str, Any]) -> None:
 def _knob_parameters() -> list[inspect.Parameter]:
     """One keyword parameter per catalogue knob (``--tp N``, ``--fsdp/--no-fsdp``...), every default None:
     unset knobs resolve as in a space."""
-    from dse import knobs
+    from dse.facts import knobs
 
     params = []
     for name, k in knobs.CATALOGUE.items():
@@ -495,8 +495,8 @@ def calibrate_cmd(
 ) -> None:
     """Refit the performance model to your own runs and write a calibration file for --calibration."""
     from dse.calibrate import calibrate
-    from dse.calibration_file import write
-    from dse.hardware import HARDWARE
+    from dse.facts.calibration_file import write
+    from dse.facts.hardware import HARDWARE
     from dse.study.leaderboard import checked_output, output_error
 
     if gpu is not None and gpu not in HARDWARE:

@@ -202,7 +202,7 @@ def with_calibration(space, calibration: Path | None):
     loads and was made on the space's GPU), when ``--calibration`` is given."""
     if calibration is None:
         return space
-    from dse.calibration_file import load_calibration
+    from dse.facts.calibration_file import load_calibration
 
     try:
         load_calibration(calibration, gpu=space.system.gpu)
@@ -235,7 +235,7 @@ def warm_start_model(space, study_dir: Path | None):
     and neither the space nor ``--calibration`` names one; and the words the warm start's line says of the model."""
     if study_dir is None:
         return space, ""
-    from dse.calibration_file import load_calibration
+    from dse.facts.calibration_file import load_calibration
     from dse.study.loop import MODEL_FILE
 
     path = study_dir / MODEL_FILE

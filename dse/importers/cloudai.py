@@ -5,7 +5,7 @@ paths, some of them lists (``[cmd_args.trainer.strategy] tensor_model_parallel_s
 scenario (``[[Tests]]`` with ``num_nodes``, ``time_limit`` and an inline test), and a Slurm system file.
 
 The mapping is the knob catalogue's NeMo 2 spelling read in reverse (:func:`nemo2_paths`, built from
-``dse.knobs.CATALOGUE``: no second list): a list-valued field becomes a ``[knobs]`` entry, a scalar a
+``dse.facts.knobs.CATALOGUE``: no second list): a list-valued field becomes a ``[knobs]`` entry, a scalar a
 ``[settings]`` entry. Fields the catalogue spells by value (the FP8 plugin, activation offloading) are read by
 the few rules below. Everything else is *not imported*, with the reason, listed in the output and written as
 comments into the space, never dropped silently.
@@ -40,10 +40,10 @@ from typing import Any
 
 import tomlkit
 
-from dse import allowlists, knobs
 from dse.errors import UserError, did_you_mean
+from dse.facts import allowlists, knobs
+from dse.facts.hardware import GPU_NAMES
 from dse.fsutil import write_text
-from dse.hardware import GPU_NAMES
 from dse.recipes.models import RECIPES, Recipe
 from dse.space import Space, System, _read_toml
 
@@ -577,7 +577,7 @@ def _env_opt_in(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(the environment imported, {name: where it came from} for ``[backend] allow_env``).
 
-    dse denies environment names by default (:mod:`dse.allowlists`); CloudAI sets whatever its files say. A name of
+    dse denies environment names by default (:mod:`dse.facts.allowlists`); CloudAI sets whatever its files say. A name of
     a tuning family is imported as it is; any other name is imported with an explicit opt-in naming the CloudAI file
     it came from, so that the space dse writes is one dse accepts. Left out, each with a note: names no space may
     set (they choose the code that runs: ``LD_*``, ``PYTHON*``, ``SLURM_*``), names of a file or library to load
@@ -730,7 +730,7 @@ def _space_text(
 
 def _allow_env_array(allow_env: dict[str, str]) -> Any:
     """``allow_env = [...]``, one name a line, each commented with where in CloudAI's files it was set."""
-    comment = "outside dse's tuning families (dse.allowlists); imported from"
+    comment = "outside dse's tuning families (dse.facts.allowlists); imported from"
     array = tomlkit.array()
     for name, where in allow_env.items():
         array.add_line(name, comment=_escape_controls(f"{comment} {where}"))

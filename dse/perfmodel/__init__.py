@@ -5,7 +5,7 @@ Public API: :func:`predict` (a resolved :class:`dse.trial.TrialConfig` to a :cla
 :data:`hardware.HARDWARE`. Calibrated by ``bench/model_accuracy.py`` (see the docs, docs/performance-model.md).
 """
 
-from dse.hardware import HARDWARE, GpuSpec
+from dse.facts.hardware import HARDWARE, GpuSpec
 from dse.perfmodel.flops import model_flops_per_step
 from dse.perfmodel.model import Prediction, predict, predict_layout
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params

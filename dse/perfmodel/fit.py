@@ -66,7 +66,7 @@ PRIORS: dict[str, Prior] = {
     # attention and a dozen ops, forward and about twice that backward: ~3 ms; loose (log width 1), since FP8
     # scaling, TP overlap, context parallelism and the TE version add to it
     "host_layer_s_grace": Prior(0.003, 1.0, "log"),
-    # a container family's software efficiency over the reference family's (dse.containers): centred on 1 (no
+    # a container family's software efficiency over the reference family's (dse.facts.containers): centred on 1 (no
     # change), log width 0.1, since releases of one recipe move its throughput by a few percent to ~10% (GB300 Llama
     # 3 70B: +11% from 25.11 to 26.02, Megatron-Bridge docs/performance-summary-archive.md)
     "container_eff_nemo24": Prior(1.0, 0.1, "log"),

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dse import knobs
-from dse.containers import FAMILIES, REFERENCE
-from dse.hardware import GpuSpec
-from dse.knobs import ModelKnobs
+from dse.facts import knobs
+from dse.facts.containers import FAMILIES, REFERENCE
+from dse.facts.hardware import GpuSpec
+from dse.facts.knobs import ModelKnobs
 from dse.perfmodel.flops import layer_params, mlp_factor
 from dse.perfmodel.stack import Stack
 from dse.perfmodel.timing import Params
@@ -60,7 +60,7 @@ GRAPH_PART_SHARE = {
 
 def graph_captured_share(cuda_graph: str, cuda_graph_scope: str) -> float:
     """The share (0-1) of a layer's kernel launches inside a CUDA graph: 0 without graphs, else the sum of the
-    scope's parts (:data:`GRAPH_PART_SHARE`, a comma-joined scope as ``dse.knobs.CUDA_GRAPH_SCOPES`` spells it),
+    scope's parts (:data:`GRAPH_PART_SHARE`, a comma-joined scope as ``dse.facts.knobs.CUDA_GRAPH_SCOPES`` spells it),
     at most 1."""
     if cuda_graph == "none":
         return 0.0
@@ -70,10 +70,10 @@ def graph_captured_share(cuda_graph: str, cuda_graph_scope: str) -> float:
 @dataclass(slots=True, kw_only=True)
 class ModelLayout(ModelKnobs):
     """The layout and options of one prediction: the knobs the model reads, each a field named as its knob with the
-    knob's default (:class:`dse.knobs.ModelKnobs`: the catalogue's ``model_arg`` knobs), and what the system
-    gives. ``sp`` left unset takes its derived default (``dse.knobs.effective``); ``tp_comm_overlap`` left unset
-    is off (a trial's is settled by ``dse.knobs.settle``). ``nvlink_domain`` and ``scaleout_gbps`` None take the
-    GPU's defaults. ``container`` is the software stack's family (:data:`dse.containers.FAMILIES`); ``pod_gpus``,
+    knob's default (:class:`dse.facts.knobs.ModelKnobs`: the catalogue's ``model_arg`` knobs), and what the system
+    gives. ``sp`` left unset takes its derived default (``dse.facts.knobs.effective``); ``tp_comm_overlap`` left unset
+    is off (a trial's is settled by ``dse.facts.knobs.settle``). ``nvlink_domain`` and ``scaleout_gbps`` None take the
+    GPU's defaults. ``container`` is the software stack's family (:data:`dse.facts.containers.FAMILIES`); ``pod_gpus``,
     ``pod_oversubscription`` and ``rank_order`` describe the fabric above the NVLink domain
     (:func:`dse.perfmodel.model.dp_exposed_time`)."""
 
@@ -205,7 +205,7 @@ class Machine:
         fp8 = uses_fp8(gpu, layout)
         fp4 = uses_nvfp4(gpu, layout)
         # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
-        # larger power budget keeps the clock up (dse.hardware.GpuSpec.blackwell_ultra; a fitted parameter), times
+        # larger power budget keeps the clock up (dse.facts.hardware.GpuSpec.blackwell_ultra; a fitted parameter), times
         # what the container family's software reaches (container_efficiency)
         sw, sw_ultra = container_efficiency(P, layout.container)
         tensor_ratio = (P.ultra_tensor_ratio * sw_ultra if gpu.blackwell_ultra else 1.0) * sw
@@ -257,7 +257,7 @@ _FAMILIES = {f.name: f for f in FAMILIES}
 
 def container_efficiency(params: Params, family: str) -> tuple[float, float]:
     """(the family's factor on every GPU's tensor-core rates, its further factor on Blackwell Ultra's) under
-    ``params``: the family's fitted ``Params`` fields (dse.containers.ContainerFamily.param, .ultra_param), 1 for
+    ``params``: the family's fitted ``Params`` fields (dse.facts.containers.ContainerFamily.param, .ultra_param), 1 for
     the reference family and for a name no family has."""
     fam = _FAMILIES.get(family)
     if fam is None:
@@ -268,7 +268,7 @@ def container_efficiency(params: Params, family: str) -> tuple[float, float]:
 
 
 def container_host_factor(params: Params, family: str) -> float:
-    """The family's factor on a Grace host's launch time per layer (dse.containers.ContainerFamily.host_param) under
+    """The family's factor on a Grace host's launch time per layer (dse.facts.containers.ContainerFamily.host_param) under
     ``params``; 1 for a family without one (the reference) and for a name no family has."""
     fam = _FAMILIES.get(family)
     return getattr(params, fam.host_param) if fam is not None and fam.host_param else 1.0

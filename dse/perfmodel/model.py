@@ -39,11 +39,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dse import knobs
-from dse.containers import REFERENCE
-from dse.containers import resolve as resolve_container
 from dse.errors import UserError
-from dse.hardware import HARDWARE, GpuSpec
+from dse.facts import knobs
+from dse.facts.containers import REFERENCE
+from dse.facts.containers import resolve as resolve_container
+from dse.facts.hardware import HARDWARE, GpuSpec
 from dse.perfmodel import flops as _flops
 from dse.perfmodel import moe as _moe
 from dse.perfmodel.layout import (
@@ -764,7 +764,7 @@ def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
     ``prepare(trial).predict(params)``, and a fit prepares each run once and evaluates it under many parameters."""
     sysm, arch = trial.system, trial.recipe.arch
     stack = payload_stack(getattr(trial, "payload", None))
-    # every knob the model reads, by the catalogue's model_arg (dse.knobs): no knob is plumbed by hand here
+    # every knob the model reads, by the catalogue's model_arg (dse.facts.knobs): no knob is plumbed by hand here
     layout = ModelLayout(
         num_gpus=trial.values["num_nodes"] * sysm.gpus_per_node,
         **knobs.model_args(trial.values),
@@ -781,7 +781,7 @@ def prepare(trial, *, flops_convention: str = "causal") -> Prepared:
 
 @functools.lru_cache(maxsize=64)  # once per tag: a study predicts thousands of points in one container
 def model_family(tag: str) -> str:
-    """The container family (dse.containers) whose efficiencies the model applies for container ``tag``: its
+    """The container family (dse.facts.containers) whose efficiencies the model applies for container ``tag``: its
     family, the newest for a newer tag; the reference family for a tag no family knows (an older or malformed one,
     which a space's preflight and ``dse predict --container`` refuse before any prediction)."""
     try:
@@ -824,7 +824,7 @@ def predict_model_layout(
     stack: Stack = NVIDIA_RECIPES,
 ) -> Prediction:
     """The model for a :class:`ModelLayout`: the step's time terms (:func:`step_time`) and the peak memory
-    (:func:`dse.perfmodel.memory.peak_memory`) of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name)."""
+    (:func:`dse.perfmodel.memory.peak_memory`) of ``arch`` on ``gpu`` (a :data:`dse.facts.hardware.HARDWARE` name)."""
     return Prepared.of(arch, gpu, layout, stack, flops_convention).predict(params)
 
 
@@ -847,7 +847,7 @@ class Prepared:
 
     @classmethod
     def of(cls, arch, gpu: str, layout: ModelLayout, stack: Stack, flops_convention: str = "causal") -> Prepared:
-        """The prepared values of ``arch`` on ``gpu`` (a :data:`dse.hardware.HARDWARE` name) under ``layout``."""
+        """The prepared values of ``arch`` on ``gpu`` (a :data:`dse.facts.hardware.HARDWARE` name) under ``layout``."""
         hw = HARDWARE[gpu]
         fp8 = uses_low_precision(hw, layout)
         shape = Shape.of(arch, layout)

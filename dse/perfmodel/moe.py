@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dse import knobs
+from dse.facts import knobs
 from dse.perfmodel.flops import expert_params, mlp_factor
 from dse.perfmodel.layout import GRAPH_PART_SHARE, Machine, ModelLayout, Shape, Stages, kept_score_bytes
 from dse.recipes.models import ModelArch

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from dse import knobs
+from dse.facts import knobs
 from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 from dse.recipes.sim.logwriter import SimRun

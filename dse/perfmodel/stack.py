@@ -53,7 +53,7 @@ step time by percents, are made by the payload's own code and differ between the
 * **CUDA graphs are a knob, not a stack fact.** Whether a step is captured in CUDA graphs is a choice every
   payload that can run graphs offers (Bridge's ``model.cuda_graph_impl`` / ``cuda_graph_scope``, NeMo 2's
   ``model.config.enable_cuda_graph``), so it is the catalogue's ``cuda_graph`` and ``cuda_graph_scope``
-  (dse.knobs), priced by the model's host-time term (``Params.host_layer_s_grace`` for the share of a layer the
+  (dse.facts.knobs), priced by the model's host-time term (``Params.host_layer_s_grace`` for the share of a layer the
   scope leaves outside the graph) and memory (static buffers, the graph pool); published rows carry them as the
   script of each row's container set them (the tables' ``cuda_graph`` and ``cuda_graph_scope`` columns).
 
@@ -93,7 +93,7 @@ class Stack:
     master_param_bytes: float = 4.0
 
 
-# NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
+# NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.facts.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
 # set fp8_param_gather=true for delayed, tensorwise and mxfp8). The sim payload describes the same recipes
 # (it writes the model's own figures). Blockwise sets fp8_param_gather=false there; it runs on Blackwell only,
 # where no measurement has checked the cache, so it keeps the recipes' common value here.

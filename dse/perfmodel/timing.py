@@ -42,11 +42,11 @@ class Params:
     # causal attention toward the low-middle of that range
     attn_eff_ampere: float = 0.56
     # fitted: Blackwell Ultra's (GB300) sustained tensor-core rate over GB200's at the same quoted dense peaks
-    # (dse.hardware.GpuSpec.blackwell_ultra); fitted with one GB300 row (bench/model_accuracy.py FIT_EXTRA)
+    # (dse.facts.hardware.GpuSpec.blackwell_ultra); fitted with one GB300 row (bench/model_accuracy.py FIT_EXTRA)
     ultra_tensor_ratio: float = 1.182
     # fitted: MXFP8 GEMMs' rate over per-tensor-scaled FP8 GEMMs' (Blackwell); fitted with one MXFP8 row (FIT_EXTRA)
     mxfp8_gemm_ratio: float = 0.9398
-    # fitted: fraction of the dense NVFP4 peak (dse.hardware's fp4_tflops) that NVFP4 GEMMs reach (Blackwell; block
+    # fitted: fraction of the dense NVFP4 peak (dse.facts.hardware's fp4_tflops) that NVFP4 GEMMs reach (Blackwell; block
     # scales applied inside the tensor-core pipeline); fitted with the others on the Megatron-Bridge 26.02 and 26.04
     # NVFP4 rows (bench/model_accuracy.py FIT_CONTAINERS); those of 26.02.01, 26.04.01 and 26.06 are held out
     gemm_eff_nvfp4: float = 0.4381
@@ -60,7 +60,7 @@ class Params:
     # rate (bf16_over_fp8_eff_blackwell) the refit ends at the prior's centre (3 ms, a lower MAP cost: 15.18 vs 15.87
     # at the old values), so few published layers wait for the host and graphs move a GB200 step little
     host_layer_s_grace: float = 0.003
-    # fitted: the software stack's efficiency per container family (dse.containers), relative to the reference
+    # fitted: the software stack's efficiency per container family (dse.facts.containers), relative to the reference
     # family (Megatron-Bridge 25.x, the calibration table's containers): a factor on the tensor-core rates (GEMMs
     # and attention) that the family's kernels, libraries and framework reach. One per family, from the published
     # rows of its containers (bench/model_accuracy.py --fit); 1 for the reference and for rows of no known container
@@ -73,7 +73,7 @@ class Params:
     # docs/performance-summary-archive.md): the newer containers' kernels for Blackwell Ultra
     container_ultra_bridge26: float = 1.019
     # fitted: the Megatron-Bridge 26.x containers' Grace host time per layer over the reference family's
-    # (host_layer_s_grace, dse.containers.ContainerFamily.host_param): the GB200 Llama 3 70B NVFP4 preset of 26.04,
+    # (host_layer_s_grace, dse.facts.containers.ContainerFamily.host_param): the GB200 Llama 3 70B NVFP4 preset of 26.04,
     # not CUDA-graphed, steps in 6.69 s, under the 7.36 s that 20 layers x 32 micro-batches at the 25.x host time
     # would take, so the newer Transformer Engine / Megatron-Core launches less per layer; fitted with the 26.02 and
     # 26.04 NVFP4 rows whose layers wait for Grace (GB200 70B, GB300 405B; bench/model_accuracy.py FIT_CONTAINERS):

@@ -2,7 +2,7 @@
 and reading ``--model-file`` architectures.
 
 The system is the GPU generation's default cluster (GPUs per node, NVLink domain and NIC bandwidth from
-:data:`dse.hardware.HARDWARE`); every knob not given takes its catalogue default.
+:data:`dse.facts.hardware.HARDWARE`); every knob not given takes its catalogue default.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dse import knobs
 from dse.errors import UserError
-from dse.hardware import HARDWARE
+from dse.facts import knobs
+from dse.facts.hardware import HARDWARE
 from dse.recipes.models import MLA_FIELDS, MOE_FIELDS, ModelArch
 from dse.space import System, _first_error, _read_toml
 from dse.trial import TrialConfig, resolve_auto

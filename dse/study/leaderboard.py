@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import UserError, infrastructure
+from dse.facts.hardware import HARDWARE
 from dse.fsutil import atomic_write
-from dse.hardware import HARDWARE
 from dse.inputs import csv_cell
 from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.study.store import TrialRecord
@@ -62,7 +62,7 @@ UNKNOWN = "unknown"
 def mfu(tflops_per_gpu: float | None, gpu: str | None, precision: str) -> float | None:
     """Model FLOPs utilisation: the run's model FLOP/s per GPU (``tflops_per_gpu``, same FLOPs convention) over
     the GPU's dense peak for the format its GEMMs run in: the BF16 peak for a ``bf16`` run, the FP8 peak for an
-    ``fp8`` one, the dense FP4 peak for an ``nvfp4`` one (:meth:`dse.hardware.GpuSpec.peak_tflops`). Decision: the peak of the run's own precision, as
+    ``fp8`` one, the dense FP4 peak for an ``nvfp4`` one (:meth:`dse.facts.hardware.GpuSpec.peak_tflops`). Decision: the peak of the run's own precision, as
     PaLM's definition of MFU (observed over theoretical peak FLOP/s of the hardware for the computation run) and
     Megatron-Bridge's performance tables (FP8 MFU against the FP8 peak) do; an FP8 run measured against the BF16
     peak would read up to twice as high. None when a figure or the GPU is unknown."""

@@ -21,18 +21,19 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from dse import constraints, knobs
+from dse import constraints
 from dse import registry as reg
 from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
 from dse.calibrate import calibrated_miss, calibrated_params
-from dse.calibration_file import write as write_calibration
 from dse.counting import check_not_empty, count_valid
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
+from dse.facts import knobs
+from dse.facts.calibration_file import write as write_calibration
 from dse.forecast import PointForecast, Screen, StudyCost, model_forecaster, study_cost
 from dse.launch import build_plan
 from dse.logs.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log

@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from dse import knobs
 from dse.backends.replay import table_path
 from dse.errors import InfrastructureError, UserError, infrastructure
+from dse.facts import knobs
 from dse.fsutil import write_text
 from dse.inputs import read_text
 from dse.logs import logpack

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from dse import knobs
 from dse.errors import InfrastructureError
 from dse.execute import duration_s
+from dse.facts import knobs
 from dse.logs import logpack
 from dse.space import Space
 from dse.study.best import write_best

@@ -46,6 +46,6 @@ UB_CONFIGS: dict[tuple[str, str, int, int], str] = {
 
 
 def lookup(family: str | None, precision: str, hidden_size: int, tp: int) -> str | None:
-    """The config Bridge's performance scripts load for a GPU family (``dse.hardware``'s ``userbuffer_family``),
+    """The config Bridge's performance scripts load for a GPU family (``dse.facts.hardware``'s ``userbuffer_family``),
     precision ("bf16" or "fp8"), width and TP size; None where they run no TP overlap with a named config."""
     return UB_CONFIGS.get((family, precision, hidden_size, tp)) if family else None

@@ -1,7 +1,7 @@
 """Command line, configuration and log formatting of the Megatron-core payload, with no torch import.
 
 Everything here is plain Python so that the argument parsing, the ``path=value`` overrides that dse sends
-(the ``mbridge`` spellings of :mod:`dse.knobs`), the FLOPs count and the exact text of the log lines can be
+(the ``mbridge`` spellings of :mod:`dse.facts.knobs`), the FLOPs count and the exact text of the log lines can be
 tested without torch. :mod:`recipes.mcore.train` does the GPU work.
 """
 
@@ -478,7 +478,7 @@ def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- overrides
-# ``path=value`` spellings accepted after the flags. The knob paths are the ``mbridge`` ones of dse.knobs
+# ``path=value`` spellings accepted after the flags. The knob paths are the ``mbridge`` ones of dse.facts.knobs
 # (Megatron-Bridge's ConfigContainer: model.*, train.*, dataset.*, ddp.*, comm_overlap.*, mixed_precision);
 # model-shape paths follow Megatron-Bridge's GPTModelProvider field names.
 _OVERRIDES: dict[str, str] = {
@@ -554,7 +554,7 @@ IGNORED = (
     # what is offloaded (activations, not weights): meaningful only with cpu_offloading, refused by check()
     "model.cpu_offloading_activations",
     "model.cpu_offloading_weights",
-    # what dse spells with moe_dispatcher=flex and moe_a2a_overlap=true (dse.knobs), both refused by check()
+    # what dse spells with moe_dispatcher=flex and moe_a2a_overlap=true (dse.facts.knobs), both refused by check()
     "model.moe_flex_dispatcher_backend",
     "model.moe_shared_expert_overlap",
     "comm_overlap.delay_wgrad_compute",

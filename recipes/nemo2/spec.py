@@ -1,6 +1,6 @@
 """Plain data shared by the NeMo 2 payload and the controller: names, environment variables, model table.
 
-No third-party imports: the controller reads this (through :mod:`dse.knobs`) to spell a trial's command line,
+No third-party imports: the controller reads this (through :mod:`dse.facts.knobs`) to spell a trial's command line,
 and the in-container factories in :mod:`recipes.nemo2.factories` read it to build the recipe.
 """
 

@@ -48,7 +48,7 @@ USED_AT: dict[tuple[str, str, int, int], str] = {
 
 
 def lookup(family: str | None, precision: str, hidden_size: int, tp: int) -> str | None:
-    """The tuned userbuffer config for a GPU family (``dse.hardware``'s ``userbuffer_family``: NVIDIA uses the
+    """The tuned userbuffer config for a GPU family (``dse.facts.hardware``'s ``userbuffer_family``: NVIDIA uses the
     B200 configs on GB200/GB300 and the H100 ones on H200), precision, width and TP size; None where NeMo has none."""
     if not family:
         return None

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
-from dse import hardware
 from dse.errors import UserError, did_you_mean
+from dse.facts import hardware
 from dse.recipes import contract
 from dse.recipes.models import Recipe
 from dse.recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
@@ -30,7 +30,7 @@ _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=/+\-]*")
 # ("Argument list too long"), which would fail every trial of the study instead of its validation.
 MAX_ENV_VALUE = 4096
 
-# Which environment names a space may set at all is dse.allowlists' (default deny).
+# Which environment names a space may set at all is dse.facts.allowlists' (default deny).
 
 
 # A knob's own spelling for one payload family: (knob, value, every value of the trial, the payload's spelling)
@@ -426,7 +426,7 @@ def _sp_auto(values: Mapping[str, Any], where: Where | None) -> bool:
 def _tp_comm_overlap_auto(values: Mapping[str, Any], where: Where | None) -> bool:
     """TP communication overlap left unset: on exactly when tp > 1 with sequence parallelism and the payload ships a
     userbuffer config that NVIDIA's scripts use for (GPU, precision, hidden size, tp), as NeMo's and
-    Megatron-Bridge's performance recipes turn it on (``dse.hardware.userbuffer_config``), and never under NVFP4,
+    Megatron-Bridge's performance recipes turn it on (``dse.facts.hardware.userbuffer_config``), and never under NVFP4,
     which those scripts run without it (``dse.constraints.nvfp4_no_tp_comm_overlap``). Without ``where`` (a layout
     the model is given directly) it is off."""
     tp, precision = values["tp"], values["precision"]
@@ -1160,7 +1160,7 @@ def factory_args(values: Mapping[str, Any], *, gpu: str, hidden_size: int) -> di
 
 def userbuffer_name(values: Mapping[str, Any], *, gpu: str, hidden_size: int, payload: str) -> str | None:
     """The userbuffer config ``payload`` loads for the trial's (GPU, precision, width, tp), as NVIDIA's scripts
-    for that payload do (``dse.hardware.userbuffer_config``); None without one."""
+    for that payload do (``dse.facts.hardware.userbuffer_config``); None without one."""
     precision, tp = effective("precision", values), effective("tp", values)
     return hardware.userbuffer_config(gpu, precision, hidden_size, tp, payload)
 
