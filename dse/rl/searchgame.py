@@ -335,7 +335,8 @@ class SearchGame(gym.Env):
             return None
         if self.redraw is None:
             raise ValueError("the option twin_seed needs an environment on a twin (backend sim, in memory)")
-        return check_int("options['twin_seed']", options["twin_seed"], 0, 2**32 - 1)
+        lo, hi = getattr(self.redraw, "seeds", (0, 2**32 - 1))  # a split's twins only, when drawn from one
+        return check_int("options['twin_seed']", options["twin_seed"], lo, hi)
 
     def scores(self) -> dict[str, Any]:
         """What ``info`` reports for scoring against the truth's best (an oracle the game never uses itself)."""
