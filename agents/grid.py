@@ -1,6 +1,6 @@
 """Grid search: every valid point once, in a deterministic order (the first knob varies slowest).
 
-A grid walks every raw point, so it refuses a space of more than :data:`dse.space.WALK_LIMIT` raw points (the
+A grid walks every raw point, so it refuses a space of more than :data:`dse.rules.space.WALK_LIMIT` raw points (the
 count and what to use instead in one line) rather than spin through 10^12 of them.
 """
 
@@ -10,7 +10,7 @@ import math
 
 from dse.agents.base import Action, Agent
 from dse.errors import UserError
-from dse.space import WALK_LIMIT
+from dse.rules.space import WALK_LIMIT
 
 
 class GridAgent(Agent):

@@ -41,7 +41,7 @@ from pydantic import Field
 
 from dse.agents.base import Action, Agent, NoOptions, RejectionRun
 from dse.errors import UserError, did_you_mean
-from dse.space import WALK_LIMIT
+from dse.rules.space import WALK_LIMIT
 
 
 def _samplers(

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from dse.logs.parse import LogFollower, parse_log  # noqa: E402
 from dse.logs.steady import Rule, estimate, steps_needed  # noqa: E402
-from dse.space import EarlyStopSettings  # noqa: E402
+from dse.rules.space import EarlyStopSettings  # noqa: E402
 
 
 def real_logs() -> list[Path]:

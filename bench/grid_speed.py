@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import run_study
 
 

@@ -5,7 +5,7 @@
 Data: ``bench/data/h100_mcore_grid/`` (a ``dse run`` of ``conf/spaces/llama3_8b_4l_h100_local_space.toml`` on one
 H100 through the local backend: megatron-core's local layer spec, seq 4096, mbs 1 / 2 / 4 x recompute none /
 selective / full): its ``leaderboard.csv`` and each trial's ``log.txt``. Each point is predicted as ``dse predict``
-predicts it (``dse.trial.resolve`` on the space, the space's payload), uncalibrated. Measured memory: Megatron's
+predicts it (``dse.rules.trial.resolve`` on the space, the space's payload), uncalibrated. Measured memory: Megatron's
 ``max allocated`` and ``max reserved`` after the last iteration of a run that finished; for a run that ran out of
 memory, PyTorch's OOM message: what PyTorch had allocated and reserved, what the process held outside PyTorch's
 allocator (CUDA context, cuBLAS and NCCL workspaces: "in use" less PyTorch's reserved) and the request that
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dse.perfmodel import predict  # noqa: E402
-from dse.space import load_space  # noqa: E402
-from dse.trial import resolve  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
+from dse.rules.trial import resolve  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "h100_mcore_grid"
 SPACE = ROOT / "conf" / "spaces" / "llama3_8b_4l_h100_local_space.toml"

@@ -150,8 +150,8 @@ def _trial(row: dict):
 
     from dse.facts import knobs
     from dse.recipes.models import ModelArch, Recipe
-    from dse.space import load_system
-    from dse.trial import TrialConfig
+    from dse.rules.space import load_system
+    from dse.rules.trial import TrialConfig
 
     arch = ModelArch(
         row["model"],

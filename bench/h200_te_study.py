@@ -49,8 +49,8 @@ def point(space, row: dict) -> dict:
 def compare(study: str) -> list[dict]:
     from dse.perfmodel import predict
     from dse.perfmodel.timing import DEFAULT_PARAMS
-    from dse.space import load_space
-    from dse.trial import resolve
+    from dse.rules.space import load_space
+    from dse.rules.trial import resolve
 
     space = load_space(ROOT / STUDIES[study])
     assert DEFAULT_PARAMS.memory_reserve_gib == RESERVE
@@ -164,8 +164,8 @@ def implied_fp8_efficiency(study: str) -> None:
     study's fused-attention pairs equals the measured one (bisection; the bf16 efficiency stays as fitted)."""
     from dse.perfmodel import predict
     from dse.perfmodel.timing import DEFAULT_PARAMS
-    from dse.space import load_space
-    from dse.trial import resolve
+    from dse.rules.space import load_space
+    from dse.rules.trial import resolve
 
     space = load_space(ROOT / STUDIES[study])
     by = {tuple(sorted(point(space, r).items())): float(r["step_time_s"]) for r in rows(study) if r["status"] == "ok"}

@@ -33,9 +33,9 @@ from dse.recipes.models import RECIPES, ModelArch, Recipe  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "published_perf_calibration.tsv"
 
-from dse.constraints import check as _check  # noqa: E402
+from dse.rules.constraints import check as _check  # noqa: E402
 
-RULES = "dse.constraints"
+RULES = "dse.rules.constraints"
 
 
 def load_rows(path: Path = DATA) -> list[dict]:

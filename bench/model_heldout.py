@@ -53,12 +53,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import model_accuracy  # noqa: E402  (reuse: load_rows, pct, ranking)
-from dse.constraints import check  # noqa: E402
 from dse.facts.containers import family_of  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, HARDWARE, predict  # noqa: E402
 from dse.perfmodel.trials import load_model_file, make_trial  # noqa: E402
 from dse.recipes.models import RECIPES, Recipe  # noqa: E402
-from dse.space import System, load_system  # noqa: E402
+from dse.rules.constraints import check  # noqa: E402
+from dse.rules.space import System, load_system  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DATA = DATA_DIR / "published_perf_heldout.tsv"
@@ -274,7 +274,7 @@ def summary(results) -> None:
         f"published layouts the model calls OOM: {len(oom)} of {len(results)}" + (f" ({', '.join(oom)})" if oom else "")
     )
     inv = [x["row"]["id"] for x in results if x["invalid"]]
-    print(f"published layouts dse.constraints rejects: {len(inv)}" + (f" ({', '.join(inv)})" if inv else ""))
+    print(f"published layouts dse.rules.constraints rejects: {len(inv)}" + (f" ({', '.join(inv)})" if inv else ""))
     named_groups(results)
     keys = list(group(results[0]["row"]))
     for key in keys:

@@ -33,12 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dse.constraints import check  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, predict  # noqa: E402
 from dse.perfmodel.stack import published_stack_name  # noqa: E402
 from dse.perfmodel.timing import MOE_FITTED, Params  # noqa: E402
 from dse.perfmodel.trials import make_trial  # noqa: E402
 from dse.recipes.models import RECIPES  # noqa: E402
+from dse.rules.constraints import check  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe.tsv"
 LAYOUT = ("model", "gpu", "num_gpus", "precision", "fp8_recipe", "gbs", "mbs", "tp", "pp", "vp", "ep")

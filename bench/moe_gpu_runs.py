@@ -115,7 +115,7 @@ def trial(row: dict):
     from types import MappingProxyType
 
     from dse.calibrate import arch_from_row, moe_values_from_row
-    from dse.space import load_system
+    from dse.rules.space import load_system
 
     t = te.trial(row)
     arch = arch_from_row(row)

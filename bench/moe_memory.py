@@ -53,8 +53,8 @@ from dse.perfmodel import moe as _moe  # noqa: E402
 from dse.perfmodel.memory import GIB, peak_memory  # noqa: E402
 from dse.perfmodel.model import prepare  # noqa: E402
 from dse.perfmodel.timing import Params  # noqa: E402
-from dse.space import load_space, shipped  # noqa: E402
-from dse.trial import resolve  # noqa: E402
+from dse.rules.space import load_space, shipped  # noqa: E402
+from dse.rules.trial import resolve  # noqa: E402
 
 # the shipped MoE spaces whose default layout is compared besides the published rows
 MOE_SPACES = (

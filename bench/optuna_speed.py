@@ -18,7 +18,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dse.space import load_space  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
 from dse.study import loop as study  # noqa: E402
 
 

@@ -16,11 +16,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from dse import constraints
-from dse import trial as trial_mod
 from dse.cli import app
 from dse.envs import recipe_env
 from dse.perfmodel import model as perfmodel
+from dse.rules import constraints
+from dse.rules import trial as trial_mod
 
 TARGETS = {
     trial_mod.resolve.__code__: "resolve",

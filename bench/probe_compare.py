@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dse.probe import ProbeRank, model_rank_gib, model_stage_gib  # noqa: E402
-from dse.space import load_space  # noqa: E402
-from dse.trial import resolve  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
+from dse.rules.trial import resolve  # noqa: E402
 
 GRID = ROOT / "bench/data/h100_mcore_grid"
 PROBES = ROOT / "bench/data/h100_probes"

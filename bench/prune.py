@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dse.space import load_space  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
 from dse.study.leaderboard import early_stop_savings, gpu_hours  # noqa: E402
 from dse.study.loop import run_study  # noqa: E402
 

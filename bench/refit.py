@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dse.backends.replay import read_table  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS  # noqa: E402
 from dse.refit import StudyModel  # noqa: E402
-from dse.space import load_space  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
+from dse.rules.trial import resolve  # noqa: E402
 from dse.study.loop import run_study  # noqa: E402
-from dse.trial import resolve  # noqa: E402
 
 REPLAYS = sorted(str(p) for p in (Path(__file__).parent / "data").glob("*/replay_space.toml"))
 

@@ -38,7 +38,7 @@ from gymnasium import spaces
 from dse.agents.base import load_agents, make_agent
 from dse.forecast import Screen, model_forecaster
 from dse.perfmodel.twin import make_twin, valid_trials
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.generations import carry_points
 from dse.study.loop import agent_settings, space_options
 

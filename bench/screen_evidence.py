@@ -31,8 +31,8 @@ from dse.calibrate import calibrated_params  # noqa: E402
 from dse.forecast import DEFAULT_SCREEN_MARGIN, screened_peak  # noqa: E402
 from dse.perfmodel import predict  # noqa: E402
 from dse.perfmodel.twin import make_twin, valid_trials  # noqa: E402
-from dse.space import load_space  # noqa: E402
-from dse.trial import resolve  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
+from dse.rules.trial import resolve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ("h200_local_study", "h200_te_70b_4l_study", "h200_te_8b_4l_study")

@@ -47,7 +47,7 @@ from gymnasium import spaces
 from dse.agents.base import load_agents, make_agent
 from dse.forecast import Screen, model_forecaster
 from dse.perfmodel.twin import make_twin, valid_trials
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import agent_settings, space_options
 
 REPLAYS = tuple(str(p) for p in sorted((Path(__file__).parent / "data").glob("*/replay_space.toml")))
@@ -148,7 +148,7 @@ def train_policy_for(space, path: str, steps: int, twins: int) -> None:
 def replay_best(space) -> float:
     """The best recorded ``ok`` reward of the objective among ``space``'s points in its replay table."""
     from dse.backends.replay import read_table
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     table = read_table(space.backend.replay, varied=space.knob_names, gpu=space.system.gpu)
     points = {table.key(resolve(space, p)) for p in space.points()}

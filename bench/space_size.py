@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from dse.agents.random import MAX_INVALID_DRAWS, RandomAgent
-from dse.counting import SAMPLES, count_valid
 from dse.envs.recipe_env import RecipeEnv
-from dse.space import WALK_LIMIT, load_space
+from dse.rules.counting import SAMPLES, count_valid
+from dse.rules.space import WALK_LIMIT, load_space
 from dse.study.loop import make_backend
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from dse.cli import app
 from dse.envs import recipe_env
-from dse.space import Space
-from dse.trial import TrialConfig
+from dse.rules.space import Space
+from dse.rules.trial import TrialConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.generations import space_for, warm_start_points
 from dse.study.loop import run_study
 

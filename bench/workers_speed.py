@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dse.space import load_space  # noqa: E402
+from dse.rules.space import load_space  # noqa: E402
 from dse.study.leaderboard import frame  # noqa: E402
 from dse.study.store import Store  # noqa: E402
 

@@ -253,8 +253,8 @@ def trial_from_row(row: dict, gpu: str):
     (:func:`arch_from_row`, :func:`moe_values_from_row`)."""
     from dse.facts import knobs
     from dse.recipes.models import Recipe
-    from dse.space import load_system
-    from dse.trial import TrialConfig
+    from dse.rules.space import load_system
+    from dse.rules.trial import TrialConfig
 
     arch = arch_from_row(row)
     recipe = Recipe(
@@ -369,7 +369,7 @@ def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
 def _study_space(path: Path):
     """The space of the study directory ``path`` (its dse.json names the space file, found from the working
     directory or the study), with the paths of the study's dse.json and leaderboard.csv."""
-    from dse.space import load_space
+    from dse.rules.space import load_space
 
     meta_p, board_p = path / "dse.json", path / "leaderboard.csv"
     for p in (meta_p, board_p):
@@ -422,7 +422,7 @@ def _board_run(row: dict, trial) -> Run | None:
 
 def runs_from_study(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
     """``ok`` trials of a study directory (dse.json + leaderboard.csv) and its out-of-memory failures."""
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     space, meta_p, board_p = _study_space(path)
     study_gpu = space.system.gpu
@@ -454,7 +454,7 @@ def _probe_runs(space, csv_p: Path) -> list[Run]:
     """The memory observations of a ``probes.csv``: each probed rank's peak (``ok``) or its out-of-memory end, of
     its pipeline stage (the model's first, last or a middle stage), with no step time (a probe's is its compute
     alone: no communication, no bubble)."""
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     runs = []
     with open(csv_p, newline="") as fh:
@@ -473,7 +473,7 @@ def _probe_runs(space, csv_p: Path) -> list[Run]:
 def runs_from_probes(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
     """The probes of ``dse probe --out DIR``: its ``probes.csv``, of the space its ``probe.json`` names (from the
     working directory or the probes' directory)."""
-    from dse.space import load_space
+    from dse.rules.space import load_space
 
     meta_p = path / PROBE_META
     try:
@@ -962,7 +962,7 @@ def _check_fit(P: Params, t_names: Sequence[str], m_names: Sequence[str], fit: d
         )
 
 
-# ---- the file (dse.facts.calibration_file, which dse.space can import) --------------------------------------
+# ---- the file (dse.facts.calibration_file, which dse.rules.space can import) --------------------------------------
 
 
 def apply(cal: Calibration, base: Params = DEFAULT_PARAMS) -> Params:

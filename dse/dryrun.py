@@ -27,13 +27,13 @@ from dse import registry as reg
 from dse.backends import load_backends
 from dse.backends.base import Backend
 from dse.backends.scripts import CODE_DIR, stage_code
-from dse.constraints import check
 from dse.errors import UserError
 from dse.forecast import PointForecast, Screen
 from dse.fsutil import write_text
 from dse.launch import build_plan
-from dse.space import WALK_LIMIT, Space
-from dse.trial import resolve
+from dse.rules.constraints import check
+from dse.rules.space import WALK_LIMIT, Space
+from dse.rules.trial import resolve
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from dse.launch import build_plan
 from dse.logs.parse import ParseContext, RunMetrics, parse_log
 from dse.logs.steady import Monitor, Prune, Rule
 from dse.perfmodel import model_flops_per_step
-from dse.space import BackendSettings, Objective
-from dse.trial import TrialConfig
+from dse.rules.space import BackendSettings, Objective
+from dse.rules.trial import TrialConfig
 
 
 def prepare_run_dir(run_dir: Path) -> Path:

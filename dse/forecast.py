@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse import constraints
 from dse.agents.base import Action, Forecast, Forecaster
 from dse.calibrate import calibrated_params
 from dse.refit import StudyModel
-from dse.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
-from dse.trial import TrialConfig, resolve
+from dse.rules import constraints
+from dse.rules.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
+from dse.rules.trial import TrialConfig, resolve
 
 __all__ = ["DEFAULT_SCREEN_MARGIN", "Screen", "StudyCost", "model_forecaster", "screened_peak", "study_cost"]
 COST_SAMPLES = 2_000  # seeded draws for the cost of a space too large to walk

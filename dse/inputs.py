@@ -18,7 +18,7 @@ from typing import Any
 from dse.errors import UserError
 
 # The largest input file read (space, system, model, calibration, CloudAI test or system). The biggest file dse
-# ships is a few KiB and a space at dse.space's caps (8,192 knob values) well under 100 KiB, so 1 MiB is far
+# ships is a few KiB and a space at dse.rules.space's caps (8,192 knob values) well under 100 KiB, so 1 MiB is far
 # beyond any real input and small enough that reading and parsing it costs milliseconds.
 MAX_INPUT_BYTES = 1024 * 1024
 

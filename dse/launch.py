@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dse.constraints import tp_comm_overlap_supported, userbuffer_config  # noqa: F401 (re-exported)
 from dse.errors import UserError
 from dse.facts import allowlists, knobs
 from dse.facts.hardware import HARDWARE
@@ -27,7 +26,8 @@ from dse.perfmodel.simulate import simulate
 from dse.perfmodel.timing import DEFAULT_PARAMS, Params
 from dse.recipes import contract
 from dse.recipes.sim.logwriter import SimRun
-from dse.trial import TrialConfig
+from dse.rules.constraints import tp_comm_overlap_supported, userbuffer_config  # noqa: F401 (re-exported)
+from dse.rules.trial import TrialConfig
 
 PAYLOADS = contract.PAYLOADS
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a dotted key=value (not the --factory call)

@@ -27,7 +27,7 @@ from dse.errors import UserError
 from dse.launch import LaunchPlan, build_plan
 from dse.logs.parse import ParseContext, RunMetrics, parse_log
 from dse.recipes.mcore.config import ConfigError, RunConfig, config_from_argv, stage_layers
-from dse.trial import TrialConfig
+from dse.rules.trial import TrialConfig
 
 PROBE_PAYLOAD = "mcore"  # the payload that runs one rank under a fake process group
 PROBE_FLAG = "--fake-process-group"
@@ -327,8 +327,8 @@ def probe_point(
 def _points(space, point: dict[str, Any] | None, limit: int | None):
     """(index, point, trial) of each valid point to probe: ``point`` alone (its values over the space's
     settings), else the space's valid points in grid order, at most ``limit``."""
-    from dse.constraints import check
-    from dse.trial import resolve
+    from dse.rules.constraints import check
+    from dse.rules.trial import resolve
 
     if point is not None:
         from dse.facts import knobs

@@ -47,7 +47,7 @@ from dse.facts.calibration_file import Calibration
 from dse.perfmodel.fit import nelder_mead
 from dse.perfmodel.model import Prediction, Prepared, prepare
 from dse.perfmodel.timing import Params
-from dse.space import Space
+from dse.rules.space import Space
 
 __all__ = ["MARGIN_FLOOR", "MAX_TIME", "StudyModel", "needs_more_memory"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from dse.logs.parse import RunMetrics
-from dse.space import Objective
+from dse.rules.space import Objective
 
 
 def reward(metrics: RunMetrics, objective: Objective) -> float:

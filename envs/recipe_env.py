@@ -31,13 +31,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from dse import constraints
 from dse.backends.base import Backend
 from dse.execute import run_trial
 from dse.logs.parse import STATUSES, RunMetrics
 from dse.reward import reward as compute_reward
-from dse.space import Objective, Space
-from dse.trial import TrialConfig, resolve
+from dse.rules import constraints
+from dse.rules.space import Objective, Space
+from dse.rules.trial import TrialConfig, resolve
 
 METRIC_KEYS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no trial yet

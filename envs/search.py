@@ -54,8 +54,8 @@ from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import Twin, make_twin, valid_trials
 from dse.recipes.sim.logwriter import write_log
 from dse.rl.searchgame import Forecast, Key, Outcome, SearchGame, check_int, game_args
-from dse.space import WALK_LIMIT, Space, load_space
-from dse.trial import TrialConfig
+from dse.rules.space import WALK_LIMIT, Space, load_space
+from dse.rules.trial import TrialConfig
 
 ENV_ID = "dse/Recipe-v0"
 MAX_SEED = 2**32 - 1  # a twin's seed and the jitter's, as [backend] twin_seed: unsigned 32-bit
@@ -80,7 +80,7 @@ class Table:
 def as_space(space: Space | str | Path) -> Space:
     """A :class:`Space`, or the path of a space file (a shipped one found by its ``conf/spaces/...`` path)."""
     if not isinstance(space, Space | str | Path):
-        raise TypeError(f"space takes a dse.space.Space or the path of a space file; got {type(space).__name__}")
+        raise TypeError(f"space takes a dse.rules.space.Space or the path of a space file; got {type(space).__name__}")
     return space if isinstance(space, Space) else load_space(space)
 
 

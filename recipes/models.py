@@ -207,7 +207,7 @@ class Recipe:
         if world is not None and self.scaled_from is not None:
             layout = fit_layout(layout, self.arch.num_layers, world)
         # the fields one by one: dataclasses.asdict deep-copies each (scalars all), which cost more than the rest of
-        # resolving a point (dse.trial.resolve, once per point a space walk checks)
+        # resolving a point (dse.rules.trial.resolve, once per point a space walk checks)
         return {**{name: getattr(layout, name) for name in LAYOUT_FIELDS}, "seq_length": self.seq_length}
 
 

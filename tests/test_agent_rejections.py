@@ -9,7 +9,7 @@ from gymnasium import spaces
 
 from dse.agents.optuna_agent import OptunaAgent
 from dse.agents.random import RandomAgent
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import run_study
 from tests.helpers import write_space
 

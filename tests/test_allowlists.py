@@ -192,7 +192,7 @@ def test_a_squashfs_image_path_is_accepted_and_reaches_srun(tmp_path):
 
 # -- best/ names no path of the controller -----------------------------------------------------------------------
 def test_best_scripts_name_no_path_of_the_study(tmp_path):
-    from dse.space import load_space
+    from dse.rules.space import load_space
     from dse.study import loop as study_mod
 
     space = load_space(write_space(tmp_path, SMALL_SPACE.replace("num_nodes = 2", "num_nodes = 1")))
@@ -307,7 +307,7 @@ def test_security_doc_lists_the_code_s_allowlists():
 
 
 def test_the_slurm_page_s_system_file_is_valid_and_asks_for_its_options(tmp_path):
-    from dse.space import load_system
+    from dse.rules.space import load_system
 
     text = (DOCS / "slurm.md").read_text()
     example = text.split("```toml\n")[1].split("```")[0]

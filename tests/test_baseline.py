@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dse.facts.hardware import HARDWARE
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from dse.study.leaderboard import Baseline, Summary
 from dse.study.store import TrialRecord
@@ -58,7 +58,7 @@ def test_baseline_outside_the_space_is_predicted_and_shown_as_a_reference(tmp_pa
     base = study_mod.baseline_of(space)
     assert not base.in_space and base.knobs["tp"] == 4 and "tp not among the space's values" in base.note
     from dse.perfmodel import predict
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     assert base.predicted["tflops_per_gpu"] == pytest.approx(
         predict(resolve(space, {"precision": "fp8"})).tflops_per_gpu
@@ -106,7 +106,7 @@ def test_the_baseline_takes_the_precision_the_model_predicts_faster(tmp_path):
     """A space listing bf16 and fp8: the recipe's fp8 layout (NVIDIA's, predicted faster), not bf16's; a space of
     bf16 alone: the recipe's bf16 layout."""
     from dse.perfmodel import predict
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     both = _space(tmp_path)
     assert both.knobs["precision"] == ["bf16", "fp8"]

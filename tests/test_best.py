@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import best as best_mod
 from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space

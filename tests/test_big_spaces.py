@@ -1,5 +1,5 @@
 """Spaces of 10^12 to 2^71 raw points (issue 11, item 10): counted with Python integers, sampled without
-enumerating, and refused with the count where a command would walk every point (dse.space.WALK_LIMIT)."""
+enumerating, and refused with the count where a command would walk every point (dse.rules.space.WALK_LIMIT)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dse.agents.grid import GridAgent
 from dse.agents.optuna_agent import OptunaAgent
 from dse.agents.random import MAX_INVALID_DRAWS, RandomAgent
 from dse.cli import app
-from dse.counting import count_valid
 from dse.errors import UserError
-from dse.space import WALK_LIMIT, load_space
+from dse.rules.counting import count_valid
+from dse.rules.space import WALK_LIMIT, load_space
 
 # A small core whose validity varies (tp 3 and 6 divide neither 8 GPUs nor 32 heads; pp 4 with mbs 4...),
 # times environment knobs that no rule looks at: the valid count of the big space is the core's times theirs.
@@ -56,9 +56,9 @@ def runner():
 
 @pytest.mark.parametrize("hits,n", [(0, 20_000), (6_667, 20_000), (20_000, 20_000), (1, 3)])
 def test_wilson_interval_is_the_score_interval(hits, n):
-    """dse.counting.wilson is Wilson's score interval at 95% (z = 1.96): centre (p + z²/2n) / (1 + z²/n), half-width
+    """dse.rules.counting.wilson is Wilson's score interval at 95% (z = 1.96): centre (p + z²/2n) / (1 + z²/n), half-width
     z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n), within [0, 1]."""
-    from dse.counting import wilson
+    from dse.rules.counting import wilson
 
     z, p = 1.959963984540054, hits / n
     denom = 1 + z * z / n

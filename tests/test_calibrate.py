@@ -241,7 +241,7 @@ def test_local_study_end_to_end(tmp_path, monkeypatch):
 
 
 def test_space_calibration_for_the_sim_backend(tmp_path):
-    from dse.space import load_space
+    from dse.rules.space import load_space
 
     cal = tmp_path / "cal.toml"
     cal.write_text(dumps(Calibration(gpu="h200", params={"elementwise_scale": 3.0}, sources=["x"], runs=3)))
@@ -253,7 +253,7 @@ def test_space_calibration_for_the_sim_backend(tmp_path):
     assert Path(sp.backend.calibration) == cal  # relative to the space file
     from dse.calibrate import calibrated_params
     from dse.launch import build_plan
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     trial = resolve(sp, {"mbs": 1, "recompute": "none"})
     plan = build_plan(trial, simulated=True, params=calibrated_params(sp.backend.calibration))
@@ -269,8 +269,8 @@ def test_space_calibration_for_the_sim_backend(tmp_path):
 def test_the_guided_agents_forecast_starts_from_the_spaces_calibration(tmp_path):
     """A space naming a calibration: the model-guided agent is told the calibrated model, not the shipped one."""
     from dse.forecast import model_forecaster
-    from dse.space import load_space
-    from dse.trial import resolve
+    from dse.rules.space import load_space
+    from dse.rules.trial import resolve
 
     cal = tmp_path / "cal.toml"
     cal.write_text(dumps(Calibration(gpu="h200", params={"elementwise_scale": 3.0}, sources=["x"], runs=3)))

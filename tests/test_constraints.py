@@ -7,11 +7,11 @@ from types import MappingProxyType
 
 import pytest
 
-from dse import constraints
 from dse.facts import knobs
 from dse.recipes.models import RECIPES
-from dse.space import load_system
-from dse.trial import TrialConfig
+from dse.rules import constraints
+from dse.rules.space import load_system
+from dse.rules.trial import TrialConfig
 
 
 def make(recipe="llama3_70b", gpu="h100", **kw) -> TrialConfig:
@@ -175,8 +175,8 @@ CASES = {
 
 
 def test_a_space_varying_precision_and_fp8_recipe_runs_each_bf16_point_once(tmp_path):
-    from dse.counting import count_valid
-    from dse.space import load_space
+    from dse.rules.counting import count_valid
+    from dse.rules.space import load_space
 
     space = load_space(Path(__file__).parents[1] / "conf/spaces/llama3_8b_4l_h200_te_space.toml")
     assert space.size == 32

@@ -141,7 +141,7 @@ def test_a_dp_group_inside_one_pod_pays_nothing():
 
 
 def test_the_system_file_carries_the_fabric(tmp_path):
-    from dse.space import load_system
+    from dse.rules.space import load_system
 
     p = tmp_path / "fabric.toml"
     p.write_text('name = "f"\ngpu = "h100"\npod_gpus = 3072\npod_oversubscription = 7.0\nrank_order = "tp-cp-pp-dp"\n')

@@ -21,7 +21,7 @@ from dse.launch import build_plan
 from dse.logs.parse import LogFollower, parse_log
 from dse.logs.steady import Monitor, Rule, converged, estimate, steps_needed
 from dse.recipes.sim.logwriter import SimRun
-from dse.space import BackendSettings, EarlyStopSettings, load_space
+from dse.rules.space import BackendSettings, EarlyStopSettings, load_space
 from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 from tests.trials import DATA, system, trial

@@ -8,7 +8,7 @@ from gymnasium.utils.env_checker import check_env
 from dse.backends.scripts import run_log
 from dse.backends.sim import SimBackend
 from dse.envs.recipe_env import RecipeEnv
-from dse.space import load_space
+from dse.rules.space import load_space
 from tests.helpers import write_space
 
 

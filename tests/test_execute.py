@@ -13,7 +13,7 @@ from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
 from dse.errors import Cancelled, InfrastructureError
 from dse.execute import CancelCheck, run_trial
-from dse.space import BackendSettings
+from dse.rules.space import BackendSettings
 from tests.trials import system, trial
 
 SETTINGS = BackendSettings(payload="sim")

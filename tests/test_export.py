@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import run_study
 from tests.helpers import write_space
 

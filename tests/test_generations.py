@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.errors import UserError
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.generations import parse_systems, space_for
 from tests.helpers import write_space
 
@@ -99,9 +99,9 @@ def test_compare_of_a_directory_without_a_study_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("agent", ["optuna", "random", "grid", "guided"])
 def test_warm_start_runs_the_old_studys_best_valid_points_first(tmp_path, agent):
-    from dse import constraints
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
     from dse.study.generations import warm_start_points
-    from dse.trial import resolve
 
     space = write_space(tmp_path)
     old = tmp_path / "h100"
@@ -187,7 +187,7 @@ def test_each_system_says_its_valid_points_and_the_rules_that_removed_the_rest(t
         app, ["run", "--space", str(write_space(tmp_path, DSV3)), "--systems", "h100,b300", "--out", str(out)]
     )
     assert r.exit_code == 0, r.output
-    from dse.counting import count_valid
+    from dse.rules.counting import count_valid
 
     for name in ("h100", "b300"):
         count = count_valid(space_for(load_space(write_space(tmp_path, DSV3)), name))

@@ -10,9 +10,9 @@ from gymnasium import spaces
 
 from dse.agents.base import Forecast, load_agents, make_agent
 from dse.perfmodel.twin import make_twin, valid_trials
-from dse.space import load_space
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study import loop as study_mod
-from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, write_space
 
 STOP = re.compile(r"^stopped: no untried point predicted within -?\d+\.\d% of the best, after (\d+) runs$")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from dse import constraints
 from dse.backends.local import render_local_script
 from dse.launch import build_plan
 from dse.logs.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step, predict
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules import constraints
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

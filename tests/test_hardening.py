@@ -43,7 +43,7 @@ def test_system_name_with_a_newline_runs_nothing(tmp_path):
 
 @pytest.mark.parametrize("name", ["x\n", "a b", "../x", "/abs", "..", "x;y"])
 def test_names_are_full_matches(name):
-    from dse.space import System
+    from dse.rules.space import System
     from tests.trials import space, system
 
     with pytest.raises(Exception, match="is not a name"):
@@ -189,14 +189,14 @@ def test_space_name_cannot_leave_runs(tmp_path, name):
 
 @pytest.mark.parametrize("ref", ["..", ".", "h100\n", "h100 "])
 def test_system_name_cannot_traverse_out_of_conf_systems(tmp_path, ref):
-    from dse.space import load_system
+    from dse.rules.space import load_system
 
     with pytest.raises(UserError, match="unknown system"):
         load_system(ref)
 
 
 def test_a_system_spelled_with_a_slash_is_a_path_not_a_name_under_conf_systems():
-    from dse.space import load_system
+    from dse.rules.space import load_system
 
     # conf/systems/../systems/h100.toml exists; as a path from here, ../systems/h100 does not
     with pytest.raises(UserError, match="no such file"):
@@ -204,7 +204,7 @@ def test_a_system_spelled_with_a_slash_is_a_path_not_a_name_under_conf_systems()
 
 
 def test_a_system_path_is_spelled_with_a_slash_or_toml(tmp_path):
-    from dse.space import load_system
+    from dse.rules.space import load_system
 
     (tmp_path / "mine.toml").write_text('gpu = "h200"\n')
     assert load_system(tmp_path / "mine.toml").gpu == "h200"
@@ -495,7 +495,7 @@ def test_a_full_disk_when_writing_best_is_one_line(tmp_path, monkeypatch):
 
 # -- 9. a knob's value list is bounded ---------------------------------------------------------------------
 def test_a_knob_with_too_many_values_is_refused(tmp_path):
-    from dse.space import MAX_VALUES_PER_KNOB
+    from dse.rules.space import MAX_VALUES_PER_KNOB
 
     values = ", ".join(str(i) for i in range(1, MAX_VALUES_PER_KNOB + 2))
     path = write_space(tmp_path, SMALL_SPACE.replace("mbs = [1, 2]", f"mbs = [{values}]"))

@@ -1,5 +1,5 @@
 """The held-out published-performance table (bench/data/published_perf_heldout.tsv) is well-formed: typed
-columns, unique ids, layouts that dse.constraints accepts, architectures that load, no copy of a calibration
+columns, unique ids, layouts that dse.rules.constraints accepts, architectures that load, no copy of a calibration
 row, and published TFLOP/s consistent with tokens/s under the row's FLOPs convention (which catches
 transcription slips and wrong architectures). Accuracy is a bench figure (bench/model_heldout.py), not a test.
 """

@@ -13,7 +13,7 @@ from dse.cli import app
 from dse.errors import UserError
 from dse.facts import knobs
 from dse.importers.cloudai import import_cloudai, nemo2_paths
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import run_study
 
 runner = CliRunner()
@@ -342,7 +342,7 @@ def test_hostile_strings_round_trip_and_inject_no_key(tmp_path):
 def test_a_space_that_does_not_load_leaves_the_users_files_as_they_were(tmp_path, monkeypatch):
     """The written space is loaded in a scratch directory before anything of the user's is replaced: a failure
     there leaves a pre-existing --out file and the system file beside it untouched, and no scratch behind."""
-    import dse.space
+    import dse.rules.space
     from dse.errors import UserError
 
     out = tmp_path / "space.toml"
@@ -359,7 +359,7 @@ def test_a_space_that_does_not_load_leaves_the_users_files_as_they_were(tmp_path
     def refuse(path):
         raise UserError("does not load", file=str(path))
 
-    monkeypatch.setattr(dse.space, "load_space", refuse)
+    monkeypatch.setattr(dse.rules.space, "load_space", refuse)
     r = runner.invoke(
         app, ["import", "cloudai", str(TEST), "--system", str(SYSTEM), "--gpu", "h100", "--out", str(out), "--force"]
     )

@@ -160,7 +160,7 @@ def test_counts_are_capped_at_load(tmp_path, repl, needles):
 
 def test_the_caps_hold_what_the_largest_supported_space_needs(tmp_path):
     """At the caps exactly (64 knobs; 8 knobs of 1024 values in all), a space loads."""
-    from dse.space import MAX_KNOBS, load_space
+    from dse.rules.space import MAX_KNOBS, load_space
 
     text = SMALL_SPACE.replace("[objective]", _env_knobs(MAX_KNOBS - 4) + "\n\n[objective]")
     assert len(load_space(write_space(tmp_path, text)).knobs) == MAX_KNOBS

@@ -54,7 +54,7 @@ def field_table(rows: list[tuple[str, Any]]) -> str:
 
 
 def space_fields() -> str:
-    from dse.space import BackendSettings, EarlyStopSettings, Objective, Search, Space, System
+    from dse.rules.space import BackendSettings, EarlyStopSettings, Objective, Search, Space, System
 
     return field_table(
         [
@@ -93,8 +93,8 @@ def model_fields() -> str:
 
 
 def caps() -> str:
-    from dse import space
     from dse.inputs import MAX_INPUT_BYTES
+    from dse.rules import space
 
     rows = [
         (

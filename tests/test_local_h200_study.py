@@ -20,8 +20,8 @@ from dse.logs.parse import ParseContext, parse_log
 from dse.perfmodel import model_flops_per_step
 from dse.recipes.mcore.config import ConfigError, check, config_from_argv, stage_layers
 from dse.recipes.models import RECIPES
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from tests.trials import trial
 
 ROOT = Path(__file__).resolve().parent.parent

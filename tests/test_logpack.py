@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from dse.cli import app
 from dse.errors import InfrastructureError
 from dse.logs import logpack
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import open_store, run_study
 from tests.helpers import write_space
 

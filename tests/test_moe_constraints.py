@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dse import constraints
 from dse.facts import knobs
 from dse.recipes.models import RECIPES
+from dse.rules import constraints
 from tests.test_constraints import make
 
 

@@ -260,8 +260,8 @@ def test_predict_cli_reproduces_a_published_deepseek_v3_row():
 
 
 def test_uneven_stages_must_split_the_rest_evenly():
-    from dse.constraints import check
     from dse.perfmodel.trials import make_trial
+    from dse.rules.constraints import check
 
     r = RECIPES["deepseek_v3"]
     ok = make_trial(r, "b200", 256, pp=16, vp=1, ep=8, pp_first_layers=4, pp_last_layers=1, gbs=2048)

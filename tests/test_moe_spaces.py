@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from dse.constraints import check
-from dse.counting import count_valid
 from dse.dryrun import dry_run
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules.constraints import check
+from dse.rules.counting import count_valid
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from tests.trials import system
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from dse.constraints import check
 from dse.dryrun import dry_run
 from dse.perfmodel import predict
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules.constraints import check
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"
 

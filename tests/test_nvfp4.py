@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from dse import constraints
 from dse.facts import knobs
 from dse.facts.hardware import HARDWARE, gpus_where
 from dse.perfmodel import predict_layout
 from dse.perfmodel.model import fp8_quant_bytes, nvfp4_quant_bytes
 from dse.recipes.models import RECIPES
-from dse.space import load_space
+from dse.rules import constraints
+from dse.rules.space import load_space
 from tests.test_constraints import make
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_mfu_of_an_nvfp4_run_is_against_the_fp4_peak():
 
 
 def test_tp_comm_overlap_left_to_auto_is_off_under_nvfp4():
-    from dse.trial import resolve_auto
+    from dse.rules.trial import resolve_auto
 
     recipe = RECIPES["llama3_405b"]
     system = make(gpu="gb300").system

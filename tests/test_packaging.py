@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from dse.backends.scripts import stage_code
-from dse.space import SPACES_DIR, SYSTEMS_DIR, load_space, load_system
+from dse.rules.space import SPACES_DIR, SYSTEMS_DIR, load_space, load_system
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -18,7 +18,7 @@ from dse.agents.guided import GuidedAgent
 from dse.agents.optuna_agent import OptunaAgent
 from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from dse.study.outdir import trial_dir
 from tests.helpers import write_space

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from tests.helpers import write_space
 
@@ -118,7 +118,7 @@ def test_a_completed_job_is_collected_after_an_interrupt_and_a_running_one_is_ca
 
     from dse.backends.slurm import SlurmBackend
     from dse.launch import build_plan
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     space = load_space(write_space(tmp_path, ONE_NODE.replace('"0.5"', '"0"')))
     t = resolve(space, {"mbs": 1, "recompute": "full"})

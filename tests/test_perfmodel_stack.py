@@ -14,8 +14,8 @@ from dse.perfmodel.memory import GIB, layer_activation_bytes
 from dse.perfmodel.stack import NVIDIA_RECIPES, STACKS, fp8_weight_cache_bytes, payload_stack
 from dse.perfmodel.timing import DEFAULT_PARAMS
 from dse.recipes.contract import PAYLOADS
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = (ROOT / "recipes/mcore/train.py").read_text()

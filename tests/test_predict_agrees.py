@@ -9,13 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.constraints import check
 from dse.facts import knobs
 from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
-from dse.space import load_space
+from dse.rules.constraints import check
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study.loop import run_study
-from dse.trial import resolve
 
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"
 runner = CliRunner()

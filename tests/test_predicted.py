@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from dse.forecast import Screen
-from dse.space import load_space
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study.leaderboard import PRIOR_STEP_ERROR
 from dse.study.loop import run_study
-from dse.trial import resolve
 from tests.test_replay import STUDY_8B, STUDY_70B, replay_space, rows
 
 

@@ -27,8 +27,8 @@ from dse.recipes.mcore.config import (
     probe_line,
     stage_layers,
 )
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "bench/data/h100_probes"

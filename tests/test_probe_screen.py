@@ -16,7 +16,7 @@ import pytest
 from dse import probe
 from dse.backends.base import RunResult
 from dse.backends.local import LocalBackend
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.leaderboard import ProbeCost, Summary
 from dse.study.loop import run_study
 from tests.helpers import dse, one_line_error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dse.cli import render
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from tests.helpers import write_space
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.leaderboard import HEAD, SIMULATED_NOTE, Provenance
 from tests.helpers import SMALL_SPACE, dse, write_space
 from tests.test_parse import LOGS

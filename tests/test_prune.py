@@ -24,7 +24,7 @@ from dse.execute import run_trial
 from dse.logs.parse import ParseContext, RunMetrics, parse_log
 from dse.logs.steady import Monitor, Prune, Rule, median_lower_bound
 from dse.reward import reward
-from dse.space import BackendSettings, EarlyStopSettings, Objective, load_space
+from dse.rules.space import BackendSettings, EarlyStopSettings, Objective, load_space
 from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 from tests.test_early_stop import fake_slurm  # noqa: F401 - the fake sbatch/sacct/scancel fixture

@@ -8,13 +8,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dse import constraints
 from dse.errors import UserError
 from dse.facts import knobs
 from dse.launch import build_plan
 from dse.perfmodel.model import predict_layout
 from dse.recipes.models import RECIPES
-from dse.trial import resolve
+from dse.rules import constraints
+from dse.rules.trial import resolve
 from tests.trials import space, system
 
 runner = CliRunner()

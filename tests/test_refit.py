@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from dse import constraints
 from dse.calibrate import Run, fit_runs
 from dse.facts.calibration_file import load_calibration
 from dse.forecast import Screen
 from dse.perfmodel import DEFAULT_PARAMS, predict
 from dse.refit import MARGIN_FLOOR, StudyModel, needs_more_memory
-from dse.space import load_space
+from dse.rules import constraints
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study import loop as study_mod
-from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, write_space
 
 TWIN = SMALL_SPACE.replace('screen = "none"', "") + '\n[backend]\nkind = "sim"\ntruth = "twin"\ntwin_seed = 1\n'

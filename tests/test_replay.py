@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import run_study
 from tests.helpers import dse, one_line_error
 

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from dse.results import report
-from dse.space import Objective
+from dse.rules.space import Objective
 from dse.study.store import TrialRecord
 
 TFLOPS = Objective(metric="tflops_per_gpu")

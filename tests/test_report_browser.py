@@ -153,7 +153,7 @@ def test_compare_page_in_chromium(tmp_path):
 def test_slurm_study_report_and_compare_in_chromium(tmp_path):
     """A study through the local Slurm cluster: its report in Chromium, and `dse compare` against a sim study."""
     chromium()
-    from dse.space import load_space
+    from dse.rules.space import load_space
     from dse.study import loop as study
     from tests.trials import DATA
 

@@ -14,7 +14,7 @@ from dse.cli import app
 from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS
 from dse.perfmodel.twin import make_twin, valid_trials
-from dse.space import load_space
+from dse.rules.space import load_space
 
 runner = CliRunner()
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"

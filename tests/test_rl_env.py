@@ -11,7 +11,7 @@ import dse.envs
 from dse.envs.search import make_env, table
 from dse.errors import UserError
 from dse.rl.searchgame import action_of, features
-from dse.space import load_space
+from dse.rules.space import load_space
 
 SPACE = "conf/spaces/nemotron3_8b_space.toml"  # small: 216 raw points, 162 valid
 

@@ -12,7 +12,7 @@ import pytest
 import dse.envs  # noqa: F401  (registers dse/Recipe-v0)
 from dse.envs.search import make_env, table
 from dse.rl.searchgame import action_of
-from dse.space import load_space
+from dse.rules.space import load_space
 
 SPACE = "conf/spaces/nemotron3_8b_space.toml"  # small: 216 raw points, 162 valid
 

@@ -12,7 +12,7 @@ from dse.cli import app
 from dse.envs.search import table
 from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.rl.searchgame import RUN_COST, WASTE_COST, features, reference
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import open_store
 
 minari = pytest.importorskip("minari", reason="the rl extra (minari) is not installed")

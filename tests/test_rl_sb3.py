@@ -88,7 +88,7 @@ def test_train_policy_then_the_policy_agent_runs_a_study_with_it(tmp_path):
 
 def test_a_policy_round_trips_and_acts_as_trained(trained):
     from dse.rl.policy import load
-    from dse.space import load_space
+    from dse.rules.space import load_space
     from dse.study.outdir import policy_fingerprint
 
     space = load_space(SPACE)

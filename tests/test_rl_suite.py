@@ -13,7 +13,7 @@ import dse.envs  # noqa: F401  (registers the suite)
 from dse.envs import suite
 from dse.envs.suite import SUITE, TWIN_SPLITS, Candidates, benchmarks, columns
 from dse.rl.searchgame import action_of
-from dse.space import load_space
+from dse.rules.space import load_space
 
 SMALL = "dse/Nemotron3-8B-H100-v0"  # a training space with few points: fast to build
 HELD = "dse/Qwen3-30B-A3B-H100-v0"

@@ -17,7 +17,7 @@ from dse.backends.base import is_infrastructure
 from dse.backends.slurm import SUBMIT_FAILED, SlurmBackend, sbatch_message
 from dse.errors import UserError
 from dse.execute import run_trial
-from dse.space import BackendSettings, load_space
+from dse.rules.space import BackendSettings, load_space
 from dse.study import loop as study_mod
 from tests.trials import DATA, system, trial
 

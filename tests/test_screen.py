@@ -9,11 +9,11 @@ import json
 import pandas as pd
 import pytest
 
-from dse import constraints
 from dse.forecast import Screen, study_cost
-from dse.space import load_space
+from dse.rules import constraints
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study import loop as study_mod
-from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, dse, one_line_error, write_space
 
 SCREENED = SMALL_SPACE.replace('screen = "none"', "")

@@ -18,8 +18,8 @@ import pytest
 from dse.backends.slurm import SlurmBackend, query_state, status_for
 from dse.launch import build_plan
 from dse.recipes.sim.logwriter import SimRun
-from dse.space import load_space
-from dse.trial import resolve
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from tests.trials import DATA, system, trial
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -108,9 +108,9 @@ def test_grid_of_a_two_node_reproducer_through_sbatch(tmp_path, time_limit_job):
 
 
 def test_study_loop_over_slurm_fills_the_leaderboard(tmp_path, time_limit_job):
-    from dse import constraints
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
     from dse.study import loop as study
-    from dse.trial import resolve
 
     space = load_space(SPACE)
     result = study.run_study(space, out_dir=tmp_path / "study", agent="grid", backend="slurm")
@@ -240,7 +240,7 @@ def test_a_long_trial_is_stopped_early_by_scancel(tmp_path):
     the early stop once its steady state has converged, and its result reads ok, stopped early."""
     from dse.execute import early_stopped, parse_context
     from dse.logs.steady import Monitor, Rule
-    from dse.space import BackendSettings
+    from dse.rules.space import BackendSettings
 
     t = trial(
         "llama3_70b_16l",

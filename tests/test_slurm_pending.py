@@ -13,7 +13,7 @@ from dse.backends.base import is_infrastructure
 from dse.backends.slurm import SlurmBackend, _check_settings, slurm_seconds
 from dse.errors import UserError
 from dse.execute import run_trial
-from dse.space import BackendSettings, SlurmSettings
+from dse.rules.space import BackendSettings, SlurmSettings
 from tests.trials import DATA, system, trial
 
 REASON = "ReqNodeNotAvail, UnavailableNodes:node[1-2]"

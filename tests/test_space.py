@@ -6,7 +6,7 @@ import pytest
 
 from dse.errors import UserError
 from dse.facts import knobs
-from dse.space import load_space, load_system
+from dse.rules.space import load_space, load_system
 from tests.helpers import SMALL_SPACE, write_space
 
 
@@ -95,8 +95,8 @@ def test_knob_catalogue_has_the_required_knobs():
 def test_every_shipped_space_validates_and_has_valid_points():
     from pathlib import Path
 
-    from dse import constraints
-    from dse.trial import resolve
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
 
     files = sorted(Path("conf/spaces").glob("*.toml"))
     names = {f.stem for f in files}
@@ -110,8 +110,8 @@ def test_every_shipped_space_validates_and_has_valid_points():
 
 
 def test_main_space_has_at_least_1000_valid_points():
-    from dse import constraints
-    from dse.trial import resolve
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
 
     s = load_space("conf/spaces/llama3_405b_space.toml")
     assert s.system.gpu == "h100" and s.num_nodes == 128 and s.settings["seq_length"] == 8192

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dse.errors import UserError
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from tests.helpers import SMALL_SPACE, write_space
 

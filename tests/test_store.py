@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.errors import UserError
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import open_store, run_study
 from dse.study.store import SCHEMA_VERSION, TRIALS, Store, TrialRecord, check_url, exists
 from tests.helpers import write_space

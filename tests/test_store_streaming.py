@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.results import report
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.leaderboard import Summary, frame
 from dse.study.loop import open_store, run_study
 from dse.study.store import Store, TrialRecord
@@ -154,8 +154,8 @@ def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkey
     assert (row.best_trial, row.trials, row.ok) == (best.number, N, sum(r.ok for r in everything))
     assert row.search_gpu_hours == pytest.approx(sum(r.gpu_hours for r in everything))
     assert f"{N} trials: ok {3 * N // 4}, oom {N // 4}" in (big_study / "report.html").read_text()
-    from dse import constraints
-    from dse.trial import resolve
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
 
     text = SMALL_SPACE.replace("pp = [1, 2, 4]\nvp = [1, 2]\n", "pp = [1, 2]\n").replace(
         "max_steps = 20\n", "max_steps = 20\nvp = 1\ncp = 1\n"
@@ -178,7 +178,7 @@ def test_compare_and_warm_start_stream_a_large_study(big_study, tmp_path, monkey
 KILLER = """
 import os, signal, sys
 from dse.study.store import Store
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study.loop import run_study
 
 init, record = Store.__init__, Store.record

@@ -10,15 +10,15 @@ import pytest
 
 from dse.backends.sim import SimBackend
 from dse.errors import UserError
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from dse.study.store import Store, TrialRecord
 from tests.helpers import write_space
 
 
 def valid_count(space):
-    from dse import constraints
-    from dse.trial import resolve
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
 
     return sum(constraints.check(resolve(space, p)) is None for p in space.points())
 
@@ -193,8 +193,8 @@ def test_a_slow_trial_is_written_at_once(tmp_path):
 
 def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
     from dse.perfmodel import predict
+    from dse.rules.trial import resolve
     from dse.study.leaderboard import gpu_hours
-    from dse.trial import resolve
 
     space = load_space(write_space(tmp_path))
     start = space.system.startup_s

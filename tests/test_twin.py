@@ -12,9 +12,9 @@ from dse.cli import app
 from dse.perfmodel import predict
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import TARGET_MAPE, make_twin, mape, valid_trials
-from dse.space import load_space
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study import loop as study_mod
-from dse.trial import resolve
 from tests.helpers import SMALL_SPACE, write_space
 
 runner = CliRunner()

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dse.constraints import tp_comm_overlap_supported, userbuffer_config
 from dse.errors import UserError
 from dse.launch import build_plan
 from dse.recipes.mbridge import argv as bridge_argv
 from dse.recipes.mbridge import userbuffers as bridge_ub
 from dse.recipes.nemo2 import userbuffers as nemo_ub
-from dse.trial import resolve
+from dse.rules.constraints import tp_comm_overlap_supported, userbuffer_config
+from dse.rules.trial import resolve
 from tests.trials import space, system
 
 GOLDEN = Path(__file__).parent / "golden" / "dryrun"

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse import constraints
 from dse.cli import app
 from dse.forecast import Screen
-from dse.space import load_space
+from dse.rules import constraints
+from dse.rules.space import load_space
+from dse.rules.trial import resolve
 from dse.study.generations import carry_points
 from dse.study.loop import open_store
-from dse.trial import resolve
 
 runner = CliRunner()
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"

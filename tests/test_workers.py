@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from dse.space import load_space
+from dse.rules.space import load_space
 from dse.study import loop as study_mod
 from dse.study.claims import CLAIMS, Claims, add_trial
 from dse.study.leaderboard import frame

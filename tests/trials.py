@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dse.space import Space, System, load_system
-from dse.trial import TrialConfig, resolve
+from dse.rules.space import Space, System, load_system
+from dse.rules.trial import TrialConfig, resolve
 
 DATA = Path(__file__).parent / "data"
 LOCAL_SLURM = DATA / "systems" / "local_slurm.toml"

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 from dse.launch import LaunchPlan
 
 if TYPE_CHECKING:
-    from dse.space import Space
-    from dse.trial import TrialConfig
+    from dse.rules.space import Space
+    from dse.rules.trial import TrialConfig
 
 
 class StopCheck(Protocol):

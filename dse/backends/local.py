@@ -28,7 +28,7 @@ from dse.backends.scripts import (
     stage_code,
 )
 from dse.launch import LaunchPlan
-from dse.space import Space
+from dse.rules.space import Space
 
 SCRIPT_NAME = "launch.sh"
 

@@ -34,8 +34,8 @@ from dse.launch import LaunchPlan
 from dse.logs.parse import STATUSES
 
 if TYPE_CHECKING:
-    from dse.space import Space
-    from dse.trial import TrialConfig
+    from dse.rules.space import Space
+    from dse.rules.trial import TrialConfig
 
 TABLE_NAME = "leaderboard.csv"
 #: Recorded statuses a replay gives back. ``rejected`` and ``screened`` points never ran and a ``pruned`` run's

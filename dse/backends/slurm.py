@@ -48,7 +48,7 @@ from dse.facts import allowlists
 from dse.facts.hardware import HARDWARE
 from dse.launch import LaunchPlan
 from dse.recipes import contract
-from dse.space import (
+from dse.rules.space import (
     SLURM_IMAGE,
     SLURM_MOUNT,
     SLURM_NAME,
@@ -73,7 +73,7 @@ SLURM_STATE_STATUS: dict[str, str | None] = {
 }
 TERMINAL = frozenset(SLURM_STATE_STATUS) - {SUBMIT_FAILED, UNKNOWN}
 
-# What the system file may put into a script: the rules the system file is read with (dse.space), checked
+# What the system file may put into a script: the rules the system file is read with (dse.rules.space), checked
 # again here before quoting, for a SlurmSettings built in code.
 _NAME, _TIME, _IMAGE, _MOUNT = SLURM_NAME, SLURM_TIME, SLURM_IMAGE, SLURM_MOUNT
 # pyxis jobs as NeMo's performance scripts launch them (scripts/performance/executors.py)

@@ -27,7 +27,7 @@ def cloudai_cmd(
 ) -> None:
     """Write a dse space (and with --system a dse system file) from CloudAI's NeMoRun test and Slurm system."""
     from dse.importers.cloudai import import_cloudai
-    from dse.space import load_space
+    from dse.rules.space import load_space
 
     imported = import_cloudai(test_file, system_path=system, gpu=gpu, out=out, test_id=test)
     # Everything is built, written and loaded in a scratch directory before anything of the user's is replaced:

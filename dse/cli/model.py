@@ -17,7 +17,7 @@ from dse.errors import UserError, did_you_mean
 from dse.facts.hardware import GPU_NAMES
 
 if TYPE_CHECKING:
-    from dse.trial import TrialConfig
+    from dse.rules.trial import TrialConfig
 
 
 def recipes_cmd() -> None:
@@ -104,7 +104,7 @@ def predict_cmd(
     # predicted by the same call, so one layout has one prediction whichever command asks.
     from dse.perfmodel import predict
     from dse.perfmodel.trials import default_system
-    from dse.space import GPUS_PER_NODE_MAX, load_system
+    from dse.rules.space import GPUS_PER_NODE_MAX, load_system
 
     _check_choices(model, model_file, gpu, system_ref, flops_convention, payload)
     system = default_system(gpu) if gpu is not None else load_system(cast(str, system_ref))  # one of the two
@@ -237,8 +237,8 @@ def _one_point(model, model_file, system, num_gpus: int | None, settings: dict[s
     from dse.facts import knobs
     from dse.perfmodel.trials import load_model_file
     from dse.recipes.models import RECIPES, Recipe
-    from dse.space import Space
-    from dse.trial import resolve
+    from dse.rules.space import Space
+    from dse.rules.trial import resolve
 
     if model is not None:
         recipe = RECIPES.get(model)
@@ -310,7 +310,7 @@ def _scaled_gbs(trial: TrialConfig, rule: str, num_gpus: int | None, settings: d
     NVIDIA's presets keep the batch per GPU as they scale a layout out (Megatron-Bridge's
     scripts/performance/configs: Llama 3.1 405B on B300, GBS 768 on 128 GPUs and 1536 on 256 for the same layout;
     DeepSeek-V3, GBS 8192 on 1,024 H100 and 2048 on 256 GB200), so ``gbs * world / preset world``. A study does
-    not do this (``dse.trial.resolve``): a space sets gbs in ``[settings]`` or varies it.
+    not do this (``dse.rules.trial.resolve``): a space sets gbs in ``[settings]`` or varies it.
     """
     if rule not in BATCH_RULES or "gbs" in settings or num_gpus is None:
         return None
@@ -335,13 +335,13 @@ def _as_given(
     loop ends.
 
     Studies do not do this: a space's ``[settings]`` and points resolve with the recipe's defaults as they are
-    (``dse.trial.resolve``), and a point a default makes invalid is rejected with its rule. A study compares its
+    (``dse.rules.trial.resolve``), and a point a default makes invalid is rejected with its rule. A study compares its
     points, so every point keeps the same defaults; dropping a knob for some points and not others would make
     trials differ in knobs the space does not list, and change a study's resolved points (and so its
     fingerprint on resume). A space sets the knob in ``[settings]`` or varies it instead.
     """
-    from dse.constraints import check
     from dse.facts import knobs
+    from dse.rules.constraints import check
 
     given = dict(settings)
     dropped: list[str] = []
@@ -407,7 +407,7 @@ def _refuse_invalid(trial: TrialConfig, from_recipe: dict[str, Any]) -> None:
     """A layout a rule rejects is a user error; the recipe's values the rule is about are named with their flag
     (a rule that names only recipe defaults: they conflict with each other or with the world size, not with a
     knob the user passed, so ``_as_given`` kept them)."""
-    from dse.constraints import check
+    from dse.rules.constraints import check
 
     rejection = check(trial)
     if rejection is None:

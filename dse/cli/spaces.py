@@ -16,7 +16,7 @@ from dse.errors import UserError
 def validate_cmd(files: list[Path] = typer.Argument(..., metavar="FILES", help="space files")) -> None:
     """Check space files: schema, knob names and values, recipe, system, and what `dse run` checks before its first
     trial (agent, sampler, backend, launch scripts). Exit 2 on the first bad file."""
-    from dse.space import load_space
+    from dse.rules.space import load_space
     from dse.study.loop import check_study
 
     for f in files:
@@ -40,7 +40,7 @@ def space_cmd(
     estimated from 20,000 seeded uniform draws above (the output says which). Print the study's forecast cost:
     predicted GPU-hours and the points the memory screen removes."""
     from dse.forecast import study_cost
-    from dse.space import WALK_LIMIT, load_space
+    from dse.rules.space import WALK_LIMIT, load_space
 
     if twin_seed is not None and not 0 <= twin_seed < 2**32:  # as [backend] twin_seed: unsigned 32-bit
         raise UserError(f"{twin_seed} is out of range; a seed is an integer from 0 to {2**32 - 1}", field="--twin-seed")
@@ -91,8 +91,8 @@ def cost_data(cost) -> dict:
 
 def _count(s, quiet: bool):
     """The space's valid points: walked with a bar above 10,000 raw points, estimated above the walk limit."""
-    from dse.counting import SAMPLES, count_valid
-    from dse.space import WALK_LIMIT
+    from dse.rules.counting import SAMPLES, count_valid
+    from dse.rules.space import WALK_LIMIT
 
     if s.size > 10_000 and s.size <= WALK_LIMIT and not quiet:
         bar, on_progress = render.counting_progress(s.size)
@@ -137,7 +137,7 @@ def dry_run_cmd(
     """Write each valid trial's launch script under --out (one folder each, its payload beside it) and
     --out/index.csv (each folder's knob values and the model's forecast); print a summary; nothing is submitted."""
     from dse.dryrun import dry_run
-    from dse.space import load_space
+    from dse.rules.space import load_space
 
     sp = load_space(space)
     render.dry_run(sp, backend, out, dry_run(sp, backend, Path(out), limit, only_fitting))

@@ -154,8 +154,8 @@ def run_cmd(
 
 
 def check_trials(trials: int | None) -> None:
-    """``--trials`` within the space file's bound (:data:`dse.space.MAX_TRIALS`)."""
-    from dse.space import MAX_TRIALS
+    """``--trials`` within the space file's bound (:data:`dse.rules.space.MAX_TRIALS`)."""
+    from dse.rules.space import MAX_TRIALS
 
     if trials is not None and trials > MAX_TRIALS:
         raise UserError(f"{trials} is out of range; a study runs at most {MAX_TRIALS:,} trials", field="--trials")
@@ -214,7 +214,7 @@ def with_calibration(space, calibration: Path | None):
 
 def load_space_arg(space_file: Path, gpu: str | None):
     """A space file, or ``cloudai:FILE.toml``: a CloudAI NeMoRun test imported on the fly (nothing written)."""
-    from dse.space import load_space
+    from dse.rules.space import load_space
 
     text = str(space_file)
     if text.startswith("cloudai:"):

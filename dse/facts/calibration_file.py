@@ -1,7 +1,7 @@
 """The calibration file of ``dse calibrate``: TOML (written with tomlkit), ``[params]`` name = value and
 ``[provenance]``.
 
-Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.space` can check a space's
+Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.rules.space` can check a space's
 ``[backend] calibration`` when the space is read.
 """
 
@@ -167,7 +167,7 @@ def write(cal: Calibration, path: str | Path) -> Path:
 
 def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | None = None) -> Calibration:
     """Parse a calibration file; ``names`` given, a parameter outside them is refused (dse.calibrate passes
-    the model's; dse.space, below the model, checks the rest of the file when a space is read)."""
+    the model's; dse.rules.space, below the model, checks the rest of the file when a space is read)."""
     doc = parse_toml(text, file=file)
     params = doc.get("params")
     if not isinstance(params, dict) or not params:

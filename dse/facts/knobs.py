@@ -246,7 +246,7 @@ class Spelling:
 
     def plain(self, knob: Knob, value: Any) -> list[str]:
         """Every path of ``knob`` set to ``value``; an unresolved "auto" boolean (None, settled by
-        ``dse.trial.resolve_auto``) is left to the payload's own default."""
+        ``dse.rules.trial.resolve_auto``) is left to the payload's own default."""
         if value is None and knob.kind == "bool":
             return []
         return [f"{p}={_spell_value(value)}" for p in self.paths(knob)]
@@ -302,7 +302,7 @@ NEMO2_PRECISION: dict[str, tuple[str, ...]] = {
     "blockwise": (_P + "fp8=hybrid", _P + "fp8_recipe=blockwise", _P + "fp8_param_gather=false"),
     # NVFP4: the fields of Megatron-Bridge's bf16_with_nvfp4_mixed (Megatron-Core's fp4 / fp4_recipe), for the sim
     # payload, which takes NeMo 2's spelling; NeMo 2 itself has no FP4 plugin factory, so the nemo2 payload
-    # refuses precision=nvfp4 (dse.constraints.nvfp4_payload)
+    # refuses precision=nvfp4 (dse.rules.constraints.nvfp4_payload)
     "nvfp4": (_P + "fp4=e2m1", _P + "fp4_recipe=nvfp4", _P + "fp8_param_gather=false"),
 }
 # Megatron-Bridge: a mixed-precision recipe by name (megatron.bridge.training.mixed_precision); the payload's
@@ -427,7 +427,7 @@ def _tp_comm_overlap_auto(values: Mapping[str, Any], where: Where | None) -> boo
     """TP communication overlap left unset: on exactly when tp > 1 with sequence parallelism and the payload ships a
     userbuffer config that NVIDIA's scripts use for (GPU, precision, hidden size, tp), as NeMo's and
     Megatron-Bridge's performance recipes turn it on (``dse.facts.hardware.userbuffer_config``), and never under NVFP4,
-    which those scripts run without it (``dse.constraints.nvfp4_no_tp_comm_overlap``). Without ``where`` (a layout
+    which those scripts run without it (``dse.rules.constraints.nvfp4_no_tp_comm_overlap``). Without ``where`` (a layout
     the model is given directly) it is off."""
     tp, precision = values["tp"], values["precision"]
     return bool(
@@ -486,7 +486,7 @@ MBRIDGE_GRAPH = ("model.use_te_rng_tracker=true", "rng.te_rng_tracker=true")
 MBRIDGE_FULL_ITERATION = ("rerun_state_machine.check_for_nan_in_loss=false", "ddp.check_for_nan_in_grad=false")
 # NeMo 2: its performance scripts (scripts/performance/helpers.py set_cuda_graph_configs) spell a graph as
 # enable_cuda_graph (Megatron-Core's deprecated flag for cuda_graph_impl="local", whole-layer scope) with TE's RNG
-# tracker; nothing else (dse.constraints.cuda_graph_payload refuses what NeMo 2 cannot express this way).
+# tracker; nothing else (dse.rules.constraints.cuda_graph_payload refuses what NeMo 2 cannot express this way).
 NEMO2_GRAPH = ("model.config.enable_cuda_graph=true", "trainer.strategy.use_te_rng_tracker=true")
 
 
@@ -1082,7 +1082,7 @@ def ordinal_knobs(varied: Mapping[str, Sequence[Any]]) -> list[str]:
 
 
 def recipe_layout_knobs() -> tuple[str, ...]:
-    """The knobs a recipe's default layout sets (``dse.trial.resolve``), beyond the catalogue's defaults."""
+    """The knobs a recipe's default layout sets (``dse.rules.trial.resolve``), beyond the catalogue's defaults."""
     return tuple(n for n, k in CATALOGUE.items() if k.recipe_layout)
 
 
@@ -1204,7 +1204,7 @@ def pipeline_split_overrides(
     """How the pipeline splits the layers, always spelled out.
 
     ``account_for_embedding/loss_in_pipeline_split`` is on when pp*vp does not divide the layers but divides two
-    more (Llama 3.1 405B: 126 + 2 = 128 over pp=8, vp=8), as ``dse.trial.TrialConfig.pipeline_layers`` and the
+    more (Llama 3.1 405B: 126 + 2 = 128 over pp=8, vp=8), as ``dse.rules.trial.TrialConfig.pipeline_layers`` and the
     ``layers_divisible`` rule assume. Spelled either way so that a recipe's own setting (NeMo's 405B recipe turns
     it on) never disagrees with the layout, e.g. on a scaled reproducer whose layers divide evenly.
 

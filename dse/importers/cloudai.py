@@ -45,7 +45,7 @@ from dse.facts import allowlists, knobs
 from dse.facts.hardware import GPU_NAMES
 from dse.fsutil import write_text
 from dse.recipes.models import RECIPES, Recipe
-from dse.space import Space, System, _read_toml
+from dse.rules.space import Space, System, _read_toml
 
 
 @dataclass(frozen=True)
@@ -662,7 +662,7 @@ def _validated_system(table: dict[str, Any], f: str) -> System:
     """The imported system, validated; an error is one line naming the CloudAI file its values came from."""
     from pydantic import ValidationError
 
-    from dse.space import _first_error
+    from dse.rules.space import _first_error
 
     try:
         return System.model_validate(table)
@@ -682,7 +682,7 @@ def _validated_space(space_dict: dict[str, Any], f: str) -> Space:
 
         if not isinstance(e, ValidationError):
             raise
-        from dse.space import _first_error
+        from dse.rules.space import _first_error
 
         raise _first_error(e, f) from None
 

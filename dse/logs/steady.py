@@ -8,7 +8,7 @@ The rule (:func:`converged`), on the step times a log has printed so far:
 3. the median of the steady steps moved less than ``tolerance`` (relative) over the last ``window`` steps:
    for each of the ``window`` shorter prefixes, ``|median(prefix) / median(now) - 1| < tolerance``.
 
-The defaults (:class:`dse.space.EarlyStopSettings`) were chosen on the recorded real H200 logs in the
+The defaults (:class:`dse.rules.space.EarlyStopSettings`) were chosen on the recorded real H200 logs in the
 repository (``bench/early_stop.py`` prints, for each log, the steps the rule needed and the error of its
 estimate against the full-run median); docs/early-stop.md has the figures.
 

@@ -1,6 +1,6 @@
 """Analytical performance and memory model of Megatron-style LLM pretraining.
 
-Public API: :func:`predict` (a resolved :class:`dse.trial.TrialConfig` to a :class:`Prediction`),
+Public API: :func:`predict` (a resolved :class:`dse.rules.trial.TrialConfig` to a :class:`Prediction`),
 :func:`predict_layout` (the same on plain values), :func:`flops.model_flops_per_step`,
 :data:`hardware.HARDWARE`. Calibrated by ``bench/model_accuracy.py`` (see the docs, docs/performance-model.md).
 """

@@ -565,7 +565,7 @@ def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack
 
 def offload_time(shape: Shape, layout: ModelLayout, machine: Machine, layer_s: float, layer_bytes: float) -> float:
     """Activation offloading's exposed copy time per micro-batch (Megatron-Core cpu_offloading; pp=1 and no
-    recompute, see dse.constraints): each offloaded layer's activations (``layer_bytes``) go to host memory during
+    recompute, see dse.rules.constraints): each offloaded layer's activations (``layer_bytes``) go to host memory during
     its forward and come back during its backward, one layer ahead (Transformer Engine's double-buffered offload
     handler), behind that layer's compute (``layer_s``)."""
     P = machine.params
@@ -751,10 +751,10 @@ def step_time(
 
 
 def predict(trial, *, flops_convention: str = "causal", params: Params = DEFAULT_PARAMS) -> Prediction:
-    """The model's prediction for a resolved :class:`dse.trial.TrialConfig`.
+    """The model's prediction for a resolved :class:`dse.rules.trial.TrialConfig`.
 
     Never raises for a point that breaks a validity rule in a way the formulas survive (non-divisible
-    sizes are taken as fractions); callers check ``dse.constraints`` first.
+    sizes are taken as fractions); callers check ``dse.rules.constraints`` first.
     """
     return prepare(trial, flops_convention=flops_convention).predict(params)
 

@@ -57,7 +57,7 @@ step time by percents, are made by the payload's own code and differ between the
   scope leaves outside the graph) and memory (static buffers, the graph pool); published rows carry them as the
   script of each row's container set them (the tables' ``cuda_graph`` and ``cuda_graph_scope`` columns).
 
-Decision: the payload is recorded on the trial (:attr:`dse.trial.TrialConfig.payload`, from the space's
+Decision: the payload is recorded on the trial (:attr:`dse.rules.trial.TrialConfig.payload`, from the space's
 ``[backend] payload``) and this table says what each one does; no new knob, because none of these is a choice
 dse offers: they are facts about a payload's code. ``tests/test_perfmodel_stack.py`` reads recipes/mcore's
 source so that the table cannot drift from it silently.

@@ -1,4 +1,4 @@
-"""Building a :class:`dse.trial.TrialConfig` from plain values (``dse predict``, the accuracy bench),
+"""Building a :class:`dse.rules.trial.TrialConfig` from plain values (``dse predict``, the accuracy bench),
 and reading ``--model-file`` architectures.
 
 The system is the GPU generation's default cluster (GPUs per node, NVLink domain and NIC bandwidth from
@@ -17,8 +17,8 @@ from dse.errors import UserError
 from dse.facts import knobs
 from dse.facts.hardware import HARDWARE
 from dse.recipes.models import MLA_FIELDS, MOE_FIELDS, ModelArch
-from dse.space import System, _first_error, _read_toml
-from dse.trial import TrialConfig, resolve_auto
+from dse.rules.space import System, _first_error, _read_toml
+from dse.rules.trial import TrialConfig, resolve_auto
 
 _SYSTEMS: dict[tuple[str, str | None], System] = {}
 

@@ -36,7 +36,7 @@ import numpy as np
 from dse.perfmodel.fit import PRIORS
 from dse.perfmodel.model import Prediction, predict
 from dse.perfmodel.timing import DEFAULT_PARAMS, FITTED, Params
-from dse.space import WALK_LIMIT
+from dse.rules.space import WALK_LIMIT
 
 PARAM_SPREAD = 0.3
 RESERVE_SD_GIB = 1.5
@@ -118,8 +118,8 @@ CALIBRATION_DRAWS = 5_000  # raw points drawn to calibrate the twin of a space t
 
 def valid_trials(space) -> list:
     """Every point of ``space`` that passes the validity rules, resolved."""
-    from dse import constraints
-    from dse.trial import resolve
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
 
     out = []
     for point in space.points():
@@ -132,8 +132,8 @@ def valid_trials(space) -> list:
 def sampled_valid_trials(space, seed: int, draws: int = CALIBRATION_DRAWS) -> list:
     """The valid ones among ``draws`` seeded uniform raw points of ``space`` (one index per knob, so a space of
     10^12 points and more is never enumerated): what the twin of such a space is calibrated on."""
-    from dse import constraints
-    from dse.trial import resolve
+    from dse.rules import constraints
+    from dse.rules.trial import resolve
 
     sizes = np.asarray([len(v) for v in space.knobs.values()], dtype=np.int64)
     rows = np.random.default_rng(seed).integers(0, sizes, size=(draws, len(sizes)))

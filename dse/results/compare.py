@@ -28,11 +28,11 @@ from markupsafe import Markup
 from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.results import report
-from dse.space import Space, load_system
+from dse.rules.space import Space, load_system
+from dse.rules.trial import resolve
 from dse.study.leaderboard import Baseline, Summary, write_csv
 from dse.study.loop import open_store
 from dse.study.store import TrialRecord
-from dse.trial import resolve
 
 COLUMNS = (
     "study",

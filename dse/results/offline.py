@@ -36,7 +36,7 @@ from dse.envs.search import ENV_ID, Table, table
 from dse.errors import UserError
 from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.rl.searchgame import RUN_COST, WASTE_COST, History, action_of, fraction, reference, value_counts
-from dse.space import Space, load_space
+from dse.rules.space import Space, load_space
 from dse.study.loop import open_store
 from dse.study.store import TrialRecord
 

@@ -43,7 +43,7 @@ from markupsafe import Markup
 from dse.backends.base import is_infrastructure
 from dse.errors import UserError
 from dse.fsutil import write_text
-from dse.space import Objective, Space, load_space
+from dse.rules.space import Objective, Space, load_space
 from dse.study.leaderboard import UNKNOWN, Provenance, frame
 from dse.study.store import TrialRecord
 

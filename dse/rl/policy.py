@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dse.errors import UserError
-from dse.space import MAX_KNOBS, MAX_VALUES_PER_KNOB, WALK_LIMIT
+from dse.rules.space import MAX_KNOBS, MAX_VALUES_PER_KNOB, WALK_LIMIT
 
 RL_EXTRA = "the learned policy needs the rl extra: pip install 'dse[rl]' (install a CPU torch first: docs/rl.md)"
 # PPO's settings for these short episodes (tens of steps): a rollout of 256 steps per environment, small batches

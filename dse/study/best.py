@@ -30,10 +30,10 @@ from pathlib import Path
 from dse.backends.slurm import slurm_seconds
 from dse.fsutil import write_text
 from dse.launch import LaunchPlan, build_plan
-from dse.space import Space
+from dse.rules.space import Space
+from dse.rules.trial import resolve
 from dse.study.leaderboard import ModelError, Provenance
 from dse.study.store import TrialRecord
-from dse.trial import resolve
 
 BEST_DIR = "best"
 README_NAME = "README"

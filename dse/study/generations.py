@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dse import constraints
-from dse.counting import Count, count_valid
 from dse.errors import UserError
 from dse.forecast import Screen
-from dse.space import Space, load_system
+from dse.rules import constraints
+from dse.rules.counting import Count, count_valid
+from dse.rules.space import Space, load_system
+from dse.rules.trial import resolve
 from dse.study.loop import StudyResult, open_store, run_study
-from dse.trial import resolve
 
 WARM_START_TOP = 8  # seeds taken from a finished study: its best 8 ok points that are valid here
 
@@ -72,7 +72,7 @@ def run_generations(
     Every system is checked before the first study starts, so a bad name costs nothing: each one's valid points
     are counted (``on_count``: the default layouts differ per GPU, so the same knobs can leave different points
     valid), and a system with none is an error naming the rules and the settings or recipe defaults that removed
-    them (:meth:`dse.counting.Count.empty_reason`). ``warm_start``: a
+    them (:meth:`dse.rules.counting.Count.empty_reason`). ``warm_start``: a
     finished study whose best points (:func:`warm_start_points`) each sub-study runs first. With ``resume``, a
     system whose directory holds no study yet is started fresh (so an interrupted sweep resumes as a whole)."""
     out = Path(out_dir)
@@ -143,7 +143,7 @@ class Carried:
 
 def _target_defaults(space: Space) -> dict[str, Any]:
     """The value each knob ``space`` varies takes when a point leaves it out: the space's settings, else the
-    recipe's layout for the system, as :func:`dse.trial.resolve` settles them (a knob an old study did not vary)."""
+    recipe's layout for the system, as :func:`dse.rules.trial.resolve` settles them (a knob an old study did not vary)."""
     base = resolve(space, {}).values
     return {k: base.get(k) for k in space.knobs}
 

@@ -37,7 +37,7 @@ from dse.logs.parse import UNLAUNCHED_STATUSES
 from dse.study.store import TrialRecord
 
 if TYPE_CHECKING:
-    from dse.space import Space
+    from dse.rules.space import Space
 
 METRIC_COLUMNS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib", "mfu")
 #: What the study's model predicted for a trial when it launched it (kept in the trial's metrics): the step time and

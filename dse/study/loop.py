@@ -21,14 +21,12 @@ from typing import Any, NamedTuple
 
 from gymnasium import spaces
 
-from dse import constraints
 from dse import registry as reg
 from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
 from dse.calibrate import calibrated_miss, calibrated_params
-from dse.counting import check_not_empty, count_valid
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
@@ -39,7 +37,10 @@ from dse.launch import build_plan
 from dse.logs.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
 from dse.perfmodel import predict
 from dse.refit import StudyModel
-from dse.space import WALK_LIMIT, Space
+from dse.rules import constraints
+from dse.rules.counting import check_not_empty, count_valid
+from dse.rules.space import WALK_LIMIT, Space
+from dse.rules.trial import TrialConfig, resolve
 from dse.study import outdir
 from dse.study.claims import LEASE_S, Claims
 from dse.study.leaderboard import Baseline, Summary, predicted_metrics
@@ -59,7 +60,6 @@ from dse.study.parallel import Done, Pool
 from dse.study.probe_screen import ProbeScreen, check_probe_screen
 from dse.study.recording import Recorder, placeholder, record_of, write_best_of
 from dse.study.store import Store, TrialRecord
-from dse.trial import TrialConfig, resolve
 
 # The study's API; the output directory's names (dse.study.outdir) stay importable from here for the CLI,
 # dse.study.generations, dse.results.compare and the tests.

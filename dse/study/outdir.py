@@ -27,7 +27,7 @@ from dse.facts import knobs
 from dse.fsutil import write_text
 from dse.inputs import read_text
 from dse.logs import logpack
-from dse.space import Space
+from dse.rules.space import Space
 from dse.study.store import PASSWORD_ENV, Store, check_url, sqlite_path, without_password
 from dse.study.store import exists as study_exists
 
@@ -490,7 +490,7 @@ def trial_sizes(space: Space) -> dict[str, dict[str, int]]:
     """The global batch size and sequence length of the space's trials by precision (the recipe's defaults
     depend on it; a knob of the space overrides them): what ``dse parse`` of a trial directory needs, with the
     GPUs, for tokens/s/GPU, kept in ``dse.json`` so that a moved study needs no space file."""
-    from dse.trial import resolve
+    from dse.rules.trial import resolve
 
     precisions = space.knobs.get("precision") or [space.settings.get("precision", knobs.CATALOGUE["precision"].default)]
     sizes = {}

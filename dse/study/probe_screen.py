@@ -25,10 +25,10 @@ from typing import Any
 from dse.errors import UserError
 from dse.forecast import Screen
 from dse.probe import PROBE_BACKENDS, PROBE_PAYLOAD, probe_point, result_row, screen_reason, write_rows
-from dse.space import Space
+from dse.rules.space import Space
+from dse.rules.trial import TrialConfig
 from dse.study import outdir
 from dse.study.leaderboard import ProbeCost
-from dse.trial import TrialConfig
 
 __all__ = ["PROBES_DIR", "ProbeScreen", "check_probe_screen"]
 
@@ -59,7 +59,7 @@ def check_probe_screen(space: Space, backend: str) -> None:
 
 
 def grid_index(space: Space, action: dict[str, int]) -> int:
-    """The point's index in the space's grid order (:meth:`dse.space.Space.points`: the last knob fastest)."""
+    """The point's index in the space's grid order (:meth:`dse.rules.space.Space.points`: the last knob fastest)."""
     index = 0
     for name in space.knob_names:
         index = index * len(space.knobs[name]) + int(action[name])

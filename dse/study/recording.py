@@ -17,13 +17,13 @@ from dse.errors import InfrastructureError
 from dse.execute import duration_s
 from dse.facts import knobs
 from dse.logs import logpack
-from dse.space import Space
+from dse.rules.space import Space
+from dse.rules.trial import TrialConfig
 from dse.study.best import write_best
 from dse.study.claims import add_trial
 from dse.study.leaderboard import Baseline, ProbeCost, Provenance, Summary, frame, mfu, relative_run_dirs, write_csv
 from dse.study.outdir import LEADERBOARD, io_error, read_meta, serialized, stored_run_dir
 from dse.study.store import INTERRUPTED, READ_BATCH, Store, TrialRecord
-from dse.trial import TrialConfig
 
 SUMMARY_ROWS = 20  # top rows the study's summary keeps (the terminal shows 10)
 

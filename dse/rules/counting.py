@@ -1,5 +1,5 @@
 """How many of a space's points are valid: counted exactly by walking the space up to
-:data:`dse.space.WALK_LIMIT` raw points, estimated by seeded uniform sampling above.
+:data:`dse.rules.space.WALK_LIMIT` raw points, estimated by seeded uniform sampling above.
 
 A space of a dozen knobs of a dozen values has 10^12 raw points, and one with seven knobs of 1,024 values
 more than 2^63: they are counted with Python integers, and sampled one index per knob, so nothing ever
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dse import constraints
 from dse.errors import UserError
 from dse.facts import knobs
-from dse.space import WALK_LIMIT, Space
-from dse.trial import TrialConfig, resolve
+from dse.rules import constraints
+from dse.rules.space import WALK_LIMIT, Space
+from dse.rules.trial import TrialConfig, resolve
 
 SAMPLES = 20_000  # seeded draws for an estimate: about 1 s; the 95% interval is +-0.7% of the space at most
 CONFIDENCE = 0.95  # of the interval around an estimate

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dse.facts import hardware, knobs
 from dse.facts.hardware import HARDWARE, gpus_where
-from dse.trial import TrialConfig
+from dse.rules.trial import TrialConfig
 
 
 @dataclass(frozen=True)

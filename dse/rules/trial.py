@@ -13,7 +13,7 @@ from typing import Any
 
 from dse.facts import knobs
 from dse.recipes.models import Recipe
-from dse.space import Space, System
+from dse.rules.space import Space, System
 
 
 @dataclass(frozen=True)
