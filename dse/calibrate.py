@@ -368,8 +368,9 @@ def runs_from_tsv(path: Path, gpu: str | None) -> tuple[list[Run], str | None]:
 
 def _study_space(path: Path):
     """The space of the study directory ``path`` (its dse.json names the space file, found from the working
-    directory or the study), with the paths of the study's dse.json and leaderboard.csv."""
-    from dse.rules.space import load_space
+    directory or the study, else the shipped space it names, as ``dse run --space`` found it), with the paths of
+    the study's dse.json and leaderboard.csv."""
+    from dse.rules.space import load_space, space_path
 
     meta_p, board_p = path / "dse.json", path / "leaderboard.csv"
     for p in (meta_p, board_p):
@@ -382,11 +383,12 @@ def _study_space(path: Path):
     if not isinstance(meta, dict) or not isinstance(meta.get("space", ""), str):
         raise UserError("not a dse.json (an object naming its space file)", file=str(meta_p))
     space_ref = Path(meta.get("space", ""))
-    cands = [space_ref, path / space_ref, path / space_ref.name]
+    cands = [space_ref, path / space_ref, path / space_ref.name, space_path(space_ref)]
     space_p = next((c for c in cands if c.is_file()), None)
     if space_p is None:
         raise UserError(
-            f"the study's space file {space_ref} is not found (from the working directory or the study)",
+            f"the study's space file {space_ref} is not found (from the working directory or the study, nor a "
+            "shipped space)",
             file=str(meta_p),
             field="space",
         )

@@ -240,6 +240,16 @@ def test_local_study_end_to_end(tmp_path, monkeypatch):
     assert load_calibration(out, gpu="h200").runs == 6
 
 
+def test_a_study_of_a_shipped_space_calibrates_from_any_directory(tmp_path, monkeypatch):
+    """``dse run --space conf/spaces/NAME.toml`` runs a shipped space from any directory; ``dse calibrate`` of
+    that study finds the same shipped space when no such file is in the working directory or the study."""
+    monkeypatch.chdir(tmp_path)
+    assert not (tmp_path / "conf").exists()
+    code, text = _cli("calibrate", ROOT / "bench/data/h200_local_study", "--out", tmp_path / "cal.toml", "--json")
+    assert code == 0, text
+    assert json.loads(text)["runs"] == 6
+
+
 def test_space_calibration_for_the_sim_backend(tmp_path):
     from dse.rules.space import load_space
 
