@@ -37,7 +37,17 @@ window.__dseErrors = [];
       var ytitle = (yaxis.title && yaxis.title.text) || '';
       var best = (gd._fullData || []).filter(function (t) { return t.name === 'best so far'; })
                    .map(function (t) { return Array.prototype.slice.call(t.y || []); });
-      return {title: String(title), ytitle: String(ytitle), best: best[0] || [], points: points, drawn: drawn};
+      // a parallel-coordinates plot draws its axes' titles above its plot area: its title must end above them
+      var shownTitle = gd.querySelector('.gtitle');
+      var heads = gd.querySelectorAll('.parcoords .axis-title');
+      var titleBottom = null, headsTop = null;
+      if (shownTitle && heads.length) {
+        var tops = Array.prototype.map.call(heads, function (h) { return h.getBoundingClientRect().top; });
+        titleBottom = shownTitle.getBoundingClientRect().bottom;
+        headsTop = Math.min.apply(null, tops);
+      }
+      return {title: String(title), ytitle: String(ytitle), best: best[0] || [], points: points, drawn: drawn,
+              titleBottom: titleBottom, headsTop: headsTop};
     });
     var tables = Array.prototype.map.call(document.querySelectorAll('table'), function (t) { return t.scrollWidth; });
     var pre = document.createElement('pre');

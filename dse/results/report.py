@@ -623,7 +623,8 @@ def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]],
     figs = _figures(df, ok_sample, knob_values, objective, counts=p.summary.counts, best_line=p.best_line(), note=note)
     out = []
     for i, fig in enumerate(figs):
-        fig.update_layout(height=420, margin=dict(l=60, r=30, t=60, b=50), template="plotly_white")
+        top = max(60, fig.layout.margin.t or 0)  # a figure's own top margin stays (the parallel coordinates')
+        fig.update_layout(height=420, margin=dict(l=60, r=30, t=top, b=50), template="plotly_white")
         div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True})
         out.append({"div": Markup(div), "wide": "Parcoords" in type(fig.data[0]).__name__ or i == 0})
     return out
