@@ -101,6 +101,7 @@ def report(rows: list[dict]) -> list[dict]:
                 "pred_step_time_ms": pst,
                 "peak_allocated_gib": mem,
                 "pred_peak_memory_gib": pmem,
+                "pred_allocated_gib": pmem - base.outside_gib(trial(row)),
             }
         )
     base.print_mape(out, "1 H200")

@@ -109,9 +109,9 @@ class Screen:
     def buffers_gib(self, trial: TrialConfig) -> float:
         """What a probe of ``trial`` cannot see and a real run holds beside its tensors (GiB, predicted): the
         model's reserve for the CUDA context and NCCL's communicators and buffers, and NCCL user-buffer
-        registration where the point turns it on."""
-        params = self.model.params
-        return params.memory_reserve_gib + self.model.prepared(trial).memory.registered_gib(params)
+        registration where the point turns it on, and what the payload's runs hold outside PyTorch's allocator beyond
+        the reserve (dse.perfmodel.memory.MemoryCounts.outside_gib)."""
+        return self.model.prepared(trial).memory.outside_gib(self.model.params)
 
     def reason(self, trial: TrialConfig) -> str | None:
         """Why the screen keeps ``trial`` from launching (its predicted peak and the GPU's memory), or None."""

@@ -278,12 +278,17 @@ def write_rows(path: Path, rows: list[dict[str, Any]], *, append: bool = False) 
 
 
 def model_stage_gib(trial: TrialConfig) -> dict[str, float]:
-    """The model's predicted peak (GiB) of the first, last and (where it counts one) middle pipeline stage."""
+    """The model's predicted peak (GiB) of the first, last and (where it counts one) middle pipeline stage, as a probe
+    measures it: less what the model counts outside PyTorch's allocator (its reserve and the payload's measured
+    extra: the CUDA context and NCCL's communicators, which a probe on a fake process group does not hold and its
+    allocator's peak does not see; the probe screen adds them back, dse.forecast's ``buffers_gib``)."""
     from dse.perfmodel.model import prepare
     from dse.perfmodel.timing import DEFAULT_PARAMS
 
     prepared = prepare(trial)
-    return prepared.memory.stage_gib(DEFAULT_PARAMS, prepared.stack)
+    outside = prepared.memory.outside_gib(DEFAULT_PARAMS)
+    stages = prepared.memory.stage_gib(DEFAULT_PARAMS, prepared.stack)
+    return {k: (v - outside if v else 0.0) for k, v in stages.items()}
 
 
 def model_rank_gib(stages: dict[str, float], target: ProbeRank) -> float:

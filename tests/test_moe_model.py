@@ -294,7 +294,8 @@ def test_recompute_modules_shrink_a_moe_layers_activations():
 
 def test_unfused_attention_keeps_a_moe_layers_scores():
     """Under unfused attention a MoE layer keeps the s x s scores a dense layer keeps (2 bytes each under TE's fused
-    softmax without dropout, 5 under Megatron's local attention), not flash attention's log-sum-exp; selective
+    softmax without dropout; 6 under Megatron's local attention, its fp32 softmax output and bf16 probabilities,
+    with K and V repeated to every query head), not flash attention's log-sum-exp; selective
     recompute of core attention gives them up, and the other recompute modules do not. (The one-GPU runs of
     recipes.mcore's local spec, bench/moe_gpu_runs.py, are where this shows.)"""
     from dataclasses import replace
@@ -308,11 +309,12 @@ def test_unfused_attention_keeps_a_moe_layers_scores():
     a, s, b = arch.num_attention_heads, 4096, 2
     base = moe_layer_activation_bytes(shape, flash, False)
     lse = 4.0 * s * b * a
-    for backend, per_score in (("unfused", 2.0), ("local", 5.0)):
+    repeated_kv = 2.0 * 2.0 * (a - arch.num_query_groups) * arch.kv_channels * s * b  # the local spec's K, V copies
+    for backend, per_score, extra in (("unfused", 2.0, 0.0), ("local", 6.0, repeated_kv)):
         layout = replace(flash, attention_backend=backend)
         assert layout.unfused_attention
         kept = moe_layer_activation_bytes(shape, layout, False)
-        assert kept - base == pytest.approx(per_score * a * s * s * b - lse)
+        assert kept - base == pytest.approx(per_score * a * s * s * b - lse + extra)
         assert moe_layer_activation_bytes(shape, layout, False, "selective", frozenset({"core_attn"})) == (
             pytest.approx(base - lse)
         )

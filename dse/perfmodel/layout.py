@@ -29,14 +29,34 @@ NVFP4_ELEMENT_BYTES = 0.5 + 1.0 / NVFP4_BLOCK
 UNFUSED_BACKENDS = ("unfused", "local")
 
 
-def kept_score_bytes(fused_softmax: bool, dropout: bool) -> float:
+def kept_score_bytes(fused_softmax: bool, dropout: bool, fp32_softmax: bool = False) -> float:
     """Bytes unfused attention keeps for its backward pass per s x s score element: the fused scale-mask-softmax's
-    bf16 output (2), plus the dropout mask and output (3) with attention dropout; Megatron's local attention,
-    unfused softmax, Korthikanti's 5 (dse.perfmodel.memory.layer_activation_bytes says why). A dense layer and a
-    MoE layer (dse.perfmodel.moe.attention_kept_bytes) count the scores with it."""
+    bf16 output (2), plus the dropout mask and output (3) with attention dropout; Korthikanti's 5 for a 16-bit
+    softmax without a fused kernel. ``fp32_softmax``: Megatron's local attention (``attention_backend=local``:
+    ``DotProductAttention`` through ``FusedScaleMaskSoftmax.forward_torch_softmax``, which upcasts the scores and
+    runs ``torch.softmax`` in fp32, ``attention_softmax_in_fp32`` being Megatron's default): the fp32 softmax
+    output that its backward reads (4) and the bf16 probabilities the P·V GEMM keeps (2); with attention dropout the
+    dropout's mask (1) and output (2) replace the probabilities the GEMM keeps: 7. A dense layer and a MoE layer
+    (dse.perfmodel.moe.attention_kept_bytes) count the scores with it."""
+    if fp32_softmax:
+        return 4.0 + 2.0 + (1.0 if dropout else 0.0)
     if fused_softmax:
         return 2.0 + 3.0 * (1.0 if dropout else 0.0)
     return 5.0
+
+
+# The working set of Megatron's local attention's backward per s x s score element (bytes), at its peak, the
+# softmax's backward: the fp32 softmax output it reads (4), the fp32 gradient the bf16 cast hands it (4) and its fp32
+# result (4), which an op-by-op count of PyTorch's autograd names, and 4 more that the count does not name but the
+# runs measure: the real one-H100 runs of recipes.mcore (bench/h100_mcore_grid.py: seq 4096, micro-batch 1, 2 and 4)
+# peak at 19.7 (no recompute), 10.7 (selective) and 8.4 GiB (full) per sample above their model states, and only
+# 16 bytes per score element at the softmax's backward fits all three (within 0.5 GiB per sample; 12 misses each
+# by 2 GiB per sample). Measured, not fitted: no parameter of the model moves it.
+LOCAL_SOFTMAX_BACKWARD_BYTES = 16.0
+# Megatron's DotProductAttention multiplies Q·K^T into a preallocated bf16 buffer of one layer's scores
+# (parallel_state.get_global_memory_buffer(), "mpu"): it is allocated once and kept for the whole run, 2 bytes per
+# score element of one layer and micro-batch (the runs' allocation between iterations grows by 1 GiB per sample)
+LOCAL_SCORE_BUFFER_BYTES = 2.0
 
 
 # The share of one transformer layer's kernel launches in each part Megatron-Core can graph

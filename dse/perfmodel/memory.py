@@ -14,7 +14,15 @@ import functools
 from dataclasses import dataclass
 
 from dse.perfmodel import moe as _moe
-from dse.perfmodel.layout import NVFP4_ELEMENT_BYTES, ModelLayout, Shape, Stages, kept_score_bytes
+from dse.perfmodel.layout import (
+    LOCAL_SCORE_BUFFER_BYTES,
+    LOCAL_SOFTMAX_BACKWARD_BYTES,
+    NVFP4_ELEMENT_BYTES,
+    ModelLayout,
+    Shape,
+    Stages,
+    kept_score_bytes,
+)
 from dse.perfmodel.stack import Stack, fp8_weight_cache_bytes, logits_peak_bytes
 from dse.perfmodel.timing import Params
 
@@ -38,6 +46,7 @@ def layer_activation_bytes(
     fp8: bool = False,
     fused_softmax: bool = False,
     low_bytes: float = 1.0,
+    local_spec: bool = False,
 ) -> float:
     """Bytes one transformer layer keeps for its backward pass, per GPU, for one micro-batch.
 
@@ -58,8 +67,18 @@ def layer_activation_bytes(
     the scores cost 2 bytes per element (TE's ``scaled_upper_triang_masked_softmax_backward``,
     transformer_engine/pytorch/csrc/extensions/softmax.cpp, reads it and works in place on the incoming
     gradient), and the dropout mask and output (3 more) only with attention dropout
-    (PyTorch's dropout returns its input unchanged at p = 0). Without it, Korthikanti's 5 bytes stand (recipes.mcore's
-    local layer spec: an fp32 softmax output and the bf16 probabilities, about as much; bench/h200_real_runs.py).
+    (PyTorch's dropout returns its input unchanged at p = 0). Without it, Korthikanti's 5 bytes stand.
+
+    ``local_spec``: Megatron-Core's local layer spec (``attention_backend=local``; recipes.mcore runs it where
+    Transformer Engine is missing), whose modules are PyTorch's own ops, each keeping what its autograd saves:
+    the core attention (``DotProductAttention``) upcasts the scores and keeps the fp32 softmax output and the bf16
+    probabilities (:func:`dse.perfmodel.layout.kept_score_bytes`, 6 bytes per score element without dropout); with
+    grouped-query attention it repeats K and V to every head (``repeat_interleave``) before the two GEMMs, which
+    save the copies, so Q, K and V keep ``3·a·d`` elements a token, not ``(a + 2g)·d`` (selective recompute
+    checkpoints the core attention on Q, K and V as they come, so there the repeat is recomputed); a gated MLP
+    without ``bias_activation_fusion`` runs ``silu(x_glu) * (x_linear + glu_linear_offset)``, whose product saves the
+    activation's output and the offset sum, two ffn-sized tensors more (megatron/core/transformer/mlp.py). Its norms
+    (``torch.nn.RMSNorm``) keep their input, as the count has it.
     """
     g = a if g is None else g
     ffn = 4 * h if ffn is None else ffn
@@ -69,19 +88,27 @@ def layer_activation_bytes(
         return 2.0 * sb * h / (t if sp else 1)
     low = low_bytes if fp8 else 2.0  # bytes per element of a saved GEMM input
     mask = 1.0 if dropout else 0.0
+    local_gqa = local_spec and g < a and recompute != "selective"  # K and V repeated to every head, and saved
     # replicated over TP ranks unless sequence parallel: norms, QKV and fc1 inputs, dropout masks
     rep = sb * h * (4.0 + low + low + 2.0 * mask)
     # split over TP ranks: Q, K, V, projection input, MLP activation input and fc2 input
-    qkv = 2.0 * sb * (a * d + 2.0 * g * d)
+    qkv = 2.0 * sb * (3.0 * a * d if local_gqa else a * d + 2.0 * g * d)
     proj = 2.0 * sb * a * d + (low * sb * a * d if (flash_attention and fp8) else 0.0)
-    act_in = 2.0 * sb * ffn * (2 if gated else 1)
+    act_in = 2.0 * sb * ffn * (2 if gated else 1) + local_glu_bytes(sb, ffn, gated, local_spec)
     fc2_in = low * sb * ffn
     split = qkv + proj + act_in + fc2_in
     if flash_attention or recompute == "selective":
         scores = 4.0 * sb * a if flash_attention else 0.0  # fp32 log-sum-exp per row and head
     else:  # softmax output (2); with dropout its mask (1) and output (2); unfused softmax Korthikanti's 5as²b
-        scores = kept_score_bytes(fused_softmax, dropout) * a * s * sb
+        scores = kept_score_bytes(fused_softmax, dropout, fp32_softmax=local_spec) * a * s * sb
     return (rep / (t if sp else 1)) + (split + scores) / t
+
+
+def local_glu_bytes(sb: float, ffn: float, gated: bool, local_spec: bool) -> float:
+    """What a gated MLP of Megatron-Core's local spec keeps beyond the fc1 output and fc2 input, per GPU before the
+    TP split: the activation's output and ``x_linear + glu_linear_offset`` (bf16, ffn elements a token each), which
+    the product saves (:func:`layer_activation_bytes`); 0 elsewhere."""
+    return 2.0 * 2.0 * sb * ffn if (local_spec and gated) else 0.0
 
 
 def state_bytes_per_param(
@@ -169,7 +196,7 @@ def fsdp_buffer_bytes(layer_params: float, largest_weight: float, weight_b: floa
 def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: str = "none") -> float:
     """:func:`layer_activation_bytes` of one layer of ``shape`` under ``layout``'s options. Attention backend
     "unfused" is Transformer Engine's UnfusedDotProductAttention, whose softmax is one fused kernel
-    (``fused_softmax``); "local" is Megatron's own, counted as Korthikanti does. A MoE or
+    (``fused_softmax``); "local" is Megatron-Core's local layer spec (``local_spec``). A MoE or
     MLA layer: :func:`dse.perfmodel.moe.moe_layer_activation_bytes`."""
     arch = shape.arch
     if _moe.moe_arch(arch):
@@ -190,6 +217,7 @@ def layer_activations(shape: Shape, layout: ModelLayout, fp8: bool, recompute: s
         fp8=fp8,
         fused_softmax=layout.attention_backend == "unfused",
         low_bytes=NVFP4_ELEMENT_BYTES if layout.precision == "nvfp4" else 1.0,
+        local_spec=layout.attention_backend == "local",
     )
 
 
@@ -232,6 +260,7 @@ def selective_saved_bytes(shape: Shape, layout: ModelLayout, fp8: bool, full_lay
     if layout.recomputes("mlp"):
         ffn = arch.ffn_hidden_size
         act_in = 2.0 * sb * ffn * (2 if arch.gated_mlp else 1)
+        act_in += local_glu_bytes(sb, ffn, arch.gated_mlp, layout.attention_backend == "local")
         saved += low * sb * arch.hidden_size / rep + (act_in + low * sb * ffn) / t
     return saved
 
@@ -321,6 +350,7 @@ class MemoryCounts:
     expert_states: float = 0.0  # bytes of the routed experts' weights, gradients and optimizer shard (largest stage)
     fixed_mid: float = 0.0  # the second stage's (the most loaded middle one: :func:`mid_stage_counts`); 0 for p < 3
     act_mid: float = 0.0
+    outside_extra_gib: float = 0.0  # the payload's measured memory outside PyTorch's allocator beyond the reserve
 
     def slack(self, P: Params) -> float:
         """The share of the activations the allocator cannot reuse: fragmentation, and the CUDA graphs' pool."""
@@ -331,7 +361,7 @@ class MemoryCounts:
         second stage where :func:`mid_stage_counts` counts it, else 0), each with the reserve and offset."""
         logits_mem = self.logits_elements * logits_peak_bytes(stack, P)
         act_last = self.act_last_layers + max(self.work, logits_mem)
-        extra = P.memory_reserve_gib + P.memory_offset_gib + self.registered_gib(P)
+        extra = self.outside_gib(P) + P.memory_offset_gib
         mem = {
             "first": self.fixed_first + self.act_first * (1.0 + self.slack(P)),
             "last": self.fixed_last + act_last * (1.0 + self.slack(P)),
@@ -346,6 +376,12 @@ class MemoryCounts:
     def registered_gib(self, P: Params) -> float:
         """What NCCL user-buffer registration holds beyond the buffers themselves (GiB)."""
         return P.nccl_ub_memory_gib if self.nccl_ub else 0.0
+
+    def outside_gib(self, P: Params) -> float:
+        """What the process holds outside PyTorch's caching allocator (GiB): the reserve (CUDA context, NCCL and
+        library workspaces), NCCL user-buffer registration, and what the payload's runs were measured to hold beyond
+        the reserve (:attr:`dse.perfmodel.stack.Stack.outside_extra_gib`)."""
+        return P.memory_reserve_gib + self.registered_gib(P) + self.outside_extra_gib
 
 
 def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> float:
@@ -404,26 +440,30 @@ def memory_counts(
         master_bytes=stack.master_param_bytes,
     )
     fsdp_buf = fsdp_buffer_bytes(stages.layer_params / t, h * shape.fc1_cols, weight_b, grad_b) if layout.fsdp else 0.0
-    # the backward pass of one layer needs its full activations and their gradients; unfused attention's
-    # backward holds two score-sized gradients besides (dP and dS, bf16: 4 bytes per score element)
     experts = _moe.expert_stages(arch, layout, stages)
     expert_b = state_bytes_per_param(
         experts.data_parallel, grad_bytes=grad_b, weight_bytes=weight_b, master_bytes=stack.master_param_bytes
     )
-    s_loc = shape.seq_length / shape.cp
-    work = full_layer + (4.0 * shape.mbs * (a / t) * s_loc * s_loc if layout.unfused_attention else 0.0)
+    work = backward_work_bytes(shape, layout, full_layer, act_kept)
+    score_buffer = local_score_buffer_bytes(shape, layout)
     graph_first = graph_static_bytes(shape, layout, first_layers)
     graph_last = graph_static_bytes(shape, layout, last_layers)
     fixed_mid, act_mid = mid_stage_counts(shape, layout, stages, act_kept, work, cache_b, states_b)
     if fixed_mid:
-        fixed_mid += fsdp_buf + experts.mid * expert_b
+        fixed_mid += fsdp_buf + experts.mid * expert_b + score_buffer
     return MemoryCounts(
         fixed_first=stages.first_params / t * states_b
         + cache_first
         + fsdp_buf
         + graph_first
-        + experts.first * expert_b,
-        fixed_last=stages.last_params / t * states_b + cache_last + fsdp_buf + graph_last + experts.last * expert_b,
+        + experts.first * expert_b
+        + score_buffer,
+        fixed_last=stages.last_params / t * states_b
+        + cache_last
+        + fsdp_buf
+        + graph_last
+        + experts.last * expert_b
+        + score_buffer,
         act_first=first_layers * act_kept - dense_saving + work,
         act_last_layers=last_layers * act_kept - (dense_saving if shape.pp == 1 else 0.0),
         work=work,
@@ -439,7 +479,37 @@ def memory_counts(
         expert_states=(experts.largest if fixed_mid else max(experts.first, experts.last)) * expert_b,
         fixed_mid=fixed_mid,
         act_mid=act_mid,
+        outside_extra_gib=stack.outside_extra_gib,
     )
+
+
+def backward_work_bytes(shape: Shape, layout: ModelLayout, full_layer: float, act_kept: float) -> float:
+    """Bytes the backward pass of one layer holds at its peak beyond what the in-flight layers keep (``act_kept``
+    each; ``full_layer``: one layer's activations without recompute).
+
+    The Transformer Engine stack: the layer's full activations and their gradients, and unfused attention's two
+    score-sized gradients besides (dP and dS, bf16: 4 bytes per score element). Megatron-Core's local layer spec
+    (``attention_backend=local``) is counted op by op and measured (:data:`dse.perfmodel.layout.
+    LOCAL_SOFTMAX_BACKWARD_BYTES`): the peak is its core attention's softmax backward, where the layer holds the
+    activations recompute had dropped (``full_layer - act_kept``: the scores under selective, the layer under
+    full recompute) and the softmax's working set of 16 bytes per score element, of which it keeps 6 in any case;
+    the activation gradients are smaller than the MLP's saved tensors, freed by then, and are not counted."""
+    a, t = shape.arch.num_attention_heads, shape.tp
+    s_loc = shape.seq_length / shape.cp
+    scores = shape.mbs * (a / t) * s_loc * s_loc
+    if layout.attention_backend == "local":
+        kept = kept_score_bytes(False, layout.dropout, fp32_softmax=True)
+        return max(0.0, full_layer - act_kept) + (LOCAL_SOFTMAX_BACKWARD_BYTES - kept) * scores
+    return full_layer + (4.0 * scores if layout.unfused_attention else 0.0)
+
+
+def local_score_buffer_bytes(shape: Shape, layout: ModelLayout) -> float:
+    """Megatron's preallocated Q·K^T buffer under the local spec (:data:`dse.perfmodel.layout.
+    LOCAL_SCORE_BUFFER_BYTES`: one layer's bf16 scores of one micro-batch, kept for the whole run); 0 elsewhere."""
+    if layout.attention_backend != "local":
+        return 0.0
+    s_loc = shape.seq_length / shape.cp
+    return LOCAL_SCORE_BUFFER_BYTES * shape.mbs * (shape.arch.num_attention_heads / shape.tp) * s_loc * s_loc
 
 
 def mid_stage_counts(
@@ -489,8 +559,7 @@ def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:
         fp8_weight_cache_gib=max(c.cache_first, c.cache_last) / GIB,
         cuda_graphs_gib=(c.graph_static + max(c.act_first, act_last, c.act_mid) * c.graphed * P.cuda_graph_pool_share)
         / GIB,
-        reserve_gib=P.memory_reserve_gib
+        reserve_gib=c.outside_gib(P)
         + P.memory_offset_gib
-        + c.registered_gib(P)
         + max(c.act_first, act_last, c.act_mid) * P.memory_fragmentation / GIB,
     )

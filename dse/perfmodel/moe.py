@@ -466,9 +466,13 @@ def attention_kept_bytes(
         return attn + 4.0 * sb * a / t  # flash attention's fp32 log-sum-exp per row and head
     if recompute == "selective" and (not modules or "core_attn" in modules):
         return attn  # selective recompute of core attention gives the scores up
+    local = layout.attention_backend == "local"
+    if local and not arch.kv_lora_rank:  # the local spec's K and V repeated to every head (see memory.py)
+        attn += 2.0 * sb * 2.0 * (a - arch.num_query_groups) * qk / t
     # unfused attention keeps the s x s scores, counted as a dense layer's are
     s = shape.seq_length / shape.cp
-    return attn + kept_score_bytes(layout.attention_backend == "unfused", layout.dropout) * a * s * sb / t
+    kept = kept_score_bytes(layout.attention_backend == "unfused", layout.dropout, fp32_softmax=local)
+    return attn + kept * a * s * sb / t
 
 
 def moe_layer_activation_bytes(
