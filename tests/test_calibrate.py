@@ -51,20 +51,25 @@ def _write(path: Path, rows: list[dict]) -> Path:
 def synthetic_tsv(path: Path, known: dict, n: int | None = None, gpu: str | None = None) -> Path:
     """The real runs' layouts with the step time and memory the model predicts under ``known`` parameters, as
     NVIDIA's recipes would run them (payload nemo2: fused loss and gradient accumulation, whose terms do not blur
-    elementwise_scale against gemm_eff_bf16 as recipes.mcore's memory-bound native loss does on these layouts)."""
+    elementwise_scale against gemm_eff_bf16 as recipes.mcore's memory-bound native loss does on these layouts; and
+    Transformer Engine's unfused attention, whose fused softmax kernel unfused_scores_scale prices apart from the
+    element-wise kernels, where the local spec's step-by-step softmax is element-wise kernels of its own)."""
     from dataclasses import replace
+    from types import MappingProxyType
 
     truth = DEFAULT_PARAMS.with_values(**known)
     runs, _ = runs_from_tsv(REAL, "h200")
     rows = []
     for row, run in list(zip(_rows(), runs))[:n]:
-        p = predict(replace(run.trial, payload="nemo2"), params=truth)
+        values = MappingProxyType({**run.trial.values, "attention_backend": "unfused"})
+        p = predict(replace(run.trial, payload="nemo2", values=values), params=truth)
         rows.append(
             {
                 **row,
                 "step_time_ms": p.step_time_s * 1e3,
                 "peak_allocated_gib": p.peak_memory_gib,
                 "payload": "nemo2",
+                "attention_backend": "unfused",
                 **({"gpu": gpu} if gpu else {}),
             }
         )
@@ -150,7 +155,7 @@ def test_cli_writes_the_file_and_predict_uses_it(tmp_path):
         "--num-gpus",
         "1",
         "--set",
-        "attention_backend=local",
+        "attention_backend=unfused",
         "--mbs",
         "1",
         "--gbs",

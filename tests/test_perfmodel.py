@@ -394,8 +394,8 @@ def test_fit_finds_a_threshold_parameter_whose_loss_is_flat_at_its_prior():
 def test_unfused_attention_stores_korthikantis_scores_and_costs_time_growing_with_s():
     """attention_backend=local (Megatron's own, softmax in fp32 step by step): 6as²b/t of scores come back into the
     activations (the fp32 softmax output and the bf16 probabilities); unfused (TE's, one fused softmax kernel, no
-    attention dropout) keeps 2as²b/t; the s×s scores through HBM make the step slower, by more at longer sequences;
-    auto/flash/fused agree."""
+    attention dropout) keeps 2as²b/t; the s×s scores through HBM make the step slower, by more at longer sequences,
+    and the local spec's separate fp32 passes slower than TE's fused kernel; auto/flash/fused agree."""
     arch = RECIPES["llama3_8b"].arch
     kw = dict(num_gpus=8, tp=2, gbs=32, mbs=1)
     slow = {}
@@ -405,7 +405,7 @@ def test_unfused_attention_stores_korthikantis_scores_and_costs_time_growing_wit
             for b in ("auto", "flash", "fused", "unfused", "local")
         }
         assert runs["auto"].step_time_s == runs["flash"].step_time_s == runs["fused"].step_time_s
-        assert runs["unfused"].step_time_s == runs["local"].step_time_s > runs["auto"].step_time_s
+        assert runs["local"].step_time_s > runs["unfused"].step_time_s > runs["auto"].step_time_s
         for backend, per_score in (("local", 6), ("unfused", 2)):
             extra = runs[backend].breakdown["mem.activations_gib"] - runs["auto"].breakdown["mem.activations_gib"]
             scores = per_score * arch.num_attention_heads * s * s * 1 / 2  # per layer, b = 1, t = 2

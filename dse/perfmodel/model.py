@@ -225,6 +225,22 @@ def unfused_score_bytes(dropout: bool) -> tuple[float, float]:
     return 8.0 + drop, 14.0 + drop
 
 
+def local_score_bytes(dropout: bool) -> tuple[float, float]:
+    """HBM bytes per attention-score element of Megatron's local attention (``attention_backend=local``:
+    ``DotProductAttention`` and ``FusedScaleMaskSoftmax.forward_torch_softmax``, each step its own PyTorch kernel),
+    forward and backward.
+
+    Forward: Q·Kᵀ writes the bf16 scores (2), ``.float()`` reads them and writes fp32 (6), the in-place
+    ``masked_fill_`` reads and writes (8), ``torch.softmax`` reads and writes fp32 (8), ``.bfloat16()`` reads fp32
+    and writes bf16 (6), P·V reads the probabilities (2): 32. Backward: dO·Vᵀ writes dP and Pᵀ·dO reads P (4), the
+    cast's backward reads bf16 and writes fp32 (6), the softmax's backward reads the gradient and the output and
+    writes (12), ``masked_fill``'s backward reads and writes (8), the upcast's backward reads fp32 and writes bf16
+    (6), dS·K and dSᵀ·Q read dS (4): 40. Attention dropout adds PyTorch's ``native_dropout`` on the probabilities
+    (read, write, 1-byte mask: 5) and its backward (5)."""
+    drop = 5.0 if dropout else 0.0
+    return 32.0 + drop, 40.0 + drop
+
+
 # HBM bytes per element of the MLP's intermediate (bf16, per token, forward + backward) that NVIDIA's Nemotron
 # providers' eager squared ReLU (recipes.models.ModelArch.activation) moves beyond a fused activation's 12:
 # forward relu (read 2, write 2) and pow (2, 2) = 8; backward autograd's pow_backward, grad * (2 * r.pow(1)):
@@ -312,14 +328,21 @@ def unfused_attention_time(shape: Shape, layout: ModelLayout, machine: Machine) 
     """Megatron's unfused / local core attention, (forward, forward + backward): two batched GEMMs over the full
     s×s score matrix (the causal mask is applied after QKᵀ, so nothing is skipped), and the scores go through HBM
     between kernels: scale-mask-softmax, dropout, and their backward (bytes per score element,
-    :func:`unfused_score_bytes`)."""
+    :func:`unfused_score_bytes` for Transformer Engine's fused softmax kernel; :func:`local_score_bytes` for the
+    local spec's step-by-step PyTorch ops, generic element-wise kernels that move their bytes at the rate the
+    model's other element-wise kernels do, ``elementwise_scale``)."""
     P, t, T, s = machine.params, shape.tp, shape.tokens, shape.seq_length
     a, d = shape.arch.num_attention_heads, shape.head_dim
     scores = shape.mbs * (a / t) * s * s / shape.cp  # score elements per micro-batch on this GPU
     attn_gemm = 4.0 * T * s * (a / t) * d / machine.bf16_gemm_rate
-    fwd_b, bwd_b = unfused_score_bytes(layout.dropout)
-    forward = attn_gemm + scores * fwd_b * P.unfused_scores_scale / machine.hbm_Bps
-    return forward, 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * P.unfused_scores_scale / machine.hbm_Bps
+    if layout.attention_backend == "local":
+        fwd_b, bwd_b = local_score_bytes(layout.dropout)
+        scale = P.unfused_scores_scale * P.elementwise_scale
+    else:
+        fwd_b, bwd_b = unfused_score_bytes(layout.dropout)
+        scale = P.unfused_scores_scale
+    forward = attn_gemm + scores * fwd_b * scale / machine.hbm_Bps
+    return forward, 3.0 * attn_gemm + scores * (fwd_b + bwd_b) * scale / machine.hbm_Bps
 
 
 def flash_attention_time(shape: Shape, machine: Machine) -> tuple[float, float]:
