@@ -124,7 +124,7 @@ class Agent(abc.ABC):
         return None  # a hook with a default, not abstract: grid and random keep no state for a point in flight
 
     def reforecast(self) -> None:
-        """The model behind the agent's forecast was refit on the study's runs (dse.refit): an agent that keeps
+        """The model behind the agent's forecast was refit on the study's runs (dse.perfmodel.refit): an agent that keeps
         forecasts asks again. The default keeps none."""
         return None
 

@@ -249,7 +249,7 @@ class GuidedAgent(Agent):
             self.memory_miss = max(self.memory_miss, miss)
 
     def reforecast(self) -> None:
-        """The study's model was refit (dse.refit): every kept point's forecast asked again, so the ranking, the
+        """The study's model was refit (dse.perfmodel.refit): every kept point's forecast asked again, so the ranking, the
         memory border and the stop rule read the refit model (the residual model then learns what it still
         misses)."""
         if self.forecast is None:

@@ -38,7 +38,7 @@ def build_study(out: Path, trials: int) -> Path:
 
 def scratch_loo(source: Path) -> tuple[float, float, float | None]:
     """(seconds, step-time MAPE, memory MAPE) of a leave-one-out that refits every left-out run from scratch."""
-    from dse.calibrate import choose_params, errors, fit_runs, load_runs
+    from dse.perfmodel.calibrate import choose_params, errors, fit_runs, load_runs
 
     runs, _ = load_runs([source])
     t_names, m_names = choose_params(runs, None)
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.chdir(ROOT)  # the study's dse.json names its space relative to where dse run ran
     sys.path.insert(0, str(ROOT))
-    from dse.calibrate import calibrate
+    from dse.perfmodel.calibrate import calibrate
 
     with tempfile.TemporaryDirectory() as tmp:
         source = args.study or build_study(Path(tmp) / "study", args.trials)

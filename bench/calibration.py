@@ -27,8 +27,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dse.calibrate import Run, choose_params, fit_runs, load_runs  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, predict  # noqa: E402
+from dse.perfmodel.calibrate import Run, choose_params, fit_runs, load_runs  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from model_accuracy import load_rows, row_trial  # noqa: E402

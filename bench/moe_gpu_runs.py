@@ -114,7 +114,7 @@ def trial(row: dict):
     from dataclasses import replace
     from types import MappingProxyType
 
-    from dse.calibrate import arch_from_row, moe_values_from_row
+    from dse.perfmodel.calibrate import arch_from_row, moe_values_from_row
     from dse.rules.space import load_system
 
     t = te.trial(row)

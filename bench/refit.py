@@ -1,5 +1,5 @@
 """How a study learns, measured on replayed real runs: the guided agent through ``dse run``'s own loop on a replay
-space (the model refit after each run, dse.refit), and what the refit model predicts for the runs it has not yet
+space (the model refit after each run, dse.perfmodel.refit), and what the refit model predicts for the runs it has not yet
 launched.
 
 Prints, per replay space: the runs the guided agent launched in order (status), whether it found the measured best
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dse.backends.replay import read_table  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS  # noqa: E402
-from dse.refit import StudyModel  # noqa: E402
+from dse.perfmodel.refit import StudyModel  # noqa: E402
 from dse.rules.space import load_space  # noqa: E402
 from dse.rules.trial import resolve  # noqa: E402
 from dse.study.loop import run_study  # noqa: E402

@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import h200_real_runs, h200_te_runs, model_accuracy, model_heldout  # noqa: E402
-from dse.calibrate import calibrated_params  # noqa: E402
 from dse.forecast import DEFAULT_SCREEN_MARGIN, screened_peak  # noqa: E402
 from dse.perfmodel import predict  # noqa: E402
+from dse.perfmodel.calibrate import calibrated_params  # noqa: E402
 from dse.perfmodel.twin import make_twin, valid_trials  # noqa: E402
 from dse.rules.space import load_space  # noqa: E402
 from dse.rules.trial import resolve  # noqa: E402

@@ -21,12 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
-from dse.calibrate import calibrated_params
 from dse.errors import Cancelled, InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
 from dse.logs.parse import ParseContext, RunMetrics, parse_log
 from dse.logs.steady import Monitor, Prune, Rule
 from dse.perfmodel import model_flops_per_step
+from dse.perfmodel.calibrate import calibrated_params
 from dse.rules.space import BackendSettings, Objective
 from dse.rules.trial import TrialConfig
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.agents.base import Action, Forecast, Forecaster
-from dse.calibrate import calibrated_params
-from dse.refit import StudyModel
+from dse.perfmodel.calibrate import calibrated_params
+from dse.perfmodel.refit import StudyModel
 from dse.rules import constraints
 from dse.rules.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
 from dse.rules.trial import TrialConfig, resolve

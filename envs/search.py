@@ -44,12 +44,12 @@ import gymnasium as gym
 
 from dse import registry as reg
 from dse.backends.base import Backend
-from dse.calibrate import calibrated_params
 from dse.envs.recipe_env import RecipeEnv
 from dse.errors import UserError
 from dse.execute import parse_context
 from dse.logs.parse import parse_log
 from dse.perfmodel import predict
+from dse.perfmodel.calibrate import calibrated_params
 from dse.perfmodel.simulate import simulate
 from dse.perfmodel.twin import Twin, make_twin, valid_trials
 from dse.recipes.sim.logwriter import write_log

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dse.calibrate import (
+from dse.cli import app
+from dse.errors import UserError
+from dse.perfmodel import DEFAULT_PARAMS, predict
+from dse.perfmodel.calibrate import (
     CALIBRATION_PRIORS,
     Calibration,
     apply,
@@ -24,9 +27,6 @@ from dse.calibrate import (
     loads,
     runs_from_tsv,
 )
-from dse.cli import app
-from dse.errors import UserError
-from dse.perfmodel import DEFAULT_PARAMS, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "bench" / "data" / "h200_real_runs.tsv"
@@ -266,8 +266,8 @@ def test_space_calibration_for_the_sim_backend(tmp_path):
     space_p.write_text(text)
     sp = load_space(space_p)
     assert Path(sp.backend.calibration) == cal  # relative to the space file
-    from dse.calibrate import calibrated_params
     from dse.launch import build_plan
+    from dse.perfmodel.calibrate import calibrated_params
     from dse.rules.trial import resolve
 
     trial = resolve(sp, {"mbs": 1, "recompute": "none"})
@@ -310,7 +310,7 @@ def test_a_grace_hosts_time_per_layer_is_learnt_from_gb200_runs(tmp_path, host):
     """The real runs' small layouts on GB200 (layers of a few ms: host-bound there) with another host time per
     layer than the shipped one: dse calibrate picks host_layer_s_grace by itself and finds the runs' value; on
     the H200 (an x86 host) the parameter moves nothing and is not picked."""
-    from dse.calibrate import STACK_TIME, identifiable
+    from dse.perfmodel.calibrate import STACK_TIME, identifiable
 
     rows = [{**r, "gpu": "gb200", "payload": "nemo2"} for r in _rows()]
     runs, _ = runs_from_tsv(_write(tmp_path / "layouts.tsv", rows), "gb200")
@@ -351,7 +351,16 @@ def test_the_prepared_runs_give_predicts_figures_under_any_parameters():
 def test_a_leave_one_out_refit_from_the_full_fit_lands_where_a_fit_from_scratch_does(tmp_path):
     """Leave-one-out refits start at the full fit's values with fewer evaluations: the left-out run's predicted step
     time must match that of the full MAP fit on the other runs (the refit the old leave-one-out ran)."""
-    from dse.calibrate import _loo_fit, _Memo, _z_space, choose_params, fit_runs, load_runs, memory_loss, time_loss
+    from dse.perfmodel.calibrate import (
+        _loo_fit,
+        _Memo,
+        _z_space,
+        choose_params,
+        fit_runs,
+        load_runs,
+        memory_loss,
+        time_loss,
+    )
 
     runs, _ = load_runs([synthetic_tsv(tmp_path / "runs.tsv", KNOWN)], "h200")
     t_names, m_names = choose_params(runs, None)
@@ -412,7 +421,7 @@ def test_a_real_routers_imbalance_is_learnt_from_moe_runs(tmp_path, truth):
     mean token copies: dse calibrate picks moe_imbalance by itself and finds it; the calibrated file carries it and
     predict uses it. Without expert parallelism the imbalance moves nothing (one rank holds every copy), so it is
     not picked."""
-    from dse.calibrate import STACK_TIME, identifiable
+    from dse.perfmodel.calibrate import STACK_TIME, identifiable
 
     rows = _moe_rows(ep=8)
     runs, _ = runs_from_tsv(_write(tmp_path / "layouts.tsv", rows), "h200")

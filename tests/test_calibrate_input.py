@@ -79,7 +79,7 @@ def test_a_moe_row_with_a_zero_or_negative_parallelism_is_refused(tmp_path, colu
 
 
 def test_repeats_that_agree_are_one_run(tmp_path):
-    from dse.calibrate import load_runs
+    from dse.perfmodel.calibrate import load_runs
 
     src = _write(tmp_path / "runs.tsv", _rows() * 40)
     runs, _ = load_runs([src], "h200")
@@ -87,7 +87,7 @@ def test_repeats_that_agree_are_one_run(tmp_path):
 
 
 def test_an_oversized_tsv_is_refused_before_it_is_parsed(tmp_path):
-    from dse.calibrate import MAX_TSV_BYTES
+    from dse.perfmodel.calibrate import MAX_TSV_BYTES
 
     rows = _rows()
     src = _write(tmp_path / "big.tsv", rows * (2 * MAX_TSV_BYTES // len(REAL.read_bytes())))
@@ -119,7 +119,7 @@ def test_1e308_in_a_leaderboard_is_one_line(tmp_path, monkeypatch):
 
 
 def test_more_distinct_runs_than_a_calibration_fits_are_refused_before_the_fit(tmp_path):
-    from dse.calibrate import MAX_RUNS
+    from dse.perfmodel.calibrate import MAX_RUNS
 
     rows = _rows()
     many = [{**rows[i % len(rows)], "gbs": str(8 * (1 + i))} for i in range(MAX_RUNS + 1)]

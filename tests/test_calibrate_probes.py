@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.calibrate import errors, load_runs
+from dse.perfmodel.calibrate import errors, load_runs
 from dse.perfmodel.timing import DEFAULT_PARAMS
 from tests.helpers import dse, one_line_error
 
@@ -32,7 +32,7 @@ def _probe_dir(tmp_path: Path) -> Path:
 
 def test_the_shipped_probes_calibrate_as_docs_say():
     """docs/probe.md: dse calibrate bench/data/h100_dse_probe/l70b moves the peak-memory error from 4.5% to 3.0%."""
-    from dse.calibrate import calibrate
+    from dse.perfmodel.calibrate import calibrate
 
     cal, _ = calibrate([DSE_PROBE / "l70b"], loo=False)
     assert cal.runs == 4

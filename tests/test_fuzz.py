@@ -87,7 +87,7 @@ def _real_rows() -> list[dict]:
     repeat=st.integers(min_value=1, max_value=40),
 )
 def test_a_hostile_calibration_tsv_gives_runs_or_a_user_error(tmp_path_factory, row, column, value, repeat):
-    from dse.calibrate import load_runs
+    from dse.perfmodel.calibrate import load_runs
 
     rows = _real_rows()
     rows[row] = {**rows[row], column: value}

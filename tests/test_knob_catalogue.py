@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dse.calibrate import knob_values_from_row
 from dse.errors import UserError
 from dse.facts import knobs
+from dse.perfmodel.calibrate import knob_values_from_row
 from dse.perfmodel.layout import ModelLayout
 from dse.perfmodel.trials import make_trial
 from dse.recipes.contract import PAYLOADS

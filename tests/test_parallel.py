@@ -302,7 +302,7 @@ def test_ctrl_c_at_the_terminal_stops_a_parallel_local_study_and_prints_the_resu
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    # the progress bar and the model's one-line updates after each run (dse/refit.py) aside, one line: the interruption
+    # the progress bar and the model's one-line updates after each run (dse/perfmodel/refit.py) aside, one line: the interruption
     lines = [ln for ln in stderr.splitlines() if ln.strip() and "━" not in ln and not ln.startswith("model: ")]
     assert len(lines) == 1, stderr
     assert "3 trials saved" in lines[0] and "2 interrupted" in lines[0]

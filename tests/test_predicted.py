@@ -26,7 +26,7 @@ def test_each_trial_keeps_what_the_model_predicted_beside_what_ran(tmp_path):
     assert cols.index("predicted_step_time_s") == cols.index("mfu") + 1
     assert cols.index("predicted_peak_memory_gib") == cols.index("mfu") + 2
     # the first trial is predicted by the prior model; the later ones by the model refit on the runs before them
-    # (dse.refit; tests/test_refit.py), which learnt the replayed stack's speed
+    # (dse.perfmodel.refit; tests/test_refit.py), which learnt the replayed stack's speed
     first = next(r for r in got if r["trial"] == "0")
     f = predicted(space, first)
     assert float(first["predicted_step_time_s"]) == pytest.approx(f.step_time_s)

@@ -1,15 +1,15 @@
-"""How a study learns (dse.refit): the censored out-of-memory fit, the out-of-memory neighbour rule, the screen's
+"""How a study learns (dse.perfmodel.refit): the censored out-of-memory fit, the out-of-memory neighbour rule, the screen's
 margin from the model's measured error, the refit said and kept in the study's directory, and refit on resume."""
 
 from __future__ import annotations
 
 import pytest
 
-from dse.calibrate import Run, fit_runs
 from dse.facts.calibration_file import load_calibration
 from dse.forecast import Screen
 from dse.perfmodel import DEFAULT_PARAMS, predict
-from dse.refit import MARGIN_FLOOR, StudyModel, needs_more_memory
+from dse.perfmodel.calibrate import Run, fit_runs
+from dse.perfmodel.refit import MARGIN_FLOOR, StudyModel, needs_more_memory
 from dse.rules import constraints
 from dse.rules.space import load_space
 from dse.rules.trial import resolve
@@ -148,8 +148,8 @@ def test_a_warm_start_starts_from_the_old_studys_refit_and_says_so(tmp_path):
     import pandas as pd
 
     from dse.agents.base import load_agents
-    from dse.calibrate import calibrated_params
     from dse.cli.studies import with_calibration
+    from dse.perfmodel.calibrate import calibrated_params
     from tests.helpers import dse
 
     path = write_space(tmp_path, TWIN)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from dse.calibrate import calibrated_params
 from dse.cli import app
+from dse.perfmodel.calibrate import calibrated_params
 from dse.perfmodel.model import predict
 from dse.perfmodel.timing import DEFAULT_PARAMS
 from dse.perfmodel.twin import make_twin, valid_trials

@@ -127,7 +127,7 @@ def predict_cmd(
     _refuse_invalid(trial, from_recipe)
     params = None
     if calibration is not None:
-        from dse.calibrate import apply, load_calibration
+        from dse.perfmodel.calibrate import apply, load_calibration
 
         params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
@@ -494,9 +494,9 @@ def calibrate_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Refit the performance model to your own runs and write a calibration file for --calibration."""
-    from dse.calibrate import calibrate
     from dse.facts.calibration_file import write
     from dse.facts.hardware import HARDWARE
+    from dse.perfmodel.calibrate import calibrate
     from dse.study.leaderboard import checked_output, output_error
 
     if gpu is not None and gpu not in HARDWARE:

@@ -191,7 +191,7 @@ def with_twin(space, twin_seed: int | None):
 
 
 def with_learn(space, no_learn: bool):
-    """``space`` with ``[search] learn = false`` when ``--no-learn`` is given (dse.refit: no refit on its runs)."""
+    """``space`` with ``[search] learn = false`` when ``--no-learn`` is given (dse.perfmodel.refit: no refit on its runs)."""
     if not no_learn:
         return space
     return space.model_copy(update={"search": space.search.model_copy(update={"learn": False})})
@@ -231,7 +231,7 @@ def load_space_arg(space_file: Path, gpu: str | None):
 
 def warm_start_model(space, study_dir: Path | None):
     """``space`` starting from the model a finished study learnt (``--warm-start``): its refit, the
-    ``calibration.toml`` it keeps (dse.refit), as ``[backend] calibration``, when it was made on this space's GPU
+    ``calibration.toml`` it keeps (dse.perfmodel.refit), as ``[backend] calibration``, when it was made on this space's GPU
     and neither the space nor ``--calibration`` names one; and the words the warm start's line says of the model."""
     if study_dir is None:
         return space, ""

@@ -1,7 +1,7 @@
 """The calibration file of ``dse calibrate``: TOML (written with tomlkit), ``[params]`` name = value and
 ``[provenance]``.
 
-Kept apart from :mod:`dse.calibrate` (which needs the model) so that :mod:`dse.rules.space` can check a space's
+Kept apart from :mod:`dse.perfmodel.calibrate` (which needs the model) so that :mod:`dse.rules.space` can check a space's
 ``[backend] calibration`` when the space is read.
 """
 
@@ -23,7 +23,7 @@ MAX_MISS_GIB = 10_000.0  # far beyond any GPU's memory: a larger miss is a wrong
 
 @dataclass
 class Calibration:
-    """A calibration: the GPU it was made on, parameter values, provenance (see :mod:`dse.calibrate`)."""
+    """A calibration: the GPU it was made on, parameter values, provenance (see :mod:`dse.perfmodel.calibrate`)."""
 
     gpu: str
     params: dict[str, float]
@@ -32,7 +32,7 @@ class Calibration:
     date: str = ""
     fit: dict | None = None
     loo: dict | None = None
-    # a study's refit (dse.refit): the most a run's peak came above the model's forecast at its launch, GiB (an
+    # a study's refit (dse.perfmodel.refit): the most a run's peak came above the model's forecast at its launch, GiB (an
     # out-of-memory run: at least up to the GPU's memory); the guided agent of a study that starts from this file
     # holds it back from every point's headroom. None: not measured (dse calibrate's files)
     memory_miss_gib: float | None = None
@@ -166,7 +166,7 @@ def write(cal: Calibration, path: str | Path) -> Path:
 
 
 def loads(text: str, *, file: str = "<calibration>", names: Collection[str] | None = None) -> Calibration:
-    """Parse a calibration file; ``names`` given, a parameter outside them is refused (dse.calibrate passes
+    """Parse a calibration file; ``names`` given, a parameter outside them is refused (dse.perfmodel.calibrate passes
     the model's; dse.rules.space, below the model, checks the rest of the file when a space is read)."""
     doc = parse_toml(text, file=file)
     params = doc.get("params")

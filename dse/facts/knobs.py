@@ -55,7 +55,7 @@ AutoFn = Callable[[Mapping[str, Any], "Where | None"], Any]
 
 @dataclass(frozen=True)
 class Column:
-    """How a calibration TSV (bench/data/h200_real_runs.tsv's format, read by ``dse.calibrate``) gives a knob: a
+    """How a calibration TSV (bench/data/h200_real_runs.tsv's format, read by ``dse.perfmodel.calibrate``) gives a knob: a
     ``required`` column, or an optional one whose empty or absent cell is ``empty`` (None: the knob's default);
     ``moe``: read from MoE rows only (a dense row runs the knob's default). An int column is refused outside the
     knob's range; a bool column reads "True" / "False"."""
@@ -598,7 +598,7 @@ _S = "trainer.strategy."
 _M = "model.config."
 _OFFLOAD = ("cpu_offloading", "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights")
 _LAYOUT = dict(recipe_layout=True)
-_REQUIRED = Column(required=True)  # a calibration TSV's required column (dse.calibrate)
+_REQUIRED = Column(required=True)  # a calibration TSV's required column (dse.perfmodel.calibrate)
 _MOE_COLUMN = Column(
     moe=True
 )  # a calibration TSV's column read in MoE rows  # the recipe's default layout sets it (recipes.models.Recipe.default_values)

@@ -314,7 +314,7 @@ def uses_low_precision(gpu: GpuSpec, layout: ModelLayout) -> bool:
 # Machines built, by the identity of the GPU and the parameters and the layout fields Machine.of reads: a grid or a
 # study predicts thousands of points with a few machines. Keyed by id() rather than by value because hashing a Params
 # (some thirty floats) costs more than building a Machine; each entry holds its GpuSpec and Params (Machine.gpu,
-# .params), so no id is reused while its entry lives. Cleared when full: a fit (dse.calibrate) makes new Params at
+# .params), so no id is reused while its entry lives. Cleared when full: a fit (dse.perfmodel.calibrate) makes new Params at
 # every evaluation, and a plain dict cleared now and then is cheaper per call than functools.lru_cache's bookkeeping.
 _MACHINES: dict[tuple, Machine] = {}
 _MACHINES_MAX = 256

@@ -296,7 +296,7 @@ class Search(_Strict):
         DEFAULT_SCREEN_MARGIN, ge=0, le=10, allow_inf_nan=False, description="share of the GPU's memory"
     )
     options: dict[str, Any] = Field(default_factory=dict, description="the agent's own options, validated by it")
-    # whether the study refits its model on its measured runs (dse.refit; dse run --no-learn sets false): off, the
+    # whether the study refits its model on its measured runs (dse.perfmodel.refit; dse run --no-learn sets false): off, the
     # screen, the agents and the predicted columns use the model the study starts from for the whole study
     learn: bool = True
 

@@ -145,8 +145,8 @@ def memory_lines(
     memory error (its MAPE on the study's measured runs, else the screen's margin, which the model's error on
     known outcomes sets), the measured peak when there is one (``measured``: the study's figures are), and a
     warning when the headroom is inside the error: the layout may not fit on the real machine."""
-    from dse.calibrate import calibrated_params
     from dse.perfmodel import predict
+    from dse.perfmodel.calibrate import calibrated_params
 
     m = rec.metrics
     peak, capacity = m.get("predicted_peak_memory_gib"), m.get("predicted_memory_gib")

@@ -26,7 +26,6 @@ from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
 from dse.backends.base import is_infrastructure
 from dse.backends.scripts import check_path
-from dse.calibrate import calibrated_miss, calibrated_params
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
 from dse.execute import parse_context
@@ -36,7 +35,8 @@ from dse.forecast import PointForecast, Screen, StudyCost, model_forecaster, stu
 from dse.launch import build_plan
 from dse.logs.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
 from dse.perfmodel import predict
-from dse.refit import StudyModel
+from dse.perfmodel.calibrate import calibrated_miss, calibrated_params
+from dse.perfmodel.refit import StudyModel
 from dse.rules import constraints
 from dse.rules.counting import check_not_empty, count_valid
 from dse.rules.space import WALK_LIMIT, Space
@@ -97,7 +97,7 @@ def _as_metrics(p: PointForecast) -> dict[str, float]:
 
 
 def learns(space: Space, backend: Backend) -> bool:
-    """Whether a study's runs refit its model (dse.refit): measured runs do (a real backend, a replay) and so do the
+    """Whether a study's runs refit its model (dse.perfmodel.refit): measured runs do (a real backend, a replay) and so do the
     simulated backend's ``twin`` truth's, a stand-in for a machine that is not the model (so the loop is testable
     without GPUs); the simulated backend's ``exact`` truth is the model itself and teaches it nothing. None do
     when the space turns learning off (``[search] learn = false``, ``dse run --no-learn``)."""
@@ -226,7 +226,9 @@ class Request:
     storage: str | None = None
     rebuild: bool = False
     on_trial: Callable[[TrialRecord, int, int | None, float | None], None] | None = None
-    on_model: Callable[[str], None] | None = None  # each refit's one line (dse.refit), and what contradicted the screen
+    on_model: Callable[[str], None] | None = (
+        None  # each refit's one line (dse.perfmodel.refit), and what contradicted the screen
+    )
     seeds: Sequence[dict[str, Any]] = ()
     parallel: int = 1
     worker: bool = False
@@ -562,7 +564,7 @@ class StudyLoop:
         self.claims: Claims | None = None
         self.pool = Pool(req.parallel) if req.parallel > 1 or req.worker else None
         self.budget, self.total = _budget(space, req)
-        # the model the study predicts with (dse.refit: refit on its measured runs): its memory screen when on, the
+        # the model the study predicts with (dse.perfmodel.refit: refit on its measured runs): its memory screen when on, the
         # agents' forecasts and each launch's predicted figures
         self.learner = StudyModel(
             space,
@@ -600,7 +602,7 @@ class StudyLoop:
         )
 
     def _learn(self, number: int, knobs: dict[str, Any], status: str, metrics, *, refit: bool = True) -> None:
-        """A finished run shown to the study's model (dse.refit): refit, its line said, the fit kept in the study's
+        """A finished run shown to the study's model (dse.perfmodel.refit): refit, its line said, the fit kept in the study's
         directory (MODEL_FILE), the agent's forecasts renewed."""
         trial = resolve(self.space, knobs)
         line = self.learner.observe(number, trial, status, metrics, refit=refit)

@@ -7,7 +7,7 @@ figures as its reason) when a probed rank ran out of memory, or when the most me
 held plus what a probe cannot see (NCCL's buffers and the CUDA context: the model's figure,
 :meth:`dse.forecast.Screen.buffers_gib`) exceeds the GPU's memory. A probe that measured no peak (it failed for
 another reason) leaves the point to the model's memory screen. The out-of-memory neighbour rule of
-:mod:`dse.refit` still applies first, so a point it screens is not probed.
+:mod:`dse.perfmodel.refit` still applies first, so a point it screens is not probed.
 
 The probes of a study live in its directory, apart from its runs: ``probes/NNNNN/rankRRRRR/`` (NNNNN: the
 point's index in the space's grid, as ``dse probe`` numbers it) and ``probes/probes.csv`` (one line per probed

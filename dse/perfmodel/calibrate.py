@@ -100,7 +100,7 @@ STACK_TIME = (
 )
 MEMORY = ("memory_offset_gib", "memory_fragmentation")
 # memory parameters --params may name besides: the bytes per logit element (a study's refit fits the one its loss
-# uses where its runs depend on it: dse.refit)
+# uses where its runs depend on it: dse.perfmodel.refit)
 LOGITS_MEMORY = ("logits_bytes", "logits_bytes_native")
 TIME_SIGMA = 0.05  # log scatter assumed for a measured step time (repeat runs of one layout: a few %)
 MEM_SIGMA = 0.03
@@ -992,5 +992,5 @@ def calibrated_params(path: str | None) -> Params:
 @functools.lru_cache(maxsize=8)
 def calibrated_miss(path: str | None) -> float:
     """The model's measured memory miss (GiB) that a space's ``[backend] calibration`` carries (a study's refit keeps
-    it: dse.refit), 0 without a file or a figure."""
+    it: dse.perfmodel.refit), 0 without a file or a figure."""
     return 0.0 if path is None else load_calibration(path).memory_miss_gib or 0.0

@@ -4,10 +4,10 @@ measured error, and the out-of-memory neighbour rule.
 The model is a prior (the shipped parameters, or the space's ``[backend] calibration``). After each measured run
 (a real backend, a replay, or the simulated backend's ``twin`` truth, which stands in for a machine that is not the
 model; never the simulated backend's ``exact`` truth, whose runs are the model itself and teach it nothing) the
-study refits the step-time and memory parameters on its runs with :mod:`dse.calibrate`'s MAP fit (priors centred
+study refits the step-time and memory parameters on its runs with :mod:`dse.perfmodel.calibrate`'s MAP fit (priors centred
 on the prior's values), an out-of-memory run counting as a censored observation: its peak is above the GPU's memory
-(:func:`dse.calibrate.memory_loss`). The fit is kept small so that it costs milliseconds per run: at most
-:data:`MAX_TIME` time parameters (the first of :data:`dse.calibrate.STACK_TIME` the runs move) and as many memory
+(:func:`dse.perfmodel.calibrate.memory_loss`). The fit is kept small so that it costs milliseconds per run: at most
+:data:`MAX_TIME` time parameters (the first of :data:`dse.perfmodel.calibrate.STACK_TIME` the runs move) and as many memory
 parameters as runs with a peak or an out-of-memory end, of three the runs move (:meth:`StudyModel._memory_candidates`:
 the constant offset, the bytes per logit element of the runs' loss, the allocator's share of the activations), from
 the previous fit's values (``bench/refit.py`` measures it). The logits grow with the micro-batch whatever the
@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from dse.calibrate import (
+from dse.facts.calibration_file import Calibration
+from dse.perfmodel.calibrate import (
     CALIBRATION_PRIORS,
     LOGITS_MEMORY,
     MEMORY,
@@ -43,7 +44,6 @@ from dse.calibrate import (
     memory_loss,
     time_loss,
 )
-from dse.facts.calibration_file import Calibration
 from dse.perfmodel.fit import nelder_mead
 from dse.perfmodel.model import Prediction, Prepared, prepare
 from dse.perfmodel.timing import Params
@@ -222,7 +222,7 @@ class StudyModel:
 
     def _memory_candidates(self) -> list[str]:
         """The memory parameters a refit may move, in order: the constant offset, the bytes per logit element of
-        the runs' loss (:data:`dse.calibrate.LOGITS_MEMORY`: the one term that grows with the micro-batch in every
+        the runs' loss (:data:`dse.perfmodel.calibrate.LOGITS_MEMORY`: the one term that grows with the micro-batch in every
         recompute mode and that a stack's loss sets), then the allocator's share of the activations."""
         logits = {"te": "logits_bytes"}
         losses = {logits.get(self.prepared(r.trial).stack.cross_entropy, LOGITS_MEMORY[1]) for r in self.runs}
