@@ -7,8 +7,8 @@ A profile hook follows the space: each dse function the first time it is called 
 (``TrialConfig``) among its arguments (or as the ``space`` of the object it is a method of) is one step of the walk, in its module; the point's own
 methods (its derived values) are not. Consecutive
 steps in one module are one stay; a module is entered once per stay; a climb back up is a stay in a module of a
-higher layer than the stay before it (the layers of the import contract in ``pyproject.toml``, top to bottom; a
-module named in no layer takes its package's). The goal: at most 20 climbs, no module entered more than 5 times.
+higher layer than the stay before it (the rooms of the import contracts in ``pyproject.toml``, each in its own
+order, top to bottom; a module named in no layer takes its package's). The goal: at most 20 climbs, no module entered more than 5 times.
 """
 
 from __future__ import annotations
@@ -37,11 +37,33 @@ class FirstTrial(Exception):
     """Raised at the first launch when the walk stops there."""
 
 
+def _names(layer: str) -> list[str]:
+    return [m.strip() for m in layer.replace(":", "|").split("|")]
+
+
 def layers() -> list[list[str]]:
-    """The main layers contract of pyproject.toml, top to bottom, each a list of module names."""
+    """The rooms of pyproject.toml's main layers contract, top to bottom, each room that has its own order (a
+    package's contract, or the contract naming exactly a layer's modules) replaced by that order; a room's
+    independent siblings join its top layer. Each a list of module names."""
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    main = next(c for c in contracts if c["type"] == "layers" and "containers" not in c)
-    return [[m.strip() for m in layer.replace(":", "|").split("|")] for layer in main["layers"]]
+    ordered = [c for c in contracts if c["type"] == "layers"]
+    main = next(c for c in ordered if "containers" not in c)
+    inner = [c for c in ordered if c is not main]
+    table: list[list[str]] = []
+    for layer in main["layers"]:
+        names = _names(layer)
+        for c in inner:
+            room = c.get("containers", [None])[0]
+            sub = [[f"{room}.{m}" if room else m for m in _names(x)] for x in c["layers"]]
+            if room in names:
+                sub[0] += names  # the room's own module and its independent siblings
+                break
+            if sorted(sum(sub, [])) == sorted(names):
+                break
+        else:
+            sub = [names]
+        table.extend(sub)
+    return table
 
 
 def layer_of(module: str, table: list[list[str]]) -> int:

@@ -78,6 +78,20 @@ def test_every_module_sits_in_a_layer_of_the_import_contracts():
     assert missing == []
 
 
+def test_every_module_of_a_room_with_its_own_contract_sits_in_one_of_its_layers():
+    """A room whose contract orders its modules (``containers``) names every module it holds, so a module added to
+    the room must be placed in its order too."""
+    rooms = [c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers" and "containers" in c]
+    assert {r for c in rooms for r in c["containers"]} >= {"dse.cli", "dse.study", "dse.rules", "dse.facts"}
+    for contract in rooms:
+        named = {m.strip() for layer in contract["layers"] for m in layer.replace(":", "|").split("|")}
+        for room in contract["containers"]:
+            folder = ROOT / room.replace(".", "/")
+            held = {f.stem for f in folder.glob("*.py") if f.stem != "__init__"}
+            assert held - named == set(), f"{room}: modules in no layer of {contract['name']!r}"
+            assert named - held == set(), f"{room}: layers name modules it does not hold"
+
+
 def test_the_staged_payload_runs_without_the_controller(tmp_path):
     code = stage_code(tmp_path)
     # -S: no site-packages, so neither dse nor its dependencies can be imported; the staged copy must not need them
