@@ -45,7 +45,10 @@ def held_out_figures(test: list[Run], P) -> tuple[float, float, float]:
     return 100 * st, 100 * statistics.fmean(mm), float(rho)
 
 
-def real_runs(splits: int) -> None:
+def real_runs(splits: int) -> tuple[int, dict[int, tuple[list[float], list[float]]]]:
+    """Prints the table; returns the number of runs and k -> (calibrated, shipped) held-out figures: step MAPE %,
+    memory MAPE %, Spearman."""
+    figures = {}
     runs, _ = load_runs([ROOT / "bench" / "data" / "h200_real_runs.tsv"], gpu="h200")
     print(
         f"1. {len(runs)} real H200 runs: calibrate on k, predict the other {len(runs)} - k "
@@ -73,9 +76,13 @@ def real_runs(splits: int) -> None:
             f"   {k:>2} {c[0]:9.1f}% {s[0]:7.1f}% {c[1]:8.1f}% {s[1]:7.1f}% {c[2]:9.2f} {s[2]:8.2f}  "
             f"{max(chosen, key=chosen.get)}"
         )
+        figures[k] = (c, s)
+    return len(runs), figures
 
 
-def published() -> None:
+def published() -> dict:
+    """Prints the figures; returns them: the rows fitted and predicted, the B200/GB200 MAPE % shipped and
+    calibrated, and the moved parameters."""
     rows = load_rows()
 
     def as_run(r) -> Run:
@@ -97,8 +104,11 @@ def published() -> None:
         f"2. published table: calibrate on the {len(train)} H100 rows ({', '.join(t_names)}), predict the "
         f"{len(test)} B200/GB200 rows"
     )
-    print(f"   tokens/s/GPU MAPE on B200/GB200: shipped {mape(DEFAULT_PARAMS):.1f}% -> calibrated {mape(P):.1f}%")
-    print("   moved: " + ", ".join(f"{n} {getattr(DEFAULT_PARAMS, n):.4g} -> {getattr(P, n):.4g}" for n in t_names))
+    shipped, calibrated = mape(DEFAULT_PARAMS), mape(P)
+    moved = ", ".join(f"{n} {getattr(DEFAULT_PARAMS, n):.4g} -> {getattr(P, n):.4g}" for n in t_names)
+    print(f"   tokens/s/GPU MAPE on B200/GB200: shipped {shipped:.1f}% -> calibrated {calibrated:.1f}%")
+    print("   moved: " + moved)
+    return {"fitted": len(train), "predicted": len(test), "shipped": shipped, "calibrated": calibrated, "moved": moved}
 
 
 def local_study() -> None:

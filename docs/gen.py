@@ -7,7 +7,12 @@ typed by hand, so none can drift from what dse does.
     python docs/gen.py --out DIR       # write them under DIR instead (the test does this)
     python docs/gen.py --only reference   # the reference alone (fast); --only examples: the examples alone
 
-tests/test_docs_generated.py re-runs it into a temporary directory and fails when a committed page is stale.
+Besides whole pages it writes two other kinds of output: a *region* of a hand-written file (the lines between
+two marker lines, e.g. the quick-start space's comment on what its run does), and a *picture* (the report's
+screenshot, ``docs/report.png``, taken in headless Chromium and stamped with the commands that made the page and
+the page's digest, so a stale picture is caught without a browser; only a stale one is rendered again).
+
+tests/test_docs_generated.py re-runs it and fails when a committed page, region or picture is stale.
 """
 
 from __future__ import annotations
@@ -15,13 +20,18 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import dataclasses
+import hashlib
 import inspect
+import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -269,6 +279,117 @@ REFERENCE: dict[str, Callable[[], str]] = {
 }
 
 
+# ----------------------------------------------------------------------------------------------- regions, pictures
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """The generated lines of a hand-written file: those between a line starting with ``begin`` and the next line
+    starting with ``end`` (both kept). The rest of the file is its author's."""
+
+    text: str
+    begin: str
+    end: str
+
+    def splice(self, current: str, name: str) -> str:
+        lines = current.splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.startswith(self.begin)]
+        if len(starts) != 1:
+            raise SystemExit(f"{name}: expected one line starting with {self.begin!r}, found {len(starts)}")
+        i = starts[0]
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith(self.end)), None)
+        if j is None:
+            raise SystemExit(f"{name}: no line starting with {self.end!r} after {self.begin!r}")
+        return "".join(lines[: i + 1]) + self.text + "".join(lines[j:])
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+STAMP_KEY = "dse-source"
+
+
+def png_texts(png: bytes) -> dict[str, str]:
+    """The tEXt chunks of a PNG (keyword -> text); {} for bytes that are not a PNG."""
+    found: dict[str, str] = {}
+    if not png.startswith(PNG):
+        return found
+    i = len(PNG)
+    while i + 8 <= len(png):
+        size = int.from_bytes(png[i : i + 4], "big")
+        kind, data = png[i + 4 : i + 8], png[i + 8 : i + 8 + size]
+        if kind == b"tEXt" and b"\0" in data:
+            key, text = data.split(b"\0", 1)
+            found[key.decode("latin-1")] = text.decode("latin-1")
+        if kind == b"IEND":
+            break
+        i += 12 + size
+    return found
+
+
+def png_with_text(png: bytes, key: str, text: str) -> bytes:
+    """``png`` with a tEXt chunk ``key``: ``text`` after its header chunk (the pixels untouched)."""
+    if not png.startswith(PNG):
+        raise ValueError("not a PNG")
+    end_of_header = len(PNG) + 12 + int.from_bytes(png[len(PNG) : len(PNG) + 4], "big")
+    data = key.encode("latin-1") + b"\0" + text.encode("latin-1")
+    chunk = len(data).to_bytes(4, "big") + b"tEXt" + data + zlib.crc32(b"tEXt" + data).to_bytes(4, "big")
+    return png[:end_of_header] + chunk + png[end_of_header:]
+
+
+# Plotly gives each plot's <div> a random id: the one part of a report that differs between two renderings
+_PLOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# headless Chromium at the width the report is laid out for (1,400 px): the top of the page
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--no-first-run",
+    "--use-angle=swiftshader",
+    "--enable-unsafe-swiftshader",
+    "--window-size=1400,2200",
+    "--virtual-time-budget=20000",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Picture:
+    """A screenshot of an HTML page, stamped with ``commands`` (what made the page) and the page's SHA-256 (its
+    Plotly ids aside). The committed PNG is current when its stamp is this one: the check needs no browser, and
+    a pixel-for-pixel comparison, which another Chromium or font would fail, is not made."""
+
+    html: str
+    commands: tuple[str, ...]
+
+    @property
+    def stamp(self) -> str:
+        digest = hashlib.sha256(_PLOT_ID.sub("-", self.html).encode()).hexdigest()
+        return "; ".join(self.commands) + f"; page sha256 {digest}"
+
+    def current(self, path: Path) -> bool:
+        return path.is_file() and png_texts(path.read_bytes()).get(STAMP_KEY) == self.stamp
+
+    def render(self, path: Path) -> None:
+        """Take the screenshot in headless Chromium (Debian's ``chromium``) and write it, stamped, to ``path``."""
+        exe = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not exe:
+            raise SystemExit(
+                f"{path.name} is stale and only headless Chromium renders it: install it (Debian: "
+                "apt-get install chromium), then run python docs/gen.py again"
+            )
+        with tempfile.TemporaryDirectory(prefix="dse-shot-") as d:
+            page, shot = Path(d) / "report.html", Path(d) / "shot.png"
+            page.write_text(self.html, encoding="utf-8")
+            cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={Path(d) / 'profile'}", f"--screenshot={shot}"]
+            r = subprocess.run([*cmd, page.as_uri()], capture_output=True, text=True, timeout=300)
+            if not shot.is_file():
+                raise SystemExit(f"chromium wrote no screenshot (exit {r.returncode}): {r.stderr[-2000:]}")
+            path.write_bytes(png_with_text(shot.read_bytes(), STAMP_KEY, self.stamp))
+
+
+Generated = str | Region | Picture
+
+
 # ----------------------------------------------------------------------------------------------- examples
 
 REPO = DOCS.parent
@@ -289,22 +410,80 @@ def _scratch() -> Iterator[Path]:
             os.chdir(old)
 
 
-def _dse(cmd: str) -> str:
-    """``cmd`` (a ``dse ...`` line) run in-process, shown as typed and followed by what it printed on stdout."""
+def _dse(cmd: str, *, stderr: bool = False) -> str:
+    """``cmd`` (a ``dse ...`` line) run in-process, shown as typed and followed by what it printed on stdout (and
+    stderr, where it says what it does before the study, when asked)."""
     args = cmd.split()[1:]
     r = CliRunner().invoke(app, args, terminal_width=200)
     if r.exit_code != 0:
         raise RuntimeError(f"{cmd} exited {r.exit_code}: {r.output}")
-    out = "\n".join(line.rstrip() for line in r.stdout.splitlines()).strip("\n")
+    out = "\n".join(line.rstrip() for line in (r.output if stderr else r.stdout).splitlines()).strip("\n")
     return f"$ {cmd}\n{out}\n"
 
 
-def example_quickstart() -> dict[str, str]:
-    """The quick start's study on the simulated backend: its summary and the README of its ``best/``."""
+QUICKSTART = "dse run --space conf/spaces/llama3_405b_space.toml"
+QUICKSTART_DIR = "runs/llama3_405b_h100_1024"
+# the report of the quick-start study, the picture of the README and results.md (both show this command)
+REPORT = f"dse report {QUICKSTART_DIR}"
+QUICKSTART_SPACE = "../conf/spaces/llama3_405b_space.toml"
+# the lines of the quick-start space's comment that say what its run does
+QUICKSTART_REGION = ("# What the quick start prints on this space", "# (end of the lines docs/gen.py writes)")
+
+
+def _layout(row: dict, knob_names: list[str]) -> str:
+    return " ".join(f"{k} {row[k]}" for k in knob_names)
+
+
+def _quickstart_comment(run: str, study: Path) -> str:
+    """The quick-start space's comment on its run: the summary lines it prints, its best and its OOM runs (each
+    with its layout and the peak the model predicted at its launch) from its leaderboard.csv."""
+    import pandas as pd
+
+    from dse.rules.space import load_space
+
+    space = load_space(REPO / "conf" / "spaces" / "llama3_405b_space.toml")
+    names = list(space.knobs)
+    gib = hardware.HARDWARE[space.system.gpu].memory_gib
+    printed = [
+        line
+        for line in run.splitlines()
+        if re.match(r"(predicted cost|statuses|launched runs|baseline|stopped):", line)
+    ]
+    rows = pd.read_csv(study / "leaderboard.csv").to_dict("records")
+    best = max((r for r in rows if r["status"] == "ok"), key=lambda r: r["reward"])
+    out = [x for line in printed for x in textwrap.wrap(line, 116, initial_indent="#   ", subsequent_indent="#     ")]
+    said = [
+        f"Its best: trial {best['trial']} ({_layout(best, names)}) at {best['tflops_per_gpu']:.1f} TFLOP/s/GPU "
+        "(predicted)."
+    ]
+    for r in rows:
+        if r["status"] == "oom":
+            peak = r["predicted_peak_memory_gib"]
+            where = "inside the screen's margin" if peak > gib else "predicted to fit"
+            said.append(
+                f"Out of memory: trial {r['trial']} ({_layout(r, names)}), its peak predicted at {peak:.1f} of "
+                f"{gib:g} GiB, {where}."
+            )
+    out += textwrap.wrap(" ".join(said), 116, initial_indent="# ", subsequent_indent="# ")
+    return "\n".join(out) + "\n"
+
+
+def example_quickstart() -> dict[str, Generated]:
+    """The quick start's study on the simulated backend: its summary, the README of its ``best/``, the report's
+    picture and the space's comment on what the run does."""
     with _scratch() as d:
-        run = _dse("dse run --space conf/spaces/llama3_405b_space.toml")
-        best = (d / "runs" / "llama3_405b_h100_1024" / "best" / "README").read_text()
-    return {"examples/quickstart.txt": run, "examples/quickstart-best-readme.txt": best}
+        run = _dse(QUICKSTART)
+        study = d / QUICKSTART_DIR
+        best = (study / "best" / "README").read_text()
+        _dse(REPORT)
+        picture = Picture((study / "report.html").read_text(encoding="utf-8"), (QUICKSTART, REPORT))
+        comment = Region(_quickstart_comment(run, study), *QUICKSTART_REGION)
+    return {
+        "examples/quickstart.txt": run,
+        "examples/quickstart-best-readme.txt": best,
+        "report.png": picture,
+        QUICKSTART_SPACE: comment,
+    }
 
 
 TWO_NODE = ("llama3_70b_2node_space", "llama3_405b_2node_space", "nemotron4_340b_2node_space")
@@ -391,22 +570,81 @@ def example_parse() -> dict[str, str]:
     return {"examples/parse.txt": ok + "\n" + oom}
 
 
-EXAMPLES: dict[str, Callable[[], dict[str, str]]] = {
+def _bench(name: str):
+    """A script of bench/ as a module (its figures are functions that print and return them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def example_calibration() -> dict[str, str]:
+    """``dse calibrate`` on the six-trial local H200 study, and ``python bench/calibration.py``'s figures as the
+    table of docs/calibration.md (its default 50 random splits per k, seed 0)."""
+    with _scratch():
+        out = _dse("dse calibrate bench/data/h200_local_study --out calibration.toml")
+    bench = _bench("calibration")
+    with contextlib.redirect_stdout(io.StringIO()):  # the figures are taken from what the functions return
+        n, real = bench.real_runs(50)
+        pub = bench.published()
+
+    def figures(f: list[float]) -> str:
+        return f"{f[0]:.1f}% / {f[1]:.1f}% / {f[2]:.2f}"
+
+    rows = [
+        "| measurement | shipped model | calibrated |",
+        "| --- | --- | --- |",
+        f"| {n} real H200 runs, calibrate on k = 3, predict the other {n - 3}: step-time MAPE / peak memory MAPE / "
+        f"Spearman | {figures(real[3][1])} | {figures(real[3][0])} |",
+        f"| the same with k = 5 (predict {n - 5}) | {figures(real[5][1])} | {figures(real[5][0])} |",
+        f"| published table: calibrate on its {pub['fitted']} H100 rows, predict its {pub['predicted']} B200 / GB200 "
+        f"rows (tokens/s/GPU MAPE) | {pub['shipped']:.1f}% | {pub['calibrated']:.1f}% |",
+        "",
+        f"The published rows' fit moves {pub['moved']}.",
+    ]
+    return {"examples/calibrate.txt": out, "examples/calibration-bench.txt": "\n".join(rows) + "\n"}
+
+
+REPRODUCER = "dse run --space conf/spaces/llama3_70b_2node_space.toml --agent grid --twin-seed 3 --out runs/repro_twin3"
+WARM_START = (
+    "dse run --space conf/spaces/llama3_70b_space.toml --agent guided --warm-start runs/repro_twin3 --twin-seed 3 "
+    "--out runs/full_warm3"
+)
+
+
+def example_warm_start() -> dict[str, str]:
+    """The reproducer's grid on a twin, then the full-scale study warm-started from it: the two commands and the
+    line the warm start prints (docs/reproducers.md)."""
+    with _scratch():
+        _dse(REPRODUCER)
+        out = _dse(WARM_START, stderr=True)
+    line = next(x for x in out.splitlines() if x.startswith("warm start:"))
+    return {"examples/warm-start.txt": f"$ {REPRODUCER}\n$ {WARM_START}\n...\n{line}\n...\n"}
+
+
+EXAMPLES: dict[str, Callable[[], dict[str, Generated]]] = {
     "parse": example_parse,
     "cloudai": example_cloudai,
     "quickstart": example_quickstart,
     "two_node": example_two_node,
     "predict": example_predict,
     "systems": example_systems,
+    "calibration": example_calibration,
+    "warm_start": example_warm_start,
 }
 
 
 # ----------------------------------------------------------------------------------------------- main
 
 
-def generate(only: str | None = None) -> dict[str, str]:
-    """Every generated page: path under docs/ -> its text (``only``: "reference" or "examples")."""
-    pages: dict[str, str] = {}
+def generate(only: str | None = None) -> dict[str, Generated]:
+    """Every generated output: path under docs/ -> its text, region or picture (``only``: "reference" or
+    "examples")."""
+    pages: dict[str, Generated] = {}
     if only in (None, "reference"):
         pages.update({path: page() for path, page in REFERENCE.items()})
     if only in (None, "examples"):
@@ -415,9 +653,26 @@ def generate(only: str | None = None) -> dict[str, str]:
     return pages
 
 
-def stale(pages: dict[str, str], root: Path = DOCS) -> list[str]:
-    """The pages whose committed text under ``root`` differs from ``pages`` (or is missing)."""
-    return [p for p, text in pages.items() if not (root / p).is_file() or (root / p).read_text() != text]
+def shown(path: str) -> str:
+    """A generated output's path as the repository names it (``docs/...``, ``conf/...``)."""
+    return os.path.normpath(f"docs/{path}")
+
+
+def _current(target: Path, made: Generated, name: str) -> bool:
+    if isinstance(made, Picture):
+        return made.current(target)
+    if not target.is_file():
+        return False
+    text = target.read_text()
+    if isinstance(made, Region):
+        return made.splice(text, shown(name)) == text
+    return text == made
+
+
+def stale(pages: dict[str, Generated], root: Path = DOCS) -> list[str]:
+    """The outputs whose committed text under ``root`` differs from ``pages`` (or is missing); a picture whose
+    stamp differs."""
+    return [p for p, made in pages.items() if not _current(root / p, made, p)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,12 +685,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.check:
         bad = stale(pages)
         for p in bad:
-            print(f"stale: docs/{p} (run: python docs/gen.py)", file=sys.stderr)
+            print(f"stale: {shown(p)} (run: python docs/gen.py)", file=sys.stderr)
         return 1 if bad else 0
-    for path, text in pages.items():
-        (a.out / path).parent.mkdir(parents=True, exist_ok=True)
-        (a.out / path).write_text(text)
-    print(f"wrote {len(pages)} pages under {a.out}")
+    written = 0
+    for path, made in pages.items():
+        target = a.out / path
+        if not isinstance(made, str) and a.out.resolve() != DOCS:
+            print(f"left out: {shown(path)} (a region or picture is written in the repository only)")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(made, Picture):
+            if not made.current(target):  # rendered again only when what it shows changed
+                made.render(target)
+        elif isinstance(made, Region):
+            target.write_text(made.splice(target.read_text(), shown(path)))
+        else:
+            target.write_text(made)
+        written += 1
+    print(f"wrote {written} pages under {a.out}")
     return 0
 
 
