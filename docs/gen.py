@@ -37,7 +37,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from dse.backends.base import INFRASTRUCTURE
+from dse.backends.base import InfrastructureFailure
 from dse.cli import app
 from dse.facts import hardware, knobs
 from dse.logs import parse
@@ -243,7 +243,7 @@ def statuses_page() -> str:
         "A failed run is never `ok`, even when it printed steps first: its metrics are kept as partial and are never "
         "its reward.",
         "",
-        f"A `failed` trial whose reason begins with `{INFRASTRUCTURE.strip()}` failed for infrastructure, not for its "
+        f"A `failed` trial whose reason begins with `{InfrastructureFailure.PREFIX.strip()}` failed for infrastructure, not for its "
         "layout: the machinery around it did not let it run (the scheduler refused the submission, e.g. sbatch's "
         "`Invalid account or account/partition combination specified` or `Invalid qos specification`; a job Slurm "
         "kept pending past `slurm.max_pending`; a launcher that cannot start). The agent is not shown it, the report's failures table classes it as "

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
+from dse.backends.base import Backend, InfrastructureFailure, RunResult, StopCheck
 from dse.errors import Cancelled, InfrastructureError, UserError, infrastructure
 from dse.launch import build_plan
 from dse.logs.parse import ParseContext, RunMetrics, parse_log
@@ -187,8 +187,9 @@ def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: 
         raise infra from None
     if isinstance(e, InfrastructureError) or not isinstance(e, backend.run_errors):
         raise e
-    # an infrastructure failure (the reason says so): --resume runs the trial again (dse.study.loop)
-    return RunMetrics("failed", f"{INFRASTRUCTURE}backend {backend.name} raised {type(e).__name__}: {e}", wall_s=wall_s)
+    # an infrastructure failure: --resume runs the trial again (dse.study.loop)
+    failure = InfrastructureFailure(f"backend {backend.name} raised {type(e).__name__}: {e}")
+    return RunMetrics("failed", str(failure), wall_s=wall_s)
 
 
 def _metrics(
@@ -204,7 +205,7 @@ def _metrics(
     """The trial's metrics from what its run left: the backend's reason when nothing ran, the monitor's when it
     stopped the run, otherwise the log parsed (this run's own, inside its run directory)."""
     if result.reason is not None:  # nothing ran (sbatch refused it): the backend's words are the reason
-        return RunMetrics("failed", result.reason, wall_s=wall)
+        return RunMetrics("failed", str(result.reason), wall_s=wall)
     log = Path(result.log_path)
     if not log.resolve().is_relative_to(run_dir.resolve()):
         return RunMetrics(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.backends.base import INFRASTRUCTURE, LaunchFailures, is_infrastructure
+from dse.backends.base import InfrastructureFailure, LaunchFailures
 from dse.study.loop import _rerun, open_store
 from dse.study.store import TrialRecord
 from tests.helpers import dse, write_space
@@ -68,7 +68,7 @@ def test_without_torchrun_the_study_stops_after_three_and_resume_reruns_them(tmp
     assert error.startswith("error:") and "3 trials in a row could not be launched" in error and "torchrun" in error
     rows = _rows(out)
     assert [r.number for r in rows] == [0, 1, 2]
-    assert all(is_infrastructure(r.status, r.reason) and "FileNotFoundError" in (r.reason or "") for r in rows)
+    assert all(InfrastructureFailure.of(r.status, r.reason) and "FileNotFoundError" in (r.reason or "") for r in rows)
 
     (bin_dir / "torchrun").write_text(FAKE_TORCHRUN)
     (bin_dir / "torchrun").chmod(0o755)
@@ -84,7 +84,7 @@ def test_resume_reruns_infrastructure_failures_not_layout_failures():
     def rec(status: str, reason: str | None) -> TrialRecord:
         return TrialRecord(0, {"tp": 1}, status, -1.0, reason)
 
-    assert _rerun(rec("failed", INFRASTRUCTURE + "backend local raised FileNotFoundError: torchrun"))
+    assert _rerun(rec("failed", str(InfrastructureFailure("backend local raised FileNotFoundError: torchrun"))))
     assert _rerun(rec("failed", "interrupted"))
     assert not _rerun(rec("oom", "torch.OutOfMemoryError: CUDA out of memory"))
     assert not _rerun(rec("failed", "exit code 1"))
@@ -100,3 +100,15 @@ def test_launch_failures_count_only_identical_ones_in_a_row():
     for _ in range(3):
         f.failed("b")
     assert f.repeated() == ("b", 3)
+
+
+def test_an_infrastructure_failure_is_stored_as_its_reason_text_and_read_back():
+    """A backend hands the type back; the store keeps its text (the prefix, then the message), and a recorded row
+    is read back as the failure, or as none: another failure, another status, no reason, pandas' NaN."""
+    failure = InfrastructureFailure("sbatch refused the job: Invalid qos specification")
+    assert str(failure) == "infrastructure: sbatch refused the job: Invalid qos specification"
+    assert InfrastructureFailure.of("failed", str(failure)) == failure
+    assert InfrastructureFailure.of("failed", "NaN in loss") is None
+    assert InfrastructureFailure.of("oom", str(failure)) is None  # only a failed trial failed for infrastructure
+    assert InfrastructureFailure.of("failed", None) is None
+    assert InfrastructureFailure.of("failed", float("nan")) is None

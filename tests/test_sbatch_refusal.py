@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dse.backends.base import is_infrastructure
+from dse.backends.base import InfrastructureFailure
 from dse.backends.slurm import SUBMIT_FAILED, SlurmBackend, sbatch_message
 from dse.errors import UserError
 from dse.execute import run_trial
@@ -86,7 +86,7 @@ def test_refused_trial_has_sbatchs_message_as_its_reason(tmp_path, fake_sbatch):
     m = run_trial(_trial(), tmp_path / "t", SlurmBackend(poll_s=0.01), BackendSettings(kind="slurm", payload="sim"))
     assert m.status == "failed"
     assert m.reason == "infrastructure: sbatch refused the job: Invalid generic resource (gres) specification"
-    assert is_infrastructure(m.status, m.reason)
+    assert InfrastructureFailure.of(m.status, m.reason) is not None
     out = (tmp_path / "t" / "sbatch.out").read_text()
     assert out.startswith("sbatch: error: Batch job") and "sbatch: sbatch:" not in out  # as printed, once
 
@@ -143,7 +143,7 @@ def test_cli_prints_the_refusal_on_one_line_and_exits_2(tmp_path, fake_sbatch):
 def test_an_account_or_qos_refusal_is_an_infrastructure_failure(tmp_path, fake_sbatch, name):
     fake_sbatch(name)
     m = run_trial(_trial(), tmp_path / "t", SlurmBackend(poll_s=0.01), BackendSettings(kind="slurm", payload="sim"))
-    assert is_infrastructure(m.status, m.reason)
+    assert InfrastructureFailure.of(m.status, m.reason) is not None
     assert m.reason.startswith("infrastructure: sbatch refused the job: Invalid ")
 
 

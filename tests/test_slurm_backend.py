@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dse.backends.base import InfrastructureFailure
 from dse.backends.slurm import SlurmBackend, query_state, status_for
 from dse.launch import build_plan
 from dse.recipes.sim.logwriter import SimRun
@@ -204,8 +205,9 @@ def test_submission_failure_is_data_not_an_exception(tmp_path):
     assert r.scheduler_state == "SUBMIT_FAILED" and r.exit_code is None and r.job_id is None
     assert "partition" in r.log_path.read_text().lower()
     assert "sbatch: sbatch:" not in r.log_path.read_text()  # sbatch's output as it printed it
-    assert r.reason.startswith("infrastructure: sbatch refused the job: ") and "partition" in r.reason.lower()
-    assert "sbatch:" not in r.reason and "error:" not in r.reason
+    assert isinstance(r.reason, InfrastructureFailure)  # nothing of the layout ran
+    assert r.reason.message.startswith("sbatch refused the job: ") and "partition" in r.reason.message.lower()
+    assert "sbatch:" not in r.reason.message and "error:" not in r.reason.message
 
 
 def test_hostile_environment_values_stay_inert_under_sbatch(tmp_path, time_limit_job):

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from dse.backends.base import is_infrastructure
+from dse.backends.base import InfrastructureFailure
 from dse.backends.slurm import SlurmBackend, _check_settings, slurm_seconds
 from dse.errors import UserError
 from dse.execute import run_trial
@@ -61,7 +61,9 @@ def test_a_job_pending_past_the_limit_is_cancelled_and_failed_with_slurms_reason
     )
     assert m.status == "failed"
     assert m.reason == f"infrastructure: pending longer than slurm.max_pending 00:01 ({REASON}); job 4242 cancelled"
-    assert is_infrastructure(m.status, m.reason)  # the layout never ran: agents skip it, --resume runs it again
+    assert (
+        InfrastructureFailure.of(m.status, m.reason) is not None
+    )  # the layout never ran: agents skip it, --resume runs it again
     assert (pending_cluster / "cancelled").read_text().split() == ["4242"]
     assert capsys.readouterr().err.splitlines() == [f"job 4242 pending: {REASON}"]  # once, not per poll
 
@@ -102,4 +104,6 @@ def test_the_early_stop_path_honours_the_pending_limit_too(tmp_path, pending_clu
     be = SlurmBackend(poll_s=0.05)
     r = be.run(build_plan(_trial(max_pending="00:01"), payload="nemo2"), tmp_path / "t", stop=_NeverStop())
     assert r.scheduler_state == "PENDING" and not r.stopped
-    assert r.reason == f"infrastructure: pending longer than slurm.max_pending 00:01 ({REASON}); job 4242 cancelled"
+    assert r.reason == InfrastructureFailure(
+        f"pending longer than slurm.max_pending 00:01 ({REASON}); job 4242 cancelled"
+    )

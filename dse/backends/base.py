@@ -6,7 +6,7 @@ import abc
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from dse.launch import LaunchPlan
 
@@ -27,14 +27,39 @@ class StopCheck(Protocol):
 
 
 @dataclass(frozen=True)
+class InfrastructureFailure:
+    """The machinery around a trial failed (a launcher that cannot start, a command not found, sbatch refusing the
+    job, Slurm keeping it pending past its limit), not its layout: the trial is ``failed``, agents do not learn
+    from it and ``--resume`` runs it again (dse.study.loop). A backend returns it as its :attr:`RunResult.reason`;
+    the store keeps it as reason text, :attr:`PREFIX` then the message (``str(failure)``), which :meth:`of`
+    reads back."""
+
+    message: str
+
+    PREFIX: ClassVar[str] = "infrastructure: "
+
+    def __str__(self) -> str:
+        return self.PREFIX + self.message
+
+    @classmethod
+    def of(cls, status: str, reason: object) -> InfrastructureFailure | None:
+        """The infrastructure failure a recorded trial (its status and reason text) is, or None when it is not one
+        (any other outcome; a reason that is no text, as pandas' NaN for none)."""
+        if status == "failed" and isinstance(reason, str) and reason.startswith(cls.PREFIX):
+            return cls(reason[len(cls.PREFIX) :])
+        return None
+
+
+@dataclass(frozen=True)
 class RunResult:
     """What a backend hands back: where the run lives and how it ended (as the scheduler saw it).
 
     ``wall_s`` (see below) feeds the trial's GPU-hours. ``exit_code`` is None when the process never reported one (killed, lost). ``scheduler_state`` is the
     scheduler's word for the end (Slurm's ``COMPLETED``, ``TIMEOUT``, ``OUT_OF_MEMORY``, ``CANCELLED``...),
     None for backends without a scheduler. The parser turns these plus the log into a status. ``reason`` is
-    set only when the backend knows why nothing ran (sbatch refused the script): the trial fails with it as
-    its reason, in the scheduler's own words, and no log is parsed.
+    set only when the backend knows why nothing ran: an :class:`InfrastructureFailure` (sbatch refused the
+    script, in the scheduler's own words), or a text (a point the backend cannot run): the trial fails with it
+    as its reason, and no log is parsed.
     """
 
     run_dir: Path
@@ -47,17 +72,7 @@ class RunResult:
     wall_s: float | None = None
     # True when the backend stopped the run because its StopCheck said so (not when it ended by itself)
     stopped: bool = False
-    reason: str | None = None
-
-
-#: How a trial's reason begins when the machinery around the trial failed (a launcher that cannot start, a
-#: command not found), not its layout: ``--resume`` runs such trials again (dse.study.loop), as interrupted ones.
-INFRASTRUCTURE = "infrastructure: "
-
-
-def is_infrastructure(status: str, reason: str | None) -> bool:
-    """Whether a trial failed for infrastructure (see :data:`INFRASTRUCTURE`), not for its layout."""
-    return status == "failed" and (reason or "").startswith(INFRASTRUCTURE)
+    reason: InfrastructureFailure | str | None = None
 
 
 #: The same launch failure this many times in a row ends the study: nothing launched will start (a missing

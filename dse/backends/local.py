@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from dse.backends.base import INFRASTRUCTURE, Backend, LaunchFailures, RunResult, StopCheck
+from dse.backends.base import Backend, InfrastructureFailure, LaunchFailures, RunResult, StopCheck
 from dse.backends.scripts import (
     CODE_DIR,
     LOG_NAME,
@@ -149,7 +149,7 @@ class LocalBackend(Backend):
         if result.exit_code == _NOT_FOUND and not result.stopped:
             message = _not_found(result.log_path, run_dir)
             self._failures.failed(message)
-            return replace(result, reason=INFRASTRUCTURE + message)
+            return replace(result, reason=InfrastructureFailure(message))
         self._failures.launched()
         return result
 

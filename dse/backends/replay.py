@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dse.backends.base import INFRASTRUCTURE, Backend, RunResult, StopCheck
+from dse.backends.base import Backend, InfrastructureFailure, RunResult, StopCheck
 from dse.backends.scripts import LOG_NAME
 from dse.errors import UserError
 from dse.facts import knobs
@@ -269,8 +269,8 @@ class ReplayBackend(Backend):
         o = self.table.outcome(plan.trial)
         if o is None:  # asked directly (not through the environment, which refuses it before launch)
             return RunResult(run_dir, run_dir / LOG_NAME, None, reason=f"replay: {self.table.refusal(plan.trial)}")
-        if o.status == "failed" and o.reason.startswith(INFRASTRUCTURE):  # nothing ran then: its words as they were
-            return RunResult(run_dir, run_dir / LOG_NAME, None, reason=o.reason, wall_s=self._wall(o, plan, 0))
+        if (failure := InfrastructureFailure.of(o.status, o.reason)) is not None:  # nothing ran: its words as they were
+            return RunResult(run_dir, run_dir / LOG_NAME, None, reason=failure, wall_s=self._wall(o, plan, 0))
         lay = plan.trial.layout
         n = o.steps if o.steps is not None else (int(lay.max_steps) if o.status == "ok" else 0)
         log = run_dir / LOG_NAME

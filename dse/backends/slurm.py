@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dse.backends.base import INFRASTRUCTURE, Backend, LaunchFailures, RunResult, StopCheck
+from dse.backends.base import Backend, InfrastructureFailure, LaunchFailures, RunResult, StopCheck
 from dse.backends.scripts import (
     DIR_VAR,
     LOG_NAME,
@@ -432,7 +432,7 @@ class SlurmBackend(Backend):
                 scheduler_state=SUBMIT_FAILED,
                 # the cluster refused the submission (partition, account, QOS, GRES, limits): nothing of the
                 # layout ran, so an infrastructure failure, which agents do not learn from and --resume runs again
-                reason=f"{INFRASTRUCTURE}sbatch refused the job: {message}",
+                reason=InfrastructureFailure(f"sbatch refused the job: {message}"),
             )
         self._refusals.launched()
         (run_dir / "job_id").write_text(job_id + "\n")
@@ -463,8 +463,10 @@ class SlurmBackend(Backend):
                 job_id=job_id,
                 # the cluster did not start it (a drained node, a reservation, the queue): nothing of the layout
                 # ran, so an infrastructure failure, as a refused submission is; --resume runs it again
-                reason=f"{INFRASTRUCTURE}pending longer than slurm.max_pending {limit} "
-                f"({end.reason or 'Slurm gave no reason'}); job {job_id} cancelled",
+                reason=InfrastructureFailure(
+                    f"pending longer than slurm.max_pending {limit} "
+                    f"({end.reason or 'Slurm gave no reason'}); job {job_id} cancelled"
+                ),
             )
         return RunResult(
             run_dir=run_dir,

@@ -40,7 +40,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from dse.backends.base import is_infrastructure
+from dse.backends.base import InfrastructureFailure
 from dse.errors import UserError
 from dse.fsutil import write_text
 from dse.rules.space import Objective, Space, load_space
@@ -468,7 +468,7 @@ def table(
     return Markup(page("table.html.j2", columns=columns, rows=rows, wraps=wraps, texts=texts, css=css))  # escaped there
 
 
-#: the failures table's class for a trial that failed for infrastructure (dse.backends.base.is_infrastructure)
+#: the failures table's class for a trial that failed for infrastructure (dse.backends.base.InfrastructureFailure)
 INFRASTRUCTURE_CLASS = "failed (infrastructure)"
 
 
@@ -485,7 +485,7 @@ class Failures:
     def add(self, number: int, status: str, reason: str | None) -> None:
         if status in ("ok", "pruned"):  # pruned trials ran and lost: no failures
             return
-        if is_infrastructure(status, reason if isinstance(reason, str) else None):  # pandas gives NaN for none
+        if InfrastructureFailure.of(status, reason) is not None:  # pandas gives NaN for none: not one
             # the machinery around the trial failed (sbatch refused the job, a launcher that cannot start), not
             # its layout: a class of its own, so a refused submission is not read as the layout's failure
             status = INFRASTRUCTURE_CLASS

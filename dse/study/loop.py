@@ -24,7 +24,7 @@ from gymnasium import spaces
 from dse import registry as reg
 from dse.agents.base import agent_class, agent_options, load_agents, make_agent
 from dse.backends import Backend, load_backends
-from dse.backends.base import is_infrastructure
+from dse.backends.base import InfrastructureFailure
 from dse.backends.scripts import check_path
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
@@ -522,7 +522,7 @@ def _point(knobs: dict[str, Any]) -> tuple:
 def _rerun(r: TrialRecord) -> bool:
     """Whether a resume runs this stored trial again: interrupted, or failed for infrastructure (a launch that
     could not start; not the layout's failure)."""
-    return r.interrupted or is_infrastructure(r.status, r.reason)
+    return r.interrupted or InfrastructureFailure.of(r.status, r.reason) is not None
 
 
 def _reruns(store: Store, interrupted: list[TrialRecord]) -> list[TrialRecord]:
@@ -850,7 +850,7 @@ class StudyLoop:
         if self.claims is not None:
             self.claims.done(info["knobs"])
             self.known.add(number)
-        if is_infrastructure(info["status"], info.get("reason")):
+        if InfrastructureFailure.of(info["status"], info.get("reason")) is not None:
             # an infrastructure failure (sbatch refused the job, a launcher that cannot start) says nothing of
             # the layout: the agent is not shown it, as a resume does not replay it (_history); it closes what it
             # opened for the point (Agent.abandon)
@@ -905,7 +905,9 @@ class StudyLoop:
                 continue
             self.known.add(r.number)
             self.best = better(self.best, r.metrics, self.space.objective, ok=r.ok)  # pruning: every worker's best
-            if not is_infrastructure(r.status, r.reason):  # another worker's launch that failed: nothing to learn
+            if (
+                InfrastructureFailure.of(r.status, r.reason) is None
+            ):  # another worker's launch that failed: nothing to learn
                 self.agent.observe(self.env.encode(r.knobs), r.reward, r.ok, status=r.status, metrics=r.metrics)
             self.done += r.status not in UNLAUNCHED_STATUSES
 
