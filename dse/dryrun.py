@@ -76,12 +76,12 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None, onl
     counted (``not_fitting``), not written."""
     cls = _script_backend(backend)
     if limit is not None and limit < 1:
-        raise UserError(f"{limit} is not a positive number of trials", field="--limit")
+        raise UserError(f"{limit} is not a positive number of trials", param="limit")
     if limit is None and space.size > WALK_LIMIT:
         raise UserError(
             f"a dry run writes every valid point's script; this space has {space.size:,} raw points "
             f"(at most {WALK_LIMIT:,} without a limit): pass --limit N",
-            field="--limit",
+            param="limit",
         )
     result = DryRun()
     screen = Screen(space)
@@ -122,12 +122,12 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None, onl
 
 def _script_backend(backend: str) -> type[Backend]:
     registry = load_backends()
-    cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, field="--backend")
+    cls = reg.get(registry, backend, Backend, group=reg.BACKENDS, param="backend")
     if cls.script_name is None:
         scripted = [n for n in registry if getattr(registry[n](), "script_name", None)]
         raise UserError(
             f"backend {backend!r} writes no launch script; a dry run takes one of {', '.join(scripted)}",
-            field="--backend",
+            param="backend",
         )
     return cls
 

@@ -8,11 +8,15 @@ from collections.abc import Iterable
 
 
 class UserError(Exception):
-    """Bad input from a user. The CLI prints ``str(err)`` on one line and exits with code 2."""
+    """Bad input from a user. The CLI prints ``str(err)`` on one line and exits with code 2.
 
-    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
-        self.file, self.field, self.message = file, field, message
-        where = ": ".join(p for p in (file, field) if p)
+    ``field`` names what was bad in ``file`` (a field of a space file); ``param`` names the argument of a library
+    call that was bad (``out``, ``storage``), by its name: the command line shows it as the flag that gives it
+    (``dse.cli``), so the library names no flag."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None, param: str | None = None):
+        self.file, self.field, self.param, self.message = file, field, param, message
+        where = ": ".join(p for p in (file, field or param) if p)
         super().__init__(f"{where}: {message}" if where else message)
 
 

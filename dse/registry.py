@@ -58,17 +58,23 @@ def names(group: str) -> list[str]:
     return list(load(group))
 
 
-def get(registry: Registry, name: str, base: type[T], *, group: str, field: str) -> type[T]:
-    """The class registered as ``name``, checked to subclass ``base``; a :class:`UserError` otherwise."""
+def get(
+    registry: Registry, name: str, base: type[T], *, group: str, field: str | None = None, param: str | None = None
+) -> type[T]:
+    """The class registered as ``name``, checked to subclass ``base``; a :class:`UserError` otherwise, naming
+    ``field`` (of a file) or ``param`` (the caller's argument that gave the name)."""
     if name not in registry:
         raise UserError(
             f"unknown {group.removeprefix('dse.').rstrip('s')} {name!r}{did_you_mean(name, registry)}; "
             f"known: {', '.join(registry)}",
             field=field,
+            param=param,
         )
     cls = registry[name]()
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise UserError(
-            f"entry point {group}:{name} is {cls!r}, not a {base.__module__}.{base.__qualname__} subclass", field=field
+            f"entry point {group}:{name} is {cls!r}, not a {base.__module__}.{base.__qualname__} subclass",
+            field=field,
+            param=param,
         )
     return cls

@@ -135,7 +135,7 @@ class Backend(abc.ABC):
         ``best/``); submits nothing. Backends that launch no script refuse."""
         from dse.errors import UserError
 
-        raise UserError(f"backend {cls.name!r} writes no launch script", field="--backend")
+        raise UserError(f"backend {cls.name!r} writes no launch script", param="backend")
 
     @classmethod
     def check_script(cls, plan: LaunchPlan, run_dir: Path) -> None:

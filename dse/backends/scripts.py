@@ -59,12 +59,14 @@ def check_field(value: str, pattern: str, *, field: str, file: str | None = None
     return value
 
 
-def check_path(path: Path, *, field: str = "run directory") -> Path:
-    """A path that goes into a script unquoted by a library: letters, digits and ``_.,:/+@%=-`` only."""
+def check_path(path: Path, *, field: str | None = "run directory", param: str | None = None) -> Path:
+    """A path that goes into a script unquoted by a library: letters, digits and ``_.,:/+@%=-`` only (the error
+    names ``param``, the caller's argument, where given, else ``field``)."""
     if not _SAFE_PATH.fullmatch(str(path)):
         raise UserError(
             f"{str(path)!r} has characters a job script cannot carry safely; use letters, digits and _.-/ in the path",
-            field=field,
+            field=None if param else field,
+            param=param,
         )
     return path
 

@@ -88,6 +88,15 @@ app = typer.Typer(
 )
 
 
+def _as_flag(e: UserError) -> UserError:
+    """``e`` as the command line says it: the library's parameter (``out``, ``dataset_id``) named by the option
+    that gives it (``--out``, ``--dataset-id``: each command's option is its parameter's name, spelled as Typer
+    spells it)."""
+    if e.param is None or e.field is not None:
+        return e
+    return UserError(e.message, file=e.file, field="--" + e.param.replace("_", "-"))
+
+
 def user_errors(fn: Callable) -> Callable:
     """Turn a UserError into one line on stderr and exit code 2 (never a traceback)."""
 
@@ -96,7 +105,7 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            render.error(str(e))
+            render.error(str(_as_flag(e)))
             raise typer.Exit(2) from None
         except InfrastructureError as e:  # dse could not write (disk full...): one line, exit 1
             render.error(str(e), resume=True)

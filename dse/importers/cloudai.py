@@ -676,7 +676,7 @@ def _validated_space(space_dict: dict[str, Any], f: str) -> Space:
     try:
         return Space.model_validate(space_dict)
     except UserError as e:
-        raise UserError(f"{e.message} (imported from {f})", file=e.file, field=e.field) from None
+        raise UserError(f"{e.message} (imported from {f})", file=e.file, field=e.field, param=e.param) from None
     except Exception as e:  # pydantic's ValidationError: the first error, one line
         from pydantic import ValidationError
 

@@ -89,12 +89,12 @@ def _open_storage(url: str):
         try:
             return optuna.storages.JournalStorage(JournalFileBackend(url))
         except OSError as e:
-            raise UserError(f"cannot write {url}: {e.strerror or e}", field="--storage") from None
+            raise UserError(f"cannot write {url}: {e.strerror or e}", param="storage") from None
     check_url(url)
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as e:  # an unreachable server, a file that is not a database: one line, not a traceback
-        raise UserError(f"cannot open storage {url}: {str(e).splitlines()[0]}", field="--storage") from None
+        raise UserError(f"cannot open storage {url}: {str(e).splitlines()[0]}", param="storage") from None
 
 
 def to_optuna(study_dir: Path, url: str) -> tuple[str, int]:
@@ -122,7 +122,7 @@ def write(store: Store, url: str, meta: dict[str, Any]) -> int:
             raise UserError(
                 f"already holds a study {meta['study_name']!r}; export into another storage, or "
                 "delete it first (optuna delete-study)",
-                field="--storage",
+                param="storage",
             ) from None
         with warnings.catch_warnings():  # marked experimental since Optuna 3.2; the dashboard reads it
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -31,9 +31,9 @@ WARM_START_TOP = 8  # seeds taken from a finished study: its best 8 ok points th
 def parse_systems(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
-        raise UserError("give one or more system names separated by commas, e.g. h100,b200,gb200", field="--systems")
+        raise UserError("give one or more system names separated by commas, e.g. h100,b200,gb200", param="systems")
     if len(set(names)) != len(names):
-        raise UserError(f"a system is named twice in {text!r}", field="--systems")
+        raise UserError(f"a system is named twice in {text!r}", param="systems")
     return names
 
 
@@ -45,14 +45,14 @@ def space_for(space: Space, system_ref: str) -> Space:
         raise UserError(
             f"{gpus} GPUs (the space's {space.num_nodes} nodes of {space.system.gpus_per_node}) do not fill "
             f"whole nodes of {system.name} ({system.gpus_per_node} GPUs per node)",
-            field="--systems",
+            param="systems",
         )
     data = space.model_dump()
     data.update(system=system.model_dump(), num_nodes=gpus // system.gpus_per_node)
     try:
         return Space.model_validate(data)
     except UserError as e:
-        raise UserError(f"on system {system.name}: {e}", field="--systems") from None
+        raise UserError(f"on system {system.name}: {e}", param="systems") from None
 
 
 def run_generations(
@@ -100,7 +100,7 @@ def check_counts(
             on_count(name, count)
     for name, count in counts:
         if count.valid == 0 and count.exact:
-            raise UserError(f"on {Path(name).stem}: {count.empty_reason()}", file=source, field="--systems")
+            raise UserError(f"on {Path(name).stem}: {count.empty_reason()}", file=source, param="systems")
 
 
 @dataclass(frozen=True)

@@ -128,11 +128,11 @@ def agent_settings(space: Space, agent: str, sampler: str | None, registry) -> d
     if "sampler" in cls.Options.model_fields:
         options["sampler"] = sampler or options.get("sampler") or space.search.sampler
     elif sampler is not None:
-        raise UserError(f"agent {agent!r} takes no sampler (only agents with a sampler option do)", field="--sampler")
+        raise UserError(f"agent {agent!r} takes no sampler (only agents with a sampler option do)", param="sampler")
     try:  # names and types checked here, so an option called seed is refused, not a keyword clash later
         agent_options(cls, options)
     except UserError as e:
-        raise UserError(e.message, file=space.source or None, field=e.field) from None
+        raise UserError(e.message, file=space.source or None, field=e.field, param=e.param) from None
     return options
 
 
@@ -286,7 +286,7 @@ def run_study(
     out = Path(out_dir)
     parallel = space.search.parallel if parallel is None else parallel
     if parallel < 1:
-        raise UserError(f"{parallel} trials at once; --parallel is at least 1", field="--parallel")
+        raise UserError(f"{parallel} trials at once; --parallel is at least 1", param="parallel")
     agent = agent or space.search.agent
     registry = load_agents()
     req = Request(
@@ -308,7 +308,7 @@ def run_study(
     resume = outdir.check_target(out, resume=resume, rebuild=rebuild, worker=worker, default_out=default_out)
     # Everything the study will write must be writable before the first trial: the output directory's path
     # goes into best/'s scripts, so it must be one a script can carry; a storage URL must be usable.
-    check_path(out.absolute(), field="--out")
+    check_path(out.absolute(), param="out")
     storage = absolute_storage(storage) if storage is not None else None
     return _run_locked(space, out, replace(req, resume=resume, storage=storage), on_start)
 
@@ -358,7 +358,7 @@ def _probe(space: Space, req: Request, *, prepare: bool = True) -> None:
     except UserError as e:  # an option's problem is the space file's
         if e.file is not None:
             raise
-        raise UserError(e.message, file=space.source or None, field=e.field) from None
+        raise UserError(e.message, file=space.source or None, field=e.field, param=e.param) from None
     _preflight(space, req, make_backend(req.backend, space, req.seed))
 
 
@@ -394,12 +394,13 @@ def _preflight(space: Space, req: Request, backend: Backend) -> None:
             f"{e.message} ({needed}; checked before the first trial)",
             file=e.file or space.source or None,
             field=e.field,
+            param=e.param,
         ) from None
 
 
 def make_backend_class(name: str) -> type[Backend]:
     """The backend class called ``name`` in the ``dse.backends`` registry."""
-    return reg.get(load_backends(), name, Backend, group=reg.BACKENDS, field="--backend")
+    return reg.get(load_backends(), name, Backend, group=reg.BACKENDS, param="backend")
 
 
 def baseline_of(space: Space) -> Baseline:

@@ -277,12 +277,12 @@ def check_target(out: Path, *, resume: bool, rebuild: bool, worker: bool, defaul
                 file=str(out),
             )
         raise UserError(
-            "already holds a study; pass --resume to continue it, or a fresh --out DIR", file=str(out), field="--out"
+            "already holds a study; pass --resume to continue it, or a fresh --out DIR", file=str(out), param="out"
         )
     if resume and not (out / META).exists():
-        raise UserError(f"nothing to resume (no {META})", file=str(out), field="--resume")
+        raise UserError(f"nothing to resume (no {META})", file=str(out), param="resume")
     if rebuild and not resume:
-        raise UserError("--rebuild goes with --resume", field="--rebuild")
+        raise UserError("--rebuild goes with --resume", param="rebuild")
     return resume
 
 
@@ -297,7 +297,7 @@ def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "w")
     except OSError as e:
-        raise UserError(f"cannot write there: {e.strerror or e}", file=str(out), field="--out") from None
+        raise UserError(f"cannot write there: {e.strerror or e}", file=str(out), param="out") from None
     try:
         fcntl.flock(lock, (fcntl.LOCK_SH if worker else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -305,7 +305,7 @@ def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
         raise UserError(
             "is in use by another dse run" + ("" if worker else " (several processes on one study: --worker each)"),
             file=str(out),
-            field="--out",
+            param="out",
         ) from None
     starting = None
     if worker:
@@ -371,7 +371,7 @@ def _refuse_resume(out: Path, changed: list[str], source: str) -> UserError:
         f"differs from the study in {out} in {', '.join(changed)}; --resume continues the same study (the "
         "trial budget, parallelism and agent settings may change): use a fresh --out for a different one",
         file=source or None,
-        field="--resume",
+        param="resume",
     )
 
 
@@ -424,7 +424,7 @@ def _check_stored(out: Path, store: Store, meta: dict[str, Any], new: dict[str, 
                 f"differs from the study in {out}: its trials ran on {', '.join(ran)}, this space's system is "
                 f"{space.system.gpu}; use a fresh --out for a different study",
                 file=space.source or None,
-                field="--resume",
+                param="resume",
             )
         store.set_fingerprint(new)
     if not isinstance(meta.get("fingerprint"), dict):
@@ -446,7 +446,7 @@ def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:
             f"holds no study {study_name!r}; the run directories say {ran} trials ran (pass "
             "--rebuild with --resume to start the study anew)",
             file=str(sqlite_path(url) or url),
-            field="--resume",
+            param="resume",
         )
     # the new trials take the old numbers: their directories are set aside one by one as they run
     # (dse.execute.prepare_run_dir), the old packs all at once, so no reader takes an old log for a new

@@ -213,24 +213,24 @@ def with_password(url: str) -> str | sa.URL:
     return parsed.set(password=secret)
 
 
-def check_url(url: str, *, field: str = "--storage") -> str:
+def check_url(url: str, *, param: str = "storage") -> str:
     """``url`` if it is an SQLAlchemy URL whose driver is installed, else a one-line :class:`UserError`.
     Connects to nothing and writes nothing."""
     if "://" not in url:
         raise UserError(
             f"{shown(url)!r} is not an SQL storage URL (e.g. sqlite:///study.db or postgresql+psycopg://host/db)",
-            field=field,
+            param=param,
         )
     try:
         parsed = sa.make_url(url)
         parsed.get_dialect().import_dbapi()  # imports the driver module: a missing driver fails here, not mid-study
     except Exception as e:  # ArgumentError, NoSuchModuleError, ImportError: all mean "cannot use this URL"
-        raise UserError(f"cannot use storage {shown(url)!r}: {_one_line(e)}", field=field) from None
+        raise UserError(f"cannot use storage {shown(url)!r}: {_one_line(e)}", param=param) from None
     if _in_memory(parsed):
         raise UserError(
             f"{url!r} is an in-memory database: the study would vanish when dse exits; give a file "
             "(sqlite:///study.db) or a server",
-            field=field,
+            param=param,
         )
     return url
 
@@ -336,7 +336,7 @@ class Store:
             self.engine.dispose()
             if sqlite_path(url) is not None:
                 raise UserError(f"cannot read the study database: {_one_line(e)}", file=url) from None
-            raise UserError(f"cannot open storage {shown(url)}: {_one_line(e)}", field="--storage") from None
+            raise UserError(f"cannot open storage {shown(url)}: {_one_line(e)}", param="storage") from None
         except BaseException:
             self.engine.dispose()
             raise
@@ -361,7 +361,7 @@ class Store:
             raise UserError(
                 f"study {self.study_name!r} already has trials here; pass --resume to continue it or "
                 "--out another directory",
-                field="--out",
+                param="out",
             )
         if sid is not None:
             return sid
