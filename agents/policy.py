@@ -26,7 +26,8 @@ from pydantic import Field
 
 from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
-from dse.rl.policy import Policy, check_path, load, train
+from dse.logs.parse import UNLAUNCHED_STATUSES
+from dse.rl.policy import Policy, check_path, encoding, load, load_shortlist, train
 from dse.rl.searchgame import (
     DEFAULT_BUDGET,
     Forecast,
@@ -39,6 +40,7 @@ from dse.rl.searchgame import (
     reference,
     value_counts,
 )
+from dse.rl.shortlist import Shortlist
 
 MAX_POINTS = 200_000  # every point is kept as a candidate row (as the guided agent's)
 DRAWS = 256  # draws from the policy per proposal before the most probable untried point is taken
@@ -101,6 +103,7 @@ class PolicyAgent(Agent):
             check_path(policy)  # there, a regular file, a safetensors header: dse validate checks this far
         self.path, self.train_steps, self.space_fingerprint = policy, train_steps, space_fingerprint
         self._policy: Policy | None = None
+        self.shortlist: Shortlist | None = None  # the shortlist encoding, when the policy file was trained with it
 
     def prepare(self) -> None:
         """Read the policy file (:func:`dse.rl.policy.load`: validated, rebuilt, never unpickled), or train a policy on
@@ -108,6 +111,22 @@ class PolicyAgent(Agent):
         self._prepared()
 
     def _prepared(self) -> Policy:
+        if self._policy is None and self.path and encoding(self.path) == "shortlist":
+            if not self.forecasts:
+                raise UserError(
+                    "a policy of the shortlist encoding ranks points by the model's forecast; this space has none",
+                    field="search.options.policy",
+                )
+            self._policy = load_shortlist(self.path)
+            fs = [self.forecasts[tuple(int(v) for v in k)] for k in self.keys]
+            budget = self._policy.meta.trained.get("budget", DEFAULT_BUDGET)
+            self.shortlist = Shortlist(
+                self.keys,
+                [f.reward for f in fs],
+                [f.peak_memory_gib for f in fs],
+                [f.memory_gib for f in fs],
+                budget if isinstance(budget, int) and budget > 0 else DEFAULT_BUDGET,
+            )
         if self._policy is None:
             dim = observation_space(self.sizes).shape[0]
             self._policy = (
@@ -148,7 +167,15 @@ class PolicyAgent(Agent):
         if not untried.any():
             self.stop_reason = f"stopped: every valid point tried, after {self.history.runs} runs"
             return None
-        logp = self.policy.log_probs(self.history.vector())[: len(self.sizes)]  # the knobs' (the agent never stops)
+        policy = self.policy
+        if self.shortlist is not None:  # the shortlist encoding: the most probable of the candidates
+            obs = self.shortlist.observation()
+            mask = self.shortlist.mask()
+            if not mask.any():
+                self.stop_reason = f"stopped: every valid point tried, after {self.history.runs} runs"
+                return None
+            return self.to_action(self.shortlist.keys[self.shortlist.point(policy.choose(obs, mask))])
+        logp = policy.log_probs(self.history.vector())[: len(self.sizes)]  # the knobs' (the agent never stops)
         probs = [np.exp(lp - lp.max()) / np.exp(lp - lp.max()).sum() for lp in logp]
         draws = np.stack([self._rng.choice(len(p), size=DRAWS, p=p) for p in probs], axis=1)
         for row in draws:
@@ -166,6 +193,8 @@ class PolicyAgent(Agent):
         key = self.key(action)
         if key in self.index:
             self.tried[self.index[key]] = True
+        if self.shortlist is not None and key in self.shortlist.index:
+            self.shortlist.tried[self.shortlist.index[key]] = True
 
     def observe(
         self,
@@ -180,5 +209,14 @@ class PolicyAgent(Agent):
         key = self.key(action)
         if key in self.index:
             self.tried[self.index[key]] = True
+        if self.shortlist is not None and key in self.shortlist.index:
+            i = self.shortlist.index[key]
+            if status in UNLAUNCHED_STATUSES:  # not run (screened): never a candidate again, no run to learn from
+                self.shortlist.tried[i] = True
+            elif not self.shortlist.tried[i]:
+                f = self.forecasts.get(key)
+                peak = (metrics or {}).get("peak_memory_gib")
+                frac = peak / f.memory_gib if f is not None and isinstance(peak, int | float) and f.memory_gib else None
+                self.shortlist.observe(i, status or ("ok" if ok else "failed"), reward if ok else None, frac)
         value = fraction(reward, self.ref) if ok else 0.0
         self.history.record(key, status or ("ok" if ok else "failed"), value, self.forecasts.get(key), self.ref)

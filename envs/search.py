@@ -145,11 +145,13 @@ def simulated_outcome(space: Space, trial: TrialConfig, twin: Twin | None, seed:
     buf = io.StringIO()
     code = write_log(run, buf)
     metrics = parse_log(buf.getvalue().splitlines(), exit_code=code, context=parse_context(trial, settings))
+    # the run's wall time as the simulated backend reports it (start-up, then the steps until the end or the OOM)
+    wall = space.system.startup_s + (run.oom_after if run.oom else run.max_steps) * run.step_time_s
     return Outcome(
         metrics.status,
         signed(space, getattr(metrics, space.objective.metric)) if metrics.ok else None,
         metrics.peak_memory_gib,
-        metrics.to_dict(),
+        {**metrics.to_dict(), "wall_s": wall, "gpu_hours": trial.num_gpus * wall / 3600.0},
     )
 
 
@@ -198,7 +200,11 @@ def backend_truth(space: Space, backend: Backend, out_dir: Path, seed: int = 0) 
         _, _, _, _, info = env.step(dict(zip(names, key)))
         m = info["metrics"]
         reward = signed(space, m.get(space.objective.metric)) if info["status"] == "ok" else None
-        return Outcome(info["status"], reward, m.get("peak_memory_gib"), {"status": info["status"], **m})
+        wall = m.get("wall_s")
+        hours = info["num_gpus"] * wall / 3600.0 if info["launched"] and wall is not None else None
+        return Outcome(
+            info["status"], reward, m.get("peak_memory_gib"), {"status": info["status"], **m, "gpu_hours": hours}
+        )
 
     return truth
 

@@ -6,7 +6,8 @@
 - :mod:`dse.cli.model`: ``recipes``, ``predict``, ``calibrate``: the performance model without a run;
 - :mod:`dse.cli.importers`: ``import cloudai``;
 - :mod:`dse.cli.exports`: ``export optuna``, ``export minari``;
-- :mod:`dse.cli.learning`: ``train-policy`` (a learned search policy, experimental);
+- :mod:`dse.cli.learning`: ``train-policy`` (a learned search policy, experimental), ``bench-agents`` (the agent
+  leaderboard);
 - :mod:`dse.cli.render`: everything printed on the terminal (tables, summaries, error lines).
 
 User errors (:class:`dse.errors.UserError`) print one line and exit with code 2; nothing is written. Every
@@ -138,6 +139,7 @@ _COMMANDS: dict[str, Callable] = {
     "calibrate": model.calibrate_cmd,
     "dry-run": spaces.dry_run_cmd,
     "train-policy": learning.train_policy_cmd,
+    "bench-agents": learning.bench_agents_cmd,
 }
 for _name, _fn in _COMMANDS.items():
     app.command(_name)(user_errors(_fn))

@@ -35,6 +35,8 @@ from dse.rules.space import MAX_KNOBS, MAX_VALUES_PER_KNOB, WALK_LIMIT
 RL_EXTRA = "the learned policy needs the rl extra: pip install 'dse[rl]' (install a CPU torch first: docs/rl.md)"
 # PPO's settings for these short episodes (tens of steps): a rollout of 256 steps per environment, small batches
 PPO_SETTINGS: dict[str, Any] = {"n_steps": 256, "batch_size": 64, "n_epochs": 5, "gamma": 0.95, "ent_coef": 0.01}
+# MaskablePPO's for the shortlist encoding: the reward is -1 a run until the target, so a long horizon
+MASKED_SETTINGS: dict[str, Any] = {"n_steps": 256, "batch_size": 64, "n_epochs": 5, "gamma": 0.99, "ent_coef": 0.01}
 ARCHITECTURE: Final = (
     "sb3-actor-critic-mlp"  # SB3's ActorCriticPolicy: tanh MLPs for the policy (pi) and the value (vf)
 )
@@ -71,15 +73,18 @@ class SpaceStamp(_Strict):
 
 
 class PolicyMeta(_Strict):
-    """The JSON document a policy file carries (validated strictly; nothing in it is code)."""
+    """The JSON document a policy file carries (validated strictly; nothing in it is code). ``encoding``: "space"
+    (the game's own observation and action: one space, its knobs by position) or "shortlist" (the shortlist encoding
+    of :mod:`dse.rl.shortlist`: any space; the action one of its slots, ``action_sizes`` = [slots])."""
 
     format: Literal["dse-policy"] = FORMAT
     version: Literal[1] = VERSION
+    encoding: Literal["space", "shortlist"] = "space"
     architecture: Architecture = Field(default_factory=Architecture)
     observation_dim: int = Field(ge=1, le=MAX_OBS)
-    # one per knob, then the game's stop entry (2)
+    # space: one per knob, then the game's stop entry (2); candidates: the slots
     action_sizes: list[Annotated[int, Field(ge=1, le=MAX_VALUES_PER_KNOB)]] = Field(
-        min_length=2, max_length=MAX_KNOBS + 1
+        min_length=1, max_length=MAX_KNOBS + 1
     )
     knobs: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=MAX_KNOBS)
     space: SpaceStamp | None = None
@@ -87,6 +92,10 @@ class PolicyMeta(_Strict):
 
     @model_validator(mode="after")
     def _one_name_per_knob(self) -> PolicyMeta:
+        if self.encoding == "space" and len(self.action_sizes) < 2:
+            raise ValueError("a policy of one space has an action size per knob, then the stop entry")
+        if self.encoding == "shortlist" and len(self.action_sizes) != 1:
+            raise ValueError("a policy of the shortlist encoding has one action size: its slots")
         if self.knobs and len(self.knobs) + 1 != len(self.action_sizes):
             raise ValueError(f"{len(self.knobs)} knob names for {len(self.action_sizes)} action sizes (knobs, stop)")
         return self
@@ -127,11 +136,15 @@ def _network(meta: PolicyMeta) -> Any:
 
     from dse.rl.searchgame import OBS_HIGH
 
-    obs = spaces.Box(low=0.0, high=OBS_HIGH, shape=(meta.observation_dim,), dtype=np.float32)
+    low = -OBS_HIGH if meta.encoding == "shortlist" else 0.0
+    obs = spaces.Box(low=low, high=OBS_HIGH, shape=(meta.observation_dim,), dtype=np.float32)
     arch = meta.architecture
-    net = ActorCriticPolicy(
-        obs, spaces.MultiDiscrete(meta.action_sizes), lambda _: 0.0, net_arch={"pi": arch.pi, "vf": arch.vf}
+    act = (
+        spaces.Discrete(meta.action_sizes[0])
+        if meta.encoding == "shortlist"
+        else spaces.MultiDiscrete(meta.action_sizes)
     )
+    net = ActorCriticPolicy(obs, act, lambda _: 0.0, net_arch={"pi": arch.pi, "vf": arch.vf})
     net.set_training_mode(False)
     return net
 
@@ -150,6 +163,12 @@ class Policy:
     @property
     def obs_dim(self) -> int:
         return self.meta.observation_dim
+
+    def choose(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        """The most probable action allowed by ``mask`` (a policy of the shortlist encoding: a slot)."""
+        tensor, _ = self.net.obs_to_tensor(np.asarray(obs, dtype=np.float32))
+        logits = self.net.get_distribution(tensor).distribution.logits.detach().cpu().numpy()[0]
+        return int(np.argmax(np.where(mask, logits, -np.inf)))
 
     def log_probs(self, obs: np.ndarray) -> list[np.ndarray]:
         """One array per knob: the log-probability of each of its values (SB3's public policy API)."""
@@ -216,6 +235,50 @@ def train(
     return Policy(model.policy, meta)
 
 
+def train_masked(
+    env_fns: Sequence[Callable[[], Any]], steps: int, *, seed: int = 0, spaces_: Sequence[str] = ()
+) -> Policy:
+    """MaskablePPO (SB3-contrib) trained for ``steps`` steps on the environments ``env_fns`` make: each a
+    :class:`dse.rl.shortlist.ShortlistEnv` (the shortlist encoding, its mask from ``action_masks()``); ``spaces_``:
+    the names of the spaces trained on (a record in the metadata)."""
+    _require()
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from dse.rl.shortlist import OBS_DIM, SLOTS
+
+    vec = DummyVecEnv(list(env_fns))
+    n_steps = max(16, min(MASKED_SETTINGS["n_steps"], steps // max(len(env_fns), 1)))
+    settings = dict(
+        MASKED_SETTINGS, n_steps=n_steps, batch_size=min(MASKED_SETTINGS["batch_size"], n_steps * len(env_fns))
+    )
+    arch = Architecture()
+    model = MaskablePPO(
+        "MlpPolicy",
+        vec,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs={"net_arch": {"pi": arch.pi, "vf": arch.vf}},
+        **settings,
+    )
+    model.learn(total_timesteps=steps)
+    meta = PolicyMeta(
+        encoding="shortlist",
+        architecture=arch,
+        observation_dim=OBS_DIM,
+        action_sizes=[SLOTS],
+        trained={
+            "steps": int(steps),
+            "seed": int(seed),
+            "environments": len(env_fns),
+            "budget": int(vec.get_attr("game")[0].budget),
+        },
+    )
+    model.policy.set_training_mode(False)
+    return Policy(model.policy, meta)
+
+
 def _read(p: Path, field: str) -> tuple[PolicyMeta, dict[str, Any]]:
     """The metadata and the tensors of the policy file ``p``: its header read and validated, every tensor checked
     against the metadata's shapes before any is read. A one-line error for anything else."""
@@ -270,6 +333,31 @@ def check_path(path: str | Path, *, field: str = "search.options.policy") -> Pat
     return p
 
 
+def load_shortlist(path: str | Path, *, field: str = "search.options.policy") -> Policy:
+    """A policy of the shortlist encoding (:mod:`dse.rl.shortlist`) saved at ``path``: it acts on any space; a one-line
+    error when the file is not one (a policy of one space, a pickle, anything else)."""
+    from dse.rl.shortlist import OBS_DIM, SLOTS
+
+    _require()
+    p = check_path(path, field=field)
+    meta, tensors = _read(p, field)
+    if meta.encoding != "shortlist" or meta.observation_dim != OBS_DIM or meta.action_sizes != [SLOTS]:
+        raise UserError(
+            f"{p}: not a policy of the shortlist encoding ({OBS_DIM} features, {SLOTS} slots); "
+            "train one with dse train-policy --shortlist",
+            field=field,
+        )
+    net = _network(meta)
+    net.load_state_dict(tensors, strict=True)
+    return Policy(net, meta)
+
+
+def encoding(path: str | Path, *, field: str = "search.options.policy") -> str:
+    """The encoding a policy file says it was trained with ("space" or "shortlist"), its header read and checked."""
+    _require()
+    return _read(check_path(path, field=field), field)[0].encoding
+
+
 def load(
     path: str | Path,
     sizes: Sequence[int],
@@ -283,6 +371,8 @@ def load(
     _require()
     p = check_path(path, field=field)
     meta, tensors = _read(p, field)
+    if meta.encoding != "space":
+        raise UserError(f"{p}: a policy of the shortlist encoding; the policy agent reads it as such", field=field)
     if meta.action_sizes != list(sizes) or meta.observation_dim != obs_dim:
         raise UserError(
             f"{p}: trained on a space of {meta.action_sizes} knob values, this one has {list(sizes)}; "

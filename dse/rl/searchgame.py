@@ -248,6 +248,20 @@ class History:
         return np.clip(np.concatenate([head, *tried]).astype(np.float32), 0, OBS_HIGH)
 
 
+class CachedDraw:
+    """A game's redraw (``twin_seed -> (truth, best)``) that keeps each twin it drew: a benchmark or a training run
+    that comes back to a twin does not build it again (each twin's truth keeps its outcomes of the points run)."""
+
+    def __init__(self, draw: Callable[[int], tuple[Callable[[Key], Outcome], float | None]]):
+        self.draw, self.cache = draw, {}  # type: ignore[var-annotated]
+        self.seeds = getattr(draw, "seeds", (0, 2**32 - 1))
+
+    def __call__(self, twin_seed: int) -> tuple[Callable[[Key], Outcome], float | None]:
+        if twin_seed not in self.cache:
+            self.cache[twin_seed] = self.draw(twin_seed)
+        return self.cache[twin_seed]
+
+
 def reference(forecasts: Mapping[Key, Forecast]) -> float:
     """The model's best reward over the valid points: what values are observed as fractions of (1.0 when none)."""
     return max((f.reward for f in forecasts.values()), default=1.0) or 1.0
@@ -382,6 +396,8 @@ class SearchGame(gym.Env):
             "stop": outcome.status == STOP,
             "reward": outcome.reward,
             "launched": launched,
+            "gpu_hours": (outcome.metrics.get("gpu_hours") or 0.0) if launched else 0.0,
+            "metrics": outcome.metrics,
             "best_fraction": self.history.best_value,
             "runs": self.history.runs,
             **self.scores(),

@@ -13,8 +13,10 @@ never sees half a policy and, without ``force``, a file that appeared meanwhile 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,7 @@ MAX_TWINS = 64
 MIN_STEPS, MAX_STEPS = 64, 10_000_000
 MAX_BUDGET = 100_000
 MAX_SEED = 2**32 - 1
+MAX_SPACES = 32  # spaces a shortlist policy trains on at once: one environment each
 
 
 @dataclass(frozen=True)
@@ -150,3 +153,56 @@ def train_policy(
     policy = train([env_fn(ts) for ts in seeds], steps, seed=seed, knobs=s.knob_names, space=stamp)
     path = save(policy, out, force=force) if out is not None else None
     return Trained(policy, path, seeds, steps)
+
+
+def train_shortlist(
+    spaces: Sequence[str | Path],
+    out: Path | None,
+    *,
+    twins: int = 16,
+    steps: int = 60_000,
+    seed: int = 0,
+    budget: int = 50,
+    first_twin: int = FIRST_TWIN,
+    force: bool = False,
+) -> Trained:
+    """A policy of the shortlist encoding (:mod:`dse.rl.shortlist`), MaskablePPO trained for ``steps`` steps over
+    ``twins`` twins of each of ``spaces`` (seeds ``first_twin`` and up), or, when ``spaces`` is empty, of each
+    training space of the suite (:func:`dse.envs.suite.benchmarks`, the first twins of its ``train`` split); each
+    episode on a twin drawn afresh from them, each twin built once, one environment per space. Saved to ``out`` when
+    given. It acts on any space."""
+    check_inputs(twins=twins, steps=steps, budget=budget, seed=seed, first_twin=first_twin)
+    if len(spaces) > MAX_SPACES:
+        raise UserError(f"{len(spaces)} spaces; give at most {MAX_SPACES}", field="SPACE")
+    if out is not None:
+        check_out(out, force=force)
+    if not available() or importlib.util.find_spec("sb3_contrib") is None:
+        from dse.rl.policy import RL_EXTRA
+
+        raise UserError(RL_EXTRA, field="train-policy")
+    from dse.rl.policy import train_masked
+    from dse.rl.searchgame import CachedDraw
+    from dse.rl.shortlist import ShortlistEnv
+
+    games: list[tuple[object, list[int]]] = []
+    if spaces:
+        seeds = [first_twin + i for i in range(twins)]
+        for sp in spaces:
+            s = as_space(sp)
+            games.append((make_env(s, "sim", twin_seed=seeds[0], budget=budget, table_=table(s)), seeds))
+    else:
+        from dse.envs import suite
+
+        for b in suite.benchmarks("train"):
+            lo, _ = b.twin_range("train") or (0, 0)
+            seeds = [lo + i for i in range(twins)]
+            games.append((suite.make_benchmark(b.id, "train", budget=budget), seeds))
+    for game, _ in games:
+        game.redraw = CachedDraw(game.redraw)  # type: ignore[attr-defined]
+
+    def env_fn(game, seeds):
+        return lambda: ShortlistEnv(game, seeds)
+
+    policy = train_masked([env_fn(g, ts) for g, ts in games], steps, seed=seed)
+    path = save(policy, out, force=force) if out is not None else None
+    return Trained(policy, path, sorted({t for _, ts in games for t in ts}), steps)

@@ -1,0 +1,232 @@
+"""The shortlist encoding of a search: one observation and one action for every space, whatever knobs it varies.
+
+A policy trained on some spaces acts on others (held out: another model, GPU generation or scale) only if what it
+sees and what it chooses do not depend on a space's knobs or their number. Here it chooses among ``SLOTS``
+candidates: the untried valid points the model, corrected by the search's own runs, ranks highest (the estimate
+below); the action is a slot, and the mask says which slots hold a point. Each candidate is described by figures,
+never by positions of knob values:
+
+* the model's forecast of the point and its estimate (both as log ratios to the model's best forecast over the
+  space), the estimate against the best found so far (its expected gain), the forecast's peak memory as a fraction
+  of the GPU's, how much of the estimate rests on runs (the share of the point's knob values already run), the share
+  of those runs that ran out of memory, and how many knob values it shares with the best point found;
+* the search as a whole: the best found against the model's best forecast, the runs so far (of the budget, and
+  /100), the mean residual of the runs (measured against forecast, the model's overall bias) and the last run's
+  status (ok, out of memory, other).
+
+The estimate of a point: its forecast (log), plus, per knob, the mean residual (log measured - log forecast) of the
+``ok`` runs sharing the point's value of that knob, shrunk towards the overall mean residual by ``SHRINK`` pseudo
+runs; averaged over the knobs. A point shares its knob values with many others, so a few runs correct the model's
+ranking of the whole space. This is how the learned policy (:mod:`dse.rl.policy`, ``encoding = "shortlist"``)
+sees a search: in training (:class:`ShortlistEnv`, a view of :class:`dse.rl.searchgame.SearchGame`) and as the
+``policy`` agent (:mod:`dse.agents.policy`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from dse.rl.searchgame import SearchGame, action_of
+
+SLOTS = 16  # candidates per proposal
+SHRINK = 2.0  # pseudo runs at the overall mean residual, per knob value
+SCALE = 10.0  # log ratios are observed x10 (a 10% gap is 1.0), clipped to +-CLIP
+CLIP = 10.0
+GLOBAL = ("best", "runs_budget", "runs", "mean_residual", "last_ok", "last_oom", "last_other")
+PER_SLOT = ("present", "forecast", "estimate", "gain", "memory", "risky", "support", "oom_share", "like_best")
+OBS_DIM = len(GLOBAL) + SLOTS * len(PER_SLOT)
+
+
+def utility(reward: float) -> float:
+    """A reward as log throughput: log(r) for a rate, -log(-r) for a (negated) step time (as the guided agent)."""
+    return math.log(reward) if reward > 0 else -math.log(-reward)
+
+
+def features() -> list[str]:
+    """The names of the observation's entries, in order."""
+    return [*GLOBAL, *(f"slot{i}.{f}" for i in range(SLOTS) for f in PER_SLOT)]
+
+
+class Shortlist:
+    """What a search has seen, in the shortlist encoding: ``keys`` (N x knobs) the valid points, ``reward`` their
+    forecast reward (signed: higher is better), ``peak`` and ``memory`` their forecast peak and the GPU's memory;
+    ``budget`` the launched runs of the search."""
+
+    def __init__(
+        self,
+        keys: np.ndarray,
+        reward: Sequence[float],
+        peak: Sequence[float],
+        memory: Sequence[float],
+        budget: int,
+    ):
+        self.keys = np.asarray(keys, dtype=np.int64).reshape(len(reward), -1)
+        self.base = np.array([utility(r) for r in reward], dtype=float)
+        self.ref = float(self.base.max()) if len(self.base) else 0.0
+        self.mem = np.clip(np.asarray(peak, dtype=float) / np.maximum(np.asarray(memory, dtype=float), 1e-9), 0, 4)
+        self.budget = max(int(budget), 1)
+        self.sizes = [int(self.keys[:, j].max()) + 1 if len(self.keys) else 1 for j in range(self.keys.shape[1])]
+        self.index = {tuple(int(v) for v in k): i for i, k in enumerate(self.keys)}
+        self.tried = np.zeros(len(self.base), dtype=bool)
+        self.resid = [np.zeros(n) for n in self.sizes]  # per knob value: sum of residuals of ok runs
+        self.ok_n = [np.zeros(n) for n in self.sizes]  # ok runs with that value
+        self.run_n = [np.zeros(n) for n in self.sizes]  # launched runs with that value
+        self.oom_n = [np.zeros(n) for n in self.sizes]
+        self.resid_sum, self.ok_runs, self.runs = 0.0, 0, 0
+        self.best_u = -math.inf
+        self.best: int | None = None
+        self.miss = 0.0  # the most a run's peak came above its forecast, as a fraction of the GPU's memory
+        self.last = "none"
+        self.slots = np.full(SLOTS, -1, dtype=np.int64)
+
+    @classmethod
+    def of_game(cls, game: SearchGame) -> Shortlist:
+        """The encoding of ``game``'s space (its valid points and the model's forecasts)."""
+        keys = list(game.forecasts)
+        f = [game.forecasts[k] for k in keys]
+        arr = np.array(keys, dtype=np.int64).reshape(len(keys), len(game.sizes))
+        return cls(arr, [x.reward for x in f], [x.peak_memory_gib for x in f], [x.memory_gib for x in f], game.budget)
+
+    def observe(self, i: int, status: str, reward: float | None, peak_fraction: float | None = None) -> None:
+        """Point ``i`` ran (``status``; ``reward`` signed, None unless ok; ``peak_fraction``: its measured peak
+        memory as a fraction of the GPU's, when known): note its outcome."""
+        self.tried[i] = True
+        if status == "oom":  # its peak was at least the GPU's memory
+            self.miss = max(self.miss, 1.0 - self.mem[i])
+        elif peak_fraction is not None and math.isfinite(peak_fraction):
+            self.miss = max(self.miss, peak_fraction - self.mem[i])
+        self.runs += 1
+        k = self.keys[i]
+        ok = status == "ok" and reward is not None and reward != 0 and math.isfinite(reward)
+        for j, v in enumerate(k):
+            self.run_n[j][v] += 1
+            if status == "oom":
+                self.oom_n[j][v] += 1
+        if ok:
+            assert reward is not None
+            u = utility(reward)
+            r = u - self.base[i]
+            for j, v in enumerate(k):
+                self.resid[j][v] += r
+                self.ok_n[j][v] += 1
+            self.resid_sum += r
+            self.ok_runs += 1
+            if u > self.best_u:
+                self.best_u, self.best = u, i
+        self.last = "ok" if ok else "oom" if status == "oom" else "other"
+
+    def estimates(self) -> np.ndarray:
+        """Every point's estimate (log): its forecast corrected by the runs sharing its knob values (module doc)."""
+        mean = self.resid_sum / self.ok_runs if self.ok_runs else 0.0
+        corr = np.zeros(len(self.base))
+        for j in range(self.keys.shape[1]):
+            per_value = (self.resid[j] + SHRINK * mean) / (self.ok_n[j] + SHRINK)
+            corr += per_value[self.keys[:, j]]
+        return self.base + corr / max(self.keys.shape[1], 1)
+
+    def risky(self) -> np.ndarray:
+        """Per point: whether its forecast peak, plus the largest miss of the model's memory seen so far, is beyond
+        the GPU's memory (the model's forecast alone before any run)."""
+        return self.mem + self.miss > 1.0
+
+    def observation(self) -> np.ndarray:
+        """The observation (:func:`features` names its entries); fills :attr:`slots` (point per slot, -1: empty):
+        the untried points by estimate, those at risk of running out of memory after every other."""
+        est = self.estimates()
+        risky = self.risky()
+        free = np.flatnonzero(~self.tried)
+        order = free[np.lexsort((-est[free], risky[free]))][:SLOTS]
+        self.slots[:] = -1
+        self.slots[: len(order)] = order
+        best_u = self.best_u if self.best is not None else self.ref - 0.5
+        mean = self.resid_sum / self.ok_runs if self.ok_runs else 0.0
+        head = [
+            SCALE * (best_u - self.ref),
+            self.runs / self.budget,
+            min(self.runs / 100.0, 1.0),
+            SCALE * mean,
+            float(self.last == "ok"),
+            float(self.last == "oom"),
+            float(self.last == "other"),
+        ]
+        rows = np.zeros((SLOTS, len(PER_SLOT)))
+        if len(order):
+            k = self.keys[order]
+            nk = max(self.keys.shape[1], 1)
+            support = sum(self.run_n[j][k[:, j]] > 0 for j in range(self.keys.shape[1])) / nk
+            ooms = sum(self.oom_n[j][k[:, j]] for j in range(self.keys.shape[1]))
+            runs = sum(self.run_n[j][k[:, j]] for j in range(self.keys.shape[1]))
+            like = (k == self.keys[self.best]).mean(axis=1) if self.best is not None else np.zeros(len(order))
+            rows[: len(order)] = np.stack(
+                [
+                    np.ones(len(order)),
+                    SCALE * (self.base[order] - self.ref),
+                    SCALE * (est[order] - self.ref),
+                    SCALE * (est[order] - best_u),
+                    self.mem[order],
+                    risky[order].astype(float),
+                    support,
+                    ooms / np.maximum(runs, 1),
+                    like,
+                ],
+                axis=1,
+            )
+        obs = np.concatenate([np.array(head), rows.ravel()])
+        return np.clip(obs, -CLIP, CLIP).astype(np.float32)
+
+    def mask(self) -> np.ndarray:
+        """One bool per slot: True where it holds a point (after :meth:`observation`)."""
+        return self.slots >= 0
+
+    def point(self, slot: int) -> int:
+        """The point (row of :attr:`keys`) in ``slot``; a ValueError for an empty slot."""
+        i = int(self.slots[slot]) if 0 <= slot < SLOTS else -1
+        if i < 0:
+            raise ValueError(f"slot {slot} holds no candidate; the mask says which do")
+        return i
+
+
+def observation_space() -> spaces.Box:
+    return spaces.Box(low=-CLIP, high=CLIP, shape=(OBS_DIM,), dtype=np.float32)
+
+
+class ShortlistEnv(gym.Env):
+    """:class:`SearchGame` seen through the shortlist encoding: the action a slot (``Discrete(SLOTS)``, masked by
+    :meth:`action_masks`), the observation :meth:`Shortlist.observation`. Its reward for training is -1 per
+    launched run, and an episode ends when the best found reaches the game's target of the twin's true best
+    (``info["solved"]``: an oracle of simulation, which trains the policy and never enters what it observes), or
+    when the game ends. ``twins``: the twin seeds a reset draws from (uniformly, by the reset's seed)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, game: SearchGame, twins: Sequence[int]):
+        self.game, self.twins = game, list(twins)
+        self.action_space = spaces.Discrete(SLOTS)
+        self.observation_space = observation_space()
+        self.cand = Shortlist.of_game(game)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        twin = self.twins[int(self.np_random.integers(len(self.twins)))]
+        self.game.reset(options={"twin_seed": twin})
+        self.cand = Shortlist.of_game(self.game)
+        return self.cand.observation(), {"twin_seed": twin}
+
+    def action_masks(self) -> np.ndarray:
+        return self.cand.mask()
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        i = self.cand.point(int(action))
+        key = tuple(int(v) for v in self.cand.keys[i])
+        _, _, terminated, truncated, info = self.game.step(action_of(key))
+        metrics = info.get("metrics") or {}
+        peak, cap = metrics.get("peak_memory_gib"), self.game.forecasts[key].memory_gib
+        self.cand.observe(i, info["status"], info["reward"], peak / cap if peak is not None and cap else None)
+        done = bool(info["solved"]) or terminated
+        return self.cand.observation(), -1.0, done, truncated and not done, info

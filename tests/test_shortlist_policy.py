@@ -1,0 +1,112 @@
+"""The masked policy of the shortlist encoding: its candidates are untried valid points (the mask says which slots hold
+one), it trains on several spaces at once and acts on a space it never saw, and its file is weights plus JSON
+metadata that dse rebuilds, never a pickle."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sb3_contrib")
+pytest.importorskip("safetensors")
+
+from dse.envs.search import as_space, make_env, table  # noqa: E402
+from dse.errors import UserError  # noqa: E402
+from dse.rl import leaderboard as lb  # noqa: E402
+from dse.rl import shortlist as cd  # noqa: E402
+from dse.rl.policy import META_KEY, load, load_shortlist  # noqa: E402
+from dse.rl.training import train_policy, train_shortlist  # noqa: E402
+from tests.helpers import dse, one_line_error  # noqa: E402
+
+TRAIN = ["conf/spaces/llama3_8b_4l_h200_te_space.toml", "conf/spaces/llama3_70b_16l_h200_x2_local_space.toml"]
+HELD_OUT = "conf/spaces/nemotron3_8b_space.toml"  # another model, another knob set
+
+
+@pytest.fixture(scope="module")
+def shortlist_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("policy") / "shared.safetensors"
+    train_shortlist(TRAIN, out, twins=2, steps=64, budget=10)
+    return out
+
+
+def test_the_candidates_are_untried_valid_points_and_the_mask_says_which_slots_hold_one():
+    s = as_space(HELD_OUT)
+    game = make_env(s, "sim", twin_seed=0, budget=30, table_=table(s))
+    env = cd.ShortlistEnv(game, [0, 1])
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (cd.OBS_DIM,) and env.observation_space.contains(obs)
+    seen = set()
+    for _ in range(5):
+        mask = env.action_masks()
+        assert mask.all()  # 162 valid points: every slot holds one
+        slot = int(np.flatnonzero(mask)[-1])
+        key = tuple(int(v) for v in env.cand.keys[env.cand.point(slot)])
+        assert key in game.forecasts and key not in seen
+        seen.add(key)
+        _, reward, done, _, info = env.step(slot)
+        assert info["launched"] and reward == -1.0
+        if done:
+            break
+    assert seen == game.tried
+
+
+def test_an_out_of_memory_run_pushes_points_at_risk_after_the_others():
+    keys = np.array([[0], [1], [2]])
+    c = cd.Shortlist(keys, [3.0, 2.0, 1.0], [70.0, 76.0, 50.0], [80.0] * 3, budget=10)
+    c.observation()
+    assert list(c.slots[:3]) == [0, 1, 2]
+    c.observe(0, "oom", None)  # forecast at 87.5% of the memory ran out: a miss of 12.5%
+    c.observation()
+    assert list(c.slots[:2]) == [2, 1]  # point 1 (95%) is now at risk: after point 2
+    with pytest.raises(ValueError, match="holds no candidate"):
+        c.point(5)
+
+
+def test_the_file_is_weights_and_json_never_a_pickle(shortlist_file):
+    from safetensors import safe_open
+
+    raw = shortlist_file.read_bytes()
+    assert b"\x80\x04" not in raw[:16] and raw[8:9] == b"{"
+    with safe_open(str(shortlist_file), framework="pt") as f:
+        meta = json.loads(f.metadata()[META_KEY])
+        assert all(f.get_slice(k).get_dtype() == "F32" for k in f.keys())
+    assert meta["encoding"] == "shortlist" and meta["action_sizes"] == [cd.SLOTS]
+    assert meta["observation_dim"] == cd.OBS_DIM
+    policy = load_shortlist(shortlist_file)
+    obs = np.zeros(cd.OBS_DIM, dtype=np.float32)
+    mask = np.zeros(cd.SLOTS, dtype=bool)
+    mask[3] = True
+    assert policy.choose(obs, mask) == 3  # only what the mask allows
+
+
+def test_it_acts_on_a_held_out_space_through_the_leaderboard(shortlist_file):
+    s = as_space(HELD_OUT)
+    game = make_env(s, "sim", twin_seed=0, budget=30, table_=table(s))
+    agent = lb._agent(game, "policy", 0, shortlist_file, {})
+    ep = lb.play(game, agent, "held-out", "policy", twin=3, seed=0)
+    assert ep.refused == 0  # the candidates are valid untried points
+    assert ep.runs >= 1 and ep.proposals == ep.runs + (ep.end == "stopped")
+
+
+def test_the_two_encodings_refuse_each_other_and_a_pickle(shortlist_file, tmp_path):
+    one = tmp_path / "one.safetensors"
+    train_policy(TRAIN[0], one, twins=1, steps=64, budget=5)
+    with pytest.raises(UserError, match="shortlist encoding"):
+        load_shortlist(one)
+    with pytest.raises(UserError, match="shortlist encoding"):
+        load(shortlist_file, [cd.SLOTS], cd.OBS_DIM)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(pickle.dumps({"weights": np.zeros(3)}))
+    with pytest.raises(UserError, match="not a safetensors file"):
+        load_shortlist(bad)
+
+
+def test_train_policy_shared_inputs_are_one_line(tmp_path):
+    one_line_error(dse("train-policy", *TRAIN, "--out", tmp_path / "p.safetensors"), "SPACE", "--shortlist")
+    one_line_error(
+        dse("train-policy", *TRAIN, "--shortlist", "--twins", "0", "--out", tmp_path / "p.safetensors"), "--twins"
+    )
+    assert list(tmp_path.iterdir()) == []
