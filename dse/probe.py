@@ -202,7 +202,7 @@ def run_probe(
 ) -> ProbeResult:
     """Probe one rank of ``trial``: write the script under ``out``, run it, parse its log."""
     if backend not in PROBE_BACKENDS:
-        raise UserError(f"unknown backend {backend!r}; a probe runs on {', '.join(PROBE_BACKENDS)}", field="--backend")
+        raise UserError(f"unknown backend {backend!r}; a probe runs on {', '.join(PROBE_BACKENDS)}", param="backend")
     world = trial.num_gpus
     plan = probe_plan(build_plan(trial, payload=PROBE_PAYLOAD, seed=seed), target, world, iters)
     script = write_probe_script(plan, out, backend)
@@ -343,7 +343,7 @@ def _points(space, point: dict[str, Any] | None, limit: int | None):
         trial = resolve(space, point)
         rej = check(trial)
         if rej:
-            raise UserError(f"this point breaks {rej.rule}: {rej.reason}", field="--point")
+            raise UserError(f"this point breaks {rej.rule}: {rej.reason}", param="point")
         yield 0, point, trial
         return
     n = 0
@@ -389,5 +389,5 @@ def probe_space(
             rows.append({"point": index, **result_row(result, model_peak)})
             write_rows(out / "probes.csv", rows)
     if not rows:
-        raise UserError("no valid point to probe", field="--point" if point else "knobs")
+        raise UserError("no valid point to probe", field=None if point else "knobs", param="point" if point else None)
     return rows

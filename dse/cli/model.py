@@ -501,7 +501,7 @@ def calibrate_cmd(
 
     if gpu is not None and gpu not in HARDWARE:
         raise UserError(f"{gpu!r} is not allowed; use one of {', '.join(HARDWARE)}", field="--gpu")
-    checked_output(out, "--out")  # a directory or a missing folder is refused before the fit
+    checked_output(out, "out")  # a directory or a missing folder is refused before the fit
     names = [n.strip() for n in params.split(",") if n.strip()] if params else None
     bar, on_progress = render.calibrate_progress()
     with bar:
@@ -509,7 +509,7 @@ def calibrate_cmd(
     try:
         write(cal, out)  # atomically: never a half-written file
     except OSError as e:
-        raise output_error(e, out, "--out") from None
+        raise output_error(e, out, "out") from None
     if as_json:
         typer.echo(
             json.dumps(

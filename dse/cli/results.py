@@ -32,7 +32,7 @@ def leaderboard_cmd(
     from dse.study.store import READ_BATCH
 
     if csv is not None:
-        checked_output(csv, "--csv")  # a bad --csv is refused before the study is read
+        checked_output(csv, "csv")  # a bad --csv is refused before the study is read
     store, meta = open_store(out_dir)
     knob_names = list(meta["knobs"])
     summary = Summary(top, Provenance.of_meta(meta), Baseline.of_meta(meta), ProbeCost.of_meta(meta))
@@ -65,7 +65,7 @@ def report_cmd(
     path = html_file or Path(out_dir) / "report.html"
     store, meta = open_store(out_dir)
     try:
-        checked_output(path, "--html")  # a bad --html is refused before the study is read
+        checked_output(path, "html")  # a bad --html is refused before the study is read
         total = store.next_number()
         # one streamed pass; the page holds what it shows (report.render says what that is)
         path = report.write(store.iter_records(), meta, path, best=report.read_best(out_dir), total=total)

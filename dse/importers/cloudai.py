@@ -289,9 +289,7 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
     f = str(path)
     if "Tests" not in data:
         if test_id is not None:
-            raise UserError(
-                "--test picks one [[Tests]] entry of a scenario; this is a test file", file=f, field="--test"
-            )
+            raise UserError("--test picks one [[Tests]] entry of a scenario; this is a test file", file=f, param="test")
         return data, {}, "cmd_args"
     tests = data["Tests"]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
@@ -302,7 +300,7 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
             raise UserError(
                 f"no test {test_id!r}{did_you_mean(test_id, ids)}; the scenario has {', '.join(ids)}",
                 file=f,
-                field="--test",
+                param="test",
             )
         tests = [tests[ids.index(test_id)]]
     elif len(tests) > 1:
@@ -468,12 +466,12 @@ def _check_gpu(gpu: str | None) -> None:
     """``--gpu`` is required (CloudAI's files do not name the generation) and must be one dse knows."""
     if gpu is None:
         raise UserError(
-            f"CloudAI's files do not name the GPU generation; give --gpu, one of {', '.join(GPU_NAMES)}", field="--gpu"
+            f"CloudAI's files do not name the GPU generation; give --gpu, one of {', '.join(GPU_NAMES)}", param="gpu"
         )
     if gpu not in GPU_NAMES:
         raise UserError(
             f"unknown GPU generation {gpu!r}{did_you_mean(gpu, GPU_NAMES)}; known: {', '.join(GPU_NAMES)}",
-            field="--gpu",
+            param="gpu",
         )
 
 

@@ -792,7 +792,7 @@ def choose_params(runs: Sequence[Run], requested: Sequence[str] | None) -> tuple
         if unknown:
             raise UserError(
                 f"unknown parameter(s) {', '.join(unknown)}; calibratable: {', '.join(CALIBRATION_PRIORS)}",
-                field="--params",
+                param="params",
             )
         t = [n for n in requested if n not in (*MEMORY, *LOGITS_MEMORY)]
         m = [n for n in requested if n in (*MEMORY, *LOGITS_MEMORY)]
@@ -800,7 +800,7 @@ def choose_params(runs: Sequence[Run], requested: Sequence[str] | None) -> tuple
             raise UserError(
                 f"{len(requested)} parameters asked for but only {n_time} runs with a step time and "
                 f"{n_mem} with a memory figure; ask for at most as many as there are runs",
-                field="--params",
+                param="params",
             )
         return t, m
     t = identifiable(runs, STACK_TIME)[:n_time] if n_time else []

@@ -101,10 +101,10 @@ def env_kwargs(meta: dict[str, Any], space_path: str) -> dict[str, Any]:
 def _space(meta: dict[str, Any], given: str | None) -> tuple[Space, str]:
     path = given or meta.get("space")
     if not isinstance(path, str):
-        raise UserError("dse.json names no space file; pass --space FILE", field="--space")
+        raise UserError("dse.json names no space file; pass --space FILE", param="space")
     space = load_space(path)
     if {k: list(v) for k, v in space.knobs.items()} != meta["knobs"]:
-        raise UserError(f"{path}: its knobs are not the study's; pass the study's space with --space", field="--space")
+        raise UserError(f"{path}: its knobs are not the study's; pass the study's space with --space", param="space")
     return space, path
 
 
@@ -208,4 +208,4 @@ def _create(dataset_id: str, buf: Any, spec: Any, root: Path, meta: dict[str, An
             shutil.rmtree(target, ignore_errors=True)
         if isinstance(e, OSError):
             raise UserError(f"cannot write the dataset: {e.strerror or e}", file=str(target)) from None
-        raise UserError(str(e).splitlines()[0], field="--dataset-id") from None  # an id already taken: one line
+        raise UserError(str(e).splitlines()[0], param="dataset_id") from None  # an id already taken: one line

@@ -733,9 +733,9 @@ def write(
 ) -> Path:
     from dse.study.leaderboard import checked_output, output_error
 
-    path = checked_output(Path(path), "--html")
+    path = checked_output(Path(path), "html")
     text = render(records, meta, objective=objective, best=best, extra_html=extra_html, total=total)
     try:
         return write_text(path, text)
     except OSError as e:
-        raise output_error(e, path, "--html") from None
+        raise output_error(e, path, "html") from None

@@ -66,18 +66,16 @@ def check_out(out: Path, *, force: bool = False) -> None:
     """``out`` may be written: not there (or ``force`` and a regular file), in a directory that takes a new file.
     A one-line error naming ``--out`` otherwise; nothing is left behind."""
     if out.is_dir() or ((out.exists() or out.is_symlink()) and not out.is_file()):
-        raise UserError(
-            "is not a regular file; give the path of the policy file to write", file=str(out), field="--out"
-        )
+        raise UserError("is not a regular file; give the path of the policy file to write", file=str(out), param="out")
     if (out.exists() or out.is_symlink()) and not force:
-        raise UserError("already exists; pass --force to replace it (or another --out)", file=str(out), field="--out")
+        raise UserError("already exists; pass --force to replace it (or another --out)", file=str(out), param="out")
     if not out.parent.is_dir():
-        raise UserError(f"no such directory: {out.parent}", file=str(out), field="--out")
+        raise UserError(f"no such directory: {out.parent}", file=str(out), param="out")
     probe = _temporary(out)
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except OSError as e:
-        raise UserError(f"cannot write here: {e.strerror or e}", file=str(out), field="--out") from None
+        raise UserError(f"cannot write here: {e.strerror or e}", file=str(out), param="out") from None
     os.unlink(probe)
 
 
@@ -105,16 +103,14 @@ def save(policy: Policy, out: Path, *, force: bool = False) -> Path:
                 raise UserError(
                     "appeared while the policy trained; pass --force to replace it (or another --out)",
                     file=str(out),
-                    field="--out",
+                    param="out",
                 ) from None
             except OSError:  # a file system without hard links: check, then rename
                 if out.exists() or out.is_symlink():
-                    raise UserError(
-                        "already exists; pass --force to replace it", file=str(out), field="--out"
-                    ) from None
+                    raise UserError("already exists; pass --force to replace it", file=str(out), param="out") from None
                 os.replace(tmp, out)
     except OSError as e:
-        raise UserError(f"cannot write: {e.strerror or e}", file=str(out), field="--out") from None
+        raise UserError(f"cannot write: {e.strerror or e}", file=str(out), param="out") from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -589,7 +589,7 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
     """Write atomically (a temp file renamed into place), so a reader never sees half a table. A text cell that a
     spreadsheet would read as a formula (``=``, ``+``, ``-``, ``@``) is written with a leading ``'``
     (:func:`dse.inputs.csv_cell`; dse's readers take it off)."""
-    path = checked_output(Path(path), "--csv")
+    path = checked_output(Path(path), "csv")
     safe = df.copy()
     for col in safe.columns:
         if not pd.api.types.is_numeric_dtype(safe[col]):  # text (object or pandas' str dtype): its cells
@@ -598,7 +598,7 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
         with atomic_write(path, newline="") as fh:  # newline="": pandas writes its own line ends
             safe.to_csv(fh, index=False)
     except OSError as e:
-        raise output_error(e, path, "--csv") from None
+        raise output_error(e, path, "csv") from None
     return path
 
 
@@ -631,18 +631,18 @@ def savings_line(records: Sequence[TrialRecord]) -> str:
     return f"; early stop: {n} trials" + (f", {p} pruned" if p else "") + f", {saved:,.1f} GPU-hours saved"
 
 
-def checked_output(path: Path, field: str) -> Path:
+def checked_output(path: Path, param: str) -> Path:
     """``path``, checked before anything is read or written: a :class:`UserError` when it is a directory or
     its folder does not exist (nothing is written then)."""
     if path.is_dir():
-        raise UserError("is a directory; give a file name", file=str(path), field=field)
+        raise UserError("is a directory; give a file name", file=str(path), param=param)
     if not path.parent.is_dir():
-        raise UserError("its folder does not exist", file=str(path), field=field)
+        raise UserError("its folder does not exist", file=str(path), param=param)
     return path
 
 
-def output_error(e: OSError, path: Path, field: str) -> Exception:
+def output_error(e: OSError, path: Path, param: str) -> Exception:
     """A full disk is dse's trouble (:class:`InfrastructureError`); anything else the user's choice of path."""
     return infrastructure(e, f"cannot write {path}") or UserError(
-        f"cannot write: {e.strerror or e}", file=str(path), field=field
+        f"cannot write: {e.strerror or e}", file=str(path), param=param
     )
