@@ -106,7 +106,7 @@ def suite_benchmarks(split: str, twins: int, ids: Sequence[str] = (), held_out_o
     if unknown:
         raise UserError(
             f"no benchmark {unknown[0]!r} in the {split} split; its ids: {', '.join(b.id for b in known)}",
-            field="--benchmark",
+            param="benchmark",
         )
     out = []
     for b in known:
@@ -190,21 +190,21 @@ def check(settings: Settings, benchmarks: Sequence[Benchmark]) -> None:
     if settings.budget is not None:
         bounded("--budget", settings.budget, 1, MAX_BUDGET)
     if not benchmarks:
-        raise UserError("no benchmark to run; name at least one", field="--benchmark")
+        raise UserError("no benchmark to run; name at least one", param="benchmark")
     for b in benchmarks:
         if b.twins:
             bounded("--twins", len(b.twins), 1, MAX_TWINS)
     unknown = [a for a in settings.agents if a not in AGENTS]
     if unknown:
-        raise UserError(f"no agent {unknown[0]!r}; the leaderboard's agents: {', '.join(AGENTS)}", field="--agent")
+        raise UserError(f"no agent {unknown[0]!r}; the leaderboard's agents: {', '.join(AGENTS)}", param="agent")
     if not settings.agents:
-        raise UserError("no agent to run; name at least one", field="--agent")
+        raise UserError("no agent to run; name at least one", param="agent")
     if len(settings.policies) > MAX_POLICIES:
-        raise UserError(f"{len(settings.policies)} policy files; give at most {MAX_POLICIES}", field="--policy")
+        raise UserError(f"{len(settings.policies)} policy files; give at most {MAX_POLICIES}", param="policy")
     if "policy" in settings.agents and not settings.policies:
-        raise UserError("the policy agent needs a policy file (--policy FILE, one per training seed)", field="--policy")
+        raise UserError("the policy agent needs a policy file (--policy FILE, one per training seed)", param="policy")
     if not 0 < settings.target <= 1:
-        raise UserError(f"{settings.target!r} is out of range; give a fraction above 0, at most 1", field="--target")
+        raise UserError(f"{settings.target!r} is out of range; give a fraction above 0, at most 1", param="target")
 
 
 def _agent(game: SearchGame, shown: str, seed: int, policy: Path | None, extra: Mapping[str, Any]) -> Any:
