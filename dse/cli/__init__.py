@@ -153,6 +153,7 @@ app.add_typer(import_app, name="import")
 export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Write a study into another tool's storage.")
 export_app.command("optuna")(user_errors(exports.optuna_cmd))
 export_app.command("minari")(user_errors(exports.minari_cmd))
+export_app.command("minari-suite")(user_errors(exports.minari_suite_cmd))
 app.add_typer(export_app, name="export")
 
 

@@ -34,11 +34,53 @@ def minari_cmd(
     datasets_path: Path | None = typer.Option(
         None, "--datasets-path", metavar="DIR", help="where Minari keeps datasets (default: $MINARI_DATASETS_PATH)"
     ),
+    budget: int | None = typer.Option(
+        None, "--budget", metavar="N", help="the episode's launched runs (default: the study's launched runs)"
+    ),
 ) -> None:
-    """Write the study as a Minari dataset: one episode of dse/Recipe-v0, one step per trial (the rl extra)."""
+    """Write the study as a Minari dataset: one episode of dse/Recipe-v0 by its rules (the rl extra)."""
     from dse.results.offline import to_minari
 
-    ds = to_minari(study_dir, dataset_id, space=space, datasets_path=datasets_path)
+    ds = to_minari(study_dir, dataset_id, space=space, datasets_path=datasets_path, budget=budget)
     render.console.print(
         f"wrote Minari dataset {ds.spec.dataset_id!r} ({ds.total_steps} steps, 1 episode)", highlight=False
+    )
+
+
+def minari_suite_cmd(
+    split: str = typer.Option("test", "--split", metavar="SPLIT", help="the suite's split: train, validation, test"),
+    episodes: int = typer.Option(
+        28, "--episodes", metavar="N", help="twins per benchmark (a replay: agent seeds), each played by every agent"
+    ),
+    agent: list[str] = typer.Option(
+        ["random", "guided"], "--agent", metavar="NAME", help="an agent that plays (repeat; random and guided needed)"
+    ),
+    benchmark: list[str] = typer.Option(
+        [], "--benchmark", metavar="ID", help="a suite id (repeat; default: every benchmark of the split)"
+    ),
+    prefix: str = typer.Option("dse/suite", "--prefix", metavar="NS", help="the datasets' namespace"),
+    datasets_path: Path | None = typer.Option(
+        None, "--datasets-path", metavar="DIR", help="where Minari keeps datasets (default: $MINARI_DATASETS_PATH)"
+    ),
+) -> None:
+    """Write the suite as Minari datasets: per benchmark, one episode per twin and agent (the rl extra)."""
+    from dse.results.offline import to_minari_suite
+
+    def progress(dataset_id: str, n: int, ref: tuple[float, float]) -> None:
+        render.console.print(
+            f"wrote {dataset_id!r}: {n} episodes, reference returns random {ref[0]:.3f}, guided {ref[1]:.3f} (measured)",
+            highlight=False,
+        )
+
+    out = to_minari_suite(
+        split,
+        episodes=episodes,
+        agents=agent,
+        only=benchmark or None,
+        prefix=prefix,
+        datasets_path=datasets_path,
+        progress=progress,
+    )
+    render.console.print(
+        f"{len(out.datasets)} datasets, {out.episodes} episodes in {out.seconds:.0f} s (measured)", highlight=False
     )

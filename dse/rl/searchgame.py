@@ -58,6 +58,7 @@ RUN_COST = 0.005  # the reward's cost of one launched run (a fraction of the mod
 WASTE_COST = 0.01  # the reward's cost of a proposal that launched nothing (rejected, or already run)
 MAX_BUDGET = 1_000_000  # launched runs per episode: ten times the points of the largest walkable space
 DEFAULT_BUDGET = 50  # launched runs per episode unless told (dse train-policy's default too)
+TARGET = 0.99  # info's ``solved``: the best found within 1% of the truth's best
 REPEAT = "repeat"  # a proposal of a point already run: nothing launched (not ``rejected``: the rules accept it)
 STOP = "stop"  # the status of the stop action's step
 GAME_STATUSES = (*STATUSES, REPEAT)  # what the observation's status one-hot covers
@@ -91,7 +92,7 @@ def check_number(name: str, value: Any, lo: float, hi: float, *, above: bool = F
     return v
 
 
-def game_args(budget: Any = 50, target: Any = 0.99, run_cost: Any = RUN_COST, waste_cost: Any = WASTE_COST) -> dict:
+def game_args(budget: Any = 50, target: Any = TARGET, run_cost: Any = RUN_COST, waste_cost: Any = WASTE_COST) -> dict:
     """The game's arguments, checked (see the module docstring): ``budget`` launched runs (1 to 1,000,000), the stop
     rule's ``target`` fraction of the truth's best (above 0, at most 1), the costs per run and per wasted proposal
     (0 to :data:`OBS_HIGH`, the largest value an observation holds)."""
@@ -283,7 +284,7 @@ class SearchGame(gym.Env):
         *,
         budget: int = DEFAULT_BUDGET,
         best: float | None = None,
-        target: float = 0.99,
+        target: float = TARGET,
         run_cost: float = RUN_COST,
         waste_cost: float = WASTE_COST,
         redraw: Callable[[int], tuple[Callable[[Key], Outcome], float | None]] | None = None,
@@ -334,8 +335,9 @@ class SearchGame(gym.Env):
             lo, hi = getattr(self.redraw, "seeds", (0, 2**32 - 1))  # the twins of a split, when drawn from one
             rng = np.random.default_rng([self.base_twin_seed, int(seed or 0)])
             ts = pin if pin is not None else lo + int(rng.integers(hi - lo + 1))
-            self.truth, self.true_best = self.redraw(ts)
-            self.twin_seed = ts
+            if ts != self.twin_seed:  # the same twin keeps its truth (and the outcomes it has computed)
+                self.truth, self.true_best = self.redraw(ts)
+                self.twin_seed = ts
         self._new_episode()
         return self.history.vector(), self._info()
 
