@@ -310,13 +310,14 @@ def test_unfused_attention_keeps_a_moe_layers_scores():
     base = moe_layer_activation_bytes(shape, flash, False)
     lse = 4.0 * s * b * a
     repeated_kv = 2.0 * 2.0 * (a - arch.num_query_groups) * arch.kv_channels * s * b  # the local spec's K, V copies
-    for backend, per_score, extra in (("unfused", 2.0, 0.0), ("local", 6.0, repeated_kv)):
+    eager = arch.moe_topk * s * b * 3 * 2.0 * arch.expert_ffn  # and its experts' eager activation (its own test)
+    for backend, per_score, kv, mlp in (("unfused", 2.0, 0.0, 0.0), ("local", 6.0, repeated_kv, eager)):
         layout = replace(flash, attention_backend=backend)
         assert layout.unfused_attention
         kept = moe_layer_activation_bytes(shape, layout, False)
-        assert kept - base == pytest.approx(per_score * a * s * s * b - lse + extra)
+        assert kept - base == pytest.approx(per_score * a * s * s * b - lse + kv + mlp)
         assert moe_layer_activation_bytes(shape, layout, False, "selective", frozenset({"core_attn"})) == (
-            pytest.approx(base - lse)
+            pytest.approx(base - lse + mlp)
         )
         assert moe_layer_activation_bytes(shape, layout, False, "selective", frozenset({"moe_act"})) > base
 
@@ -420,3 +421,24 @@ def test_the_routers_imbalance_slows_expert_parallel_ranks_only():
 
     assert step(8, uneven) > 1.05 * step(8, DEFAULT_PARAMS)
     assert step(1, uneven) == pytest.approx(step(1, DEFAULT_PARAMS))
+
+
+def test_the_local_specs_eager_expert_activation_keeps_its_intermediates():
+    """Megatron-Core's local layer spec (attention_backend=local) runs each expert's SwiGLU as eager ops and weights it
+    by its routing probability afterwards: per routed copy the SiLU's output, ``x_linear + offset`` and the
+    activation's output stay for the backward pass (3 x 2 bytes per expert-FFN element) beyond what the fused kernel
+    keeps; recomputing ``moe_act`` gives them up. (Selective recompute of core attention here, so that the local
+    spec's attention keeps what TE's unfused one does.)"""
+    from dse.perfmodel.layout import ModelLayout, Shape
+    from dse.perfmodel.moe import moe_layer_activation_bytes
+
+    arch = RECIPES["qwen3_30b_a3b"].arch
+    local, unfused = (
+        ModelLayout(num_gpus=64, pp=4, ep=16, gbs=64, seq_length=4096, attention_backend=b, recompute="selective")
+        for b in ("local", "unfused")
+    )
+    shape = Shape.of(arch, local)
+    copies = 8 * 4096  # top-8 of a micro-batch's 4,096 tokens
+    for mods, extra in ((frozenset({"core_attn"}), copies * 3 * 2 * 768), (frozenset({"core_attn", "moe_act"}), 0)):
+        kept = [moe_layer_activation_bytes(shape, lay, False, "selective", mods) for lay in (local, unfused)]
+        assert kept[0] - kept[1] == pytest.approx(extra), mods

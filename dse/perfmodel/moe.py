@@ -509,19 +509,30 @@ def moe_layer_activation_bytes(
     rep = sb * h * (4.0 + norms_out + 2.0 * mask) / split_in
     attn = attention_kept_bytes(shape, layout, recompute, modules, split_in)
     gate = 2.0 if arch.gated_mlp else 1.0
+    # Megatron-Core's local layer spec (attention_backend "local") runs each MLP's activation as eager ops
+    # (bias_activation_fusion off): a gated MLP keeps the SiLU's output and ``x_linear + glu_linear_offset`` besides
+    # (2 bytes an element each; dse.perfmodel.memory.local_glu_bytes, the dense layers' count)
+    local = layout.attention_backend == "local"
+    eager_b = 4.0 if (local and arch.gated_mlp) else 0.0  # per element of the MLP's width
+    mlp_b = 2.0 * gate + low + eager_b
     if dense or not arch.num_experts:
-        return rep + attn + (0.0 if "mlp" in modules else sb * arch.ffn_hidden_size * (2.0 * gate + low) / t)
+        return rep + attn + (0.0 if "mlp" in modules else sb * arch.ffn_hidden_size * mlp_b / t)
     # "mlp" recomputes only a dense layer's MLP (Megatron-Core's TransformerLayer: ``if not isinstance(self.mlp,
     # MoELayer): self.recompute_mlp = True``); a MoE layer's shared experts are "shared_experts"
     Fs, Fe = arch.moe_shared_expert_size, arch.expert_ffn
-    shared = 0.0 if "shared_experts" in modules else sb * Fs * (2.0 * gate + low) / t
+    shared = 0.0 if "shared_experts" in modules else sb * Fs * mlp_b / t
     if "moe" in modules:
         return rep + attn + shared
     copies = arch.moe_topk * sb / t
     act_out = 0.0 if "moe_act" in modules else low * Fe
     # Megatron-Core's experts (megatron/core/transformer/moe/experts.py, ``activation_func_with_probs``) weight each
     # copy by its routing probability inside the activation, so the unpermutation keeps no expert output: the
-    # activation keeps its input and the copy's fp32 probability instead
+    # activation keeps its input and the copy's fp32 probability instead. On the local spec each expert is an MLP
+    # (SequentialMLP) that multiplies its eager activation's output by the copy's fp32 probability (``per_token_scale``)
+    # and casts the product back for fc2: the multiplication keeps that output too, so a copy keeps 3 bf16 tensors of
+    # Fe elements beyond the fused kernel's (1 without a gate), unless "moe_act" recomputes the activation
+    if local and "moe_act" not in modules:
+        act_out += (eager_b + 2.0) * Fe
     routed = copies * (low * h + 2.0 * Fe * gate + act_out + 4.0)
     router = 8.0 * sb / t * arch.num_experts
     return rep + attn + shared + routed + router
