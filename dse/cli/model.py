@@ -474,7 +474,7 @@ def calibrate_cmd(
     sources: list[str] = typer.Argument(
         ...,
         metavar="SOURCES",
-        help='study directories (dse.json + leaderboard.csv, and probes/ with screen = "probe"), dse probe --out directories (memory only: each probe a stage\'s peak) or TSVs in the format of bench/data/h200_real_runs.tsv',
+        help='study directories (dse.json + leaderboard.csv, and probes/ with screen = "probe"), dse probe --out directories (each probe a stage\'s peak and compute time) or TSVs in the format of bench/data/h200_real_runs.tsv',
     ),
     out: Path = typer.Option(..., "--out", metavar="PATH", help="calibration file to write (TOML)"),
     params: str | None = typer.Option(

@@ -377,6 +377,36 @@ def calibration(cal, report: list[dict], out: Path) -> None:
     def pct(v):
         return "-" if v is None else f"{v:.1f}%"
 
+    probes = cal.fit.get("probes") or []
+    if probes:
+        t = Table(
+            "probe",
+            "stage",
+            "peak GiB measured",
+            "model",
+            "fitted",
+            "step s measured",
+            "model",
+            "fitted",
+            title="probes against the model's figure of their stage (predicted; step: the stage's compute alone)",
+        )
+
+        def num(v, fmt):
+            return "-" if v is None else format(v, fmt)
+
+        for r in probes:
+            t.add_row(
+                r["probe"],
+                r["stage"],
+                "oom" if r["oom"] else num(r["peak_memory_gib"], ".2f"),
+                num(r["model_peak_memory_gib"], ".2f"),
+                num(r["fitted_peak_memory_gib"], ".2f"),
+                num(r["step_time_s"], ".3f"),
+                num(r["model_step_time_s"], ".3f"),
+                num(r["fitted_step_time_s"], ".3f"),
+            )
+        console.print(t)
+
     b, a, lo = cal.fit["before"], cal.fit["after"], cal.loo or {}
     line(
         f"step-time MAPE {pct(b['step_time_mape'])} shipped -> {pct(a['step_time_mape'])} fitted, "

@@ -123,13 +123,21 @@ class Run:
     stage: str | None = None
 
 
+def run_step_s(p, P: Params, stage: str | None) -> float:
+    """The model's step time (s) of a prepared layout ``p`` under ``P`` as a run measures it: the whole step, or what a
+    probe of a stage measures (its compute alone: :meth:`dse.perfmodel.model.Prepared.probe_step_s`)."""
+    return p.step_time_s(P) if stage is None else p.probe_step_s(P, stage)
+
+
 def run_peak_gib(p, P: Params, stage: str | None) -> float:
     """The model's peak (GiB) of a prepared layout ``p`` under ``P`` as a run measures it: the largest stage's, or a
-    probed stage's (a middle stage where the model counts none: the largest, as ``dse probe`` compares it)."""
+    probed stage's (a middle stage where the model counts none: the largest, as ``dse probe`` compares it) less what
+    the model counts outside PyTorch's allocator (:meth:`dse.perfmodel.memory.MemoryCounts.outside_gib`: the CUDA
+    context and NCCL's communicators, which a probe on a fake process group never holds), the part a probe measures."""
     if stage is None:
         return p.peak_memory_gib(P)
     stages = p.memory.stage_gib(P, p.stack)
-    return stages.get(stage) or max(stages.values())
+    return (stages.get(stage) or max(stages.values())) - p.memory.outside_gib(P)
 
 
 # ---- sources -------------------------------------------------------------------------------------------
@@ -453,9 +461,10 @@ _STAGE_OF_WHY = {"first stage": "first", "last stage": "last"}
 
 
 def _probe_runs(space, csv_p: Path) -> list[Run]:
-    """The memory observations of a ``probes.csv``: each probed rank's peak (``ok``) or its out-of-memory end, of
-    its pipeline stage (the model's first, last or a middle stage), with no step time (a probe's is its compute
-    alone: no communication, no bubble)."""
+    """The observations of a ``probes.csv``: each probed rank's peak and step time (``ok``) or its out-of-memory end,
+    of its pipeline stage (the model's first, last or a middle stage). A probe's step time is the stage's compute
+    alone (no communication, no bubble), which the fit compares with the model's compute of that stage
+    (:func:`run_step_s`): probes fit the compute terms, and the communication and bubble terms stay the model's."""
     from dse.rules.trial import resolve
 
     runs = []
@@ -464,9 +473,9 @@ def _probe_runs(space, csv_p: Path) -> list[Run]:
             trial = resolve(space, _board_point(space, row, csv_p))
             stage = _STAGE_OF_WHY.get(row.get("why", ""), "mid")
             name = f"probe of point {row.get('point')} rank {row.get('rank')}"
-            peak = _float(row.get("peak_memory_gib"))
-            if row.get("status") == "ok" and peak:
-                runs.append(Run(name, trial, None, peak, where=f"{csv_p}: {name}", stage=stage))
+            peak, step = _float(row.get("peak_memory_gib")), _float(row.get("step_time_s"))
+            if row.get("status") == "ok" and (peak or step):
+                runs.append(Run(name, trial, step or None, peak or None, where=f"{csv_p}: {name}", stage=stage))
             elif row.get("status") == "oom":
                 runs.append(Run(name, trial, None, None, oom=True, where=f"{csv_p}: {name}", stage=stage))
     return runs
@@ -521,10 +530,11 @@ def _check_plausible(run: Run, gpu: str) -> None:
     pr = _predicted(run)
     where = run.where or run.name
     if run.step_time_s is not None:
-        ratio = run.step_time_s / pr.step_time_s
+        model_s = pr.step_time_s if run.stage is None else prepare(run.trial).probe_step_s(DEFAULT_PARAMS, run.stage)
+        ratio = run.step_time_s / model_s
         if not 1 / UNIT_FACTOR <= ratio <= UNIT_FACTOR:
             raise UserError(
-                f"step time {run.step_time_s * 1e3:.6g} ms is {ratio:.3g} times the model's {pr.step_time_s * 1e3:.4g} "
+                f"step time {run.step_time_s * 1e3:.6g} ms is {ratio:.3g} times the model's {model_s * 1e3:.4g} "
                 f"ms for this layout; a unit error? (a TSV's step_time_ms is milliseconds, a study's step_time_s "
                 f"seconds)",
                 file=where,
@@ -732,15 +742,15 @@ def _refit_without(names: Sequence[str], loss: Loss, fitted: Params, skip: int, 
 
 def time_loss(runs: Sequence[Run]) -> Loss:
     """Squared log error of the predicted step times over the runs with one, over ``TIME_SIGMA``^2."""
-    timed = [(i, prepare(r.trial), math.log(r.step_time_s)) for i, r in enumerate(runs) if r.step_time_s]
+    timed = [(i, prepare(r.trial), math.log(r.step_time_s), r.stage) for i, r in enumerate(runs) if r.step_time_s]
 
     def terms(P: Params) -> list[float]:
         out = [0.0] * len(runs)
-        for i, p, ls in timed:
-            out[i] = (math.log(p.step_time_s(P)) - ls) ** 2
+        for i, p, ls, stage in timed:
+            out[i] = (math.log(run_step_s(p, P, stage)) - ls) ** 2
         return out
 
-    return Loss(terms, tuple(i for i, _, _ in timed), TIME_SIGMA**2)
+    return Loss(terms, tuple(t[0] for t in timed), TIME_SIGMA**2)
 
 
 def memory_loss(runs: Sequence[Run]) -> Loss:
@@ -772,13 +782,13 @@ def identifiable(
 ) -> list[str]:
     """Those of ``names`` that move some run's predicted step time by more than ``threshold`` (log) when
     the parameter moves by one prior width."""
-    timed = [r.trial for r in runs if r.step_time_s]
-    ref = [math.log(predict(t, params=base).step_time_s) for t in timed]
+    timed = [(prepare(r.trial), r.stage) for r in runs if r.step_time_s]
+    ref = [math.log(run_step_s(p, base, stage)) for p, stage in timed]
     out = []
     for n in names:
         pr = CALIBRATION_PRIORS[n]
         moved = base.with_values(**{n: pr.from_z(pr.to_z(getattr(base, n)) + pr.width)})
-        if max(abs(math.log(predict(t, params=moved).step_time_s) - r0) for t, r0 in zip(timed, ref)) > threshold:
+        if max(abs(math.log(run_step_s(p, moved, stage)) - r0) for (p, stage), r0 in zip(timed, ref)) > threshold:
             out.append(n)
     return out
 
@@ -825,16 +835,41 @@ def errors(runs: Sequence[Run], P: Params) -> dict[str, float | None]:
     for r in runs:
         if not (r.step_time_s or r.peak_memory_gib):
             continue
-        pr = predict(r.trial, params=P)
+        p = prepare(r.trial)
         if r.step_time_s:
-            st.append(abs(pr.step_time_s - r.step_time_s) / r.step_time_s)
+            st.append(abs(run_step_s(p, P, r.stage) - r.step_time_s) / r.step_time_s)
         if r.peak_memory_gib:
-            pm = pr.peak_memory_gib if r.stage is None else run_peak_gib(prepare(r.trial), P, r.stage)
+            pm = run_peak_gib(p, P, r.stage)
             mem.append(abs(pm - r.peak_memory_gib) / r.peak_memory_gib)
     return {
         "step_time_mape": 100 * statistics.fmean(st) if st else None,
         "memory_mape": 100 * statistics.fmean(mem) if mem else None,
     }
+
+
+def probe_rows(runs: Sequence[Run], before: Params, after: Params) -> list[dict[str, Any]]:
+    """Each probe (a run of one stage) beside the model's figures of its stage, shipped (``before``) and fitted
+    (``after``): its measured peak and step time against the model's peak of the stage and its compute alone
+    (:func:`run_step_s`), which is all a probe measures."""
+    out = []
+    for r in runs:
+        if r.stage is None:
+            continue
+        p = prepare(r.trial)
+        out.append(
+            {
+                "probe": r.name,
+                "stage": r.stage,
+                "peak_memory_gib": r.peak_memory_gib,
+                "oom": r.oom,
+                "model_peak_memory_gib": run_peak_gib(p, before, r.stage),
+                "fitted_peak_memory_gib": run_peak_gib(p, after, r.stage),
+                "step_time_s": r.step_time_s,
+                "model_step_time_s": run_step_s(p, before, r.stage),
+                "fitted_step_time_s": run_step_s(p, after, r.stage),
+            }
+        )
+    return out
 
 
 Progress = Callable[[int, int], None]  # (fits done, fits in all): dse calibrate's progress bar
@@ -927,7 +962,9 @@ def calibrate(
         pr = CALIBRATION_PRIORS[n]
         shift = abs(pr.to_z(new) - pr.to_z(old)) / pr.width  # in prior widths
         report.append({"name": n, "old": old, "new": new, "moved": bool(shift > 0.1), "shift_sigma": shift})
-    fit = {"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)}
+    fit: dict[str, Any] = {"before": errors(runs, DEFAULT_PARAMS), "after": errors(runs, P)}
+    if any(r.stage is not None for r in runs):
+        fit["probes"] = probe_rows(runs, DEFAULT_PARAMS, P)
     _check_fit(P, t_names, m_names, fit)
     on_loo = None if progress is None else (lambda done, _n: progress(1 + done, total))
     cal = Calibration(

@@ -892,6 +892,28 @@ class Prepared:
         """The step time (s) under ``params``: :meth:`predict`'s ``step_time_s`` without the rest."""
         return self.step_time(params).step_s
 
+    def probe_step_s(self, params: Params, stage: str) -> float:
+        """What a probe of one rank of pipeline stage ``stage`` ("first", "last" or "mid") measures as its step
+        time (s): the stage's own compute under a fake process group, no communication and no waiting. Every
+        micro-batch through the stage's layers (their kernels, recompute and host time; no tensor-, expert- or
+        context-parallel collective), the output layer and loss on the last stage (without its sequence-parallel
+        gather), the offload copies of a one-stage layout, then the optimizer step, the gradient accumulation and
+        the step's overhead; no pipeline bubble, send or receive, no data-parallel traffic; the experts' tokens
+        spread evenly (the payload forces an even routing in a probe: no ``moe_imbalance``)."""
+        params = params.with_values(moe_imbalance=1.0)  # a probe routes evenly (recipes.mcore under its fake group)
+        machine = machine_for(self.hw, params, self.layout)
+        shape, stages, m = self.shape, self.stages, self.shape.microbatches
+        t = step_time(shape, self.layout, machine, stages, self.stack, self.layer_bytes)
+        layer = layer_time(shape, self.layout, machine, self.stack)
+        layer_s = layer.compute + layer.recompute + layer.host_wait
+        layers = {"first": stages.first_layers, "last": stages.last_layers}.get(stage, stages.mid_layers)
+        if shape.pp == 1:
+            layers = stages.first_layers
+        mb = layers * layer_s
+        if stage == "last" or shape.pp == 1:
+            mb += logits_time(shape, self.layout, machine, self.stack, 0.0) * (1 + shape.arch.mtp_layers)
+        return m * mb + t.offload_exposed_s + t.optimizer_s + t.grad_accumulation_s + t.overhead_s
+
     def peak_memory_gib(self, params: Params) -> float:
         """The peak memory (GiB) under ``params``: :meth:`predict`'s ``peak_memory_gib`` without the rest."""
         return self.memory.peak_gib(params, self.stack)
