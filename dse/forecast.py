@@ -14,122 +14,40 @@ memory error on every known outcome (``bench/screen_evidence.py``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from dse.agents.base import Action, Forecast, Forecaster
-from dse.perfmodel.calibrate import calibrated_params
+from dse.agents.base import Forecaster
+from dse.evaluator import Evaluator, PointForecast, prior_model, screened_peak
 from dse.perfmodel.refit import StudyModel
-from dse.rules import constraints
 from dse.rules.space import DEFAULT_SCREEN_MARGIN, WALK_LIMIT, Space
-from dse.rules.trial import TrialConfig, resolve
 
-__all__ = ["DEFAULT_SCREEN_MARGIN", "Screen", "StudyCost", "model_forecaster", "screened_peak", "study_cost"]
+__all__ = [
+    "DEFAULT_SCREEN_MARGIN",
+    "PointForecast",
+    "Screen",
+    "StudyCost",
+    "model_forecaster",
+    "prior_model",
+    "screened_peak",
+    "study_cost",
+]
 COST_SAMPLES = 2_000  # seeded draws for the cost of a space too large to walk
 
+# The memory screen of a space is its evaluator's: ``Screen(space, model)`` (``reason``, ``point``, ``margin``) for
+# code that holds no study's evaluator.
+Screen = Evaluator
 
-def prior_model(space: Space) -> StudyModel:
-    """The model a study starts from (the space's calibration, else the shipped parameters), learning nothing."""
-    return StudyModel(space, calibrated_params(space.backend.calibration), learns=False, cache=0)
 
-
-def model_forecaster(space: Space, model: StudyModel | None = None) -> Forecaster:
+def model_forecaster(space: Space | Evaluator, model: StudyModel | None = None) -> Forecaster:
     """``action -> Forecast`` (None for a point the constraints reject) for ``space``'s objective, under ``model``
-    (the study's, refit as its runs come: each call asks its current parameters) or the prior's."""
-    names = space.knob_names
-    metric, sense = space.objective.metric, space.objective.sense
-    model = model or prior_model(space)
-
-    def forecast(action: Action) -> Forecast | None:
-        trial = resolve(space, {n: space.knobs[n][int(action[n])] for n in names})
-        if constraints.check(trial) is not None:
-            return None
-        p = model.predict(trial)
-        value = float(getattr(p, metric))
-        return Forecast(
-            reward=value if sense == "maximize" else -value,
-            peak_memory_gib=p.peak_memory_gib,
-            memory_gib=p.gpu_memory_gib,
-        )
-
-    return forecast
-
-
-def screened_peak(peak_gib: float, capacity_gib: float, margin: float) -> bool:
-    """Whether a predicted peak is beyond the screen: above the GPU's memory by more than ``margin`` of it."""
-    return peak_gib > capacity_gib * (1.0 + margin)
-
-
-@dataclass(frozen=True)
-class PointForecast:
-    """The model's figures for one valid point: its peak memory against the GPU's, the step time, the cost of a
-    run (GPUs x (steps x step time + the system's start-up) in GPU-hours) and the screen's verdict."""
-
-    peak_memory_gib: float
-    memory_gib: float
-    step_time_s: float
-    gpu_hours: float
-    screened: bool
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_memory_gib <= self.memory_gib
-
-
-class Screen:
-    """The memory screen of a space (``[search] screen``, ``screen_margin``): ``reason(trial)`` says why a valid
-    point is not launched, or None. Off (``screen = "none"``) it screens nothing but still forecasts."""
-
-    def __init__(self, space: Space, model: StudyModel | None = None):
-        self.space = space
-        self.on = space.search.screen != "none"
-        self.model = model or prior_model(space)
-
-    @property
-    def margin(self) -> float:
-        """The margin now: the space's until the study has measured a peak, then from the model's measured error."""
-        return self.model.margin
-
-    @property
-    def source(self) -> str:
-        if self.model.runs and self.model.learns:
-            return f"the model refit on {len(self.model.runs)} runs of this study"
-        return "the space's calibration" if self.space.backend.calibration else "the shipped model"
-
-    def point(self, trial: TrialConfig) -> PointForecast:
-        """The model's forecast of one valid point."""
-        p = self.model.predict(trial)
-        steps = int(trial.values["max_steps"])
-        hours = trial.num_gpus * (p.step_time_s * steps + self.space.system.startup_s) / 3600.0
-        screened = self.on and screened_peak(p.peak_memory_gib, p.gpu_memory_gib, self.margin)
-        return PointForecast(p.peak_memory_gib, p.gpu_memory_gib, p.step_time_s, hours, screened)
-
-    def buffers_gib(self, trial: TrialConfig) -> float:
-        """What a probe of ``trial`` cannot see and a real run holds beside its tensors (GiB, predicted): the
-        model's reserve for the CUDA context and NCCL's communicators and buffers, and NCCL user-buffer
-        registration where the point turns it on, and what the payload's runs hold outside PyTorch's allocator beyond
-        the reserve (dse.perfmodel.memory.MemoryCounts.outside_gib)."""
-        return self.model.prepared(trial).memory.outside_gib(self.model.params)
-
-    def reason(self, trial: TrialConfig) -> str | None:
-        """Why the screen keeps ``trial`` from launching (its predicted peak and the GPU's memory), or None."""
-        if not self.on:
-            return None
-        if (why := self.model.oom_neighbour(trial)) is not None:
-            return why
-        return self.model_reason(trial)
-
-    def model_reason(self, trial: TrialConfig) -> str | None:
-        """The model's part of :meth:`reason`: the predicted peak beyond the GPU's memory and the margin."""
-        f = self.point(trial)
-        if not f.screened:
-            return None
-        return (
-            f"predicted peak memory {f.peak_memory_gib:.1f} GiB > {f.memory_gib:.0f} GiB GPU memory "
-            f"+ {100 * self.margin:.0f}% margin ({self.source})"
-        )
+    (the study's, refit as its runs come: each call asks its current parameters) or the prior's; given an
+    evaluator, its forecaster (its model, its kept points)."""
+    evaluator = space if isinstance(space, Evaluator) else Evaluator(space, model)
+    return evaluator.forecaster()
 
 
 @dataclass(frozen=True)
@@ -148,28 +66,29 @@ class StudyCost:
     budget: int | None
 
 
-def _valid_trials(space: Space, seed: int = 0) -> tuple[Iterator[TrialConfig], bool, float]:
-    """The valid points' trials: all of them up to the walk limit; else seeded uniform draws, with the factor
-    that scales a draw count to the space (valid points are estimated, not enumerated)."""
+def _valid_points(evaluator: Evaluator, seed: int = 0) -> tuple[Iterator[Mapping[str, Any]], bool, float]:
+    """The valid points: all of them up to the walk limit; else seeded uniform draws, with the factor that scales
+    a draw count to the space (valid points are estimated, not enumerated)."""
+    space = evaluator.space
     if space.size <= WALK_LIMIT:
-        trials = (resolve(space, p) for p in space.points())
-        return (t for t in trials if constraints.check(t) is None), True, 1.0
+        return (p for p in space.points() if evaluator.valid(p)), True, 1.0
     sizes = np.asarray([len(v) for v in space.knobs.values()], dtype=np.int64)
     rows = np.random.default_rng(seed).integers(0, sizes, size=(COST_SAMPLES, len(sizes)))
-    trials = (resolve(space, space.point_at(tuple(int(i) for i in r))) for r in rows)
-    return (t for t in trials if constraints.check(t) is None), False, space.size / COST_SAMPLES
+    points = (space.point_at(tuple(int(i) for i in r)) for r in rows)
+    return (p for p in points if evaluator.valid(p)), False, space.size / COST_SAMPLES
 
 
-def study_cost(space: Space, budget: int | None) -> StudyCost:
-    """The forecast cost of a study of ``space``: without a budget (a grid) every valid point the screen keeps
-    runs once; with one, ``budget`` runs (at most the points kept) at the median predicted cost of a run."""
-    screen = Screen(space)
-    trials, exact, scale = _valid_trials(space)
+def study_cost(space: Space | Evaluator, budget: int | None) -> StudyCost:
+    """The forecast cost of a study of ``space`` (or of an evaluator's space, with its model and kept points):
+    without a budget (a grid) every valid point the screen keeps runs once; with one, ``budget`` runs (at most the
+    points kept) at the median predicted cost of a run."""
+    evaluator = space if isinstance(space, Evaluator) else Evaluator(space)
+    points, exact, scale = _valid_points(evaluator)
     costs: list[float] = []
-    points = screened = 0
-    for t in trials:
-        f = screen.point(t)
-        points += 1
+    n = screened = 0
+    for p in points:
+        f = evaluator.point(p)
+        n += 1
         if f.screened:
             screened += 1
         else:
@@ -181,4 +100,4 @@ def study_cost(space: Space, budget: int | None) -> StudyCost:
     else:
         runs = min(budget, kept)
         hours = runs * median
-    return StudyCost(round(points * scale), round(screened * scale), runs, hours, median, exact, budget)
+    return StudyCost(round(n * scale), round(screened * scale), runs, hours, median, exact, budget)

@@ -36,8 +36,9 @@ from dse.execute import run_trial
 from dse.logs.parse import STATUSES, RunMetrics
 from dse.reward import reward as compute_reward
 from dse.rules import constraints
+from dse.rules.points import Points
 from dse.rules.space import Objective, Space
-from dse.rules.trial import TrialConfig, resolve
+from dse.rules.trial import TrialConfig
 
 METRIC_KEYS = ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory_gib")
 _STATUS_INDEX = {s: i + 1 for i, s in enumerate(STATUSES)}  # 0 = no trial yet
@@ -74,8 +75,11 @@ class RecipeEnv(gym.Env):
         run_dirs: Callable[[], Path] | None = None,
         best: Callable[[], float | None] | None = None,
         cancel: threading.Event | None = None,
+        points: Points | None = None,
     ):
         self.space, self.backend, self.cancel = space, backend, cancel
+        # each point resolved and checked once: the study's evaluator (shared with its agent, screen and model)
+        self.points = points if points is not None else Points(space)
         self.out_dir = Path(out_dir)
         self._names = space.knob_names
         self._values = [space.knobs[n] for n in self._names]
@@ -103,18 +107,23 @@ class RecipeEnv(gym.Env):
         return {n: vals.index(point[n]) for n, vals in zip(self._names, self._values)}
 
     def trial(self, action: dict[str, Any]) -> TrialConfig:
-        return resolve(self.space, self.decode(action))
+        return self.points.trial(self.decode(action))
 
     def rejection(self, action: dict[str, Any]) -> constraints.Rejection | None:
         """Why the action's point would be rejected (None when valid). Nothing is launched or recorded."""
-        return self.check(self.trial(action))
+        return self._rejected(self.decode(action))
+
+    def _rejected(self, point: dict[str, Any]) -> constraints.Rejection | None:
+        broken = self.points.check(point)
+        return broken if broken is not None else self._refused(self.points.trial(point))
 
     def check(self, trial: TrialConfig) -> constraints.Rejection | None:
         """The first validity rule ``trial`` breaks, else the backend's refusal (a replay table without the point,
         :meth:`dse.backends.base.Backend.refusal`) as a rule named after the backend; None when it may launch."""
         broken = constraints.check(trial)
-        if broken is not None:
-            return broken
+        return broken if broken is not None else self._refused(trial)
+
+    def _refused(self, trial: TrialConfig) -> constraints.Rejection | None:
         why = self.backend.refusal(trial)
         return None if why is None else constraints.Rejection(self.backend.name, why)
 
@@ -149,8 +158,8 @@ class RecipeEnv(gym.Env):
     def step(self, action: dict[str, Any]):
         self.check_action(action)
         point = self.decode(action)
-        trial = resolve(self.space, point)
-        rejected = self.check(trial)
+        trial = self.points.trial(point)
+        rejected = self._rejected(point)
         if rejected:
             metrics = RunMetrics.rejected(f"{rejected.rule}: {rejected.reason}")
         else:

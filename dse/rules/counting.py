@@ -18,8 +18,9 @@ import numpy as np
 from dse.errors import UserError
 from dse.facts import knobs
 from dse.rules import constraints
+from dse.rules.points import Points
 from dse.rules.space import WALK_LIMIT, Space
-from dse.rules.trial import TrialConfig, resolve
+from dse.rules.trial import TrialConfig
 
 SAMPLES = 20_000  # seeded draws for an estimate: about 1 s; the 95% interval is +-0.7% of the space at most
 CONFIDENCE = 0.95  # of the interval around an estimate
@@ -92,43 +93,46 @@ def fixed_knobs(space: Space, trial: TrialConfig, rejection: constraints.Rejecti
     return out
 
 
-def rejection_rule(space: Space, point: dict) -> str | None:
-    rej = constraints.check(resolve(space, point))
+def rejection_rule(space: Space, point: dict, points: Points | None = None) -> str | None:
+    """The rule ``point`` breaks, or None; checked by ``points`` (a study's evaluator) when given."""
+    rej = (points or Points(space, cache=1)).check(point)
     return None if rej is None else rej.rule
 
 
-def _rejection(space: Space, point: dict, examples: dict[str, Example]) -> str | None:
+def _rejection(points: Points, point: dict, examples: dict[str, Example]) -> str | None:
     """The rule ``point`` breaks (None: valid); the first point of each rule is kept in ``examples``."""
-    trial = resolve(space, point)
-    rej = constraints.check(trial)
+    rej = points.check(point)
     if rej is None:
         return None
     if rej.rule not in examples:
-        examples[rej.rule] = Example(rej.reason, fixed_knobs(space, trial, rej))
+        examples[rej.rule] = Example(rej.reason, fixed_knobs(points.space, points.trial(point), rej))
     return rej.rule
 
 
-def first_valid(space: Space, *, samples: int = SAMPLES, seed: int = 0) -> dict | None:
+def first_valid(space: Space, *, samples: int = SAMPLES, seed: int = 0, points: Points | None = None) -> dict | None:
     """A valid point of ``space`` (the first one walked, or drawn above :data:`WALK_LIMIT` raw points), or None:
-    the walk stops at the first, so a space with valid points is cheap to check."""
+    the walk stops at the first, so a space with valid points is cheap to check. ``points``: the study's evaluator
+    (what it checks is kept for the study)."""
+    points = points or Points(space, cache=1)
     if space.size <= WALK_LIMIT:
-        return next((p for p in space.points() if rejection_rule(space, p) is None), None)
+        return next((p for p in space.points() if points.valid(p)), None)
     rng = np.random.default_rng(seed)
     sizes = [len(v) for v in space.knobs.values()]
     for row in sample_indices(sizes, rng, samples):
         point = space.point_at(tuple(int(i) for i in row))
-        if rejection_rule(space, point) is None:
+        if points.valid(point):
             return point
     return None
 
 
-def check_not_empty(space: Space) -> None:
+def check_not_empty(space: Space, points: Points | None = None) -> None:
     """Refuse a space with no valid point (one line naming the rules and the knobs the space does not vary that
     removed every point): a study of it would launch nothing and look like a success. Above the walk limit the
     space is drawn, not walked: a space no draw finds valid is refused only when it is walked."""
-    if first_valid(space) is not None or space.size > WALK_LIMIT:
+    points = points or Points(space, cache=1)
+    if first_valid(space, points=points) is not None or space.size > WALK_LIMIT:
         return
-    raise UserError(count_valid(space).empty_reason(), file=space.source or None, field="knobs")
+    raise UserError(count_valid(space, points=points).empty_reason(), file=space.source or None, field="knobs")
 
 
 def wilson(hits: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -147,16 +151,23 @@ def sample_indices(sizes: list[int], rng: np.random.Generator, n: int) -> np.nda
 
 
 def count_valid(
-    space: Space, *, samples: int = SAMPLES, seed: int = 0, on_progress: Callable[[int, int], None] | None = None
+    space: Space,
+    *,
+    samples: int = SAMPLES,
+    seed: int = 0,
+    on_progress: Callable[[int, int], None] | None = None,
+    points: Points | None = None,
 ) -> Count:
-    """Exact up to ``WALK_LIMIT`` raw points (``on_progress(done, raw)`` every 1,000), estimated above."""
+    """Exact up to ``WALK_LIMIT`` raw points (``on_progress(done, raw)`` every 1,000), estimated above. ``points``:
+    the study's evaluator (what it checks is kept for the study)."""
+    points = points or Points(space, cache=1)
     raw = space.size
     by_rule: Counter[str] = Counter()
     examples: dict[str, Example] = {}
     if raw <= WALK_LIMIT:
         valid = 0
         for i, point in enumerate(space.points(), 1):
-            rule = _rejection(space, point, examples)
+            rule = _rejection(points, point, examples)
             if rule is None:
                 valid += 1
             else:
@@ -168,7 +179,7 @@ def count_valid(
     rng = np.random.default_rng(seed)
     hits = 0
     for row in sample_indices(sizes, rng, samples):
-        rule = _rejection(space, space.point_at(tuple(int(i) for i in row)), examples)
+        rule = _rejection(points, space.point_at(tuple(int(i) for i in row)), examples)
         if rule is None:
             hits += 1
         else:

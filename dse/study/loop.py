@@ -28,19 +28,20 @@ from dse.backends.base import InfrastructureFailure
 from dse.backends.scripts import check_path
 from dse.envs.recipe_env import RecipeEnv, better
 from dse.errors import Cancelled, InfrastructureError, UserError
+from dse.evaluator import Evaluator, PointForecast
 from dse.execute import parse_context
 from dse.facts import knobs
 from dse.facts.calibration_file import write as write_calibration
-from dse.forecast import PointForecast, Screen, StudyCost, model_forecaster, study_cost
+from dse.forecast import StudyCost, study_cost
 from dse.launch import build_plan
 from dse.logs.parse import UNLAUNCHED_STATUSES, RunMetrics, parse_log
-from dse.perfmodel import predict
 from dse.perfmodel.calibrate import calibrated_miss, calibrated_params
 from dse.perfmodel.refit import StudyModel
 from dse.rules import constraints
 from dse.rules.counting import check_not_empty, count_valid
+from dse.rules.points import Points
 from dse.rules.space import WALK_LIMIT, Space
-from dse.rules.trial import TrialConfig, resolve
+from dse.rules.trial import TrialConfig
 from dse.study import outdir
 from dse.study.claims import LEASE_S, Claims
 from dse.study.leaderboard import Baseline, Summary, predicted_metrics
@@ -96,7 +97,7 @@ def _as_metrics(p: PointForecast) -> dict[str, float]:
     return predicted_metrics(p.step_time_s, p.peak_memory_gib, p.memory_gib)
 
 
-def learns(space: Space, backend: Backend) -> bool:
+def learns(space: Space, backend: Backend | type[Backend]) -> bool:
     """Whether a study's runs refit its model (dse.perfmodel.refit): measured runs do (a real backend, a replay) and so do the
     simulated backend's ``twin`` truth's, a stand-in for a machine that is not the model (so the loop is testable
     without GPUs); the simulated backend's ``exact`` truth is the model itself and teaches it nothing. None do
@@ -233,6 +234,32 @@ class Request:
     parallel: int = 1
     worker: bool = False
     lease_s: float = LEASE_S
+    evaluator: Evaluator | None = None  # the study's (study_evaluator): every step of a point's way asks it
+
+
+def study_evaluator(space: Space, backend: str | None = None) -> Evaluator:
+    """The evaluator of a study of ``space`` on ``backend`` (default: the space's): the study's model
+    (:class:`dse.perfmodel.refit.StudyModel`, from the space's calibration; it learns from the runs where :func:`learns`
+    says so), its points resolved, checked and predicted once each. Build it once per study and hand it to
+    everything that asks about a point (``run_study(evaluator=...)``, :func:`forecast_cost`)."""
+    calibration = space.backend.calibration
+    try:
+        cls = make_backend_class(backend or space.backend.kind)
+    except UserError:  # refused by the study's checks, in their order (the agent's first): it never runs
+        cls = None
+    model = StudyModel(
+        space,
+        calibrated_params(calibration),
+        learns=cls is not None and learns(space, cls),
+        memory_miss=calibrated_miss(calibration),
+    )
+    return Evaluator(space, model)
+
+
+def _own_evaluator(space: Space, backend: str, evaluator: Evaluator | None) -> Evaluator:
+    if evaluator is not None and evaluator.space is not space:
+        raise ValueError("the evaluator given to run_study is another space's")
+    return evaluator if evaluator is not None else study_evaluator(space, backend)
 
 
 def run_study(
@@ -255,6 +282,7 @@ def run_study(
     worker: bool = False,
     lease_s: float = LEASE_S,
     on_start: Callable[[], None] | None = None,
+    evaluator: Evaluator | None = None,
 ) -> StudyResult:
     """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total, best)`` reports
     progress (total: the budget, or for a grid without one the number of valid points; None when unknown; best:
@@ -282,7 +310,8 @@ def run_study(
     budget; the workers may overshoot it by the trials the others have in flight.
 
     ``on_start()`` is called once every check has passed, before the first trial (the CLI prints the study's
-    predicted cost there, so a refused study prints only its refusal)."""
+    predicted cost there, so a refused study prints only its refusal). ``evaluator``: the study's, if the caller
+    asks it too (:func:`study_evaluator`)."""
     out = Path(out_dir)
     parallel = space.search.parallel if parallel is None else parallel
     if parallel < 1:
@@ -304,6 +333,7 @@ def run_study(
         worker=worker,
         lease_s=lease_s,
     )
+    req = replace(req, evaluator=_own_evaluator(space, req.backend, evaluator))
     _probe(space, req)
     resume = outdir.check_target(out, resume=resume, rebuild=rebuild, worker=worker, default_out=default_out)
     # Everything the study will write must be writable before the first trial: the output directory's path
@@ -344,7 +374,8 @@ def _probe(space: Space, req: Request, *, prepare: bool = True) -> None:
     backend fails before anything is written; and refuse a space with no valid point (a study of it would launch
     nothing and end as if it had succeeded). ``prepare=False`` (``dse validate``): the agent reads no file its
     options name (a policy), it only checks that it is there."""
-    check_not_empty(space)
+    points = req.evaluator if req.evaluator is not None else Points(space)
+    check_not_empty(space, points)
     probe = spaces.Dict(OrderedDict((k, spaces.Discrete(len(v))) for k, v in space.knobs.items()))
     try:
         make_agent(
@@ -359,16 +390,16 @@ def _probe(space: Space, req: Request, *, prepare: bool = True) -> None:
         if e.file is not None:
             raise
         raise UserError(e.message, file=space.source or None, field=e.field, param=e.param) from None
-    _preflight(space, req, make_backend(req.backend, space, req.seed))
+    _preflight(space, req, make_backend(req.backend, space, req.seed), points)
 
 
-def _preflight(space: Space, req: Request, backend: Backend) -> None:
+def _preflight(space: Space, req: Request, backend: Backend, points: Points) -> None:
     """What every trial and ``best/`` will need, checked before the first trial (one line, nothing run): the
     launch plan the backend runs and the script it writes, and ``best/``'s plan and scripts (a Slurm script
     always, a local one for one node). Checked on the space's first point: the system's values and the
     settings are every point's, so a study that would fail at every launch, or at its end, never starts."""
     check_probe_screen(space, req.backend)
-    trial = resolve(space, next(iter(space.points())))
+    trial = points.trial(next(iter(space.points())))
     settings = space.backend
     # best/ writes the payload a real run uses (dse.study.best.write_best: the sim payload's is nemo2)
     best_payload = "nemo2" if settings.payload == "sim" else settings.payload
@@ -403,7 +434,7 @@ def make_backend_class(name: str) -> type[Backend]:
     return reg.get(load_backends(), name, Backend, group=reg.BACKENDS, param="backend")
 
 
-def baseline_of(space: Space) -> Baseline:
+def baseline_of(space: Space, evaluator: Evaluator | None = None) -> Baseline:
     """The study's baseline: the recipe's default layout for the GPU (what ``resolve`` gives the knobs the space
     varies when the point sets none: the recipe's ``recipe_layout`` knobs, NVIDIA's published layout where dse
     ships it, under the space's settings; ``Baseline.source`` says which). In the space (each value one the space
@@ -412,63 +443,63 @@ def baseline_of(space: Space) -> Baseline:
     layout at the precision the model predicts best for the objective (fitting in memory): a user who allows FP8
     would run NVIDIA's FP8 layout, so a BF16 baseline would credit the search with the precision's gain. A knob
     the layout leaves at a value that is the same run as the space's first listed one (a CUDA graph scope without
-    a graph, an FP8 recipe without FP8) takes that first value (:func:`_baseline_trial`)."""
-    trial = _baseline_trial(space, _baseline_precision(space))
+    a graph, an FP8 recipe without FP8) takes that first value (:func:`_baseline_trial`). ``evaluator``: the
+    study's, whose model (as it starts) predicts it."""
+    ev = evaluator if evaluator is not None else Evaluator(space)
+    start, trial = _baseline_trial(ev, _baseline_precision(ev))
     point = {
         k: (trial.env.get(k[len(knobs.ENV_PREFIX) :]) if knobs.is_env(k) else trial.values[k]) for k in space.knobs
     }
     metric, direction = space.objective.metric, space.objective.sense
     source = trial.recipe.layout_source(trial.system.gpu, str(trial.values["precision"]), trial.num_gpus)
     outside = [k for k, v in point.items() if v not in space.knobs[k]]
-    broken = constraints.check(resolve(space, point)) if not outside else None
+    broken = ev.check(point) if not outside else None
     if not outside and broken is None and space.search.baseline == "run":
         return Baseline(point, True, metric, direction, source=source)
     if outside:
         note = f"{', '.join(outside)} not among the space's values"
     else:
         note = f"it breaks {_rule(broken)}" if broken is not None else '[search] baseline = "predict"'
-    if constraints.check(trial) is not None:
+    if ev.check(start) is not None:
         return Baseline(
             point, False, metric, direction, None, note + "; the model cannot predict a broken layout", source
         )
-    p = predict(
-        trial, flops_convention=space.backend.flops_convention, params=calibrated_params(space.backend.calibration)
-    )
+    p = ev.predict(start)
     figures = {m: float(getattr(p, m)) for m in ("step_time_s", "tflops_per_gpu", "tokens_per_s_per_gpu")}
     return Baseline(point, False, metric, direction, figures, note, source)
 
 
-def _baseline_trial(space: Space, point: dict[str, Any]) -> TrialConfig:
-    """``point`` resolved, with each knob a duplicate rule rejects (``constraints.DUPLICATE_RULES``: a value that
-    runs the same job as the space's first listed one) moved to that first value: the recipe's layout leaves
+def _baseline_trial(ev: Evaluator, point: dict[str, Any]) -> tuple[dict[str, Any], TrialConfig]:
+    """``point`` (and its trial), with each knob a duplicate rule rejects (``constraints.DUPLICATE_RULES``: a value
+    that runs the same job as the space's first listed one) moved to that first value: the recipe's layout leaves
     ``cuda_graph_scope`` at "full", which with no CUDA graph is the same run as any scope, and the baseline is that
     run, not a rejected point."""
-    trial = resolve(space, point)
+    trial = ev.trial(point)
     for _ in range(len(constraints.DUPLICATE_RULES)):
-        rej = constraints.check(trial)
+        rej = ev.check(point)
         if rej is None or rej.rule not in constraints.DUPLICATE_RULES or not rej.knobs:
             break
         knob = rej.knobs[0]
         if knob not in trial.first_listed or point.get(knob) == trial.first_listed[knob]:
             break
         point = {**point, knob: trial.first_listed[knob]}
-        trial = resolve(space, point)
-    return trial
+        trial = ev.trial(point)
+    return point, trial
 
 
-def _baseline_precision(space: Space) -> dict[str, Any]:
+def _baseline_precision(ev: Evaluator) -> dict[str, Any]:
     """``{"precision": P}`` for a space that lists several precisions: the one whose recipe layout the model
     predicts best (valid and fitting); ``{}`` otherwise (the settings' precision, else the knob's default)."""
+    space = ev.space
     listed = space.knobs.get("precision") or []
     if len(listed) < 2:
         return {}
-    params = calibrated_params(space.backend.calibration)
     scored = []
     for p in listed:
-        trial = _baseline_trial(space, {"precision": p})
-        if constraints.check(trial) is not None:
+        point, _ = _baseline_trial(ev, {"precision": p})
+        if ev.check(point) is not None:
             continue
-        pred = predict(trial, flops_convention=space.backend.flops_convention, params=params)
+        pred = ev.predict(point)
         if pred.fits:
             value = float(getattr(pred, space.objective.metric))
             scored.append((value if space.objective.sense == "maximize" else -value, p))
@@ -484,9 +515,15 @@ def _run(space: Space, out: Path, req: Request, ready: Callable[[], None]) -> St
     """The study in ``out``, which this process holds: open (or create) it, run the loop, write what it found.
     A new study records its baseline in ``dse.json`` (:func:`baseline_of`); one in the space runs first."""
     meta = outdir.new_meta(
-        space, storage=req.storage, agent=req.agent, options=req.options, seed=req.seed, backend=req.backend
+        space,
+        storage=req.storage,
+        agent=req.agent,
+        options=req.options,
+        seed=req.seed,
+        backend=req.backend,
+        points=req.evaluator,
     )
-    meta["baseline"] = baseline_of(space).as_dict()
+    meta["baseline"] = baseline_of(space, req.evaluator).as_dict()
     store, meta, url = outdir.open_study(out, space, meta, resume=req.resume, rebuild=req.rebuild, worker=req.worker)
     base = Baseline.of_meta(meta)
     if base is not None and base.in_space:  # like a warm-start seed: skipped once the study has run it
@@ -564,16 +601,11 @@ class StudyLoop:
         self.idle = False  # the agent had nothing to propose while trials ran: ask again after the next result
         self.claims: Claims | None = None
         self.pool = Pool(req.parallel) if req.parallel > 1 or req.worker else None
-        self.budget, self.total = _budget(space, req)
-        # the model the study predicts with (dse.perfmodel.refit: refit on its measured runs): its memory screen when on, the
-        # agents' forecasts and each launch's predicted figures
-        self.learner = StudyModel(
-            space,
-            calibrated_params(space.backend.calibration),
-            learns=learns(space, backend),
-            memory_miss=calibrated_miss(space.backend.calibration),
-        )
-        self.model = Screen(space, self.learner)
+        # the study's evaluator: a point's trial, rules and prediction, each once; its model (dse.perfmodel.refit: refit
+        # on the study's measured runs) gives the memory screen when on, the agents' forecasts and each launch's figures
+        self.model = req.evaluator if req.evaluator is not None else study_evaluator(space, req.backend)
+        self.learner: StudyModel = self.model.model
+        self.budget, self.total = _budget(space, req, self.model)
         self.screen = self.model if self.model.on else None
         # [search] screen = "probe": each point probed on one GPU before its launch (dse.study.probe_screen)
         self.prober = (
@@ -590,6 +622,7 @@ class StudyLoop:
             run_dirs=lambda: trial_dir(out, self._running.number),
             best=lambda: self.best,
             cancel=self.pool.cancel_event if self.pool else None,
+            points=self.model,
         )
         self.env.reset(seed=req.seed)
         self.agent = make_agent(
@@ -598,14 +631,14 @@ class StudyLoop:
             self.env.action_space,
             seed=req.seed,
             action_mask=self.env.action_mask,
-            forecast=model_forecaster(space, self.learner),
+            forecast=self.model.forecaster(),
             **space_options(space, req.agent, req.options, req.registry, parallel=req.parallel),
         )
 
     def _learn(self, number: int, knobs: dict[str, Any], status: str, metrics, *, refit: bool = True) -> None:
         """A finished run shown to the study's model (dse.perfmodel.refit): refit, its line said, the fit kept in the study's
         directory (MODEL_FILE), the agent's forecasts renewed."""
-        trial = resolve(self.space, knobs)
+        trial = self.model.trial(knobs)
         line = self.learner.observe(number, trial, status, metrics, refit=refit)
         if line is not None:
             self._refitted(line)
@@ -722,11 +755,11 @@ class StudyLoop:
         and shown to the agent as a failure; True when the point was screened (or another worker has it)."""
         if self.screen is None:
             return False
-        trial = self.env.trial(action)
-        if self.env.check(trial) is not None:
+        if self.env.rejection(action) is not None:
             return False  # rejected: the environment records it as such
+        point, trial = self.env.decode(action), self.env.trial(action)
         if self.prober is None:
-            why = self.screen.reason(trial)
+            why = self.screen.reason(point)
         else:  # the out-of-memory neighbour rule first: a point it screens costs no probe
             why = self.learner.oom_neighbour(trial) or self.prober.reason(action, trial)
         if why is None:
@@ -742,7 +775,7 @@ class StudyLoop:
         else:
             number = self.recorder.next_number()
         result = StepResult(*self.env.outcome(action, RunMetrics.screened(why), launched=False, trial=trial))
-        result = with_predicted(result, _as_metrics(self.model.point(trial)))
+        result = with_predicted(result, _as_metrics(self.model.point(point)))
         self._finish(number, action, result, over=over)
         return True
 
@@ -750,15 +783,15 @@ class StudyLoop:
         """One environment step, in trial ``number``'s run directory (in whichever thread runs it), with what the
         study's model predicted for the point as it launched."""
         self._running.number = number
-        predicted = self._predicted(self.env.trial(action))
+        predicted = self._predicted(action)
         return with_predicted(StepResult(*self.env.step(action)), predicted)
 
-    def _predicted(self, trial: TrialConfig) -> dict[str, float]:
-        """The study's model's figures for ``trial`` now (:func:`dse.study.leaderboard.predicted_metrics`); none for
-        a point that is not launched for a rule or the backend (the model cannot predict a broken layout)."""
-        if self.env.check(trial) is not None:
+    def _predicted(self, action: dict[str, int]) -> dict[str, float]:
+        """The study's model's figures for the action's point now (:func:`dse.study.leaderboard.predicted_metrics`);
+        none for a point that is not launched for a rule or the backend (the model cannot predict a broken layout)."""
+        if self.env.rejection(action) is not None:
             return {}
-        return _as_metrics(self.model.point(trial))
+        return _as_metrics(self.model.point(self.env.decode(action)))
 
     def _run_here(self, number: int, action: dict[str, int], *, rerun: bool) -> None:
         """One trial in this thread (``--parallel 1``, and points rejected without a launch)."""
@@ -886,7 +919,7 @@ class StudyLoop:
             context=parse_context(trial, self.space.backend),
         )
         got = StepResult(*self.env.outcome(action, replace(metrics, wall_s=result.wall_s), trial=trial))
-        return with_predicted(got, self._predicted(trial))
+        return with_predicted(got, self._predicted(action))
 
     def _ended_meanwhile(self, number: int, action: dict[str, int]) -> bool:
         """A rerun whose earlier run had in fact finished (a Slurm job that COMPLETED after the dse that
@@ -913,16 +946,18 @@ class StudyLoop:
             self.done += r.status not in UNLAUNCHED_STATUSES
 
 
-def forecast_cost(space: Space, *, agent: str | None = None, trials: int | None = None) -> StudyCost:
+def forecast_cost(
+    space: Space, *, agent: str | None = None, trials: int | None = None, evaluator: Evaluator | None = None
+) -> StudyCost:
     """What a study of ``space`` by ``agent`` (default: the space's) is forecast to cost, before it starts: its
     budget as ``_budget`` resolves it (``--trials``, else the space's own agent's ``[search] trials``), or every
-    valid point the memory screen keeps."""
+    valid point the memory screen keeps. ``evaluator``: the study's (what it computes is kept for the study)."""
     agent = agent or space.search.agent
     budget = trials if trials is not None else (space.search.trials if agent == space.search.agent else None)
-    return study_cost(space, budget)
+    return study_cost(evaluator if evaluator is not None else space, budget)
 
 
-def _budget(space: Space, req: Request) -> tuple[int | None, int | None]:
+def _budget(space: Space, req: Request, evaluator: Evaluator) -> tuple[int | None, int | None]:
     """The study's budget (launched runs) and the total its progress counts to. ``--trials`` wins; the space's
     ``[search].trials`` belongs to the space's own agent; otherwise no budget: the agent runs until it has
     nothing left (grid: every valid point the screen keeps once, counted for the progress bar when the space is
@@ -933,5 +968,9 @@ def _budget(space: Space, req: Request) -> tuple[int | None, int | None]:
     total = budget
     if total is None and req.agent == "grid" and space.size <= WALK_LIMIT:
         # exact at this size (the grid refuses a larger space); screened points are no launched runs
-        total = count_valid(space).valid if space.search.screen == "none" else study_cost(space, None).runs
+        total = (
+            count_valid(space, points=evaluator).valid
+            if space.search.screen == "none"
+            else study_cost(evaluator, None).runs
+        )
     return budget, total

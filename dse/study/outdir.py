@@ -17,7 +17,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -30,6 +30,9 @@ from dse.logs import logpack
 from dse.rules.space import Space
 from dse.study.store import PASSWORD_ENV, Store, check_url, sqlite_path, without_password
 from dse.study.store import exists as study_exists
+
+if TYPE_CHECKING:
+    from dse.rules.points import Points
 
 META = "dse.json"
 DB = "study.db"
@@ -118,9 +121,17 @@ def _checked_meta(meta: Any, f: str) -> dict[str, Any]:
 
 
 def new_meta(
-    space: Space, *, storage: str | None, agent: str, options: dict[str, Any], seed: int, backend: str
+    space: Space,
+    *,
+    storage: str | None,
+    agent: str,
+    options: dict[str, Any],
+    seed: int,
+    backend: str,
+    points: Points | None = None,
 ) -> dict[str, Any]:
-    """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``)."""
+    """What ``dse.json`` says of a new study (the storage as given, or the bare ``study.db``); ``points``: the
+    study's evaluator, which resolves the points it describes."""
     from dse.study.leaderboard import Provenance  # imported where used: only a new study's description needs it
 
     return {
@@ -132,7 +143,7 @@ def new_meta(
         "recipe": space.recipe,
         "provenance": Provenance.of_space(space, backend).as_dict(),
         "objective": {"metric": space.objective.metric, "direction": space.objective.sense},
-        "sizes": trial_sizes(space),
+        "sizes": trial_sizes(space, points),
         "system": space.system.name,
         "gpu": space.system.gpu,
         "num_nodes": space.num_nodes,
@@ -486,15 +497,16 @@ def serialized(out: Path, worker: bool) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def trial_sizes(space: Space) -> dict[str, dict[str, int]]:
+def trial_sizes(space: Space, points: Points | None = None) -> dict[str, dict[str, int]]:
     """The global batch size and sequence length of the space's trials by precision (the recipe's defaults
     depend on it; a knob of the space overrides them): what ``dse parse`` of a trial directory needs, with the
     GPUs, for tokens/s/GPU, kept in ``dse.json`` so that a moved study needs no space file."""
-    from dse.rules.trial import resolve
+    from dse.rules.points import Points  # imported where used, as the trial was: the directory's readers need neither
 
+    points = points if points is not None else Points(space)
     precisions = space.knobs.get("precision") or [space.settings.get("precision", knobs.CATALOGUE["precision"].default)]
     sizes = {}
     for p in dict.fromkeys(str(v) for v in precisions):
-        layout = resolve(space, {"precision": p}).layout
+        layout = points.trial({"precision": p}).layout
         sizes[p] = {"gbs": layout.gbs, "seq_length": layout.seq_length}
     return sizes
