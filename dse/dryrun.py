@@ -28,12 +28,10 @@ from dse.backends import load_backends
 from dse.backends.base import Backend
 from dse.backends.scripts import CODE_DIR, stage_code
 from dse.errors import UserError
-from dse.forecast import PointForecast, Screen
+from dse.evaluator import Evaluator, PointForecast
 from dse.fsutil import write_text
 from dse.launch import build_plan
-from dse.rules.constraints import check
 from dse.rules.space import WALK_LIMIT, Space
-from dse.rules.trial import resolve
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None, onl
             param="limit",
         )
     result = DryRun()
-    screen = Screen(space)
+    screen = Evaluator(space, cache=64)  # the command's: each point resolved, checked and forecast once (in turn)
     code: Path | None = None
     for index, point in enumerate(space.points()):
         if limit is not None and len(result.rows) >= limit:
@@ -96,8 +94,8 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None, onl
             )
             break
         result.examined = index + 1
-        trial = resolve(space, point)
-        rej = check(trial)  # tp_comm_overlap without a userbuffer config is one of the rules
+        trial = screen.trial(point)
+        rej = screen.check(point)  # tp_comm_overlap without a userbuffer config is one of the rules
         reason = f"{rej.rule}: {rej.reason}" if rej else None
         if reason is None:
             try:
@@ -107,7 +105,7 @@ def dry_run(space: Space, backend: str, out: Path, limit: int | None = None, onl
         if reason is not None:
             result.rejected[reason] += 1
             continue
-        forecast = screen.point(trial)
+        forecast = screen.point(point)
         if only_fitting and forecast is not None and not forecast.fits:
             result.not_fitting += 1
             continue

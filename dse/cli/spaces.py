@@ -39,6 +39,7 @@ def space_cmd(
     """Count a space's raw and valid points, and the rejections by rule: exactly up to 100,000 raw points,
     estimated from 20,000 seeded uniform draws above (the output says which). Print the study's forecast cost:
     predicted GPU-hours and the points the memory screen removes."""
+    from dse.evaluator import Evaluator
     from dse.forecast import study_cost
     from dse.rules.space import WALK_LIMIT, load_space
 
@@ -51,7 +52,8 @@ def space_cmd(
             f"(at most {WALK_LIMIT:,})",
             field="--twin-seed",
         )
-    count = _count(s, as_json)
+    ev = Evaluator(s)  # the command's: each point resolved, checked and predicted once for the count and the cost
+    count = _count(s, as_json, ev)
     data = {
         "space": s.name,
         "recipe": s.recipe,
@@ -66,10 +68,10 @@ def space_cmd(
     if not count.exact:
         # JSON numbers are exact integers in Python's json; other readers may round them above 2^53
         data.update({"samples": count.samples, "valid_ci95": [count.valid_low, count.valid_high]})
-    cost = study_cost(s, s.search.trials)
+    cost = study_cost(ev, s.search.trials)
     data["cost"] = cost_data(cost)
     if twin_seed is not None:
-        data["twin"] = _twin(s, twin_seed)
+        data["twin"] = _twin(ev, twin_seed)
     if as_json:
         print(json.dumps(data))
         return
@@ -89,7 +91,7 @@ def cost_data(cost) -> dict:
     }
 
 
-def _count(s, quiet: bool):
+def _count(s, quiet: bool, points):
     """The space's valid points: walked with a bar above 10,000 raw points, estimated above the walk limit."""
     from dse.rules.counting import SAMPLES, count_valid
     from dse.rules.space import WALK_LIMIT
@@ -97,20 +99,21 @@ def _count(s, quiet: bool):
     if s.size > 10_000 and s.size <= WALK_LIMIT and not quiet:
         bar, on_progress = render.counting_progress(s.size)
         with bar:
-            return count_valid(s, on_progress=on_progress)
+            return count_valid(s, on_progress=on_progress, points=points)
     if s.size > WALK_LIMIT and not quiet:
         render.note(
             f"{s.size:,} raw points (more than {WALK_LIMIT:,}): estimating the valid ones from {SAMPLES:,} seeded draws"
         )
-    return count_valid(s)
+    return count_valid(s, points=points)
 
 
-def _twin(s, seed: int) -> dict:
+def _twin(ev, seed: int) -> dict:
     """``--twin-seed``: how far the twin truth of ``seed`` is from the model over the space's valid points."""
     from dse.perfmodel import predict
-    from dse.perfmodel.twin import make_twin, mape, valid_trials
+    from dse.perfmodel.twin import make_twin, mape
 
-    trials = valid_trials(s)
+    s = ev.space
+    trials = [ev.trial(p) for p in s.points() if ev.valid(p)]
     twin = make_twin(s, seed, trials=trials)
     fits = [t for t in trials if twin.predict(t).fits]
     return {
