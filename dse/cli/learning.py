@@ -66,6 +66,45 @@ def train_policy_cmd(
     )
 
 
+def _check_bench_outputs(csv_out: Path, page: Path | None, twins: int, split: str, max_twins: int) -> None:
+    """dse bench-agents' output paths, twin count and split, checked before any episode runs."""
+    for name, out in (("--csv", csv_out), ("--page", page)):
+        if out is not None and (out.is_dir() or not out.parent.is_dir()):
+            raise UserError("give the path of a file in a directory that exists", file=str(out), field=name)
+    if isinstance(twins, bool) or not 1 <= twins <= max_twins:
+        raise UserError(f"{twins!r} is out of range; give an integer from 1 to {max_twins:,}", field="--twins")
+    if split not in ("train", "validation", "test"):
+        raise UserError(f"{split!r} is no split; give test, validation or train", field="--split")
+
+
+def _bench_command(
+    spaces: list[str],
+    split: str,
+    benchmark_ids: list[str],
+    held_out: bool,
+    twins: int,
+    seeds: int,
+    budget: int | None,
+    agents: list[str],
+    policies: list[Path],
+    csv_out: Path,
+) -> str:
+    """The dse bench-agents command line that makes this leaderboard again (written on its page)."""
+    import shlex
+
+    args = [*(f"--space {shlex.quote(s)}" for s in spaces)]
+    if not spaces:
+        args += [
+            f"--split {split}",
+            *(f"--benchmark {i}" for i in benchmark_ids),
+            *(["--held-out"] if held_out else []),
+        ]
+    args += [f"--twins {twins}", f"--seeds {seeds}", *([f"--budget {budget}"] if budget else [])]
+    args += [*(f"--agent {a}" for a in agents), *(f"--policy {shlex.quote(str(p))}" for p in policies)]
+    return " ".join(["dse bench-agents", *args, f"--csv {shlex.quote(str(csv_out))}"])
+
+
+# house: most of its lines are its Typer options, one per line as the formatter writes them; the body is short
 def bench_agents_cmd(
     split: str = typer.Option(
         "test", "--split", metavar="SPLIT", help="the suite's split to judge on: test, validation, train"
@@ -108,8 +147,6 @@ def bench_agents_cmd(
     and GPU-hours to 99% of each twin's true best, with 95% bootstrap intervals over twins and seeds; measured on
     simulated twins (a replay: real runs). Writes the CSV (and, with --page, a Markdown page)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import shlex
-
     from dse.envs.search import as_space
     from dse.fsutil import write_text
     from dse.rl.leaderboard import (
@@ -125,13 +162,7 @@ def bench_agents_cmd(
         to_markdown,
     )
 
-    for name, out in (("--csv", csv_out), ("--page", page)):
-        if out is not None and (out.is_dir() or not out.parent.is_dir()):
-            raise UserError("give the path of a file in a directory that exists", file=str(out), field=name)
-    if isinstance(twins, bool) or not 1 <= twins <= MAX_TWINS:
-        raise UserError(f"{twins!r} is out of range; give an integer from 1 to {MAX_TWINS:,}", field="--twins")
-    if split not in ("train", "validation", "test"):
-        raise UserError(f"{split!r} is no split; give test, validation or train", field="--split")
+    _check_bench_outputs(csv_out, page, twins, split, MAX_TWINS)
     chosen = list(agents) or [*DEFAULT_AGENTS, *(["policy"] if policies else [])]
     settings = Settings(agents=chosen, seeds=seeds, budget=budget, policies=list(policies))
     if spaces:
@@ -153,16 +184,7 @@ def bench_agents_cmd(
         progress.stop()
     table = rows(eps)
     write_text(csv_out, to_csv(table))
-    args = [*(f"--space {shlex.quote(s)}" for s in spaces)]
-    if not spaces:
-        args += [
-            f"--split {split}",
-            *(f"--benchmark {i}" for i in benchmark_ids),
-            *(["--held-out"] if held_out else []),
-        ]
-    args += [f"--twins {twins}", f"--seeds {seeds}", *([f"--budget {budget}"] if budget else [])]
-    args += [*(f"--agent {a}" for a in agents), *(f"--policy {shlex.quote(str(p))}" for p in policies)]
-    command = " ".join(["dse bench-agents", *args, f"--csv {shlex.quote(str(csv_out))}"])
+    command = _bench_command(spaces, split, benchmark_ids, held_out, twins, seeds, budget, agents, policies, csv_out)
     if page is not None:
         write_text(page, render.leaderboard_page(to_markdown(table), command, time.perf_counter() - t0))
     render.console.print(to_markdown(table), highlight=False, markup=False)

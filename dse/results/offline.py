@@ -394,26 +394,10 @@ def suite_dataset_id(prefix: str, benchmark_id: str, split: str) -> str:
     return f"{prefix}/{name}/{split}-v0"
 
 
-def to_minari_suite(
-    split: str = "test",
-    *,
-    episodes: int = 28,
-    agents: Sequence[str] = REFERENCE_AGENTS,
-    only: Sequence[str] | None = None,
-    prefix: str = "dse/suite",
-    datasets_path: Path | None = None,
-    progress: Any = None,
-) -> SuiteExport:
-    """Write one Minari dataset per benchmark of ``split`` (``PREFIX/NAME/SPLIT-v0``): ``episodes`` twins of the
-    split (0, 1, ... of its range; a replay's one truth ``episodes`` times, agent seeds 0, 1, ...) times each of
-    ``agents``, one episode each, played through the benchmark's environment; its reference min and max the mean
-    return of ``random`` and ``guided`` over its episodes; its spec the benchmark's id and every argument.
-    ``only``: benchmark ids (default: every one of the split)."""
-    import time
-
+def _check_suite_args(split: str, episodes: int, agents: Sequence[str]) -> dict:
+    """:func:`to_minari_suite`'s split, episode count and agents checked; the registered agents."""
     from dse.envs import suite
 
-    _need_minari("export minari-suite")
     if split not in suite.SPLITS:
         raise UserError(f"takes one of {', '.join(suite.SPLITS)}; got {split!r}", param="split")
     if isinstance(episodes, bool) or not isinstance(episodes, int) or not 1 <= episodes <= 10_000:
@@ -431,6 +415,13 @@ def to_minari_suite(
             raise UserError(
                 f"no agent {a!r} to export with; take {', '.join(sorted(set(known) - {'policy'}))}", param="agent"
             )
+    return known
+
+
+def _suite_chosen(split: str, only: Sequence[str] | None) -> list:
+    """The benchmarks of ``split`` to export: ``only`` those ids (each checked to be of the split), else every one."""
+    from dse.envs import suite
+
     chosen = suite.benchmarks(split)
     if only:
         known_ids = {b.id for b in chosen}
@@ -440,6 +431,29 @@ def to_minari_suite(
                     f"no benchmark {o!r} in the {split} split; its: {', '.join(sorted(known_ids))}", param="benchmark"
                 )
         chosen = [b for b in chosen if b.id in set(only)]
+    return chosen
+
+
+def to_minari_suite(
+    split: str = "test",
+    *,
+    episodes: int = 28,
+    agents: Sequence[str] = REFERENCE_AGENTS,
+    only: Sequence[str] | None = None,
+    prefix: str = "dse/suite",
+    datasets_path: Path | None = None,
+    progress: Any = None,
+) -> SuiteExport:
+    """Write one Minari dataset per benchmark of ``split`` (``PREFIX/NAME/SPLIT-v0``): ``episodes`` twins of the
+    split (0, 1, ... of its range; a replay's one truth ``episodes`` times, agent seeds 0, 1, ...) times each of
+    ``agents``, one episode each, played through the benchmark's environment; its reference min and max the mean
+    return of ``random`` and ``guided`` over its episodes; its spec the benchmark's id and every argument.
+    ``only``: benchmark ids (default: every one of the split)."""
+    import time
+
+    _need_minari("export minari-suite")
+    known = _check_suite_args(split, episodes, agents)
+    chosen = _suite_chosen(split, only)
     check_dataset_id(f"{prefix}/x-v0", field="--prefix")
     ids = [suite_dataset_id(prefix, b.id, split) for b in chosen]
     root = datasets_root(datasets_path)
