@@ -615,6 +615,20 @@ def _recipes() -> dict[str, Recipe]:
         scaled_from="llama3_70b",
         defaults={"h100/bf16": Layout(gbs=4)},
     )
+    # 2-GPU memory-border reproducer: the same width with 12 of its 80 layers, ~12 B parameters: on two GPUs
+    # without model parallelism the weights, fp32 gradients and half the optimizer state (dp 2) take most of an
+    # H200's 141 GiB before activations and the ~12 GiB the mcore payload holds outside PyTorch's allocator, so tp,
+    # pp, cp, the micro-batch and recompute decide whether it fits (the model puts no layout of 16 layers within
+    # two H200s).
+    arch = r.arch.scaled(12)
+    out[arch.name] = replace(
+        r,
+        name=arch.name,
+        arch=arch,
+        num_gpus_default=2,
+        scaled_from="llama3_70b",
+        defaults={"h100/bf16": Layout(gbs=16)},
+    )
     return out
 
 

@@ -17,9 +17,10 @@ SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"
 
 
 @pytest.mark.parametrize(
-    "name,gpus", [("llama3_70b_16l_h200_x8_local_space.toml", 8), ("llama3_70b_16l_h200_x2_local_space.toml", 2)]
+    "name,gpus,layers",
+    [("llama3_70b_16l_h200_x8_local_space.toml", 8, 16), ("llama3_70b_12l_h200_x2_local_space.toml", 2, 12)],
 )
-def test_the_space_has_a_memory_border_and_scripts_for_every_rank(tmp_path, name, gpus):
+def test_the_space_has_a_memory_border_and_scripts_for_every_rank(tmp_path, name, gpus, layers):
     space = load_space(SPACES / name)
     assert space.system.gpus_per_node == gpus and space.backend.payload == "mcore"
     valid = [t for p in space.points() if check(t := resolve(space, p)) is None]
@@ -35,4 +36,4 @@ def test_the_space_has_a_memory_border_and_scripts_for_every_rank(tmp_path, name
     text = interleaved.script.read_text()
     assert f"--nproc-per-node {gpus}" in text and "-m recipes.mcore" in text
     assert "model.pipeline_model_parallel_size=2" in text and "model.virtual_pipeline_model_parallel_size=2" in text
-    assert re.search(r"model\.num_layers=16\b", text)
+    assert re.search(rf"model\.num_layers={layers}\b", text)

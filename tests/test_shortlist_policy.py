@@ -21,7 +21,7 @@ from dse.rl.policy import META_KEY, load, load_shortlist  # noqa: E402
 from dse.rl.training import train_policy, train_shortlist  # noqa: E402
 from tests.helpers import dse, one_line_error  # noqa: E402
 
-TRAIN = ["conf/spaces/llama3_8b_4l_h200_te_space.toml", "conf/spaces/llama3_70b_16l_h200_x2_local_space.toml"]
+TRAIN = ["conf/spaces/llama3_8b_4l_h200_te_space.toml", "conf/spaces/llama3_70b_12l_h200_x2_local_space.toml"]
 HELD_OUT = "conf/spaces/nemotron3_8b_space.toml"  # another model, another knob set
 
 
