@@ -400,6 +400,23 @@ def graph_static_bytes(shape: Shape, layout: ModelLayout, graphs: float) -> floa
     return graphs * parts * 2.0 * shape.tokens * shape.hidden_sp * 2.0
 
 
+def weight_bytes(shape: Shape, layout: ModelLayout, fp8: bool, stack: Stack) -> tuple[float, float]:
+    """Bytes per parameter of the weights the optimizer gathers, and bytes per layer of the low-precision weight
+    cache Transformer Engine keeps for the whole step."""
+    arch, t = shape.arch, shape.tp
+    nvfp4 = fp8 and layout.precision == "nvfp4"
+    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter; NVFP4 keeps bf16 weights
+    # (bf16_with_nvfp4_mixed sets fp8_param_gather=False: Megatron-Core has no FP4 parameter gather)
+    weight_b = 1.0 if fp8 and stack.fp8_param_gather and not nvfp4 else 2.0
+    # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
+    # stage's layers, kept for the whole step (dse.perfmodel.stack); NVFP4's row-wise and column-wise copies
+    lin_layer = arch.hidden_size * (
+        shape.qkv_cols + arch.num_attention_heads * shape.head_dim / t + shape.fc1_cols + arch.ffn_hidden_size / t
+    )
+    cache_b = (2.0 * NVFP4_ELEMENT_BYTES if nvfp4 else fp8_weight_cache_bytes(fp8, stack)) * lin_layer
+    return weight_b, cache_b
+
+
 def memory_counts(
     shape: Shape,
     layout: ModelLayout,
@@ -415,18 +432,11 @@ def memory_counts(
     stage, and the last one's logit elements; ``full_layer`` is one layer's activations without recompute,
     ``non_tn_fp8_gemm`` whether the GPU's FP8 GEMMs take any layout (Blackwell; :func:`resident_weight_bytes`)."""
     arch, t = shape.arch, shape.tp
-    h, a, L = arch.hidden_size, arch.num_attention_heads, arch.num_layers
+    h, L = arch.hidden_size, arch.num_layers
     act_kept = kept_activations(shape, layout, fp8, full_layer)
     first_layers, last_layers = inflight_layers(shape, stages, min(layout.cpu_offload_layers, L))
     dense_saving = first_dense_saving(shape, layout, fp8, stages, act_kept)
-    nvfp4 = fp8 and layout.precision == "nvfp4"
-    # FP8 recipes gather FP8 weights (fp8_param_gather), one byte per parameter; NVFP4 keeps bf16 weights
-    # (bf16_with_nvfp4_mixed sets fp8_param_gather=False: Megatron-Core has no FP4 parameter gather)
-    weight_b = 1.0 if fp8 and stack.fp8_param_gather and not nvfp4 else 2.0
-    # without fp8_param_gather, Transformer Engine's FP8 copy and transpose of every linear weight of the
-    # stage's layers, kept for the whole step (dse.perfmodel.stack); NVFP4's row-wise and column-wise copies
-    lin_layer = h * (shape.qkv_cols + a * shape.head_dim / t + shape.fc1_cols + arch.ffn_hidden_size / t)
-    cache_b = (2.0 * NVFP4_ELEMENT_BYTES if nvfp4 else fp8_weight_cache_bytes(fp8, stack)) * lin_layer
+    weight_b, cache_b = weight_bytes(shape, layout, fp8, stack)
     cache_first = (L if shape.pp == 1 else stages.first_layers) * cache_b
     cache_last = (L if shape.pp == 1 else stages.last_layers) * cache_b
     d_r = shape.data_parallel * shape.cp
