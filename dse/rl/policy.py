@@ -185,6 +185,25 @@ class Policy:
         return save(state, metadata={META_KEY: self.meta.model_dump_json()})
 
 
+def _learn(algorithm: Any, vec: Any, base: Mapping[str, Any], arch: Architecture, steps: int, seed: int) -> Any:
+    """``algorithm`` (SB3's PPO or SB3-contrib's MaskablePPO) with ``arch``'s network, trained on ``vec`` for
+    ``steps`` steps: its rollout at most ``base``'s n_steps, shorter for short runs (at least 16 per environment),
+    its batch at most one rollout."""
+    n_steps = max(16, min(base["n_steps"], steps // max(vec.num_envs, 1)))
+    settings = dict(base, n_steps=n_steps, batch_size=min(base["batch_size"], n_steps * vec.num_envs))
+    model = algorithm(
+        "MlpPolicy",
+        vec,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs={"net_arch": {"pi": arch.pi, "vf": arch.vf}},
+        **settings,
+    )
+    model.learn(total_timesteps=steps)
+    return model
+
+
 def train(
     env_fns: Sequence[Callable[[], Any]],
     steps: int,
@@ -200,19 +219,8 @@ def train(
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     vec = DummyVecEnv(list(env_fns))
-    settings = dict(PPO_SETTINGS, n_steps=max(16, min(PPO_SETTINGS["n_steps"], steps // max(len(env_fns), 1))))
-    settings["batch_size"] = min(settings["batch_size"], settings["n_steps"] * len(env_fns))
     arch = Architecture()
-    model = sb3.PPO(
-        "MlpPolicy",
-        vec,
-        seed=seed,
-        device="cpu",
-        verbose=0,
-        policy_kwargs={"net_arch": {"pi": arch.pi, "vf": arch.vf}},
-        **settings,
-    )
-    model.learn(total_timesteps=steps)
+    model = _learn(sb3.PPO, vec, PPO_SETTINGS, arch, steps, seed)
     from gymnasium import spaces
 
     obs, act = vec.observation_space, vec.action_space
@@ -248,21 +256,8 @@ def train_masked(
     from dse.rl.shortlist import OBS_DIM, SLOTS
 
     vec = DummyVecEnv(list(env_fns))
-    n_steps = max(16, min(MASKED_SETTINGS["n_steps"], steps // max(len(env_fns), 1)))
-    settings = dict(
-        MASKED_SETTINGS, n_steps=n_steps, batch_size=min(MASKED_SETTINGS["batch_size"], n_steps * len(env_fns))
-    )
     arch = Architecture()
-    model = MaskablePPO(
-        "MlpPolicy",
-        vec,
-        seed=seed,
-        device="cpu",
-        verbose=0,
-        policy_kwargs={"net_arch": {"pi": arch.pi, "vf": arch.vf}},
-        **settings,
-    )
-    model.learn(total_timesteps=steps)
+    model = _learn(MaskablePPO, vec, MASKED_SETTINGS, arch, steps, seed)
     meta = PolicyMeta(
         encoding="shortlist",
         architecture=arch,
