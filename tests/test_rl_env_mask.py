@@ -89,3 +89,33 @@ def test_a_sync_vector_env_draws_a_distinct_twin_per_sub_environment(tab):
     keys = list(tab.forecasts)[::20]
     assert len({tuple(outcomes(e.unwrapped, keys)) for e in vec.envs}) == 3
     assert info["action_mask"].shape == (3, int(np.prod(tab.sizes)) + 1)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_gymnasiums_vector_forms_step_and_batch_every_info(mode):
+    """Each sub-environment steps its own twin, and info batches whatever the outcomes (a proposal that gave no
+    objective beside one that did: its reward left out, as the mask says; the run's figures, whose fields differ by
+    outcome, one object per sub-environment)."""
+    vec = gym.make_vec("dse/Recipe-v0", num_envs=3, vectorization_mode=mode, space=SPACE, twin_seed=0, budget=8)
+    try:
+        _, info = vec.reset(seed=0)
+        assert len(set(info["twin_seed"])) == 3
+        rng = np.random.default_rng(0)
+        nvec = vec.single_action_space.nvec
+        statuses, seen_nan, seen_value = set(), False, False
+        for _ in range(40):  # episodes end (budget 8) and the vector form resets them itself
+            action = rng.integers(0, nvec, size=(3, len(nvec)))
+            action[:, -1] = 0
+            _, _, _, _, info = vec.step(action)
+            assert info["metrics"].dtype == object and ("reward" not in info or info["reward"].dtype == float)
+            for i in np.flatnonzero(info["_status"]):
+                statuses.add(info["status"][i])
+                ok = info["status"][i] == "ok"
+                assert bool(info.get("_reward", np.zeros(3, bool))[i]) == ok
+                seen_nan |= not ok
+                seen_value |= ok
+                if ok:
+                    assert info["metrics"][i]["peak_memory_gib"] > 0 and dict(info["metrics"][i])
+        assert seen_nan and seen_value and {"ok", "rejected"} <= statuses
+    finally:
+        vec.close()

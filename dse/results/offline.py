@@ -85,7 +85,7 @@ class Episode:
         self.truncations.append(truncated)
         self.trial.append(trial)
         self.launched.append(int(info["launched"]))
-        ok = info["launched"] and info["status"] == "ok" and info["reward"] is not None
+        ok = info["launched"] and info["status"] == "ok" and info.get("reward") is not None
         self.value.append(sign * float(info["reward"]) if ok else math.nan)
         return terminated or truncated
 

@@ -264,7 +264,7 @@ def play(game: SearchGame, agent: Any, benchmark: str, shown: str, twin: int | N
         status = info["status"]
         hours += info["gpu_hours"]
         refused += not info["launched"]
-        ok = status == "ok" and info["reward"] is not None
+        ok = status == "ok" and info.get("reward") is not None
         metrics = dict(info["metrics"]) if info["launched"] else {}
         agent.observe(action, info["reward"] if ok else failed, ok, status=status, metrics=metrics)
         if info["solved"]:

@@ -26,7 +26,14 @@ environment (its reward is one run's objective; it never ends by itself), the ga
 
 Nothing of the truth's best (an oracle, known only in simulation) enters the observation, the reward or the end of
 an episode; ``info`` reports it for scoring (``of_true_best``: the best found as a fraction of the truth's best,
-``solved``: within ``target`` of it; None and False when unknown or nothing ran yet).
+``solved``: within ``target`` of it; ``of_true_best`` is left out, and ``solved`` False, when unknown or nothing
+ran yet).
+
+Every entry of ``info`` keeps one type from step to step, so that Gymnasium's vector forms
+(``gym.make_vec(..., vectorization_mode="sync" | "async")``) can batch it: a number that is not there is left out
+(``reward`` of a proposal that gave no objective, ``of_true_best`` while unknown; ``info.get`` gives None, and a
+vector form's ``_reward`` mask says which sub-environments have one), and ``metrics`` (the run's figures, whose
+fields differ by outcome) is a read-only mapping (:class:`Figures`), batched as one object per sub-environment.
 
 Arguments are checked where they enter (:func:`check_int`, :func:`check_number`): a wrong type is a ``TypeError``
 and a value out of range a ``ValueError``, each naming the argument and what it takes. An action not in the action
@@ -41,7 +48,7 @@ backend through :class:`dse.envs.RecipeEnv`. The forecast is the shipped model's
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,6 +270,36 @@ class CachedDraw:
         return self.cache[twin_seed]
 
 
+class Figures(Mapping[str, Any]):
+    """A run's figures in ``info["metrics"]``: a read-only mapping (``info["metrics"]["peak_memory_gib"]``,
+    ``.get``, ``dict(...)``). Not a ``dict``, so that Gymnasium's vector forms batch it as one object per
+    sub-environment instead of field by field (whose fields and types differ by outcome); it pickles, as the async
+    form needs."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None):
+        self._data = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Figures({self._data!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self._data
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._data = state
+
+
 def reference(forecasts: Mapping[Key, Forecast]) -> float:
     """The model's best reward over the valid points: what values are observed as fractions of (1.0 when none)."""
     return max((f.reward for f in forecasts.values()), default=1.0) or 1.0
@@ -357,7 +394,7 @@ class SearchGame(gym.Env):
     def scores(self) -> dict[str, Any]:
         """What ``info`` reports for scoring against the truth's best (an oracle the game never uses itself)."""
         if self.true_best is None or self.best_reward is None:
-            return {"of_true_best": None, "solved": False}
+            return {"solved": False}
         of_best = fraction(self.best_reward, self.true_best)
         return {"of_true_best": of_best, "solved": of_best >= self.target}
 
@@ -396,10 +433,10 @@ class SearchGame(gym.Env):
             "status": outcome.status,
             "action": key,
             "stop": outcome.status == STOP,
-            "reward": outcome.reward,
+            **({} if outcome.reward is None else {"reward": float(outcome.reward)}),
             "launched": launched,
-            "gpu_hours": (outcome.metrics.get("gpu_hours") or 0.0) if launched else 0.0,
-            "metrics": outcome.metrics,
+            "gpu_hours": float(outcome.metrics.get("gpu_hours") or 0.0) if launched else 0.0,
+            "metrics": Figures(outcome.metrics),
             "best_fraction": self.history.best_value,
             "runs": self.history.runs,
             **self.scores(),

@@ -227,6 +227,6 @@ class ShortlistEnv(gym.Env):
         _, _, terminated, truncated, info = self.game.step(action_of(key))
         metrics = info.get("metrics") or {}
         peak, cap = metrics.get("peak_memory_gib"), self.game.forecasts[key].memory_gib
-        self.cand.observe(i, info["status"], info["reward"], peak / cap if peak is not None and cap else None)
+        self.cand.observe(i, info["status"], info.get("reward"), peak / cap if peak is not None and cap else None)
         done = bool(info["solved"]) or terminated
         return self.cand.observation(), -1.0, done, truncated and not done, info
