@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dse.agents.base import Action, Forecast, Forecaster
-from dse.perfmodel.calibrate import calibrated_params
+from dse.perfmodel.calibrate import calibrated_miss, calibrated_params
 from dse.perfmodel.model import Prediction
 from dse.perfmodel.refit import StudyModel
 from dse.recipes.models import Recipe
@@ -30,7 +30,7 @@ from dse.rules.points import CACHE, Lru, Points, point_key
 from dse.rules.space import Space
 from dse.rules.trial import TrialConfig
 
-__all__ = ["Evaluator", "PointForecast", "prior_model", "screened_peak"]
+__all__ = ["Evaluator", "PointForecast", "prior_model", "screened_peak", "study_model"]
 
 PointLike = Mapping[str, Any] | TrialConfig  # a point's knob values, or a point already resolved
 
@@ -38,6 +38,13 @@ PointLike = Mapping[str, Any] | TrialConfig  # a point's knob values, or a point
 def prior_model(space: Space) -> StudyModel:
     """The model a study starts from (the space's calibration, else the shipped parameters), learning nothing."""
     return StudyModel(space, calibrated_params(space.backend.calibration), learns=False, cache=0)
+
+
+def study_model(space: Space, learns: bool) -> StudyModel:
+    """The model of a study of ``space``: the space's calibration (else the shipped parameters) with the miss of a
+    peak it carries, refit on the study's runs where ``learns`` (the backend's runs are evidence)."""
+    calibration = space.backend.calibration
+    return StudyModel(space, calibrated_params(calibration), learns=learns, memory_miss=calibrated_miss(calibration))
 
 
 def screened_peak(peak_gib: float, capacity_gib: float, margin: float) -> bool:
@@ -63,14 +70,23 @@ class PointForecast:
 
 class Evaluator(Points):
     """``space``'s points from knob values to the model's figures and the screen's verdict (see the module
-    docstring), under ``model`` (the study's, refit as its runs come; default: :func:`prior_model`). The memory
-    screen is on unless the space says ``screen = "none"``; off, it screens nothing but still forecasts."""
+    docstring), under ``model`` (default: a study's, :func:`study_model`, where ``learns`` is given: refit as its
+    runs come where it is true; else :func:`prior_model`). The memory screen is on unless the space says
+    ``screen = "none"``; off, it screens nothing but still forecasts."""
 
     def __init__(
-        self, space: Space, model: StudyModel | None = None, *, recipe: Recipe | None = None, cache: int = CACHE
+        self,
+        space: Space,
+        model: StudyModel | None = None,
+        *,
+        learns: bool | None = None,
+        recipe: Recipe | None = None,
+        cache: int = CACHE,
     ):
+        if model is None:
+            model = prior_model(space) if learns is None else study_model(space, learns)
+        self.model = model
         super().__init__(space, recipe=recipe, cache=cache)
-        self.model = model if model is not None else prior_model(space)
         self.on = space.search.screen != "none"
         self._predictions = Lru(cache)
         self._params = self.model.params  # the parameters the kept predictions were made under
@@ -112,11 +128,11 @@ class Evaluator(Points):
 
     def point(self, point: PointLike) -> PointForecast:
         """The model's forecast of one valid point."""
-        p = self.predict(point)
         trial = self.resolved(point)
+        p = self.predict(point)
         steps = int(trial.values["max_steps"])
         hours = trial.num_gpus * (p.step_time_s * steps + self.space.system.startup_s) / 3600.0
-        screened = self.on and screened_peak(p.peak_memory_gib, p.gpu_memory_gib, self.margin)
+        screened = self.on and screened_peak(p.peak_memory_gib, p.gpu_memory_gib, self.model.margin)
         return PointForecast(p.peak_memory_gib, p.gpu_memory_gib, p.step_time_s, hours, screened)
 
     def buffers_gib(self, point: PointLike) -> float:
@@ -130,9 +146,8 @@ class Evaluator(Points):
         """Why the screen keeps a valid point from launching (its predicted peak and the GPU's memory), or None."""
         if not self.on:
             return None
-        if (why := self.model.oom_neighbour(self.resolved(point))) is not None:
-            return why
-        return self.model_reason(point)
+        model = self.model_reason(point)  # the model's word first (kept per point); the neighbour rule overrides it
+        return self.model.oom_neighbour(self.resolved(point)) or model
 
     def model_reason(self, point: PointLike) -> str | None:
         """The model's part of :meth:`reason`: the predicted peak beyond the GPU's memory and the margin."""

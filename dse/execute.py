@@ -187,7 +187,7 @@ def _declared_failure(e: Exception, backend: Backend, run_dir: Path, *, wall_s: 
         raise infra from None
     if isinstance(e, InfrastructureError) or not isinstance(e, backend.run_errors):
         raise e
-    # an infrastructure failure: --resume runs the trial again (dse.study.loop)
+    # an infrastructure failure: --resume runs the trial again (dse.study.trials)
     failure = InfrastructureFailure(f"backend {backend.name} raised {type(e).__name__}: {e}")
     return RunMetrics("failed", str(failure), wall_s=wall_s)
 

@@ -20,6 +20,7 @@ from dse.backends.base import RunResult
 from dse.backends.sim import SimBackend
 from dse.rules.space import load_space
 from dse.study import loop as study_mod
+from dse.study import request as request_mod
 from dse.study.outdir import trial_dir
 from tests.helpers import write_space
 from tests.test_study import valid_count
@@ -84,7 +85,7 @@ def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(t
     space = load_space(write_space(tmp_path))
     serial = study_mod.run_study(space, out_dir=tmp_path / "serial", agent="grid")
     backend = Slow(jitter, release_at=3)
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
     finished: list[int] = []
     res = study_mod.run_study(
         space,
@@ -111,7 +112,7 @@ def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(t
 def test_every_agent_hands_out_distinct_points_in_parallel(tmp_path, monkeypatch, agent):
     space = load_space(write_space(tmp_path))
     backend = Slow(jitter)
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
     res = study_mod.run_study(space, out_dir=tmp_path / "out", agent=agent, trials=10, parallel=4, seed=3)
     keys = [tuple(r.knobs.values()) for r in res.records]
     assert len(keys) == len(set(keys))
@@ -162,7 +163,7 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
         return held(plan, run_dir, stop)
 
     backend.run = run
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
 
     def on_trial(rec, done, total, best):
         while backend.now < 3:  # the three other slots are running
@@ -209,7 +210,7 @@ class FinishedJob(SimBackend):
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_a_job_that_completed_before_the_ctrl_c_is_parsed_as_it_finished(tmp_path, monkeypatch, parallel):
     space = load_space(write_space(tmp_path))
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: FinishedJob())
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: FinishedJob())
     with pytest.raises(KeyboardInterrupt):
         study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", parallel=parallel)
     store, _ = study_mod.open_store(tmp_path / "out")
@@ -227,7 +228,7 @@ def test_parallel_is_a_search_setting_and_at_least_one(tmp_path, monkeypatch):
     space = load_space(write_space(tmp_path, text, "p.toml"))
     assert space.search.parallel == 2
     backend = Slow(jitter)
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
     study_mod.run_study(space, out_dir=tmp_path / "out", trials=4)
     assert backend.most == 2
     from dse.errors import UserError
@@ -381,7 +382,7 @@ def test_resume_parses_a_job_that_completed_after_its_dse_was_gone(tmp_path, mon
 
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: Interrupting(3))
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: Interrupting(3))
     with pytest.raises(KeyboardInterrupt):
         study_mod.run_study(space, out_dir=out, agent="grid")
     store, _ = study_mod.open_store(out)
@@ -390,7 +391,7 @@ def test_resume_parses_a_job_that_completed_after_its_dse_was_gone(tmp_path, mon
     assert stale.interrupted
     (Path(stale.run_dir) / "job_id").write_text("1234\n")  # its job went on without dse
     backend = EndedMeanwhile()
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: backend)
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
     res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=parallel)
     assert Path(stale.run_dir) not in backend.ran  # parsed, not run again
     row = res.records[stale.number]

@@ -12,6 +12,7 @@ from dse.backends.sim import SimBackend
 from dse.errors import UserError
 from dse.rules.space import load_space
 from dse.study import loop as study_mod
+from dse.study import request as request_mod
 from dse.study.store import Store, TrialRecord
 from tests.helpers import write_space
 
@@ -79,7 +80,7 @@ class Interrupting(SimBackend):
 def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: Interrupting(5))
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: Interrupting(5))
     with pytest.raises(KeyboardInterrupt):
         study_mod.run_study(space, out_dir=out, agent="grid")
     monkeypatch.undo()
@@ -272,7 +273,7 @@ class Buggy(SimBackend):
 def test_a_bug_in_a_backend_stops_the_study_after_saving_what_finished(tmp_path, monkeypatch, parallel):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    monkeypatch.setattr(study_mod, "make_backend", lambda *a: Buggy(5))
+    monkeypatch.setattr(request_mod, "make_backend", lambda *a: Buggy(5))
     with pytest.raises(ZeroDivisionError) as e:
         study_mod.run_study(space, out_dir=out, agent="grid", parallel=parallel)
     assert e.traceback[-1].name == "run"  # the bug's own traceback, down to the backend's frame

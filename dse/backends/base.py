@@ -30,7 +30,7 @@ class StopCheck(Protocol):
 class InfrastructureFailure:
     """The machinery around a trial failed (a launcher that cannot start, a command not found, sbatch refusing the
     job, Slurm keeping it pending past its limit), not its layout: the trial is ``failed``, agents do not learn
-    from it and ``--resume`` runs it again (dse.study.loop). A backend returns it as its :attr:`RunResult.reason`;
+    from it and ``--resume`` runs it again (dse.study.trials). A backend returns it as its :attr:`RunResult.reason`;
     the store keeps it as reason text, :attr:`PREFIX` then the message (``str(failure)``), which :meth:`of`
     reads back."""
 

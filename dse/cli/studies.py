@@ -116,7 +116,7 @@ def run_cmd(
             parallel=parallel,
             no_learn=no_learn,
         )
-    from dse.study.loop import Interrupted, forecast_cost, run_study, study_evaluator
+    from dse.study.loop import Interrupted, run_study
 
     space = with_calibration(with_learn(with_twin(load_space_arg(space_file, gpu), twin_seed), no_learn), calibration)
     out_dir = out or Path("runs") / space.name
@@ -124,7 +124,6 @@ def run_cmd(
     space, model_words = warm_start_model(space, warm_start)
     seeds = warm_start_seeds(space, warm_start, model_words)
     progress, on_trial = render.trial_progress(space.name, space.objective.metric)
-    evaluator = study_evaluator(space, backend)  # the study's, shared by its cost forecast and its loop
     try:
         result = run_study(
             space,
@@ -143,10 +142,7 @@ def run_cmd(
             default_out=out is None,
             parallel=parallel,
             worker=worker,
-            on_start=lambda: render.study_cost(
-                space, forecast_cost(space, agent=agent, trials=trials, evaluator=evaluator)
-            ),
-            evaluator=evaluator,
+            on_start=lambda cost: render.study_cost(space, cost),
         )
     except Interrupted as e:
         progress.stop()

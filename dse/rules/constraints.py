@@ -804,7 +804,7 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
 
 # Rules that reject a point as the same run as another (a value with no effect, other than the space's first
 # listed one): the first knob each names is that value's; the baseline moves it to the first listed value
-# (dse.study.loop.baseline_of) rather than call the recipe's layout broken.
+# (dse.study.request.baseline_of) rather than call the recipe's layout broken.
 DUPLICATE_RULES = frozenset({"dense_takes_no_moe_knobs", "fp8_recipe_needs_fp8", "cuda_graph_scope_needs_graph"})
 
 

@@ -288,7 +288,7 @@ class Search(_Strict):
     # local or slurm backend, mcore payload) and keeps it from launch on the probe's measured peak plus the
     # model's NCCL buffers and CUDA context; "none" launches every valid point
     screen: Literal["memory", "probe", "none"] = "memory"
-    # the study's baseline (dse.study.loop.baseline_of): "run" measures the recipe's layout first when the space holds it
+    # the study's baseline (dse.study.request.baseline_of): "run" measures the recipe's layout first when the space holds it
     # (a trial of the budget, run alone before the agent proposes); "predict" never launches it and shows the
     # model's figures for it as the reference instead (a parallel study loses no wall time to it)
     baseline: Literal["run", "predict"] = "run"

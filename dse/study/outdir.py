@@ -4,7 +4,7 @@ A directory holds one study: ``dse.json`` (what ran: space file, study name, sto
 store (``study.db`` by default), ``trials/NNNNN/`` run directories and ``leaderboard.csv``. A lock file
 keeps a second ``dse run`` out of a directory in use, unless each is a ``--worker`` (they share it and
 claim points in the storage: :mod:`dse.study.claims`). What a trial records is :mod:`dse.study.recording`; the loop
-that runs trials is :mod:`dse.study.loop`.
+that runs trials is :mod:`dse.study.trials`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the leaderboard and ``best/``.
 
 A launched trial has a row before it ends (:func:`placeholder`: ``failed``/``interrupted``, what a Ctrl-C or a
-killed dse leaves and ``--resume`` runs again); its result replaces it. The study (:mod:`dse.study.loop`) decides
+killed dse leaves and ``--resume`` runs again); its result replaces it. The study (:mod:`dse.study.trials`) decides
 what to record and when; this module only writes. Where the files live is :mod:`dse.study.outdir`.
 """
 
