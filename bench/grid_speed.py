@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dse.rules.space import load_space
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
         out = Path(tempfile.mkdtemp(prefix="dse-bench-"))
         try:
             t0 = time.perf_counter()
-            res = run_study(space, out_dir=out / "study", agent="grid")
+            res = run_study(space, Request(out_dir=out / "study", agent="grid"))
             dt = time.perf_counter() - t0
             n = len(res.records)  # read from the study directory (StudyResult.records is lazy): before it goes
         finally:

@@ -42,7 +42,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wall, cpu = time.perf_counter(), time.process_time()
         result = study.run_study(
-            space, out_dir=Path(tmp) / "out", agent="optuna", sampler=args.sampler, trials=args.trials, seed=args.seed
+            space,
+            study.Request(
+                out_dir=Path(tmp) / "out", agent="optuna", sampler=args.sampler, trials=args.trials, seed=args.seed
+            ),
         )
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         statuses = collections.Counter(r.status for r in result.records)

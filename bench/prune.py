@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from dse.rules.space import load_space  # noqa: E402
 from dse.study.leaderboard import early_stop_savings, gpu_hours  # noqa: E402
-from dse.study.loop import run_study  # noqa: E402
+from dse.study.loop import Request, run_study  # noqa: E402
 
 SPACE = ROOT / "conf" / "spaces" / "llama3_405b_space.toml"
 
@@ -59,9 +59,11 @@ def main() -> None:
                 t0 = time.monotonic()
                 res = run_study(
                     space,
-                    out_dir=tmp / f"{agent}_{int(early)}_{margin}",
-                    agent=agent,
-                    trials=args.trials if agent != "grid" else None,
+                    Request(
+                        out_dir=tmp / f"{agent}_{int(early)}_{margin}",
+                        agent=agent,
+                        trials=args.trials if agent != "grid" else None,
+                    ),
                 )
                 secs = time.monotonic() - t0
                 recs = res.records

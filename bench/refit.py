@@ -25,7 +25,7 @@ from dse.perfmodel import DEFAULT_PARAMS  # noqa: E402
 from dse.perfmodel.refit import StudyModel  # noqa: E402
 from dse.rules.space import load_space  # noqa: E402
 from dse.rules.trial import resolve  # noqa: E402
-from dse.study.loop import run_study  # noqa: E402
+from dse.study.loop import Request, run_study  # noqa: E402
 
 REPLAYS = sorted(str(p) for p in (Path(__file__).parent / "data").glob("*/replay_space.toml"))
 
@@ -44,7 +44,7 @@ def _recorded_ok(space) -> dict[tuple, float]:
 def bench(path: str) -> None:
     space = load_space(path)
     with tempfile.TemporaryDirectory(prefix="dse-refit-") as tmp:
-        res = run_study(space, out_dir=Path(tmp) / "s", agent="guided", trials=30)
+        res = run_study(space, Request(out_dir=Path(tmp) / "s", agent="guided", trials=30))
         records = sorted(res.records, key=lambda r: r.number)
     launched = [r for r in records if r.status in ("ok", "oom")]
     ok = [r for r in records if r.status == "ok" and r.metrics.get(space.objective.metric)]

@@ -170,14 +170,14 @@ def replay_search(space, agent_key: str, screen: str, seed: int, budget: int, be
     import csv
     import tempfile
 
-    from dse.study.loop import run_study
+    from dse.study.loop import Request, run_study
 
     name, extra = AGENTS[agent_key]
     search_ = space.search.model_copy(update={"screen": "memory" if screen == "on" else "none", "options": extra})
     sp = space.model_copy(update={"search": search_})
     sign = 1 if space.objective.sense == "maximize" else -1
     with tempfile.TemporaryDirectory(prefix="dse-replay-") as tmp:
-        run_study(sp, out_dir=Path(tmp) / "study", agent=name, seed=seed, trials=budget)
+        run_study(sp, Request(out_dir=Path(tmp) / "study", agent=name, seed=seed, trials=budget))
         with open(Path(tmp) / "study" / "leaderboard.csv", newline="") as fh:
             rows = sorted(csv.DictReader(fh), key=lambda r: int(r["trial"]))
     launched = [r for r in rows if r["status"] not in ("rejected", "screened")]

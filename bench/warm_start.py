@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dse.rules.space import load_space
 from dse.study.generations import space_for, warm_start_points
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 
 
 def best(records) -> float:
@@ -34,15 +34,18 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dse-bench-warm-"))
     try:
         src, dst = space_for(space, args.source), space_for(space, args.target)
-        run_study(src, out_dir=tmp / "src", agent="grid")
-        optimum = best(run_study(dst, out_dir=tmp / "grid", agent="grid").records)
+        run_study(src, Request(out_dir=tmp / "src", agent="grid"))
+        optimum = best(run_study(dst, Request(out_dir=tmp / "grid", agent="grid")).records)
         seeds = warm_start_points(dst, tmp / "src")
         rows = {"cold": [], "warm": []}
         for s in range(args.seeds):
             for kind in rows:
                 out = tmp / f"{kind}{s}"
                 res = run_study(
-                    dst, out_dir=out, agent="optuna", trials=args.trials, seed=s, seeds=seeds if kind == "warm" else ()
+                    dst,
+                    Request(
+                        out_dir=out, agent="optuna", trials=args.trials, seed=s, seeds=seeds if kind == "warm" else ()
+                    ),
                 )
                 rows[kind].append(best(res.records) / optimum)
         print(

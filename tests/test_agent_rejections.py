@@ -10,7 +10,7 @@ from gymnasium import spaces
 from dse.agents.optuna_agent import OptunaAgent
 from dse.agents.random import RandomAgent
 from dse.rules.space import load_space
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 from tests.helpers import write_space
 
 ALL_INVALID = """
@@ -52,7 +52,7 @@ def _space(*sizes: int) -> spaces.Dict:
 def test_optuna_on_a_space_with_no_valid_point_stops_after_max_rejected_and_says_so(tmp_path):
     """A space small enough to walk is refused before the study when it has no valid point (tests/
     test_empty_space.py); one of 400,000 raw points is drawn, not walked, and its agent must stop by itself."""
-    result = run_study(load_space(write_space(tmp_path, ALL_INVALID)), out_dir=tmp_path / "out")
+    result = run_study(load_space(write_space(tmp_path, ALL_INVALID)), Request(out_dir=tmp_path / "out"))
     assert result.new_trials == 25 and all(r.status == "rejected" for r in result.records)
     assert result.stop_reason is not None and "25 proposed points in a row were rejected" in result.stop_reason
 

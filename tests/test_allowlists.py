@@ -197,7 +197,7 @@ def test_best_scripts_name_no_path_of_the_study(tmp_path):
 
     space = load_space(write_space(tmp_path, SMALL_SPACE.replace("num_nodes = 2", "num_nodes = 1")))
     out = tmp_path / "study-out"
-    study_mod.run_study(space, out_dir=out, agent="grid")
+    study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid"))
     for name in ("launch.sbatch", "launch.sh"):
         text = (out / "best" / name).read_text()
         assert str(tmp_path) not in text and "/DSE_RELOCATABLE" not in text, name

@@ -29,7 +29,7 @@ def _space(tmp_path: Path, tp: str = "[1, 2, 4, 8]"):
 
 def test_baseline_in_the_space_runs_first_and_the_summary_says_the_gain(tmp_path):
     space = _space(tmp_path)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=5)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="random", trials=5))
     meta = json.loads((tmp_path / "out" / "dse.json").read_text())
     assert meta["baseline"]["in_space"] and meta["baseline"]["knobs"] == DEFAULT
     first = min(res.records, key=lambda r: r.number)
@@ -48,8 +48,8 @@ def test_baseline_in_the_space_runs_first_and_the_summary_says_the_gain(tmp_path
 
 def test_a_resumed_study_does_not_run_its_baseline_again(tmp_path):
     space = _space(tmp_path)
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=2)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=4, resume=True)
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="random", trials=2))
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="random", trials=4, resume=True))
     assert sum(r.knobs == DEFAULT for r in res.records) == 1
 
 
@@ -63,7 +63,7 @@ def test_baseline_outside_the_space_is_predicted_and_shown_as_a_reference(tmp_pa
     assert base.predicted["tflops_per_gpu"] == pytest.approx(
         predict(resolve(space, {"precision": "fp8"})).tflops_per_gpu
     )
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=3)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="random", trials=3))
     assert all(r.knobs["tp"] != 4 for r in res.records)  # never launched
     line = res.summary.baseline_line()
     gain = res.summary.best.metrics["tflops_per_gpu"] / base.predicted["tflops_per_gpu"] - 1
@@ -89,7 +89,7 @@ def test_gain_of_a_minimised_metric_is_the_speed_up():
 
 def test_mfu_is_tflops_over_the_dense_peak_of_the_runs_precision(tmp_path):
     space = _space(tmp_path)
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=8)
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="random", trials=8))
     lb = pd.read_csv(tmp_path / "out" / "leaderboard.csv")
     cols = list(lb.columns)
     assert cols.index("mfu") == cols.index("peak_memory_gib") + 1
@@ -127,7 +127,7 @@ def test_a_predicted_baseline_is_never_launched(tmp_path):
     space = load_space(tmp_path / "p.toml")
     base = study_mod.baseline_of(space)
     assert not base.in_space and base.predicted and base.note == '[search] baseline = "predict"'
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=3)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=3))
     assert all(r.knobs != base.knobs for r in res.records)
     assert '; not measured: [search] baseline = "predict")' in res.summary.baseline_line()
 

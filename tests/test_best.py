@@ -19,7 +19,7 @@ def _time(sbatch: str) -> str:
 
 def test_one_node_best_gets_launch_sh_and_the_readme_offers_both(tmp_path):
     space = load_space(write_space(tmp_path, SMALL_SPACE.replace("num_nodes = 2", "num_nodes = 1")))
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     d = tmp_path / "out" / "best"
     sh = (d / "launch.sh").read_text()
     assert "torchrun" in sh and "trainer.num_nodes=1 " in sh
@@ -29,7 +29,7 @@ def test_one_node_best_gets_launch_sh_and_the_readme_offers_both(tmp_path):
 
 def test_a_multi_node_best_that_was_one_node_before_loses_its_launch_sh(tmp_path):
     one = load_space(write_space(tmp_path, SMALL_SPACE.replace("num_nodes = 2", "num_nodes = 1")))
-    study_mod.run_study(one, out_dir=tmp_path / "out", agent="grid")
+    study_mod.run_study(one, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     assert (tmp_path / "out" / "best" / "launch.sh").exists()
     two = load_space(write_space(tmp_path, name="two.toml"))
     store, _ = study_mod.open_store(tmp_path / "out")
@@ -88,7 +88,7 @@ def test_time_limit_without_a_step_time_uses_the_models_prediction():
 
 def test_the_best_sbatch_carries_the_derived_limit_and_the_readme_says_why(tmp_path):
     space = load_space(write_space(tmp_path, SMALL_SPACE.replace("max_steps = 20", "max_steps = 5000")))
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     top = max((r for r in res.records if r.ok), key=lambda r: r.reward)
     d = tmp_path / "out" / "best"
     limit = _time((d / "launch.sbatch").read_text())

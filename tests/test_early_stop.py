@@ -125,8 +125,10 @@ def es_space(tmp_path, enabled=True, **extra):
 
 
 def test_sim_study_stops_ok_trials_early_and_records_the_savings(tmp_path):
-    on = study_mod.run_study(load_space(es_space(tmp_path)), out_dir=tmp_path / "on", agent="grid")
-    off = study_mod.run_study(load_space(es_space(tmp_path, enabled=False)), out_dir=tmp_path / "off", agent="grid")
+    on = study_mod.run_study(load_space(es_space(tmp_path)), study_mod.Request(out_dir=tmp_path / "on", agent="grid"))
+    off = study_mod.run_study(
+        load_space(es_space(tmp_path, enabled=False)), study_mod.Request(out_dir=tmp_path / "off", agent="grid")
+    )
     by_knobs = {tuple(r.knobs.values()): r for r in off.records}
     ok = [r for r in on.records if r.ok]
     assert ok
@@ -153,8 +155,8 @@ def test_sim_study_stops_ok_trials_early_and_records_the_savings(tmp_path):
 def test_resume_keeps_early_stopped_trials(tmp_path):
     space = load_space(es_space(tmp_path))
     out = tmp_path / "out"
-    first = study_mod.run_study(space, out_dir=out, agent="optuna", trials=4, seed=1)
-    res = study_mod.run_study(space, out_dir=out, agent="optuna", trials=8, seed=1, resume=True)
+    first = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="optuna", trials=4, seed=1))
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="optuna", trials=8, seed=1, resume=True))
     assert res.records[: len(first.records)] == first.records
     stopped = [r for r in res.records if r.metrics.get("early_stopped")]
     assert any(r.number >= len(first.records) for r in stopped)

@@ -85,7 +85,9 @@ def test_a_study_asks_one_evaluator_for_every_point_before_its_first_trial(tmp_p
     try:
         study_mod.forecast_cost(space, agent="guided", evaluator=ev)
         with pytest.raises(_FirstTrial):
-            study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=3, evaluator=ev)
+            study_mod.run_study(
+                space, study_mod.Request(out_dir=tmp_path / "out", agent="guided", trials=3, evaluator=ev)
+            )
     finally:
         sys.setprofile(None)
     assert calls["resolve"] == ev.computed["resolve"]
@@ -99,7 +101,10 @@ def test_the_study_loop_uses_the_evaluator_it_is_given(tmp_path):
     space = _space(tmp_path)
     ev = study_mod.study_evaluator(space)
     lines: list[str] = []
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=3, evaluator=ev, on_model=lines.append)
+    study_mod.run_study(
+        space,
+        study_mod.Request(out_dir=tmp_path / "out", agent="guided", trials=3, evaluator=ev, on_model=lines.append),
+    )
     assert ev.model.runs and any(x.startswith("model: ") for x in lines)  # the loop's model is the evaluator's
     with pytest.raises(ValueError, match="another space"):
-        study_mod.run_study(_space(tmp_path), out_dir=tmp_path / "other", evaluator=ev)
+        study_mod.run_study(_space(tmp_path), study_mod.Request(out_dir=tmp_path / "other", evaluator=ev))

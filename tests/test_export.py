@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dse.cli import app
 from dse.rules.space import load_space
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 from tests.helpers import write_space
 
 runner = CliRunner()
@@ -34,7 +34,7 @@ def test_an_exported_study_opens_in_optuna_dashboard(tmp_path, target):
 
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    res = run_study(space, out_dir=out, agent="random", trials=4, seed=2)
+    res = run_study(space, Request(out_dir=out, agent="random", trials=4, seed=2))
     recs = res.records
     assert {r.status for r in recs} >= {"ok"} and any(not r.ok for r in recs)
     url = f"sqlite:///{tmp_path / 'optuna.db'}" if target == "sqlite" else str(tmp_path / "optuna.log")
@@ -74,7 +74,7 @@ def test_an_exported_study_opens_in_optuna_dashboard(tmp_path, target):
 
 def test_export_refuses_a_bad_storage_in_one_line(tmp_path):
     space = load_space(write_space(tmp_path))
-    run_study(space, out_dir=tmp_path / "out", agent="random", trials=1)
+    run_study(space, Request(out_dir=tmp_path / "out", agent="random", trials=1))
     r = runner.invoke(app, ["export", "optuna", str(tmp_path / "out"), "--storage", "nosuch://x"])
     assert r.exit_code == 2 and "--storage" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["export", "optuna", str(tmp_path / "nothere"), "--storage", "x.log"])
@@ -86,7 +86,7 @@ def test_a_minimised_objective_is_named_as_the_negated_metric(tmp_path):
     text = (write_space(tmp_path).read_text()).replace('metric = "tflops_per_gpu"', 'metric = "step_time_s"')
     space = load_space(write_space(tmp_path, text))
     out = tmp_path / "out"
-    run_study(space, out_dir=out, agent="random", trials=2, seed=2)
+    run_study(space, Request(out_dir=out, agent="random", trials=2, seed=2))
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     assert runner.invoke(app, ["export", "optuna", str(out), "--storage", url]).exit_code == 0
     storage = optuna.storages.RDBStorage(url)

@@ -34,7 +34,7 @@ def twin_best(space):
 @pytest.mark.parametrize("metric", ["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s"])
 def test_guided_finds_the_twins_best_and_stops_by_itself_for_every_objective(tmp_path, metric):
     space = twin_space(tmp_path, metric)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="guided"))
     assert all(r.status != "rejected" for r in res.records)  # rejected points are never proposed
     m = STOP.match(res.stop_reason or "")
     assert m, res.stop_reason
@@ -47,9 +47,9 @@ def test_guided_finds_the_twins_best_and_stops_by_itself_for_every_objective(tmp
 
 def test_guided_resumes_where_it_stopped(tmp_path):
     space = twin_space(tmp_path)
-    whole = study_mod.run_study(space, out_dir=tmp_path / "a", agent="guided")
-    study_mod.run_study(space, out_dir=tmp_path / "b", agent="guided", trials=3)
-    resumed = study_mod.run_study(space, out_dir=tmp_path / "b", agent="guided", resume=True)
+    whole = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "a", agent="guided"))
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "b", agent="guided", trials=3))
+    resumed = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "b", agent="guided", resume=True))
     assert resumed.new_trials == len(whole.records) - 3
     assert [r.knobs for r in resumed.records] == [r.knobs for r in whole.records]  # same choices as unbroken
     assert resumed.stop_reason == whole.stop_reason
@@ -157,7 +157,7 @@ def test_guided_on_the_replayed_h100_grid_finds_the_best_with_at_most_one_oom(tm
     from pathlib import Path
 
     space = load_space(Path(__file__).resolve().parent.parent / "bench/data/h100_mcore_grid/replay_space.toml")
-    res = study_mod.run_study(space, out_dir=tmp_path / "s", agent="guided", trials=30)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "s", agent="guided", trials=30))
     launched = [r for r in res.records if r.status in ("ok", "oom")]
     ok = [r.metrics["tflops_per_gpu"] for r in launched if r.status == "ok"]
     assert sum(r.status == "oom" for r in launched) <= 1

@@ -14,7 +14,7 @@ from dse.errors import UserError
 from dse.facts import knobs
 from dse.importers.cloudai import import_cloudai, nemo2_paths
 from dse.rules.space import load_space
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 
 runner = CliRunner()
 FIX = Path(__file__).parent / "fixtures" / "cloudai"
@@ -52,7 +52,7 @@ def test_imports_validates_counts_and_runs_on_sim(tmp_path, src, extra):
     assert r.exit_code == 0, r.output
     space = load_space(out)
     assert space.size == _list_product(_cloudai_test(src))
-    result = run_study(space, out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0)
+    result = run_study(space, Request(out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0))
     # the grid visits every raw point once (invalid ones are recorded as rejected), and some train
     assert sorted(tuple(sorted(r.knobs.items())) for r in result.records) == sorted(
         tuple(sorted(p.items())) for p in space.points()
@@ -443,7 +443,7 @@ def test_cloudais_own_example_system_and_tests_import_and_run(tmp_path, src):
     for name in space.backend.allow_env:
         line = next(x for x in lines if x.strip().startswith(f'"{name}"'))
         assert "example_slurm_cluster.toml" in line and "global_env_vars" in line, line
-    result = run_study(space, out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0)
+    result = run_study(space, Request(out_dir=tmp_path / "run", agent="grid", backend="sim", seed=0))
     assert any(rec.ok for rec in result.records)
 
 

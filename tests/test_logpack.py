@@ -17,7 +17,7 @@ from dse.cli import app
 from dse.errors import InfrastructureError
 from dse.logs import logpack
 from dse.rules.space import load_space
-from dse.study.loop import open_store, run_study
+from dse.study.loop import Request, open_store, run_study
 from tests.helpers import write_space
 
 runner = CliRunner()
@@ -40,7 +40,7 @@ def _records(out):
 @pytest.mark.parametrize("parallel", [1, 3])
 def test_a_sim_study_packs_its_logs_and_each_reads_back_as_it_was_parsed(tmp_path, small_packs, parallel):
     out = tmp_path / "out"
-    res = run_study(load_space(write_space(tmp_path)), out_dir=out, agent="grid", parallel=parallel)
+    res = run_study(load_space(write_space(tmp_path)), Request(out_dir=out, agent="grid", parallel=parallel))
     launched = [r for r in _records(out) if r.run_dir is not None]
     assert len(launched) > 2 * SIZE  # the grid makes more than two packs' worth
     trials = out / "trials"
@@ -61,7 +61,7 @@ def test_packs_are_standard_tar_files_that_give_the_directories_back(tmp_path, s
     if shutil.which("tar") is None or shutil.which("xz") is None:
         pytest.skip("no tar or xz command")
     out = tmp_path / "out"
-    run_study(load_space(write_space(tmp_path)), out_dir=out, agent="random", trials=SIZE)
+    run_study(load_space(write_space(tmp_path)), Request(out_dir=out, agent="random", trials=SIZE))
     pack = next((out / "trials").glob("logs-*.tar.xz"))
     dest = tmp_path / "x"
     dest.mkdir()
@@ -73,9 +73,9 @@ def test_packs_are_standard_tar_files_that_give_the_directories_back(tmp_path, s
 def test_a_resumed_study_packs_on_without_touching_the_old_packs(tmp_path, small_packs):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    run_study(space, out_dir=out, agent="random", trials=SIZE + 3)
+    run_study(space, Request(out_dir=out, agent="random", trials=SIZE + 3))
     first = {p.name: p.read_bytes() for p in (out / "trials").glob("logs-*")}
-    run_study(space, out_dir=out, agent="random", trials=3 * SIZE, resume=True)
+    run_study(space, Request(out_dir=out, agent="random", trials=3 * SIZE, resume=True))
     packs = {p.name: p.read_bytes() for p in (out / "trials").glob("logs-*")}
     assert len(first) == 1 and all(packs[k] == v for k, v in first.items()) and len(packs) >= 2
     numbers = [r.number for r in _records(out) if r.run_dir is not None]
@@ -124,7 +124,7 @@ def test_a_full_disk_while_packing_leaves_every_directory_and_no_temporary_file(
 
 def test_a_damaged_pack_is_one_line_naming_it(tmp_path, small_packs):
     out = tmp_path / "out"
-    run_study(load_space(write_space(tmp_path)), out_dir=out, agent="random", trials=SIZE)
+    run_study(load_space(write_space(tmp_path)), Request(out_dir=out, agent="random", trials=SIZE))
     pack = next((out / "trials").glob("logs-*.tar.xz"))
     pack.write_bytes(pack.read_bytes()[: len(pack.read_bytes()) // 2])  # cut, as a full disk or a bad copy leaves it
     last = pack.name.split("-")[2].split(".")[0]  # a log past the cut (one before it still reads as it was)
@@ -135,7 +135,7 @@ def test_a_damaged_pack_is_one_line_naming_it(tmp_path, small_packs):
 
 def test_a_study_whose_database_is_gone_counts_its_packed_trials(tmp_path, small_packs):
     out = tmp_path / "out"
-    run_study(load_space(write_space(tmp_path)), out_dir=out, agent="random", trials=SIZE + 2)
+    run_study(load_space(write_space(tmp_path)), Request(out_dir=out, agent="random", trials=SIZE + 2))
     (out / "study.db").unlink()
     r = runner.invoke(app, ["leaderboard", str(out)])
     assert r.exit_code == 2 and f"({SIZE + 2} run directories)" in r.output
@@ -144,11 +144,11 @@ def test_a_study_whose_database_is_gone_counts_its_packed_trials(tmp_path, small
 def test_a_study_started_anew_sets_the_old_packs_aside(tmp_path, small_packs):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    run_study(space, out_dir=out, agent="random", trials=SIZE, seed=1)
+    run_study(space, Request(out_dir=out, agent="random", trials=SIZE, seed=1))
     old = next((out / "trials").glob("logs-*.tar.xz"))
     before = old.read_bytes()
     (out / "study.db").unlink()
-    run_study(space, out_dir=out, agent="grid", trials=SIZE, resume=True, rebuild=True)
+    run_study(space, Request(out_dir=out, agent="grid", trials=SIZE, resume=True, rebuild=True))
     aside = out / "trials" / old.name.replace(".tar.xz", ".orphan0.tar.xz")
     assert aside.read_bytes() == before and old.read_bytes() != before  # the new pack took the free name
     for r in _records(out):

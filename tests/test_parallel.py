@@ -83,16 +83,18 @@ def by_point(records):
 
 def test_parallel_grid_runs_trials_at_once_and_records_what_a_serial_grid_does(tmp_path, monkeypatch):
     space = load_space(write_space(tmp_path))
-    serial = study_mod.run_study(space, out_dir=tmp_path / "serial", agent="grid")
+    serial = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "serial", agent="grid"))
     backend = Slow(jitter, release_at=3)
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
     finished: list[int] = []
     res = study_mod.run_study(
         space,
-        out_dir=tmp_path / "par",
-        agent="grid",
-        parallel=3,
-        on_trial=lambda rec, done, total, best: finished.append(rec.number),
+        study_mod.Request(
+            out_dir=tmp_path / "par",
+            agent="grid",
+            parallel=3,
+            on_trial=lambda rec, done, total, best: finished.append(rec.number),
+        ),
     )
     assert backend.most == 3  # three at once, never more
     assert finished != sorted(finished)  # recorded as they finished, not in launch order
@@ -113,7 +115,9 @@ def test_every_agent_hands_out_distinct_points_in_parallel(tmp_path, monkeypatch
     space = load_space(write_space(tmp_path))
     backend = Slow(jitter)
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent=agent, trials=10, parallel=4, seed=3)
+    res = study_mod.run_study(
+        space, study_mod.Request(out_dir=tmp_path / "out", agent=agent, trials=10, parallel=4, seed=3)
+    )
     keys = [tuple(r.knobs.values()) for r in res.records]
     assert len(keys) == len(set(keys))
     assert backend.most >= 2
@@ -171,7 +175,7 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt) as e:
-        study_mod.run_study(space, out_dir=out, agent="grid", parallel=4, on_trial=on_trial)
+        study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", parallel=4, on_trial=on_trial))
     assert isinstance(e.value, study_mod.Interrupted) and (e.value.saved, e.value.interrupted) == (4, 3)
     # each running trial was stopped through its stop check (the cancel event), none left, no exception injected
     assert len(backend.cancelled) == 3 and backend.now == 0 and backend.interrupts == 0
@@ -182,7 +186,7 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
     assert [r.interrupted for r in before] == [False, True, True, True]
     assert sorted(Path(p) for p in backend.cancelled) == [Path(r.run_dir) for r in before[1:]]
     monkeypatch.undo()
-    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=2)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", resume=True, parallel=2))
     keys = [tuple(r.knobs.values()) for r in res.records]
     assert len(keys) == len(set(keys)) == valid_count(space)  # the interrupted rows were replaced
     assert [r.knobs for r in res.records[:4]] == [r.knobs for r in before]
@@ -212,13 +216,13 @@ def test_a_job_that_completed_before_the_ctrl_c_is_parsed_as_it_finished(tmp_pat
     space = load_space(write_space(tmp_path))
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: FinishedJob())
     with pytest.raises(KeyboardInterrupt):
-        study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", parallel=parallel)
+        study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", parallel=parallel))
     store, _ = study_mod.open_store(tmp_path / "out")
     recs = store.records()
     store.close()
     assert recs and not any(r.interrupted for r in recs)
     monkeypatch.undo()
-    plain = by_point(study_mod.run_study(space, out_dir=tmp_path / "plain", agent="grid").records)
+    plain = by_point(study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "plain", agent="grid")).records)
     for r in recs:  # the same outcome as the run that was not interrupted
         assert (r.status, r.reward) == plain[tuple(r.knobs.values())] and r.metrics["wall_s"] == 12.0
 
@@ -229,7 +233,7 @@ def test_parallel_is_a_search_setting_and_at_least_one(tmp_path, monkeypatch):
     assert space.search.parallel == 2
     backend = Slow(jitter)
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
-    study_mod.run_study(space, out_dir=tmp_path / "out", trials=4)
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", trials=4))
     assert backend.most == 2
     from dse.errors import UserError
 
@@ -328,7 +332,9 @@ def test_a_journal_file_is_refused_before_anything_is_written(tmp_path):
 
     space = load_space(write_space(tmp_path))
     with pytest.raises(UserError, match="not an SQL storage URL"):
-        study_mod.run_study(space, out_dir=tmp_path / "out", parallel=2, storage=str(tmp_path / "j.log"))
+        study_mod.run_study(
+            space, study_mod.Request(out_dir=tmp_path / "out", parallel=2, storage=str(tmp_path / "j.log"))
+        )
     assert not (tmp_path / "out").exists() and not (tmp_path / "j.log").exists()
 
 
@@ -384,7 +390,7 @@ def test_resume_parses_a_job_that_completed_after_its_dse_was_gone(tmp_path, mon
     out = tmp_path / "out"
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: Interrupting(3))
     with pytest.raises(KeyboardInterrupt):
-        study_mod.run_study(space, out_dir=out, agent="grid")
+        study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid"))
     store, _ = study_mod.open_store(out)
     stale = store.records()[-1]
     store.close()
@@ -392,7 +398,7 @@ def test_resume_parses_a_job_that_completed_after_its_dse_was_gone(tmp_path, mon
     (Path(stale.run_dir) / "job_id").write_text("1234\n")  # its job went on without dse
     backend = EndedMeanwhile()
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: backend)
-    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=parallel)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", resume=True, parallel=parallel))
     assert Path(stale.run_dir) not in backend.ran  # parsed, not run again
     row = res.records[stale.number]
     assert row.knobs == stale.knobs and not row.interrupted and row.metrics.get("steps")

@@ -61,7 +61,7 @@ def spans(records) -> list[tuple[dt.datetime, dt.datetime]]:
 
 def test_parallel_2_runs_two_one_node_slurm_trials_at_the_same_time(tmp_path):
     space = load_space(write_space(tmp_path, ONE_NODE))
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", parallel=2)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", parallel=2))
     assert len(res.records) == 4 and all(r.status == "ok" for r in res.records), [r.reason for r in res.records]
     s = spans(res.records)
     overlapping = [(i, j) for i in range(4) for j in range(i + 1, 4) if s[i][0] < s[j][1] and s[j][0] < s[i][1]]

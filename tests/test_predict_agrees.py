@@ -15,7 +15,7 @@ from dse.perfmodel.simulate import simulate
 from dse.rules.constraints import check
 from dse.rules.space import load_space
 from dse.rules.trial import resolve
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 
 SPACES = Path(__file__).resolve().parent.parent / "conf" / "spaces"
 runner = CliRunner()
@@ -46,7 +46,7 @@ def predict_cli(space, point) -> dict:
 @pytest.mark.parametrize("name", ["llama3_70b_space.toml", "llama3_405b_space.toml"])
 def test_predict_and_run_agree_point_for_point(tmp_path, name):
     space = load_space(SPACES / name)
-    result = run_study(space, out_dir=tmp_path / "study", agent="random", trials=60, seed=3)
+    result = run_study(space, Request(out_dir=tmp_path / "study", agent="random", trials=60, seed=3))
     ok = [r for r in result.records if r.ok]
     assert len(ok) >= 3
     for rec in ok:

@@ -9,7 +9,7 @@ from dse.forecast import Screen
 from dse.rules.space import load_space
 from dse.rules.trial import resolve
 from dse.study.leaderboard import PRIOR_STEP_ERROR
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 from tests.test_replay import STUDY_8B, STUDY_70B, replay_space, rows
 
 
@@ -20,7 +20,7 @@ def predicted(space, row: dict[str, str]):
 
 def test_each_trial_keeps_what_the_model_predicted_beside_what_ran(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2, 4]\nrecompute = ["none", "full"]'))
-    res = run_study(space, out_dir=tmp_path / "out")
+    res = run_study(space, Request(out_dir=tmp_path / "out"))
     got = rows(tmp_path / "out" / "leaderboard.csv")
     cols = list(got[0])
     assert cols.index("predicted_step_time_s") == cols.index("mfu") + 1
@@ -58,17 +58,17 @@ def test_an_oom_the_model_said_fits_is_counted(tmp_path):
     table.write_text("\n".join(lines) + "\n")
     space = replay_space(tmp_path, STUDY_8B, knobs='mbs = [1, 2]\nrecompute = ["none"]')
     space.write_text(space.read_text().replace(f'replay = "{STUDY_8B}"', 'replay = "leaderboard.csv"'))
-    res = run_study(load_space(space), out_dir=tmp_path / "out")
+    res = run_study(load_space(space), Request(out_dir=tmp_path / "out"))
     assert {r.status for r in res.records} == {"ok", "oom"}
     assert res.summary.model_line().endswith("; 1 of 1 OOM runs the model said fit")
 
 
 def test_a_measured_gain_says_measured_and_a_simulated_one_predicted(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]'))
-    res = run_study(space, out_dir=tmp_path / "replay")
+    res = run_study(space, Request(out_dir=tmp_path / "replay"))
     assert res.summary.baseline_line().endswith(f"over {res.summary.baseline.source} (trial 0): measured")
     sim = space.model_copy(update={"backend": space.backend.model_copy(update={"kind": "sim"})})
-    res = run_study(sim, out_dir=tmp_path / "sim")
+    res = run_study(sim, Request(out_dir=tmp_path / "sim"))
     line = res.summary.baseline_line()
     assert line.endswith("(trial 0): predicted (simulated, truth exact)") or line.startswith("the best is")
     assert res.summary.model_line() == ""  # the model against its own figures says nothing
@@ -77,7 +77,7 @@ def test_a_measured_gain_says_measured_and_a_simulated_one_predicted(tmp_path):
 def test_a_predicted_baseline_says_the_models_error(tmp_path):
     # mbs 2 and 4 only: the recipe's mbs 1 is not in the space, so the model predicts it
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [2, 4]\nrecompute = ["full"]'))
-    res = run_study(space, out_dir=tmp_path / "out")
+    res = run_study(space, Request(out_dir=tmp_path / "out"))
     line = res.summary.baseline_line()
     model = res.summary.model
     assert model.step_n == 2
@@ -103,7 +103,7 @@ def test_the_report_says_the_models_error(tmp_path):
 
 def test_best_readme_gives_the_headroom_against_the_models_memory_error(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2]\nrecompute = ["none"]'))
-    res = run_study(space, out_dir=tmp_path / "out")
+    res = run_study(space, Request(out_dir=tmp_path / "out"))
     best = res.summary.best
     peak, capacity = best.metrics["predicted_peak_memory_gib"], best.metrics["predicted_memory_gib"]
     readme = (tmp_path / "out" / "best" / "README").read_text()

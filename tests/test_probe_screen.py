@@ -18,7 +18,7 @@ from dse.backends.base import RunResult
 from dse.backends.local import LocalBackend
 from dse.rules.space import load_space
 from dse.study.leaderboard import ProbeCost, Summary
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 from tests.helpers import dse, one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def test_the_probe_screen_launches_none_of_the_grids_out_of_memory_points(tmp_pa
     out of memory, mbs 2 without recompute on its measured 77.4 GiB plus the model's 3 GiB of NCCL buffers) and
     the 5 that fit are launched, none out of memory."""
     out = tmp_path / "study"
-    run_study(load_space(_probe_space(tmp_path)), out_dir=out)
+    run_study(load_space(_probe_space(tmp_path)), Request(out_dir=out))
     board = {_grid_index(r): r for r in _rows(out / "leaderboard.csv")}
     assert sorted(h100) == [0, 1, 2, 4, 5]
     assert [i for i, r in sorted(board.items()) if r["status"] == "screened"] == [3, 6, 7, 8]
@@ -100,7 +100,7 @@ def test_the_probe_screen_launches_none_of_the_grids_out_of_memory_points(tmp_pa
 
 def test_the_summary_and_leaderboard_say_the_probes_apart_from_the_runs(tmp_path, h100):
     out = tmp_path / "study"
-    run_study(load_space(_probe_space(tmp_path)), out_dir=out)
+    run_study(load_space(_probe_space(tmp_path)), Request(out_dir=out))
     r = dse("leaderboard", str(out))
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())  # the terminal wraps the line
@@ -113,8 +113,8 @@ def test_the_summary_and_leaderboard_say_the_probes_apart_from_the_runs(tmp_path
 def test_a_resumed_probe_study_probes_no_point_twice(tmp_path, h100):
     out = tmp_path / "study"
     space = load_space(_probe_space(tmp_path))
-    run_study(space, out_dir=out, trials=3)
-    run_study(space, out_dir=out, resume=True)
+    run_study(space, Request(out_dir=out, trials=3))
+    run_study(space, Request(out_dir=out, resume=True))
     probes = _rows(out / "probes" / "probes.csv")
     assert sorted(int(r["point"]) for r in probes) == list(range(9))
     assert json.loads((out / "dse.json").read_text())["probes"]["points"] == 9
@@ -129,7 +129,7 @@ def test_a_probe_that_measured_no_peak_leaves_the_point_to_the_model(tmp_path, m
 
     monkeypatch.setattr(probe, "_execute", failed)
     out = tmp_path / "study"
-    run_study(load_space(_probe_space(tmp_path, **{"mbs = [1, 2, 4]": "mbs = [1, 4]"})), out_dir=out)
+    run_study(load_space(_probe_space(tmp_path, **{"mbs = [1, 2, 4]": "mbs = [1, 4]"})), Request(out_dir=out))
     board = {_grid_index(r): r for r in _rows(out / "leaderboard.csv")}
     # mbs 4 without recompute and with selective recompute: 124 and 86 GiB predicted (both ran out of memory)
     assert [i for i, r in board.items() if r["status"] == "screened"] == [6, 7]

@@ -11,11 +11,14 @@ from tests.helpers import write_space
 def test_after_resume_the_progress_shows_the_studys_best_not_the_new_trials(tmp_path):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    first = study_mod.run_study(space, out_dir=out, agent="grid", trials=12)
+    first = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", trials=12))
     before = max(r.metrics["tflops_per_gpu"] for r in first.records if r.ok)
     shown = []
     again = study_mod.run_study(
-        space, out_dir=out, agent="grid", trials=14, resume=True, on_trial=lambda r, d, t, best: shown.append(best)
+        space,
+        study_mod.Request(
+            out_dir=out, agent="grid", trials=14, resume=True, on_trial=lambda r, d, t, best: shown.append(best)
+        ),
     )
     new = [r for r in again.records if r.number >= 12 and r.ok]
     assert shown and all(b >= before for b in shown)
@@ -39,7 +42,7 @@ def test_the_reports_header_writes_the_gpu_hours_as_the_cli_does(tmp_path):
     from dse.cli import app
 
     out = tmp_path / "out"
-    study_mod.run_study(load_space(write_space(tmp_path)), out_dir=out, agent="grid", trials=30)
+    study_mod.run_study(load_space(write_space(tmp_path)), study_mod.Request(out_dir=out, agent="grid", trials=30))
     runner = CliRunner()
     board = runner.invoke(app, ["leaderboard", str(out)])
     assert board.exit_code == 0, board.output

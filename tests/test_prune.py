@@ -117,8 +117,8 @@ def prune_space(tmp_path, margin=None, name="space.toml", agent="grid"):
 
 def test_sim_study_prunes_losers_records_them_pruned_and_optuna_prunes_them(tmp_path):
     margin = 0.05
-    on = study_mod.run_study(prune_space(tmp_path, margin, "on.toml"), out_dir=tmp_path / "on")
-    off = study_mod.run_study(prune_space(tmp_path, None, "off.toml"), out_dir=tmp_path / "off")
+    on = study_mod.run_study(prune_space(tmp_path, margin, "on.toml"), study_mod.Request(out_dir=tmp_path / "on"))
+    off = study_mod.run_study(prune_space(tmp_path, None, "off.toml"), study_mod.Request(out_dir=tmp_path / "off"))
     full = {tuple(r.knobs.values()): r for r in off.records}
     pruned = [r for r in on.records if r.status == "pruned"]
     ok = [r for r in on.records if r.ok]
@@ -161,7 +161,7 @@ def test_summary_and_report_show_pruned_trials_and_the_savings(tmp_path):
     from dse.results.report import render
     from dse.study.leaderboard import savings_line
 
-    res = study_mod.run_study(prune_space(tmp_path, 0.05), out_dir=tmp_path / "out")
+    res = study_mod.run_study(prune_space(tmp_path, 0.05), study_mod.Request(out_dir=tmp_path / "out"))
     n_pruned = sum(r.status == "pruned" for r in res.records)
     n_early = sum(bool(r.metrics.get("early_stopped")) for r in res.records)
     line = savings_line(res.records)
@@ -181,8 +181,8 @@ def test_summary_and_report_show_pruned_trials_and_the_savings(tmp_path):
 def test_resume_keeps_early_stopped_and_pruned_trials(tmp_path):
     space = prune_space(tmp_path, 0.02, agent="optuna")
     out = tmp_path / "out"
-    first = study_mod.run_study(space, out_dir=out, trials=8, seed=3)
-    res = study_mod.run_study(space, out_dir=out, trials=24, seed=3, resume=True)
+    first = study_mod.run_study(space, study_mod.Request(out_dir=out, trials=8, seed=3))
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, trials=24, seed=3, resume=True))
     n = len(first.records)
     assert res.records[:n] == first.records
     for status in ("pruned",):

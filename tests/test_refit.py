@@ -85,7 +85,9 @@ def test_the_margin_is_the_shipped_one_before_a_peak_and_narrows_as_runs_agree(t
 def test_a_twin_study_refits_says_so_and_keeps_the_fit(tmp_path):
     space = _space(tmp_path)
     lines: list[str] = []
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=4, on_model=lines.append)
+    res = study_mod.run_study(
+        space, study_mod.Request(out_dir=tmp_path / "out", agent="guided", trials=4, on_model=lines.append)
+    )
     launched = [r for r in res.records if r.status in ("ok", "oom")]
     refits = [x for x in lines if x.startswith("model: ")]
     assert len(refits) == len(launched) and f"after {len(launched)} runs" in refits[-1]
@@ -100,16 +102,20 @@ def test_a_twin_study_refits_says_so_and_keeps_the_fit(tmp_path):
 def test_the_exact_truth_teaches_the_model_nothing(tmp_path):
     space = _space(tmp_path, TWIN.replace('truth = "twin"', 'truth = "exact"'))
     lines: list[str] = []
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=3, on_model=lines.append)
+    study_mod.run_study(
+        space, study_mod.Request(out_dir=tmp_path / "out", agent="guided", trials=3, on_model=lines.append)
+    )
     assert not [x for x in lines if x.startswith("model")]
     assert not (tmp_path / "out" / study_mod.MODEL_FILE).exists()
 
 
 def test_a_resumed_study_refits_on_its_stored_runs(tmp_path):
     space = _space(tmp_path)
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=3)
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="guided", trials=3))
     lines: list[str] = []
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="guided", trials=4, resume=True, on_model=lines.append)
+    study_mod.run_study(
+        space, study_mod.Request(out_dir=tmp_path / "out", agent="guided", trials=4, resume=True, on_model=lines.append)
+    )
     assert lines[0].startswith("model (resumed): ") and "after 3 runs" in lines[0]
 
 

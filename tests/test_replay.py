@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dse.rules.space import load_space
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 from tests.helpers import dse, one_line_error
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data"
@@ -41,7 +41,7 @@ def replay_space(tmp_path: Path, study: Path, *, knobs: str, screen: str = "none
 
 def test_a_replayed_study_gives_back_every_recorded_outcome(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [1, 2, 4]\nrecompute = ["none", "full"]'))
-    run_study(space, out_dir=tmp_path / "out")
+    run_study(space, Request(out_dir=tmp_path / "out"))
     recorded = by_point(rows(STUDY_70B / "leaderboard.csv"), "mbs", "recompute")
     replayed = by_point(rows(tmp_path / "out" / "leaderboard.csv"), "mbs", "recompute")
     assert replayed.keys() == recorded.keys()
@@ -59,7 +59,7 @@ def test_a_replayed_study_gives_back_every_recorded_outcome(tmp_path):
 
 def test_an_oom_is_replayed_as_oom_through_the_real_parser(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_70B, knobs='mbs = [4]\nrecompute = ["none"]'))
-    run_study(space, out_dir=tmp_path / "out")
+    run_study(space, Request(out_dir=tmp_path / "out"))
     (only,) = rows(tmp_path / "out" / "leaderboard.csv")
     assert only["status"] == "oom" and only["backend"] == "replay"
     r = dse("parse", tmp_path / "out" / only["run_dir"] / "log.txt")  # the log alone says oom
@@ -69,10 +69,10 @@ def test_an_oom_is_replayed_as_oom_through_the_real_parser(tmp_path):
 def test_a_point_the_table_lacks_is_refused_before_launch_and_costs_nothing(tmp_path):
     space = load_space(replay_space(tmp_path, STUDY_8B, knobs='mbs = [1, 4]\nrecompute = ["none", "full"]'))
     # the grid skips a refused point as it skips a broken one (masked): only the recorded points launch
-    run_study(space, out_dir=tmp_path / "grid")
+    run_study(space, Request(out_dir=tmp_path / "grid"))
     assert {(r["mbs"], r["status"]) for r in rows(tmp_path / "grid" / "leaderboard.csv")} == {("1", "ok")}
     # Optuna sees every point it asks for: a refused one is recorded rejected, with its one-line reason
-    run_study(space, out_dir=tmp_path / "optuna", agent="optuna", trials=4)
+    run_study(space, Request(out_dir=tmp_path / "optuna", agent="optuna", trials=4))
     got = rows(tmp_path / "optuna" / "leaderboard.csv")
     refused = [r for r in got if r["mbs"] == "4"]
     assert refused and all(r["status"] == "rejected" and float(r["gpu_hours"]) == 0.0 for r in refused)

@@ -157,8 +157,8 @@ def test_slurm_study_report_and_compare_in_chromium(tmp_path):
 
     space = load_space(DATA / "spaces" / "llama3_70b_16l_local_slurm.toml")
     slurm_out = tmp_path / "slurm"
-    study.run_study(space, out_dir=slurm_out, agent="grid", backend="slurm")
-    study.run_study(space, out_dir=tmp_path / "sim", agent="grid", backend="sim")
+    study.run_study(space, study.Request(out_dir=slurm_out, agent="grid", backend="slurm"))
+    study.run_study(space, study.Request(out_dir=tmp_path / "sim", agent="grid", backend="sim"))
     assert runner.invoke(app, ["report", str(slurm_out)]).exit_code == 0
     _check(probe(slurm_out / "report.html", tmp_path), plots=2)
     r = runner.invoke(app, ["compare", str(slurm_out), str(tmp_path / "sim"), "--out", str(tmp_path)])

@@ -112,7 +112,7 @@ def test_study_stops_after_three_identical_refusals_with_a_user_error(tmp_path, 
     calls = fake_sbatch("partition")
     space = load_space(SPACE)
     with pytest.raises(UserError, match="sbatch refused 3 jobs in a row: invalid partition specified: gpu"):
-        study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=10)
+        study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=10))
     assert len(calls.read_text().splitlines()) == 3  # not one submission per remaining trial
     store, _ = study_mod.open_store(tmp_path / "out")
     recs = store.records()
@@ -163,7 +163,7 @@ def test_the_agent_is_not_shown_a_refused_trial(tmp_path, fake_sbatch, monkeypat
     monkeypatch.setattr(Agent, "abandon", lambda self, action: abandoned.append(dict(action)))
     fake_sbatch("qos")
     with pytest.raises(UserError, match="sbatch refused 3 jobs in a row: Invalid qos specification"):
-        study_mod.run_study(load_space(SPACE), out_dir=tmp_path / "out", agent="grid", trials=10)
+        study_mod.run_study(load_space(SPACE), study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=10))
     assert seen == []
     assert len(abandoned) == 3 and len({tuple(a.values()) for a in abandoned}) == 3  # each refused point, once
 

@@ -39,7 +39,7 @@ def test_grid_screens_the_points_predicted_beyond_memory_and_launches_the_others
     fc = forecasts(space)
     expected = {k for k, f in fc.items() if f.peak_memory_gib > f.memory_gib * 1.05}
     assert expected and len(expected) < len(fc)  # the small space has points on both sides
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     screened = [r for r in res.records if r.status == "screened"]
     assert {tuple(r.knobs.values()) for r in screened} == expected
     for r in screened:
@@ -60,7 +60,7 @@ def test_grid_screens_the_points_predicted_beyond_memory_and_launches_the_others
 )
 def test_screen_off_and_margin(tmp_path, extra, screened, oom):
     space = small(tmp_path, extra)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     statuses = [r.status for r in res.records]
     assert statuses.count("screened") == screened and statuses.count("oom") == oom
     if extra == "screen_margin = 10":  # the margin screens nothing; the out-of-memory neighbour rule does
@@ -72,7 +72,7 @@ def test_screen_off_and_margin(tmp_path, extra, screened, oom):
 def test_budgeted_agents_screen_and_their_budget_counts_launched_runs(tmp_path, agent):
     space = small(tmp_path)
     fc = forecasts(space)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent=agent, trials=24, seed=3)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent=agent, trials=24, seed=3))
     launched = [r for r in res.records if r.status not in ("screened", "rejected")]
     assert len(launched) == 24
     for r in launched:  # nothing the screen removes is ever launched
@@ -95,7 +95,7 @@ def test_optuna_learns_a_screened_point_as_a_failure(tmp_path, monkeypatch):
 
     monkeypatch.setattr(OptunaAgent, "observe", spy)
     space = small(tmp_path, 'screen_margin = 0.0\nsampler = "random"')
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="optuna", trials=25, seed=0)
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="optuna", trials=25, seed=0))
     assert ("screened", False) in told
 
 
@@ -164,7 +164,7 @@ def test_quick_start_launches_nothing_the_screen_removes_and_reaches_the_grid_op
     space = load_space("conf/spaces/llama3_405b_space.toml")
     optimum = max(p.tflops_per_gpu for p in map(predict, valid_trials(space)) if p.fits)
     fc = forecasts(space)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out"))
     launched = [r for r in res.records if r.status not in ("screened", "rejected")]
     assert len(launched) <= space.search.trials
     assert not any(fc[tuple(r.knobs.values())].screened for r in launched)
@@ -178,7 +178,7 @@ def test_quick_start_launches_nothing_the_screen_removes_and_reaches_the_grid_op
 def test_the_screen_with_a_worker_and_with_trials_in_flight(tmp_path, kw):
     space = small(tmp_path)
     fc = forecasts(space)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", **kw)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", **kw))
     points = [tuple(r.knobs.values()) for r in res.records]
     assert sorted(points) == sorted(fc)  # every valid point once, screened or run
     assert {tuple(r.knobs.values()) for r in res.records if r.status == "screened"} == {

@@ -114,7 +114,7 @@ def test_study_loop_over_slurm_fills_the_leaderboard(tmp_path, time_limit_job):
     from dse.study import loop as study
 
     space = load_space(SPACE)
-    result = study.run_study(space, out_dir=tmp_path / "study", agent="grid", backend="slurm")
+    result = study.run_study(space, study.Request(out_dir=tmp_path / "study", agent="grid", backend="slurm"))
     valid = [p for p in space.points() if constraints.check(resolve(space, p)) is None]
     ran = [r.knobs for r in result.records]
     # every valid point once, through sbatch; the baseline (the recipe's layout, a point of the space) runs first

@@ -47,15 +47,17 @@ def test_a_directory_in_use_is_refused_before_the_cost_is_predicted(tmp_path):
     with open(out / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # another dse run holds the directory
         with pytest.raises(UserError, match="in use by another dse run"):
-            study_mod.run_study(space, out_dir=out, trials=1, on_start=lambda cost: predicted.append(1))
+            study_mod.run_study(
+                space, study_mod.Request(out_dir=out, trials=1, on_start=lambda cost: predicted.append(1))
+            )
     assert predicted == []
 
 
 def test_a_directory_holding_a_study_is_refused_before_the_cost_is_predicted(tmp_path):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    study_mod.run_study(space, out_dir=out, trials=1)
+    study_mod.run_study(space, study_mod.Request(out_dir=out, trials=1))
     predicted = []
     with pytest.raises(UserError, match="already holds a study"):
-        study_mod.run_study(space, out_dir=out, trials=1, on_start=lambda cost: predicted.append(1))
+        study_mod.run_study(space, study_mod.Request(out_dir=out, trials=1, on_start=lambda cost: predicted.append(1)))
     assert predicted == []

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from dse.cli import app
 from dse.errors import UserError
 from dse.rules.space import load_space
-from dse.study.loop import open_store, run_study
+from dse.study.loop import Request, open_store, run_study
 from dse.study.store import SCHEMA_VERSION, TRIALS, Store, TrialRecord, check_url, exists
 from tests.helpers import write_space
 
@@ -196,7 +196,7 @@ def test_an_older_dses_optuna_study_is_migrated_once(tmp_path):
 def test_a_newer_schema_is_refused_in_one_line(tmp_path):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    run_study(space, out_dir=out, agent="random", trials=2)
+    run_study(space, Request(out_dir=out, agent="random", trials=2))
     engine = sa.create_engine(f"sqlite:///{out / 'study.db'}")
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE dse_meta SET value = '99' WHERE key = 'schema_version'"))
@@ -208,7 +208,7 @@ def test_a_newer_schema_is_refused_in_one_line(tmp_path):
 
 def test_open_store_names_a_missing_study(tmp_path):
     space = load_space(write_space(tmp_path))
-    run_study(space, out_dir=tmp_path / "out", agent="random", trials=1)
+    run_study(space, Request(out_dir=tmp_path / "out", agent="random", trials=1))
     (tmp_path / "out" / "study.db").unlink()
     with pytest.raises(UserError, match="holds no study"):
         open_store(tmp_path / "out")

@@ -18,7 +18,7 @@ from dse.cli import app
 from dse.results import report
 from dse.rules.space import load_space
 from dse.study.leaderboard import Summary, frame
-from dse.study.loop import open_store, run_study
+from dse.study.loop import Request, open_store, run_study
 from dse.study.store import Store, TrialRecord
 from tests.helpers import SMALL_SPACE, write_space
 
@@ -179,7 +179,7 @@ KILLER = """
 import os, signal, sys
 from dse.study.store import Store
 from dse.rules.space import load_space
-from dse.study.loop import run_study
+from dse.study.loop import Request, run_study
 
 init, record = Store.__init__, Store.record
 
@@ -192,7 +192,7 @@ def record_then_die(self, rec):
         os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: as a crash or `kill -9`
 
 Store.__init__, Store.record = small_batches, record_then_die
-run_study(load_space(sys.argv[1]), out_dir=sys.argv[2], agent="grid")
+run_study(load_space(sys.argv[1]), Request(out_dir=sys.argv[2], agent="grid"))
 """
 
 
@@ -218,11 +218,11 @@ def test_a_killed_writer_loses_only_its_unflushed_batch(tmp_path):
         store.close()
     assert [r.number for r in kept] == list(range(16))  # two batches of 8 flushed; 16..19 were pending
     assert sorted(p.name for p in (out / "trials").iterdir()) == [f"{n:05d}" for n in range(20)]
-    res = run_study(space, out_dir=out, resume=True)
+    res = run_study(space, Request(out_dir=out, resume=True))
     points = [tuple(r.knobs.values()) for r in res.records]
     assert len(points) == len(set(points))  # nothing twice
     assert res.new_trials == len(points) - 16  # everything after the flushed batches, the lost ones included
-    grid = run_study(space, out_dir=tmp_path / "fresh", agent="grid")
+    grid = run_study(space, Request(out_dir=tmp_path / "fresh", agent="grid"))
     assert sorted(points) == sorted(tuple(r.knobs.values()) for r in grid.records)
     # the run directories of the lost trials were set aside, not mixed with their reruns
     assert sorted(p.name for p in (out / "trials").iterdir() if "orphan" in p.name) == [
@@ -263,7 +263,7 @@ def test_an_occupied_default_directory_is_named_not_a_flag_never_passed(tmp_path
 
 def test_a_simulated_run_directory_is_compact_and_parses_again(tmp_path):
     space = load_space(write_space(tmp_path))
-    res = run_study(space, out_dir=tmp_path / "out", agent="random", trials=3, seed=2)
+    res = run_study(space, Request(out_dir=tmp_path / "out", agent="random", trials=3, seed=2))
     rec = next(r for r in res.records if r.ok)
     run_dir = Path(rec.run_dir)
     assert [p.name for p in run_dir.iterdir()] == ["log.txt.gz"]

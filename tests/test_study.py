@@ -26,7 +26,7 @@ def valid_count(space):
 
 def test_grid_visits_every_valid_point_once(tmp_path):
     space = load_space(write_space(tmp_path))
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     keys = [tuple(r.knobs.values()) for r in res.records]
     assert len(keys) == len(set(keys)) == valid_count(space)
     assert all(r.status != "rejected" for r in res.records)
@@ -82,14 +82,14 @@ def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: Interrupting(5))
     with pytest.raises(KeyboardInterrupt):
-        study_mod.run_study(space, out_dir=out, agent="grid")
+        study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid"))
     monkeypatch.undo()
     store, _ = study_mod.open_store(out)
     before = store.records()
     store.close()
     assert len(before) == 5 and before[-1].reason == "interrupted" and before[-1].status == "failed"
     assert (out / "leaderboard.csv").exists()  # written even when interrupted
-    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", resume=True))
     keys = [tuple(r.knobs.values()) for r in res.records]
     assert len(keys) == len(set(keys)) == valid_count(space)  # nothing twice, nothing lost, no stale row
     assert not any(r.interrupted for r in res.records)
@@ -105,8 +105,8 @@ def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
 def test_resume_with_a_budget_continues_to_it(tmp_path):
     space = load_space(write_space(tmp_path))
     out = tmp_path / "out"
-    first = study_mod.run_study(space, out_dir=out, agent="optuna", trials=6, seed=1)
-    res = study_mod.run_study(space, out_dir=out, agent="optuna", trials=10, seed=1, resume=True)
+    first = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="optuna", trials=6, seed=1))
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="optuna", trials=10, seed=1, resume=True))
     # the budget is launched runs: rejected points are recorded but count for nothing
     launched = [r for r in res.records if r.status != "rejected"]
     assert sum(r.status != "rejected" for r in first.records) == 6 and len(launched) == 10
@@ -117,9 +117,9 @@ def test_resume_with_a_budget_continues_to_it(tmp_path):
 
 def test_second_run_into_the_same_directory_needs_resume(tmp_path):
     space = load_space(write_space(tmp_path))
-    study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=2)
+    study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=2))
     with pytest.raises(UserError, match="--resume"):
-        study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid", trials=2)
+        study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=2))
 
 
 def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_reward_agrees_across_agent_store_and_leaderboard(tmp_path, monkeypatch)
         return original(self, action, reward, ok, **kw)
 
     monkeypatch.setattr(GridAgent, "observe", spy)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     rewards = [r for _, r in seen]
     assert len(set(rewards)) > len(rewards) // 2  # distinct per-trial results, not a constant
     assert [r.reward for r in res.records] == rewards
@@ -155,7 +155,7 @@ def test_best_configuration_is_written_ready_to_launch(tmp_path):
     import json
 
     space = load_space(write_space(tmp_path))
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     top = pd.read_csv(res.leaderboard).iloc[0]
     best = json.loads((tmp_path / "out" / "best" / "best.json").read_text())
     assert best["trial"] == top.trial and best["reward"] == pytest.approx(top.reward)
@@ -200,7 +200,7 @@ def test_every_trial_records_gpu_hours_and_the_summary_adds_them_up(tmp_path):
     space = load_space(write_space(tmp_path))
     start = space.system.startup_s
     assert start > 0
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="random", trials=8)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="random", trials=8))
     for r in res.records:
         if r.status == "rejected":
             assert r.gpu_hours == 0.0
@@ -249,7 +249,7 @@ def test_search_warm_start_model_launches_the_models_best_point_first(tmp_path):
     ]
     fits = [(f(a).reward, a) for a in actions if f(a) is not None and f(a).peak_memory_gib <= f(a).memory_gib]
     best = max(fits, key=lambda x: x[0])[1]
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", trials=2)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", trials=2))
     assert res.records[0].knobs == {n: space.knobs[n][i] for n, i in best.items()}
 
 
@@ -275,7 +275,7 @@ def test_a_bug_in_a_backend_stops_the_study_after_saving_what_finished(tmp_path,
     out = tmp_path / "out"
     monkeypatch.setattr(request_mod, "make_backend", lambda *a: Buggy(5))
     with pytest.raises(ZeroDivisionError) as e:
-        study_mod.run_study(space, out_dir=out, agent="grid", parallel=parallel)
+        study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", parallel=parallel))
     assert e.traceback[-1].name == "run"  # the bug's own traceback, down to the backend's frame
     store, _ = study_mod.open_store(out)
     records = store.records()
@@ -288,6 +288,6 @@ def test_a_bug_in_a_backend_stops_the_study_after_saving_what_finished(tmp_path,
     assert len(records) - len(finished) == (0 if parallel == 1 else 1)
     assert len(pd.read_csv(out / "leaderboard.csv")) == len(records)
     monkeypatch.undo()
-    res = study_mod.run_study(space, out_dir=out, agent="grid", resume=True, parallel=parallel)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", resume=True, parallel=parallel))
     keys = [tuple(r.knobs.values()) for r in res.records]
     assert len(keys) == len(set(keys)) == valid_count(space) and not any(r.interrupted for r in res.records)

@@ -81,7 +81,7 @@ def test_a_twin_study_goes_through_the_ordinary_log_parser_store_path(tmp_path):
     text = SMALL_SPACE + '\n[backend]\nkind = "sim"\ntruth = "twin"\ntwin_seed = 3\n'
     space = load_space(write_space(tmp_path, text))
     twin = make_twin(space, 3)
-    res = study_mod.run_study(space, out_dir=tmp_path / "out", agent="grid")
+    res = study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid"))
     ok = [r for r in res.records if r.ok]
     assert ok and all((tmp_path / "out" / "trials" / f"{r.number:05d}" / "log.txt.gz").exists() for r in ok)
     off_model = 0

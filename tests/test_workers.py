@@ -69,7 +69,7 @@ def check_workers(records, reference, knobs, n_valid):
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
     space = load_space(write_space(tmp, SPACE))
-    return space, study_mod.run_study(space, out_dir=tmp / "one", agent="grid").records
+    return space, study_mod.run_study(space, study_mod.Request(out_dir=tmp / "one", agent="grid")).records
 
 
 def test_two_workers_on_one_sqlite_study_share_the_grid(tmp_path, reference):
@@ -106,7 +106,7 @@ def test_a_plain_run_still_refuses_a_directory_in_use(tmp_path):
 def test_a_dead_workers_claim_expires_and_its_trial_is_rerun_in_place(tmp_path, reference):
     space, ref = reference
     out = tmp_path / "out"
-    study_mod.run_study(space, out_dir=out, agent="grid", trials=3)  # a study with three trials
+    study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", trials=3))  # a study with three trials
     meta = study_mod.read_meta(out)
     store = Store(study_mod.stored_storage(meta["storage"], out), meta["study_name"], meta["knobs"], resume=True)
     point = next(r.knobs for r in ref if r.knobs not in [x.knobs for x in records_of(out)] and r.status == "ok")
@@ -121,7 +121,7 @@ def test_a_dead_workers_claim_expires_and_its_trial_is_rerun_in_place(tmp_path, 
     other.close()
     dead.engine.dispose()
     store.close()
-    res = study_mod.run_study(space, out_dir=out, agent="grid", worker=True, lease_s=0.5)
+    res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", worker=True, lease_s=0.5))
     check_workers(res.records, ref, list(space.knobs), valid_count(space))
     rerun = next(r for r in res.records if r.number == number)
     assert rerun.knobs == point and rerun.status == "ok"  # the dead worker's row, replaced by its rerun

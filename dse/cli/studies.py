@@ -116,37 +116,35 @@ def run_cmd(
             parallel=parallel,
             no_learn=no_learn,
         )
-    from dse.study.loop import Interrupted, run_study
+    from dse.study.loop import Interrupted, Request, run_study
 
     space = with_calibration(with_learn(with_twin(load_space_arg(space_file, gpu), twin_seed), no_learn), calibration)
-    out_dir = out or Path("runs") / space.name
     check_seed(seed)
     space, model_words = warm_start_model(space, warm_start)
     seeds = warm_start_seeds(space, warm_start, model_words)
     progress, on_trial = render.trial_progress(space.name, space.objective.metric)
+    request = Request(
+        out_dir=out,  # none given: the study's default directory, runs/<space name>
+        agent=agent,
+        sampler=sampler,
+        trials=trials,
+        seed=seed,
+        backend=backend,
+        resume=resume,
+        storage=storage,
+        rebuild=rebuild,
+        on_trial=on_trial,
+        on_model=lambda line: render.err_console.print(line, highlight=False, markup=False),
+        seeds=seeds,
+        parallel=parallel,
+        worker=worker,
+        on_start=lambda cost: render.study_cost(space, cost),
+    )
     try:
-        result = run_study(
-            space,
-            out_dir=out_dir,
-            agent=agent,
-            sampler=sampler,
-            trials=trials,
-            seed=seed,
-            backend=backend,
-            resume=resume,
-            storage=storage,
-            rebuild=rebuild,
-            on_trial=on_trial,
-            on_model=lambda line: render.err_console.print(line, highlight=False, markup=False),
-            seeds=seeds,
-            default_out=out is None,
-            parallel=parallel,
-            worker=worker,
-            on_start=lambda cost: render.study_cost(space, cost),
-        )
+        result = run_study(space, request)
     except Interrupted as e:
         progress.stop()
-        render.interrupted(e, resume_command(out_dir))
+        render.interrupted(e, resume_command(e.out_dir))
         raise typer.Exit(130) from None
     finally:
         progress.stop()

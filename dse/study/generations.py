@@ -23,7 +23,7 @@ from dse.rules import constraints
 from dse.rules.counting import Count, count_valid
 from dse.rules.space import Space, load_system
 from dse.rules.trial import resolve
-from dse.study.loop import StudyResult, open_store, run_study
+from dse.study.loop import Request, StudyResult, open_store, run_study
 
 WARM_START_TOP = 8  # seeds taken from a finished study: its best 8 ok points that are valid here
 
@@ -85,7 +85,9 @@ def run_generations(
             on_start(name, sub)
         again = resume and (sub_out / "dse.json").exists()
         seeds = warm_start_points(sub, warm_start) if warm_start is not None else ()
-        results.append(run_study(sub, out_dir=sub_out, resume=again, rebuild=rebuild and again, seeds=seeds, **kwargs))
+        results.append(
+            run_study(sub, Request(out_dir=sub_out, resume=again, rebuild=rebuild and again, seeds=seeds, **kwargs))
+        )
     return results
 
 

@@ -7,21 +7,17 @@ runs its trials (:class:`dse.study.trials.StudyLoop`: propose, screen, run, reco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from dse.agents.base import load_agents
 from dse.backends import Backend
 from dse.backends.scripts import check_path
 from dse.envs.recipe_env import RecipeEnv
-from dse.errors import InfrastructureError, UserError
-from dse.evaluator import Evaluator
+from dse.errors import InfrastructureError
 from dse.forecast import StudyCost
 from dse.rules.space import Space
 from dse.study import outdir
-from dse.study.claims import LEASE_S
 from dse.study.leaderboard import Baseline, Summary
 from dse.study.outdir import (
     DB,
@@ -38,6 +34,7 @@ from dse.study.outdir import (
 from dse.study.recording import Recorder, write_best_of
 from dse.study.request import (
     Request,
+    Resolved,
     agent_settings,
     baseline_of,
     check_request,
@@ -46,11 +43,14 @@ from dse.study.request import (
     learns,
     make_backend,
     ordinal_knobs,
+    resolve_request,
     space_options,
     study_evaluator,
 )
 from dse.study.store import Store, TrialRecord
 from dse.study.trials import MODEL_FILE, StudyLoop, _rerun
+
+DEFAULT_OUT = Path("runs")  # a study's output directory when the request names none: runs/<space name>
 
 # The study's API; the names of the output directory (dse.study.outdir), the request (dse.study.request) and the
 # trials (dse.study.trials) stay importable from here for the CLI, dse.study.generations, dse.results.compare and
@@ -124,96 +124,44 @@ class Interrupted(KeyboardInterrupt):
         self.out_dir, self.saved, self.interrupted = out_dir, saved, interrupted
 
 
-def run_study(
-    space: Space,
-    *,
-    out_dir: str | Path,
-    agent: str | None = None,
-    sampler: str | None = None,
-    trials: int | None = None,
-    seed: int | None = None,
-    backend: str | None = None,
-    resume: bool = False,
-    storage: str | None = None,
-    rebuild: bool = False,
-    on_trial: Callable[[TrialRecord, int, int | None, float | None], None] | None = None,
-    on_model: Callable[[str], None] | None = None,
-    seeds: Sequence[dict[str, Any]] = (),
-    default_out: bool = False,
-    parallel: int | None = None,
-    worker: bool = False,
-    lease_s: float = LEASE_S,
-    on_start: Callable[[StudyCost], None] | None = None,
-    evaluator: Evaluator | None = None,
-) -> StudyResult:
-    """Run (or resume) the study of ``space`` in ``out_dir``. ``on_trial(record, done, total, best)`` reports
-    progress (total: the budget, or for a grid without one the number of valid points; None when unknown; best:
-    the study's best value of the objective's metric so far, resumed trials included).
-    ``rebuild`` (with ``resume``): when the storage holds no study although run directories say trials ran,
-    start it anew instead of refusing. ``seeds`` are points (knob values) run first, before the agent
-    proposes, and shown to it as its own outcomes (warm start); a seed the study already ran is skipped, so a
-    resumed study does not run them again. ``default_out``: the user gave no ``--out`` (``out_dir`` is the
-    default), so an error names the default, not the flag. ``parallel``: trials in flight at once
-    (``--parallel``, default ``[search] parallel``; see :mod:`dse.study.parallel`): results are recorded as they
-    finish, in any order, each under the number it was given at its launch.
+def run_study(space: Space, request: Request) -> StudyResult:
+    """Run (or resume) the study of ``space`` that ``request`` asks for (:class:`dse.study.request.Request`: each
+    field's meaning there): results are recorded as they finish, in any order, each under the number it was given at
+    its launch. The study is in ``request.out_dir`` (default: ``runs/<space name>``).
 
     A Ctrl-C stops every running trial (each backend's own way: ``scancel``, the process group) and raises
     :class:`Interrupted` (a ``KeyboardInterrupt``) once the store and the leaderboard are written: the trials
-    it stopped are recorded ``failed``/``interrupted``, and ``--resume`` runs them again in place (a Slurm job
+    it stopped are recorded ``failed``/``interrupted``, and a resume runs them again in place (a Slurm job
     that had COMPLETED is parsed as it finished instead). Any other exception but a user error and dse's own
     :class:`~dse.errors.InfrastructureError` is a bug: it propagates with its traceback once the trials that
     finished are in the store and the leaderboard (as Optuna's ``catch=()``).
 
-    ``worker``: one of several processes on the same study (same ``out_dir``, or the same ``storage``): the
-    directory is shared instead of locked, each point is claimed in the storage before it runs
-    (:mod:`dse.study.claims`; a dead worker's claims expire after ``lease_s``), trial numbers come from the
-    storage, and each worker's agent is shown the others' results as they come. A worker starts the study
-    when there is none yet, and joins it otherwise (``--resume`` is implied). ``trials`` is the study's
-    budget; the workers may overshoot it by the trials the others have in flight.
-
-    ``on_start(cost)`` is called once every check has passed, before the first trial, with the study's forecast
-    cost (:func:`forecast_cost`; the CLI prints it there, so a refused study prints only its refusal).
-    ``evaluator``: the study's, if the caller asks it too (:func:`study_evaluator`)."""
-    out = Path(out_dir)
-    parallel = space.search.parallel if parallel is None else parallel
-    if parallel < 1:
-        raise UserError(f"{parallel} trials at once; --parallel is at least 1", param="parallel")
-    agent = agent or space.search.agent
-    registry = load_agents()
-    req = Request(
-        agent,
-        agent_settings(space, agent, sampler, registry),
-        registry,
-        space.search.seed if seed is None else seed,
-        backend or space.backend.kind,
-        trials=trials,
-        rebuild=rebuild,
-        on_trial=on_trial,
-        on_model=on_model,
-        seeds=list(seeds),
-        parallel=parallel,
-        worker=worker,
-        lease_s=lease_s,
+    A worker (``request.worker``) shares the directory instead of locking it, numbers its trials from the
+    storage, and is shown the others' results as they come; it starts the study when there is none yet, and joins
+    it otherwise (a resume is implied). ``request.trials`` is the study's budget; the workers may overshoot it by
+    the trials the others have in flight."""
+    out = Path(request.out_dir) if request.out_dir is not None else DEFAULT_OUT / space.name
+    req, ran_by = check_request(space, resolve_request(space, request), request.evaluator)
+    resume = outdir.check_target(
+        out, resume=request.resume, rebuild=request.rebuild, worker=request.worker, default_out=request.out_dir is None
     )
-    req, ran_by = check_request(space, req, evaluator)
-    resume = outdir.check_target(out, resume=resume, rebuild=rebuild, worker=worker, default_out=default_out)
     # Everything the study will write must be writable before the first trial: the output directory's path
     # goes into best/'s scripts, so it must be one a script can carry; a storage URL must be usable.
     check_path(out.absolute(), param="out")
-    storage = absolute_storage(storage) if storage is not None else None
-    return _run_locked(space, out, replace(req, resume=resume, storage=storage), ran_by, on_start)
+    storage = absolute_storage(request.storage) if request.storage is not None else None
+    return _run_locked(space, out, replace(req, resume=resume, storage=storage), ran_by, request.on_start)
 
 
 def _run_locked(
-    space: Space, out: Path, req: Request, backend: Backend, on_start: Callable[[StudyCost], None] | None
+    space: Space, out: Path, req: Resolved, backend: Backend, on_start: Callable[[StudyCost], None] | None
 ) -> StudyResult:
     """The study in ``out``, held for this run. ``on_start`` (given the study's forecast cost, seconds on a large
     space) runs once the directory is this run's, so that a refusal (in use by another run) comes before it."""
     try:
-        with outdir.locked(out, worker=req.worker) as ready:
+        with outdir.locked(out, worker=req.asked.worker) as ready:
             if on_start is not None:
-                on_start(forecast_cost(space, agent=req.agent, trials=req.trials, evaluator=req.evaluator))
-            resume = req.resume or (req.worker and (out / META).exists())  # another worker started it meanwhile
+                on_start(forecast_cost(space, agent=req.agent, trials=req.asked.trials, evaluator=req.evaluator))
+            resume = req.resume or (req.asked.worker and (out / META).exists())  # another worker started it meanwhile
             return _run(space, out, replace(req, resume=resume), backend, ready)
     except KeyboardInterrupt:
         if not (out / META).exists():  # stopped before the study started (its cost prediction): nothing to resume
@@ -221,7 +169,7 @@ def _run_locked(
         raise Interrupted(out, *outdir.saved_counts(out)) from None
 
 
-def _run(space: Space, out: Path, req: Request, backend: Backend, ready: Callable[[], None]) -> StudyResult:
+def _run(space: Space, out: Path, req: Resolved, backend: Backend, ready: Callable[[], None]) -> StudyResult:
     """The study in ``out``, which this process holds: open (or create) it, run the loop, write what it found.
     A new study records its baseline in ``dse.json`` (:func:`baseline_of`); one in the space runs first."""
     baseline = baseline_of(space, req.evaluator)
@@ -235,7 +183,9 @@ def _run(space: Space, out: Path, req: Request, backend: Backend, ready: Callabl
         points=req.evaluator,
     )
     meta["baseline"] = baseline.as_dict()
-    store, meta, url = outdir.open_study(out, space, meta, resume=req.resume, rebuild=req.rebuild, worker=req.worker)
+    store, meta, url = outdir.open_study(
+        out, space, meta, resume=req.resume, rebuild=req.asked.rebuild, worker=req.asked.worker
+    )
     base = Baseline.of_meta(meta)
     if base is not None and base.in_space:  # like a warm-start seed: skipped once the study has run it
         req = replace(req, seeds=[base.knobs, *req.seeds])
@@ -246,16 +196,16 @@ def _run(space: Space, out: Path, req: Request, backend: Backend, ready: Callabl
         loop = StudyLoop(space, out, backend, recorder, req)
         loop.replay()
         loop.run()
-        if req.on_model is not None:  # the runs that contradicted the screen, in the study's last words
+        if req.asked.on_model is not None:  # the runs that contradicted the screen, in the study's last words
             for line in loop.learner.contradictions:
-                req.on_model(f"screen contradicted: {line}")
+                req.asked.on_model(f"screen contradicted: {line}")
     except InfrastructureError:
         # dse could not write (disk full...): the trial in flight is not recorded (resume runs it again)
         recorder.abandon()
         raise
     finally:
         if not recorder.closed:  # what finished is in the store and the leaderboard, whatever stopped the loop
-            summary, lb = recorder.finish(space, worker=req.worker)
+            summary, lb = recorder.finish(space, worker=req.asked.worker)
     assert summary is not None  # the loop ended normally, so the finally above finished the recorder
     write_best_of(space, summary, out)  # only when the loop ended normally
     return StudyResult(

@@ -109,26 +109,82 @@ def space_options(space: Space, agent: str, options: dict[str, Any], registry, *
 
 @dataclass(frozen=True)
 class Request:
-    """What a study was asked to do, with every default resolved (the space's, then the command line's)."""
+    """What a study is asked to do: :func:`dse.study.loop.run_study`'s one argument beside the space (``dse run``
+    builds it from its command line). A field left None takes the space's value: ``agent`` its ``[search] agent``,
+    ``seed`` its ``[search] seed``, ``backend`` its ``[backend] kind``, ``parallel`` its ``[search] parallel``;
+    ``out_dir`` None is the default output directory, ``runs/<space name>`` (an error then names it).
 
+    ``trials``: the budget of launched runs (default: the space's ``[search] trials`` for its own agent).
+    ``resume`` continues the study in ``out_dir``; ``rebuild`` (with ``resume``): when the storage holds no study
+    although run directories say trials ran, start it anew instead of refusing. ``storage``: a SQLAlchemy URL
+    (default: ``study.db`` in ``out_dir``). ``seeds``: points (knob values) run first, before the agent proposes,
+    and shown to it as its own outcomes (warm start); a seed the study already ran is skipped. ``parallel``: trials
+    in flight at once (:mod:`dse.study.parallel`). ``worker``: one of several processes on the same study, each
+    point claimed in the storage before it runs (:mod:`dse.study.claims`; a dead worker's claims expire after
+    ``lease_s``). ``on_trial(record, done, total, best)`` reports progress (total: the budget, or a grid's valid
+    points, None when unknown; best: the best value of the objective's metric so far, resumed trials included);
+    ``on_model(line)`` each refit's line and what contradicted the screen; ``on_start(cost)`` is called once every
+    check has passed, before the first trial, with the study's forecast cost. ``evaluator``: the study's
+    (:func:`study_evaluator`), if the caller asks it too."""
+
+    out_dir: str | Path | None = None
+    agent: str | None = None
+    sampler: str | None = None
+    trials: int | None = None
+    seed: int | None = None
+    backend: str | None = None
+    resume: bool = False
+    storage: str | None = None
+    rebuild: bool = False
+    seeds: Sequence[dict[str, Any]] = ()
+    parallel: int | None = None
+    worker: bool = False
+    lease_s: float = LEASE_S
+    on_trial: Callable[[TrialRecord, int, int | None, float | None], None] | None = None
+    on_model: Callable[[str], None] | None = None
+    on_start: Callable[[StudyCost], None] | None = None
+    evaluator: Evaluator | None = None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A :class:`Request` resolved against its space (:func:`resolve_request`): ``asked``, the request as given; what it
+    resolves to: the agent's name, its options (:func:`agent_settings`) and the registry it comes from, the seed,
+    the backend's name, the trials at once, the seeds run first (a baseline in the space joins them), whether the
+    study is resumed and its storage (an absolute URL); once checked (:func:`check_request`), the study's
+    evaluator, which every step of a point's way asks."""
+
+    asked: Request
     agent: str
     options: dict[str, Any]
     registry: Any
     seed: int
     backend: str
-    trials: int | None = None
+    parallel: int = 1
+    seeds: Sequence[dict[str, Any]] = ()
     resume: bool = False
     storage: str | None = None
-    rebuild: bool = False
-    on_trial: Callable[[TrialRecord, int, int | None, float | None], None] | None = None
-    on_model: Callable[[str], None] | None = (
-        None  # each refit's one line (dse.perfmodel.refit), and what contradicted the screen
+    evaluator: Evaluator | None = None
+
+
+def resolve_request(space: Space, asked: Request) -> Resolved:
+    """``asked`` resolved against ``space`` (each None its space's value); the agent's options checked."""
+    parallel = space.search.parallel if asked.parallel is None else asked.parallel
+    if parallel < 1:
+        raise UserError(f"{parallel} trials at once; a study runs at least 1", param="parallel")
+    agent = asked.agent or space.search.agent
+    registry = load_agents()
+    return Resolved(
+        asked,
+        agent,
+        agent_settings(space, agent, asked.sampler, registry),
+        registry,
+        space.search.seed if asked.seed is None else asked.seed,
+        asked.backend or space.backend.kind,
+        parallel,
+        seeds=list(asked.seeds),
+        resume=asked.resume,
     )
-    seeds: Sequence[dict[str, Any]] = ()
-    parallel: int = 1
-    worker: bool = False
-    lease_s: float = LEASE_S
-    evaluator: Evaluator | None = None  # the study's (study_evaluator): every step of a point's way asks it
 
 
 def study_evaluator(space: Space, backend: str | None = None) -> Evaluator:
@@ -147,16 +203,12 @@ def check_study(space: Space, *, agent: str | None = None, sampler: str | None =
     """What ``dse run`` checks before its first trial, with nothing written or launched: the agent, its sampler and
     options, the backend, and the launch scripts every trial and ``best/`` need (``dse validate`` runs it, so a
     space it accepts does not fail at ``dse run``'s start)."""
-    agent = agent or space.search.agent
-    registry = load_agents()
-    options = agent_settings(space, agent, sampler, registry)
-    request = Request(agent, options, registry, space.search.seed, space.backend.kind, parallel=space.search.parallel)
-    check_request(space, request, prepare=False)
+    check_request(space, resolve_request(space, Request(agent=agent, sampler=sampler)), prepare=False)
 
 
 def check_request(
-    space: Space, req: Request, evaluator: Evaluator | None = None, *, prepare: bool = True
-) -> tuple[Request, Backend]:
+    space: Space, req: Resolved, evaluator: Evaluator | None = None, *, prepare: bool = True
+) -> tuple[Resolved, Backend]:
     """``req`` with the study's evaluator (``evaluator``, else :func:`study_evaluator`), and the study's backend
     (:func:`make_backend`, built once: checked here, then run), once the checks pass: a
     space with no valid point is refused (a study of it would launch nothing and end as if it had succeeded); the
@@ -183,7 +235,7 @@ def check_request(
     return replace(req, evaluator=evaluator), backend
 
 
-def _preflight(space: Space, req: Request, backend: Backend, points: Points) -> None:
+def _preflight(space: Space, req: Resolved, backend: Backend, points: Points) -> None:
     """What every trial and ``best/`` will need, checked before the first trial (one line, nothing run): the
     launch plan the backend runs and the script it writes, and ``best/``'s plan and scripts (a Slurm script
     always, a local one for one node). Checked on the space's first point: the system's values and the

@@ -36,7 +36,7 @@ from dse.study.outdir import (
 from dse.study.parallel import Done, Pool
 from dse.study.probe_screen import ProbeScreen
 from dse.study.recording import Recorder, placeholder, record_of
-from dse.study.request import Request, space_options, study_evaluator
+from dse.study.request import Resolved, space_options, study_evaluator
 from dse.study.store import Store, TrialRecord
 
 MODEL_FILE = "calibration.toml"  # the study's refit model, a calibration file (--calibration, --warm-start take it)
@@ -98,7 +98,7 @@ class StudyLoop:
     Without a pool (``--parallel 1``, no ``--worker``) each trial runs in the calling thread; with one, the
     calling thread proposes, launches and records, the pool's threads only run trials."""
 
-    def __init__(self, space: Space, out: Path, backend: Backend, recorder: Recorder, req: Request):
+    def __init__(self, space: Space, out: Path, backend: Backend, recorder: Recorder, req: Resolved):
         self.space, self.out, self.backend, self.recorder, self.req = space, out, backend, recorder, req
         self.queued: deque[tuple[int | None, dict[str, int]]] = deque()
         self.in_flight: dict[int, dict[str, int]] = {}
@@ -110,7 +110,7 @@ class StudyLoop:
         self.seeding = False  # reruns and seeds first: all of them ended before the agent proposes
         self.idle = False  # the agent had nothing to propose while trials ran: ask again after the next result
         self.claims: Claims | None = None
-        self.pool = Pool(req.parallel) if req.parallel > 1 or req.worker else None
+        self.pool = Pool(req.parallel) if req.parallel > 1 or req.asked.worker else None
         # the study's evaluator: a point's trial, rules and prediction, each once; its model (dse.perfmodel.refit: refit
         # on the study's measured runs) gives the memory screen when on, the agents' forecasts and each launch's figures
         self.model = req.evaluator if req.evaluator is not None else study_evaluator(space, req.backend)
@@ -119,7 +119,7 @@ class StudyLoop:
         self.screen = self.model if self.model.on else None
         # [search] screen = "probe": each point probed on one GPU before its launch (dse.study.probe_screen)
         self.prober = (
-            ProbeScreen(space, out, req.backend, self.model, worker=req.worker)
+            ProbeScreen(space, out, req.backend, self.model, worker=req.asked.worker)
             if space.search.screen == "probe"
             else None
         )
@@ -156,8 +156,8 @@ class StudyLoop:
     def _refitted(self, line: str) -> None:
         write_calibration(self.learner.calibration(self.space.system.gpu, str(self.out)), self.out / MODEL_FILE)
         self.agent.reforecast()
-        if self.req.on_model is not None:
-            self.req.on_model(line)
+        if self.req.asked.on_model is not None:
+            self.req.asked.on_model(line)
 
     # -- before the first trial -----------------------------------------------------------------------
     def replay(self) -> None:
@@ -188,7 +188,7 @@ class StudyLoop:
             if _rerun(r):
                 interrupted.append(r)
                 continue
-            if self.req.worker:
+            if self.req.asked.worker:
                 self.known.add(r.number)
             self.done += r.status not in UNLAUNCHED_STATUSES
             self.best = better(self.best, r.metrics, self.space.objective, ok=r.ok)
@@ -202,7 +202,7 @@ class StudyLoop:
         """Launch, wait, record, until the budget is spent or the agent has nothing left to propose. Whatever
         stops it (a Ctrl-C, an error) stops the trials still running first (their backend's way: scancel, the
         process group) and records each as it ended: interrupted, unless it had finished."""
-        self.claims = Claims(self.recorder.store, lease_s=self.req.lease_s) if self.req.worker else None
+        self.claims = Claims(self.recorder.store, lease_s=self.req.asked.lease_s) if self.req.asked.worker else None
         try:
             while True:
                 self._fill()
@@ -409,8 +409,8 @@ class StudyLoop:
             )
         self.done += info["status"] not in UNLAUNCHED_STATUSES
         self.new += 1
-        if self.req.on_trial:
-            self.req.on_trial(rec, self.done, self.total, self.best)
+        if self.req.asked.on_trial:
+            self.req.asked.on_trial(rec, self.done, self.total, self.best)
         if check and (why := self.backend.stop_reason()) is not None:
             raise UserError(why, file=self.space.source or None, field=f"system {self.space.system.name}")
 
@@ -458,13 +458,15 @@ class StudyLoop:
             self.done += r.status not in UNLAUNCHED_STATUSES
 
 
-def _budget(space: Space, req: Request, evaluator: Evaluator) -> tuple[int | None, int | None]:
+def _budget(space: Space, req: Resolved, evaluator: Evaluator) -> tuple[int | None, int | None]:
     """The study's budget (launched runs) and the total its progress counts to. ``--trials`` wins; the space's
     ``[search].trials`` belongs to the space's own agent; otherwise no budget: the agent runs until it has
     nothing left (grid: every valid point the screen keeps once, counted for the progress bar when the space is
     small enough)."""
     budget = (
-        req.trials if req.trials is not None else (space.search.trials if req.agent == space.search.agent else None)
+        req.asked.trials
+        if req.asked.trials is not None
+        else (space.search.trials if req.agent == space.search.agent else None)
     )
     total = budget
     if total is None and req.agent == "grid" and space.size <= WALK_LIMIT:
