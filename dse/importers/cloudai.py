@@ -289,7 +289,7 @@ def _test_entry(data: dict[str, Any], path: Path, test_id: str | None) -> tuple[
     f = str(path)
     if "Tests" not in data:
         if test_id is not None:
-            raise UserError("--test picks one [[Tests]] entry of a scenario; this is a test file", file=f, param="test")
+            raise UserError("picks one [[Tests]] entry of a scenario; this is a test file", file=f, param="test")
         return data, {}, "cmd_args"
     tests = data["Tests"]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):

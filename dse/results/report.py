@@ -626,7 +626,7 @@ def _plots(df: pd.DataFrame, p: _Pass, knob_values: Mapping[str, Sequence[Any]],
         top = max(60, fig.layout.margin.t or 0)  # a figure's own top margin stays (the parallel coordinates')
         fig.update_layout(height=420, margin=dict(l=60, r=30, t=top, b=50), template="plotly_white")
         div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True})
-        out.append({"div": Markup(div), "wide": "Parcoords" in type(fig.data[0]).__name__ or i == 0})
+        out.append({"div": Markup(div), "wide": fig.data[0].type == "parcoords" or i == 0})
     return out
 
 

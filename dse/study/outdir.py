@@ -70,7 +70,7 @@ def absolute_storage(url: str) -> str:
     check_url(url)
     if without_password(url) != url:
         print(
-            f"--storage: its password is not kept in {META}; a later dse on this study (--resume, leaderboard) "
+            f"the storage URL's password is not kept in {META}; a later dse on this study (a resume, leaderboard) "
             f"reads it from {PASSWORD_ENV}, or libpq's PGPASSWORD, ~/.pgpass or service file",
             file=sys.stderr,
         )
@@ -293,7 +293,7 @@ def check_target(out: Path, *, resume: bool, rebuild: bool, worker: bool, defaul
     if resume and not (out / META).exists():
         raise UserError(f"nothing to resume (no {META})", file=str(out), param="resume")
     if rebuild and not resume:
-        raise UserError("--rebuild goes with --resume", param="rebuild")
+        raise UserError("only with a resume (it starts anew a study whose storage lost it)", param="rebuild")
     return resume
 
 
