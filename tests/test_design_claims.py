@@ -121,7 +121,9 @@ def test_each_rule_is_checked_by_a_named_test_or_a_contract():
 
 
 def test_the_payloads_import_nothing_of_the_controller():
-    found = [(str(p.relative_to(ROOT)), n) for p in _modules("recipes") for m, n in _imports(p) if m.split(".")[0] == "dse"]
+    found = [
+        (str(p.relative_to(ROOT)), n) for p in _modules("recipes") for m, n in _imports(p) if m.split(".")[0] == "dse"
+    ]
     assert found == []
 
 
