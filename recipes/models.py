@@ -594,6 +594,18 @@ def _recipes() -> dict[str, Recipe]:
         scaled_from="deepseek_v3",
         defaults={"h100/bf16": Layout(2, 2, 1, 1, 1, 128, ep=8, moe_dispatcher="flex", moe_permute_fusion=True)},
     )
+    # Probe slice: DeepSeek-V3 itself (MLA, 256 routed experts top-8 with sigmoid scores and a shared expert, its
+    # first 3 layers dense) cut to 8 of its 61 layers and without its MTP layer (the mcore payload builds none), so
+    # that one rank of a 64-GPU layout with expert parallelism fits one H100 (``dse probe``; bench/probe_compare.py).
+    arch = replace(r.arch.scaled(8), mtp_layers=0)
+    out[arch.name] = replace(
+        r,
+        name=arch.name,
+        arch=arch,
+        num_gpus_default=64,
+        scaled_from="deepseek_v3",
+        defaults={"h100/bf16": Layout(1, 4, 1, 1, 1, 64, ep=16, moe_grouped_gemm=False)},
+    )
     # 1-GPU reproducer: Llama 3 8B's width (its GEMM shapes) with 4 of its 32 layers, so that one GPU holds
     # weights, gradients and Adam state (~1.9 B parameters) without model parallelism.
     r = out["llama3_8b"]

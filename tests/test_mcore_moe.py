@@ -182,8 +182,9 @@ def test_dse_mbridge_moe_overrides_round_trip(recipe):
         check(cfg, 8, te_available=True)
 
 
-def test_mla_and_sliding_windows_are_refused_and_an_uneven_stage_needs_pipeline_stages():
-    with pytest.raises(ConfigError, match="multi-latent attention is not wired"):
+def test_mtp_and_sliding_windows_are_refused_and_an_uneven_stage_needs_pipeline_stages():
+    # DeepSeek-V3 itself has an MTP layer the payload does not build; its slice (deepseek_v3_8l) has none
+    with pytest.raises(ConfigError, match="multi-token prediction is not wired"):
         config_from_argv(["--factory", "deepseek_v3_recipe"])
     with pytest.raises(ConfigError, match="sliding-window attention is not wired"):
         config_from_argv(["--factory", "gpt_oss_120b_recipe"])
@@ -472,3 +473,50 @@ def test_grouped_gemm_bench_reads_a_csv_from_before_the_te_and_precision_columns
     assert row["precision"] == "bf16"
     assert math.isnan(row["te_ms"]) and math.isnan(row["te_fwd_bwd_ms"])
     assert bench.host_floor([row]) is None
+
+
+def test_deepseek_v3_slice_maps_to_the_payloads_mla_and_moe_fields():
+    """The dse recipe deepseek_v3_8l runs as DeepSeek-V3's layers: MLA ranks and head sizes, 256 experts top-8 with
+    sigmoid scores, the aux-loss-free expert bias, a shared expert, the first 3 layers dense."""
+    from dse.recipes.models import RECIPES
+
+    arch = RECIPES["deepseek_v3_8l"].arch
+    cfg, _ = config_from_argv(["--factory", "deepseek_v3_8l_recipe", "--ep", "32", "--pp", "4", "--gbs", "128"])
+    cfg = check(cfg, 128, te_available=False)
+    assert cfg.is_mla and cfg.num_layers == 8 and arch.mtp_layers == 0
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) == (
+        arch.q_lora_rank,
+        arch.kv_lora_rank,
+        arch.qk_nope_head_dim,
+        arch.qk_rope_head_dim,
+        arch.v_head_dim,
+    )
+    assert (cfg.num_experts, cfg.moe_topk, cfg.moe_router_score, cfg.moe_expert_bias) == (256, 8, "sigmoid", True)
+    assert (cfg.moe_shared_expert_size, cfg.moe_first_dense_layers) == (2048, 3)
+    # the FLOPs are the contract's MoE-and-MLA formula of the same architecture
+    assert model_flops_per_step(cfg) == contract.moe_model_flops_per_step(arch, gbs=128, seq_length=cfg.seq_length)
+    lines = header_lines(cfg, 128, 32, "cpu")
+    assert any("multi-latent attention, q lora rank 1536, kv lora rank 512" in line for line in lines)
+    assert any("router expert bias on" in line for line in lines)
+    # a softmax router keeps no expert bias unless asked, and asking for one with softmax scores is refused
+    assert check(replace(MOE), 1, te_available=True).moe_expert_bias is False
+    with pytest.raises(ConfigError, match="moe_expert_bias=true needs moe_router_score=sigmoid"):
+        check(replace(MOE, moe_expert_bias=True), 1, te_available=True)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"qk_rope_head_dim": 0}, "qk_rope_head_dim=0 must be >= 1 with multi-latent attention"),
+        ({"q_lora_rank": 0}, "q_lora_rank=0 must be >= 1"),
+        ({"recompute": "selective", "recompute_modules": "mla_up_proj,moe"}, "this model's layers have"),
+    ],
+)
+def test_mla_refusals_name_the_setting(changes, message):
+    mla = replace(MOE, q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)
+    with pytest.raises(ConfigError, match=message):
+        check(replace(mla, **changes), 1, te_available=True)
+    ok = check(replace(mla, recompute="selective", recompute_modules="mla_up_proj,core_attn"), 1, te_available=True)
+    assert ok.recompute_modules == "mla_up_proj,core_attn"
+    with pytest.raises(ConfigError, match="a dense layer|this model's layers have core_attn, layernorm, mlp$"):
+        check(replace(MOE, recompute="selective", recompute_modules="mla_up_proj"), 1, te_available=True)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
-from ..models import MOE_FIELDS, RECIPES, ModelArch
+from ..models import MLA_FIELDS, MOE_FIELDS, RECIPES, ModelArch
 
 # The reference's small GQA model ("a small 8-layer, 2048-hidden GQA model", shared/reference/README.md):
 # head dim 128 as in Llama 3, four query groups, a SwiGLU FFN of 2.75 h and a 32k vocabulary.
@@ -25,12 +25,13 @@ SMALL_MOE = ModelArch(
     "small_moe", 8, 2048, 16, 4, 5632, 32000, True, num_experts=16, moe_topk=2, moe_ffn_hidden_size=1408
 )
 # the ModelArch fields that become RunConfig fields of the same meaning (recipes.models names them the same)
-_ARCH_MOE = MOE_FIELDS
+_ARCH_MOE = MOE_FIELDS + MLA_FIELDS
 
 RECOMPUTE = ("none", "selective", "full")
-# the recompute_modules a dense GPT layer has (Megatron-Core's TransformerConfig.recompute_modules; the MoE and
-# MLA ones need layers this payload does not build)
+# the recompute_modules a dense GPT layer has (Megatron-Core's TransformerConfig.recompute_modules; the MoE ones
+# need layers this payload does not build), and the one multi-latent attention adds (its up-projections)
 DENSE_RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp")
+MLA_RECOMPUTE_MODULES = ("mla_up_proj",)
 RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron-Core's choices (TransformerConfig: moe_token_dispatcher_type, moe_router_score_function,
 # moe_router_load_balancing_type)
@@ -77,6 +78,15 @@ class RunConfig:
     moe_grouped_gemm: bool | None = None  # None: on with the TE spec (TEGroupedMLP), off on the local spec
     moe_permute_fusion: bool = False
     moe_a2a_overlap: bool = False  # overlap_moe_expert_parallel_comm
+    # moe_router_enable_expert_bias (DeepSeek-V3's aux-loss-free balancing: a per-expert bias on the sigmoid scores,
+    # updated after each step); None: on with sigmoid scores, the only ones Megatron-Core allows it with
+    moe_expert_bias: bool | None = None
+    # --- multi-latent attention (Megatron-Core's MLATransformerConfig); kv_lora_rank 0 = standard attention ---
+    q_lora_rank: int | None = None  # None = no query compression
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0  # MLATransformerConfig.qk_pos_emb_head_dim
+    qk_nope_head_dim: int = 0  # MLATransformerConfig.qk_head_dim
+    v_head_dim: int = 0
     etp: int | None = None  # expert_tensor_parallel_size; None: 1 (dse's default) once checked
     tp: int = 1
     pp: int = 1
@@ -133,6 +143,10 @@ class RunConfig:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def expert_ffn(self) -> int:
         """One routed expert's FFN size."""
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
@@ -151,7 +165,7 @@ def model_flops_per_step(cfg: RunConfig, convention: str = "causal") -> float:
     """
     from .. import contract  # the formula the controller's parser and model use
 
-    if cfg.is_moe or cfg.kv_channels:
+    if cfg.is_moe or cfg.kv_channels or cfg.is_mla:
         # Megatron-LM's num_floating_point_operations for an MoE (top-k routed experts + shared expert, the first
         # dense layers with the dense FFN) or a head size other than h / a: the contract's MoE formula
         try:
@@ -263,6 +277,7 @@ def check(
     te = spec == "te"
     need(cfg.cp == 1, f"cp={cfg.cp}: context parallelism is not wired into this payload; cp=1 only")
     moe = _check_moe(cfg, world_size, te)
+    _check_mla(cfg, need)
     need(cfg.precision in ("bf16", "fp8"), f"precision={cfg.precision!r}; one of bf16, fp8")
     need(
         cfg.precision == "bf16" or te,
@@ -312,9 +327,10 @@ def check(
     if cfg.recompute_modules:
         modules = cfg.recompute_modules.split(",")
         need(cfg.recompute == "selective", f"recompute_modules={cfg.recompute_modules} needs recompute=selective")
+        known = DENSE_RECOMPUTE_MODULES + (MLA_RECOMPUTE_MODULES if cfg.is_mla else ())
         need(
-            set(modules) <= set(DENSE_RECOMPUTE_MODULES),
-            f"recompute_modules={cfg.recompute_modules}; a dense layer has {', '.join(DENSE_RECOMPUTE_MODULES)}",
+            set(modules) <= set(known),
+            f"recompute_modules={cfg.recompute_modules}; this model's layers have {', '.join(known)}",
         )
     layers_per_stage = max(stage_layers(cfg))
     if cfg.recompute == "full":
@@ -404,6 +420,22 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     return out
 
 
+def _check_mla(cfg: RunConfig, need) -> None:
+    """Multi-latent attention's rules (Megatron-Core's MLATransformerConfig): every head size and rank set (the
+    heads' split over tensor parallelism is the general rule's); expert bias only with sigmoid scores."""
+    if cfg.moe_expert_bias:
+        # TransformerConfig.__post_init__: expert bias needs sigmoid (or sqrtsoftplus) router scores
+        need(cfg.moe_router_score == "sigmoid", "moe_expert_bias=true needs moe_router_score=sigmoid")
+    if not cfg.is_mla:
+        return
+    for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+        need(getattr(cfg, name) >= 1, f"{name}={getattr(cfg, name)} must be >= 1 with multi-latent attention")
+    need(
+        cfg.q_lora_rank is None or cfg.q_lora_rank >= 1,
+        f"q_lora_rank={cfg.q_lora_rank} must be >= 1 (or null: no query compression)",
+    )
+
+
 def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
     """The MoE part of :func:`check`: Megatron-Core's own rules (cited where it checks them) and what this
     payload cannot run, each a :class:`ConfigError` naming the setting; returns the resolved MoE fields."""
@@ -417,7 +449,7 @@ def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
     need(etp >= 1, f"etp={etp} must be >= 1")
     if not cfg.is_moe:
         need(cfg.ep == 1 and etp == 1, f"ep={cfg.ep}, etp={etp}: expert parallelism needs num_experts > 0")
-        return {"etp": etp, "moe_grouped_gemm": False}
+        return {"etp": etp, "moe_grouped_gemm": False, "moe_expert_bias": False}
     need(1 <= cfg.moe_topk <= cfg.num_experts, f"moe_topk={cfg.moe_topk} must be between 1 and num_experts")
     need(cfg.moe_ffn_hidden_size >= 0, f"moe_ffn_hidden_size={cfg.moe_ffn_hidden_size} must be >= 0")
     need(cfg.moe_shared_expert_size >= 0, f"moe_shared_expert_size={cfg.moe_shared_expert_size} must be >= 0")
@@ -474,7 +506,8 @@ def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
         not cfg.moe_a2a_overlap,
         "moe_a2a_overlap=true: the overlapped 1F1B MoE schedule is not wired into this payload",
     )
-    return {"etp": etp, "moe_grouped_gemm": grouped}
+    bias = cfg.moe_router_score == "sigmoid" if cfg.moe_expert_bias is None else cfg.moe_expert_bias
+    return {"etp": etp, "moe_grouped_gemm": grouped, "moe_expert_bias": bias}
 
 
 # -------------------------------------------------------------------------------------------- overrides
@@ -786,8 +819,10 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
     )
-    if arch.is_mla:
-        raise ConfigError(f"model {arch.name}: multi-latent attention is not wired into this payload")
+    if arch.mtp_layers:
+        # a model with multi-token prediction runs here without it (the MTP layers are not built): its slices
+        # (recipes.models' deepseek_v3_8l) drop it; the full model is refused rather than run short of a layer
+        raise ConfigError(f"model {arch.name}: multi-token prediction is not wired into this payload")
     if arch.sliding_window:
         raise ConfigError(f"model {arch.name}: sliding-window attention is not wired into this payload")
     values.update({name: getattr(arch, name) for name in _ARCH_MOE})
@@ -910,6 +945,13 @@ def header_lines(cfg: RunConfig, world: int, dp: int, device: str) -> list[str]:
     ]
     if cfg.is_moe:
         lines.append(format_moe_line(cfg))
+        if cfg.moe_expert_bias:
+            lines.append("> recipes.mcore: router expert bias on (aux-loss-free balancing)")
+    if cfg.is_mla:
+        lines.append(
+            f"> recipes.mcore: multi-latent attention, q lora rank {cfg.q_lora_rank}, kv lora rank {cfg.kv_lora_rank}, "
+            f"qk head dim {cfg.qk_nope_head_dim} + rope {cfg.qk_rope_head_dim}, v head dim {cfg.v_head_dim}"
+        )
     return lines
 
 

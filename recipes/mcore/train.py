@@ -104,14 +104,36 @@ def _moe_config(cfg: RunConfig) -> dict:
         extra["moe_layer_freq"] = [0] * k + [1] * (cfg.num_layers - k)
     if cfg.moe_capacity_factor is not None:
         extra.update(moe_expert_capacity_factor=cfg.moe_capacity_factor, moe_pad_expert_input_to_capacity=False)
+    if cfg.moe_expert_bias:
+        # DeepSeek-V3's aux-loss-free balancing (Megatron-Bridge's DeepSeek-V3 provider: bias update rate 1e-3)
+        extra.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3)
     return extra
+
+
+def _mla_config(cfg: RunConfig) -> dict:
+    """MLATransformerConfig's fields for multi-latent attention, as Megatron-Bridge's DeepSeek-V3 provider sets
+    them (YaRN RoPE of base 10000, scaling factor 40 over 4096 positions, mscale 1); the latent q and kv norms
+    (qk_layernorm) are off: the local layer spec has no fused norm-linear to put them in."""
+    return dict(
+        q_lora_rank=cfg.q_lora_rank,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_head_dim=cfg.qk_nope_head_dim,
+        qk_pos_emb_head_dim=cfg.qk_rope_head_dim,
+        v_head_dim=cfg.v_head_dim,
+        rope_type="yarn",
+        rotary_base=10000,
+        rotary_scaling_factor=40,
+        original_max_position_embeddings=4096,
+        mscale=1.0,
+        mscale_all_dim=1.0,
+    )
 
 
 def _transformer_config(cfg: RunConfig, fake: bool = False):
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.enums import AttnBackend
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     recompute = None if cfg.recompute == "none" else cfg.recompute
     te = cfg.layer_spec == "te"
@@ -129,6 +151,10 @@ def _transformer_config(cfg: RunConfig, fake: bool = False):
             # A probe's other stages receive no activations (the fake group's receives leave their buffers as they
             # were), so its router would see noise: route evenly instead, as Megatron's benchmarking option does.
             extra["moe_router_force_load_balancing"] = True
+    if cfg.is_mla:
+        extra.update(_mla_config(cfg))
+        # the unfused core attention's context width (heads x kv_channels) is the value head's (_unfused_attention)
+        extra["kv_channels"] = cfg.v_head_dim
     if cfg.cpu_offloading:
         extra.update(
             cpu_offloading=True,
@@ -136,12 +162,13 @@ def _transformer_config(cfg: RunConfig, fake: bool = False):
             cpu_offloading_activations=True,
             cpu_offloading_weights=False,
         )
-    return TransformerConfig(
+    config_class = MLATransformerConfig if cfg.is_mla else TransformerConfig
+    return config_class(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads,
         num_query_groups=cfg.num_query_groups,
-        kv_channels=cfg.head_dim,
+        kv_channels=extra.pop("kv_channels", cfg.head_dim),
         ffn_hidden_size=cfg.ffn_hidden_size,
         tensor_model_parallel_size=cfg.tp,
         pipeline_model_parallel_size=cfg.pp,
@@ -183,10 +210,34 @@ def _transformer_config(cfg: RunConfig, fake: bool = False):
     )
 
 
+def _unfused_attention(cfg: RunConfig):
+    """Megatron-Core's unfused DotProductAttention, for the local spec and the TE spec with attention_backend=local.
+
+    Multi-latent attention builds its core attention with ``k_channels`` (the query/key head: nope + rope) and
+    ``v_channels`` (the value head), which TEDotProductAttention takes and Megatron-Core 0.19.2's DotProductAttention
+    does not (its local MLA spec fails to build). Its forward needs neither: the query/key head size is read from
+    the tensors, the softmax scale comes from MLA, and the context's width is ``kv_channels`` x heads, which the MLA
+    config sets to the value head (:func:`_transformer_config`). So for MLA the two arguments are checked and
+    dropped."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    if not cfg.is_mla:
+        return DotProductAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs):
+            if v_channels is not None and v_channels != config.kv_channels:
+                raise ValueError(f"v_channels={v_channels} differs from kv_channels={config.kv_channels}")
+            super().__init__(config, *args, **kwargs)
+
+    return MLADotProductAttention
+
+
 def layer_spec(cfg: RunConfig, config=None, vp_stage: int | None = None):
     """The layer spec ``cfg.layer_spec`` names: TE's (core attention: TEDotProductAttention, whose kernel
     Megatron-Core picks from ``config.attention_backend``; megatron's unfused DotProductAttention for
-    attention_backend=local, as Megatron-LM's model builder swaps it in), or the local one.
+    attention_backend=local, as Megatron-LM's model builder swaps it in), or the local one. Multi-latent attention
+    (``multi_latent_attention``) replaces the self-attention where the model has it.
 
     An MoE gets the block spec Megatron-LM's GPT builder uses for ``--num-experts``
     (``get_gpt_decoder_block_spec``: the dense layers of ``moe_layer_freq`` and the MoE layers, whose experts are
@@ -197,24 +248,22 @@ def layer_spec(cfg: RunConfig, config=None, vp_stage: int | None = None):
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    unfused = cfg.layer_spec != "te" or cfg.attention_backend == "local"
     if cfg.is_moe:
         block = get_gpt_decoder_block_spec(
             config, use_transformer_engine=cfg.layer_spec == "te", normalization="RMSNorm", vp_stage=vp_stage
         )
-        if cfg.layer_spec == "te" and cfg.attention_backend == "local":
-            from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-            for spec in block.layer_specs:
-                spec.submodules.self_attention.submodules.core_attention = DotProductAttention
-        return block
-    if cfg.layer_spec != "te":
-        return get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec = get_gpt_layer_with_transformer_engine_spec()
-    if cfg.attention_backend == "local":
-        from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-        spec.submodules.self_attention.submodules.core_attention = DotProductAttention
-    return spec
+        specs = block.layer_specs
+    elif cfg.layer_spec != "te":
+        block = get_gpt_layer_local_spec(normalization="RMSNorm", multi_latent_attention=cfg.is_mla)
+        specs = [block]
+    else:
+        block = get_gpt_layer_with_transformer_engine_spec(multi_latent_attention=cfg.is_mla)
+        specs = [block]
+    if unfused and (cfg.layer_spec == "te" or cfg.is_mla):
+        for spec in specs:
+            spec.submodules.self_attention.submodules.core_attention = _unfused_attention(cfg)
+    return block
 
 
 def _build_model(cfg: RunConfig, config):
