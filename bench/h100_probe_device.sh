@@ -8,6 +8,7 @@
 #   bash bench/h100_probe_device.sh PLAN  WHEELS   # PLAN: bench/h100_probe_plan.tsv lines NAME WORLD RANK ARGS
 # Logs go to /tmp/probe_out and are packed into $OUT after every run (a cut-off call still returns them).
 set -u
+shopt -s nullglob  # WHEELS/ctl may be absent: probes need only megatron-core (dse installs with --no-deps)
 what=$1; wheels=$(cd "$2" && pwd)
 code=$(cd "$(dirname "$0")/.." && pwd)
 out=/tmp/probe_out; mkdir -p "$out"

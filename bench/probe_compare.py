@@ -26,16 +26,32 @@ from dse.rules.trial import resolve  # noqa: E402
 
 GRID = ROOT / "bench/data/h100_mcore_grid"
 PROBES = ROOT / "bench/data/h100_probes"
+# the DeepSeek-V3 slice's probes (bench/h100_probe_plan_dsv3.tsv; gpu.txt there names the card they ran on)
+DSV3_PROBES = ROOT / "bench/data/dsv3_probes"
 SPACE_GRID = ROOT / "conf/spaces/llama3_8b_4l_h100_local_space.toml"
 
-# The layouts bench/h100_probe_plan.tsv probed, as dse spaces (one point each): recipe, nodes of 8 H100, settings.
+# The layouts bench/h100_probe_plan.tsv and bench/h100_probe_plan_dsv3.tsv probed, as dse spaces (one point each):
+# recipe, nodes of 8 GPUs, settings, the folder of the logs.
 LAYOUTS = {
-    "l70b_w64_tp8pp8": ("llama3_70b", 8, 'tp = 8\npp = 8\ngbs = 16\nrecompute = "selective"'),
-    "l405b_w1024_tp8pp16": ("llama3_405b", 128, 'tp = 8\npp = 16\ngbs = 128\nrecompute = "full"'),
+    "l70b_w64_tp8pp8": ("llama3_70b", 8, 'tp = 8\npp = 8\ngbs = 16\nrecompute = "selective"', PROBES),
+    "l405b_w1024_tp8pp16": ("llama3_405b", 128, 'tp = 8\npp = 16\ngbs = 128\nrecompute = "full"', PROBES),
     "q30b_w64_pp4ep16": (
         "qwen3_30b_a3b",
         8,
         'tp = 1\npp = 4\nep = 16\netp = 1\ngbs = 64\nrecompute = "selective"\nmoe_grouped_gemm = false',
+        PROBES,
+    ),
+    "dsv3_w128_pp4ep32": (
+        "deepseek_v3_8l",
+        16,
+        'tp = 1\npp = 4\nep = 32\netp = 1\ngbs = 128\nrecompute = "selective"\nmoe_grouped_gemm = false',
+        DSV3_PROBES,
+    ),
+    "dsv3_w64_pp4ep16": (
+        "deepseek_v3_8l",
+        8,
+        'tp = 1\npp = 4\nep = 16\netp = 1\ngbs = 64\nrecompute = "selective"\nmoe_grouped_gemm = false',
+        DSV3_PROBES,
     ),
 }
 SPACE = """name = "{name}"
@@ -92,21 +108,34 @@ def grid_rows() -> list[dict]:
     return sorted(rows, key=lambda x: x["trial"])
 
 
+def _runs(folder: Path) -> list[dict]:
+    return list(csv.DictReader((folder / "runs.tsv").read_text().splitlines(), delimiter="\t"))
+
+
 def probe_rows() -> list[dict]:
-    runs = list(csv.DictReader((PROBES / "runs.tsv").read_text().splitlines(), delimiter="\t"))
+    """Every probed rank that ran to its end, beside the model's figure of its stage; a probe that failed (ran out
+    of memory, say, after its first iteration's memory line) is left out here and listed by :func:`probe_failures`."""
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (recipe, nodes, settings) in LAYOUTS.items():
+        for name, (recipe, nodes, settings, folder) in LAYOUTS.items():
             path = Path(tmp) / f"{name}.toml"
             path.write_text(SPACE.format(name=name, recipe=recipe, nodes=nodes, settings=settings))
             space = load_space(path)
             trial = resolve(space, {"sp": False})
             stages = model_stage_gib(trial)
-            for run in (r for r in runs if r["name"].startswith(name + "_r")):
+            for run in (r for r in _runs(folder) if r["name"].startswith(name + "_r")):
                 rank, world = int(run["rank"]), int(run["world"])
                 stage = rank // (world // trial.layout.pp)
                 why = "first stage" if stage == 0 else "last stage" if stage == trial.layout.pp - 1 else "middle"
-                log = PROBES / f"{run['name']}.log"
+                log = folder / f"{run['name']}.log"
+                if run["rc"] != "0" or max_allocated_gib(log) is None:
+                    continue
+                # the model counts the first, the second and the last stage: a later middle stage has no figure
+                model = (
+                    None
+                    if why == "middle" and stage != 1
+                    else model_rank_gib(stages, ProbeRank(rank, stage, 0, 0, why))
+                )
                 out.append(
                     {
                         "probe": run["name"],
@@ -114,11 +143,25 @@ def probe_rows() -> list[dict]:
                         "rank": rank,
                         "stage": stage,
                         "probe_peak_gib": max_allocated_gib(log),
-                        "model_peak_gib": model_rank_gib(stages, ProbeRank(rank, stage, 0, 0, why)),
+                        "model_peak_gib": model,
                         "probe_step_ms": step_ms(log),
                         "gpu_minutes": float(run["wall_s"]) / 60.0,
                     }
                 )
+    return out
+
+
+def probe_failures() -> list[dict]:
+    """The probes of :data:`LAYOUTS` that failed, with why (out of memory or the last error line)."""
+    out = []
+    for name, (_recipe, _nodes, _settings, folder) in LAYOUTS.items():
+        for run in (r for r in _runs(folder) if r["name"].startswith(name + "_r")):
+            log = folder / f"{run['name']}.log"
+            if run["rc"] == "0" and max_allocated_gib(log) is not None:
+                continue
+            errors = [ln for ln in log.read_text().splitlines() if "Error" in ln]
+            why = "out of memory" if any("OutOfMemoryError" in e for e in errors) else (errors or ["no output"])[-1]
+            out.append({"probe": run["name"], "rank": int(run["rank"]), "world": int(run["world"]), "why": why})
     return out
 
 
@@ -141,11 +184,15 @@ def main() -> None:
     )
     rows = probe_rows()
     for r in rows:
+        model = f"{r['model_peak_gib']:>9.2f}" if r["model_peak_gib"] is not None else f"{'-':>9}"
         print(
             f"{r['probe']:>26} {r['rank']:>4}/{r['world']:<4} {r['stage']:>5} {r['probe_peak_gib']:>9.2f} "
-            f"{r['model_peak_gib']:>9.2f} {_pct(r['model_peak_gib'], r['probe_peak_gib']):>11} "
+            f"{model} {_pct(r['model_peak_gib'], r['probe_peak_gib']):>11} "
             f"{r['probe_step_ms']:>8.0f} {r['gpu_minutes']:>7.2f}"
         )
+    print("(-: a middle stage after the second, which the model does not count apart)")
+    for f in probe_failures():
+        print(f"{f['probe']:>26} {f['rank']:>4}/{f['world']:<4} failed: {f['why'][:80]} (measured)")
     l405 = sum(r["gpu_minutes"] for r in rows if r["probe"].startswith("l405b"))
     print(f"probing the 405B point (3 ranks): {l405:.2f} GPU-minutes (measured wall time of the probes)")
 

@@ -284,7 +284,11 @@ def first_dense_saving(shape: Shape, layout: ModelLayout, fp8: bool, stages: Sta
     the model's first dense layers (``moe_first_dense_layers``: DeepSeek-V3's three, in Megatron-Core's
     ``moe_layer_freq`` pattern) sit in the first model chunk of the first stage and keep a dense layer's
     activations, smaller than a MoE layer's ``act_kept`` (no routed copies, router scores or shared experts; and
-    ``mlp`` recomputes their MLP, which Megatron-Core's ``TransformerLayer`` does for a dense MLP only). That chunk
+    ``mlp`` recomputes their MLP, which Megatron-Core's ``TransformerLayer`` does for a dense MLP only), under the
+    layout's recompute as the MoE layers are: selective recompute of ``core_attn`` drops their unfused scores too
+    (counted with the scores, a dense layer of DeepSeek-V3 on the local spec kept more than a MoE layer and saved
+    nothing; the H100 probes of its 8-layer slice, bench/probe_compare.py, measured 44.3 GiB of activations on the
+    first stage where that count gave 49.1 and this one 44.5). That chunk
     is in flight :func:`inflight_chunks` ``[0]`` times at the peak. 0 under full recompute (every layer keeps its
     input only), with activation offloading, or for a model without first dense layers."""
     arch = shape.arch
@@ -292,7 +296,7 @@ def first_dense_saving(shape: Shape, layout: ModelLayout, fp8: bool, stages: Sta
     if not dense or not arch.num_experts or layout.recompute == "full" or layout.cpu_offload_layers:
         return 0.0
     modules = _moe.recomputed_modules(layout)
-    kept_dense = _moe.moe_layer_activation_bytes(shape, layout, fp8, "none", modules, dense=True)
+    kept_dense = _moe.moe_layer_activation_bytes(shape, layout, fp8, layout.recompute, modules, dense=True)
     unit = 1.0 if stages.accounted else 0.0  # the embedding counts as a layer of the first chunk
     chunk0_layers = (stages.first_layers + unit) / shape.vp - unit
     in_flight = _inflight_counts(shape.pp, shape.vp, int(shape.microbatches))[1]
