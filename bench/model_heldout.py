@@ -104,9 +104,15 @@ def row_knobs(row: dict) -> dict:
 
 def fp8_recipe(row: dict) -> str:
     """The row's FP8 recipe: "mx" / "mx (assumed)": MXFP8; "delayed" (the NeMo launcher's amax-history scaling, as
-    stated in the row's config): delayed; "cs" and unstated: per-tensor current scaling."""
+    stated in the row's config): delayed; "cs": per-tensor current scaling; unstated: the per-tensor recipe of the
+    row's container family (model_accuracy.container_fp8_recipe: delayed in NeMo 24.x, whose Transformer Engine has
+    no other)."""
     stated = row.get("fp8_recipe", "")
-    return "mxfp8" if stated.startswith("mx") else "delayed" if stated == "delayed" else "tensorwise"
+    if stated.startswith("mx"):
+        return "mxfp8"
+    if stated in ("delayed", "cs"):
+        return "delayed" if stated == "delayed" else "tensorwise"
+    return model_accuracy.container_fp8_recipe(row)
 
 
 def row_system(row: dict) -> System | None:

@@ -58,6 +58,13 @@ def test_every_family_names_params_that_exist_and_the_reference_has_none():
         assert (f.param is None) == (f.name == REFERENCE)
 
 
+def test_plain_fp8_means_delayed_scaling_in_nemo24_and_current_scaling_after():
+    # NeMo 24.x ships Transformer Engine 1.x, whose only FP8 recipe is delayed scaling
+    assert resolve("24.07").family.fp8_per_tensor == "delayed"
+    for tag in ("25.04", "25.11", "26.04"):
+        assert resolve(tag).family.fp8_per_tensor == "tensorwise"
+
+
 @pytest.mark.parametrize(
     "row_id, source, tag",
     [

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from bench import model_accuracy, model_heldout, model_moe, model_sources
 from dse.perfmodel import DEFAULT_PARAMS
 
@@ -55,3 +57,28 @@ def test_the_moe_fold_never_sees_its_source(monkeypatch):
     assert seen and all(r["source_key"] != "bridge-26.04" for r in seen)
     assert {r["split"] for r in seen} == {"fit"}
     assert len(seen) == sum(1 for x in rows if x["row"]["source_key"] != "bridge-26.04")
+
+
+def test_a_row_stating_no_fp8_recipe_runs_its_container_familys():
+    by_id = {r["id"]: r for r in TABLES["held-out"]}
+    nemo24 = by_id["nemo2407_h100_llama3_8b"]  # "not stated", NeMo 24.07: Transformer Engine 1.x
+    assert nemo24["fp8_recipe"] == "not stated"
+    assert model_heldout.fp8_recipe(nemo24) == "delayed"
+    assert model_heldout.row_trial(nemo24).layout.fp8_recipe == "delayed"
+    assert model_heldout.fp8_recipe({**nemo24, "fp8_recipe": "cs"}) == "tensorwise"  # what a row states wins
+    cal = {r["id"]: r for r in TABLES["calibration"]}
+    assert model_accuracy.row_trial(cal["nemo2407_h100_70b"]).layout.fp8_recipe == "delayed"
+    assert model_accuracy.row_trial(cal["mb2511_h100_8b"]).layout.fp8_recipe == "tensorwise"
+
+
+def test_the_folds_can_be_narrowed_to_named_sources():
+    out = model_sources.run_folds(
+        model_sources.dense_rows(), model_sources.moe_rows(), refit_dense=False, only=("bridge-26.06",)
+    )
+    assert out and {x["row"]["source_key"] for x in out} == {"bridge-26.06"}
+    assert all("pred" in x for x in out)
+
+
+def test_an_unknown_source_is_refused_naming_the_known_ones():
+    with pytest.raises(SystemExit, match="no published row has source_key nope; known: .*bridge-26.06"):
+        model_sources.run_folds(model_sources.dense_rows(), [], refit_dense=False, only=("nope",))

@@ -81,7 +81,16 @@ def test_nvfp4_beats_fp8_on_gb300_for_a_gemm_bound_layout():
 
 def test_nvfp4_prices_more_quantisation_traffic_than_fp8():
     # two quantised copies (row-wise, and column-wise through the Hadamard transform), each behind an amax pass
-    assert nvfp4_quant_bytes() > fp8_quant_bytes("mxfp8") > fp8_quant_bytes("tensorwise")
+    assert nvfp4_quant_bytes() > fp8_quant_bytes("tensorwise") > fp8_quant_bytes("delayed")
+    # MXFP8's second (column-wise) copy costs more than one per-tensor copy cast in one pass
+    assert nvfp4_quant_bytes() > fp8_quant_bytes("mxfp8") > fp8_quant_bytes("delayed")
+
+
+def test_current_scaling_reads_each_input_once_more_than_delayed_scaling():
+    # Float8CurrentScalingQuantizer: an amax pass over the bf16 input (2 B) before the cast; delayed scaling casts
+    # with last step's scale and records the amax in the same pass; block scaling scales each block in-kernel
+    assert fp8_quant_bytes("tensorwise") - fp8_quant_bytes("delayed") == 2.0
+    assert fp8_quant_bytes("blockwise") == fp8_quant_bytes("delayed")
 
 
 @pytest.mark.parametrize("name", NVFP4_SPACES)

@@ -35,7 +35,10 @@ class ContainerFamily:
     ``Params`` field of its software efficiency (None: the reference family, whose efficiency is 1) and
     ``ultra_param`` that of its further efficiency on Blackwell Ultra (GB300, B300; None: none beyond ``param``);
     ``host_param`` that of its factor on a Grace host's launch time per layer (``Params.host_layer_s_grace``; None:
-    the reference family's time)."""
+    the reference family's time). ``fp8_per_tensor`` is the per-tensor FP8 recipe (the ``fp8_recipe`` knob's value)
+    that a source's plain "FP8" means in the family's containers: ``delayed`` where their Transformer Engine has no
+    other (TE 1.x, whose only recipe is ``DelayedScaling``; ``Float8CurrentScaling`` came with TE 2.x), else
+    ``tensorwise``, the current scaling NVIDIA's later recipes run."""
 
     name: str
     label: str
@@ -44,10 +47,13 @@ class ContainerFamily:
     param: str | None
     ultra_param: str | None = None
     host_param: str | None = None
+    fp8_per_tensor: str = "tensorwise"
 
 
 FAMILIES: tuple[ContainerFamily, ...] = (
-    ContainerFamily("nemo24", "NeMo 24.x", "24.01", "24.12", "container_eff_nemo24"),
+    # NeMo 24.x ships Transformer Engine 1.x (24.05: 1.6, 24.07: 1.8, 24.09: 1.10; NeMo Framework's software component
+    # versions page), whose FP8 is delayed scaling only
+    ContainerFamily("nemo24", "NeMo 24.x", "24.01", "24.12", "container_eff_nemo24", fp8_per_tensor="delayed"),
     ContainerFamily("nemo25", "NeMo 25.0x", "25.01", "25.07", "container_eff_nemo25"),
     ContainerFamily("bridge25", "Megatron-Bridge 25.x", "25.08", "25.12", None),
     ContainerFamily(

@@ -281,15 +281,26 @@ MX_BLOCK = 32  # MXFP8 (OCP Microscaling spec v1.0): one E8M0 scale byte per 32 
 def fp8_quant_bytes(fp8_recipe: str) -> float:
     """HBM bytes per GEMM input element that FP8 quantisation adds to a layer's forward + backward.
 
-    Per-tensor scaling (``tensorwise``, ``delayed``, ``blockwise``): 4 B, the model's long-standing figure
-    (read the bf16 value, 2 B; write one FP8 copy, 1 B; the amax / scale bookkeeping, about 1 B). MXFP8
-    scales 32-element blocks along the GEMM's K dimension, so the transposed use of an operand (wgrad,
-    dgrad) cannot reuse the row-wise copy: Transformer Engine writes a second, column-wise FP8 copy (1 B)
-    and both copies carry E8M0 scales (1 B per 32 elements each).
+    Delayed scaling (``delayed``) and FP8 block scaling (``blockwise``): 4 B, the model's long-standing figure (read
+    the bf16 value, 2 B; write one FP8 copy, 1 B; the amax / scale bookkeeping, about 1 B): the cast kernel takes the
+    scale from the amax history and records the new amax as it casts, or scales each block from its own values, in
+    one pass. Per-tensor current scaling (``tensorwise``) needs the tensor's amax before it can cast: Transformer
+    Engine's ``Float8CurrentScalingQuantizer`` runs ``nvte_compute_amax`` over the input, then the cast
+    (``nvte_quantize_v2``), so the bf16 input is read once more, 2 B (transformer_engine/pytorch/csrc/quantizer.cpp,
+    ``quantize_impl``; a norm or activation that computes the amax as it writes its bf16 output still writes it and
+    has it read back, the same 2 B more than writing FP8 directly). MXFP8 scales 32-element blocks along the GEMM's
+    K dimension, so the transposed use of an operand (wgrad, dgrad) cannot reuse the row-wise copy: Transformer
+    Engine writes a second, column-wise FP8 copy (1 B) and both copies carry E8M0 scales (1 B per 32 elements each).
     """
     if fp8_recipe == "mxfp8":
         return 4.0 + 1.0 + 2.0 / MX_BLOCK
+    if fp8_recipe == "tensorwise":
+        return 4.0 + CURRENT_SCALING_AMAX_BYTES
     return 4.0
+
+
+# the current-scaling amax pass: one more read of each bf16 GEMM input (fp8_quant_bytes)
+CURRENT_SCALING_AMAX_BYTES = 2.0
 
 
 def nvfp4_quant_bytes() -> float:
