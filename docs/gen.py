@@ -212,7 +212,7 @@ def gpus_page() -> str:
 
 # ----------------------------------------------------------------------------------------------- statuses
 
-# What each status means to a user. The keys must be dse.logs.parse.STATUSES (the test checks), so a new status
+# What each status means to a user. The keys must be dse.logs.parse.Status's (the test checks), so a new status
 # cannot go undocumented.
 STATUS_MEANING = {
     "ok": "the run ended cleanly with steady-state steps; its metrics are the reward",
@@ -225,6 +225,8 @@ STATUS_MEANING = {
     "pruned": "dse stopped the run as a loser (`prune_margin`); it ran, and lost (never from the parser)",
     "screened": "the memory screen kept the point from launch: its predicted peak exceeds the GPU's memory by more "
     "than `[search] screen_margin` (never from the parser; [the economy](../economy.md))",
+    "interrupted": "no outcome yet: the trial was launched and stopped before its result came (a Ctrl-C, a killed "
+    "dse); `--resume` runs it again in place (never from the parser)",
 }
 
 
@@ -237,7 +239,7 @@ def statuses_page() -> str:
         "| status | a failure | what it means |",
         "| --- | --- | --- |",
     ]
-    out += [f"| `{s}` | {'yes' if s in parse.FAILURE_STATUSES else ''} | {STATUS_MEANING[s]} |" for s in parse.STATUSES]
+    out += [f"| `{s}` | {'yes' if s in parse.FAILURE_STATUSES else ''} | {STATUS_MEANING[s]} |" for s in parse.Status]
     out += [
         "",
         "A failed run is never `ok`, even when it printed steps first: its metrics are kept as partial and are never "

@@ -128,13 +128,15 @@ def test_the_payloads_import_nothing_of_the_controller():
 
 
 def test_the_statuses_of_a_trial_are_the_parsers():
-    from dse.logs.parse import STATUSES, UNLAUNCHED_STATUSES
+    from dse.logs.parse import STATUSES, UNLAUNCHED_STATUSES, Status
 
     rule = next(r for r in _rules() if r.startswith("A trial that did not run well is data"))
     named = re.findall(r"`(\w+)`", rule.split(" with a reason", 1)[0])
     assert sorted(named) == sorted(s for s in STATUSES if s != "ok")
     unlaunched = re.findall(r"`(\w+)`", rule.split("never launched", 1)[0].rsplit(";", 1)[-1])
     assert sorted(unlaunched) == sorted(UNLAUNCHED_STATUSES)
+    after = re.findall(r"`(\w+)`", rule.split(" with a reason", 1)[1].split("(each a member", 1)[0])
+    assert sorted({*named, *after}) == sorted(s.value for s in Status if s != "ok")
 
 
 def test_no_private_module_of_another_package_is_imported():

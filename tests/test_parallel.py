@@ -182,7 +182,7 @@ def test_ctrl_c_cancels_every_running_trial_and_resume_replaces_them(tmp_path, m
     store, _ = study_mod.open_store(out)
     before = store.records()
     store.close()
-    assert [r.status for r in before][1:] == ["failed", "failed", "failed"]
+    assert [r.status for r in before][1:] == ["interrupted", "interrupted", "interrupted"]
     assert [r.interrupted for r in before] == [False, True, True, True]
     assert sorted(Path(p) for p in backend.cancelled) == [Path(r.run_dir) for r in before[1:]]
     monkeypatch.undo()

@@ -87,7 +87,7 @@ def test_resume_after_an_interrupted_run(tmp_path, monkeypatch):
     store, _ = study_mod.open_store(out)
     before = store.records()
     store.close()
-    assert len(before) == 5 and before[-1].reason == "interrupted" and before[-1].status == "failed"
+    assert len(before) == 5 and before[-1].interrupted and before[-1].status == "interrupted"
     assert (out / "leaderboard.csv").exists()  # written even when interrupted
     res = study_mod.run_study(space, study_mod.Request(out_dir=out, agent="grid", resume=True))
     keys = [tuple(r.knobs.values()) for r in res.records]

@@ -31,7 +31,7 @@ from dse.errors import UserError
 from dse.facts import knobs
 from dse.inputs import csv_row, read_text
 from dse.launch import LaunchPlan
-from dse.logs.parse import STATUSES
+from dse.logs.parse import STATUSES, Status
 
 if TYPE_CHECKING:
     from dse.rules.space import Space
@@ -129,9 +129,11 @@ def _number(text: str, column: str, row: int, file: str) -> float | None:
 def _outcome(cells: Mapping[str, str], row: int, file: str) -> Outcome:
     """The recorded outcome of one row (its status among ``STATUSES``; an ok row needs its step time)."""
     status = (cells.get("status") or "").strip()
-    if status not in STATUSES:
+    if status not in STATUSES and status != Status.INTERRUPTED:  # an interrupted row: no outcome, not replayed
         raise UserError(
-            f"unknown status {status!r}; allowed: {', '.join(STATUSES)}", file=file, field=f"status (row {row})"
+            f"unknown status {status!r}; allowed: {', '.join(STATUSES)}, {Status.INTERRUPTED.value}",
+            file=file,
+            field=f"status (row {row})",
         )
     m = {c: _number(cells.get(c) or "", c, row, file) for c in _METRICS}
     if status == "ok" and not m["step_time_s"]:

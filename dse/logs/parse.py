@@ -91,16 +91,37 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
+from enum import StrEnum
 
 from dse.recipes import contract
 
-# "screened": a valid point the memory screen kept from launch (dse.forecast): neither ok nor a launched failure
-STATUSES = ("ok", "oom", "nccl_error", "timeout", "failed", "no_metrics", "rejected", "pruned", "screened")
+
+class Status(StrEnum):
+    """A trial's status. All but ``INTERRUPTED`` are outcomes (:data:`STATUSES`: a :class:`RunMetrics`' status):
+    how its run ended, or why none was launched (``REJECTED`` by a rule or the backend, ``SCREENED``: a valid point
+    the memory screen kept from launch, neither ok nor a launched failure). ``INTERRUPTED`` is a trial with no
+    outcome: the row of a launched trial until its result comes (what a Ctrl-C or a killed dse leaves; a resume
+    runs it again); a study's store holds it, no run ends with it."""
+
+    OK = "ok"
+    OOM = "oom"
+    NCCL_ERROR = "nccl_error"
+    TIMEOUT = "timeout"
+    FAILED = "failed"
+    NO_METRICS = "no_metrics"
+    REJECTED = "rejected"
+    PRUNED = "pruned"
+    SCREENED = "screened"
+    INTERRUPTED = "interrupted"
+
+
+#: The outcomes of a trial (a run's status), as text.
+STATUSES = tuple(s.value for s in Status if s is not Status.INTERRUPTED)
 #: Statuses of points never launched: they cost nothing and count for no launched run.
-UNLAUNCHED_STATUSES = ("rejected", "screened")
+UNLAUNCHED_STATUSES = (Status.REJECTED.value, Status.SCREENED.value)
 
 #: Statuses of runs that ended badly; their metrics are partial and never a reward.
-FAILURE_STATUSES = ("oom", "timeout", "nccl_error", "failed")
+FAILURE_STATUSES = (Status.OOM.value, Status.TIMEOUT.value, Status.NCCL_ERROR.value, Status.FAILED.value)
 
 _GIB = float(2**30)
 _REASON_MAX = 240

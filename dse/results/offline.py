@@ -115,14 +115,15 @@ class Episode:
 
 
 class RecordedTruth:
-    """``key -> Outcome``: the outcome a study recorded for the point (its first launched trial of it)."""
+    """``key -> Outcome``: the outcome a study recorded for the point (its first launched trial of it; an interrupted
+    trial has none)."""
 
     def __init__(self, space: Space):
         self.space = space
         self.outcomes: dict[Key, Outcome] = {}
 
     def note(self, key: Key, rec: TrialRecord) -> None:
-        if key not in self.outcomes and rec.status not in UNLAUNCHED_STATUSES:
+        if key not in self.outcomes and rec.status not in UNLAUNCHED_STATUSES and not rec.interrupted:
             metrics = {**rec.metrics, "status": rec.status}
             self.outcomes[key] = Outcome(
                 rec.status, rec.reward if rec.ok else None, rec.metrics.get("peak_memory_gib"), metrics

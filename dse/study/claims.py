@@ -149,6 +149,6 @@ class Claims:
 
 def add_trial(store: Store, rec: TrialRecord, run_dir: Callable[[int], Any] | None = None) -> int:
     """Add ``rec`` (its number ignored) as the placeholder of a claimed point, numbered by the database; its
-    number. The row says ``failed``/``interrupted`` until its result replaces it (:meth:`Store.replace`), which
+    number. The row says ``interrupted`` until its result replaces it (:meth:`Store.replace`), which
     is what a worker killed mid-trial leaves behind; ``run_dir(number)`` is recorded in it."""
     return store.add_numbered(rec, run_dir)

@@ -131,7 +131,7 @@ def run_study(space: Space, request: Request) -> StudyResult:
 
     A Ctrl-C stops every running trial (each backend's own way: ``scancel``, the process group) and raises
     :class:`Interrupted` (a ``KeyboardInterrupt``) once the store and the leaderboard are written: the trials
-    it stopped are recorded ``failed``/``interrupted``, and a resume runs them again in place (a Slurm job
+    it stopped are recorded ``interrupted``, and a resume runs them again in place (a Slurm job
     that had COMPLETED is parsed as it finished instead). Any other exception but a user error and dse's own
     :class:`~dse.errors.InfrastructureError` is a bug: it propagates with its traceback once the trials that
     finished are in the store and the leaderboard (as Optuna's ``catch=()``).

@@ -1,7 +1,7 @@
 """What a study writes of its trials: each trial's row in the store, the simulated logs packed, and at the end
 the leaderboard and ``best/``.
 
-A launched trial has a row before it ends (:func:`placeholder`: ``failed``/``interrupted``, what a Ctrl-C or a
+A launched trial has a row before it ends (:func:`placeholder`: status ``interrupted``, what a Ctrl-C or a
 killed dse leaves and ``--resume`` runs again); its result replaces it. The study (:mod:`dse.study.trials`) decides
 what to record and when; this module only writes. Where the files live is :mod:`dse.study.outdir`.
 """
@@ -62,9 +62,9 @@ def placeholder(number: int, trial: TrialConfig, failed_reward: float) -> TrialR
     return TrialRecord(
         number=number,
         knobs=trial.varied_values(),
-        status="failed",
+        status=INTERRUPTED,
         reward=failed_reward,
-        reason=INTERRUPTED,
+        reason=None,
         run_dir=stored_run_dir(number),
         gpu=trial.system.gpu,
         num_gpus=trial.num_gpus,

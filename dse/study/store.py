@@ -56,11 +56,12 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, S
 
 from dse.errors import InfrastructureError, UserError
 from dse.fsutil import retry
+from dse.logs.parse import Status
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-INTERRUPTED = "interrupted"
+INTERRUPTED = Status.INTERRUPTED.value
 READ_BATCH = 5_000  # trials per read query: what a reader holds at once, whatever the study's size
 SCHEMA_VERSION = 1
 
@@ -164,7 +165,9 @@ class TrialRecord:
 
     @property
     def interrupted(self) -> bool:
-        return self.status == "failed" and self.reason == INTERRUPTED
+        """A trial with no outcome (:attr:`Status.INTERRUPTED`; a dse before that status wrote such a row as
+        ``failed`` with the reason ``interrupted``)."""
+        return self.status == INTERRUPTED or (self.status == Status.FAILED and self.reason == INTERRUPTED)
 
 
 def sqlite_path(url: str) -> Path | None:
