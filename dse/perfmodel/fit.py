@@ -48,14 +48,15 @@ class Prior:
 PRIORS: dict[str, Prior] = {
     "gemm_eff_fp8": Prior(0.65, 0.5),  # cuBLASLt FP8 GEMMs: ~1,300 of 1,979 TFLOP/s on H100 at large sizes
     "gemm_eff_fp8_blackwell": Prior(0.65, 0.5),  # cuBLASLt FP8 on B200: ~3,000 of 4,500 TFLOP/s
-    # Hopper: the kernels the fitted rows' containers ran. NeMo 24.x and Megatron-Bridge 25.x run Transformer Engine's
-    # flash attention (FlashAttention-2 or cuDNN's fused attention); FlashAttention-2 reaches up to 335 of 989 TFLOP/s
-    # forward + backward on H100 (Dao 2023, arXiv 2307.08691), 0.34 of the peak, without Hopper's asynchronous
-    # tensor-core instructions. FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608: bf16 causal, head dim 128,
-    # forward ~610-660 and backward ~450-500 TFLOP/s at 8k-16k, ~0.5 of the peak) is the kernel alone at its best and
-    # an optional install there. Centred on FlashAttention-2's figure: with FlashAttention-3's, the fold of
-    # bench/model_sources.py without NeMo's long-sequence rows (the only Hopper rows where attention dominates) ended
-    # at 0.53 and over-predicted them by 23%
+    # Hopper: the kernels the fitted rows' containers could run, alone: FlashAttention-2 up to 335 of 989 TFLOP/s
+    # forward + backward on H100 (Dao 2023, arXiv 2307.08691), 0.34 of the peak (PyTorch's FlashAttention-2 causal,
+    # head dim 128, 264-329 TFLOP/s at 4k-64k on H200 in cudnn-frontend's benchmark/benchmark_results.csv); cuDNN
+    # 9.1's fused attention, which Transformer Engine prefers on Hopper, 468-520 TFLOP/s in the same table, ~0.5;
+    # FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608: forward ~610-660, backward ~450-500 at 8k-16k) ~0.5. In
+    # training the rate sits below the kernel alone (Transformer Engine's per-call work around it: layouts, the RNG
+    # state, context parallelism's per-step calls): every fit with a long-context Hopper row puts it at 0.36-0.40.
+    # Centred at the low end, FlashAttention-2's: centred at 0.5, the fold of bench/model_sources.py without NeMo's
+    # long-sequence rows (the only Hopper rows where attention dominates) ended at 0.53 and over-predicted them by 23%
     "attn_eff": Prior(0.34, 0.5),
     # Blackwell (cuDNN): no kernel benchmark in the reference set; FlashAttention-3's Hopper figure, as loose
     "attn_eff_blackwell": Prior(0.50, 0.5),
