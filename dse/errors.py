@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import difflib
 import errno
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
+
+# Another parameter of the call, named in an error's message: ``{param:resume}``.
+_PARAM = re.compile(r"\{param:(\w+)\}")
+
+
+def named(message: str, spell: Callable[[str], str] = lambda name: f"`{name}`") -> str:
+    """``message`` with each parameter it names (``{param:NAME}``) spelled by ``spell``: by the library as the
+    parameter's name in backquotes, by the command line as its flag (``dse.cli``)."""
+    return _PARAM.sub(lambda m: spell(m.group(1)), message)
 
 
 class UserError(Exception):
@@ -12,12 +22,13 @@ class UserError(Exception):
 
     ``field`` names what was bad in ``file`` (a field of a space file); ``param`` names the argument of a library
     call that was bad (``out``, ``storage``), by its name: the command line shows it as the flag that gives it
-    (``dse.cli``), so the library names no flag."""
+    (``dse.cli``), so the library names no flag. The message names another parameter of the call as
+    ``{param:NAME}`` (:func:`named`: ``resume`` here, ``--resume`` on the command line)."""
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None, param: str | None = None):
         self.file, self.field, self.param, self.message = file, field, param, message
         where = ": ".join(p for p in (file, field or param) if p)
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(f"{where}: {named(message)}" if where else named(message))
 
 
 class InfrastructureError(Exception):

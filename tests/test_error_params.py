@@ -32,3 +32,11 @@ def test_a_parameter_becomes_its_option_and_a_field_stays():
     assert str(flagged) == "runs/x: --dataset-id: no such study"
     kept = UserError("not a number", file="space.toml", field="search.budget")
     assert _as_flag(kept) is kept
+
+
+def test_another_parameter_a_message_names_is_a_name_here_and_a_flag_there(tmp_path):
+    e = UserError("already holds a study; pass {param:resume} to continue it", file="runs/x", param="out")
+    assert str(e) == "runs/x: out: already holds a study; pass `resume` to continue it"
+    assert str(_as_flag(e)) == "runs/x: --out: already holds a study; pass --resume to continue it"
+    fielded = UserError("goes with {param:lease_s}", file="s.toml", field="search.parallel")
+    assert str(_as_flag(fielded)) == "s.toml: search.parallel: goes with --lease-s"

@@ -78,7 +78,7 @@ def test_records_come_back_as_written_in_one_row_layout(tmp_path):
 def test_a_second_writer_without_worker_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     Store(url, "s", KNOBS).close()
-    with pytest.raises(UserError, match="--resume"):
+    with pytest.raises(UserError, match="`resume`"):
         Store(url, "s", KNOBS)
     with pytest.raises(UserError, match="no study 'other'"):
         Store(url, "other", KNOBS, create=False)
@@ -189,7 +189,7 @@ def test_an_older_dses_optuna_study_is_migrated_once(tmp_path):
     store = Store(url, "old", knobs, create=False)
     assert [r.number for r in store.records()] == [0, 1, 2, 3]
     store.close()
-    with pytest.raises(UserError, match="--resume"):  # a new study may not take an older study's name
+    with pytest.raises(UserError, match="`resume`"):  # a new study may not take an older study's name
         Store(url, "old", knobs)
 
 

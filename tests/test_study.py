@@ -118,7 +118,7 @@ def test_resume_with_a_budget_continues_to_it(tmp_path):
 def test_second_run_into_the_same_directory_needs_resume(tmp_path):
     space = load_space(write_space(tmp_path))
     study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=2))
-    with pytest.raises(UserError, match="--resume"):
+    with pytest.raises(UserError, match="`resume`"):
         study_mod.run_study(space, study_mod.Request(out_dir=tmp_path / "out", agent="grid", trials=2))
 
 

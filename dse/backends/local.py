@@ -135,7 +135,7 @@ class LocalBackend(Backend):
         message, n = repeated
         return (
             f"{n} trials in a row could not be launched here: {message} (is torchrun on PATH, in the training "
-            "environment?); fix it and --resume runs them again"
+            "environment?); fix it and {param:resume} runs them again"
         )
 
     def run(self, plan: LaunchPlan, run_dir: Path, stop: StopCheck | None = None) -> RunResult:

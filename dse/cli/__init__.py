@@ -29,7 +29,7 @@ import typer
 from typer.core import TyperGroup
 
 from dse.cli import exports, importers, learning, model, render, results, spaces, studies
-from dse.errors import InfrastructureError, UserError
+from dse.errors import InfrastructureError, UserError, named
 
 # Typer vendors Click and exports, of its exceptions, only BadParameter: the usage error is its base class.
 _UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -93,9 +93,14 @@ def _as_flag(e: UserError) -> UserError:
     """``e`` as the command line says it: the library's parameter (``out``, ``dataset_id``) named by the option
     that gives it (``--out``, ``--dataset-id``: each command's option is its parameter's name, spelled as Typer
     spells it)."""
+    message = named(e.message, _flag)  # the other parameters the message names, as their flags
     if e.param is None or e.field is not None:
-        return e
-    return UserError(e.message, file=e.file, field="--" + e.param.replace("_", "-"))
+        return e if message == e.message else UserError(message, file=e.file, field=e.field)
+    return UserError(message, file=e.file, field=_flag(e.param))
+
+
+def _flag(param: str) -> str:
+    return "--" + param.replace("_", "-")
 
 
 def user_errors(fn: Callable) -> Callable:

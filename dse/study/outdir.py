@@ -284,16 +284,18 @@ def check_target(out: Path, *, resume: bool, rebuild: bool, worker: bool, defaul
         if default_out:  # the user gave no --out: name the default, never a flag they did not pass
             raise UserError(
                 "(the default output directory, runs/<space name>) already holds a study; pass "
-                "--resume to continue it, or --out DIR for a fresh study",
+                "{param:resume} to continue it, or {param:out} DIR for a fresh study",
                 file=str(out),
             )
         raise UserError(
-            "already holds a study; pass --resume to continue it, or a fresh --out DIR", file=str(out), param="out"
+            "already holds a study; pass {param:resume} to continue it, or a fresh {param:out} DIR",
+            file=str(out),
+            param="out",
         )
     if resume and not (out / META).exists():
         raise UserError(f"nothing to resume (no {META})", file=str(out), param="resume")
     if rebuild and not resume:
-        raise UserError("only with a resume (it starts anew a study whose storage lost it)", param="rebuild")
+        raise UserError("goes with {param:resume}", param="rebuild")
     return resume
 
 
@@ -314,7 +316,8 @@ def locked(out: Path, *, worker: bool) -> Iterator[Callable[[], None]]:
     except BlockingIOError:
         lock.close()
         raise UserError(
-            "is in use by another dse run" + ("" if worker else " (several processes on one study: --worker each)"),
+            "is in use by another dse run"
+            + ("" if worker else " (several processes on one study: {param:worker} each)"),
             file=str(out),
             param="out",
         ) from None
@@ -379,8 +382,8 @@ def open_study(
 
 def _refuse_resume(out: Path, changed: list[str], source: str) -> UserError:
     return UserError(
-        f"differs from the study in {out} in {', '.join(changed)}; --resume continues the same study (the "
-        "trial budget, parallelism and agent settings may change): use a fresh --out for a different one",
+        f"differs from the study in {out} in {', '.join(changed)}; {{param:resume}} continues the same study (the "
+        "trial budget, parallelism and agent settings may change): use a fresh {param:out} for a different one",
         file=source or None,
         param="resume",
     )
@@ -433,7 +436,7 @@ def _check_stored(out: Path, store: Store, meta: dict[str, Any], new: dict[str, 
         if ran:
             raise UserError(
                 f"differs from the study in {out}: its trials ran on {', '.join(ran)}, this space's system is "
-                f"{space.system.gpu}; use a fresh --out for a different study",
+                f"{space.system.gpu}; use a fresh {{param:out}} for a different study",
                 file=space.source or None,
                 param="resume",
             )
@@ -455,7 +458,7 @@ def _check_rebuild(out: Path, url: str, study_name: str, rebuild: bool) -> None:
         # directories aside, so only an explicit --rebuild does that
         raise UserError(
             f"holds no study {study_name!r}; the run directories say {ran} trials ran (pass "
-            "--rebuild with --resume to start the study anew)",
+            "{param:rebuild} with {param:resume} to start the study anew)",
             file=str(sqlite_path(url) or url),
             param="resume",
         )

@@ -362,8 +362,8 @@ class Store:
             legacy = _legacy_study(self.url, self.study_name, load=True)
         if (sid is not None or legacy is not None) and create and not resume:
             raise UserError(
-                f"study {self.study_name!r} already has trials here; pass --resume to continue it or "
-                "--out another directory",
+                f"study {self.study_name!r} already has trials here; pass {{param:resume}} to continue it or "
+                "{param:out} another directory",
                 param="out",
             )
         if sid is not None:
