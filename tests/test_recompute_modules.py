@@ -89,8 +89,11 @@ def test_the_mcore_payload_reads_the_modules_and_checks_them():
     assert (cfg.recompute, cfg.recompute_modules) == ("selective", "layernorm,mlp")
     with pytest.raises(ConfigError, match="needs recompute=selective"):
         check(config_from_argv([*args, "model.recompute_granularity=null"])[0], 8)
-    with pytest.raises(ConfigError, match="a dense layer has"):
+    with pytest.raises(ConfigError, match="this model's layers have core_attn, layernorm, mlp$"):
         check(config_from_argv([*args, "model.recompute_modules=[moe_act]"])[0], 8)
+    # multi-latent attention's up-projections are a module of an MLA model's layers only
+    with pytest.raises(ConfigError, match="this model's layers have"):
+        check(config_from_argv([*args, "model.recompute_modules=[mla_up_proj]"])[0], 8)
 
 
 def test_modules_need_selective_recompute_and_a_moe_model_for_moe_modules():
