@@ -130,12 +130,8 @@ def probe_rows() -> list[dict]:
                 log = folder / f"{run['name']}.log"
                 if run["rc"] != "0" or max_allocated_gib(log) is None:
                     continue
-                # the model counts the first, the second and the last stage: a later middle stage has no figure
-                model = (
-                    None
-                    if why == "middle" and stage != 1
-                    else model_rank_gib(stages, ProbeRank(rank, stage, 0, 0, why))
-                )
+                # the model's figure of the probed stage itself (a middle stage's: stageK)
+                model = model_rank_gib(stages, ProbeRank(rank, stage, 0, 0, why))
                 out.append(
                     {
                         "probe": run["name"],
@@ -190,7 +186,6 @@ def main() -> None:
             f"{model} {_pct(r['model_peak_gib'], r['probe_peak_gib']):>11} "
             f"{r['probe_step_ms']:>8.0f} {r['gpu_minutes']:>7.2f}"
         )
-    print("(-: a middle stage after the second, which the model does not count apart)")
     for f in probe_failures():
         print(f"{f['probe']:>26} {f['rank']:>4}/{f['world']:<4} failed: {f['why'][:80]} (measured)")
     l405 = sum(r["gpu_minutes"] for r in rows if r["probe"].startswith("l405b"))

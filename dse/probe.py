@@ -278,8 +278,8 @@ def write_rows(path: Path, rows: list[dict[str, Any]], *, append: bool = False) 
 
 
 def model_stage_gib(trial: TrialConfig) -> dict[str, float]:
-    """The model's predicted peak (GiB) of the first, last and (where it counts one) middle pipeline stage, as a probe
-    measures it: less what the model counts outside PyTorch's allocator (its reserve and the payload's measured
+    """The model's predicted peak (GiB) of the first, last and (where it counts them) middle pipeline stages (``mid``,
+    the second, and ``stageK`` for each middle stage K), as a probe measures it: less what the model counts outside PyTorch's allocator (its reserve and the payload's measured
     extra: the CUDA context and NCCL's communicators, which a probe on a fake process group does not hold and its
     allocator's peak does not see; the probe screen adds them back, dse.forecast's ``buffers_gib``)."""
     from dse.perfmodel.model import prepare
@@ -287,18 +287,19 @@ def model_stage_gib(trial: TrialConfig) -> dict[str, float]:
 
     prepared = prepare(trial)
     outside = prepared.memory.outside_gib(DEFAULT_PARAMS)
-    stages = prepared.memory.stage_gib(DEFAULT_PARAMS, prepared.stack)
+    stages = prepared.memory.stage_gib(DEFAULT_PARAMS, prepared.stack, middle=True)
     return {k: (v - outside if v else 0.0) for k, v in stages.items()}
 
 
 def model_rank_gib(stages: dict[str, float], target: ProbeRank) -> float:
-    """The model's figure for the probed rank: its stage's, or the worst stage's where the model counts no middle
-    stage (a dense model's even or embedding-accounted split)."""
+    """The model's figure for the probed rank: its own stage's (``first``, ``last``, or ``stageK`` for middle stage
+    K of :func:`model_stage_gib`), or the worst stage's where the model counts no middle stage (a dense model's even
+    or embedding-accounted split)."""
     if target.why == "first stage":
         return stages["first"]
     if target.why == "last stage":
         return stages["last"]
-    return stages["mid"] or max(stages.values())
+    return stages.get(f"stage{target.stage}") or max(stages.values())
 
 
 def probe_point(

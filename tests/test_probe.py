@@ -107,6 +107,61 @@ def test_moe_with_leading_dense_layers_adds_the_stage_with_most_experts():
     ]
 
 
+SPACE_DSV3 = """
+name = "dsv3_probe"
+recipe = "deepseek_v3_8l"
+system = { gpu = "h100", gpus_per_node = 8, nvlink_domain = 8 }
+num_nodes = 16
+
+[settings]
+tp = 1
+pp = 4
+ep = 32
+etp = 1
+cp = 1
+vp = 1
+mbs = 1
+gbs = 128
+seq_length = 4096
+attention_backend = "local"
+recompute = "selective"
+moe_grouped_gemm = false
+
+[knobs]
+sp = [false]
+
+[backend]
+kind = "local"
+payload = "mcore"
+"""
+
+
+def test_a_middle_stage_probe_is_compared_with_the_models_figure_of_that_stage(tmp_path):
+    """DeepSeek-V3's 8-layer slice on 4 stages: the stage with the most experts is the third (the second holds a dense
+    layer); its probe is compared with the model's figure of the third stage, which holds fewer micro-batches in
+    flight than the second (the model's peak of the middle stages), not with the second's; dse calibrate reads the
+    same figure for a probe of that stage."""
+    from dse.perfmodel.calibrate import run_peak_gib
+    from dse.perfmodel.model import prepare
+    from dse.perfmodel.timing import DEFAULT_PARAMS
+
+    trial = resolve(_space(tmp_path, SPACE_DSV3), {"sp": False})
+    cfg = RunConfig(num_layers=8, pp=4, num_experts=256, ep=32, moe_first_dense_layers=3)  # the slice's split
+    target = next(r for r in probe.probe_ranks(cfg, trial.num_gpus) if r.why == "most experts")
+    assert (target.rank, target.stage) == (64, 2)
+    stages = probe.model_stage_gib(trial)
+    assert stages["stage1"] == stages["mid"]
+    assert stages["stage2"] < stages["mid"]
+    assert probe.model_rank_gib(stages, target) == stages["stage2"]
+    prepared = prepare(trial)
+    assert run_peak_gib(prepared, DEFAULT_PARAMS, "stage2") == pytest.approx(stages["stage2"])
+    # a dense model's even split counts no middle stage apart: its worst stage's figure
+    dense = probe.model_stage_gib(resolve(_space(tmp_path), {"recompute": "selective"}))
+    assert not any(k.startswith("stage") for k in dense)
+    middle = probe.ProbeRank(8, 1, 10, 0, "most layers")
+    assert probe.model_rank_gib(dense, middle) == max(dense.values())
+
+
 # ---------------------------------------------------------------------------------------------- payload
 def test_payload_reads_the_probe_flag_and_uneven_splits():
     cfg, ns = config_from_argv(["--fake-process-group", "--tp", "8", "--pp", "8", "--model", "llama3_70b"])
@@ -353,7 +408,7 @@ def test_the_model_is_within_10_percent_of_every_large_layouts_probe():
     spec.loader.exec_module(bench)
     rows = bench.probe_rows()
     compared = [r for r in rows if r["model_peak_gib"] is not None]
-    assert len(compared) == 10
+    assert len(compared) == 12
     for r in compared:
         assert r["model_peak_gib"] == pytest.approx(r["probe_peak_gib"], rel=0.10), r["probe"]
     qwen = [r for r in rows if r["probe"].startswith("q30b")]

@@ -118,8 +118,8 @@ class Run:
     oom: bool = False
     where: str = ""  # the file and row (or trial) it came from, for errors
     key: tuple = ()  # what it ran (a TSV row's columns but its name and measurements): repeats share it
-    # a probe's peak is one pipeline stage's (dse probe): "first", "last" or "mid" (the model's stage of it);
-    # None: the run's peak, the largest stage's
+    # a probe's peak is one pipeline stage's (dse probe): "first", "last", "stageK" (middle stage K) or "mid" (a
+    # middle stage of unknown index: the second, the model's); None: the run's peak, the largest stage's
     stage: str | None = None
 
 
@@ -136,7 +136,7 @@ def run_peak_gib(p, P: Params, stage: str | None) -> float:
     context and NCCL's communicators, which a probe on a fake process group never holds), the part a probe measures."""
     if stage is None:
         return p.peak_memory_gib(P)
-    stages = p.memory.stage_gib(P, p.stack)
+    stages = p.memory.stage_gib(P, p.stack, middle=True)
     return (stages.get(stage) or max(stages.values())) - p.memory.outside_gib(P)
 
 
@@ -460,6 +460,13 @@ PROBE_META = "probe.json"  # what dse probe --out DIR writes beside its probes.c
 _STAGE_OF_WHY = {"first stage": "first", "last stage": "last"}
 
 
+def _middle_stage(index: object) -> str:
+    """The model's name of a probed middle stage: ``stageK`` for its index K (``probes.csv``'s ``stage``), ``mid``
+    (the second) where the row has none."""
+    text = str(index or "").strip()
+    return f"stage{int(text)}" if text.isdigit() else "mid"
+
+
 def _probe_runs(space, csv_p: Path) -> list[Run]:
     """The observations of a ``probes.csv``: each probed rank's peak and step time (``ok``) or its out-of-memory end,
     of its pipeline stage (the model's first, last or a middle stage). A probe's step time is the stage's compute
@@ -471,7 +478,7 @@ def _probe_runs(space, csv_p: Path) -> list[Run]:
     with open(csv_p, newline="") as fh:
         for row in map(csv_row, csv.DictReader(fh)):
             trial = resolve(space, _board_point(space, row, csv_p))
-            stage = _STAGE_OF_WHY.get(row.get("why", ""), "mid")
+            stage = _STAGE_OF_WHY.get(row.get("why", "")) or _middle_stage(row.get("stage"))
             name = f"probe of point {row.get('point')} rank {row.get('rank')}"
             peak, step = _float(row.get("peak_memory_gib")), _float(row.get("step_time_s"))
             if row.get("status") == "ok" and (peak or step):

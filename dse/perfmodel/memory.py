@@ -355,22 +355,30 @@ class MemoryCounts:
     fixed_mid: float = 0.0  # the second stage's (the most loaded middle one: :func:`mid_stage_counts`); 0 for p < 3
     act_mid: float = 0.0
     outside_extra_gib: float = 0.0  # the payload's measured memory outside PyTorch's allocator beyond the reserve
+    # (fixed, act) of each middle stage 1 .. p - 2 where the second is counted (:func:`middle_stages`); the first is
+    # (fixed_mid, act_mid). The peak reads the second alone; a probe of a later middle stage reads its own.
+    mid_stages: tuple[tuple[float, float], ...] = ()
 
     def slack(self, P: Params) -> float:
         """The share of the activations the allocator cannot reuse: fragmentation, and the CUDA graphs' pool."""
         return P.memory_fragmentation + self.graphed * P.cuda_graph_pool_share
 
-    def stage_gib(self, P: Params, stack: Stack) -> dict[str, float]:
+    def stage_gib(self, P: Params, stack: Stack, *, middle: bool = False) -> dict[str, float]:
         """Each stage's peak (GiB) under ``P``, as :meth:`peak_gib` counts it: ``first``, ``last`` and ``mid`` (the
-        second stage where :func:`mid_stage_counts` counts it, else 0), each with the reserve and offset."""
+        second stage where :func:`mid_stage_counts` counts it, else 0), each with the reserve and offset; with
+        ``middle``, also ``stageK`` for each middle stage K (1 .. p - 2) where the second is counted (``stage1`` is
+        ``mid``): what a probe of that stage is compared with."""
         logits_mem = self.logits_elements * logits_peak_bytes(stack, P)
         act_last = self.act_last_layers + max(self.work, logits_mem)
         extra = self.outside_gib(P) + P.memory_offset_gib
+        grow = 1.0 + self.slack(P)
         mem = {
-            "first": self.fixed_first + self.act_first * (1.0 + self.slack(P)),
-            "last": self.fixed_last + act_last * (1.0 + self.slack(P)),
-            "mid": self.fixed_mid + self.act_mid * (1.0 + self.slack(P)),
+            "first": self.fixed_first + self.act_first * grow,
+            "last": self.fixed_last + act_last * grow,
+            "mid": self.fixed_mid + self.act_mid * grow,
         }
+        if middle:
+            mem.update({f"stage{k}": fixed + act * grow for k, (fixed, act) in enumerate(self.mid_stages, 1)})
         return {k: (v / GIB + extra if v else 0.0) for k, v in mem.items()}
 
     def peak_gib(self, P: Params, stack: Stack) -> float:
@@ -462,9 +470,9 @@ def memory_counts(
     score_buffer = local_score_buffer_bytes(shape, layout)
     graph_first = graph_static_bytes(shape, layout, first_layers)
     graph_last = graph_static_bytes(shape, layout, last_layers)
-    fixed_mid, act_mid = mid_stage_counts(shape, layout, stages, act_kept, work, cache_b, states_b)
-    if fixed_mid:
-        fixed_mid += fsdp_buf + experts.mid * expert_b + score_buffer
+    mids = middle_stages(shape, layout, stages, act_kept, work, (cache_b, states_b))
+    mids = tuple((fixed + fsdp_buf + experts.mid * expert_b + score_buffer, act) for fixed, act in mids)
+    fixed_mid, act_mid = mids[0] if mids else (0.0, 0.0)
     return MemoryCounts(
         fixed_first=stages.first_params / t * states_b
         + cache_first
@@ -493,6 +501,7 @@ def memory_counts(
         expert_states=(experts.largest if fixed_mid else max(experts.first, experts.last)) * expert_b,
         fixed_mid=fixed_mid,
         act_mid=act_mid,
+        mid_stages=mids,
         outside_extra_gib=stack.outside_extra_gib,
     )
 
@@ -526,13 +535,35 @@ def local_score_buffer_bytes(shape: Shape, layout: ModelLayout) -> float:
     return LOCAL_SCORE_BUFFER_BYTES * shape.mbs * (shape.arch.num_attention_heads / shape.tp) * s_loc * s_loc
 
 
+def middle_stages(
+    shape: Shape, layout: ModelLayout, stages: Stages, act_kept: float, work: float, bytes_b: tuple[float, float]
+) -> tuple[tuple[float, float], ...]:
+    """:func:`mid_stage_counts` of each middle pipeline stage, 1 .. p - 2 (``bytes_b``: the FP8 weight cache's bytes
+    per layer and the states' bytes per parameter); empty where the second stage is not counted."""
+    out = []
+    for k in range(1, shape.pp - 1):
+        fixed, act = mid_stage_counts(shape, layout, stages, act_kept, work, *bytes_b, stage=k)
+        if not fixed:
+            return ()
+        out.append((fixed, act))
+    return tuple(out)
+
+
 def mid_stage_counts(
-    shape: Shape, layout: ModelLayout, stages: Stages, act_kept: float, work: float, cache_b: float, states_b: float
+    shape: Shape,
+    layout: ModelLayout,
+    stages: Stages,
+    act_kept: float,
+    work: float,
+    cache_b: float,
+    states_b: float,
+    stage: int = 1,
 ) -> tuple[float, float]:
-    """The second pipeline stage's bytes beside the experts' and FSDP's (its states, FP8 weight cache and CUDA
+    """A middle pipeline stage's bytes beside the experts' and FSDP's (its states, FP8 weight cache and CUDA
     graphs' buffers) and its in-flight activations with one layer's backward working set; (0, 0) with fewer than
-    three stages. Of the middle stages it holds the most: the same layers as the others and the most micro-batches
-    in flight (:func:`inflight_chunks` of rank 1). It is the peak where the first and last stages are made lighter
+    three stages. ``stage`` (1 .. p - 2) is the second by default: of the middle stages it holds the most, the same
+    layers as the others and the most micro-batches in flight (:func:`inflight_chunks` of rank 1); a later one
+    holds fewer (a probe of it is compared with its own count). The second stage is the peak where the first and last stages are made lighter
     (``pp_first_layers`` / ``pp_last_layers``: DeepSeek-V3 on 16 stages puts 4 layers, three of them dense, on the
     first and 1 and the MTP layer on the last, so each middle stage holds 4 MoE layers' experts), and with the
     embedding counted as a layer (``account_for_embedding_in_pipeline_split``) in a MoE model, whose middle stages
@@ -548,7 +579,7 @@ def mid_stage_counts(
         return 0.0, 0.0
     layers = min(layout.cpu_offload_layers, shape.arch.num_layers)
     in_flight = offload_kept_layers(
-        sum(inflight_chunks(p, v, int(shape.microbatches), 1)) * stages.mid_layers / v, layers
+        sum(inflight_chunks(p, v, int(shape.microbatches), stage)) * stages.mid_layers / v, layers
     )
     fixed = stages.mid_params / shape.tp * states_b + stages.mid_layers * cache_b
     fixed += graph_static_bytes(shape, layout, in_flight)

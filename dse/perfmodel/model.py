@@ -904,7 +904,7 @@ class Prepared:
         return self.step_time(params).step_s
 
     def probe_step_s(self, params: Params, stage: str) -> float:
-        """What a probe of one rank of pipeline stage ``stage`` ("first", "last" or "mid") measures as its step
+        """What a probe of one rank of pipeline stage ``stage`` ("first", "last", "mid" or "stageK") measures as its step
         time (s): the stage's own compute under a fake process group, no communication and no waiting. Every
         micro-batch through the stage's layers (their kernels, recompute and host time; no tensor-, expert- or
         context-parallel collective), the output layer and loss on the last stage (without its sequence-parallel
