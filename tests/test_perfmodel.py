@@ -415,6 +415,29 @@ def test_unfused_attention_stores_korthikantis_scores_and_costs_time_growing_wit
     assert slow[8192] > slow[2048]
 
 
+def test_the_local_specs_eager_kernels_cost_hbm_time_per_layer_and_grow_with_gqa_and_swiglu():
+    """The local layer spec runs RoPE, SwiGLU and the K/V repeat as eager PyTorch ops: the layer's element-wise term
+    is the unfused one's plus those bytes per token at the same element-wise rate, and no other term moves; an MHA
+    model with GeLU has fewer of them per hidden element than a GQA SwiGLU one."""
+    from dse.perfmodel.layout import ModelLayout, machine_for
+    from dse.perfmodel.model import Prepared, elementwise_time, local_spec_bytes
+    from dse.perfmodel.stack import NVIDIA_RECIPES
+
+    def prepared(arch, backend):
+        layout = ModelLayout(num_gpus=8, tp=2, gbs=32, mbs=1, seq_length=2048, attention_backend=backend)
+        return Prepared.of(arch, "h100", layout, NVIDIA_RECIPES)
+
+    llama = RECIPES["llama3_8b"].arch
+    local, unfused = prepared(llama, "local"), prepared(llama, "unfused")
+    machine = machine_for(local.hw, DEFAULT_PARAMS, local.layout)
+    got = elementwise_time(local.shape, local.layout, machine, NVIDIA_RECIPES)
+    base = elementwise_time(unfused.shape, unfused.layout, machine, NVIDIA_RECIPES)
+    extra = local.shape.tokens * local_spec_bytes(local.shape) * DEFAULT_PARAMS.elementwise_scale / machine.hbm_Bps
+    assert got > base and got - base == pytest.approx(extra)
+    mha = llama.__class__(**{**llama.__dict__, "num_query_groups": llama.num_attention_heads, "gated_mlp": False})
+    assert local_spec_bytes(prepared(mha, "local").shape) < local_spec_bytes(local.shape)
+
+
 def test_selective_recompute_drops_the_unfused_scores():
     r = next(x for x in calibration_rows() if x["id"] == "mb2511_h100_70b")
     fused, unfused = (predict(row_trial(r, recompute="selective", attention_backend=b)) for b in ("auto", "unfused"))

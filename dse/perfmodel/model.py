@@ -249,6 +249,40 @@ def local_score_bytes(dropout: bool) -> tuple[float, float]:
 # so the activation memory does not change.
 SQUARED_RELU_EXTRA_BYTES = 16.0
 
+
+def local_spec_bytes(shape: Shape) -> float:
+    """HBM bytes per token of one layer, forward + backward, that Megatron-Core's local layer spec
+    (``get_gpt_layer_local_spec``, ``attention_backend=local``; the fusions off, as recipes.mcore builds it) moves
+    beyond the fused kernels :func:`elementwise_time` counts, bf16 throughout; the scores are
+    :func:`local_score_bytes`.
+
+    - RMSNorm (``torch.nn.RMSNorm``): PyTorch's own fused kernel (``_fused_rms_norm``; it accumulates in fp32 in
+      registers, nothing fp32 goes through HBM), whose backward computes the weight gradient in a second kernel that
+      reads the gradient and the input again: 4 per hidden element, two norms.
+    - RoPE on q and k (``_apply_rotary_pos_emb_bshd``, eager): forward ``t * cos`` (read 2, write 2), the rotated
+      half's negation (2 per element of t), its ``cat`` (4), ``* sin`` (4), the sum (read 4, write 2) and the final
+      ``cat`` with the empty pass-through part (4) = 24; backward the two products (4 + 4), the negation (2), the
+      chunk's ``cat`` (4), the two gradients summed (6), the slice's zero-filled gradient and copy (6) = 26; 50 less
+      a fused kernel's 8 (read 2, write 2 each way): 42 per element of q and of k.
+    - SwiGLU (``silu(x1) * x2`` over ``torch.chunk``): forward silu (4) and the product (6) = 10; backward the
+      product's two gradients (6 + 6), silu's (6) and the chunk's ``cat`` into the fc1 gradient (8) = 26; 36 less a
+      fused kernel's 16: 20 per element of the intermediate. GeLU is one eager kernel, as fused: 0.
+    - Grouped-query attention: K and V repeated to every head (``repeat_interleave``: read 2 per group element,
+      write 2 per head element) and its backward (zero-fill 2 per group element, read 2 per head element, add into
+      the groups: read 2, write 2): 4 per head element and 8 per group element, for K and for V.
+    - The context's ``permute(...).contiguous()`` and the gradient's copy back: 8 per head element.
+    """
+    arch, t = shape.arch, shape.tp
+    a, d = arch.num_attention_heads / t, shape.head_dim
+    g = shape.kv_groups
+    nbytes = 2.0 * 4.0 * shape.hidden_sp + 42.0 * (a + g) * d + 8.0 * a * d
+    if arch.gated_mlp:
+        nbytes += 20.0 * arch.ffn_hidden_size / t
+    if g < a:
+        nbytes += 2.0 * (4.0 * a * d + 8.0 * g * d)
+    return nbytes
+
+
 # HBM bytes per hidden element per token that hidden dropout (ModelArch.dropout > 0) adds to a layer's forward +
 # backward: each of the two fused bias-dropout-add kernels writes a 1-byte mask forward and its backward reads it
 # (2 x (1 + 1)); attention dropout is priced where the scores go through HBM (unfused_score_bytes) and not inside
@@ -388,14 +422,16 @@ def attention_time(shape: Shape, layout: ModelLayout, machine: Machine) -> tuple
 
 def elementwise_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack) -> float:
     """Memory-bound element-wise kernels of one layer, forward + backward: norms, RoPE, the activation, casts,
-    residual adds; the eager squared ReLU's extra passes, hidden dropout's masks and FP8's quantisation of the
-    GEMM inputs where they run."""
+    residual adds; the eager squared ReLU's extra passes, hidden dropout's masks, the local layer spec's eager
+    kernels (:func:`local_spec_bytes`) and FP8's quantisation of the GEMM inputs where they run."""
     arch, t = shape.arch, shape.tp
     a, g, d, F = arch.num_attention_heads, arch.num_query_groups, shape.head_dim, arch.ffn_hidden_size
     h_sp = shape.hidden_sp
     elem_bytes = 60.0 * h_sp + 12.0 * (a + g) * d / t + (18.0 if arch.gated_mlp else 12.0) * F / t
     if stack.arch_activation and arch.activation == "squared_relu":
         elem_bytes += SQUARED_RELU_EXTRA_BYTES * F / t
+    if layout.attention_backend == "local":  # the local layer spec's eager RoPE, SwiGLU, GQA repeat
+        elem_bytes += local_spec_bytes(shape)
     if layout.dropout:  # hidden dropout in the two bias-dropout-add kernels: 1-byte masks (HIDDEN_DROPOUT_BYTES)
         elem_bytes += HIDDEN_DROPOUT_BYTES * h_sp
     if machine.fp8:
