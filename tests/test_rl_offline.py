@@ -145,7 +145,8 @@ def test_a_datasets_path_that_cannot_be_made_is_one_line(study, tmp_path):
     assert "new/ds" in new and all(p == "new" or p.startswith("new/ds") for p in new), new
 
 
-SUITE_IDS = ["dse/Llama405B-2Node-H100-v0", "dse/Replay-Llama8B-4L-H200-v0"]  # the two smallest: a twin space, a replay
+# the smallest of each kind: a training space, a held-out space, a replay of real runs
+SUITE_IDS = ["dse/Nemotron3-8B-H100-v0", "dse/Llama405B-2Node-H100-v0", "dse/Replay-Llama8B-4L-H200-v0"]
 
 
 def test_the_suite_exports_episodes_that_obey_the_environment_and_replay_exactly(tmp_path, monkeypatch):
