@@ -30,7 +30,8 @@ def train_policy_cmd(
         8,
         "--twins",
         metavar="N",
-        help="twins trained on, one per environment (seeds 1000..; --shortlist: per space, the suite's train split), 1 to 64",
+        help="twins trained on, one per environment (seeds 1000..; --shortlist: per space, drawn from the suite's train "
+        "split by --seed), 1 to 64",
     ),
     steps: int = typer.Option(60_000, "--steps", metavar="N", help="PPO environment steps in all, 64 to 10,000,000"),
     budget: int = typer.Option(50, "--budget", metavar="N", help="launched runs per training episode"),
@@ -60,7 +61,7 @@ def train_policy_cmd(
     else:
         done = train_policy(space[0], out, twins=twins, steps=steps, seed=seed, budget=budget, force=force)
     render.console.print(
-        f"trained on twins {done.twins[0]}..{done.twins[-1]} ({done.steps:,} steps, "
+        f"trained on {len(done.twins)} twins (seeds {min(done.twins)}..{max(done.twins)}; {done.steps:,} steps, "
         f"{time.perf_counter() - t0:.0f} s); policy: {done.path}",
         highlight=False,
     )

@@ -2,17 +2,25 @@
 
 A policy trained on some spaces acts on others (held out: another model, GPU generation or scale) only if what it
 sees and what it chooses do not depend on a space's knobs or their number. Here it chooses among ``SLOTS``
-candidates: the untried valid points the model, corrected by the search's own runs, ranks highest (the estimate
-below); the action is a slot, and the mask says which slots hold a point. Each candidate is described by figures,
-never by positions of knob values:
+candidates, untried valid points: the first ``GREEDY`` by rank (the estimate below, less ``FIT_WEIGHT`` times
+minus the log of the point's probability of fitting in memory), the rest by the guided agent's acquisition
+(probability of fitting times expected improvement over the best found, with the estimate's uncertainty: the
+points a run would teach the most about). The action is a slot, and the mask says which slots hold a point. Each
+candidate is described by figures, never by positions of knob values:
 
 * the model's forecast of the point and its estimate (both as log ratios to the model's best forecast over the
   space), the estimate against the best found so far (its expected gain), the forecast's peak memory as a fraction
-  of the GPU's, how much of the estimate rests on runs (the share of the point's knob values already run), the share
-  of those runs that ran out of memory, and how many knob values it shares with the best point found;
+  of the GPU's and the probability that it fits, how much of the estimate rests on runs (the share of the point's
+  knob values already run), the share of those runs that ran out of memory, how many knob values it shares with the
+  best point found, the estimate's uncertainty and the acquisition (against the highest of the slots);
 * the search as a whole: the best found against the model's best forecast, the runs so far (of the budget, and
   /100), the mean residual of the runs (measured against forecast, the model's overall bias) and the last run's
   status (ok, out of memory, other).
+
+The probability of fitting is soft, not a cut (a point forecast just beyond the GPU's memory is about as likely to
+fit as not): the normal probability of the point's forecast headroom less the model's memory error on this search,
+one error shared by the search's points, learned from the measured peaks of its runs (and from a run that ran out
+of memory where the error so far said it fits), as the guided agent learns its memory border.
 
 The estimate of a point: its forecast (log), plus, per knob, the mean residual (log measured - log forecast) of the
 ``ok`` runs sharing the point's value of that knob, shrunk towards the overall mean residual by ``SHRINK`` pseudo
@@ -31,16 +39,47 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from scipy.special import ndtr
 
 from dse.rl.searchgame import SearchGame, action_of
 
 SLOTS = 16  # candidates per proposal
 SHRINK = 2.0  # pseudo runs at the overall mean residual, per knob value
+# The ranking's uncertainty, as the guided agent's priors (agents/guided.py): the scatter of a point's log
+# throughput about the model corrected by runs (SIGMA), plus KNOB per knob value and PAIR per pair of values no ok
+# run shares yet. The memory forecast's error, as a fraction of the GPU's memory: one error shared by the search's
+# points, prior sd MEM_SD (the guided agent's prior of a few GiB and a few percent, at a GPU's size), and each
+# point's scatter about it, MEM_NOISE (the training spaces' twins: 0.2-0.3% within a twin, the shared error's sd
+# across twins about 1%). FIT_WEIGHT: how much a point's rank drops per unit of -log(probability of fitting)
+SIGMA = 0.03
+KNOB = 0.06
+PAIR = 0.04
+MEM_SD = 0.05
+MEM_NOISE = 0.01
+FIT_WEIGHT = 0.1
+GREEDY = SLOTS // 2  # slots by rank; the rest by acquisition (the untried points not already in a slot)
 SCALE = 10.0  # log ratios are observed x10 (a 10% gap is 1.0), clipped to +-CLIP
 CLIP = 10.0
 GLOBAL = ("best", "runs_budget", "runs", "mean_residual", "last_ok", "last_oom", "last_other")
-PER_SLOT = ("present", "forecast", "estimate", "gain", "memory", "risky", "support", "oom_share", "like_best")
+PER_SLOT = (
+    "present",
+    "forecast",
+    "estimate",
+    "gain",
+    "memory",
+    "fit",
+    "support",
+    "oom_share",
+    "like_best",
+    "spread",
+    "acquisition",
+)
 OBS_DIM = len(GLOBAL) + SLOTS * len(PER_SLOT)
+
+
+def _cdf(z: np.ndarray) -> np.ndarray:
+    """The standard normal CDF, element-wise (SciPy's ``ndtr``)."""
+    return np.asarray(ndtr(np.asarray(z, dtype=float)))
 
 
 def utility(reward: float) -> float:
@@ -81,7 +120,8 @@ class Shortlist:
         self.resid_sum, self.ok_runs, self.runs = 0.0, 0, 0
         self.best_u = -math.inf
         self.best: int | None = None
-        self.miss = 0.0  # the most a run's peak came above its forecast, as a fraction of the GPU's memory
+        self.mem_ok: list[tuple[int, float]] = []  # ok runs with a measured peak: (point, measured - forecast)
+        self.mem_oom: list[int] = []  # points that ran out of memory
         self.last = "none"
         self.slots = np.full(SLOTS, -1, dtype=np.int64)
 
@@ -98,9 +138,9 @@ class Shortlist:
         memory as a fraction of the GPU's, when known): note its outcome."""
         self.tried[i] = True
         if status == "oom":  # its peak was at least the GPU's memory
-            self.miss = max(self.miss, 1.0 - self.mem[i])
+            self.mem_oom.append(i)
         elif peak_fraction is not None and math.isfinite(peak_fraction):
-            self.miss = max(self.miss, peak_fraction - self.mem[i])
+            self.mem_ok.append((i, peak_fraction - self.mem[i]))
         self.runs += 1
         k = self.keys[i]
         ok = status == "ok" and reward is not None and reward != 0 and math.isfinite(reward)
@@ -130,18 +170,69 @@ class Shortlist:
             corr += per_value[self.keys[:, j]]
         return self.base + corr / max(self.keys.shape[1], 1)
 
-    def risky(self) -> np.ndarray:
-        """Per point: whether its forecast peak, plus the largest miss of the model's memory seen so far, is beyond
-        the GPU's memory (the model's forecast alone before any run)."""
-        return self.mem + self.miss > 1.0
+    def memory_error(self) -> tuple[float, float]:
+        """The model's memory error on this search (measured peak - forecast, as a fraction of the GPU's memory):
+        its posterior mean and variance, as the guided agent learns its memory border. One error shared by every
+        point (a twin's, or a cluster's, memory reserve and fragmentation move the border for all), prior
+        N(0, ``MEM_SD``), each ok run's measured peak an observation of it with ``MEM_NOISE`` scatter; a run that
+        ran out of memory although the current estimate says it fits, an observation just past the border (one
+        forecast beyond the memory that ran out says little: the forecast already said so)."""
+        d = [r for _, r in self.mem_ok]
+        for _ in range(3):
+            prec = 1.0 / MEM_SD**2 + len(d) / MEM_NOISE**2
+            mean = sum(d) / MEM_NOISE**2 / prec
+            past = [1.0 - self.mem[i] for i in self.mem_oom if self.mem[i] + mean < 1.0]
+            if len(d) == len(self.mem_ok) + len(past):
+                break
+            d = [r for _, r in self.mem_ok] + past
+        return mean, 1.0 / prec
+
+    def fit(self) -> np.ndarray:
+        """Per point: the probability that it fits in the GPU's memory: the normal probability of its forecast
+        headroom less the model's memory error (:meth:`memory_error`; its uncertainty and one point's scatter).
+        A soft margin, not a cut: before any run a point forecast just beyond the memory is about as likely to fit
+        as not, and ranks by its promise times that."""
+        mean, var = self.memory_error()
+        return _cdf((1.0 - self.mem - mean) / math.sqrt(var + MEM_NOISE**2))
+
+    def spread(self) -> np.ndarray:
+        """Per point: the uncertainty (log) of its estimate, as the guided agent's prior has it: ``SIGMA``, ``KNOB``
+        for each of its knob values no ok run shares yet, and ``PAIR`` for each pair of its knob values with one
+        such value in it."""
+        k = self.keys.shape[1]
+        u = sum((self.ok_n[j] == 0)[self.keys[:, j]] for j in range(k)) if k else np.zeros(len(self.base))
+        u = np.asarray(u, dtype=float)
+        pairs = u * (k - 1) - u * (u - 1) / 2
+        return np.sqrt(SIGMA**2 + KNOB**2 * u + PAIR**2 * pairs)
+
+    def acquisition(self, est: np.ndarray, sd: np.ndarray, fit: np.ndarray) -> np.ndarray:
+        """Per point: its probability of fitting times its expected improvement over the best found (before any ok
+        run, over the lowest estimate, so the estimates' order leads): the guided agent's acquisition, on the
+        shortlist's estimates."""
+        best = self.best_u if self.best is not None else (float(est.min()) if len(est) else 0.0)
+        z = (est - best) / sd
+        return fit * sd * (z * _cdf(z) + np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi))
+
+    def rank(self, est: np.ndarray, fit: np.ndarray) -> np.ndarray:
+        """Per point: what orders the slots: its estimate (log), less ``FIT_WEIGHT`` times minus the log of its
+        probability of fitting."""
+        return est + FIT_WEIGHT * np.log(np.maximum(fit, 1e-9))
+
+    def order(self, rank: np.ndarray, acq: np.ndarray) -> np.ndarray:
+        """The points of the slots: the ``GREEDY`` untried points of the highest rank, then the untried points of
+        the highest acquisition among the others (ties: the lower index), up to ``SLOTS``."""
+        free = np.flatnonzero(~self.tried)
+        greedy = free[np.lexsort((free, -rank[free]))][:GREEDY]
+        rest = np.setdiff1d(free, greedy)
+        explore = rest[np.lexsort((rest, -acq[rest]))][: SLOTS - len(greedy)]
+        return np.concatenate([greedy, explore]).astype(np.int64)
 
     def observation(self) -> np.ndarray:
         """The observation (:func:`features` names its entries); fills :attr:`slots` (point per slot, -1: empty):
-        the untried points by estimate, those at risk of running out of memory after every other."""
-        est = self.estimates()
-        risky = self.risky()
-        free = np.flatnonzero(~self.tried)
-        order = free[np.lexsort((-est[free], risky[free]))][:SLOTS]
+        the untried points by :meth:`order`."""
+        est, sd, fit = self.estimates(), self.spread(), self.fit()
+        acq = self.acquisition(est, sd, fit)
+        order = self.order(self.rank(est, fit), acq)
         self.slots[:] = -1
         self.slots[: len(order)] = order
         best_u = self.best_u if self.best is not None else self.ref - 0.5
@@ -170,10 +261,12 @@ class Shortlist:
                     SCALE * (est[order] - self.ref),
                     SCALE * (est[order] - best_u),
                     self.mem[order],
-                    risky[order].astype(float),
+                    fit[order],
                     support,
                     ooms / np.maximum(runs, 1),
                     like,
+                    SCALE * sd[order],
+                    acq[order] / top if (top := float(acq[order].max())) > 0 else np.zeros(len(order)),
                 ],
                 axis=1,
             )

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from dse.envs.search import as_space, make_env, table
 from dse.errors import UserError
 from dse.rl.policy import Policy, available, train
@@ -151,6 +153,19 @@ def train_policy(
     return Trained(policy, path, seeds, steps)
 
 
+def training_twins(twins: int, seed: int) -> list[list[int]]:
+    """Per training space of the suite (:func:`dse.envs.suite.benchmarks` of ``train``, in order): ``twins``
+    distinct twin seeds of its ``train`` split, drawn at random by ``seed`` (two training seeds, two sets of twins)."""
+    from dse.envs import suite
+
+    draw = np.random.default_rng(seed)
+    out = []
+    for b in suite.benchmarks("train"):
+        lo, hi = b.twin_range("train") or (0, 0)
+        out.append([lo + int(t) for t in draw.choice(hi - lo + 1, size=twins, replace=False)])
+    return out
+
+
 def train_shortlist(
     spaces: Sequence[str | Path],
     out: Path | None,
@@ -164,9 +179,10 @@ def train_shortlist(
 ) -> Trained:
     """A policy of the shortlist encoding (:mod:`dse.rl.shortlist`), MaskablePPO trained for ``steps`` steps over
     ``twins`` twins of each of ``spaces`` (seeds ``first_twin`` and up), or, when ``spaces`` is empty, of each
-    training space of the suite (:func:`dse.envs.suite.benchmarks`, the first twins of its ``train`` split); each
-    episode on a twin drawn afresh from them, each twin built once, one environment per space. Saved to ``out`` when
-    given. It acts on any space."""
+    training space of the suite (:func:`dse.envs.suite.benchmarks`: ``twins`` twins of its ``train`` split drawn
+    at random by ``seed``, so two training seeds train on different twins); each episode on a twin drawn afresh
+    from them, each twin built once, one environment per space. Saved to ``out`` when given. It acts on any
+    space."""
     check_inputs(twins=twins, steps=steps, budget=budget, seed=seed, first_twin=first_twin)
     if len(spaces) > MAX_SPACES:
         raise UserError(f"{len(spaces)} spaces; give at most {MAX_SPACES}", field="SPACE")
@@ -189,9 +205,7 @@ def train_shortlist(
     else:
         from dse.envs import suite
 
-        for b in suite.benchmarks("train"):
-            lo, _ = b.twin_range("train") or (0, 0)
-            seeds = [lo + i for i in range(twins)]
+        for b, seeds in zip(suite.benchmarks("train"), training_twins(twins, seed)):
             games.append((suite.make_benchmark(b.id, "train", budget=budget), seeds))
     for game, _ in games:
         game.redraw = CachedDraw(game.redraw)  # type: ignore[attr-defined]
