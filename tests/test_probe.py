@@ -138,9 +138,8 @@ payload = "mcore"
 
 def test_a_middle_stage_probe_is_compared_with_the_models_figure_of_that_stage(tmp_path):
     """DeepSeek-V3's 8-layer slice on 4 stages: the stage with the most experts is the third (the second holds a dense
-    layer); its probe is compared with the model's figure of the third stage, which holds fewer micro-batches in
-    flight than the second (the model's peak of the middle stages), not with the second's; dse calibrate reads the
-    same figure for a probe of that stage."""
+    layer); its probe is compared with the model's figure of the third stage, not with the second's (fewer experts,
+    more micro-batches in flight); dse calibrate reads the same figure for a probe of that stage."""
     from dse.perfmodel.calibrate import run_peak_gib
     from dse.perfmodel.model import prepare
     from dse.perfmodel.timing import DEFAULT_PARAMS
@@ -150,8 +149,8 @@ def test_a_middle_stage_probe_is_compared_with_the_models_figure_of_that_stage(t
     target = next(r for r in probe.probe_ranks(cfg, trial.num_gpus) if r.why == "most experts")
     assert (target.rank, target.stage) == (64, 2)
     stages = probe.model_stage_gib(trial)
-    assert stages["stage1"] == stages["mid"]
-    assert stages["stage2"] < stages["mid"]
+    # the second stage holds a dense layer (one layer's experts), the third two MoE layers: the heavier of the two
+    assert stages["stage1"] < stages["stage2"] == stages["mid"]
     assert probe.model_rank_gib(stages, target) == stages["stage2"]
     prepared = prepare(trial)
     assert run_peak_gib(prepared, DEFAULT_PARAMS, "stage2") == pytest.approx(stages["stage2"])

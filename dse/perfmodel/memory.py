@@ -352,11 +352,11 @@ class MemoryCounts:
     graphed: float = 0.0  # 1 when CUDA graphs capture the layers: their private pool (Params.cuda_graph_pool_share)
     nccl_ub: bool = False  # NCCL-registered DP buffers: Params.nccl_ub_memory_gib more
     expert_states: float = 0.0  # bytes of the routed experts' weights, gradients and optimizer shard (largest stage)
-    fixed_mid: float = 0.0  # the second stage's (the most loaded middle one: :func:`mid_stage_counts`); 0 for p < 3
+    fixed_mid: float = 0.0  # the most loaded middle stage's (:func:`mid_stage_counts`); 0 for p < 3
     act_mid: float = 0.0
     outside_extra_gib: float = 0.0  # the payload's measured memory outside PyTorch's allocator beyond the reserve
-    # (fixed, act) of each middle stage 1 .. p - 2 where the second is counted (:func:`middle_stages`); the first is
-    # (fixed_mid, act_mid). The peak reads the second alone; a probe of a later middle stage reads its own.
+    # (fixed, act) of each middle stage 1 .. p - 2 where they are counted (:func:`middle_stages`); the heaviest is
+    # (fixed_mid, act_mid), which the peak reads; a probe of a middle stage reads its own.
     mid_stages: tuple[tuple[float, float], ...] = ()
 
     def slack(self, P: Params) -> float:
@@ -365,9 +365,9 @@ class MemoryCounts:
 
     def stage_gib(self, P: Params, stack: Stack, *, middle: bool = False) -> dict[str, float]:
         """Each stage's peak (GiB) under ``P``, as :meth:`peak_gib` counts it: ``first``, ``last`` and ``mid`` (the
-        second stage where :func:`mid_stage_counts` counts it, else 0), each with the reserve and offset; with
-        ``middle``, also ``stageK`` for each middle stage K (1 .. p - 2) where the second is counted (``stage1`` is
-        ``mid``): what a probe of that stage is compared with."""
+        heaviest middle stage where :func:`mid_stage_counts` counts them, else 0), each with the reserve and offset;
+        with ``middle``, also ``stageK`` for each middle stage K (1 .. p - 2): what a probe of that stage is compared
+        with."""
         logits_mem = self.logits_elements * logits_peak_bytes(stack, P)
         act_last = self.act_last_layers + max(self.work, logits_mem)
         extra = self.outside_gib(P) + P.memory_offset_gib
@@ -470,9 +470,13 @@ def memory_counts(
     score_buffer = local_score_buffer_bytes(shape, layout)
     graph_first = graph_static_bytes(shape, layout, first_layers)
     graph_last = graph_static_bytes(shape, layout, last_layers)
-    mids = middle_stages(shape, layout, stages, act_kept, work, (cache_b, states_b))
-    mids = tuple((fixed + fsdp_buf + experts.mid * expert_b + score_buffer, act) for fixed, act in mids)
-    fixed_mid, act_mid = mids[0] if mids else (0.0, 0.0)
+    mids = middle_stages(shape, layout, stages, act_kept, work, (cache_b, states_b), fp8)
+    # the second stage's experts (its MoE layers: :func:`dse.perfmodel.moe.mid_dense_layers`), a later one's
+    mid_experts = [experts.mid if k == 0 else experts.later for k in range(len(mids))]
+    mids = tuple(
+        (fixed + fsdp_buf + n * expert_b + score_buffer, act) for (fixed, act), n in zip(mids, mid_experts, strict=True)
+    )
+    fixed_mid, act_mid = max(mids, key=lambda m: m[0] + m[1]) if mids else (0.0, 0.0)
     return MemoryCounts(
         fixed_first=stages.first_params / t * states_b
         + cache_first
@@ -536,13 +540,19 @@ def local_score_buffer_bytes(shape: Shape, layout: ModelLayout) -> float:
 
 
 def middle_stages(
-    shape: Shape, layout: ModelLayout, stages: Stages, act_kept: float, work: float, bytes_b: tuple[float, float]
+    shape: Shape,
+    layout: ModelLayout,
+    stages: Stages,
+    act_kept: float,
+    work: float,
+    bytes_b: tuple[float, float],
+    fp8: bool = False,
 ) -> tuple[tuple[float, float], ...]:
     """:func:`mid_stage_counts` of each middle pipeline stage, 1 .. p - 2 (``bytes_b``: the FP8 weight cache's bytes
     per layer and the states' bytes per parameter); empty where the second stage is not counted."""
     out = []
     for k in range(1, shape.pp - 1):
-        fixed, act = mid_stage_counts(shape, layout, stages, act_kept, work, *bytes_b, stage=k)
+        fixed, act = mid_stage_counts(shape, layout, stages, act_kept, work, *bytes_b, fp8, stage=k)
         if not fixed:
             return ()
         out.append((fixed, act))
@@ -557,17 +567,21 @@ def mid_stage_counts(
     work: float,
     cache_b: float,
     states_b: float,
+    fp8: bool = False,
     stage: int = 1,
 ) -> tuple[float, float]:
     """A middle pipeline stage's bytes beside the experts' and FSDP's (its states, FP8 weight cache and CUDA
     graphs' buffers) and its in-flight activations with one layer's backward working set; (0, 0) with fewer than
-    three stages. ``stage`` (1 .. p - 2) is the second by default: of the middle stages it holds the most, the same
-    layers as the others and the most micro-batches in flight (:func:`inflight_chunks` of rank 1); a later one
-    holds fewer (a probe of it is compared with its own count). The second stage is the peak where the first and last stages are made lighter
+    three stages. ``stage`` (1 .. p - 2) is the second by default: it holds the same layers as the later middle
+    stages and the most micro-batches in flight (:func:`inflight_chunks` of rank 1), but the first dense layers
+    that overflow the first stage (below); a probe of a stage is compared with its own count. The middle stages
+    are the peak where the first and last stages are made lighter
     (``pp_first_layers`` / ``pp_last_layers``: DeepSeek-V3 on 16 stages puts 4 layers, three of them dense, on the
     first and 1 and the MTP layer on the last, so each middle stage holds 4 MoE layers' experts), and with the
     embedding counted as a layer (``account_for_embedding_in_pipeline_split``) in a MoE model, whose middle stages
-    then hold one more layer's experts than the first.
+    then hold one more layer's experts than the first. The first dense layers that do not fit the first stage's first
+    chunk sit in the second stage's (:func:`dse.perfmodel.moe.mid_dense_layers`) and keep a dense layer's
+    activations, as :func:`first_dense_saving` counts them on the first stage.
 
     Counted for a MoE model and for any split with ``pp_first_layers`` / ``pp_last_layers`` set, not for a dense
     model's even or embedding-accounted split: there the second stage holds a full chunk where the first holds the
@@ -583,7 +597,14 @@ def mid_stage_counts(
     )
     fixed = stages.mid_params / shape.tp * states_b + stages.mid_layers * cache_b
     fixed += graph_static_bytes(shape, layout, in_flight)
-    return fixed, in_flight * act_kept + work
+    # the first dense layers the second stage holds (its first chunk's) keep a dense layer's activations
+    dense = _moe.mid_dense_layers(shape.arch, layout, stages) if stage == 1 else 0.0
+    saving = 0.0
+    if dense and layout.recompute != "full" and not layout.cpu_offload_layers:
+        modules = _moe.recomputed_modules(layout)
+        kept_dense = _moe.moe_layer_activation_bytes(shape, layout, fp8, layout.recompute, modules, dense=True)
+        saving = inflight_chunks(p, v, int(shape.microbatches), stage)[0] * dense * max(0.0, act_kept - kept_dense)
+    return fixed, in_flight * act_kept - saving + work
 
 
 def peak_memory(counts: MemoryCounts, P: Params, stack: Stack) -> MemoryUse:

@@ -544,13 +544,26 @@ class ExpertStages:
     expert-data-parallel size their optimizer state is sharded over."""
 
     first: float
-    mid: float
+    mid: float  # the second stage's
     last: float
     data_parallel: float
+    later: float = 0.0  # a middle stage's after the second (no first dense layers there)
 
     @property
     def largest(self) -> float:
-        return max(self.first, self.mid, self.last)
+        return max(self.first, self.mid, self.later, self.last)
+
+
+def mid_dense_layers(arch: ModelArch, layout: ModelLayout, stages: Stages) -> float:
+    """The first dense layers (``moe_first_dense_layers``) that the second pipeline stage holds: those the first
+    stage's first chunk has no room for, in the second stage's first chunk (Megatron-Core assigns the layers to the
+    chunks in order: layers ``0 .. L/(p·v) - 1`` to the first stage's first chunk, the next ones to the second's).
+    DeepSeek-V3's 8-layer slice on 4 stages holds layers 0 and 1 on the first and layer 2 (dense) and 3 on the
+    second."""
+    if not arch.num_experts or layout.pp < 3:
+        return 0.0
+    v = layout.vp
+    return min(max(arch.moe_first_dense_layers - stages.first_layers / v, 0.0), stages.mid_layers / v)
 
 
 def expert_stages(arch: ModelArch, layout: ModelLayout, stages: Stages) -> ExpertStages:
@@ -564,10 +577,11 @@ def expert_stages(arch: ModelArch, layout: ModelLayout, stages: Stages) -> Exper
     dense = arch.moe_first_dense_layers
     if layout.pp == 1:
         n = arch.moe_layers + arch.mtp_layers
-        first = mid = last = n * per_layer
+        first = mid = later = last = n * per_layer
     else:
         first = max(stages.first_layers - dense, 0.0) * per_layer
-        mid = stages.mid_layers * per_layer
+        mid = (stages.mid_layers - mid_dense_layers(arch, layout, stages)) * per_layer
+        later = stages.mid_layers * per_layer
         last = stages.last_layers * per_layer
     d_e = layout.num_gpus / (layout.pp * layout.ep * layout.etp)
-    return ExpertStages(first, mid, last, max(d_e, 1.0))
+    return ExpertStages(first, mid, last, max(d_e, 1.0), later)
