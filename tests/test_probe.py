@@ -407,7 +407,7 @@ def test_the_model_is_within_10_percent_of_every_large_layouts_probe():
     spec.loader.exec_module(bench)
     rows = bench.probe_rows()
     compared = [r for r in rows if r["model_peak_gib"] is not None]
-    assert len(compared) == 12
+    assert len(compared) == 14
     for r in compared:
         assert r["model_peak_gib"] == pytest.approx(r["probe_peak_gib"], rel=0.10), r["probe"]
     qwen = [r for r in rows if r["probe"].startswith("q30b")]
@@ -417,5 +417,10 @@ def test_the_model_is_within_10_percent_of_every_large_layouts_probe():
     dsv3_first = [r for r in compared if r["probe"].startswith("dsv3") and r["stage"] == 0]
     assert len(dsv3_first) == 2
     assert all(abs(r["model_peak_gib"] / r["probe_peak_gib"] - 1) < 0.05 for r in dsv3_first)
+    # the second stage holds a dense layer and one MoE layer: within 6% once the model counts it so (it had counted
+    # two MoE layers' experts and activations, 18% and 26% over)
+    dsv3_second = [r for r in compared if r["probe"].startswith("dsv3") and r["stage"] == 1]
+    assert len(dsv3_second) == 2
+    assert all(abs(r["model_peak_gib"] / r["probe_peak_gib"] - 1) < 0.06 for r in dsv3_second)
     # the 64-GPU layout's last stage ran out of memory; the model puts it past the GPU with the memory a probe lacks
     assert [f["probe"] for f in bench.probe_failures()] == ["dsv3_w64_pp4ep16_r48"]
