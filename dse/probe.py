@@ -340,7 +340,10 @@ def _points(space, point: dict[str, Any] | None, limit: int | None):
         from dse.facts import knobs
 
         for name, value in point.items():
-            point[name] = knobs.get(name, field=f"--point {name}").coerce(value, field=f"--point {name}")
+            try:
+                point[name] = knobs.get(name, field=name).coerce(value, field=name)
+            except UserError as e:  # the knob's error, as one of the `point` parameter's
+                raise UserError(e.message, field=None, param="point") from None
         trial = resolve(space, point)
         rej = check(trial)
         if rej:

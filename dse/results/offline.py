@@ -15,7 +15,7 @@ The dataset keeps the environment's spec, every argument spelled out (``gym.make
 backend=..., twin_seed=..., seed=..., budget=..., target=..., run_cost=..., waste_cost=...)``, the space as the
 study's ``dse.json`` names it), so ``dataset.recover_environment()`` builds the environment again where that space
 file is found; on a simulated study's twin, the episode's actions replayed in it give its observations and rewards.
-Minari writes under ``MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``); ``--datasets-path`` sets it for the
+Minari writes under ``MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``); the ``datasets_path`` parameter (``--datasets-path``) sets it for the
 export. Needs the ``rl`` extra (Minari with its HDF5 storage).
 
 The suite (:func:`to_minari_suite`): per benchmark of a split (:mod:`dse.envs.suite`), one dataset of the twins of
@@ -199,7 +199,7 @@ def _space(meta: dict[str, Any], given: str | None) -> tuple[Space, str]:
     return space, path
 
 
-def check_dataset_id(dataset_id: str, field: str = "--dataset-id") -> str:
+def check_dataset_id(dataset_id: str, param: str = "dataset_id") -> str:
     """``dataset_id`` when it is a Minari dataset id that names a folder inside the datasets folder (see the module
     docstring); a one-line error otherwise. Nothing is created."""
     from minari.dataset.minari_dataset import parse_dataset_id
@@ -207,11 +207,11 @@ def check_dataset_id(dataset_id: str, field: str = "--dataset-id") -> str:
     allowed = "letters, digits, _ and - in parts separated by /, ending in -vN (dse/nemotron3/guided-v0)"
     if len(dataset_id) > MAX_ID or not DATASET_ID.fullmatch(dataset_id):
         shown = dataset_id if len(dataset_id) <= 80 else dataset_id[:77] + "..."
-        raise UserError(f"{shown!r} is not a dataset id: {allowed}, {MAX_ID} characters at most", field=field)
+        raise UserError(f"{shown!r} is not a dataset id: {allowed}, {MAX_ID} characters at most", param=param)
     try:
         parse_dataset_id(dataset_id)  # Minari's own syntax (a namespace of 2 characters at least...)
     except ValueError as e:
-        raise UserError(str(e).splitlines()[0], field=field) from None
+        raise UserError(str(e).splitlines()[0], param=param) from None
     return dataset_id
 
 
@@ -219,15 +219,16 @@ def datasets_root(path: Path | None) -> Path:
     """The datasets folder (``path``, else ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), created when
     absent; a one-line error when it is not a folder or cannot be made."""
     root = path or Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
-    field = "--datasets-path" if path is not None else "MINARI_DATASETS_PATH"
+    # given: the `datasets_path` parameter; else the environment variable, which is a field of no parameter
+    where = {"param": "datasets_path"} if path is not None else {"field": "MINARI_DATASETS_PATH"}
     if (root.exists() or root.is_symlink()) and not root.is_dir():
-        raise UserError("is not a directory", file=str(root), field=field)
+        raise UserError("is not a directory", file=str(root), **where)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create: {e.strerror or e}", file=str(root), field=field) from None
+        raise UserError(f"cannot create: {e.strerror or e}", file=str(root), **where) from None
     if not os.access(root, os.W_OK | os.X_OK):
-        raise UserError("cannot write here", file=str(root), field=field)
+        raise UserError("cannot write here", file=str(root), **where)
     return root
 
 
@@ -257,7 +258,10 @@ def to_minari(
     budget = budget or max(launched_runs(s, records), 1)
     ep = episode(s, tab, records, budget)
     if dataset_id is None:
-        dataset_id = check_dataset_id(f"dse/{meta['study_name']}/study-v0", field="--dataset-id (the default)")
+        try:
+            dataset_id = check_dataset_id(f"dse/{meta['study_name']}/study-v0")
+        except UserError as e:  # the study's name makes no dataset id: say it is the default's fault
+            raise UserError(f"the default {e.message}", param="dataset_id") from None
     root = datasets_root(datasets_path)
     spec = _spec(ENV_ID, env_kwargs(meta, path, budget))
     description = f"dse study {meta['study_name']}: one episode of {ENV_ID}, one step per trial the environment sees"
@@ -455,11 +459,11 @@ def to_minari_suite(
     _need_minari("export minari-suite")
     known = _check_suite_args(split, episodes, agents)
     chosen = _suite_chosen(split, only)
-    check_dataset_id(f"{prefix}/x-v0", field="--prefix")
+    check_dataset_id(f"{prefix}/x-v0", param="prefix")
     ids = [suite_dataset_id(prefix, b.id, split) for b in chosen]
     root = datasets_root(datasets_path)
     for dataset_id in ids:
-        check_dataset_id(dataset_id, field="--prefix")
+        check_dataset_id(dataset_id, param="prefix")
         if (root / dataset_id).exists():
             raise UserError(f"dataset {dataset_id!r} already exists", file=str(root / dataset_id))
     t0 = time.perf_counter()

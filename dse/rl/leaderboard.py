@@ -184,16 +184,16 @@ def check(settings: Settings, benchmarks: Sequence[Benchmark]) -> None:
 
     def bounded(name: str, value: Any, lo: int, hi: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise UserError(f"{value!r} is out of range; give an integer from {lo:,} to {hi:,}", field=name)
+            raise UserError(f"{value!r} is out of range; give an integer from {lo:,} to {hi:,}", param=name)
 
-    bounded("--seeds", settings.seeds, 1, MAX_SEEDS)
+    bounded("seeds", settings.seeds, 1, MAX_SEEDS)
     if settings.budget is not None:
-        bounded("--budget", settings.budget, 1, MAX_BUDGET)
+        bounded("budget", settings.budget, 1, MAX_BUDGET)
     if not benchmarks:
         raise UserError("no benchmark to run; name at least one", param="benchmark")
     for b in benchmarks:
         if b.twins:
-            bounded("--twins", len(b.twins), 1, MAX_TWINS)
+            bounded("twins", len(b.twins), 1, MAX_TWINS)
     unknown = [a for a in settings.agents if a not in AGENTS]
     if unknown:
         raise UserError(f"no agent {unknown[0]!r}; the leaderboard's agents: {', '.join(AGENTS)}", param="agent")

@@ -53,24 +53,26 @@ class Trained:
 def check_inputs(*, twins: int, steps: int, budget: int, seed: int, first_twin: int = FIRST_TWIN) -> None:
     """Each input within its bound (see above); a one-line error naming the option otherwise."""
     for name, value, lo, hi in (
-        ("--twins", twins, 1, MAX_TWINS),
-        ("--steps", steps, MIN_STEPS, MAX_STEPS),
-        ("--budget", budget, 1, MAX_BUDGET),
-        ("--seed", seed, 0, MAX_SEED),
+        ("twins", twins, 1, MAX_TWINS),
+        ("steps", steps, MIN_STEPS, MAX_STEPS),
+        ("budget", budget, 1, MAX_BUDGET),
+        ("seed", seed, 0, MAX_SEED),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise UserError(f"{value!r} is out of range; give an integer from {lo:,} to {hi:,}", field=name)
+            raise UserError(f"{value!r} is out of range; give an integer from {lo:,} to {hi:,}", param=name)
     if not 0 <= first_twin <= MAX_SEED - twins + 1:
         raise UserError(f"twin seeds {first_twin}.. are not unsigned 32-bit integers", field="first_twin")
 
 
 def check_out(out: Path, *, force: bool = False) -> None:
     """``out`` may be written: not there (or ``force`` and a regular file), in a directory that takes a new file.
-    A one-line error naming ``--out`` otherwise; nothing is left behind."""
+    A one-line error naming ``out`` otherwise; nothing is left behind."""
     if out.is_dir() or ((out.exists() or out.is_symlink()) and not out.is_file()):
         raise UserError("is not a regular file; give the path of the policy file to write", file=str(out), param="out")
     if (out.exists() or out.is_symlink()) and not force:
-        raise UserError("already exists; pass --force to replace it (or another --out)", file=str(out), param="out")
+        raise UserError(
+            "already exists; pass {param:force} to replace it (or another {param:out})", file=str(out), param="out"
+        )
     if not out.parent.is_dir():
         raise UserError(f"no such directory: {out.parent}", file=str(out), param="out")
     probe = _temporary(out)
