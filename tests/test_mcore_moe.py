@@ -520,3 +520,29 @@ def test_mla_refusals_name_the_setting(changes, message):
     assert ok.recompute_modules == "mla_up_proj,core_attn"
     with pytest.raises(ConfigError, match="a dense layer|this model's layers have core_attn, layernorm, mlp$"):
         check(replace(MOE, recompute="selective", recompute_modules="mla_up_proj"), 1, te_available=True)
+
+
+def test_dses_own_command_line_for_the_deepseek_v3_slice_runs_without_mtp_and_the_full_model_is_refused():
+    """dse launches a scaled recipe as its base's factory with overrides; the slice drops its base's MTP layer
+    (model.mtp_num_layers=null), which the payload reads before refusing a model with MTP: `dse probe` and
+    `dse run` of a deepseek_v3_8l space reach the payload's slice, the full deepseek_v3 is still refused."""
+    from dse.facts import knobs
+    from dse.recipes.models import RECIPES
+
+    values = dict(tp=1, pp=4, vp=1, cp=1, ep=32, etp=1, mbs=1, gbs=128, seq_length=4096, recompute="selective")
+    values.update(precision="bf16", moe_grouped_gemm=False, num_nodes=16)
+    argv = knobs.payload_args("mcore", RECIPES["deepseek_v3_8l"], values, gpu="h100", gpus_per_node=8)
+    assert "model.mtp_num_layers=null" in argv
+    cfg, _ = config_from_argv(list(argv))
+    assert (cfg.model, cfg.num_layers, cfg.num_experts, cfg.is_mla) == ("deepseek_v3_8l", 8, 256, True)
+    # the MoE reproducer keeps its base's MTP layer: nothing said, and the payload refuses it as the full model
+    two_node = knobs.payload_args(
+        "mcore", RECIPES["deepseek_v3_2node"], dict(values, ep=8), gpu="h100", gpus_per_node=8
+    )
+    assert not any(a.startswith("model.mtp_num_layers") for a in two_node)
+    with pytest.raises(ConfigError, match="multi-token prediction is not wired"):
+        config_from_argv(list(two_node))
+    with pytest.raises(ConfigError, match="multi-token prediction is not wired"):
+        config_from_argv([*argv, "model.mtp_num_layers=1"])
+    bridge = knobs.payload_args("mbridge", RECIPES["deepseek_v3_8l"], values, gpu="h100", gpus_per_node=8)
+    assert "model.mtp_num_layers=null" in bridge

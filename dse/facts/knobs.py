@@ -18,7 +18,7 @@ from typing import Any
 from dse.errors import UserError, did_you_mean
 from dse.facts import hardware
 from dse.recipes import contract
-from dse.recipes.models import Recipe
+from dse.recipes.models import RECIPES, Recipe
 from dse.recipes.nemo2.spec import FACTORY_SUFFIX as NEMO2_FACTORY_SUFFIX
 
 ENV_PREFIX = "env."
@@ -1284,11 +1284,14 @@ def scaled_overrides(recipe: Recipe, flavour: str) -> list[str]:
     """What a scaled reproducer changes in its base recipe's model: the layer count and, for a MoE reproducer,
     the experts and which layers are MoE (Megatron-Core's ``moe_layer_freq``: DeepSeek-V3's providers give a
     list of one entry per layer, [0]*3 + [1]*58, which must follow the layer count; ``recipes.mcore`` builds it
-    from the architecture itself)."""
+    from the architecture itself); a slice that drops its base's multi-token prediction (deepseek_v3_8l) says so
+    (Megatron-Core's ``mtp_num_layers``, null: none)."""
     if not recipe.scaled_from:
         return []
     arch, model = recipe.arch, spelling_of(flavour).model
     out = [f"{model}num_layers={arch.num_layers}"]
+    if arch.mtp_layers != RECIPES[recipe.scaled_from].arch.mtp_layers:
+        out.append(f"{model}mtp_num_layers={arch.mtp_layers or 'null'}")
     if arch.is_moe:
         out.append(f"{model}num_moe_experts={arch.num_experts}")
         if arch.moe_first_dense_layers and flavour != "mcore":  # recipes.mcore reads it from recipes.models

@@ -522,6 +522,7 @@ _OVERRIDES: dict[str, str] = {
     "model.expert_model_parallel_size": "ep",
     "model.expert_tensor_parallel_size": "etp",
     "model.num_moe_experts": "num_experts",
+    "model.mtp_num_layers": "mtp_layers",  # read before the config is built: this payload builds no MTP layer
     "model.moe_router_topk": "moe_topk",
     "model.moe_ffn_hidden_size": "moe_ffn_hidden_size",
     "model.moe_shared_expert_intermediate_size": "moe_shared_expert_size",
@@ -615,6 +616,8 @@ def _field_types() -> dict[str, str]:
 
 
 def _convert(name: str, text: str, where: str) -> Any:
+    if name == "mtp_layers":  # no RunConfig field: the architecture's, read (and refused unless 0) at parse time
+        return 0 if text in _NULLS else _convert("num_layers", text, where)
     kind = _field_types()[name]
     optional = "None" in kind
     if text in _NULLS:
@@ -819,10 +822,6 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         vocab_size=arch.vocab_size,
         gated=arch.gated_mlp,
     )
-    if arch.mtp_layers:
-        # a model with multi-token prediction runs here without it (the MTP layers are not built): its slices
-        # (recipes.models' deepseek_v3_8l) drop it; the full model is refused rather than run short of a layer
-        raise ConfigError(f"model {arch.name}: multi-token prediction is not wired into this payload")
     if arch.sliding_window:
         raise ConfigError(f"model {arch.name}: sliding-window attention is not wired into this payload")
     values.update({name: getattr(arch, name) for name in _ARCH_MOE})
@@ -863,6 +862,11 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
     if ns.fp8_recipe is not None:
         values["precision"] = "fp8"
     values.update(parse_overrides(ns.overrides))
+    if values.pop("mtp_layers", arch.mtp_layers):
+        # a model with multi-token prediction runs here without it (the MTP layers are not built): its slices
+        # (recipes.models' deepseek_v3_8l, model.mtp_num_layers=null) drop it; the full model is refused rather
+        # than run short of a layer
+        raise ConfigError(f"model {arch.name}: multi-token prediction is not wired into this payload")
     preset = dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
