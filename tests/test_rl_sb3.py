@@ -70,7 +70,7 @@ def test_train_policy_then_the_policy_agent_runs_a_study_with_it(tmp_path):
     policy = tmp_path / "policy.safetensors"
     res = dse("train-policy", SPACE, "--out", policy, "--steps", "256", "--twins", "2")
     assert res.exit_code == 0, res.output
-    assert policy.is_file() and "twins 1000..1001" in res.output
+    assert policy.is_file() and "2 twins (seeds 1000..1001;" in res.output
     assert policy.read_bytes()[8:9] == b"{"  # a safetensors file: a JSON header, then the arrays
     # a relative path is relative to the space file, not to the working directory
     space = policy_space(tmp_path, "policy.safetensors")
