@@ -58,8 +58,21 @@ PRIORS: dict[str, Prior] = {
     # Centred at the low end, FlashAttention-2's: centred at 0.5, the fold of bench/model_sources.py without NeMo's
     # long-sequence rows (the only Hopper rows where attention dominates) ended at 0.53 and over-predicted them by 23%
     "attn_eff": Prior(0.34, 0.5),
-    # Blackwell (cuDNN): no kernel benchmark in the reference set; FlashAttention-3's Hopper figure, as loose
-    "attn_eff_blackwell": Prior(0.50, 0.5),
+    # Blackwell: cuDNN's fused attention, which Transformer Engine 2.x selects on compute capability 9.0 and newer
+    # whenever FlashAttention could also run (NVIDIA/TransformerEngine v2.3, get_attention_backend in
+    # transformer_engine/pytorch/attention/dot_product_attention/utils.py: "Disabling FlashAttention to give
+    # FusedAttention preference on Hopper+"; attention.py in v2.1), alone on one B200 (cuDNN 9.10.2, NGC PyTorch 25.06,
+    # Llama 3.1 405B's heads: 128 query, 8 KV, head dim 128, causal; NVIDIA/cudnn-frontend
+    # benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv): forward 1,332-1,419 and
+    # backward 1,048-1,109 TFLOP/s at 16k-128k, forward + backward 1,120-1,183 (0.50-0.53 of the 2,250 peak). The model
+    # prices the softmax's exponentials apart, in series, at the SFUs' 5 tera/s
+    # (dse.perfmodel.model.flash_attention_time: 0.88 of the peak's time per causal FLOP forward and once more
+    # backward), so the same kernel times give a tensor-core share of 0.66-0.71: centred there, on the oldest cuDNN with
+    # a published Blackwell figure (cuDNN 9.17 on GB200 in the same benchmark reaches 0.56-0.57 of GB200's peak at
+    # 16k-32k). Before, centred on FlashAttention-3's Hopper figure (0.5) for want of a Blackwell one, the fold of
+    # bench/model_sources.py without NeMo 25.04's long-sequence rows (the only Blackwell rows where attention dominates)
+    # ended at 0.51 and under-predicted them by 11%
+    "attn_eff_blackwell": Prior(0.69, 0.5),
     # Blackwell Ultra's sustained tensor rate over GB200's: the same quoted peaks, so centred on 1; the 1.4 vs
     # 1.2 kW power budget (1.17x) bounds it loosely (log width 0.25)
     "ultra_tensor_ratio": Prior(1.0, 0.25, "log"),
