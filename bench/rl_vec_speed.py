@@ -14,7 +14,10 @@ It needs only dse and its runtime dependencies (``pip install .`` from the sourc
 extra): gymnasium and numpy come with dse, and the space is a shipped one.
 
     python bench/rl_vec_speed.py [--space conf/spaces/nemotron3_8b_space.toml] [--steps 1000]
-                                 [--envs 1 2 4 8 16] [--modes sync async]
+                                 [--envs 1 2 4 8 16] [--modes sync async] [--on-disk]
+
+``--on-disk`` gives each sub-environment a directory of its own where every point's run goes through the study's
+own path (the log written, compressed and parsed), the heavier step that async workers share out.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import os
 import platform
 import resource
+import tempfile
 import time
 
 import gymnasium as gym
@@ -56,9 +60,25 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def measure(mode: str, n: int, space: str, steps: int, budget: int, warmup: int) -> tuple[float, float, int]:
+def make_vec(mode: str, n: int, space: str, budget: int, disk_root: str | None) -> gym.vector.VectorEnv:
+    """``gym.make_vec`` in memory; on disk, the same vector form built from one ``gym.make`` per sub-environment,
+    since each needs a directory of its own (``make_vec`` passes every sub-environment the same arguments)."""
+    if disk_root is None:
+        return gym.make_vec("dse/Recipe-v0", num_envs=n, vectorization_mode=mode, space=space, budget=budget)
+
+    def one(i: int):
+        out = os.path.join(disk_root, f"env{i}")
+        return lambda: gym.make("dse/Recipe-v0", space=space, budget=budget, in_memory=False, out_dir=out)
+
+    form = gym.vector.SyncVectorEnv if mode == "sync" else gym.vector.AsyncVectorEnv
+    return form([one(i) for i in range(n)])
+
+
+def measure(
+    mode: str, n: int, space: str, steps: int, budget: int, warmup: int, disk_root: str | None = None
+) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, steps) of ``steps`` random steps per sub-environment of one vector env."""
-    vec = gym.make_vec("dse/Recipe-v0", num_envs=n, vectorization_mode=mode, space=space, budget=budget)
+    vec = make_vec(mode, n, space, budget, disk_root)
     rng = np.random.default_rng(0)
     nvec = vec.single_action_space.nvec
     try:
@@ -89,19 +109,27 @@ def main() -> None:
     ap.add_argument("--envs", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
     ap.add_argument("--budget", type=int, default=50)
+    ap.add_argument(
+        "--on-disk",
+        action="store_true",
+        help="each sub-environment runs its points through the study's own path (logs written, compressed, parsed)",
+    )
     a = ap.parse_args()
     before = os.getloadavg()
     print(
         f"machine: {usable_cpus()} usable CPUs of {os.cpu_count()}, {cpu_model()}; load average "
         f"{before[0]:.1f} {before[1]:.1f} {before[2]:.1f} before"
     )
-    print(f"space {a.space}, sim backend in memory, {a.steps} random steps per sub-environment (measured)")
+    where = "runs on disk, a directory per sub-environment" if a.on_disk else "sim backend in memory"
+    print(f"space {a.space}, {where}, {a.steps} random steps per sub-environment (measured)")
     print("| mode | num_envs | steps | wall s | steps/s | speed-up over 1 | steps per CPU-second |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for mode in a.modes:
         base = None
         for n in a.envs:
-            wall, cpu, total = measure(mode, n, a.space, a.steps, a.budget, a.warmup)
+            with tempfile.TemporaryDirectory() as tmp:
+                disk_root = tmp if a.on_disk else None
+                wall, cpu, total = measure(mode, n, a.space, a.steps, a.budget, a.warmup, disk_root)
             rate = total / wall
             base = base or rate
             per_cpu = f"{total / cpu:,.0f}" if cpu > 0 else "-"
