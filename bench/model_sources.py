@@ -3,6 +3,8 @@
     PYTHONPATH=. python bench/model_sources.py     # every source predicted by a fit that never saw it: MAPE per
                                                    # source and per class, Spearman per (model, GPU) group
     PYTHONPATH=. python bench/model_accuracy.py --by-source   # the same, after model_accuracy's own figures
+    PYTHONPATH=. python bench/model_sources.py --terms llama3_405b:h100   # a group's rows under the shipped
+                                                   # parameters with their time terms (no folds)
 
 A *source* is one document that published throughput: a container's performance summary (Megatron-Bridge 25.09 to
 26.06, NeMo 24.07 to 25.07), NeMo's long-sequence tables, a paper (Narayanan et al. 2021, the Llama 3 paper). Each
@@ -211,6 +213,38 @@ def spearman_groups(results: list[dict], min_layouts: int = 3) -> None:
         print(f"  {good} of {len(rhos)} groups at rho >= 0.9; lowest {min(rhos):+.2f}")
 
 
+def terms(dense: list[dict], moe: list[dict], groups: list[str]) -> None:
+    """Every row of the (model, GPU) ``groups`` (``MODEL:GPU``, as the Spearman lines name them) under the shipped
+    parameters: published and predicted tokens/s/GPU, and the prediction's time terms (seconds per step) that are not
+    zero; what ranks a group's layouts in the model, printed without the folds (seconds, not minutes)."""
+    want = {tuple(g.split(":", 1)) for g in groups}
+    known = {(x["row"]["model"], x["row"]["gpu"]) for x in dense + moe}
+    unknown = sorted(want - known)
+    if unknown:
+        raise SystemExit(
+            f"no published row is in group {':'.join(unknown[0])}; known: "
+            + ", ".join(f"{m}:{g}" for m, g in sorted(known))
+        )
+    print("== rows of the named groups, shipped parameters: published, predicted tokens/s/GPU, error; time terms (s)")
+    for x in sorted(dense + moe, key=lambda x: (x["row"]["model"], x["row"]["gpu"], x["layout"], x["row"]["id"])):
+        r = x["row"]
+        if (r["model"], r["gpu"]) not in want:
+            continue
+        p = predict(x["trial"])
+        pub = float(r["tokens_per_s_per_gpu"])
+        lay = " ".join(f"{k} {r[k]}" for k in ("num_gpus", "precision", "gbs", "mbs", "tp", "pp", "cp", "vp"))
+        print(
+            f"  {r['source_key']:17s} {r['id']:52s} {lay}  published {pub:8.1f} predicted "
+            f"{p.tokens_per_s_per_gpu:8.1f} {100 * (p.tokens_per_s_per_gpu / pub - 1):+6.1f}%"
+        )
+        shown = {
+            k[len("time.") : -len("_s")]: v
+            for k, v in p.breakdown.items()
+            if k.startswith("time.") and k.endswith("_s") and k != "time.per_microbatch_s" and v >= 0.0005
+        }
+        print("      " + ", ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dense-only", action="store_true", help="only the dense rows")
@@ -228,7 +262,18 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY",
         help="only the folds of these sources (source_key values; the figures are then over their rows alone)",
     )
+    ap.add_argument(
+        "--terms",
+        nargs="+",
+        default=(),
+        metavar="MODEL:GPU",
+        help="only print the rows of these (model, GPU) groups under the shipped parameters with their time terms "
+        "(e.g. llama3_405b:h100); no folds",
+    )
     args = ap.parse_args(argv)
+    if args.terms:
+        terms(dense_rows(), moe_rows(), list(args.terms))
+        return
     print("== folds")
     results = run_folds(
         dense_rows(),

@@ -82,3 +82,17 @@ def test_the_folds_can_be_narrowed_to_named_sources():
 def test_an_unknown_source_is_refused_naming_the_known_ones():
     with pytest.raises(SystemExit, match="no published row has source_key nope; known: .*bridge-26.06"):
         model_sources.run_folds(model_sources.dense_rows(), [], refit_dense=False, only=("nope",))
+
+
+def test_terms_prints_a_groups_rows_with_their_time_terms(capsys):
+    model_sources.main(["--terms", "llama3_70b:h100"])
+    out = capsys.readouterr().out
+    rows = [x for x in model_sources.dense_rows() if (x["row"]["model"], x["row"]["gpu"]) == ("llama3_70b", "h100")]
+    assert rows and all(x["row"]["id"] in out for x in rows)
+    assert "layer_compute" in out and "published" in out and "predicted" in out
+    assert "fold" not in out  # no folds are run
+
+
+def test_terms_refuses_an_unknown_group_naming_the_known_ones():
+    with pytest.raises(SystemExit, match="no published row is in group nope:h100; known: .*llama3_70b:h100"):
+        model_sources.main(["--terms", "nope:h100"])
