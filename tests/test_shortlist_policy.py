@@ -66,6 +66,23 @@ def test_an_out_of_memory_run_lowers_the_rank_of_points_near_the_border():
         c.point(5)
 
 
+def test_a_run_below_its_forecast_lowers_the_points_like_it_most():
+    """The estimate is the guided agent's residual model: one run 10% below its forecast lowers every point (the
+    model's bias) but the points sharing its knob values more, so a point of other values overtakes its neighbour;
+    a neighbour's uncertainty narrows more than that of a point sharing nothing with the run."""
+    keys = np.array([[0, 0], [0, 1], [1, 1]])
+    c = cd.Shortlist(keys, [1.0, 0.99, 0.98], [10.0] * 3, [80.0] * 3, budget=10)
+    c.observation()
+    assert list(c.slots[:3]) == [0, 1, 2]  # the model's order before any run
+    c.observe(0, "ok", 0.9)
+    est, sd = c.estimates(), c.spread()
+    assert est[1] < np.log(0.99) and est[2] < np.log(0.98)  # every point lowered (the model's overall bias)
+    assert est[1] - np.log(0.99) < est[2] - np.log(0.98)  # its neighbour (knob value 0 shared) more
+    assert sd[1] < sd[2]
+    c.observation()
+    assert list(c.slots[:2]) == [2, 1]
+
+
 def test_a_point_forecast_just_beyond_the_memory_is_not_put_last():
     """A soft margin, not a cut: the best point forecast at 100.4% of the GPU's memory is about as likely to fit
     as not, and comes before much slower points that surely fit; one far beyond the memory comes last."""

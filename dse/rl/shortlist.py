@@ -22,16 +22,20 @@ fit as not): the normal probability of the point's forecast headroom less the mo
 one error shared by the search's points, learned from the measured peaks of its runs (and from a run that ran out
 of memory where the error so far said it fits), as the guided agent learns its memory border.
 
-The estimate of a point: its forecast (log), plus, per knob, the mean residual (log measured - log forecast) of the
-``ok`` runs sharing the point's value of that knob, shrunk towards the overall mean residual by ``SHRINK`` pseudo
-runs; averaged over the knobs. A point shares its knob values with many others, so a few runs correct the model's
-ranking of the whole space. This is how the learned policy (:mod:`dse.rl.policy`, ``encoding = "shortlist"``)
-sees a search: in training (:class:`ShortlistEnv`, a view of :class:`dse.rl.searchgame.SearchGame`) and as the
-``policy`` agent (:mod:`dse.agents.policy`).
+The estimate of a point and its uncertainty: its forecast (log), plus the guided agent's residual model (with its
+priors) of the ``ok`` runs: a Bayesian linear model of log measured - log forecast over the model's overall bias,
+each knob value and each pair of values of two knobs. A point shares its knob values with many others, so a few
+runs correct the model's ranking of the whole space, and a run corrects most the points most like it: a first run
+below its forecast lowers the points that share its knob values more than the others (a per-knob mean of the
+runs' residuals, shrunk to their overall mean, moves every point alike after one run: the model's order stands).
+This is how the learned policy (:mod:`dse.rl.policy`, ``encoding = "shortlist"``) sees a search: in training
+(:class:`ShortlistEnv`, a view of :class:`dse.rl.searchgame.SearchGame`) and as the ``policy`` agent
+(:mod:`dse.agents.policy`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -44,13 +48,14 @@ from scipy.special import ndtr
 from dse.rl.searchgame import SearchGame, action_of
 
 SLOTS = 16  # candidates per proposal
-SHRINK = 2.0  # pseudo runs at the overall mean residual, per knob value
-# The ranking's uncertainty, as the guided agent's priors (agents/guided.py): the scatter of a point's log
-# throughput about the model corrected by runs (SIGMA), plus KNOB per knob value and PAIR per pair of values no ok
-# run shares yet. The memory forecast's error, as a fraction of the GPU's memory: one error shared by the search's
-# points, prior sd MEM_SD (the guided agent's prior of a few GiB and a few percent, at a GPU's size), and each
-# point's scatter about it, MEM_NOISE (the training spaces' twins: 0.2-0.3% within a twin, the shared error's sd
-# across twins about 1%). FIT_WEIGHT: how much a point's rank drops per unit of -log(probability of fitting)
+# The estimate's residual model, with the guided agent's priors (agents/guided.py, its defaults): prior sd BIAS of
+# the model's overall bias, KNOB per knob value, PAIR per pair of values of two knobs, and SIGMA, the scatter of a
+# point's log throughput about the model corrected by runs. The memory forecast's error, as a fraction of the
+# GPU's memory: one error shared by the search's points, prior sd MEM_SD (the guided agent's prior of a few GiB and
+# a few percent, at a GPU's size), and each point's scatter about it, MEM_NOISE (the training spaces' twins:
+# 0.2-0.3% within a twin, the shared error's sd across twins about 1%). FIT_WEIGHT: how much a point's rank drops
+# per unit of -log(probability of fitting)
+BIAS = 0.15
 SIGMA = 0.03
 KNOB = 0.06
 PAIR = 0.04
@@ -113,8 +118,6 @@ class Shortlist:
         self.sizes = [int(self.keys[:, j].max()) + 1 if len(self.keys) else 1 for j in range(self.keys.shape[1])]
         self.index = {tuple(int(v) for v in k): i for i, k in enumerate(self.keys)}
         self.tried = np.zeros(len(self.base), dtype=bool)
-        self.resid = [np.zeros(n) for n in self.sizes]  # per knob value: sum of residuals of ok runs
-        self.ok_n = [np.zeros(n) for n in self.sizes]  # ok runs with that value
         self.run_n = [np.zeros(n) for n in self.sizes]  # launched runs with that value
         self.oom_n = [np.zeros(n) for n in self.sizes]
         self.resid_sum, self.ok_runs, self.runs = 0.0, 0, 0
@@ -124,6 +127,22 @@ class Shortlist:
         self.mem_oom: list[int] = []  # points that ran out of memory
         self.last = "none"
         self.slots = np.full(SLOTS, -1, dtype=np.int64)
+        # the residual model's features: per point, the columns of its intercept, knob values and pairs of values
+        n, k = self.keys.shape
+        cols, var, width = [np.zeros((n, 1), dtype=np.int64)], [BIAS**2], 1
+        for j, size in enumerate(self.sizes):
+            cols.append(width + self.keys[:, j : j + 1])
+            var += [KNOB**2] * size
+            width += size
+        for a, b in itertools.combinations(range(k), 2):
+            cols.append(width + (self.keys[:, a] * self.sizes[b] + self.keys[:, b])[:, None])
+            var += [PAIR**2] * (self.sizes[a] * self.sizes[b])
+            width += self.sizes[a] * self.sizes[b]
+        self.cols = np.concatenate(cols, axis=1)
+        self.prior_var = np.array(var)
+        self.ok_rows: list[int] = []  # ok runs: the point and its residual (log measured - log forecast)
+        self.ok_resid: list[float] = []
+        self._post: tuple[int, np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def of_game(cls, game: SearchGame) -> Shortlist:
@@ -152,23 +171,38 @@ class Shortlist:
             assert reward is not None
             u = utility(reward)
             r = u - self.base[i]
-            for j, v in enumerate(k):
-                self.resid[j][v] += r
-                self.ok_n[j][v] += 1
             self.resid_sum += r
             self.ok_runs += 1
+            self.ok_rows.append(i)
+            self.ok_resid.append(r)
             if u > self.best_u:
                 self.best_u, self.best = u, i
         self.last = "ok" if ok else "oom" if status == "oom" else "other"
 
+    def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every point's estimate (log) and its uncertainty: the guided agent's residual model (agents/guided.py)
+        with its priors: the forecast plus a Bayesian linear model of the residual (log measured - log forecast)
+        over an intercept (the model's overall bias, prior sd ``BIAS``), each knob value (``KNOB``) and each pair of
+        values of two knobs (``PAIR``), each ok run an observation with ``SIGMA`` scatter; the uncertainty includes
+        the point's own scatter. Kept until the next ok run."""
+        if self._post is not None and self._post[0] == len(self.ok_rows):
+            return self._post[1], self._post[2]
+        A = np.diag(1.0 / self.prior_var)
+        b = np.zeros(len(self.prior_var))
+        for i, r in zip(self.ok_rows, self.ok_resid):
+            c = self.cols[i]
+            A[np.ix_(c, c)] += 1.0 / SIGMA**2
+            b[c] += r / SIGMA**2
+        cov = np.linalg.inv(A)
+        w = cov @ b
+        mean = self.base + w[self.cols].sum(axis=1)
+        var = cov[self.cols[:, :, None], self.cols[:, None, :]].sum(axis=(1, 2)) + SIGMA**2
+        self._post = (len(self.ok_rows), mean, np.sqrt(np.maximum(var, 1e-12)))
+        return mean, self._post[2]
+
     def estimates(self) -> np.ndarray:
-        """Every point's estimate (log): its forecast corrected by the runs sharing its knob values (module doc)."""
-        mean = self.resid_sum / self.ok_runs if self.ok_runs else 0.0
-        corr = np.zeros(len(self.base))
-        for j in range(self.keys.shape[1]):
-            per_value = (self.resid[j] + SHRINK * mean) / (self.ok_n[j] + SHRINK)
-            corr += per_value[self.keys[:, j]]
-        return self.base + corr / max(self.keys.shape[1], 1)
+        """Every point's estimate (log): its forecast corrected by the runs (:meth:`_posterior`)."""
+        return self._posterior()[0]
 
     def memory_error(self) -> tuple[float, float]:
         """The model's memory error on this search (measured peak - forecast, as a fraction of the GPU's memory):
@@ -196,14 +230,9 @@ class Shortlist:
         return _cdf((1.0 - self.mem - mean) / math.sqrt(var + MEM_NOISE**2))
 
     def spread(self) -> np.ndarray:
-        """Per point: the uncertainty (log) of its estimate, as the guided agent's prior has it: ``SIGMA``, ``KNOB``
-        for each of its knob values no ok run shares yet, and ``PAIR`` for each pair of its knob values with one
-        such value in it."""
-        k = self.keys.shape[1]
-        u = sum((self.ok_n[j] == 0)[self.keys[:, j]] for j in range(k)) if k else np.zeros(len(self.base))
-        u = np.asarray(u, dtype=float)
-        pairs = u * (k - 1) - u * (u - 1) / 2
-        return np.sqrt(SIGMA**2 + KNOB**2 * u + PAIR**2 * pairs)
+        """Per point: the uncertainty (log) of its estimate (:meth:`_posterior`): the guided agent's prior, narrowed
+        by the runs that share the point's knob values and pairs of values."""
+        return self._posterior()[1]
 
     def acquisition(self, est: np.ndarray, sd: np.ndarray, fit: np.ndarray) -> np.ndarray:
         """Per point: its probability of fitting times its expected improvement over the best found (before any ok
