@@ -171,9 +171,12 @@ def test_workers_on_one_postgresql_study_never_run_a_point_twice(tmp_path, refer
     records = store.records()
     store.close()
     check_workers(records, ref, list(space.knobs), valid_count(space))
-    # a worker that started after the others had claimed every point ran none (and made no trials/ folder)
+    # each point ran in exactly one worker's directory; a worker that started after the others had claimed every
+    # point ran none (and made no trials/ folder). How many workers got work is the OS's scheduling, not dse's: on a
+    # loaded 2-core machine one worker claimed all 84 millisecond trials before the other had started (seen in CI),
+    # so sharing is not asserted here; that a claimed point is never claimed again is (test_a_done_point_...).
     ran = [len(list(d.iterdir())) if (d := tmp_path / f"w{i}" / "trials").is_dir() else 0 for i in range(workers)]
-    assert sum(ran) == valid_count(space) and sum(n > 0 for n in ran) >= 2  # the work was shared
+    assert sum(ran) == valid_count(space) and max(ran) > 0
 
 
 def test_a_claim_is_renewed_while_its_worker_lives(tmp_path):
