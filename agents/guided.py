@@ -43,7 +43,6 @@ lines, and needs no Monte-Carlo integration.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +53,7 @@ from scipy.special import ndtr
 
 from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
+from dse.perfmodel.residual import SIGMA, TAU_BIAS, TAU_KNOB, TAU_PAIR, ResidualModel
 
 MAX_POINTS = 200_000  # every point is screened and kept as a feature row
 
@@ -76,10 +76,10 @@ class GuidedOptions(NoOptions):
     """``[search.options]`` of the guided agent (the defaults are the ones measured in the README)."""
 
     # relative rewards and probabilities: bounded far beyond any useful value, finite
-    tau_bias: float = Field(0.15, gt=0, le=100, allow_inf_nan=False)
-    tau_knob: float = Field(0.06, gt=0, le=100, allow_inf_nan=False)
-    tau_pair: float = Field(0.04, gt=0, le=100, allow_inf_nan=False)
-    sigma: float = Field(0.03, gt=0, le=100, allow_inf_nan=False)
+    tau_bias: float = Field(TAU_BIAS, gt=0, le=100, allow_inf_nan=False)
+    tau_knob: float = Field(TAU_KNOB, gt=0, le=100, allow_inf_nan=False)
+    tau_pair: float = Field(TAU_PAIR, gt=0, le=100, allow_inf_nan=False)
+    sigma: float = Field(SIGMA, gt=0, le=100, allow_inf_nan=False)
     min_gain: float = Field(0.005, ge=0, le=100, allow_inf_nan=False)
     stop_prob: float = Field(0.02, gt=0, lt=1, allow_inf_nan=False)
     # the study's memory screen ([search] screen_margin; None: off)
@@ -100,10 +100,10 @@ class GuidedAgent(Agent):
         action_space,
         *,
         forecast: Forecaster | None = None,
-        tau_bias: float = 0.15,
-        tau_knob: float = 0.06,
-        tau_pair: float = 0.04,
-        sigma: float = 0.03,
+        tau_bias: float = TAU_BIAS,
+        tau_knob: float = TAU_KNOB,
+        tau_pair: float = TAU_PAIR,
+        sigma: float = SIGMA,
         min_gain: float = 0.005,
         stop_prob: float = 0.02,
         screen_margin: float | None = None,
@@ -142,7 +142,9 @@ class GuidedAgent(Agent):
         self.base = np.array(base) if forecast is not None else np.zeros(n)
         self.peak = np.array(peak) if forecast is not None else np.zeros(n)
         self.cap = np.array(cap) if forecast is not None else np.full(n, np.inf)
-        self.phi, self.prior_var = self._features(np.array(keys, dtype=int).reshape(n, len(self.sizes)))
+        # without a forecast the effects are of the order of the rewards' own scatter: the priors relative to tau_knob
+        tb, tk, tp = self.tau if forecast is not None else (tau_bias / tau_knob, 1.0, tau_pair / tau_knob)
+        self.residual = ResidualModel(np.array(keys, dtype=int).reshape(n, len(self.sizes)), tb, tk, tp, sigma)
         self.tried = np.zeros(n, dtype=bool)
         self.obs_rows: list[int] = []
         self.obs_u: list[float] = []
@@ -154,23 +156,6 @@ class GuidedAgent(Agent):
         self._post: tuple[np.ndarray, np.ndarray] | None = None
         self.pending: dict[int, float] = {}  # row in flight -> the u believed for it (its mean when proposed)
 
-    # -- features --------------------------------------------------------------------------------------
-    def _features(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One-hot rows: intercept, each (knob, value), each pair of values of two knobs; prior variances."""
-        n, k = keys.shape
-        cols = [np.ones((n, 1))]
-        var = [self.tau[0] ** 2]
-        offsets = []
-        for j, size in enumerate(self.sizes):
-            cols.append(np.eye(size)[keys[:, j]] if n else np.zeros((0, size)))
-            var += [self.tau[1] ** 2] * size
-            offsets.append(size)
-        for a, b in itertools.combinations(range(k), 2):
-            size = self.sizes[a] * self.sizes[b]
-            cols.append(np.eye(size)[keys[:, a] * self.sizes[b] + keys[:, b]] if n else np.zeros((0, size)))
-            var += [self.tau[2] ** 2] * size
-        return np.hstack(cols), np.array(var)
-
     # -- learning --------------------------------------------------------------------------------------
     def _scale(self) -> float:
         """Units of u: log throughput with a forecast; the scatter of the rewards without one."""
@@ -181,23 +166,15 @@ class GuidedAgent(Agent):
         return max(abs(self.obs_u[0]), 1.0) if self.obs_u else 1.0
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of u at every point (the residual model's posterior plus the model)."""
+        """Mean and standard deviation of u at every point: the model plus the residual model's posterior
+        (:class:`dse.perfmodel.residual.ResidualModel`; without a forecast, of the rewards themselves, in units of
+        their scatter)."""
         if self._post is not None:
             return self._post
-        scale = self._scale()
-        prior_var = self.prior_var * (scale**2 if self.forecast is None else 1.0)
-        sigma2 = (self.sigma * (scale if self.forecast is None else 1.0)) ** 2
-        if self.forecast is None:  # no model: effects of the order of the rewards' own scatter
-            prior_var = prior_var / self.tau[1] ** 2
         rows = self.obs_rows + list(self.pending)  # in flight: believed at their mean (kriging believer)
-        X = self.phi[rows]
         y = np.array(self.obs_u + list(self.pending.values()), dtype=float) - self.base[rows]
-        A = X.T @ X / sigma2 + np.diag(1.0 / prior_var)
-        cov = np.linalg.inv(A)
-        w = cov @ (X.T @ y) / sigma2 if len(y) else np.zeros(len(prior_var))
-        mean = self.base + self.phi @ w
-        var = np.einsum("ij,jk,ik->i", self.phi, cov, self.phi) + sigma2  # the point's own scatter too
-        self._post = (mean, np.sqrt(np.maximum(var, 1e-12)))
+        mean, sd = self.residual.posterior(rows, y, scale=self._scale())
+        self._post = (self.base + mean, sd)
         return self._post
 
     def _fit_probability(self) -> np.ndarray:

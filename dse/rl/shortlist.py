@@ -35,7 +35,6 @@ This is how the learned policy (:mod:`dse.rl.policy`, ``encoding = "shortlist"``
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -45,20 +44,15 @@ import numpy as np
 from gymnasium import spaces
 from scipy.special import ndtr
 
+from dse.perfmodel.residual import SIGMA, TAU_BIAS, TAU_KNOB, TAU_PAIR, ResidualModel
 from dse.rl.searchgame import SearchGame, action_of
 
 SLOTS = 16  # candidates per proposal
-# The estimate's residual model, with the guided agent's priors (agents/guided.py, its defaults): prior sd BIAS of
-# the model's overall bias, KNOB per knob value, PAIR per pair of values of two knobs, and SIGMA, the scatter of a
-# point's log throughput about the model corrected by runs. The memory forecast's error, as a fraction of the
-# GPU's memory: one error shared by the search's points, prior sd MEM_SD (the guided agent's prior of a few GiB and
-# a few percent, at a GPU's size), and each point's scatter about it, MEM_NOISE (the training spaces' twins:
-# 0.2-0.3% within a twin, the shared error's sd across twins about 1%). FIT_WEIGHT: how much a point's rank drops
+# The estimate's residual model has the guided agent's default priors (dse.perfmodel.residual). The memory
+# forecast's error, as a fraction of the GPU's memory: one error shared by the search's points, prior sd MEM_SD (the
+# guided agent's prior of a few GiB and a few percent, at a GPU's size), and each point's scatter about it,
+# MEM_NOISE (the training spaces' twins: 0.2-0.3% within a twin, the shared error's sd across twins about 1%). FIT_WEIGHT: how much a point's rank drops
 # per unit of -log(probability of fitting)
-BIAS = 0.15
-SIGMA = 0.03
-KNOB = 0.06
-PAIR = 0.04
 MEM_SD = 0.05
 MEM_NOISE = 0.01
 FIT_WEIGHT = 0.1
@@ -127,19 +121,7 @@ class Shortlist:
         self.mem_oom: list[int] = []  # points that ran out of memory
         self.last = "none"
         self.slots = np.full(SLOTS, -1, dtype=np.int64)
-        # the residual model's features: per point, the columns of its intercept, knob values and pairs of values
-        n, k = self.keys.shape
-        cols, var, width = [np.zeros((n, 1), dtype=np.int64)], [BIAS**2], 1
-        for j, size in enumerate(self.sizes):
-            cols.append(width + self.keys[:, j : j + 1])
-            var += [KNOB**2] * size
-            width += size
-        for a, b in itertools.combinations(range(k), 2):
-            cols.append(width + (self.keys[:, a] * self.sizes[b] + self.keys[:, b])[:, None])
-            var += [PAIR**2] * (self.sizes[a] * self.sizes[b])
-            width += self.sizes[a] * self.sizes[b]
-        self.cols = np.concatenate(cols, axis=1)
-        self.prior_var = np.array(var)
+        self.residual = ResidualModel(self.keys, TAU_BIAS, TAU_KNOB, TAU_PAIR, SIGMA)
         self.ok_rows: list[int] = []  # ok runs: the point and its residual (log measured - log forecast)
         self.ok_resid: list[float] = []
         self._post: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -180,25 +162,14 @@ class Shortlist:
         self.last = "ok" if ok else "oom" if status == "oom" else "other"
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every point's estimate (log) and its uncertainty: the guided agent's residual model (agents/guided.py)
-        with its priors: the forecast plus a Bayesian linear model of the residual (log measured - log forecast)
-        over an intercept (the model's overall bias, prior sd ``BIAS``), each knob value (``KNOB``) and each pair of
-        values of two knobs (``PAIR``), each ok run an observation with ``SIGMA`` scatter; the uncertainty includes
-        the point's own scatter. Kept until the next ok run."""
+        """Every point's estimate (log) and its uncertainty: the forecast plus the guided agent's residual model
+        (:class:`dse.perfmodel.residual.ResidualModel`, with the guided agent's default priors) of the ok runs' residuals (log measured - log forecast); the uncertainty includes the
+        point's own scatter. Kept until the next ok run."""
         if self._post is not None and self._post[0] == len(self.ok_rows):
             return self._post[1], self._post[2]
-        A = np.diag(1.0 / self.prior_var)
-        b = np.zeros(len(self.prior_var))
-        for i, r in zip(self.ok_rows, self.ok_resid):
-            c = self.cols[i]
-            A[np.ix_(c, c)] += 1.0 / SIGMA**2
-            b[c] += r / SIGMA**2
-        cov = np.linalg.inv(A)
-        w = cov @ b
-        mean = self.base + w[self.cols].sum(axis=1)
-        var = cov[self.cols[:, :, None], self.cols[:, None, :]].sum(axis=(1, 2)) + SIGMA**2
-        self._post = (len(self.ok_rows), mean, np.sqrt(np.maximum(var, 1e-12)))
-        return mean, self._post[2]
+        mean, sd = self.residual.posterior(self.ok_rows, self.ok_resid)
+        self._post = (len(self.ok_rows), self.base + mean, sd)
+        return self._post[1], sd
 
     def estimates(self) -> np.ndarray:
         """Every point's estimate (log): its forecast corrected by the runs (:meth:`_posterior`)."""
