@@ -195,6 +195,39 @@ def test_the_suite_exports_episodes_that_obey_the_environment_and_replay_exactly
             replays_exactly(ds, e, None if ts < 0 else {"twin_seed": ts})
 
 
+def test_the_whole_test_split_exports_over_a_thousand_episodes_that_reload_and_replay(tmp_path, monkeypatch):
+    """The benchmark's dataset at its size: every benchmark of the test split, 28 twins (a replay: 28 agent seeds)
+    each played by random and guided (1,008 episodes over 18 benchmarks), reloaded with Minari; every episode
+    obeys the environment's rules and the first twin's two episodes of each dataset replay exactly."""
+    from dse.envs import suite
+    from dse.results.offline import to_minari_suite
+
+    ids = [b.id for b in suite.benchmarks("test") if b.available]
+    out = to_minari_suite("test", episodes=28, datasets_path=tmp_path / "ds")
+    assert out.episodes == 56 * len(ids) and len(out.datasets) == len(ids)
+    if len(ids) == len(suite.benchmarks("test")):
+        assert out.episodes >= 1_000
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "ds"))
+    total = 0
+    for (dataset_id, n, _, _), bid in zip(out.datasets, ids):
+        ds = minari.load_dataset(dataset_id)
+        b = suite.get(bid)
+        assert ds.total_episodes == n == 56
+        eps = list(ds.iterate_episodes())
+        total += len(eps)
+        returns = np.array([e.rewards.sum() for e in eps])
+        agent = np.array([e.infos["agent"][0] for e in eps])
+        norm = minari.get_normalized_score(ds, returns)
+        assert norm[agent == 0].mean() == pytest.approx(0) and norm[agent == 1].mean() == pytest.approx(1)
+        for e in eps:
+            ends = e.terminations | e.truncations
+            assert ends[-1] and not ends[:-1].any() and e.infos["launched"].sum() <= b.budget
+        for e in eps[:2]:
+            ts = int(e.infos["twin_seed"][0])
+            replays_exactly(ds, e, None if ts < 0 else {"twin_seed": ts})
+    assert total == out.episodes
+
+
 def test_the_suite_export_refuses_bad_arguments_in_one_line(tmp_path):
     runner = CliRunner()
     base = ["export", "minari-suite", "--datasets-path", str(tmp_path), "--episodes", "1"]
