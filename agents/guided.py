@@ -10,7 +10,8 @@ What it keeps (all refitted after every observation, in well under a second on t
   scatter. Why not the MAP parameter fit of ``bench/model_accuracy.py --fit``: it needs the model's physics
   inside the agent and a simplex per step, and it cannot learn errors the physics does not have (the
   layout effects a real cluster shows); the residual model learns both from a few runs and refits in
-  milliseconds with numpy.
+  milliseconds with numpy (:class:`dse.perfmodel.residual.ResidualModel`, in its kernel form: its cost grows with
+  the runs, not with the space's knob values and pairs, so a 200,000-point space keeps no feature matrix).
 * **Memory border**: measured peak minus predicted peak as ``a + b * predicted`` (Bayesian, priors of a few
   GiB and a few percent), from the peaks of successful runs; an out-of-memory run whose point the current
   fit says fits adds a pseudo-observation just past the GPU's memory. The probability that a point fits is
@@ -55,7 +56,7 @@ from dse.agents.base import Action, Agent, Forecaster, NoOptions
 from dse.errors import UserError
 from dse.perfmodel.residual import SIGMA, TAU_BIAS, TAU_KNOB, TAU_PAIR, ResidualModel
 
-MAX_POINTS = 200_000  # every point is screened and kept as a feature row
+MAX_POINTS = 200_000  # every point is screened and kept (its knob values, forecast and memory)
 
 
 def _cdf(z: np.ndarray) -> np.ndarray:
