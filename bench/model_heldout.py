@@ -9,7 +9,9 @@ Data: ``bench/data/published_perf_heldout.tsv`` — NeMo 24.03/24.07/25.02/25.04
 25.09/25.11/26.02 performance summaries (rows absent from the calibration table), NeMo's long-sequence
 tables (context parallelism up to 1M tokens), Narayanan et al. 2021, Table 1 (GPT 1.7B-1T on A100), and NVIDIA's
 DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking v25.03: Llama 3.1 8B / 70B / 405B and Nemotron 4 15B /
-340B on H100 in BF16 and delayed-scaling FP8, NeMo 24.09 and 24.12, at the smallest and largest scale of each table).
+340B on H100 in BF16 and delayed-scaling FP8, NeMo 24.09 and 24.12; v24.11.1: the Llama 3.1 tables in NeMo 24.09;
+v25.04: the Llama 3.1 tables in NeMo 25.02.01, NeMo 2's performance scripts; each at the smallest and largest
+scale of its table).
 Architectures outside ``recipes.models`` are ``--model-file`` TOMLs in ``bench/data/heldout_models/``.
 Columns beyond the calibration table's: ``recompute``, ``sp``, ``tp_comm_overlap`` (as the source's recipe
 ran; NVIDIA's recipes overlap TP communication whenever tp > 1, the 2021 paper predates it),
