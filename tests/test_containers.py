@@ -99,6 +99,23 @@ def test_the_container_family_scales_the_prediction_by_its_efficiency():
     assert _tokens("26.04", "gb200", ultra) == _tokens("25.11", "gb200", ultra)
 
 
+def test_a_family_fitted_on_one_architecture_scales_that_architecture_only():
+    # NeMo 25.0x's efficiency is its Blackwell rows': on B200 it scales the rates, on H100 and A100 the family runs
+    # at the reference's (25.11)
+    assert resolve("25.02").family.arch == "blackwell"
+    slow = DEFAULT_PARAMS.with_values(container_eff_nemo25=0.8)
+    for gpu in ("h100", "a100"):
+        assert _tokens("25.02", gpu, slow) == _tokens("25.11", gpu, slow)
+    assert _tokens("25.02", "b200", slow) < 0.9 * _tokens("25.11", "b200", slow)
+
+
+def test_every_family_arch_is_a_gpu_architecture():
+    from dse.facts.hardware import HARDWARE
+
+    archs = {g.arch for g in HARDWARE.values()}
+    assert all(f.arch is None or f.arch in archs for f in FAMILIES)
+
+
 GB200_70B_NVFP4 = dict(tp=1, pp=4, vp=5, mbs=1, gbs=256, precision="nvfp4", fsdp=False, cpu_offload_layers=0)
 
 

@@ -227,7 +227,7 @@ class Machine:
         # the tensor cores' sustained rate relative to the quoted dense peak: 1 except on Blackwell Ultra, whose
         # larger power budget keeps the clock up (dse.facts.hardware.GpuSpec.blackwell_ultra; a fitted parameter), times
         # what the container family's software reaches (container_efficiency)
-        sw, sw_ultra = container_efficiency(P, layout.container)
+        sw, sw_ultra = container_efficiency(P, layout.container, gpu.arch)
         tensor_ratio = (P.ultra_tensor_ratio * sw_ultra if gpu.blackwell_ultra else 1.0) * sw
         bf16_peak = gpu.bf16_tflops * 1e12 * tensor_ratio
         bf16_gemm = bf16_peak * bf16_gemm_efficiency(P, gpu.arch)
@@ -275,14 +275,15 @@ def bf16_gemm_efficiency(params: Params, arch: str) -> float:
 _FAMILIES = {f.name: f for f in FAMILIES}
 
 
-def container_efficiency(params: Params, family: str) -> tuple[float, float]:
-    """(the family's factor on every GPU's tensor-core rates, its further factor on Blackwell Ultra's) under
-    ``params``: the family's fitted ``Params`` fields (dse.facts.containers.ContainerFamily.param, .ultra_param), 1 for
-    the reference family and for a name no family has."""
+def container_efficiency(params: Params, family: str, arch: str) -> tuple[float, float]:
+    """(the family's factor on the tensor-core rates of a GPU of architecture ``arch``, its further factor on
+    Blackwell Ultra's) under ``params``: the family's fitted ``Params`` fields (dse.facts.containers.ContainerFamily
+    .param, on the architecture its ``arch`` names or on every one, and .ultra_param), 1 for the reference family and
+    for a name no family has."""
     fam = _FAMILIES.get(family)
     if fam is None:
         return 1.0, 1.0
-    general = getattr(params, fam.param) if fam.param else 1.0
+    general = getattr(params, fam.param) if fam.param and fam.arch in (None, arch) else 1.0
     ultra = getattr(params, fam.ultra_param) if fam.ultra_param else 1.0
     return general, ultra
 
