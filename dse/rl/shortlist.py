@@ -51,8 +51,8 @@ SLOTS = 16  # candidates per proposal
 # The estimate's residual model has the guided agent's default priors (dse.perfmodel.residual). The memory
 # forecast's error, as a fraction of the GPU's memory: one error shared by the search's points, prior sd MEM_SD (the
 # guided agent's prior of a few GiB and a few percent, at a GPU's size), and each point's scatter about it,
-# MEM_NOISE (the training spaces' twins: 0.2-0.3% within a twin, the shared error's sd across twins about 1%). FIT_WEIGHT: how much a point's rank drops
-# per unit of -log(probability of fitting)
+# MEM_NOISE (the training spaces' twins: 0.2-0.3% within a twin, the shared error's sd across twins about 1%).
+# FIT_WEIGHT: how much a point's rank drops per unit of -log(probability of fitting)
 MEM_SD = 0.05
 MEM_NOISE = 0.01
 FIT_WEIGHT = 0.1
@@ -114,7 +114,7 @@ class Shortlist:
         self.tried = np.zeros(len(self.base), dtype=bool)
         self.run_n = [np.zeros(n) for n in self.sizes]  # launched runs with that value
         self.oom_n = [np.zeros(n) for n in self.sizes]
-        self.resid_sum, self.ok_runs, self.runs = 0.0, 0, 0
+        self.runs = 0
         self.best_u = -math.inf
         self.best: int | None = None
         self.mem_ok: list[tuple[int, float]] = []  # ok runs with a measured peak: (point, measured - forecast)
@@ -153,8 +153,6 @@ class Shortlist:
             assert reward is not None
             u = utility(reward)
             r = u - self.base[i]
-            self.resid_sum += r
-            self.ok_runs += 1
             self.ok_rows.append(i)
             self.ok_resid.append(r)
             if u > self.best_u:
@@ -163,8 +161,9 @@ class Shortlist:
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Every point's estimate (log) and its uncertainty: the forecast plus the guided agent's residual model
-        (:class:`dse.perfmodel.residual.ResidualModel`, with the guided agent's default priors) of the ok runs' residuals (log measured - log forecast); the uncertainty includes the
-        point's own scatter. Kept until the next ok run."""
+        (:class:`dse.perfmodel.residual.ResidualModel`, with the guided agent's default priors) of the ok runs'
+        residuals (log measured - log forecast); the uncertainty includes the point's own scatter. Kept until the next
+        ok run."""
         if self._post is not None and self._post[0] == len(self.ok_rows):
             return self._post[1], self._post[2]
         mean, sd = self.residual.posterior(self.ok_rows, self.ok_resid)
@@ -236,7 +235,7 @@ class Shortlist:
         self.slots[:] = -1
         self.slots[: len(order)] = order
         best_u = self.best_u if self.best is not None else self.ref - 0.5
-        mean = self.resid_sum / self.ok_runs if self.ok_runs else 0.0
+        mean = sum(self.ok_resid) / len(self.ok_resid) if self.ok_resid else 0.0
         head = [
             SCALE * (best_u - self.ref),
             self.runs / self.budget,
