@@ -119,8 +119,7 @@ class GuidedAgent(Agent):
                 field="search.agent",
             )
         self.forecast = forecast
-        self.tau = (tau_bias, tau_knob, tau_pair)
-        self.sigma, self.min_gain, self.stop_prob = sigma, min_gain, stop_prob
+        self.min_gain, self.stop_prob = min_gain, stop_prob
         self._rng = np.random.default_rng(self.seed)
         keys, base, peak, cap = [], [], [], []
         for key in self.all_keys():
@@ -144,7 +143,9 @@ class GuidedAgent(Agent):
         self.peak = np.array(peak) if forecast is not None else np.zeros(n)
         self.cap = np.array(cap) if forecast is not None else np.full(n, np.inf)
         # without a forecast the effects are of the order of the rewards' own scatter: the priors relative to tau_knob
-        tb, tk, tp = self.tau if forecast is not None else (tau_bias / tau_knob, 1.0, tau_pair / tau_knob)
+        tb, tk, tp = (
+            (tau_bias, tau_knob, tau_pair) if forecast is not None else (tau_bias / tau_knob, 1.0, tau_pair / tau_knob)
+        )
         self.residual = ResidualModel(np.array(keys, dtype=int).reshape(n, len(self.sizes)), tb, tk, tp, sigma)
         self.tried = np.zeros(n, dtype=bool)
         self.obs_rows: list[int] = []
