@@ -34,14 +34,14 @@ def _probe_dir(tmp_path: Path) -> Path:
 
 def test_the_shipped_probes_calibrate_as_docs_say():
     """docs/probe.md: dse calibrate bench/data/h100_dse_probe/l70b: the probes' peaks against the model's allocator
-    part of their stage (2.0% shipped, 2.1% fitted), their step times against its compute of the stage (2.7% shipped,
-    2.2% fitted)."""
+    part of their stage (2.0% shipped, 2.1% fitted), their step times against its compute of the stage (2.8% shipped,
+    2.4% fitted)."""
     from dse.perfmodel.calibrate import calibrate
 
     cal, _ = calibrate([DSE_PROBE / "l70b"], loo=False)
     assert cal.runs == 4
     assert round(cal.fit["before"]["memory_mape"], 1) == 2.0 and round(cal.fit["after"]["memory_mape"], 1) == 2.1
-    assert round(cal.fit["before"]["step_time_mape"], 1) == 2.7 and round(cal.fit["after"]["step_time_mape"], 1) == 2.2
+    assert round(cal.fit["before"]["step_time_mape"], 1) == 2.8 and round(cal.fit["after"]["step_time_mape"], 1) == 2.4
 
 
 def test_probes_are_stage_peaks_the_model_is_measured_against(tmp_path):

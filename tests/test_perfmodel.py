@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from pathlib import Path
 
@@ -497,12 +498,14 @@ def test_mxfp8_gemm_ratio_prices_only_mxfp8_gemms():
     assert step(0.8, precision="fp8", fp8_recipe="mxfp8") > step(1.0, precision="fp8", fp8_recipe="mxfp8")
 
 
-def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials():
+def test_blackwell_ultra_doubled_sfus_cut_only_the_softmax_exponentials(monkeypatch):
     """GB300 and GB200 share dense peaks, HBM bandwidth and NVLink; without data parallelism and with the same
     NIC the step differs only by the softmax exponentials: one per causal score element forward, one backward,
     at each GPU's special-function-unit rate (dse.facts.hardware). Blackwell Ultra's sustained tensor rate is set to
-    GB200's here (ultra_tensor_ratio=1), and the Grace host's time per layer off (host_layer_s_grace=0: these
-    layers are shorter than it), to isolate the exponentials."""
+    GB200's here (ultra_tensor_ratio=1), its SM count too (160 against 148: the GEMMs' waves differ), and the Grace
+    host's time per layer off (host_layer_s_grace=0: these layers are shorter than it), to isolate the
+    exponentials."""
+    monkeypatch.setitem(HARDWARE, "gb300", dataclasses.replace(HARDWARE["gb300"], sms=HARDWARE["gb200"].sms))
     arch = RECIPES["llama3_8b"].arch
     kw = dict(
         num_gpus=4,
@@ -550,3 +553,47 @@ def test_context_parallel_ring_merges_cost_their_bytes(monkeypatch):
     assert with_merge.step_time_s - without.step_time_s == pytest.approx(per_step, rel=1e-2)
     assert rec.step_time_s - rec_without.step_time_s == pytest.approx(per_step + m * arch.num_layers * fwd, rel=1e-2)
     assert with_merge.step_time_s - without.step_time_s < per_step
+
+
+def test_wave_utilisation_counts_the_idle_sms_of_the_last_wave():
+    """A GEMM's 128 x 128 output tiles run one per SM at a time: 36 tiles busy 36 of H100's 132 SMs, a multiple of
+    the SMs busies them all, one tile more adds a wave that runs nearly empty; a GPU of unknown SM count loses
+    nothing."""
+    from dse.perfmodel.model import wave_utilisation
+
+    assert wave_utilisation(6 * 128, 6 * 128, 132) == pytest.approx(36 / 132)
+    assert wave_utilisation(12 * 128, 11 * 128, 132) == 1.0
+    assert wave_utilisation(12 * 128, 11 * 128 + 1, 132) == pytest.approx(144 / 264)
+    assert wave_utilisation(100.0, 100.0, 132) == pytest.approx(1 / 132)  # a part tile is a whole tile
+    assert wave_utilisation(6 * 128, 6 * 128, 0) == 1.0
+
+
+def test_userbuffers_split_gemms_keep_fewer_sms_busy():
+    """With userbuffers (tp_comm_overlap) each all-gather + GEMM and GEMM + reduce-scatter runs as one GEMM per TP
+    rank's chunk of the tokens: Llama 3.1 405B at TP 8, CP 2 on H100 multiplies 512-row chunks, whose waves leave
+    SMs idle, so the layer's GEMM time grows while its FLOPs do not; without the overlap, and on a GPU of unknown SM
+    count, the GEMMs are the roofline of their FLOPs and bytes alone."""
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
+    from dse.perfmodel.model import gemm_backward_time, gemm_chunk_rows, gemm_forward_time, linear_shapes
+
+    arch = RECIPES["llama3_405b"].arch
+    kw = dict(num_gpus=1024, tp=8, pp=8, cp=2, vp=8, mbs=1, gbs=512, seq_length=8192, precision="fp8")
+
+    def gemm_s(gpu, overlap: bool) -> float:
+        layout = ModelLayout(**kw, tp_comm_overlap=overlap)
+        shape = Shape.of(arch, layout)
+        machine = Machine.of(gpu, DEFAULT_PARAMS, layout)
+        rows = gemm_chunk_rows(shape, layout)
+        assert rows == (shape.tokens / 8 if overlap else shape.tokens)
+        return gemm_forward_time(shape, machine, rows) + gemm_backward_time(shape, machine, rows)
+
+    h100 = HARDWARE["h100"]
+    assert gemm_s(h100, True) > 1.05 * gemm_s(h100, False)
+    blind = dataclasses.replace(h100, sms=0)
+    assert gemm_s(blind, True) == gemm_s(blind, False)
+    layout = ModelLayout(**kw)
+    shape, machine = Shape.of(arch, layout), Machine.of(blind, DEFAULT_PARAMS, layout)
+    T, g = shape.tokens, machine.gemm_input_bytes
+    flops = sum(2.0 * T * k * n for k, n, _ in linear_shapes(shape))
+    nbytes = sum((T * k + k * n) * g + 2.0 * T * n for k, n, _ in linear_shapes(shape))
+    assert gemm_s(blind, False) == pytest.approx(3.0 * (flops / machine.gemm_rate + nbytes / machine.hbm_Bps))

@@ -62,6 +62,11 @@ class GpuSpec:
     # GPUs with one Grace CPU (GB200 NVL72 product page); x86 on HGX / DGX (DGX H100: Xeon 8480C, DGX B200:
     # Xeon 8570). The model's host-time term (timing.Params.host_layer_s_grace) applies to Grace hosts
     grace_host: bool = False
+    # streaming multiprocessors: a GEMM's output tiles run in waves of one per SM, so a GEMM with few tiles, or a
+    # tile count just past a multiple of the SMs, leaves some idle (dse.perfmodel.model.wave_utilisation). A100 108
+    # and H100 SXM 132 (the Ampere and Hopper architecture whitepapers; H200 is the same chip), B200 148 (2 dies of
+    # 74), Blackwell Ultra 160 (NVIDIA, Hot Chips 2025: "160 SMs"); 0: unknown, no wave loss
+    sms: int = 0
 
     @property
     def fp8(self) -> bool:
@@ -102,10 +107,12 @@ HARDWARE: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         #        name     arch         bf16    fp8     fp4      mem   HBM GB/s  NVLink  domain gpn  NIC Gb/s  host GB/s  UB
-        GpuSpec("a100", "ampere", 312.0, None, None, 80.0, 2039.0, 600.0, 8, 8, 200.0, 32.0, None),
-        GpuSpec("h100", "hopper", 989.0, 1979.0, None, 80.0, 3350.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
-        GpuSpec("h200", "hopper", 989.0, 1979.0, None, 141.0, 4800.0, 900.0, 8, 8, 400.0, 64.0, "h100"),
-        GpuSpec("b200", "blackwell", 2250.0, 4500.0, 9000.0, 180.0, 8000.0, 1800.0, 8, 8, 400.0, 64.0, "b200", 5.0),
+        GpuSpec("a100", "ampere", 312.0, None, None, 80.0, 2039.0, 600.0, 8, 8, 200.0, 32.0, None, sms=108),
+        GpuSpec("h100", "hopper", 989.0, 1979.0, None, 80.0, 3350.0, 900.0, 8, 8, 400.0, 64.0, "h100", sms=132),
+        GpuSpec("h200", "hopper", 989.0, 1979.0, None, 141.0, 4800.0, 900.0, 8, 8, 400.0, 64.0, "h100", sms=132),
+        GpuSpec(
+            "b200", "blackwell", 2250.0, 4500.0, 9000.0, 180.0, 8000.0, 1800.0, 8, 8, 400.0, 64.0, "b200", 5.0, sms=148
+        ),
         # HGX B300 (Blackwell Ultra, x86 host), per GPU, from NVIDIA's HGX platform page for an 8-GPU HGX B300:
         # FP16/BF16 36 PF and FP8 72 PF with 2:4 sparsity, so 2.25 and 4.5 PF dense (as B200: the HGX part runs at
         # a lower power than GB300's, and NVIDIA quotes B200's peaks for it), dense FP4 108 PF (13.5 PF per GPU),
@@ -116,7 +123,23 @@ HARDWARE: dict[str, GpuSpec] = {
         # (DGX B300: Intel Xeon 6) are Gen5, so 64 GB/s each way as on B200 (an assumption: no published figure).
         # blackwell_ultra stays False: GB300's sustained rate over its quoted peaks is fitted from GB300 rows at
         # GB300's power; no published B300 row says whether the HGX part holds it too, so B300 runs at its quotes.
-        GpuSpec("b300", "blackwell", 2250.0, 4500.0, 13500.0, 279.0, 8000.0, 1800.0, 8, 8, 800.0, 64.0, "b200", 10.7),
+        GpuSpec(
+            "b300",
+            "blackwell",
+            2250.0,
+            4500.0,
+            13500.0,
+            279.0,
+            8000.0,
+            1800.0,
+            8,
+            8,
+            800.0,
+            64.0,
+            "b200",
+            10.7,
+            sms=160,
+        ),
         GpuSpec(
             "gb200",
             "blackwell",
@@ -133,6 +156,7 @@ HARDWARE: dict[str, GpuSpec] = {
             "b200",
             5.0,
             grace_host=True,
+            sms=148,
         ),
         # GB300 (Blackwell Ultra), per GPU: dense BF16 2.5 and FP8 5 PFLOP/s, as GB200 (GB300 NVL72 product page:
         # 180 PF dense BF16 and 360 PF dense FP8 for 72 GPUs; Blackwell Ultra raises dense NVFP4 to 15 PF, not FP8:
@@ -158,6 +182,7 @@ HARDWARE: dict[str, GpuSpec] = {
             10.7,
             blackwell_ultra=True,
             grace_host=True,
+            sms=160,
         ),
     )
 }

@@ -356,17 +356,71 @@ def quant_bytes(layout: ModelLayout, machine: Machine) -> float:
 # ---- one transformer layer, one micro-batch, on this GPU ---------------------------------------------------------
 
 
-def gemm_forward_time(shape: Shape, machine: Machine) -> float:
-    """The layer's four GEMMs (QKV, projection, fc1, fc2), forward: FLOPs at the GEMM rate plus their inputs,
-    weights and outputs through HBM (a roofline sum). The backward's two GEMMs per weight take twice as long."""
-    arch, t, T = shape.arch, shape.tp, shape.tokens
-    h, a, d, F = arch.hidden_size, arch.num_attention_heads, shape.head_dim, arch.ffn_hidden_size
-    qkv_n, fc1_n, g_in = shape.qkv_cols, shape.fc1_cols, machine.gemm_input_bytes
-    gemm_flops = 2.0 * T * h * (qkv_n + a * d / t + fc1_n + F / t)
-    gemm_bytes = (T * (h + a * d / t + h + F / t) + h * (qkv_n + a * d / t + fc1_n + F / t)) * g_in + 2.0 * T * (
-        qkv_n + h + fc1_n + h
-    )
-    return gemm_flops / machine.gemm_rate + gemm_bytes / machine.hbm_Bps
+# The output tile of one thread block of a training GEMM, square: 128 x 128, CUTLASS 3.x's default tile for its sm90
+# warp-specialised GEMMs (cuBLAS picks among several tiles per shape; one tile for all is the model's simplification).
+# Chosen with the published rows in view: a 128 x 256 tile fits them worse (bench/README.md has both)
+GEMM_TILE = 128.0
+
+
+def wave_utilisation(rows: float, cols: float, sms: int) -> float:
+    """The share of the GPU's SMs a GEMM with a ``rows`` x ``cols`` output keeps busy: its output tiles
+    (:data:`GEMM_TILE` square) run one per SM at a time, in waves, so a GEMM of few tiles, or of a tile count just past
+    a multiple of the SMs, leaves SMs idle in its last wave (132 SMs on H100: 36 tiles use 27% of them, 140 tiles 53%).
+    1 for a GPU whose SM count is unknown (``GpuSpec.sms`` 0)."""
+    if sms <= 0:
+        return 1.0
+    tiles = math.ceil(rows / GEMM_TILE) * math.ceil(cols / GEMM_TILE)
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
+def linear_shapes(shape: Shape) -> tuple[tuple[float, float, bool], ...]:
+    """The layer's four linear layers on this GPU, QKV, projection, fc1, fc2, as (K, N, whether the gradient of the
+    output is all-gathered before the dgrad GEMM): the row-parallel projection and fc2 reduce-scatter their output
+    under sequence parallelism, so their output gradient is gathered; the column-parallel QKV and fc1 gather their
+    input instead."""
+    arch, t, h = shape.arch, shape.tp, shape.arch.hidden_size
+    a, d, F = arch.num_attention_heads, shape.head_dim, arch.ffn_hidden_size
+    return ((h, shape.qkv_cols, False), (a * d / t, h, True), (h, shape.fc1_cols, False), (F / t, h, True))
+
+
+def gemm_chunk_rows(shape: Shape, layout: ModelLayout) -> float:
+    """The rows of one GEMM call of a pass that overlaps a TP collective: with userbuffers (``tp_comm_overlap``)
+    Transformer Engine splits each all-gather + GEMM and GEMM + reduce-scatter into one GEMM per TP rank's chunk of
+    the tokens (the ring-exchange overlap of NeMo's and Megatron-Bridge's presets; their pipelined reduce-scatters
+    split into 4, taken as TP chunks too), T / tp rows each; otherwise one GEMM over the micro-batch's T tokens."""
+    t = shape.tp
+    return shape.tokens / t if (layout.tp_comm_overlap and t > 1) else shape.tokens
+
+
+def _gemm_bytes(shape: Shape, machine: Machine, linears: tuple[tuple[float, float, bool], ...]) -> float:
+    """One pass's HBM bytes of ``linears``: their inputs and weights at the GEMM's input width, bf16 outputs."""
+    T, g_in = shape.tokens, machine.gemm_input_bytes
+    return sum((T * k + k * n) * g_in + 2.0 * T * n for k, n, _ in linears)
+
+
+def gemm_forward_time(shape: Shape, machine: Machine, chunk_rows: float | None = None, mlp_only: bool = False) -> float:
+    """The layer's four GEMMs (QKV, projection, fc1, fc2), or with ``mlp_only`` fc1 and fc2, forward: FLOPs at the
+    GEMM rate over the SMs their waves keep busy (:func:`wave_utilisation` of a ``chunk_rows`` x N output, the
+    micro-batch's tokens unless a TP overlap splits them: :func:`gemm_chunk_rows`) plus their inputs, weights and
+    outputs through HBM (a roofline sum)."""
+    rows = shape.tokens if chunk_rows is None else chunk_rows
+    linears = linear_shapes(shape)[2:] if mlp_only else linear_shapes(shape)
+    sms, T = machine.gpu.sms, shape.tokens
+    flops = sum(2.0 * T * k * n / wave_utilisation(rows, n, sms) for k, n, _ in linears)
+    return flops / machine.gemm_rate + _gemm_bytes(shape, machine, linears) / machine.hbm_Bps
+
+
+def gemm_backward_time(shape: Shape, machine: Machine, chunk_rows: float | None = None) -> float:
+    """The layer's GEMMs backward: per linear layer the dgrad (output T x K; split into ``chunk_rows`` chunks where
+    the output gradient is gathered by a TP overlap) and the wgrad (output K x N, summed over the tokens), each as
+    many FLOPs as the forward, over the SMs their waves keep busy; twice the forward's bytes through HBM."""
+    rows = shape.tokens if chunk_rows is None else chunk_rows
+    sms, T = machine.gpu.sms, shape.tokens
+    flops = 0.0
+    for k, n, gathered in linear_shapes(shape):
+        flops += 2.0 * T * k * n / wave_utilisation(rows if gathered else T, k, sms)
+        flops += 2.0 * T * k * n / wave_utilisation(k, n, sms)
+    return flops / machine.gemm_rate + 2.0 * _gemm_bytes(shape, machine, linear_shapes(shape)) / machine.hbm_Bps
 
 
 def unfused_attention_time(shape: Shape, layout: ModelLayout, machine: Machine) -> tuple[float, float]:
@@ -466,13 +520,9 @@ def cp_exposed_time(shape: Shape, machine: Machine, attention_fwd_bwd: float) ->
     return _exposed(cp_comm, machine.params.cp_overlap * attention_fwd_bwd)
 
 
-def mlp_gemm_forward_time(shape: Shape, machine: Machine) -> float:
+def mlp_gemm_forward_time(shape: Shape, machine: Machine, chunk_rows: float | None = None) -> float:
     """The MLP's two GEMMs (fc1, fc2), forward: the fc1/fc2 part of :func:`gemm_forward_time`."""
-    arch, t, T = shape.arch, shape.tp, shape.tokens
-    h, F, fc1_n, g_in = arch.hidden_size, arch.ffn_hidden_size, shape.fc1_cols, machine.gemm_input_bytes
-    flops = 2.0 * T * h * (fc1_n + F / t)
-    nbytes = (T * (h + F / t) + h * (fc1_n + F / t)) * g_in + 2.0 * T * (fc1_n + h)
-    return flops / machine.gemm_rate + nbytes / machine.hbm_Bps
+    return gemm_forward_time(shape, machine, chunk_rows, mlp_only=True)
 
 
 def selective_recompute_time(
@@ -496,7 +546,8 @@ def selective_recompute_time(
         if machine.fp8:
             act_bytes += 3.0 * (shape.hidden_sp + F / t)  # fc1 and fc2 inputs cast again (read 2, write 1)
         collectives = 2.0 * tp_one * (1.0 - tp_hidden) if layout.sp else 0.0
-        total += mlp_gemm_forward_time(shape, machine) + T * act_bytes * P.elementwise_scale / machine.hbm_Bps
+        total += mlp_gemm_forward_time(shape, machine, gemm_chunk_rows(shape, layout))
+        total += T * act_bytes * P.elementwise_scale / machine.hbm_Bps
         total += collectives
     return total
 
@@ -544,7 +595,7 @@ def host_layer_time(machine: Machine, layout: ModelLayout) -> float:
 
 @dataclass(slots=True)
 class LayerTime:
-    """One transformer layer, one micro-batch, on this GPU (seconds). ``compute``: three times the forward GEMMs,
+    """One transformer layer, one micro-batch, on this GPU (seconds). ``compute``: the GEMMs forward and backward,
     attention, element-wise kernels and a fixed overhead; ``tp_collective``: one TP collective, of which
     ``tp_hidden`` is hidden; ``host_wait``: what the layer waits for the host beyond its GPU time."""
 
@@ -616,11 +667,13 @@ def layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: Stack
     if _moe.moe_arch(shape.arch):
         return moe_layer_time(shape, layout, machine, stack)
     P = machine.params
-    gemm_fwd = gemm_forward_time(shape, machine)
+    rows = gemm_chunk_rows(shape, layout)
+    gemm_fwd = gemm_forward_time(shape, machine, rows)
+    gemm_bwd = gemm_backward_time(shape, machine, rows)
     attn_fwd, attn_fb = attention_time(shape, layout, machine)
     elem = elementwise_time(shape, layout, machine, stack)
     # the fixed per-layer overhead is launch gaps and small kernels: a graph replays the part it captures back to back
-    compute = 3.0 * gemm_fwd + attn_fb + elem + P.layer_overhead_s * (1.0 - layout.graph_share)
+    compute = gemm_fwd + gemm_bwd + attn_fb + elem + P.layer_overhead_s * (1.0 - layout.graph_share)
     # tensor parallel: 4 all-gather/reduce-scatter (or 2 all-reduce) forward and as many backward
     tp_one = tp_collective_time(shape, machine)
     tp_hidden = tp_hidden_share(layout, P)

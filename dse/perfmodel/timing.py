@@ -17,8 +17,9 @@ from dataclasses import dataclass, fields, replace
 class Params:
     """Efficiencies, overlap fractions and overheads shared by every GPU, model and layout."""
 
-    # GEMMs: time = FLOPs / (peak · eff) + bytes / HBM bandwidth (a roofline sum, so that small GEMMs
-    # such as those of high-TP layouts run at a lower fraction of peak).
+    # GEMMs: time = FLOPs / (peak · eff · the share of the SMs their waves keep busy) + bytes / HBM bandwidth (a
+    # roofline sum, so that small GEMMs such as those of high-TP layouts run at a lower fraction of peak;
+    # dse.perfmodel.model.wave_utilisation).
     gemm_eff_bf16: float = 0.80  # fixed: 790 TFLOP/s of 989 for a large bf16 matmul measured on one H200
     # fixed: Blackwell's bf16 GEMMs reach the same fraction of their measured matmul ceiling as its FP8 GEMMs do of
     # theirs, so their efficiency is gemm_eff_fp8_blackwell (fitted on the published FP8 rows) times the ratio of
@@ -26,32 +27,32 @@ class Params:
     # (77.6%) and 3,432.5 of 4,500 in FP8 (76.3%) (stas00/ml-engineering insights/when-to-upgrade-gpus/README.md @
     # 2d872ed2, the MAMF tables), 77.6 / 76.3 = 1.017. Hopper's bf16 rate is the matmul ceiling itself
     # (gemm_eff_bf16), as the published H100 bf16 rows bear out; on Blackwell the fitted FP8 rate is 72% of the FP8
-    # ceiling (0.548 of 0.763) where Hopper's is 83% (0.611 of 0.734): training GEMMs there hold less of the
+    # ceiling (0.554 of 0.763) where Hopper's is 93% (0.680 of 0.734): training GEMMs there hold less of the
     # burst rate, and bf16's share is taken to be the same as FP8's. No published row is fitted to it
     bf16_over_fp8_eff_blackwell: float = 1.017
-    gemm_eff_fp8: float = 0.636  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
-    gemm_eff_fp8_blackwell: float = 0.5482  # fitted: the same on Blackwell (B200, GB200, GB300)
+    gemm_eff_fp8: float = 0.6798  # fitted: fraction of the dense FP8 peak that large FP8 GEMMs reach (Hopper)
+    gemm_eff_fp8_blackwell: float = 0.5542  # fitted: the same on Blackwell (B200, GB200, GB300)
     # flash attention (bf16): fraction of the bf16 peak over forward + backward (causal FLOPs, backward 2.5x the
     # forward), per architecture, since the kernels differ: Transformer Engine runs cuDNN's fused attention or
     # FlashAttention-3 on Hopper, cuDNN's Blackwell kernels on B200/GB200/GB300, FlashAttention-2 on Ampere
     # fitted: Hopper (prior centred on FlashAttention-2's H100 rate: dse.perfmodel.fit.PRIORS says why)
-    attn_eff: float = 0.3608
+    attn_eff: float = 0.3485
     # fitted: Blackwell, the tensor-core part only (the softmax exponentials are priced at the GPU table's
     # special-function-unit rate, so Blackwell Ultra's doubled SFUs speed GB300 up); prior centred on cuDNN's B200
     # kernel rate (dse.perfmodel.fit.PRIORS says why); 0.557 while it was centred on FlashAttention-3's Hopper 0.5
-    attn_eff_blackwell: float = 0.6367
+    attn_eff_blackwell: float = 0.6365
     # fixed: FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): forward + backward at 50-73% of the peak,
     # causal attention toward the low-middle of that range
     attn_eff_ampere: float = 0.56
     # fitted: Blackwell Ultra's (GB300) sustained tensor-core rate over GB200's at the same quoted dense peaks
     # (dse.facts.hardware.GpuSpec.blackwell_ultra); fitted with one GB300 row (bench/model_accuracy.py FIT_EXTRA)
-    ultra_tensor_ratio: float = 1.181
+    ultra_tensor_ratio: float = 1.182
     # fitted: MXFP8 GEMMs' rate over per-tensor-scaled FP8 GEMMs' (Blackwell); fitted with one MXFP8 row (FIT_EXTRA)
-    mxfp8_gemm_ratio: float = 0.9215
+    mxfp8_gemm_ratio: float = 0.9206
     # fitted: fraction of the dense NVFP4 peak (dse.facts.hardware's fp4_tflops) that NVFP4 GEMMs reach (Blackwell; block
     # scales applied inside the tensor-core pipeline); fitted with the others on the Megatron-Bridge 26.02 and 26.04
     # NVFP4 rows (bench/model_accuracy.py FIT_CONTAINERS); those of 26.02.01, 26.04.01 and 26.06 are held out
-    gemm_eff_nvfp4: float = 0.423
+    gemm_eff_nvfp4: float = 0.4255
     # fitted (kept at this value by the joint refit: bench/model_accuracy.py FIT_FIXED says why)
     elementwise_scale: float = 1.397  # fitted: HBM traffic of norms, RoPE, SwiGLU, casts vs. the byte count
     # fitted: the host's (CPU's) time per transformer layer and micro-batch, forward + backward, of a step that is
@@ -69,9 +70,9 @@ class Params:
     # family (Megatron-Bridge 25.x, the calibration table's containers): a factor on the tensor-core rates (GEMMs
     # and attention) that the family's kernels, libraries and framework reach. One per family, from the published
     # rows of its containers (bench/model_accuracy.py --fit); 1 for the reference and for rows of no known container
-    container_eff_nemo24: float = 0.9535
-    container_eff_nemo25: float = 0.8954
-    container_eff_bridge26: float = 1.011
+    container_eff_nemo24: float = 0.9658
+    container_eff_nemo25: float = 0.8969
+    container_eff_bridge26: float = 1.01
     # fitted: Blackwell Ultra's (GB300, B300) rate in the Megatron-Bridge 26.x containers over 25.x's, beyond the
     # family's factor above: the same GB300 Llama 3 70B layout went 4,520 -> 5,003 -> 5,243 tokens/s/GPU from
     # 25.11 to 26.02 to 26.04 while GB200's moved by a few percent either way (Megatron-Bridge
@@ -84,15 +85,15 @@ class Params:
     # 26.04 NVFP4 rows whose layers wait for Grace (GB200 70B, GB300 405B; bench/model_accuracy.py FIT_CONTAINERS):
     # 26.02's sit near the 25.x time, 26.04's below it, and one factor per family lands between (0.93 at the 11.4 ms
     # host time; at its prior's centre with the host time at 3 ms, for which no fitted layer waits)
-    container_host_bridge26: float = 1.0
+    container_host_bridge26: float = 0.9999
     # HBM traffic of unfused attention's score kernels (scale-mask-softmax, dropout, their backward) vs. the
     # byte count of model.unfused_score_bytes; 1 as counted, refitted by ``dse calibrate`` for a stack
     unfused_scores_scale: float = 1.0
-    nvlink_eff: float = 0.7932  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
-    scaleout_eff: float = 0.7904  # fitted: NCCL bus bandwidth / NIC line rate
-    tp_overlap: float = 0.6923  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
-    cp_overlap: float = 0.698  # fitted: share of the context-parallel KV ring hidden behind attention
-    dp_overlap: float = 0.8097  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
+    nvlink_eff: float = 0.7976  # fitted: NCCL bus bandwidth / one-way NVLink bandwidth
+    scaleout_eff: float = 0.7955  # fitted: NCCL bus bandwidth / NIC line rate
+    tp_overlap: float = 0.7427  # fitted: share of TP collectives hidden by userbuffers (tp_comm_overlap)
+    cp_overlap: float = 0.6987  # fitted: share of the context-parallel KV ring hidden behind attention
+    dp_overlap: float = 0.8106  # fitted: share of gradient reduce-scatter / parameter all-gather hidden
     # fixed
     tp_overlap_base: float = 0.25  # Megatron overlaps the backward all-gather / dgrad reduce with wgrad
     collective_latency_s: float = 10e-6  # per NCCL collective or send/recv (NCCL tests, small messages)
@@ -144,8 +145,8 @@ class Params:
     # Blackwell and the published rows' bf16 gradients, and after Blackwell's own bf16 GEMM rate
     # (bf16_over_fp8_eff_blackwell; moe_gemm_bf16_blackwell_ratio fell from 8.1 to 4.4 with it), and after current
     # scaling's amax pass (model.fp8_quant_bytes) and the dense refit with it, and after the dense refit with Blackwell
-    # attention's cuDNN prior (fit.PRIORS): the least cost of 19
-    # starts (bench/model_moe.py --starts)
+    # attention's cuDNN prior (fit.PRIORS), and after the GEMMs' wave utilisation (model.wave_utilisation) and the
+    # dense refit with it: the least cost of 19 starts (bench/model_moe.py --starts)
     # (moe_a2a_eff and moe_flex_speedup end outside their priors, and moe_a2a_nic_eff with moe_a2a_overlap is not
     # determined: the fit costs the same along a line of the two, which holds out 8.9-10.2%; few fitted rows cross
     # the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least determined
@@ -153,29 +154,29 @@ class Params:
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
     # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
     # per-micro-batch costs the model does not price end up here)
-    moe_gemm_m_half: float = 796.1
+    moe_gemm_m_half: float = 803.3
     # fitted: the rows per expert at half rate of a bf16 grouped expert GEMM on Blackwell over moe_gemm_m_half (the
     # published Blackwell rows run MXFP8, whose grouped path Transformer Engine fuses, or bf16, whose GroupedLinear
     # goes through cuBLASLt's grouped matmul: TransformerEngine issue 2939, 8 B300 in bf16 at Mixtral's shapes,
     # about twice the time of a loop of per-expert GEMMs, its split-K plans launching 6 times the GEMM kernels).
     # Prior 1-16: 1 is "no slower than MXFP8's grouped path" (dse.perfmodel.moe.grouped_m_half)
-    moe_gemm_bf16_blackwell_ratio: float = 4.752
+    moe_gemm_bf16_blackwell_ratio: float = 4.834
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
-    moe_a2a_eff: float = 0.2528
+    moe_a2a_eff: float = 0.2512
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
-    moe_a2a_nic_eff: float = 0.941
+    moe_a2a_nic_eff: float = 0.8044
     # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
     # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
     moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
-    moe_flex_speedup: float = 2.715
+    moe_flex_speedup: float = 2.695
     # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
     # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
-    moe_a2a_overlap: float = 0.5171
+    moe_a2a_overlap: float = 0.5181
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
@@ -191,14 +192,14 @@ class Params:
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
     # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
-    moe_layer_overhead_s: float = 0.001688
+    moe_layer_overhead_s: float = 0.001729
     # fitted: an x86 host's time to launch one MoE layer's forward pass (attention and MoE block), per micro-batch,
     # outside CUDA graphs; the dispatcher's host sync makes each MoE layer's forward wait for it
     # (moe.moe_sync_wait). Prior 0.5-5 ms: a few hundred PyTorch ops at 5-15 µs
-    moe_host_fwd_s: float = 0.004021
+    moe_host_fwd_s: float = 0.004024
     # fitted: a Grace host's time for it over an x86 host's (prior 1-3: 2.75 per PyTorch op in a micro-benchmark,
     # 37.08 vs 13.48 µs on a Xeon 8480C, TransformerEngine issue 2053; less where the time is not the CPU's)
-    moe_host_grace_ratio: float = 2.04
+    moe_host_grace_ratio: float = 2.039
     # measured: what each expert a GPU holds adds to an x86 host's launch of a MoE layer's forward (TE's grouped
     # GEMM still passes every local expert's weights and row count from Python and launches per expert on Hopper).
     # bench/moe_gpu_runs.py: the step time's slope over 8, 16 and 32 experts of the small MoE on one H200 with its
