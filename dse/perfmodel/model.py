@@ -398,6 +398,23 @@ def _gemm_bytes(shape: Shape, machine: Machine, linears: tuple[tuple[float, floa
     return sum((T * k + k * n) * g_in + 2.0 * T * n for k, n, _ in linears)
 
 
+# cached: the waves depend on the shapes and the GPU alone, and a fit or a grid evaluates the same layer many times
+@functools.lru_cache(maxsize=4096)
+def _wave_flops(
+    T: float, rows: float, sms: int, linears: tuple[tuple[float, float, bool], ...], backward: bool
+) -> float:
+    """The FLOPs of ``linears`` over ``T`` tokens, each GEMM's divided by the share of the SMs its waves keep busy
+    (:func:`wave_utilisation`): forward their ``rows`` x N outputs; backward the dgrad's (``rows`` x K where the
+    output gradient is gathered by a TP overlap, else T x K) and the wgrad's K x N."""
+    if not backward:
+        return sum(2.0 * T * k * n / wave_utilisation(rows, n, sms) for k, n, _ in linears)
+    flops = 0.0
+    for k, n, gathered in linears:
+        flops += 2.0 * T * k * n / wave_utilisation(rows if gathered else T, k, sms)
+        flops += 2.0 * T * k * n / wave_utilisation(k, n, sms)
+    return flops
+
+
 def gemm_forward_time(shape: Shape, machine: Machine, chunk_rows: float | None = None, mlp_only: bool = False) -> float:
     """The layer's four GEMMs (QKV, projection, fc1, fc2), or with ``mlp_only`` fc1 and fc2, forward: FLOPs at the
     GEMM rate over the SMs their waves keep busy (:func:`wave_utilisation` of a ``chunk_rows`` x N output, the
@@ -405,8 +422,7 @@ def gemm_forward_time(shape: Shape, machine: Machine, chunk_rows: float | None =
     outputs through HBM (a roofline sum)."""
     rows = shape.tokens if chunk_rows is None else chunk_rows
     linears = linear_shapes(shape)[2:] if mlp_only else linear_shapes(shape)
-    sms, T = machine.gpu.sms, shape.tokens
-    flops = sum(2.0 * T * k * n / wave_utilisation(rows, n, sms) for k, n, _ in linears)
+    flops = _wave_flops(shape.tokens, rows, machine.gpu.sms, linears, False)
     return flops / machine.gemm_rate + _gemm_bytes(shape, machine, linears) / machine.hbm_Bps
 
 
@@ -415,12 +431,9 @@ def gemm_backward_time(shape: Shape, machine: Machine, chunk_rows: float | None 
     the output gradient is gathered by a TP overlap) and the wgrad (output K x N, summed over the tokens), each as
     many FLOPs as the forward, over the SMs their waves keep busy; twice the forward's bytes through HBM."""
     rows = shape.tokens if chunk_rows is None else chunk_rows
-    sms, T = machine.gpu.sms, shape.tokens
-    flops = 0.0
-    for k, n, gathered in linear_shapes(shape):
-        flops += 2.0 * T * k * n / wave_utilisation(rows if gathered else T, k, sms)
-        flops += 2.0 * T * k * n / wave_utilisation(k, n, sms)
-    return flops / machine.gemm_rate + 2.0 * _gemm_bytes(shape, machine, linear_shapes(shape)) / machine.hbm_Bps
+    linears = linear_shapes(shape)
+    flops = _wave_flops(shape.tokens, rows, machine.gpu.sms, linears, True)
+    return flops / machine.gemm_rate + 2.0 * _gemm_bytes(shape, machine, linears) / machine.hbm_Bps
 
 
 def unfused_attention_time(shape: Shape, layout: ModelLayout, machine: Machine) -> tuple[float, float]:
