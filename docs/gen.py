@@ -192,8 +192,8 @@ def gpus_page() -> str:
         "TFLOP/s, bandwidths GB/s (NVLink: both directions per GPU), scale-out Gb/s per GPU.",
         "",
         "| GPU | arch | BF16 | FP8 | FP4 | memory GiB | HBM GB/s | NVLink GB/s | NVLink domain | GPUs/node | "
-        "NIC Gb/s | host link GB/s | userbuffers | Grace host |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "NIC Gb/s | host link GB/s | userbuffers | Grace host | SMs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def n(x: float | None) -> str:
@@ -204,7 +204,7 @@ def gpus_page() -> str:
             f"| `{g.name}` | {g.arch} | {n(g.bf16_tflops)} | {n(g.fp8_tflops)} | {n(g.fp4_tflops)} | "
             f"{n(g.memory_gib)} | {n(g.hbm_gbps)} | {n(g.nvlink_gbps)} | {g.nvlink_domain} | {g.gpus_per_node} | "
             f"{n(g.scaleout_gbps)} | {n(g.host_link_gbps)} | {g.userbuffer_family or '—'} | "
-            f"{'yes' if g.grace_host else ''} |"
+            f"{'yes' if g.grace_host else ''} | {g.sms or '—'} |"
         )
     out += ["", "## Sources", "", *(s + "\n" for s in sources)]
     return "\n".join(out)

@@ -19,6 +19,12 @@ HGX A100: PCIe Gen4 x16, 32 GB/s; HGX H100 / H200 / B200: PCIe Gen5 x16, 64 GB/s
 and HGX B300 the same (its GPUs have PCIe Gen6, its x86 hosts Gen5: an assumption); GB200 / GB300:
 NVLink-C2C, 900 GB/s both directions per Grace CPU (NVIDIA GB200 NVL72 and Grace Hopper product pages), i.e.
 450 GB/s each way, shared by the two GPUs of a Grace: 225 GB/s per GPU.
+
+Streaming multiprocessors (the GEMMs' waves, ``dse.perfmodel.model.wave_utilisation``): A100 108 and H100 SXM5
+132 (NVIDIA's A100 and H100 architecture whitepapers; H200 is the same chip as H100), B200 148 (two dies of 74; the
+count B200's CUDA device properties report, which public CUTLASS and CuTe kernels for B200 hard-code), GB200's
+Blackwell GPUs the same, Blackwell Ultra (B300, GB300) 160 (NVIDIA's Blackwell Ultra description at Hot Chips
+2025).
 """
 
 from __future__ import annotations
@@ -63,9 +69,8 @@ class GpuSpec:
     # Xeon 8570). The model's host-time term (timing.Params.host_layer_s_grace) applies to Grace hosts
     grace_host: bool = False
     # streaming multiprocessors: a GEMM's output tiles run in waves of one per SM, so a GEMM with few tiles, or a
-    # tile count just past a multiple of the SMs, leaves some idle (dse.perfmodel.model.wave_utilisation). A100 108
-    # and H100 SXM 132 (the Ampere and Hopper architecture whitepapers; H200 is the same chip), B200 148 (2 dies of
-    # 74), Blackwell Ultra 160 (NVIDIA, Hot Chips 2025: "160 SMs"); 0: unknown, no wave loss
+    # tile count just past a multiple of the SMs, leaves some idle (dse.perfmodel.model.wave_utilisation; the
+    # module's docstring gives the sources); 0: unknown, no wave loss
     sms: int = 0
 
     @property
