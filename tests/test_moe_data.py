@@ -27,9 +27,12 @@ def test_only_the_26_04_rows_are_fitted():
     assert {r["split"] for r in ROWS} == {"fit", "heldout"}
 
 
-# GPT-OSS's published TFLOP/s count its sliding-window attention their own way (0.83-0.89 of dse's count), so the
-# check holds for the other Megatron-Bridge models, whose published count is the model's to 1%
-CHECKED = [r for r in ROWS if r["id"].startswith("mb") and r["model"] != "gpt_oss_120b" and r["tflops_per_gpu"]]
+# GPT-OSS's published TFLOP/s count its sliding-window attention their own way (0.83-0.89 of dse's count), so
+# the check holds for the other Megatron-Bridge models, whose published count is the model's to 1%, and for the DGX
+# Cloud recipes' rows (their READMEs' TFLOPS_per_GPU, Megatron's own count)
+CHECKED = [
+    r for r in ROWS if r["id"].startswith(("mb", "dgxc")) and r["model"] != "gpt_oss_120b" and r["tflops_per_gpu"]
+]
 
 
 @pytest.mark.parametrize("row", CHECKED, ids=lambda r: r["id"])
@@ -39,6 +42,13 @@ def test_published_tflops_match_tokens_times_model_flops(row):
     per_token = model_flops_per_step(arch, gbs, seq) / (gbs * seq)
     ratio = float(row["tflops_per_gpu"]) * 1e12 / (float(row["tokens_per_s_per_gpu"]) * per_token)
     assert ratio == pytest.approx(1.0, abs=0.01)
+
+
+def test_every_held_out_row_has_a_source_class():
+    """Each held-out row's source is one of the report's classes (a new source needs its label)."""
+    assert {model_moe.source_class(r) for r in ROWS if r["split"] == "heldout"} == {
+        label for _, label in model_moe.SOURCE_CLASSES
+    }
 
 
 def test_group_spearman_is_one_point_per_layout_at_its_mean(capsys):
