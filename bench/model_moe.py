@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dse.facts.containers import row_container  # noqa: E402
 from dse.perfmodel import DEFAULT_PARAMS, predict  # noqa: E402
 from dse.perfmodel.stack import published_stack_name  # noqa: E402
 from dse.perfmodel.timing import MOE_FITTED, Params  # noqa: E402
@@ -104,6 +105,8 @@ def row_trial(row: dict):
     # (set_{deepseek,gpt_oss,qwen3}_common_configs: cfg.ddp.grad_reduce_in_fp32 = False, from v0.2.1) and NeMo 2's
     # Mixtral performance mode (recipe.trainer.plugins.grad_reduce_in_fp32 = False)
     payload = published_stack_name(row.get("cross_entropy") or "te", bf16_grads=True)
+    # the container the row ran (from its id or its source), whose family the model prices, as for the dense rows
+    knobs["container"] = row_container(row["id"], row.get("source", ""))
     trial = make_trial(RECIPES[row["model"]], row["gpu"], int(row["num_gpus"]), payload=payload, **knobs)
     broken = check(trial)
     if broken and broken.rule == "tp_comm_overlap_supported":

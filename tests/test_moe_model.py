@@ -442,3 +442,31 @@ def test_the_local_specs_eager_expert_activation_keeps_its_intermediates():
     for mods, extra in ((frozenset({"core_attn"}), copies * 3 * 2 * 768), (frozenset({"core_attn", "moe_act"}), 0)):
         kept = [moe_layer_activation_bytes(shape, lay, False, "selective", mods) for lay in (local, unfused)]
         assert kept[0] - kept[1] == pytest.approx(extra), mods
+
+
+@pytest.mark.parametrize(
+    "model,gpu,container,runs_unfused",
+    [
+        ("deepseek_v3", "gb200", "25.04", True),  # MLA's 192-wide heads, Blackwell, Transformer Engine before 2.5
+        ("deepseek_v3", "b200", "25.02", True),
+        ("deepseek_v3", "gb200", "25.09", False),  # a container with the fused kernel for them
+        ("deepseek_v3", "h100", "25.04", False),  # Hopper's cuDNN took them
+        ("nemotron4_340b", "gb200", "25.04", False),  # 192-wide heads without MLA: FlashAttention
+    ],
+)
+def test_auto_attention_runs_unfused_where_the_container_has_no_fused_mla_kernel(model, gpu, container, runs_unfused):
+    """``attention_backend=auto`` prices what Transformer Engine picks: in a container family without a fused
+    Blackwell kernel for MLA's heads it is the unfused backend, to the last figure; elsewhere it is not. An explicit
+    backend is kept."""
+    from dse.facts.containers import family_of
+
+    arch = RECIPES[model].arch
+    layout = dict(num_gpus=256, tp=2, pp=4, ep=8, gbs=512, container=family_of(container).name)
+    if not arch.num_experts:
+        layout.update(tp=8, pp=8, ep=1)
+    auto = predict_layout(arch, gpu, **layout)
+    unfused = predict_layout(arch, gpu, attention_backend="unfused", **layout)
+    same = (auto.step_time_s, auto.peak_memory_gib) == (unfused.step_time_s, unfused.peak_memory_gib)
+    assert same is runs_unfused
+    flash = predict_layout(arch, gpu, attention_backend="flash", **layout)
+    assert (flash.step_time_s == unfused.step_time_s) is False

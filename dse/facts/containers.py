@@ -42,6 +42,9 @@ class ContainerFamily:
     other (TE 1.x, whose only recipe is ``DelayedScaling``; ``Float8CurrentScaling`` came with TE 2.x), else
     ``tensorwise``, the current scaling NVIDIA's later recipes run. ``arch``: the GPU architecture ``param`` applies
     to (None: every one); on the others the family runs at the reference family's efficiency.
+    ``wide_head_attention_blackwell``: whether the family's Transformer Engine and cuDNN train attention with a
+    query-key head dimension above 128 on Blackwell in their fused kernels (DeepSeek-V3's MLA: 192 and 128); where
+    not, Transformer Engine runs it unfused (:func:`dse.perfmodel.layout.attention_backend_run`).
 
     Why ``arch``: a family's efficiency is fitted on the published rows of its containers, and where those are all
     of one architecture it measures that architecture's software, not the container's on every GPU. NeMo 25.0x's
@@ -61,13 +64,36 @@ class ContainerFamily:
     host_param: str | None = None
     fp8_per_tensor: str = "tensorwise"
     arch: str | None = None
+    wide_head_attention_blackwell: bool = True
 
 
 FAMILIES: tuple[ContainerFamily, ...] = (
     # NeMo 24.x ships Transformer Engine 1.x (24.05: 1.6, 24.07: 1.8, 24.09: 1.10; NeMo Framework's software component
     # versions page), whose FP8 is delayed scaling only
-    ContainerFamily("nemo24", "NeMo 24.x", "24.01", "24.12", "container_eff_nemo24", fp8_per_tensor="delayed"),
-    ContainerFamily("nemo25", "NeMo 25.0x", "25.01", "25.07", "container_eff_nemo25", arch="blackwell"),
+    # Transformer Engine before 2.5 refuses its fused (cuDNN) attention on Blackwell for a head dimension above 128
+    # (transformer_engine/common/fused_attn/fused_attn.cpp, nvte_get_fused_attn_backend, v2.1-v2.4:
+    # "!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > 128))"); 2.5 (July 2025) added MLA's 192/128 for
+    # training with cuDNN 9.11 ("9.11: d_qk = 192, d_v = 128 + Blackwell + bprop"). NeMo 25.04 predates both (its
+    # DeepSeek-V3 recipe on GB200 recomputes core attention, as one does whose scores go through memory); the
+    # family's other releases are taken to be the same (25.07 came out the month TE 2.5 did)
+    ContainerFamily(
+        "nemo24",
+        "NeMo 24.x",
+        "24.01",
+        "24.12",
+        "container_eff_nemo24",
+        fp8_per_tensor="delayed",
+        wide_head_attention_blackwell=False,
+    ),
+    ContainerFamily(
+        "nemo25",
+        "NeMo 25.0x",
+        "25.01",
+        "25.07",
+        "container_eff_nemo25",
+        arch="blackwell",
+        wide_head_attention_blackwell=False,
+    ),
     ContainerFamily("bridge25", "Megatron-Bridge 25.x", "25.08", "25.12", None),
     ContainerFamily(
         "bridge26",

@@ -263,6 +263,25 @@ class Machine:
         return self.nvlink_Bps if span <= self.nvlink_domain else self.nic_Bps
 
 
+WIDE_HEAD = 128  # the widest attention head Transformer Engine's fused kernels took on Blackwell before 2.5
+
+
+def attention_backend_run(arch: ModelArch, gpu: GpuSpec, layout: ModelLayout) -> str:
+    """The attention backend the layout runs: its ``attention_backend``, except that ``auto`` (Transformer Engine's
+    choice) is ``unfused`` for multi-latent attention with a query-key head wider than :data:`WIDE_HEAD`
+    (DeepSeek-V3's: 192) on Blackwell in a container family whose Transformer Engine had no fused kernel for it
+    (``dse.facts.containers.ContainerFamily.wide_head_attention_blackwell``): FlashAttention takes no MLA (its
+    query-key and value heads differ: "Disabling FlashAttention as it does not support MLA") and cuDNN's fused
+    attention refused the head there, so Transformer Engine fell back to its unfused DotProductAttention. A wide
+    head without MLA (Nemotron-4 340B's 192) still had FlashAttention."""
+    if layout.attention_backend != "auto" or gpu.arch != "blackwell" or not arch.kv_lora_rank:
+        return layout.attention_backend
+    fam = _FAMILIES.get(layout.container)
+    if fam is None or fam.wide_head_attention_blackwell:
+        return layout.attention_backend
+    return "unfused" if arch.qk_nope_head_dim + arch.qk_rope_head_dim > WIDE_HEAD else layout.attention_backend
+
+
 def bf16_gemm_efficiency(params: Params, arch: str) -> float:
     """The fraction of the bf16 peak that large bf16 GEMMs reach on ``arch``: the measured matmul ceiling on Hopper and
     Ampere (``gemm_eff_bf16``); on Blackwell the fitted FP8 efficiency times the ratio of the measured bf16 and FP8

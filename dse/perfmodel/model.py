@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dse.errors import UserError
@@ -52,6 +52,7 @@ from dse.perfmodel.layout import (
     ModelLayout,
     Shape,
     Stages,
+    attention_backend_run,
     container_host_factor,
     grad_bytes,
     machine_for,
@@ -985,6 +986,9 @@ class Prepared:
     def of(cls, arch, gpu: str, layout: ModelLayout, stack: Stack, flops_convention: str = "causal") -> Prepared:
         """The prepared values of ``arch`` on ``gpu`` (a :data:`dse.facts.hardware.HARDWARE` name) under ``layout``."""
         hw = HARDWARE[gpu]
+        backend = attention_backend_run(arch, hw, layout)
+        if backend != layout.attention_backend:
+            layout = replace(layout, attention_backend=backend)
         fp8 = uses_low_precision(hw, layout)
         shape = Shape.of(arch, layout)
         stages = stages_of(arch, layout.pp, layout.vp, layout.pp_first_layers, layout.pp_last_layers)
