@@ -470,3 +470,14 @@ def test_auto_attention_runs_unfused_where_the_container_has_no_fused_mla_kernel
     assert same is runs_unfused
     flash = predict_layout(arch, gpu, attention_backend="flash", **layout)
     assert (flash.step_time_s == unfused.step_time_s) is False
+
+
+def test_predict_says_where_auto_attention_is_priced_unfused():
+    """``dse predict`` names the backend ``auto`` is priced as where it is not the fused kernel, and only there."""
+    runner = CliRunner()
+    args = ["predict", "--model", "deepseek_v3", "--gpu", "gb200", "--num-gpus", "256", "--json"]
+    old = json.loads(runner.invoke(app, [*args, "--container", "25.04"]).output)
+    assert "priced as unfused" in old["attention_note"] and old["attention_backend"] == "auto"
+    new = json.loads(runner.invoke(app, [*args, "--container", "25.09"]).output)
+    assert new["attention_note"] == ""
+    assert old["step_time_s"] > new["step_time_s"]

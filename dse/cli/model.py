@@ -131,6 +131,7 @@ def predict_cmd(
 
         params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
+    attention_note = _attention_note(trial, system)
     if as_json:
         from dse.facts import knobs
 
@@ -146,6 +147,7 @@ def predict_cmd(
             "container": system.container,
             "container_family": _family(system.container),
             "container_note": container_note,
+            "attention_note": attention_note,
             **shown,
             "sp": trial.sequence_parallel,
             "dp": trial.dp,
@@ -155,8 +157,24 @@ def predict_cmd(
         }
         typer.echo(json.dumps(out, indent=2))
         return
-    notes = dropped + ([container_note] if container_note else [])
+    notes = dropped + [n for n in (container_note, attention_note) if n]
     render.prediction(trial, system, pred, flops_convention, from_recipe, notes)
+
+
+def _attention_note(trial, system) -> str:
+    """What ``attention_backend=auto`` is priced as where that is not Transformer Engine's fused kernel
+    (dse.perfmodel.layout.attention_backend_run), or ""."""
+    from dse.facts.hardware import HARDWARE
+    from dse.perfmodel.layout import WIDE_HEAD, backend_run
+
+    given = trial.values["attention_backend"]
+    run = backend_run(trial.arch, HARDWARE[system.gpu].arch, _family(system.container), given)
+    if run == given:
+        return ""
+    return (
+        f"attention_backend {given} is priced as {run}: container {system.container}'s Transformer Engine has no "
+        f"fused Blackwell kernel for multi-latent attention heads wider than {WIDE_HEAD}"
+    )
 
 
 def _container_note(tag: str, field: str) -> str:

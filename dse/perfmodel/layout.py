@@ -274,12 +274,18 @@ def attention_backend_run(arch: ModelArch, gpu: GpuSpec, layout: ModelLayout) ->
     query-key and value heads differ: "Disabling FlashAttention as it does not support MLA") and cuDNN's fused
     attention refused the head there, so Transformer Engine fell back to its unfused DotProductAttention. A wide
     head without MLA (Nemotron-4 340B's 192) still had FlashAttention."""
-    if layout.attention_backend != "auto" or gpu.arch != "blackwell" or not arch.kv_lora_rank:
-        return layout.attention_backend
-    fam = _FAMILIES.get(layout.container)
+    return backend_run(arch, gpu.arch, layout.container, layout.attention_backend)
+
+
+def backend_run(arch: ModelArch, gpu_arch: str, family: str, backend: str) -> str:
+    """:func:`attention_backend_run` on plain values: the model's architecture, the GPU's architecture name, the
+    container family's name and the ``attention_backend`` knob's value."""
+    if backend != "auto" or gpu_arch != "blackwell" or not arch.kv_lora_rank:
+        return backend
+    fam = _FAMILIES.get(family)
     if fam is None or fam.wide_head_attention_blackwell:
-        return layout.attention_backend
-    return "unfused" if arch.qk_nope_head_dim + arch.qk_rope_head_dim > WIDE_HEAD else layout.attention_backend
+        return backend
+    return "unfused" if arch.qk_nope_head_dim + arch.qk_rope_head_dim > WIDE_HEAD else backend
 
 
 def bf16_gemm_efficiency(params: Params, arch: str) -> float:
