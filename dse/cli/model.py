@@ -35,7 +35,9 @@ def _not_predicted(name: str) -> bool:
     return name in knobs.CATALOGUE and knobs.CATALOGUE[name].model_arg is None
 
 
-# house: most of its lines are its Typer options, one per line as the formatter writes them; the body is short
+# house: 55 of its 101 lines are its 12 Typer options and the knob flags, one per line as the formatter writes
+# them; the body (39 lines with its docstring) resolves, checks, predicts and hands the output to _prediction_json
+# or render
 def predict_cmd(
     model: str | None = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
     model_file: str | None = typer.Option(
@@ -131,34 +133,39 @@ def predict_cmd(
 
         params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
-    attention_note = _attention_note(trial, system)
+    notes = {"container_note": container_note, "attention_note": _attention_note(trial, system)}
     if as_json:
-        from dse.facts import knobs
-
-        shown = {k: trial.values[k] for k in knobs.CATALOGUE if not _not_predicted(k)}
-        out = {
-            "model": trial.recipe.name,
-            "gpu": system.gpu,
-            "system": system.name,
-            "num_gpus": trial.num_gpus,
-            "flops_convention": flops_convention,
-            "calibration": calibration,
-            "payload": payload,
-            "container": system.container,
-            "container_family": _family(system.container),
-            "container_note": container_note,
-            "attention_note": attention_note,
-            **shown,
-            "sp": trial.sequence_parallel,
-            "dp": trial.dp,
-            "recipe_defaults": sorted(from_recipe),
-            "recipe_defaults_dropped": dropped,
-            **pred.as_dict(),
-        }
-        typer.echo(json.dumps(out, indent=2))
+        head = {"flops_convention": flops_convention, "calibration": calibration, "payload": payload, **notes}
+        typer.echo(json.dumps(_prediction_json(trial, system, pred, head, from_recipe, dropped), indent=2))
         return
-    notes = dropped + [n for n in (container_note, attention_note) if n]
-    render.prediction(trial, system, pred, flops_convention, from_recipe, notes)
+    render.prediction(trial, system, pred, flops_convention, from_recipe, dropped + [n for n in notes.values() if n])
+
+
+def _prediction_json(trial, system, pred, head: dict, from_recipe, dropped: list[str]) -> dict:
+    """``dse predict --json``'s object: the point (model, system, the knobs the model reads, derived sizes), the
+    command's settings and notes (``head``), which values came from the recipe, and the prediction."""
+    from dse.facts import knobs
+
+    shown = {k: trial.values[k] for k in knobs.CATALOGUE if not _not_predicted(k)}
+    return {
+        "model": trial.recipe.name,
+        "gpu": system.gpu,
+        "system": system.name,
+        "num_gpus": trial.num_gpus,
+        "flops_convention": head["flops_convention"],
+        "calibration": head["calibration"],
+        "payload": head["payload"],
+        "container": system.container,
+        "container_family": _family(system.container),
+        "container_note": head["container_note"],
+        "attention_note": head["attention_note"],
+        **shown,
+        "sp": trial.sequence_parallel,
+        "dp": trial.dp,
+        "recipe_defaults": sorted(from_recipe),
+        "recipe_defaults_dropped": dropped,
+        **pred.as_dict(),
+    }
 
 
 def _attention_note(trial, system) -> str:
