@@ -35,9 +35,9 @@ def _not_predicted(name: str) -> bool:
     return name in knobs.CATALOGUE and knobs.CATALOGUE[name].model_arg is None
 
 
-# house: 55 of its 101 lines are its 12 Typer options and the knob flags, one per line as the formatter writes
-# them; the body (39 lines with its docstring) resolves, checks, predicts and hands the output to _prediction_json
-# or render
+# The body (39 lines with its docstring) resolves, checks, predicts and hands the output to _prediction_json or
+# render; the rest are the command's options, one per line as the formatter writes them.
+# house: 55 of its 101 lines are its 12 Typer options and the knob flags
 def predict_cmd(
     model: str | None = typer.Option(None, "--model", metavar="TEXT", help="recipe name (see 'dse recipes')"),
     model_file: str | None = typer.Option(
