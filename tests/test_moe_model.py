@@ -165,6 +165,30 @@ def test_the_dispatchers_host_sync_makes_a_short_moe_forward_wait_for_its_host()
     assert host_wait_per_token(1) > host_wait_per_token(8)
 
 
+def test_a_moe_layers_backward_takes_at_least_its_hosts_launches():
+    """No sync in the backward lets the host run ahead, but a backward pass still takes ``moe_host_bwd_ratio`` times
+    the forward's host time: a small MoE model at one sequence a micro-batch waits for it, and waits longer when the
+    backward launches more; a long backward hides it."""
+    from dse.facts.hardware import HARDWARE
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
+    from dse.perfmodel.moe import moe_backward_host_wait, moe_host_forward_s
+
+    layout = ModelLayout(num_gpus=8, ep=8)
+    machine = Machine.of(HARDWARE["b200"], DEFAULT_PARAMS, layout)
+    shape = Shape.of(RECIPES["qwen3_30b_a3b"].arch, layout)
+    host_bwd = DEFAULT_PARAMS.moe_host_bwd_ratio * moe_host_forward_s(shape, layout, machine)
+    assert moe_backward_host_wait(shape, layout, machine, 0.0) == pytest.approx(host_bwd)
+    assert moe_backward_host_wait(shape, layout, machine, host_bwd / 4) == pytest.approx(0.75 * host_bwd)
+    assert moe_backward_host_wait(shape, layout, machine, 2 * host_bwd) == 0.0
+
+    def step(mbs: int, ratio: float) -> float:
+        params = DEFAULT_PARAMS.with_values(moe_host_bwd_ratio=ratio)
+        return _predict("qwen3_30b_a3b", "b200", 8, ep=8, mbs=mbs, gbs=512, params=params).step_time_s
+
+    assert step(1, 3.0) > step(1, 2.0) > step(1, 1.0)  # the host sets the backward at micro-batch 1
+    assert step(8, 3.0) == pytest.approx(step(8, 1.0))  # the GPU does at 8
+
+
 def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overlap():
     from dse.facts.hardware import HARDWARE
     from dse.perfmodel.layout import Machine, ModelLayout, Shape
@@ -199,8 +223,10 @@ def test_bf16_grouped_gemms_on_blackwell_take_their_own_rows_at_half_rate():
     def tps(gpu: str, ratio: float, **over) -> float:
         params = DEFAULT_PARAMS.with_values(moe_gemm_bf16_blackwell_ratio=ratio)
         r = RECIPES["qwen3_30b_a3b"]
+        # a whole-layer CUDA graph: no host sync, so the small model's GPU time is the step's at mbs 1 too
+        graph = dict(cuda_graph="transformer_engine", cuda_graph_scope="full")
         return predict_layout(
-            r.arch, gpu, num_gpus=8, seq_length=r.seq_length, ep=8, gbs=512, params=params, **over
+            r.arch, gpu, num_gpus=8, seq_length=r.seq_length, ep=8, gbs=512, params=params, **graph, **over
         ).tokens_per_s_per_gpu
 
     for mbs in (1, 4):
@@ -417,7 +443,8 @@ def test_the_routers_imbalance_slows_expert_parallel_ranks_only():
     uneven = DEFAULT_PARAMS.with_values(moe_imbalance=1.5)
 
     def step(ep: int, params) -> float:
-        return _predict("qwen3_30b_a3b", "h100", 8, ep=ep, pp=1, vp=1, mbs=1, gbs=64, params=params).step_time_s
+        # micro-batch 4: the GPU's time, not the host's launches, sets the step (moe.moe_backward_host_wait)
+        return _predict("qwen3_30b_a3b", "h100", 8, ep=ep, pp=1, vp=1, mbs=4, gbs=64, params=params).step_time_s
 
     assert step(8, uneven) > 1.05 * step(8, DEFAULT_PARAMS)
     assert step(1, uneven) == pytest.approx(step(1, DEFAULT_PARAMS))

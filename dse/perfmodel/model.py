@@ -658,7 +658,8 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: S
         # the forward's share of the layer: its GEMMs and attention, a third of the rest, half the exchanges
         fwd = m.gemm_forward + attn_fwd + (compute - 3.0 * m.gemm_forward - attn_fb) / 3.0
         fwd += (tp_exposed + m.a2a_exposed) / 2.0 + cp_exposed / 3.0
-        host_wait = max(host_wait, _moe.moe_sync_wait(shape, layout, machine, fwd))
+        bwd_wait = _moe.moe_backward_host_wait(shape, layout, machine, busy - fwd)
+        host_wait = max(host_wait, _moe.moe_sync_wait(shape, layout, machine, fwd) + bwd_wait)
         host_wait = max(host_wait, _moe.moe_overlap_sync_wait(shape, layout, machine, busy))
     return LayerTime(
         m.gemm_forward,

@@ -324,9 +324,21 @@ def moe_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, forward_b
     ("HybridEP sizes buffers dynamically (CPU sync in dispatch)") unless a capacity is set, which NVIDIA's dropless
     presets do not. At that sync the GPU's queue is empty, so the host cannot run ahead of the GPU across layers
     as it does elsewhere: each layer's forward takes at least the host's time to launch it
-    (:func:`moe_host_forward_s`). The backward pass (autograd, no sync) keeps the host ahead. The wait is largest
+    (:func:`moe_host_forward_s`). The backward pass (autograd, no sync) lets the host run ahead, but not faster
+    than it launches (:func:`moe_backward_host_wait`). The wait is largest
     where a layer's forward GPU time is short: a small model at a small micro-batch."""
     return max(0.0, moe_host_forward_s(shape, layout, machine) - forward_busy)
+
+
+def moe_backward_host_wait(shape: Shape, layout: ModelLayout, machine: Machine, backward_busy: float) -> float:
+    """What one MoE layer's backward pass waits for its host beyond its GPU time ``backward_busy``, per
+    micro-batch. The backward has no host sync, so the host runs ahead of the GPU there, but it starts from the
+    empty queue the forward's last sync left (:func:`moe_sync_wait`) and cannot issue the backward's launches
+    faster than it makes them: a backward pass takes at least the host's time for it,
+    ``Params.moe_host_bwd_ratio`` times the forward's (:func:`moe_host_forward_s`). One-GPU runs of a small MoE
+    on an H200 step at 27% GPU busy with 12.1 ms of host time per MoE layer and micro-batch, 3.6 ms of it the
+    forward's (bench/moe_gpu_runs.py)."""
+    return max(0.0, machine.params.moe_host_bwd_ratio * moe_host_forward_s(shape, layout, machine) - backward_busy)
 
 
 def moe_overlap_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, busy: float) -> float:

@@ -146,42 +146,42 @@ class Params:
     # (bf16_over_fp8_eff_blackwell; moe_gemm_bf16_blackwell_ratio fell from 8.1 to 4.4 with it), and after current
     # scaling's amax pass (model.fp8_quant_bytes) and the dense refit with it, and after the dense refit with Blackwell
     # attention's cuDNN prior (fit.PRIORS), and after the GEMMs' wave utilisation (model.wave_utilisation) and the
-    # dense refit with it: the least cost of 19 starts (bench/model_moe.py --starts). Kept when the MoE rows came to
-    # run in their containers' families (as the dense rows do; with them MLA runs unfused on Blackwell in NeMo 25.0x,
-    # layout.attention_backend_run): a refit then (--starts --hold moe_a2a_nic_eff=0.8044; unheld it ran the NIC's
-    # efficiency and the overlap's share to their bounds at the same cost) costs 1% less on the fitted rows, moves
-    # the overlap's share 0.518 -> 0.580 and the rest by under 3%, and holds out 10.2% against these values' 10.1%
-    # (chosen with the held-out rows in view; docs/moe.md)
-    # (moe_a2a_eff and moe_flex_speedup end outside their priors, and moe_a2a_nic_eff with moe_a2a_overlap is not
-    # determined: the fit costs the same along a line of the two, which holds out 8.9-10.2%; few fitted rows cross
-    # the NIC, the dispatcher and the precision go together in them, so the exchanges' cost is the least determined
-    # part; docs/moe.md says what a fit inside the priors costs):
+    # dense refit with it, with the MoE rows run in their containers' families (as the dense rows are; with them
+    # MLA runs unfused on Blackwell in NeMo 25.0x, layout.attention_backend_run), and after the backward pass's
+    # host bound (moe.moe_backward_host_wait: a MoE layer's backward takes at least moe_host_bwd_ratio times the
+    # forward's host time): the least cost of 19 starts (bench/model_moe.py --starts), 0.0516 -> 0.0463 over the
+    # fitted rows; the host's forward time fell 4.0 -> 2.5 ms and Grace's ratio 2.04 -> 1.45, where the forward's
+    # sync alone had had to carry the backward's host time too
+    # (moe_a2a_eff and moe_a2a_nic_eff end on the fit's bounds, 0.2 and 1.0, bench/model_moe.py BOUNDS, and
+    # moe_flex_speedup outside its prior; the exchanges' parameters are the least determined: few fitted rows cross
+    # the NIC, the dispatcher and the precision go together in them; docs/moe.md says what a fit inside the priors
+    # costs):
     # rows per expert at which a grouped expert GEMM runs at half the GEMM rate (prior: a few hundred, the tile
     # height times the waves a small per-expert problem leaves idle; the fit with the host sync puts it above that:
     # per-micro-batch costs the model does not price end up here)
-    moe_gemm_m_half: float = 803.3
+    moe_gemm_m_half: float = 968.2
     # fitted: the rows per expert at half rate of a bf16 grouped expert GEMM on Blackwell over moe_gemm_m_half (the
     # published Blackwell rows run MXFP8, whose grouped path Transformer Engine fuses, or bf16, whose GroupedLinear
     # goes through cuBLASLt's grouped matmul: TransformerEngine issue 2939, 8 B300 in bf16 at Mixtral's shapes,
     # about twice the time of a loop of per-expert GEMMs, its split-K plans launching 6 times the GEMM kernels).
     # Prior 1-16: 1 is "no slower than MXFP8's grouped path" (dse.perfmodel.moe.grouped_m_half)
-    moe_gemm_bf16_blackwell_ratio: float = 4.834
+    moe_gemm_bf16_blackwell_ratio: float = 4.131
     # the token all-to-all's bandwidth over NCCL's ring bus bandwidth of the same links (prior 0.5-1: many small
     # messages to every peer)
-    moe_a2a_eff: float = 0.2512
+    moe_a2a_eff: float = 0.2
     # the all-to-all's bandwidth through the NIC (to peers outside the NVLink domain) over the NIC's line rate
     # (prior 0.5-1: a few large messages per remote peer, bandwidth-bound; the NVLink part's many small messages
     # are what hold moe_a2a_eff low)
-    moe_a2a_nic_eff: float = 0.8044
+    moe_a2a_nic_eff: float = 1.0
     # fixed: the line rate (Gb/s) of one network plane, the most a GPU's all-to-all uses of its NIC
     # (dse.perfmodel.moe.a2a_nic_Bps: a ConnectX-8's 800 Gb/s is two 400 Gb/s planes)
     moe_a2a_nic_plane_gbps: float = 400.0
     # the flex dispatcher's (DeepEP / HybridEP) bandwidth over the NCCL all-to-all's (prior 1-2: NVIDIA's reason
     # to ship it)
-    moe_flex_speedup: float = 2.695
+    moe_flex_speedup: float = 2.787
     # the share of the token exchanges hidden when moe_a2a_overlap runs one micro-batch's under another's compute,
     # over the passes the combined 1F1B schedule pairs (dse.perfmodel.moe.a2a_exposed)
-    moe_a2a_overlap: float = 0.5181
+    moe_a2a_overlap: float = 0.2225
     # fixed: the busiest expert-parallel rank's token copies over the mean; 1 = balanced, as NVIDIA's published
     # MoE rows force-balance the router (dse.perfmodel.moe); a real router's is learnt from one's runs
     moe_imbalance: float = 1.0
@@ -197,14 +197,14 @@ class Params:
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
     # of the router and the dispatcher's preprocessing replays half of them: moe.moe_overhead_graphed_share)
-    moe_layer_overhead_s: float = 0.001729
+    moe_layer_overhead_s: float = 0.0004664
     # fitted: an x86 host's time to launch one MoE layer's forward pass (attention and MoE block), per micro-batch,
     # outside CUDA graphs; the dispatcher's host sync makes each MoE layer's forward wait for it
     # (moe.moe_sync_wait). Prior 0.5-5 ms: a few hundred PyTorch ops at 5-15 µs
-    moe_host_fwd_s: float = 0.004024
+    moe_host_fwd_s: float = 0.002517
     # fitted: a Grace host's time for it over an x86 host's (prior 1-3: 2.75 per PyTorch op in a micro-benchmark,
     # 37.08 vs 13.48 µs on a Xeon 8480C, TransformerEngine issue 2053; less where the time is not the CPU's)
-    moe_host_grace_ratio: float = 2.039
+    moe_host_grace_ratio: float = 1.45
     # measured: what each expert a GPU holds adds to an x86 host's launch of a MoE layer's forward (TE's grouped
     # GEMM still passes every local expert's weights and row count from Python and launches per expert on Hopper).
     # bench/moe_gpu_runs.py: the step time's slope over 8, 16 and 32 experts of the small MoE on one H200 with its
@@ -212,8 +212,9 @@ class Params:
     # busy 27%): 0.213 ms per expert, MoE layer and micro-batch, forward and backward; the forward's share taken
     # as its 2 of the 6 expert GEMMs a layer runs forward and backward
     moe_host_expert_fwd_s: float = 71e-6
-    # measured: the host's time to launch a MoE layer's backward over its forward's, which the combined 1F1B
-    # schedule of moe_a2a_overlap holds behind the forward's sync (moe.moe_overlap_sync_wait). From the same
+    # measured: the host's time to launch a MoE layer's backward over its forward's: a backward pass takes at least
+    # that (moe.moe_backward_host_wait), and the combined 1F1B schedule of moe_a2a_overlap holds it behind the
+    # forward's sync (moe.moe_overlap_sync_wait). From the same
     # host-bound one-GPU runs: full recompute adds one forward's host time per MoE layer and micro-batch (3.6 ms
     # on the TE spec, 8.0 ms on the local spec), the step's slope over the micro-batches gives forward and
     # backward (12.1 ms and 19.5 ms; bench/moe_gpu_runs.py's host_split prints them): 2.4 and 1.4 times, 2.0
