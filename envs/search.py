@@ -33,7 +33,9 @@ a value out of range a ``ValueError``, each naming the argument and what it take
 from __future__ import annotations
 
 import io
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -284,6 +286,33 @@ def make_env(
         redraw = TwinDraw(tab, seed, twin_range) if twin is not None else None
         return _game(tab, in_memory_truth(tab, twin, seed), best, budget, options, redraw=redraw, twin_seed=twin_seed)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dse-env-"))
+    try:
+        game = _disk_game(s, tab, backend, twin, best, out, seed, budget, options)
+    except BaseException:
+        if out_dir is None:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    if out_dir is None and backend in ("sim", "replay"):
+        # the logs of a simulated or replayed game no one asked to keep: gone when it is closed, collected or the
+        # process exits (tests and benchmarks make many such games); a real backend's runs keep theirs
+        game.scratch = out
+        weakref.finalize(game, shutil.rmtree, out, ignore_errors=True)
+    return game
+
+
+def _disk_game(
+    s: Space,
+    tab: Table,
+    backend: str,
+    twin: Twin | None,
+    best: float | None,
+    out: Path,
+    seed: int,
+    budget: int,
+    options: dict[str, Any],
+) -> SearchGame:
+    """A game whose runs write their logs under ``out`` and are parsed from there: a replay, the simulated backend
+    on disk, or another registered backend."""
     if backend == "replay":
         sub, truth, best = replay_parts(s, tab, out, seed)
         return _game(sub, truth, best, budget, options)

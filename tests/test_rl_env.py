@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -69,6 +71,26 @@ def test_in_memory_figures_are_the_figures_of_runs_on_disk(space, tab, tmp_path)
         assert (a.status, a.reward, a.peak_memory_gib) == (b.status, b.reward, b.peak_memory_gib), key
     assert "ok" in statuses
     assert len(list((tmp_path / "trials").iterdir())) == len(keys)  # the slow path did run each point
+
+
+def test_a_game_removes_the_log_directory_made_for_it_and_never_one_it_was_given(space, tab, tmp_path):
+    """Without ``out_dir`` an on-disk game writes its runs' logs to a temporary directory of its own, removed when the
+    game is closed or collected (each such game of the tests and benchmarks left one behind); a directory the
+    caller names is the caller's and stays."""
+    key = next(iter(tab.forecasts))
+    game = make_env(space, twin_seed=1, table_=tab, in_memory=False)
+    scratch = game.scratch
+    game.truth(key)
+    assert scratch.name.startswith("dse-env-") and any((scratch / "trials").iterdir())
+    game.close()
+    assert not scratch.exists() and game.scratch is None
+    dropped = make_env(space, twin_seed=1, table_=tab, in_memory=False).scratch
+    gc.collect()
+    assert not dropped.exists()
+    kept = make_env(space, twin_seed=1, table_=tab, in_memory=False, out_dir=tmp_path)
+    kept.truth(key)
+    kept.close()
+    assert kept.scratch is None and any((tmp_path / "trials").iterdir())
 
 
 def test_the_budget_truncates_the_step_that_spends_it_and_nothing_launches_past_it(space, tab):

@@ -48,8 +48,10 @@ backend through :class:`dse.envs.RecipeEnv`. The forecast is the shipped model's
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -342,7 +344,18 @@ class SearchGame(gym.Env):
             self._valid[np.ravel_multi_index(np.array(list(forecasts), dtype=np.int64).T, self.sizes)] = True
         self.valid_counts = value_counts(list(forecasts), self.sizes)
         self.table: Any = None  # the space's resolved points, when the environment was made from a space
+        # a temporary directory of run logs made for this game alone (no out_dir given), removed by close();
+        # never a directory the caller named
+        self.scratch: Path | None = None
         self._new_episode()
+
+    def close(self) -> None:
+        """Remove :attr:`scratch`, the run directories made for this game alone (a pickled copy names the same
+        directory: close one of them, not both, while the other still runs)."""
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+        super().close()
 
     def _new_episode(self) -> None:
         self._mask = self._valid.copy()
