@@ -68,6 +68,10 @@ CASES = {
         dict(recipe="mixtral_8x7b", moe_grouped_gemm=False, recompute="selective", recompute_modules="moe_act"),
         dict(recipe="mixtral_8x7b", moe_grouped_gemm=True, recompute="selective", recompute_modules="moe_act"),
     ),
+    "moe_token_drop_supported": (
+        dict(recipe="mixtral_8x7b", moe_token_drop=True, moe_dispatcher="allgather", ep=8),
+        dict(recipe="mixtral_8x7b", moe_token_drop=True, moe_dispatcher="alltoall", ep=8),
+    ),
     "uneven_stages": (
         dict(recipe="mixtral_8x7b", pp_first_layers=7, pp_last_layers=6),
         dict(recipe="mixtral_8x7b", pp_first_layers=6, pp_last_layers=6),
@@ -272,19 +276,37 @@ def test_nvidias_graphed_presets_are_valid():
     assert constraints.check(make(cuda_graph="local", tp=4, pp=4)) is None
 
 
-@pytest.mark.parametrize(
-    ("scope", "words"),
-    [("moe", "drop-and-pad"), ("mlp", "experts in every layer"), ("moe_router,moe_preprocess", None)],
-)
-def test_moe_graph_scopes_follow_megatron_core(scope, words):
-    """On an MoE model (every layer with experts, dropless): the router may be graphed, the whole MoE layer only
-    with drop-and-pad, and a dense MLP scope names nothing that exists."""
+def _moe_trial(**over) -> TrialConfig:
     from dataclasses import replace
 
     base = RECIPES["llama3_8b"]
     moe = replace(base, arch=replace(base.arch, num_experts=8))
     values = {n: k.default for n, k in knobs.CATALOGUE.items()}
-    values.update(tp=1, pp=1, num_nodes=1, gbs=128, cuda_graph="transformer_engine", cuda_graph_scope=scope)
-    t = TrialConfig(recipe=moe, system=load_system("h100"), values=MappingProxyType(values), payload="mbridge")
+    values.update(tp=1, pp=1, num_nodes=1, gbs=128, **over)
+    return TrialConfig(recipe=moe, system=load_system("h100"), values=MappingProxyType(values), payload="mbridge")
+
+
+@pytest.mark.parametrize(
+    ("scope", "token_drop", "words"),
+    [
+        ("moe", False, "drop-and-pad"),
+        ("moe", True, None),
+        ("mlp", False, "experts in every layer"),
+        ("mlp", True, "experts in every layer"),
+        ("moe_router,moe_preprocess", False, None),
+    ],
+)
+def test_moe_graph_scopes_follow_megatron_core(scope, token_drop, words):
+    """On an MoE model (every layer with experts): the router may be graphed, the whole MoE layer only with
+    drop-and-pad (``moe_token_drop``), and a dense MLP scope names nothing that exists."""
+    t = _moe_trial(cuda_graph="transformer_engine", cuda_graph_scope=scope, moe_token_drop=token_drop)
     why = constraints.cuda_graph_scope_fits_arch(t)
     assert (why is None) if words is None else (why is not None and words in why.reason), why
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "flex"])
+def test_token_drop_runs_on_the_alltoall_dispatcher_only(dispatcher):
+    why = constraints.moe_token_drop_supported(_moe_trial(moe_token_drop=True, moe_dispatcher=dispatcher))
+    assert why is not None and why.knobs == ("moe_token_drop", "moe_dispatcher") and dispatcher in why.reason
+    assert constraints.moe_token_drop_supported(_moe_trial(moe_token_drop=True, moe_dispatcher="alltoall")) is None
+    assert constraints.moe_token_drop_supported(_moe_trial(moe_token_drop=False, moe_dispatcher=dispatcher)) is None

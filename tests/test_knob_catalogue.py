@@ -89,7 +89,14 @@ def test_derived_defaults_are_the_catalogues_and_settle_writes_only_the_settled_
 
 
 def test_moe_knobs_are_the_catalogues_moe_only_entries():
-    assert knobs.MOE_KNOBS == {"etp", "moe_dispatcher", "moe_grouped_gemm", "moe_a2a_overlap", "moe_permute_fusion"}
+    assert knobs.MOE_KNOBS == {
+        "etp",
+        "moe_dispatcher",
+        "moe_grouped_gemm",
+        "moe_a2a_overlap",
+        "moe_permute_fusion",
+        "moe_token_drop",
+    }
     assert all(knobs.CATALOGUE[n].moe_only for n in knobs.MOE_KNOBS) and "ep" not in knobs.MOE_KNOBS
 
 

@@ -22,6 +22,7 @@ from dse.recipes.mcore.config import (
     config_from_argv,
     format_iteration_line,
     format_memory_line,
+    format_moe_line,
     header_lines,
     model_flops_per_step,
 )
@@ -75,6 +76,25 @@ def test_bridge_moe_overrides():
     assert check(replace(cfg, moe_capacity_factor=None), 2, te_available=True).moe_capacity_factor is None
 
 
+def test_token_drop_as_dse_spells_it_reaches_the_run_padded():
+    """The ``moe_token_drop`` knob's Megatron-Bridge spelling (what dse sends this payload too) sets a capacity
+    factor of 1.0 with padded experts; NeMo 2's sets the same fields under its prefix; off spells nothing."""
+    from dse.facts import knobs
+
+    spelled = knobs.overrides({"moe_token_drop": True}, "mbridge", moe=True)
+    assert spelled == ["model.moe_expert_capacity_factor=1.0", "model.moe_pad_expert_input_to_capacity=true"]
+    assert knobs.overrides({"moe_token_drop": True}, "nemo2", moe=True) == [
+        "model.config.moe_expert_capacity_factor=1.0",
+        "model.config.moe_pad_expert_input_to_capacity=true",
+    ]
+    assert knobs.overrides({"moe_token_drop": False}, "mbridge", moe=True) == []
+    assert knobs.overrides({"moe_token_drop": True}, "mbridge", moe=False) == []  # a dense model: no MoE knob
+    cfg, _ = config_from_argv(["--model", "small_gqa", "model.num_moe_experts=8", *spelled])
+    cfg = check(cfg, 1, te_available=True)
+    assert (cfg.moe_capacity_factor, cfg.moe_pad_to_capacity) == (1.0, True)
+    assert "capacity factor 1.0, padded True" in format_moe_line(cfg)
+
+
 @pytest.mark.parametrize(
     "changes, world, te, message",
     [
@@ -94,6 +114,7 @@ def test_bridge_moe_overrides():
         ({"moe_router_score": "relu"}, 1, True, "moe_router_score='relu'"),
         ({"moe_load_balancing": "magic"}, 1, True, "moe_load_balancing='magic'"),
         ({"moe_capacity_factor": 0.0}, 1, True, "moe_capacity_factor=0.0 must be > 0"),
+        ({"moe_pad_to_capacity": True}, 1, True, "moe_pad_to_capacity=true needs a capacity factor"),
         ({"num_experts": 0, "ep": 2}, 2, True, "expert parallelism needs num_experts > 0"),
     ],
 )

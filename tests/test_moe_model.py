@@ -189,6 +189,48 @@ def test_a_moe_layers_backward_takes_at_least_its_hosts_launches():
     assert step(8, 3.0) == pytest.approx(step(8, 1.0))  # the GPU does at 8
 
 
+def test_token_drop_waits_for_no_sync_and_balances_the_experts():
+    """Under token drop (capacity factor 1.0, padded) the dispatcher copies nothing to the host: no forward sync and
+    no backward wait behind it, only the host's launch rate bounds the layer (forward and backward together), and
+    the experts take their capacity however the router spreads the tokens (no ``moe_imbalance``)."""
+    from dse.facts.hardware import HARDWARE
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
+    from dse.perfmodel.moe import (
+        imbalance,
+        moe_backward_host_wait,
+        moe_host_forward_s,
+        moe_host_layer_wait,
+        moe_sync_wait,
+    )
+
+    drop = ModelLayout(num_gpus=8, ep=8, moe_token_drop=True)
+    machine = Machine.of(HARDWARE["b200"], DEFAULT_PARAMS.with_values(moe_imbalance=1.3), drop)
+    shape = Shape.of(RECIPES["qwen3_30b_a3b"].arch, drop)
+    host = moe_host_forward_s(shape, drop, machine)
+    assert host > 0.0
+    assert moe_sync_wait(shape, drop, machine, 0.0) == 0.0
+    assert moe_backward_host_wait(shape, drop, machine, 0.0) == 0.0
+    both = (1.0 + DEFAULT_PARAMS.moe_host_bwd_ratio) * host
+    assert moe_host_layer_wait(shape, drop, machine, 0.0) == pytest.approx(both)
+    assert moe_host_layer_wait(shape, drop, machine, both) == 0.0
+    assert imbalance(drop, machine) == 1.0
+    assert imbalance(ModelLayout(num_gpus=8, ep=8), machine) == 1.3
+
+    def step(mbs: int, token_drop: bool, **over) -> float:
+        kw = dict(ep=8, mbs=mbs, gbs=512, moe_dispatcher="alltoall", moe_token_drop=token_drop)
+        return _predict("qwen3_30b_a3b", "h100", 8, **(kw | over)).step_time_s
+
+    # at one sequence a micro-batch the dropless forward waits for its host behind the sync while the backward's
+    # GPU time exceeds its launches; without the sync the host's spare backward time covers the forward's launches
+    assert step(1, True) < 0.97 * step(1, False)
+    # at eight the GPU bounds both
+    assert step(8, True) == pytest.approx(step(8, False))
+    # a busy router costs a dropless run, not a token-drop one
+    busy = DEFAULT_PARAMS.with_values(moe_imbalance=1.5)
+    assert step(8, False, params=busy) > step(8, False)
+    assert step(8, True, params=busy) == pytest.approx(step(8, True))
+
+
 def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overlap():
     from dse.facts.hardware import HARDWARE
     from dse.perfmodel.layout import Machine, ModelLayout, Shape

@@ -559,6 +559,18 @@ def _moe_a2a_overlap(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spel
     return [*out, f"{lead}delay_wgrad_compute=true", f"{sp.model}moe_shared_expert_overlap=false"]
 
 
+def _moe_token_drop(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
+    """Token drop as NVIDIA's performance scripts set it: a capacity factor of 1.0 with each expert's input padded
+    to it (Megatron-Bridge's ``apply_moe_token_drop``, megatron/bridge/training/utils/moe_token_drop.py, which the
+    25.09 scripts applied to Qwen3 and to DeepSeek-V3 on Blackwell; NeMo 2's ``MegatronTokenDropCallback`` sets the
+    same two fields). Off spells nothing: every recipe dse launches is dropless (their model configs leave
+    ``moe_expert_capacity_factor`` unset; the token drop is the scripts' separate step), so a dropless space's
+    scripts stay as they were."""
+    if not value:
+        return []
+    return [f"{sp.model}moe_expert_capacity_factor=1.0", f"{sp.model}moe_pad_expert_input_to_capacity=true"]
+
+
 def _stage_layers(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) -> list[str]:
     # spelled with the rest of the pipeline split, which needs the architecture: pipeline_split_overrides
     return []
@@ -710,6 +722,20 @@ CATALOGUE: dict[str, Knob] = {
             spell=_both(_moe_a2a_overlap),
             recipe_layout=True,
             model_arg="moe_a2a_overlap",
+            moe_only=True,
+        ),
+        Knob(
+            "moe_token_drop",
+            "bool",
+            "drop the tokens beyond each expert's capacity (capacity factor 1.0) and pad every expert's input to it, "
+            "as NVIDIA's token-drop benchmarks do: static shapes, no host sync in the dispatch (MoE models only; the "
+            "alltoall dispatcher)",
+            False,
+            nemo2=(_M + "moe_expert_capacity_factor", _M + "moe_pad_expert_input_to_capacity"),
+            mbridge=("model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"),
+            spell=_both(_moe_token_drop),
+            model_arg="moe_token_drop",
+            # no calibration column: the shipped one-GPU runs are dropless, so a calibration TSV reads as dropless
             moe_only=True,
         ),
         Knob(
@@ -1011,6 +1037,7 @@ class ModelKnobs:
     moe_dispatcher: str
     moe_grouped_gemm: bool
     moe_a2a_overlap: bool
+    moe_token_drop: bool
     moe_permute_fusion: bool
     pp_first_layers: int
     pp_last_layers: int

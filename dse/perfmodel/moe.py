@@ -96,8 +96,12 @@ def local_tokens(shape: Shape) -> float:
 
 def imbalance(layout: ModelLayout, machine: Machine) -> float:
     """The busiest expert-parallel rank's token copies over the mean (``Params.moe_imbalance``); 1 without expert
-    parallelism, where one rank holds every expert and so every copy, however the router spreads them."""
-    return machine.params.moe_imbalance if layout.ep > 1 else 1.0
+    parallelism, where one rank holds every expert and so every copy, however the router spreads them, and 1 under
+    token drop (``moe_token_drop``: capacity factor 1.0, padded), where every expert takes exactly its capacity, the
+    balanced count: the surplus of a busy expert is dropped and an idle one is padded."""
+    if layout.ep == 1 or layout.moe_token_drop:
+        return 1.0
+    return machine.params.moe_imbalance
 
 
 def tokens_per_expert(shape: Shape, layout: ModelLayout) -> float:
@@ -326,7 +330,13 @@ def moe_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, forward_b
     as it does elsewhere: each layer's forward takes at least the host's time to launch it
     (:func:`moe_host_forward_s`). The backward pass (autograd, no sync) lets the host run ahead, but not faster
     than it launches (:func:`moe_backward_host_wait`). The wait is largest
-    where a layer's forward GPU time is short: a small model at a small micro-batch."""
+    where a layer's forward GPU time is short: a small model at a small micro-batch. Under token drop
+    (``moe_token_drop``) the padded experts' shapes are static and the dispatcher copies nothing to the host
+    (Megatron-Core's ``MoEAlltoAllTokenDispatcher``: ``drop_and_pad`` fills the per-expert counts with the capacity on
+    the device and keeps ``cuda_sync_point`` at "no_sync"): no wait here; :func:`moe_host_layer_wait` bounds the
+    layer instead."""
+    if layout.moe_token_drop:
+        return 0.0
     return max(0.0, moe_host_forward_s(shape, layout, machine) - forward_busy)
 
 
@@ -337,7 +347,10 @@ def moe_backward_host_wait(shape: Shape, layout: ModelLayout, machine: Machine, 
     faster than it makes them: a backward pass takes at least the host's time for it,
     ``Params.moe_host_bwd_ratio`` times the forward's (:func:`moe_host_forward_s`). One-GPU runs of a small MoE
     on an H200 step at 27% GPU busy with 12.1 ms of host time per MoE layer and micro-batch, 3.6 ms of it the
-    forward's (bench/moe_gpu_runs.py)."""
+    forward's (bench/moe_gpu_runs.py). Under token drop no sync empties the queue (:func:`moe_sync_wait`): no
+    wait here."""
+    if layout.moe_token_drop:
+        return 0.0
     return max(0.0, machine.params.moe_host_bwd_ratio * moe_host_forward_s(shape, layout, machine) - backward_busy)
 
 
@@ -351,6 +364,15 @@ def moe_overlap_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, b
     (:func:`moe_host_forward_s`)."""
     if not layout.moe_a2a_overlap:
         return 0.0
+    return moe_host_layer_wait(shape, layout, machine, busy)
+
+
+def moe_host_layer_wait(shape: Shape, layout: ModelLayout, machine: Machine, busy: float) -> float:
+    """What a MoE layer waits for its host beyond its GPU time ``busy`` (forward and backward), per micro-batch,
+    where no sync serialises the two within the layer: the host runs ahead of the GPU but cannot launch faster than
+    it makes the launches, forward (:func:`moe_host_forward_s`) and backward (``Params.moe_host_bwd_ratio`` times
+    it). Under token drop (``moe_token_drop``) this is the whole host bound of a MoE layer; under
+    ``moe_a2a_overlap`` the pair's (:func:`moe_overlap_sync_wait`)."""
     host = (1.0 + machine.params.moe_host_bwd_ratio) * moe_host_forward_s(shape, layout, machine)
     return max(0.0, host - busy)
 

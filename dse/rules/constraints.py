@@ -339,6 +339,21 @@ def moe_grouped_gemm_supported(t: TrialConfig) -> Broken | None:
     return None
 
 
+def moe_token_drop_supported(t: TrialConfig) -> Broken | None:
+    """Token drop (a capacity factor with padded expert inputs) runs on the alltoall dispatcher: Megatron-Bridge's
+    ``apply_moe_token_drop``, which NVIDIA's performance scripts call, asserts it ("moe_expert_capacity_factor only
+    works with alltoall token dispatcher", as Megatron-Core's TransformerConfig raised through 0.13), and it is the
+    only dispatcher NVIDIA's token-drop benchmarks ran."""
+    lay = t.layout
+    if t.arch.is_moe and lay.moe_token_drop and lay.moe_dispatcher != "alltoall":
+        return broken(
+            f"moe_token_drop needs the alltoall dispatcher, not {lay.moe_dispatcher}",
+            "moe_token_drop",
+            "moe_dispatcher",
+        )
+    return None
+
+
 def fp8_needs_hopper(t: TrialConfig) -> Broken | None:
     gpu = HARDWARE[t.system.gpu]
     if t.layout.precision == "fp8" and not gpu.fp8:
@@ -584,7 +599,7 @@ def cuda_graph_scope_impl(t: TrialConfig) -> Broken | None:
 def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
     """The scope's parts must exist in the model: ``moe``/``moe_router`` need experts ("moe cuda graph is only
     supported for MoE"), ``moe`` a drop-and-pad MoE ("moe cuda graph is only supported with drop-padding MoE":
-    dse sets no capacity factor), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's
+    ``moe_token_drop``), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's
     MoE architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
     if t.values["cuda_graph"] == "none":
         return None
@@ -592,11 +607,12 @@ def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
     parts = scope.split(",")
     if not moe and any(p.startswith("moe") for p in parts):
         return broken(f"cuda_graph_scope={scope} graphs MoE parts; {name} is dense", "cuda_graph_scope")
-    if moe and "moe" in parts:
+    if moe and "moe" in parts and not t.layout.moe_token_drop:
         return broken(
             f"cuda_graph_scope={scope} graphs the whole MoE layer, which Megatron-Core allows only for drop-and-pad "
-            "MoE (a capacity factor with padding); dse runs dropless MoE: use moe_router",
+            "MoE (a capacity factor with padding): set moe_token_drop=true, or use moe_router",
             "cuda_graph_scope",
+            "moe_token_drop",
         )
     if moe and "mlp" in parts:
         return broken(
@@ -775,6 +791,7 @@ RULES: tuple[Callable[[TrialConfig], Broken | None], ...] = (
     moe_dispatcher_supported,
     moe_a2a_overlap_supported,
     moe_grouped_gemm_supported,
+    moe_token_drop_supported,
     fp8_needs_hopper,
     nvfp4_needs_blackwell,
     nvfp4_payload,

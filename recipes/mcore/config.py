@@ -74,6 +74,7 @@ class RunConfig:
     moe_load_balancing: str = "aux_loss"  # moe_router_load_balancing_type
     moe_aux_loss_coeff: float = 1e-2  # Megatron-Bridge's Mixtral / Qwen3-MoE providers' 1e-2 and 1e-3
     moe_capacity_factor: float | None = None  # moe_expert_capacity_factor; None = dropless
+    moe_pad_to_capacity: bool = False  # moe_pad_expert_input_to_capacity (needs a capacity factor)
     moe_dispatcher: str = "alltoall"  # moe_token_dispatcher_type
     moe_grouped_gemm: bool | None = None  # None: on with the TE spec (TEGroupedMLP), off on the local spec
     moe_permute_fusion: bool = False
@@ -472,6 +473,11 @@ def _check_moe(cfg: RunConfig, world_size: int, te: bool) -> dict[str, Any]:
         cfg.moe_capacity_factor is None or cfg.moe_capacity_factor > 0,
         f"moe_capacity_factor={cfg.moe_capacity_factor} must be > 0 (or null: dropless)",
     )
+    # TransformerConfig.__post_init__: "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity"
+    need(
+        not cfg.moe_pad_to_capacity or cfg.moe_capacity_factor is not None,
+        "moe_pad_to_capacity=true needs a capacity factor (moe_capacity_factor)",
+    )
     # TransformerConfig.__post_init__: top-1 softmax routing without pre-softmax has a zero gradient
     need(
         cfg.moe_topk > 1 or cfg.moe_router_score != "softmax",
@@ -530,6 +536,7 @@ _OVERRIDES: dict[str, str] = {
     "model.moe_router_load_balancing_type": "moe_load_balancing",
     "model.moe_aux_loss_coeff": "moe_aux_loss_coeff",
     "model.moe_expert_capacity_factor": "moe_capacity_factor",
+    "model.moe_pad_expert_input_to_capacity": "moe_pad_to_capacity",
     "model.moe_token_dispatcher_type": "moe_dispatcher",
     "model.moe_grouped_gemm": "moe_grouped_gemm",
     "model.moe_permute_fusion": "moe_permute_fusion",
@@ -974,6 +981,7 @@ def format_moe_line(cfg: RunConfig) -> str:
         f"shared expert ffn {cfg.moe_shared_expert_size}, first dense layers {cfg.moe_first_dense_layers}, "
         f"ep {cfg.ep}, etp {cfg.etp}, dispatcher {cfg.moe_dispatcher}, grouped gemm {cfg.moe_grouped_gemm}, "
         f"permute fusion {cfg.moe_permute_fusion}, capacity factor {cfg.moe_capacity_factor}, "
+        f"padded {cfg.moe_pad_to_capacity}, "
         f"router {cfg.moe_router_score} {cfg.moe_load_balancing}, kv channels {cfg.head_dim}"
     )
 

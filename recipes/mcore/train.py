@@ -103,7 +103,9 @@ def _moe_config(cfg: RunConfig) -> dict:
         k = cfg.moe_first_dense_layers
         extra["moe_layer_freq"] = [0] * k + [1] * (cfg.num_layers - k)
     if cfg.moe_capacity_factor is not None:
-        extra.update(moe_expert_capacity_factor=cfg.moe_capacity_factor, moe_pad_expert_input_to_capacity=False)
+        extra.update(
+            moe_expert_capacity_factor=cfg.moe_capacity_factor, moe_pad_expert_input_to_capacity=cfg.moe_pad_to_capacity
+        )
     if cfg.moe_expert_bias:
         # DeepSeek-V3's aux-loss-free balancing (Megatron-Bridge's DeepSeek-V3 provider: bias update rate 1e-3)
         extra.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3)
