@@ -48,8 +48,9 @@ from dse.rules.constraints import check  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe.tsv"
 LAYOUT = ("model", "gpu", "num_gpus", "precision", "fp8_recipe", "gbs", "mbs", "tp", "pp", "vp", "ep")
-# a distinct layout of the Spearman groups: the layout and what else the table varies (sequence, CP, ETP)
-GROUP_LAYOUT = (*LAYOUT, "seq_length", "cp", "etp")
+# a distinct layout of the Spearman groups: the layout and what else the table varies (sequence, CP, ETP, token
+# drop: the same layout with and without it is two configurations, not one measured twice)
+GROUP_LAYOUT = (*LAYOUT, "seq_length", "cp", "etp", "moe_token_drop")
 # priors of the fitted MoE parameters: (low, high)
 BOUNDS = {
     "moe_gemm_m_half": (16.0, 2048.0),
@@ -91,6 +92,8 @@ def row_trial(row: dict):
         moe_a2a_overlap=(row.get("moe_a2a_overlap_preset") or row["moe_a2a_overlap"]) == "1",
         moe_permute_fusion=True,
         moe_grouped_gemm=True,
+        # NVIDIA's token drop (capacity factor 1.0, padded) where the row's scripts applied it
+        moe_token_drop=row.get("moe_token_drop") == "1",
         pp_first_layers=int(row["pp_first_layers"]),
         pp_last_layers=int(row["pp_last_layers"]),
         recompute=row["recompute"],
