@@ -179,3 +179,31 @@ def test_dse_run_works_on_each_moe_space(name, tmp_path):
     assert r.exit_code == 0, r.output
     board = (out / "leaderboard.csv").read_text().splitlines()
     assert len(board) > 1 and any(",ok," in row for row in board[1:])
+
+
+@pytest.mark.parametrize(("payload", "model"), [("nemo2", "model.config."), ("mbridge", "model.")])
+def test_a_token_drop_point_is_spelled_in_its_script_and_graphs_the_whole_moe_layer(payload, model, tmp_path):
+    """``moe_token_drop`` reaches the Slurm script as NVIDIA's token drop (capacity factor 1.0, padded experts) and
+    lets Megatron-Bridge graph the whole MoE layer; the same point without it keeps the dropless recipe's script."""
+    space = _space("qwen3_30b_a3b_h100_8")
+    point = dict(tp=1, pp=1, ep=8, moe_dispatcher="alltoall", mbs=1, recompute="none", moe_token_drop=True)
+    if payload == "mbridge":
+        point |= dict(cuda_graph="transformer_engine", cuda_graph_scope="moe")
+    pinned = space.model_copy(
+        update={
+            "knobs": {k: [v] for k, v in point.items()},
+            "system": system(space.system.gpu, slurm=SLURM),
+            "backend": space.backend.model_copy(update={"payload": payload}),
+        }
+    )
+    assert check(resolve(pinned, point)) is None
+    (row,) = dry_run(pinned, "slurm", tmp_path / "drop").rows
+    (command,) = [line for line in row.script.read_text().splitlines() if " -m recipes." in line]
+    args = set(shlex.split(command))
+    assert {f"{model}moe_expert_capacity_factor=1.0", f"{model}moe_pad_expert_input_to_capacity=true"} <= args
+    dropless = pinned.model_copy(update={"knobs": {**pinned.knobs, "moe_token_drop": [False]}})
+    if payload == "mbridge":  # the whole MoE layer's graph needs the padded experts
+        assert check(resolve(dropless, {**point, "moe_token_drop": False})).rule == "cuda_graph_scope_fits_arch"
+        dropless = dropless.model_copy(update={"knobs": {**dropless.knobs, "cuda_graph": ["none"]}})
+    (row,) = dry_run(dropless, "slurm", tmp_path / "dropless").rows
+    assert "capacity" not in row.script.read_text()
