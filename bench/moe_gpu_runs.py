@@ -289,6 +289,7 @@ def report(rows: list[dict]) -> list[dict]:
                 # the model's peak less its allocator reserve, which the payload's peak allocation leaves out
                 "pred_allocated_gib": pmem - p.breakdown["mem.reserve_gib"] if p else None,
                 "bridge_memory_gib": ref,
+                "gpu": row["gpu"],
             }
         )
     gpus = ", ".join(sorted({r["gpu"] for r in rows}))
@@ -296,6 +297,9 @@ def report(rows: list[dict]) -> list[dict]:
         print(f"{len(rows)} runs on {gpus} (dse.perfmodel.predict not found: measured figures only)")
         return out
     base.print_mape(out, f"1 GPU: {gpus}")
+    if len({r["gpu"] for r in out}) > 1:  # the machines differ in their hosts as well as their GPUs: each apart
+        for gpu in sorted({r["gpu"] for r in out}):
+            base.print_mape([r for r in out if r["gpu"] == gpu], f"{gpu} alone")
     per_expert_ms(rows, out)
     moe = [r for r in out if r["bridge_memory_gib"] is not None]
     if moe:

@@ -329,7 +329,7 @@ def test_every_plan_line_passes_the_payload_checks(plan):
 
 
 def test_recorded_moe_runs_reparse():
-    """bench/data/moe_gpu_runs.tsv is what the bench reads from the recorded one-GPU logs (real H200 runs), each
+    """bench/data/moe_gpu_runs.tsv is what the bench reads from the recorded one-GPU logs (real H200 and H100 runs), each
     log's name says its settings, and every run's settings came from the header the payload printed."""
     bench = _bench()
     with open(bench.TSV, newline="") as fh:
