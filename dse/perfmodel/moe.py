@@ -332,9 +332,9 @@ def moe_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, forward_b
     than it launches (:func:`moe_backward_host_wait`). The wait is largest
     where a layer's forward GPU time is short: a small model at a small micro-batch. Under token drop
     (``moe_token_drop``) the padded experts' shapes are static and the dispatcher copies nothing to the host
-    (Megatron-Core's ``MoEAlltoAllTokenDispatcher``: ``drop_and_pad`` fills the per-expert counts with the capacity on
-    the device and keeps ``cuda_sync_point`` at "no_sync"): no wait here; :func:`moe_host_layer_wait` bounds the
-    layer instead."""
+    (Megatron-Core's ``MoEAlltoAllTokenDispatcher.preprocess``: under ``drop_and_pad`` the per-expert counts are the
+    capacity, made on the host with ``torch.full``, where a capacity without padding still syncs for the
+    permutation's size): no wait here; :func:`moe_host_layer_wait` bounds the layer instead."""
     if layout.moe_token_drop:
         return 0.0
     return max(0.0, moe_host_forward_s(shape, layout, machine) - forward_busy)
