@@ -36,6 +36,20 @@ def test_an_invalid_layout_of_the_users_own_is_still_refused():
     assert "invalid layout" in r.output and "dropped" not in r.output
 
 
+def test_moe_knobs_passed_for_a_dense_model_are_named_as_ignored():
+    r = predict("--num-gpus", "1024", "--moe-token-drop", "--set", "moe_dispatcher=flex")
+    assert r.exit_code == 0, r.output
+    assert "moe_token_drop=true, moe_dispatcher=flex: no effect on a dense model (llama3_405b), ignored" in r.output
+    plain = json.loads(predict("--num-gpus", "1024", "--json").output)
+    dropped = json.loads(predict("--num-gpus", "1024", "--moe-token-drop", "--json").output)
+    assert plain["moe_note"] == "" and "moe_token_drop=true" in dropped["moe_note"]
+    assert dropped["step_time_s"] == plain["step_time_s"]  # the dense layout it is
+    moe = CliRunner().invoke(
+        app, ["predict", "--model", "qwen3_30b_a3b", "--gpu", "h100", "--moe-token-drop", "--json"]
+    )
+    assert json.loads(moe.output)["moe_note"] == ""
+
+
 def test_gb200_70b_fp8_explicit_layout_needs_no_extra_flags():
     """NVIDIA's GB200 FP8 layout for Llama 3 70B (tp 2, pp 4, vp 5): the recipe's FSDP and offloading, which
     pipeline parallelism excludes, give way to it."""

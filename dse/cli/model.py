@@ -133,7 +133,11 @@ def predict_cmd(
 
         params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
-    notes = {"container_note": container_note, "attention_note": _attention_note(trial, system)}
+    notes = {
+        "container_note": container_note,
+        "attention_note": _attention_note(trial, system),
+        "moe_note": _moe_note(trial, settings),
+    }
     if as_json:
         head = {"flops_convention": flops_convention, "calibration": calibration, "payload": payload, **notes}
         typer.echo(json.dumps(_prediction_json(trial, system, pred, head, from_recipe, dropped), indent=2))
@@ -162,6 +166,25 @@ def _prediction_json(trial, system, pred, head: dict, from_recipe, dropped: list
         "recipe_defaults_dropped": dropped,
         **pred.as_dict(),
     }
+
+
+def _moe_note(trial, settings: dict[str, Any]) -> str:
+    """The MoE-only knobs passed for a dense model, which no payload spells for it (``dse.facts.knobs.MOE_KNOBS``)
+    and the model does not read, or "": a space keeps such a point once, as the same run
+    (``dse.rules.constraints.dense_takes_no_moe_knobs``), so here it is predicted as the dense layout it is, and
+    said so."""
+    from dse.facts import knobs
+
+    if trial.arch.is_moe:
+        return ""
+    passed = [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in settings.items()
+        if k in knobs.MOE_KNOBS and v != knobs.CATALOGUE[k].default
+    ]
+    if not passed:
+        return ""
+    return f"{', '.join(passed)}: no effect on a dense model ({trial.arch.name}), ignored"
 
 
 def _attention_note(trial, system) -> str:
