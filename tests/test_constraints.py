@@ -291,14 +291,16 @@ def _moe_trial(**over) -> TrialConfig:
     [
         ("moe", False, "drop-and-pad"),
         ("moe", True, None),
+        ("full", False, "the whole layer, its MoE block included"),
+        ("full", True, None),
         ("mlp", False, "experts in every layer"),
         ("mlp", True, "experts in every layer"),
         ("moe_router,moe_preprocess", False, None),
     ],
 )
 def test_moe_graph_scopes_follow_megatron_core(scope, token_drop, words):
-    """On an MoE model (every layer with experts): the router may be graphed, the whole MoE layer only with
-    drop-and-pad (``moe_token_drop``), and a dense MLP scope names nothing that exists."""
+    """On an MoE model (every layer with experts): the router may be graphed, the whole MoE block or the whole
+    layer only with drop-and-pad (``moe_token_drop``), and a dense MLP scope names nothing that exists."""
     t = _moe_trial(cuda_graph="transformer_engine", cuda_graph_scope=scope, moe_token_drop=token_drop)
     why = constraints.cuda_graph_scope_fits_arch(t)
     assert (why is None) if words is None else (why is not None and words in why.reason), why

@@ -599,7 +599,9 @@ def cuda_graph_scope_impl(t: TrialConfig) -> Broken | None:
 def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
     """The scope's parts must exist in the model: ``moe``/``moe_router`` need experts ("moe cuda graph is only
     supported for MoE"), ``moe`` a drop-and-pad MoE ("moe cuda graph is only supported with drop-padding MoE":
-    ``moe_token_drop``), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's
+    ``moe_token_drop``), and so does ``full``, the whole layer, on a MoE model (Megatron-Core's
+    ``is_whole_moe_cuda_graph_scope``: an empty scope, the whole layer, captures the whole MoE block; a dropless
+    block's host sync cannot be captured), ``mlp`` a dense MLP ("mlp cuda graph is only supported for dense layers"; dse's
     MoE architectures put experts in every layer), ``mamba`` a hybrid Mamba model (none in dse's registry)."""
     if t.values["cuda_graph"] == "none":
         return None
@@ -607,10 +609,11 @@ def cuda_graph_scope_fits_arch(t: TrialConfig) -> Broken | None:
     parts = scope.split(",")
     if not moe and any(p.startswith("moe") for p in parts):
         return broken(f"cuda_graph_scope={scope} graphs MoE parts; {name} is dense", "cuda_graph_scope")
-    if moe and "moe" in parts and not t.layout.moe_token_drop:
+    if moe and ("moe" in parts or scope == "full") and not t.layout.moe_token_drop:
+        what = "the whole MoE block" if "moe" in parts else "the whole layer, its MoE block included"
         return broken(
-            f"cuda_graph_scope={scope} graphs the whole MoE layer, which Megatron-Core allows only for drop-and-pad "
-            "MoE (a capacity factor with padding): set moe_token_drop=true, or use moe_router",
+            f"cuda_graph_scope={scope} graphs {what}, which Megatron-Core allows only for drop-and-pad MoE (a "
+            "capacity factor with padding): set moe_token_drop=true, or graph moe_router,moe_preprocess",
             "cuda_graph_scope",
             "moe_token_drop",
         )
