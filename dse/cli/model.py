@@ -178,7 +178,7 @@ def _moe_note(trial, settings: dict[str, Any]) -> str:
     if trial.arch.is_moe:
         return ""
     passed = [
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+        f"{k}={knobs.spell_value(v)}"
         for k, v in settings.items()
         if k in knobs.MOE_KNOBS and v != knobs.CATALOGUE[k].default
     ]

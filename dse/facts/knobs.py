@@ -193,7 +193,9 @@ NODES_MAX = 100_000
 STEPS_MAX = 1_000_000
 
 
-def _spell_value(value: Any) -> str:
+def spell_value(value: Any) -> str:
+    """A knob's value as a space file and the payloads' overrides write it: ``null``, ``true`` / ``false``, else
+    ``str``."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -249,7 +251,7 @@ class Spelling:
         ``dse.rules.trial.resolve_auto``) is left to the payload's own default."""
         if value is None and knob.kind == "bool":
             return []
-        return [f"{p}={_spell_value(value)}" for p in self.paths(knob)]
+        return [f"{p}={spell_value(value)}" for p in self.paths(knob)]
 
     def spell(self, knob: Knob, value: Any, values: Mapping[str, Any]) -> list[str]:
         """``knob`` = ``value`` (with the trial's other ``values``) in this family's overrides."""
@@ -368,7 +370,7 @@ def _recompute(knob: Knob, value: Any, values: Mapping[str, Any], sp: Spelling) 
         ]
     granularity = None if mode == "none" else mode
     out = [
-        f"{prefix}recompute_granularity={_spell_value(granularity)}",
+        f"{prefix}recompute_granularity={spell_value(granularity)}",
         f"{prefix}recompute_method=null",
         f"{prefix}recompute_num_layers=null",
     ]
@@ -1248,8 +1250,8 @@ def pipeline_split_overrides(
     on = not uneven and pp > 1 and num_layers % chunks != 0 and (num_layers + 2) % chunks == 0
     prefix = spelling_of(flavour).strategy
     out = [
-        f"{prefix}account_for_embedding_in_pipeline_split={_spell_value(on)}",
-        f"{prefix}account_for_loss_in_pipeline_split={_spell_value(on)}",
+        f"{prefix}account_for_embedding_in_pipeline_split={spell_value(on)}",
+        f"{prefix}account_for_loss_in_pipeline_split={spell_value(on)}",
     ]
     if not (uneven or explicit):
         return out
@@ -1260,9 +1262,9 @@ def pipeline_split_overrides(
     counts = (first, last) if layout is None else (0, 0)
     return [
         *out,
-        f"{prefix}num_layers_in_first_pipeline_stage={_spell_value(counts[0] or None)}",
-        f"{prefix}num_layers_in_last_pipeline_stage={_spell_value(counts[1] or None)}",
-        *([f"{prefix}pipeline_model_parallel_layout={_spell_value(layout)}"] if layouts else []),
+        f"{prefix}num_layers_in_first_pipeline_stage={spell_value(counts[0] or None)}",
+        f"{prefix}num_layers_in_last_pipeline_stage={spell_value(counts[1] or None)}",
+        *([f"{prefix}pipeline_model_parallel_layout={spell_value(layout)}"] if layouts else []),
     ]
 
 

@@ -267,7 +267,7 @@ def _plugins(plugins: Mapping[str, Any], f: str, where: str, notes: list[NotImpo
         if name in ("fp8", "fp8_recipe"):
             continue
         full = f"{where}.trainer.plugins.{name}"
-        if name in spelled and str(spelled[name]) == knobs._spell_value(value):
+        if name in spelled and str(spelled[name]) == knobs.spell_value(value):
             continue  # dse's spelling of this FP8 recipe sets the same value
         if name in spelled:
             reason = f"dse's {values['fp8_recipe']} recipe sets {name}={spelled[name]}"

@@ -178,15 +178,11 @@ def dense_takes_no_moe_knobs(t: TrialConfig) -> Broken | None:
     for name in sorted(knobs.MOE_KNOBS & set(t.varied)):
         if t.values[name] != t.first_listed.get(name, t.values[name]):
             return broken(
-                f"{name}={_spelled(t.values[name])} has no effect on a dense model ({t.arch.name}): the same run as "
-                f"{name}={_spelled(t.first_listed[name])}",
+                f"{name}={knobs.spell_value(t.values[name])} has no effect on a dense model ({t.arch.name}): the same run as "
+                f"{name}={knobs.spell_value(t.first_listed[name])}",
                 name,
             )
     return None
-
-
-def _spelled(value: object) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def ep_divides_experts(t: TrialConfig) -> Broken | None:
