@@ -133,11 +133,7 @@ def predict_cmd(
 
         params = apply(load_calibration(calibration, gpu=system.gpu))
     pred = predict(trial, flops_convention=flops_convention, **({"params": params} if params else {}))
-    notes = {
-        "container_note": container_note,
-        "attention_note": _attention_note(trial, system),
-        "moe_note": _moe_note(trial, settings),
-    }
+    notes = _notes(trial, system, settings, container_note)
     if as_json:
         head = {"flops_convention": flops_convention, "calibration": calibration, "payload": payload, **notes}
         typer.echo(json.dumps(_prediction_json(trial, system, pred, head, from_recipe, dropped), indent=2))
@@ -165,6 +161,16 @@ def _prediction_json(trial, system, pred, head: dict, from_recipe, dropped: list
         "recipe_defaults": sorted(from_recipe),
         "recipe_defaults_dropped": dropped,
         **pred.as_dict(),
+    }
+
+
+def _notes(trial, system, settings: dict[str, Any], container_note: str) -> dict[str, str]:
+    """What the prediction is to be read with, each "" where there is nothing to say: the container tag's, the
+    attention backend's and the MoE knobs' notes (printed under the table, and keys of ``--json``)."""
+    return {
+        "container_note": container_note,
+        "attention_note": _attention_note(trial, system),
+        "moe_note": _moe_note(trial, settings),
     }
 
 
