@@ -15,8 +15,8 @@ for DeepSeek-V3, GPT-OSS 120B, Qwen3 30B-A3B and 235B-A22B, containers 26.02, 26
 software generation: 26.06 brought fused CuTe DSL expert MLPs and full-iteration CUDA graphs, which the model does
 not price), each with its preset's recompute modules and CUDA graphs; the older 25.11 rows and 25.09's (DeepSeek-V3
 on 1,024 H100, dropless, and 12 token-drop runs of Qwen3 and of DeepSeek-V3 on Blackwell; their presets and run
-scripts at Megatron-Bridge v0.2.1 and v0.1.0rc4), held out; and NeMo 2's Mixtral 8x7B and
-8x22B rows on B200 and GB200 (NeMo framework performance summary, containers 25.02 and 25.04), all held out; and the
+scripts at Megatron-Bridge v0.2.1 and v0.1.0rc4), held out; and NeMo 2's Mixtral 8x7B and 8x22B rows on B200
+and GB200 (NeMo framework performance summary, containers 25.02 and 25.04), all held out; and the
 DeepSeek-V3 and Qwen3 235B-A22B rows of NVIDIA's DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking: the
 results tables and example outputs of its READMEs at tags v25.05 to v25.12, BF16, containers NeMo 25.04.01 and 25.07.01
 and Megatron-Bridge 25.09 and 25.11.01, each with its tag's launch script and its pinned NeMo or Megatron-Bridge
@@ -25,7 +25,8 @@ layout is also a fitted row's (another container's measurement of it) is marked 
 figure, since it tests container drift rather than generalisation. NVIDIA force-balances the router in these
 runs, or drops tokens at a capacity factor of 1.0 and pads every expert to it (the ``moe_token_drop`` column:
 Megatron-Bridge 25.09's token-drop rows, NeMo 2's performance mode, the DGX Cloud recipes' DeepSeek-V3 runs on GB200
-and in NeMo 25.04), so every expert sees the balanced count and ``Params.moe_imbalance`` stays 1. Tokens/s/GPU is compared (convention-free).
+and in NeMo 25.04), so every expert sees the balanced count and ``Params.moe_imbalance`` stays 1. Tokens/s/GPU is
+compared (convention-free).
 """
 
 from __future__ import annotations
