@@ -38,6 +38,7 @@ MOE = (
     "moe_dispatcher",
     "moe_grouped_gemm",
     "moe_permute_fusion",
+    "moe_token_drop",
     "kv_channels",
     "gpu",
 )
@@ -48,6 +49,21 @@ _MOE = re.compile(
     r".*kv channels (\d+)"
 )
 _GPU = re.compile(r"> recipes\.mcore: device (.+?)\s*$")
+# the capacity in the MoE header (logs from before the payload printed it are dropless)
+_CAPACITY = re.compile(r"capacity factor (\S+), padded (\w+),")
+
+
+def token_drop(line: str, log: Path) -> bool:
+    """Whether a MoE header line is dse's ``moe_token_drop`` (a capacity factor of 1.0, every expert padded to it) or
+    dropless (no capacity factor); any other capacity is refused, as dse prices no other."""
+    m = _CAPACITY.search(line)
+    if m is None or (m.group(1) == "None" and m.group(2) == "False"):
+        return False
+    if m.group(1) == "1.0" and m.group(2) == "True":
+        return True
+    raise ValueError(
+        f"{log}: capacity factor {m.group(1)}, padded {m.group(2)}: dse prices dropless or 1.0 padded only"
+    )
 
 
 def measure(log: Path) -> dict:
@@ -64,6 +80,7 @@ def measure(log: Path) -> dict:
         moe_dispatcher="",
         moe_grouped_gemm=False,
         moe_permute_fusion=False,
+        moe_token_drop=False,
         kv_channels=(row.get("hidden_size") or 0) // max(1, row.get("num_attention_heads") or 1),
         gpu="",
     )
@@ -81,6 +98,7 @@ def measure(log: Path) -> dict:
                 moe_dispatcher=m.group(8),
                 moe_grouped_gemm=m.group(9) == "True",
                 moe_permute_fusion=m.group(10) == "True",
+                moe_token_drop=token_drop(line, log),
                 kv_channels=int(m.group(11)),
             )
         elif m := _GPU.search(line):
@@ -152,11 +170,13 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
         "moe_topk",
         "moe_dispatcher",
         "moe_permute_fusion",
+        "moe_token_drop",
         "seq_length",
         "precision",
         "fp8_recipe",
         "recompute",
         "attention_backend",
+        "gpu",
     )
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for row, fig in zip(rows, out, strict=True):
@@ -181,7 +201,7 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
 
 
 def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """What the host-bound runs say of a MoE layer's host time, per layer spec (16 experts, top-2, the all-to-all
+    """What the host-bound runs say of a MoE layer's host time, per layer spec and machine (16 experts, top-2, the all-to-all
     dispatcher, bf16, sequence 2048, global batch 8; grouped GEMMs as the spec runs them by default: on for TE, off
     for the local spec): the step's least-squares slope over the micro-batches a step runs (micro-batch 1, 2 and 4)
     per MoE layer, forward and backward (the per-micro-batch time of a step that waits for its host is the host's),
@@ -196,6 +216,7 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
             and int(r["moe_topk"]) == 2
             and r["moe_dispatcher"] == "alltoall"
             and str(r["moe_permute_fusion"]) == "False"  # a row read back from the TSV holds strings
+            and str(r["moe_token_drop"]) == "False"
             and str(r["moe_grouped_gemm"]) == str(spec == "te")
             and r["precision"] == "bf16"
             and int(r["seq_length"]) == 2048
@@ -203,8 +224,8 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
         )
 
     out = []
-    for spec in ("te", "local"):
-        runs = [r for r in rows if alike(r, spec)]
+    for spec, gpu in ((s, g) for s in ("te", "local") for g in sorted({r["gpu"] for r in rows})):
+        runs = [r for r in rows if alike(r, spec) and r["gpu"] == gpu]  # one machine's host at a time
         plain = [r for r in runs if r["recompute"] == "none"]
         full = [float(r["step_time_ms"]) for r in runs if r["recompute"] == "full" and int(r["mbs"]) == 2]
         if len({r["mbs"] for r in plain}) < 2 or not full:
@@ -215,12 +236,49 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
         base2 = [float(r["step_time_ms"]) for r in plain if int(r["mbs"]) == 2]
         fwd = (sum(full) / len(full) - sum(base2) / len(base2)) / (4 * layers)
         print(
-            f"host time of a MoE layer and micro-batch ({spec} spec, {len(plain)} runs over micro-batch 1-4, "
+            f"host time of a MoE layer and micro-batch ({spec} spec, {gpu}, {len(plain)} runs over micro-batch 1-4, "
             f"{len(full)} with full recompute): forward + backward {both:.1f} ms, forward {fwd:.1f} ms "
             f"(full recompute's extra), backward / forward {(both - fwd) / fwd:.1f}"
         )
         out.append((spec, both, fwd))
     return out
+
+
+def last_steps_ms(log: Path, n: int = 3) -> float:
+    """The mean of a run's last ``n`` logged step times (ms): a dropless run's steps still fall after the warm-up
+    steps the mean leaves out (new per-expert shapes every step), a token-drop run's do not."""
+    times = [
+        float(m.group(2)) for line in log.read_text(errors="replace").splitlines() if (m := base._ITER.search(line))
+    ]
+    return sum(times[-n:]) / len(times[-n:])
+
+
+def token_drop_pairs(rows: list[dict], out: list[dict]) -> list[tuple[str, float, float]]:
+    """Token drop's speed-up on a real GPU: each token-drop run against its dropless twin (the run that differs in
+    nothing else on the same GPU), the dropless step time over the token-drop one, measured (over the measured
+    steps, and over the last three) and predicted. Returns (token-drop run, measured ratio, predicted ratio)."""
+    measured = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_first"}
+    # "model" is the preset's name, "_custom" once an override (the capacity's) is given: the shape columns say
+    measured |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "moe_token_drop", "model"}
+    setting = [c for c in COLUMNS if c not in measured]  # the run's configuration, its GPU included
+
+    def key(r: dict) -> tuple:
+        return tuple(str(r[c]) for c in setting)
+
+    twins = {key(r): (r, f) for r, f in zip(rows, out, strict=True) if str(r["moe_token_drop"]) == "False"}
+    pairs = []
+    for r, f in zip(rows, out, strict=True):
+        if str(r["moe_token_drop"]) != "True" or key(r) not in twins or f["pred_step_time_ms"] is None:
+            continue
+        dr, d = twins[key(r)]
+        meas, pred = d["step_time_ms"] / f["step_time_ms"], d["pred_step_time_ms"] / f["pred_step_time_ms"]
+        last = last_steps_ms(LOGS / dr["log"]) / last_steps_ms(LOGS / r["log"])
+        print(
+            f"token drop, {r['name']} against {d['name']} ({r['gpu']}): dropless / token drop step time "
+            f"measured {meas:.2f} ({last:.2f} over the last three steps), model {pred:.2f}"
+        )
+        pairs.append((r["name"], meas, pred))
+    return pairs
 
 
 _ITER_TS = re.compile(r"^\s*\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration\s+(\d+)/")
@@ -301,6 +359,7 @@ def report(rows: list[dict]) -> list[dict]:
         for gpu in sorted({r["gpu"] for r in out}):
             base.print_mape([r for r in out if r["gpu"] == gpu], f"{gpu} alone")
     per_expert_ms(rows, out)
+    token_drop_pairs(rows, out)
     moe = [r for r in out if r["bridge_memory_gib"] is not None]
     if moe:
 
@@ -359,6 +418,7 @@ def plan_rows(plan: Path, gpu: str) -> list[dict]:
             moe_ffn_hidden_size=str(c.expert_ffn if c.is_moe else 0),
             kv_channels=str(c.head_dim),
             moe_grouped_gemm=str(bool(c.moe_grouped_gemm)),
+            moe_token_drop=str(c.moe_capacity_factor == 1.0 and c.moe_pad_to_capacity),
             gpu=gpu,
         )
         rows.append(row)

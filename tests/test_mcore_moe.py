@@ -347,6 +347,29 @@ def test_recorded_moe_runs_reparse():
             assert log.stem.split("_")[0] == f"moe{row['num_experts']}" and f"mbs{row['mbs']}" in log.stem
             assert ("top4" in log.stem) == (row["moe_topk"] == 4)
             assert ("allgather" in log.stem) == (row["moe_dispatcher"] == "allgather")
+            assert ("tokendrop" in log.stem) == row["moe_token_drop"]
+
+
+def test_token_drop_runs_are_read_and_set_against_their_dropless_twins(tmp_path, monkeypatch):
+    """A run whose header says a capacity factor of 1.0, padded, is a token-drop run (dse's ``moe_token_drop``); it is
+    compared with the dropless run that differs in nothing else (dropless / token drop, over the measured steps and
+    the last three); a run of another micro-batch has no twin, and a capacity dse does not price is refused."""
+    bench = _bench()
+    base = check(replace(MOE, gbs=8, mbs=2), 1, te_available=True)
+    drop = replace(base, moe_capacity_factor=1.0, moe_pad_to_capacity=True)
+    _write_log(tmp_path / "moe16_mbs2.log", base, [900.0] * 9 + [600.0] * 3, 20480.0)  # steps falling at the end
+    _write_log(tmp_path / "moe16_mbs2_tokendrop.log", drop, [500.0] * 12, 20480.0)
+    _write_log(tmp_path / "moe16_mbs4_tokendrop.log", replace(drop, mbs=4), [400.0] * 12, 20480.0)
+    rows = bench.write_tsv(tmp_path, tmp_path / "runs.tsv")
+    assert [r["moe_token_drop"] for r in rows] == [False, True, True]
+    out = [{"name": r["name"], "step_time_ms": r["step_time_ms"], "pred_step_time_ms": 100.0} for r in rows]
+    monkeypatch.setattr(bench, "LOGS", tmp_path)
+    ((name, measured, predicted),) = bench.token_drop_pairs(rows, out)
+    assert name == "moe16_mbs2_tokendrop" and predicted == 1.0
+    assert measured == pytest.approx(rows[0]["step_time_ms"] / 500.0) and measured > 1.2
+    _write_log(tmp_path / "cf2.log", replace(base, moe_capacity_factor=2.0), [500.0] * 12, 20480.0)
+    with pytest.raises(ValueError, match="capacity factor 2.0"):
+        bench.measure(tmp_path / "cf2.log")
 
 
 def test_per_expert_slope_reads_runs_that_differ_only_in_experts(tmp_path):

@@ -737,7 +737,7 @@ CATALOGUE: dict[str, Knob] = {
             mbridge=("model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity"),
             spell=_both(_moe_token_drop),
             model_arg="moe_token_drop",
-            # no calibration column: the shipped one-GPU runs are dropless, so a calibration TSV reads as dropless
+            column=_MOE_COLUMN,
             moe_only=True,
         ),
         Knob(
