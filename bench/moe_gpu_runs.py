@@ -6,8 +6,9 @@
                                                      # the model's figures for a plan's runs, before they run
 
 Same columns as ``bench/data/h200_te_runs.tsv`` plus the MoE settings and the GPU, read from the payload's
-header lines (``> recipes.mcore: moe experts 16, top-k 2, ...``, ``> recipes.mcore: device ...``). Logs:
-tests/fixtures/logs/real_moe/ (made with bench/moe_gpu_plan.tsv and bench/moe_gpu_plan2.tsv). The prediction
+header lines (``> recipes.mcore: moe experts 16, top-k 2, ...``, ``> recipes.mcore: device ...``; a capacity factor
+of 1.0 with padding is the ``moe_token_drop`` column). Logs: tests/fixtures/logs/real_moe/ (made with the plans
+bench/moe_gpu_plan*.tsv; ``_h100`` in a name: an H100 machine's run). The prediction
 is ``dse.perfmodel.predict`` for the same point on a one-GPU system of the run's GPU, where the model prices
 an MoE; otherwise the measured figures alone are printed. Needs no torch.
 """
