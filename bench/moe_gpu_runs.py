@@ -202,12 +202,12 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
 
 
 def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
-    """What the host-bound runs say of a MoE layer's host time, per layer spec and machine (16 experts, top-2, the all-to-all
-    dispatcher, bf16, sequence 2048, global batch 8; grouped GEMMs as the spec runs them by default: on for TE, off
-    for the local spec): the step's least-squares slope over the micro-batches a step runs (micro-batch 1, 2 and 4)
-    per MoE layer, forward and backward (the per-micro-batch time of a step that waits for its host is the host's),
-    and what full recompute adds at micro-batch 2 per layer and micro-batch, one more forward. Returns (layer
-    spec, forward + backward ms, forward ms); prints the backward's ratio to the forward."""
+    """What the host-bound runs say of a MoE layer's host time, per layer spec and machine (16 experts, top-2, the
+    all-to-all dispatcher, bf16, sequence 2048, global batch 8; grouped GEMMs as the spec runs them by default: on for
+    TE, off for the local spec): the step's least-squares slope over the micro-batches a step runs (micro-batch 1, 2
+    and 4) per MoE layer, forward and backward (the per-micro-batch time of a step that waits for its host is the
+    host's), and what full recompute adds at micro-batch 2 per layer and micro-batch, one more forward. Returns
+    (layer spec, forward + backward ms, forward ms); prints the machine and the backward's ratio to the forward."""
     import numpy as np  # a pandas dependency
 
     def alike(r: dict, spec: str) -> bool:
@@ -258,10 +258,10 @@ def token_drop_pairs(rows: list[dict], out: list[dict]) -> list[tuple[str, float
     """Token drop's speed-up on a real GPU: each token-drop run against its dropless twin (the run that differs in
     nothing else on the same GPU), the dropless step time over the token-drop one, measured (over the measured
     steps, and over the last three) and predicted. Returns (token-drop run, measured ratio, predicted ratio)."""
-    measured = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_first"}
+    outcome = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_first"}
     # "model" is the preset's name, "_custom" once an override (the capacity's) is given: the shape columns say
-    measured |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "moe_token_drop", "model"}
-    setting = [c for c in COLUMNS if c not in measured]  # the run's configuration, its GPU included
+    outcome |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "moe_token_drop", "model"}
+    setting = [c for c in COLUMNS if c not in outcome]  # the run's configuration, its GPU included
 
     def key(r: dict) -> tuple:
         return tuple(str(r[c]) for c in setting)
