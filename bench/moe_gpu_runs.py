@@ -42,6 +42,7 @@ MOE = (
     "moe_token_drop",
     "kv_channels",
     "gpu",
+    "host",
 )
 COLUMNS = te.COLUMNS[:-1] + MOE + ("log",)
 _MOE = re.compile(
@@ -50,6 +51,7 @@ _MOE = re.compile(
     r".*kv channels (\d+)"
 )
 _GPU = re.compile(r"> recipes\.mcore: device (.+?)\s*$")
+_HOST = re.compile(r"> recipes\.mcore: host (.+?)\s*$")  # logs from before the payload printed it have none
 # the capacity in the MoE header (logs from before the payload printed it are dropless)
 _CAPACITY = re.compile(r"capacity factor (\S+), padded (\w+),")
 
@@ -84,6 +86,7 @@ def measure(log: Path) -> dict:
         moe_token_drop=False,
         kv_channels=(row.get("hidden_size") or 0) // max(1, row.get("num_attention_heads") or 1),
         gpu="",
+        host="",
     )
     for line in log.read_text(errors="replace").splitlines():
         if m := _MOE.search(line):
@@ -104,6 +107,8 @@ def measure(log: Path) -> dict:
             )
         elif m := _GPU.search(line):
             row["gpu"] = m.group(1)
+        elif m := _HOST.search(line):
+            row["host"] = m.group(1)
     return row
 
 
@@ -115,6 +120,11 @@ def write_tsv(logdir: Path, out: Path = TSV) -> list[dict]:
         w.writeheader()
         w.writerows(rows)
     return rows
+
+
+def machine(row: dict) -> str:
+    """The machine a run ran on, as far as its log says: the GPU, and the host's CPU where the payload printed it."""
+    return f"{row['gpu']}, {row['host']}" if row.get("host") else row["gpu"]
 
 
 def gpu_key(name: str) -> str:
@@ -178,6 +188,7 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
         "recompute",
         "attention_backend",
         "gpu",
+        "host",
     )
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for row, fig in zip(rows, out, strict=True):
@@ -225,8 +236,8 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
         )
 
     out = []
-    for spec, gpu in ((s, g) for s in ("te", "local") for g in sorted({r["gpu"] for r in rows})):
-        runs = [r for r in rows if alike(r, spec) and r["gpu"] == gpu]  # one machine's host at a time
+    for spec, gpu in ((s, g) for s in ("te", "local") for g in sorted({machine(r) for r in rows})):
+        runs = [r for r in rows if alike(r, spec) and machine(r) == gpu]  # one machine's host at a time
         plain = [r for r in runs if r["recompute"] == "none"]
         full = [float(r["step_time_ms"]) for r in runs if r["recompute"] == "full" and int(r["mbs"]) == 2]
         if len({r["mbs"] for r in plain}) < 2 or not full:
@@ -349,6 +360,7 @@ def report(rows: list[dict]) -> list[dict]:
                 "pred_allocated_gib": pmem - p.breakdown["mem.reserve_gib"] if p else None,
                 "bridge_memory_gib": ref,
                 "gpu": row["gpu"],
+                "machine": machine(row),
             }
         )
     gpus = ", ".join(sorted({r["gpu"] for r in rows}))
@@ -356,9 +368,9 @@ def report(rows: list[dict]) -> list[dict]:
         print(f"{len(rows)} runs on {gpus} (dse.perfmodel.predict not found: measured figures only)")
         return out
     base.print_mape(out, f"1 GPU: {gpus}")
-    if len({r["gpu"] for r in out}) > 1:  # the machines differ in their hosts as well as their GPUs: each apart
-        for gpu in sorted({r["gpu"] for r in out}):
-            base.print_mape([r for r in out if r["gpu"] == gpu], f"{gpu} alone")
+    if len({r["machine"] for r in out}) > 1:  # the machines differ in their hosts as well as their GPUs: each apart
+        for m in sorted({r["machine"] for r in out}):
+            base.print_mape([r for r in out if r["machine"] == m], f"{m} alone")
     per_expert_ms(rows, out)
     token_drop_pairs(rows, out)
     moe = [r for r in out if r["bridge_memory_gib"] is not None]

@@ -590,3 +590,30 @@ def test_dses_own_command_line_for_the_deepseek_v3_slice_runs_without_mtp_and_th
         config_from_argv([*argv, "model.mtp_num_layers=1"])
     bridge = knobs.payload_args("mbridge", RECIPES["deepseek_v3_8l"], values, gpu="h100", gpus_per_node=8)
     assert "model.mtp_num_layers=null" in bridge
+
+
+def test_the_host_cpu_is_printed_and_each_machine_is_read_apart(tmp_path):
+    """The payload names its host's CPU in the header (the first ``model name`` of /proc/cpuinfo and the CPUs it may
+    use); the bench reads it into the ``host`` column and takes two runs on one GPU model but different hosts as two
+    machines; a log from before the line has no host and is the GPU alone."""
+    from recipes.mcore.train import host_cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\nprocessor\t: 1\n")
+    cpu = host_cpu(str(info))
+    assert cpu.startswith("Intel(R) Xeon(R) Platinum 8480C, ") and cpu.endswith(" CPUs")
+    assert host_cpu(str(tmp_path / "absent")).endswith(" CPUs")  # no cpuinfo: the platform's name, never a crash
+    bench = _bench()
+    cfg = check(replace(MOE, gbs=8, mbs=2), 1, te_available=True)
+    assert any(ln == f"> recipes.mcore: host {cpu}" for ln in header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3", cpu))
+    assert not any("host" in ln for ln in header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3"))
+    for name, host in (("a", cpu), ("b", "AMD EPYC 9654, 16 CPUs"), ("c", "")):
+        lines = header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3", host)
+        (tmp_path / f"{name}.log").write_text("\n".join(lines) + "\n")
+        assert bench.measure(tmp_path / f"{name}.log")["host"] == host
+    machines = {bench.machine(bench.measure(tmp_path / f"{n}.log")) for n in "abc"}
+    assert machines == {
+        f"NVIDIA H100 80GB HBM3, {cpu}",
+        "NVIDIA H100 80GB HBM3, AMD EPYC 9654, 16 CPUs",
+        "NVIDIA H100 80GB HBM3",
+    }

@@ -936,8 +936,9 @@ def format_iteration_line(
     return s
 
 
-def header_lines(cfg: RunConfig, world: int, dp: int, device: str) -> list[str]:
-    """The lines rank 0 prints before building the model: the run, the layer spec, the device, the precision, the
+def header_lines(cfg: RunConfig, world: int, dp: int, device: str, host: str = "") -> list[str]:
+    """The lines rank 0 prints before building the model: the run, the layer spec, the device (and ``host``, its
+    CPU, where given: two machines of one GPU can differ in their hosts, which bound small steps), the precision, the
     model and (an MoE) its experts. bench/h200_real_runs.py, h200_te_runs.py and moe_gpu_runs.py read them back."""
     num_micro = cfg.gbs // (cfg.mbs * dp)
     fp8 = f"fp8 hybrid {cfg.fp8_recipe}" if cfg.precision == "fp8" else "bf16"
@@ -947,6 +948,7 @@ def header_lines(cfg: RunConfig, world: int, dp: int, device: str) -> list[str]:
         f"recompute {cfg.recompute}, distributed optimizer {cfg.distributed_optimizer}",
         f"> recipes.mcore: layer spec {cfg.layer_spec}",
         f"> recipes.mcore: device {device}",
+        *([f"> recipes.mcore: host {host}"] if host else []),
         f"> recipes.mcore: precision {fp8}, attention backend {cfg.attention_backend}, "
         f"cpu offload layers {cfg.cpu_offloading_num_layers if cfg.cpu_offloading else 0}",
         f"> model {cfg.model}: layers {cfg.num_layers}, hidden {cfg.hidden_size}, heads "

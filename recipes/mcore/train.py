@@ -409,6 +409,21 @@ def _cuda_mem(torch):
     )
 
 
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This machine's CPU as the header names it: the first ``model name`` of ``cpuinfo`` (Linux) and the CPUs this
+    process may use, e.g. "Intel(R) Xeon(R) Platinum 8480C, 16 CPUs"; the platform's processor string elsewhere."""
+    import platform
+
+    model = ""
+    try:
+        with open(cpuinfo) as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model or platform.processor() or 'unknown CPU'}, {cpus} CPUs"
+
+
 # house: over 80 lines, left whole: Megatron-LM's pretrain loop in its order (setup, schedule, step, log, memory
 # report), and it runs only on a GPU, so a split could not be checked by the CPU suite; split it with a device run
 def train(cfg: RunConfig, fake: bool = False) -> int:
@@ -429,7 +444,7 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
     num_micro = cfg.gbs // (cfg.mbs * dp)
     last_rank = world - 1
     if rank == 0 or fake:
-        for line in header_lines(cfg, world, dp, torch.cuda.get_device_name()):
+        for line in header_lines(cfg, world, dp, torch.cuda.get_device_name(), host_cpu()):
             _print(line)
         if fake:
             _print(probe_line(cfg, rank, world, parallel_state.get_pipeline_model_parallel_rank()))
