@@ -234,7 +234,7 @@ def test_token_drop_waits_for_no_sync_and_balances_the_experts():
 def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overlap():
     from dse.facts.hardware import HARDWARE
     from dse.perfmodel.layout import Machine, ModelLayout, Shape
-    from dse.perfmodel.moe import moe_host_forward_s, moe_overlap_sync_wait
+    from dse.perfmodel.moe import moe_host_forward_s, moe_host_layer_wait
 
     plain = ModelLayout(num_gpus=16, ep=8)
     overlap = ModelLayout(num_gpus=16, ep=8, moe_a2a_overlap=True)
@@ -242,12 +242,12 @@ def test_the_combined_schedule_waits_for_the_host_of_both_passes_under_the_overl
     shape = Shape.of(RECIPES["qwen3_30b_a3b"].arch, overlap)
     host = moe_host_forward_s(shape, overlap, machine)
     both = (1.0 + DEFAULT_PARAMS.moe_host_bwd_ratio) * host  # the forward's launches and the backward's
-    assert moe_overlap_sync_wait(shape, plain, machine, 0.0) == 0.0  # autograd's backward keeps the host ahead
-    assert moe_overlap_sync_wait(shape, overlap, machine, 0.0) == pytest.approx(both)
-    assert moe_overlap_sync_wait(shape, overlap, machine, host) == pytest.approx(both - host)
-    assert moe_overlap_sync_wait(shape, overlap, machine, both) == 0.0
+    assert moe_host_layer_wait(shape, plain, machine, 0.0) == 0.0  # autograd's backward keeps the host ahead
+    assert moe_host_layer_wait(shape, overlap, machine, 0.0) == pytest.approx(both)
+    assert moe_host_layer_wait(shape, overlap, machine, host) == pytest.approx(both - host)
+    assert moe_host_layer_wait(shape, overlap, machine, both) == 0.0
     slower = replace(machine, params=DEFAULT_PARAMS.with_values(moe_host_bwd_ratio=3.0))
-    assert moe_overlap_sync_wait(shape, overlap, slower, 0.0) == pytest.approx(4.0 * host)
+    assert moe_host_layer_wait(shape, overlap, slower, 0.0) == pytest.approx(4.0 * host)
 
     # a small model's layers at one sequence a micro-batch wait for the host only under the overlap
     def host_wait(over: bool) -> float:

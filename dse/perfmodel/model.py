@@ -660,9 +660,7 @@ def moe_layer_time(shape: Shape, layout: ModelLayout, machine: Machine, stack: S
         fwd += (tp_exposed + m.a2a_exposed) / 2.0 + cp_exposed / 3.0
         bwd_wait = _moe.moe_backward_host_wait(shape, layout, machine, busy - fwd)
         host_wait = max(host_wait, _moe.moe_sync_wait(shape, layout, machine, fwd) + bwd_wait)
-        host_wait = max(host_wait, _moe.moe_overlap_sync_wait(shape, layout, machine, busy))
-        if layout.moe_token_drop:
-            host_wait = max(host_wait, _moe.moe_host_layer_wait(shape, layout, machine, busy))
+        host_wait = max(host_wait, _moe.moe_host_layer_wait(shape, layout, machine, busy))
     return LayerTime(
         m.gemm_forward,
         attn_fwd,

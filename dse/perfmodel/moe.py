@@ -354,25 +354,19 @@ def moe_backward_host_wait(shape: Shape, layout: ModelLayout, machine: Machine, 
     return max(0.0, machine.params.moe_host_bwd_ratio * moe_host_forward_s(shape, layout, machine) - backward_busy)
 
 
-def moe_overlap_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, busy: float) -> float:
-    """What a layer waits for its host under ``moe_a2a_overlap`` beyond its GPU time ``busy`` (forward and
-    backward), per micro-batch. The combined 1F1B schedule issues one micro-batch's forward layer and another's
-    backward layer together, from the schedule's Python thread (``TransformerLayerSchedulePlan.run``,
-    ``megatron/core/models/common/model_chunk_schedule_plan.py``), so the forward's host sync
-    (:func:`moe_sync_wait`) also holds the backward's launches, which autograd would otherwise issue ahead: the pair
-    takes at least the host's time for both, the backward's ``Params.moe_host_bwd_ratio`` times the forward's
-    (:func:`moe_host_forward_s`)."""
-    if not layout.moe_a2a_overlap:
-        return 0.0
-    return moe_host_layer_wait(shape, layout, machine, busy)
-
-
 def moe_host_layer_wait(shape: Shape, layout: ModelLayout, machine: Machine, busy: float) -> float:
     """What a MoE layer waits for its host beyond its GPU time ``busy`` (forward and backward), per micro-batch,
-    where no sync serialises the two within the layer: the host runs ahead of the GPU but cannot launch faster than
-    it makes the launches, forward (:func:`moe_host_forward_s`) and backward (``Params.moe_host_bwd_ratio`` times
-    it). Under token drop (``moe_token_drop``) this is the whole host bound of a MoE layer; under
-    ``moe_a2a_overlap`` the pair's (:func:`moe_overlap_sync_wait`)."""
+    where the two passes' launches are pooled: the host runs ahead of the GPU but cannot launch faster than it makes
+    the launches, forward (:func:`moe_host_forward_s`) and backward (``Params.moe_host_bwd_ratio`` times it). Two
+    cases, 0 otherwise (the dropless layer's sync, :func:`moe_sync_wait` and :func:`moe_backward_host_wait`):
+
+    - ``moe_a2a_overlap``: the combined 1F1B schedule issues one micro-batch's forward layer and another's backward
+      layer together, from the schedule's Python thread (``TransformerLayerSchedulePlan.run``,
+      ``megatron/core/models/common/model_chunk_schedule_plan.py``), so the forward's host sync also holds the
+      backward's launches, which autograd would otherwise issue ahead: the pair takes at least both passes' host time;
+    - ``moe_token_drop``: no sync serialises the passes, and this is the whole host bound of the layer."""
+    if not (layout.moe_a2a_overlap or layout.moe_token_drop):
+        return 0.0
     host = (1.0 + machine.params.moe_host_bwd_ratio) * moe_host_forward_s(shape, layout, machine)
     return max(0.0, host - busy)
 

@@ -214,7 +214,7 @@ class Params:
     moe_host_expert_fwd_s: float = 71e-6
     # measured: the host's time to launch a MoE layer's backward over its forward's: a backward pass takes at least
     # that (moe.moe_backward_host_wait), and the combined 1F1B schedule of moe_a2a_overlap holds it behind the
-    # forward's sync (moe.moe_overlap_sync_wait). From the same
+    # forward's sync (moe.moe_host_layer_wait). From the same
     # host-bound one-GPU runs: full recompute adds one forward's host time per MoE layer and micro-batch (3.6 ms
     # on the TE spec, 8.0 ms on the local spec), the step's slope over the micro-batches gives forward and
     # backward (12.1 ms and 19.5 ms; bench/moe_gpu_runs.py's host_split prints them): 2.4 and 1.4 times, 2.0
