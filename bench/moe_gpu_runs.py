@@ -236,8 +236,8 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
         )
 
     out = []
-    for spec, gpu in ((s, g) for s in ("te", "local") for g in sorted({machine(r) for r in rows})):
-        runs = [r for r in rows if alike(r, spec) and machine(r) == gpu]  # one machine's host at a time
+    for spec, where in ((s, m) for s in ("te", "local") for m in sorted({machine(r) for r in rows})):
+        runs = [r for r in rows if alike(r, spec) and machine(r) == where]  # one machine's host at a time
         plain = [r for r in runs if r["recompute"] == "none"]
         full = [float(r["step_time_ms"]) for r in runs if r["recompute"] == "full" and int(r["mbs"]) == 2]
         if len({r["mbs"] for r in plain}) < 2 or not full:
@@ -248,7 +248,7 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
         base2 = [float(r["step_time_ms"]) for r in plain if int(r["mbs"]) == 2]
         fwd = (sum(full) / len(full) - sum(base2) / len(base2)) / (4 * layers)
         print(
-            f"host time of a MoE layer and micro-batch ({spec} spec, {gpu}, {len(plain)} runs over micro-batch 1-4, "
+            f"host time of a MoE layer and micro-batch ({spec} spec, {where}, {len(plain)} runs over micro-batch 1-4, "
             f"{len(full)} with full recompute): forward + backward {both:.1f} ms, forward {fwd:.1f} ms "
             f"(full recompute's extra), backward / forward {(both - fwd) / fwd:.1f}"
         )
