@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,6 +44,10 @@ MOE = (
     "kv_channels",
     "gpu",
     "host",
+    # Megatron-LM's level-1 timers where the run printed them (--timing-log-level 1), ms per step, as step_time_ms
+    # (the median over the steps after the warm-up); empty for a run without them
+    "fwd_bwd_ms",
+    "optimizer_ms",
 )
 COLUMNS = te.COLUMNS[:-1] + MOE + ("log",)
 _MOE = re.compile(
@@ -52,6 +57,7 @@ _MOE = re.compile(
 )
 _GPU = re.compile(r"> recipes\.mcore: device (.+?)\s*$")
 _HOST = re.compile(r"> recipes\.mcore: host (.+?)\s*$")  # logs from before the payload printed it have none
+_TIMER = re.compile(r"^\s+(forward-backward|optimizer) \.+: \(([\d.]+), ([\d.]+)\)")
 # the capacity in the MoE header (logs from before the payload printed it are dropless)
 _CAPACITY = re.compile(r"capacity factor (\S+), padded (\w+),")
 
@@ -88,6 +94,7 @@ def measure(log: Path) -> dict:
         gpu="",
         host="",
     )
+    timers: dict[str, list[float]] = {"forward-backward": [], "optimizer": []}
     for line in log.read_text(errors="replace").splitlines():
         if m := _MOE.search(line):
             n, k, f, sh, fd, ep, etp = (int(x) for x in m.groups()[:7])
@@ -109,6 +116,11 @@ def measure(log: Path) -> dict:
             row["gpu"] = m.group(1)
         elif m := _HOST.search(line):
             row["host"] = m.group(1)
+        elif m := _TIMER.search(line):
+            timers[m.group(1)].append(float(m.group(3)))  # the max across ranks, as Megatron-LM reports it
+    for col, name in (("fwd_bwd_ms", "forward-backward"), ("optimizer_ms", "optimizer")):
+        steady = timers[name][base.warmup_steps(len(timers[name])) :]
+        row[col] = round(statistics.median(steady), 2) if steady else ""
     return row
 
 
@@ -271,7 +283,8 @@ def token_drop_pairs(rows: list[dict], out: list[dict]) -> list[tuple[str, float
     steps, and over the last three) and predicted. Returns (token-drop run, measured ratio, predicted ratio)."""
     outcome = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_first"}
     # "model" is the preset's name, "_custom" once an override (the capacity's) is given: the shape columns say
-    outcome |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "moe_token_drop", "model"}
+    outcome |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "moe_token_drop", "model", "fwd_bwd_ms"}
+    outcome |= {"optimizer_ms"}
     setting = [c for c in COLUMNS if c not in outcome]  # the run's configuration, its GPU included
 
     def key(r: dict) -> tuple:

@@ -23,6 +23,7 @@ from dse.recipes.mcore.config import (
     format_iteration_line,
     format_memory_line,
     format_moe_line,
+    format_timers,
     header_lines,
     model_flops_per_step,
 )
@@ -228,10 +229,13 @@ def _bench(name: str = "moe_gpu_runs"):
         sys.path.remove(str(ROOT / "bench"))
 
 
-def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float, start=None) -> None:
+def _write_log(
+    path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: float, start=None, timers: bool = False
+) -> None:
     """A log as train.py prints it, made with the payload's own line formatters (header, iterations, memory);
     the figures are made up for the test, not measured. ``start``: a datetime, iteration ``i`` stamped ``10·i``
-    seconds after it (else now)."""
+    seconds after it (else now). ``timers``: Megatron-LM's level-1 timers after each iteration line, the optimizer
+    10 ms of each step."""
     from datetime import timedelta
 
     flops = model_flops_per_step(cfg)
@@ -252,6 +256,8 @@ def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: fl
                 now=start + timedelta(seconds=10 * i) if start else None,
             )
         )
+        if timers:
+            lines.append(format_timers({"forward-backward": ms - 10.0, "optimizer": 10.0}))
         if i in (1, 2, len(steps)):
             mib = 1024.0 * 1024.0
             lines.append(format_memory_line(0, i, int(4000 * mib), int(max_alloc_mib * mib), int(9000 * mib), 9000))
@@ -260,11 +266,12 @@ def _write_log(path: Path, cfg: RunConfig, steps: list[float], max_alloc_mib: fl
 
 def test_bench_reads_the_moe_header_and_the_figures(tmp_path):
     """The bench's reading of a log: the MoE settings from the header, the median step after the warm-up steps,
-    the peak allocated memory; the TSV it writes holds them, and a dense run reads as zero experts."""
+    the peak allocated memory, Megatron-LM's level-1 timers where printed (as the step, the median after the
+    warm-up); the TSV it writes holds them, and a dense run reads as zero experts."""
     bench = _bench()
     moe = check(replace(MOE, gbs=8, mbs=2, moe_grouped_gemm=False), 1, te_available=True)
     steps = [900.0, 400.0, 130.0, 120.0, 110.0, 125.0, 118.0, 122.0, 121.0, 119.0, 117.0, 123.0]
-    _write_log(tmp_path / "moe16_seq_mbs2.log", moe, steps, 20480.0)
+    _write_log(tmp_path / "moe16_seq_mbs2.log", moe, steps, 20480.0, timers=True)
     _write_log(tmp_path / "dense.log", check(replace(SMALL_GQA_RUN, mbs=2), 1, te_available=True), steps, 10240.0)
     rows = {r["name"]: r for r in bench.write_tsv(tmp_path, tmp_path / "runs.tsv")}
     row = rows["moe16_seq_mbs2"]
@@ -283,7 +290,9 @@ def test_bench_reads_the_moe_header_and_the_figures(tmp_path):
         2,
     )
     assert row["tflops_per_gpu"] == pytest.approx(model_flops_per_step(moe) / (row["step_time_ms"] * 1e9), rel=1e-3)
+    assert (row["fwd_bwd_ms"], row["optimizer_ms"]) == (pytest.approx(statistics.median(steps[2:]) - 10.0), 10.0)
     assert rows["dense"]["num_experts"] == 0 and rows["dense"]["moe_dispatcher"] == ""
+    assert rows["dense"]["fwd_bwd_ms"] == rows["dense"]["optimizer_ms"] == ""  # a run without the timers
     back = {r["name"]: r for r in bench.base.read_tsv(tmp_path / "runs.tsv")}
     assert back["moe16_seq_mbs2"]["moe_grouped_gemm"] == "False" and back["moe16_seq_mbs2"]["kv_channels"] == "128"
     assert bench.gpu_key(row["gpu"]) == "h100" and bench.gpu_key("NVIDIA H200") == "h200"

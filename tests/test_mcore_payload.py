@@ -26,6 +26,7 @@ from dse.recipes.mcore.config import (
     config_from_argv,
     format_iteration_line,
     format_memory_line,
+    format_timers,
     model_flops_per_step,
     parse_overrides,
 )
@@ -162,6 +163,7 @@ def test_bad_overrides_name_the_problem(item, message):
         ({"vp": 2}, 1, "vp=2 needs pp > 1"),
         ({"recompute": "full", "recompute_num_layers": 9}, 1, "between 1 and the layers per pipeline stage (8)"),
         ({"recompute_method": "block"}, 1, "apply to recompute=full only"),
+        ({"timing_log_level": 2}, 1, "timing_log_level=2 must be 0 or 1"),
     ],
 )
 def test_check_rejects_what_the_local_spec_cannot_run(changes, world, message):
@@ -257,6 +259,43 @@ def test_iteration_line_is_megatron_lm_format():
         "[Rank 0] (after 2 iterations) memory (MB) | allocated: 3.0 | max allocated: 5.5 | "
         "reserved: 8.0 | max reserved: 9.0"
     )
+
+
+def test_timers_are_megatron_lm_format_and_opt_in():
+    """--timing-log-level 1 prints Megatron-LM's level-1 timers block (Timers.log, min and max across ranks) per
+    iteration, each phase bracketed by CUDA syncs; at the default 0 no sync is added to the step."""
+    from types import SimpleNamespace
+
+    from dse.recipes.mcore.train import _Phases, optimizer_class
+
+    assert format_timers({"forward-backward": 1528.314, "optimizer": 12.849}) == (
+        "(min, max) time across ranks (ms):\n"
+        "    forward-backward ...............................: (1528.31, 1528.31)\n"
+        "    optimizer ......................................: (12.85, 12.85)"
+    )
+    assert config_from_argv([])[0].timing_log_level == 0
+    assert config_from_argv(["--timing-log-level", "1"])[0].timing_log_level == 1
+    syncs = []
+    torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: syncs.append(1)))
+    off = _Phases(False, torch)
+    off.start(), off.stop("forward-backward"), off.stop("optimizer")
+    assert not syncs and off.pop(1) == {}
+    on = _Phases(True, torch)
+    for _ in range(2):
+        on.start(), on.stop("forward-backward"), on.stop("optimizer")
+    assert len(syncs) == 6
+    per_iter = on.pop(2)
+    assert list(per_iter) == ["forward-backward", "optimizer"] and all(v >= 0.0 for v in per_iter.values())
+    assert on.pop(1) == {}  # a new interval starts empty
+
+    # the class under Megatron's wrappers: a chained optimizer's first, a mixed-precision optimizer's inner one
+    class FusedAdam:
+        pass
+
+    name = f"{__name__}.test_timers_are_megatron_lm_format_and_opt_in.<locals>.FusedAdam"
+    chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=FusedAdam())])
+    assert optimizer_class(chained) == name == optimizer_class(SimpleNamespace(optimizer=FusedAdam()))
+    assert optimizer_class(FusedAdam()) == name
 
 
 def test_loss_averager_averages_over_the_interval():

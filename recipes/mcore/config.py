@@ -123,6 +123,10 @@ class RunConfig:
     account_for_loss_in_pipeline_split: bool = False
     train_iters: int = 20
     log_interval: int = 1
+    # Megatron-LM's --timing-log-level: 0 none; 1 its level-1 timers "forward-backward" and "optimizer", each
+    # bracketed by torch.cuda.synchronize() (so the phases are told apart at the cost of two syncs per step) and
+    # printed per iteration, averaged over the log interval, in Megatron's "(min, max) time across ranks (ms)" block
+    timing_log_level: int = 0
     lr: float = 3.0e-4
     min_lr: float = 3.0e-5
     lr_warmup_iters: int = 2  # clamped below the decay length, as Megatron requires
@@ -254,6 +258,10 @@ def check(
         "log_interval",
     ):
         need(getattr(cfg, name) >= 1, f"{name}={getattr(cfg, name)} must be >= 1")
+    need(
+        cfg.timing_log_level in (0, 1),
+        f"timing_log_level={cfg.timing_log_level} must be 0 or 1 (level 1's timers only)",
+    )
     need(cfg.lr_decay_iters is None or cfg.lr_decay_iters >= 1, f"lr_decay_iters={cfg.lr_decay_iters} must be >= 1")
     need(
         cfg.hidden_size % cfg.num_attention_heads == 0,
@@ -763,6 +771,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("schedule")
     run.add_argument("--train-iters", type=int, default=None)
     run.add_argument("--log-interval", type=int, default=None)
+    run.add_argument(
+        "--timing-log-level",
+        type=int,
+        default=None,
+        help="1: print Megatron-LM's level-1 timers (forward-backward, optimizer; two syncs per step), 0: none",
+    )
     run.add_argument("--lr", type=float, default=None)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument(
@@ -858,6 +872,7 @@ def config_from_argv(argv: Sequence[str]) -> tuple[RunConfig, argparse.Namespace
         "recompute_num_layers",
         "train_iters",
         "log_interval",
+        "timing_log_level",
         "lr",
         "seed",
         "distributed_optimizer",
@@ -986,6 +1001,14 @@ def format_moe_line(cfg: RunConfig) -> str:
         f"padded {cfg.moe_pad_to_capacity}, "
         f"router {cfg.moe_router_score} {cfg.moe_load_balancing}, kv channels {cfg.head_dim}"
     )
+
+
+def format_timers(times_ms: dict[str, float]) -> str:
+    """Megatron-LM's timers block (``Timers.log``, option minmax) for one rank: the min and max across ranks are
+    this rank's own time (ms per iteration, averaged over the log interval)."""
+    lines = ["(min, max) time across ranks (ms):"]
+    lines += [f"    {(name + ' ').ljust(48, '.')}: ({ms:.2f}, {ms:.2f})" for name, ms in times_ms.items()]
+    return "\n".join(lines)
 
 
 def format_memory_line(

@@ -21,6 +21,7 @@ from .config import (
     RunConfig,
     format_iteration_line,
     format_memory_line,
+    format_timers,
     header_lines,
     model_flops_per_step,
     probe_line,
@@ -424,6 +425,44 @@ def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"{model or platform.processor() or 'unknown CPU'}, {cpus} CPUs"
 
 
+def optimizer_class(optimizer) -> str:
+    """The class that steps the weights under Megatron's wrappers (a chained optimizer's first, a mixed-precision or
+    distributed optimizer's inner one), by module and name: Transformer Engine's FusedAdam, Apex's, or torch's AdamW
+    where neither imports (then Megatron-Core's multi-tensor helpers are Python loops, a host cost per tensor)."""
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])[0]
+    inner = getattr(inner, "optimizer", inner)
+    return f"{type(inner).__module__}.{type(inner).__qualname__}"
+
+
+class _Phases:
+    """Megatron-LM's level-1 timers (``--timing-log-level 1``): the wall time of each phase of an iteration between
+    ``torch.cuda.synchronize()`` calls, summed over the log interval; does nothing when not ``enabled``."""
+
+    def __init__(self, enabled: bool, torch) -> None:
+        self.enabled, self._torch = enabled, torch
+        self._sums: dict[str, float] = {}
+        self._t = 0.0
+
+    def start(self) -> None:
+        if self.enabled:
+            self._torch.cuda.synchronize()
+            self._t = time.perf_counter()
+
+    def stop(self, name: str) -> None:
+        """Close the phase ``name`` and start the next one at once."""
+        if self.enabled:
+            self._torch.cuda.synchronize()
+            now = time.perf_counter()
+            self._sums[name] = self._sums.get(name, 0.0) + now - self._t
+            self._t = now
+
+    def pop(self, iterations: int) -> dict[str, float]:
+        """Each phase's ms per iteration over the last ``iterations``, then start a new interval."""
+        out = {k: v * 1000.0 / max(1, iterations) for k, v in self._sums.items()}
+        self._sums = {}
+        return out
+
+
 # house: over 80 lines, left whole: Megatron-LM's pretrain loop in its order (setup, schedule, step, log, memory
 # report), and it runs only on a GPU, so a split could not be checked by the CPU suite; split it with a device run
 def train(cfg: RunConfig, fake: bool = False) -> int:
@@ -452,6 +491,8 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
     config = _transformer_config(cfg, fake)
     chunks = _build_model(cfg, config)
     optimizer, scheduler = _optimizer(cfg, chunks, fake)
+    if rank == 0 or fake:
+        _print(f"> recipes.mcore: optimizer {optimizer_class(optimizer)}")
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     if cfg.overlap_grad_reduce:
@@ -475,10 +516,12 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
         _print("training ...")
     torch.cuda.synchronize()
     interval_start = time.perf_counter()
+    phases = _Phases(cfg.timing_log_level > 0, torch)
     for iteration in range(1, cfg.train_iters + 1):
         for c in chunks:
             c.zero_grad_buffer()
         optimizer.zero_grad()
+        phases.start()
         losses = forward_backward(
             forward_step_func=_forward_step,
             data_iterator=iters,
@@ -489,7 +532,9 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
             decoder_seq_length=cfg.seq_length,
             forward_only=False,
         )
+        phases.stop("forward-backward")
         ok, grad_norm, _zeros = optimizer.step()
+        phases.stop("optimizer")
         if ok:
             scheduler.step(increment=cfg.gbs)
         else:
@@ -525,6 +570,8 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
                     )
                 )
                 skipped_total = 0
+                if phases.enabled:
+                    _print(format_timers(phases.pop(n)))
             # As Megatron: memory after the first two logged iterations (optimizer state included from the
             # second), and at the end (its --log-memory-interval), by every rank of data-parallel rank 0.
             if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) and (
