@@ -224,6 +224,19 @@ def per_expert_ms(rows: list[dict], out: list[dict]) -> list[tuple[str, int, flo
     return result
 
 
+def model_host_ms(row: dict) -> tuple[float, float]:
+    """The model's host time of one MoE layer and micro-batch of ``row`` (ms): the forward's and the forward's plus the
+    backward's (dse.perfmodel.moe.moe_host_passes_s, under the shipped parameters)."""
+    from dse.perfmodel.layout import machine_for
+    from dse.perfmodel.model import prepare
+    from dse.perfmodel.moe import moe_host_passes_s
+    from dse.perfmodel.timing import DEFAULT_PARAMS
+
+    p = prepare(trial(row))
+    fwd, bwd = moe_host_passes_s(p.shape, p.layout, machine_for(p.hw, DEFAULT_PARAMS, p.layout))
+    return fwd * 1e3, (fwd + bwd) * 1e3
+
+
 def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
     """What the host-bound runs say of a MoE layer's host time, per layer spec and machine (16 experts, top-2, the
     all-to-all dispatcher, bf16, sequence 2048, global batch 8; grouped GEMMs as the spec runs them by default: on for
@@ -259,10 +272,11 @@ def host_split(rows: list[dict]) -> list[tuple[str, float, float]]:
         both = float(slope) / layers
         base2 = [float(r["step_time_ms"]) for r in plain if int(r["mbs"]) == 2]
         fwd = (sum(full) / len(full) - sum(base2) / len(base2)) / (4 * layers)
+        fwd_model, both_model = model_host_ms(next(r for r in plain if int(r["mbs"]) == 2))
         print(
             f"host time of a MoE layer and micro-batch ({spec} spec, {where}, {len(plain)} runs over micro-batch 1-4, "
-            f"{len(full)} with full recompute): forward + backward {both:.1f} ms, forward {fwd:.1f} ms "
-            f"(full recompute's extra), backward / forward {(both - fwd) / fwd:.1f}"
+            f"{len(full)} with full recompute): forward + backward {both:.1f} ms (model {both_model:.1f}), forward "
+            f"{fwd:.1f} ms (full recompute's extra; model {fwd_model:.1f}), backward / forward {(both - fwd) / fwd:.1f}"
         )
         out.append((spec, both, fwd))
     return out

@@ -550,3 +550,32 @@ def test_predict_says_where_auto_attention_is_priced_unfused():
     new = json.loads(runner.invoke(app, [*args, "--container", "25.09"]).output)
     assert new["attention_note"] == ""
     assert old["step_time_s"] > new["step_time_s"]
+
+
+def test_one_gemm_per_expert_is_host_time_and_recompute_launches_the_forward_again():
+    """Without grouped GEMMs (SequentialMLP, a Python loop over the local experts) each expert's fc1 and fc2 are the
+    host's launches, on top of the layer's other host time, not a gap in the GPU's; full recompute launches the whole
+    forward again in the backward, selective recompute of the ``moe`` module half of it."""
+    from dse.facts.hardware import HARDWARE
+    from dse.perfmodel.layout import Machine, ModelLayout, Shape
+    from dse.perfmodel.moe import expert_gemm_forward, moe_host_passes_s
+
+    P = DEFAULT_PARAMS
+    arch = RECIPES["qwen3_30b_a3b"].arch  # 128 experts, 16 a GPU at ep 8
+
+    def parts(**over):
+        layout = ModelLayout(num_gpus=8, ep=8, **over)
+        machine = Machine.of(HARDWARE["h100"], P, layout)
+        shape = Shape.of(arch, layout)
+        return expert_gemm_forward(shape, layout, machine), moe_host_passes_s(shape, layout, machine)
+
+    gpu_grouped, (fwd_grouped, bwd_grouped) = parts()
+    gpu_loop, (fwd_loop, bwd_loop) = parts(moe_grouped_gemm=False)
+    assert gpu_loop == pytest.approx(gpu_grouped)  # the loop's launches are not GPU time
+    assert fwd_loop - fwd_grouped == pytest.approx(16 * (2 * P.moe_gemm_launch_s - P.moe_host_expert_fwd_s))
+    assert bwd_loop == pytest.approx(P.moe_host_bwd_ratio * fwd_loop)
+    _, (fwd_full, bwd_full) = parts(recompute="full")
+    assert fwd_full == pytest.approx(fwd_grouped) and bwd_full == pytest.approx(bwd_grouped + fwd_grouped)
+    _, (_, bwd_moe) = parts(recompute="selective", recompute_modules="moe")
+    _, (_, bwd_act) = parts(recompute="selective", recompute_modules="moe_act")
+    assert bwd_moe == pytest.approx(bwd_grouped + 0.5 * fwd_grouped) and bwd_act == pytest.approx(bwd_grouped)

@@ -130,8 +130,9 @@ def grouped_m_half(layout: ModelLayout, machine: Machine) -> float:
 def expert_gemm_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
     """The routed experts' GEMMs of one layer and micro-batch on this GPU, forward: FLOPs at the GEMM rate times
     the grouped efficiency (times the busiest rank's imbalance), plus the local experts' weights and the tokens
-    through HBM; one GEMM per expert without grouped GEMM costs a launch per expert and GEMM besides."""
-    arch, P = shape.arch, machine.params
+    through HBM. Without grouped GEMM (one GEMM per expert) each expert's launches are the host's time, not the GPU's
+    (:func:`moe_host_forward_s`)."""
+    arch = shape.arch
     h, Fe, e, k = arch.hidden_size, arch.expert_ffn, mlp_factor(arch), arch.moe_topk
     pairs = k * local_tokens(shape) * imbalance(layout, machine)  # token copies through this GPU's experts
     flops = 2.0 * pairs * h * e * Fe
@@ -140,10 +141,7 @@ def expert_gemm_forward(shape: Shape, layout: ModelLayout, machine: Machine) -> 
     local_experts = arch.num_experts / layout.ep
     weights = local_experts * e * h * Fe / layout.etp
     nbytes = weights * machine.gemm_input_bytes + pairs * (2.0 * h + (e - 1) * Fe) * 2.0
-    t = flops / (machine.gemm_rate * eff) + nbytes / machine.hbm_Bps
-    if not layout.moe_grouped_gemm:
-        t += 2.0 * local_experts * P.moe_gemm_launch_s  # fc1 and fc2 per expert (x3 with the backward, in compute)
-    return t
+    return flops / (machine.gemm_rate * eff) + nbytes / machine.hbm_Bps
 
 
 def dense_gemm_forward(shape: Shape, machine: Machine) -> float:
@@ -305,17 +303,41 @@ def a2a_exposed(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
 
 
 def moe_host_forward_s(shape: Shape, layout: ModelLayout, machine: Machine) -> float:
-    """The host's time to launch one MoE layer's forward pass for one micro-batch: ``Params.moe_host_fwd_s`` plus
-    ``Params.moe_host_expert_fwd_s`` per expert this GPU holds (a grouped GEMM still hands each local expert's
-    weights and row count to its kernels from Python) on an x86 host, ``Params.moe_host_grace_ratio`` times it on
-    Grace, less the share a CUDA graph's scope replays (``ModelLayout.graph_share``); none under a whole-layer
-    graph, which needs no host sync (it pads the experts' inputs to a static capacity)."""
+    """The host's time to launch one MoE layer's forward pass for one micro-batch: ``Params.moe_host_fwd_s`` plus,
+    per expert this GPU holds, ``Params.moe_host_expert_fwd_s`` (a grouped GEMM still hands each local expert's
+    weights and row count to its kernels from Python) or, without grouped GEMM, two ``Params.moe_gemm_launch_s``
+    (Megatron-Core's SequentialMLP: a Python loop that slices each expert's tokens and runs its fc1, activation and
+    fc2; the backward's four at ``Params.moe_host_bwd_ratio``), on an x86 host; ``Params.moe_host_grace_ratio`` times
+    it on Grace, less the share a CUDA graph's scope replays (``ModelLayout.graph_share``); none under a whole-layer
+    graph, which needs no host sync (it pads the experts' inputs to a static capacity). The loop's launches were the
+    GPU's time before (a launch gap per expert GEMM): the layer's other host time then hid behind them, where the host
+    makes both, one after the other."""
     if layout.graph_share >= 1.0:
         return 0.0
     P = machine.params
     ratio = P.moe_host_grace_ratio if machine.gpu.grace_host else 1.0
     local_experts = shape.arch.num_experts / layout.ep
-    return (P.moe_host_fwd_s + local_experts * P.moe_host_expert_fwd_s) * ratio * (1.0 - layout.graph_share)
+    per_expert = P.moe_host_expert_fwd_s if layout.moe_grouped_gemm else 2.0 * P.moe_gemm_launch_s
+    return (P.moe_host_fwd_s + local_experts * per_expert) * ratio * (1.0 - layout.graph_share)
+
+
+def recompute_host_share(layout: ModelLayout) -> float:
+    """The forward host time a MoE layer's backward pass launches again under recompute, as a share of the
+    forward's (:func:`moe_host_forward_s`): full recompute replays the whole forward (one-GPU runs of the small MoE:
+    8.0 ms more per layer and micro-batch on the local spec, one forward's host time; bench/moe_gpu_runs.py's
+    host_split), the ``moe`` module the MoE block's half of the launches (:data:`GRAPH_PART_SHARE`); the other
+    selective modules are a few kernels each (none counted)."""
+    if layout.recompute == "full":
+        return 1.0
+    return GRAPH_PART_SHARE["moe"] if layout.recomputes("moe") else 0.0
+
+
+def moe_host_passes_s(shape: Shape, layout: ModelLayout, machine: Machine) -> tuple[float, float]:
+    """The host's time to launch one MoE layer's forward and backward passes for one micro-batch (seconds): the
+    forward's (:func:`moe_host_forward_s`) and ``Params.moe_host_bwd_ratio`` times it for the backward, plus what
+    recompute launches again there (:func:`recompute_host_share`)."""
+    fwd = moe_host_forward_s(shape, layout, machine)
+    return fwd, (machine.params.moe_host_bwd_ratio + recompute_host_share(layout)) * fwd
 
 
 def moe_sync_wait(shape: Shape, layout: ModelLayout, machine: Machine, forward_busy: float) -> float:
@@ -351,7 +373,7 @@ def moe_backward_host_wait(shape: Shape, layout: ModelLayout, machine: Machine, 
     wait here."""
     if layout.moe_token_drop:
         return 0.0
-    return max(0.0, machine.params.moe_host_bwd_ratio * moe_host_forward_s(shape, layout, machine) - backward_busy)
+    return max(0.0, moe_host_passes_s(shape, layout, machine)[1] - backward_busy)
 
 
 def moe_host_layer_wait(shape: Shape, layout: ModelLayout, machine: Machine, busy: float) -> float:
@@ -367,8 +389,7 @@ def moe_host_layer_wait(shape: Shape, layout: ModelLayout, machine: Machine, bus
     - ``moe_token_drop``: no sync serialises the passes, and this is the whole host bound of the layer."""
     if not (layout.moe_a2a_overlap or layout.moe_token_drop):
         return 0.0
-    host = (1.0 + machine.params.moe_host_bwd_ratio) * moe_host_forward_s(shape, layout, machine)
-    return max(0.0, host - busy)
+    return max(0.0, sum(moe_host_passes_s(shape, layout, machine)) - busy)
 
 
 @dataclass(slots=True)

@@ -192,7 +192,8 @@ class Params:
     # MoE layer and micro-batch = 6 x 118.7 us (10 us, a bare launch, before it was measured; 0.779 ms over the
     # 5 such runs recorded since). The TE spec's SequentialMLP costs more than the grouped GEMM by 0.8-1.6 ms per
     # expert, layer and micro-batch at micro-batch 1-8 (the model: 0.5-0.6 ms). No published row runs without
-    # grouped GEMMs, so no fit reads it
+    # grouped GEMMs, so no fit reads it. It is the host's time (moe.moe_host_forward_s: two per expert forward, four
+    # backward at moe_host_bwd_ratio), added to the layer's other host time, no longer a gap in the GPU's
     moe_gemm_launch_s: float = 118.7e-6
     # fitted: launches and small kernels of a MoE layer beyond a dense layer's (router, top-k, permutation
     # bookkeeping, the dispatcher's metadata), per micro-batch, forward + backward, outside CUDA graphs (a graph
