@@ -579,3 +579,28 @@ def test_one_gemm_per_expert_is_host_time_and_recompute_launches_the_forward_aga
     _, (_, bwd_moe) = parts(recompute="selective", recompute_modules="moe")
     _, (_, bwd_act) = parts(recompute="selective", recompute_modules="moe_act")
     assert bwd_moe == pytest.approx(bwd_grouped + 0.5 * fwd_grouped) and bwd_act == pytest.approx(bwd_grouped)
+
+
+def test_without_gradient_accumulation_fusion_every_expert_gradient_is_added_each_micro_batch():
+    """recipes.mcore runs without gradient-accumulation fusion: each micro-batch writes every weight gradient, the
+    routed experts' too, and adds it to the fp32 buffer; the extra experts' pass grows with the micro-batches."""
+    from dataclasses import replace as _replace
+
+    from dse.facts.hardware import HARDWARE
+    from dse.perfmodel.stack import STACKS
+
+    def accumulation(experts: int, gbs: int) -> float:
+        arch = _replace(RECIPES["qwen3_30b_a3b"].arch, num_layers=4, num_experts=experts)
+        p = predict_layout(arch, "h100", stack=STACKS["mcore"], num_gpus=1, ep=1, mbs=1, gbs=gbs)
+        return p.breakdown["time.grad_accumulation_s"]
+
+    P, h100 = DEFAULT_PARAMS, HARDWARE["h100"]
+    arch = RECIPES["qwen3_30b_a3b"].arch
+    # three matrices (SwiGLU) and the router's column, in four layers
+    per_expert = (3 * arch.hidden_size * arch.moe_ffn_hidden_size + arch.hidden_size) * 4
+    bytes_per_param = 4.0 + 2.0 * 4.0  # write and read the bf16 gradient, read and write the fp32 buffer
+    expected = 2 * 8 * per_expert * bytes_per_param / (h100.hbm_gbps * 1e9 * P.optimizer_bw_eff)
+    assert accumulation(16, 2) - accumulation(8, 2) == pytest.approx(expected, rel=1e-6)
+    assert accumulation(16, 4) - accumulation(8, 4) == pytest.approx(2 * expected, rel=1e-6)
+    nvidia = predict_layout(RECIPES["qwen3_30b_a3b"].arch, "h100", num_gpus=8, ep=8, mbs=1, gbs=8)
+    assert nvidia.breakdown["time.grad_accumulation_s"] == 0.0  # NVIDIA's recipes fuse it into the wgrad GEMM

@@ -843,14 +843,20 @@ def optimizer_time(shape: Shape, machine: Machine, stages: Stages, layout: Model
     return local * 36.0 / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
 
-def grad_accumulation_time(shape: Shape, machine: Machine, stages: Stages, stack: Stack, grad_b: float) -> float:
+def grad_accumulation_time(
+    shape: Shape, machine: Machine, stages: Stages, stack: Stack, grad_b: float, layout: ModelLayout | None = None
+) -> float:
     """Without gradient-accumulation fusion (recipes.mcore, dse.perfmodel.stack) every weight gradient of every
     micro-batch is written as its own bf16 tensor (2 B) and then added to the gradient buffer by Megatron's DDP
     hook (param.main_grad.add_(param.grad): read 2, read and write grad_b each), memory-bound like Adam, on the
-    slowest stage's parameters; NVIDIA's recipes fuse it into the wgrad GEMM (no term)."""
+    slowest stage's parameters, the routed experts this GPU holds included (SequentialMLP's linears and TE's
+    GroupedLinear take the same ``gradient_accumulation_fusion``); NVIDIA's recipes fuse it into the wgrad GEMM (no
+    term)."""
     if stack.grad_accumulation_fusion:
         return 0.0
     p_local = stages.stage_params / shape.tp
+    if layout is not None and shape.arch.num_experts:
+        p_local += _moe.expert_stages(shape.arch, layout, stages).largest
     return shape.microbatches * p_local * (4.0 + 2.0 * grad_b) / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
 
@@ -879,7 +885,7 @@ def step_time(
         pp_p2p_s=pipeline_p2p_time(shape, machine, t_mb),
         dp_exposed_s=dp_exposed_time(shape, layout, machine, stages, t_mb, grad_b),
         optimizer_s=optimizer_time(shape, machine, stages, layout),
-        grad_accumulation_s=grad_accumulation_time(shape, machine, stages, stack, grad_b),
+        grad_accumulation_s=grad_accumulation_time(shape, machine, stages, stack, grad_b, layout),
         offload_exposed_s=m * t_offload,
         overhead_s=P.step_overhead_s,
         per_microbatch_s=t_mb,

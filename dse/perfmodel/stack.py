@@ -43,9 +43,9 @@ step time by percents, are made by the payload's own code and differ between the
   (``Stack.master_param_bytes``; the published stacks ``...:remainders``).
 * **gradient accumulation.** NVIDIA's recipes set ``gradient_accumulation_fusion=True``: the weight-gradient
   GEMMs accumulate into the fp32 gradient buffer. recipes.mcore turns it off (Megatron's output layer would need
-  Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient as a bf16 tensor that
-  Megatron's DDP hook then adds to the buffer: a memory-bound pass over all parameters per micro-batch
-  (``time.grad_accumulation_s`` of the prediction).
+  Apex's fused_weight_gradient_mlp_cuda), so each micro-batch writes every weight gradient (the routed experts' too)
+  as a bf16 tensor that Megatron's DDP hook then adds to the buffer: a memory-bound pass over all parameters per
+  micro-batch (``time.grad_accumulation_s`` of the prediction).
 * **the architecture's activation and dropout.** NeMo 2's and Bridge's model providers run what the architecture
   says (``recipes.models.ModelArch.activation``: Nemotron's eager squared ReLU; ``ModelArch.dropout``), time terms
   of dse.perfmodel.model (``SQUARED_RELU_EXTRA_BYTES``, ``HIDDEN_DROPOUT_BYTES``, unfused attention's score bytes);
