@@ -49,8 +49,15 @@ COLUMNS = (
     "peak_reserved_gib",
     "loss_first",
     "loss_last",
+    # the stack that ran (dse.perfmodel.stack, which dse calibrate reads too): "mcore:torch-adamw" where neither
+    # Transformer Engine nor Apex imported (Megatron-Core's fallback warning, or the payload's "optimizer
+    # torch.optim..." header), else "mcore" (their FusedAdam)
+    "payload",
     "log",
 )
+# what the optimizer's class says in the log: Megatron-Core's warning when it falls back to torch's optimizers (logs of
+# every version), or the payload's own header line (logs since it prints one)
+_TORCH_ADAMW = re.compile(r"Falling back to Torch optimizers|> recipes\.mcore: optimizer torch\.optim\.")
 
 _RUN = re.compile(
     r"> recipes\.mcore: world size (\d+), tp (\d+), pp (\d+), vp (\d+), dp (\d+), mbs (\d+), "
@@ -77,9 +84,11 @@ def warmup_steps(n: int) -> int:
 
 def measure(log: Path) -> dict:
     """One TSV row from a log of recipes.mcore (configuration from its header lines, figures as printed)."""
-    row: dict = {"name": log.stem, "log": log.name}
+    row: dict = {"name": log.stem, "log": log.name, "payload": "mcore"}
     times, tflops, losses, alloc, reserved = [], [], [], [], []
     for line in log.read_text(errors="replace").splitlines():
+        if _TORCH_ADAMW.search(line):
+            row["payload"] = "mcore:torch-adamw"
         if m := _RUN.search(line):
             world, tp, pp, _vp, _dp, mbs, gbs, seq = (int(x) for x in m.groups()[:8])
             row.update(
@@ -179,8 +188,10 @@ def _trial(row: dict):
         precision="bf16",
         attention_backend="local",
     )  # recipes.mcore's local layer spec: Megatron's unfused attention
-    # payload mcore: Megatron's native loss and recipes.mcore's FP8 settings (dse.perfmodel.stack)
-    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload="mcore")
+    # payload mcore: Megatron's native loss and recipes.mcore's FP8 settings (dse.perfmodel.stack), with torch's AdamW
+    # where the run had neither Transformer Engine nor Apex (the payload column)
+    payload = row.get("payload") or "mcore"
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload=payload)
 
 
 def _predictor():

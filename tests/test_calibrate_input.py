@@ -53,6 +53,7 @@ CASES = {
     "memory in bytes": (lambda rows: _scaled(rows, "peak_allocated_gib", 2**30), "peak memory"),
     "conflicting repeats": (lambda rows: rows + _scaled(rows[:1], "step_time_ms", 3.0), "repeats that disagree"),
     "unknown gpu": (lambda rows: [{**r, "gpu": "z9000"} for r in rows], "not a GPU dse knows"),
+    "unknown payload": (lambda rows: _edit(rows, 1, payload="mcore;rm -rf /"), "is not a payload"),
 }
 
 

@@ -27,6 +27,46 @@ def test_every_payload_has_a_stack():
     assert payload_stack("no-such-payload") == NVIDIA_RECIPES == payload_stack(None)
 
 
+def test_megatron_core_alone_runs_torchs_adamw_at_its_measured_bytes(tmp_path):
+    """recipes.mcore with neither Transformer Engine nor Apex steps with torch's AdamW (Megatron-Core's fallback):
+    the ``mcore:torch-adamw`` stack prices its optimizer at the measured bytes per parameter and changes nothing
+    else; the bench reads which ran from the log (Megatron-Core's warning or the payload's header)."""
+    import importlib
+    import sys
+    from dataclasses import replace
+
+    from dse.perfmodel.model import predict_layout
+    from dse.perfmodel.stack import PAYLOAD_VARIANTS, TORCH_ADAMW_BYTES
+    from dse.recipes.models import RECIPES
+
+    torch_adamw = payload_stack("mcore:torch-adamw")
+    assert torch_adamw == PAYLOAD_VARIANTS["mcore:torch-adamw"]
+    assert replace(torch_adamw, optimizer_bytes=STACKS["mcore"].optimizer_bytes) == STACKS["mcore"]
+    arch = RECIPES["llama3_8b"].arch
+    kw = dict(num_gpus=1, mbs=1, gbs=8, seq_length=2048)
+    fused = predict_layout(arch, "h100", stack=STACKS["mcore"], **kw).breakdown
+    unfused = predict_layout(arch, "h100", stack=torch_adamw, **kw).breakdown
+    ratio = TORCH_ADAMW_BYTES / STACKS["mcore"].optimizer_bytes
+    assert unfused["time.optimizer_s"] == pytest.approx(ratio * fused["time.optimizer_s"])
+    assert {k: v for k, v in unfused.items() if k != "time.optimizer_s"} == {
+        k: v for k, v in fused.items() if k != "time.optimizer_s"
+    }
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        bench = importlib.import_module("h200_real_runs")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    logs = {
+        "warning": "UserWarning: Transformer Engine and Apex are not installed. Falling back to Torch optimizers.",
+        "header": "> recipes.mcore: optimizer torch.optim.adamw.AdamW",
+        "fused": "> recipes.mcore: optimizer transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+    }
+    for name, line in logs.items():
+        (tmp_path / f"{name}.log").write_text(line + "\n")
+    payloads = {n: bench.measure(tmp_path / f"{n}.log")["payload"] for n in logs}
+    assert payloads == {"warning": "mcore:torch-adamw", "header": "mcore:torch-adamw", "fused": "mcore"}
+
+
 def test_the_mcore_entry_is_what_recipes_mcore_runs():
     """recipes/mcore/train.py keeps fp32 gradient buffers, never sets fp8_param_gather, and leaves Megatron's loss
     fusion off (so the native fp32 cross entropy runs): change the payload and this test says to change the table."""

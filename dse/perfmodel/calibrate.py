@@ -278,9 +278,20 @@ def trial_from_row(row: dict, gpu: str):
     values = {name: k.default for name, k in knobs.CATALOGUE.items()}
     values.update(knob_values_from_row(row), num_nodes=1)
     # the rows are recipes.mcore runs (bench/h200_real_runs.py, bench/h200_te_runs.py) unless they say otherwise
-    return TrialConfig(
-        recipe=recipe, system=system, values=MappingProxyType(values), payload=row.get("payload") or "mcore"
-    )
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload=payload_from_row(row))
+
+
+def payload_from_row(row: dict) -> str:
+    """The stack a TSV row ran (column ``payload``; empty or absent: ``mcore``): a payload's name or a payload's
+    variant (dse.perfmodel.stack: ``mcore:torch-adamw`` for recipes.mcore with megatron-core alone); anything else is
+    refused, where it would silently be priced as NVIDIA's recipes."""
+    from dse.perfmodel.stack import PAYLOAD_VARIANTS, STACKS
+
+    name = str(row.get("payload") or "").strip() or "mcore"
+    known = (*STACKS, *PAYLOAD_VARIANTS)
+    if name not in known:
+        raise RowError("payload", f"{name[:40]!r} is not a payload; use one of {', '.join(known)}")
+    return name
 
 
 def _tsv_needs() -> tuple[str, ...]:

@@ -832,15 +832,17 @@ def pod_crossing_s_per_byte(shape: Shape, layout: ModelLayout, machine: Machine,
     return (over - 1.0) * (pods - 1) / pods / members / machine.nic_Bps
 
 
-def optimizer_time(shape: Shape, machine: Machine, stages: Stages, layout: ModelLayout | None = None) -> float:
-    """The memory-bound Adam step over this GPU's shard of the slowest stage's parameters (36 bytes each), the
-    routed experts' shard (over the expert-data-parallel group) included."""
+def optimizer_time(
+    shape: Shape, machine: Machine, stages: Stages, layout: ModelLayout | None = None, stack: Stack = NVIDIA_RECIPES
+) -> float:
+    """The memory-bound Adam step over this GPU's shard of the slowest stage's parameters (``Stack.optimizer_bytes``
+    each: 36 for a fused Adam), the routed experts' shard (over the expert-data-parallel group) included."""
     d_r = shape.data_parallel * shape.cp
     local = stages.stage_params / shape.tp / d_r
     if layout is not None and shape.arch.num_experts:
         experts = _moe.expert_stages(shape.arch, layout, stages)
         local += experts.largest / experts.data_parallel
-    return local * 36.0 / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
+    return local * stack.optimizer_bytes / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
 
 def grad_accumulation_time(
@@ -884,7 +886,7 @@ def step_time(
         bubble_s=(p - 1) / v * t_mb,
         pp_p2p_s=pipeline_p2p_time(shape, machine, t_mb),
         dp_exposed_s=dp_exposed_time(shape, layout, machine, stages, t_mb, grad_b),
-        optimizer_s=optimizer_time(shape, machine, stages, layout),
+        optimizer_s=optimizer_time(shape, machine, stages, layout, stack),
         grad_accumulation_s=grad_accumulation_time(shape, machine, stages, stack, grad_b, layout),
         offload_exposed_s=m * t_offload,
         overhead_s=P.step_overhead_s,

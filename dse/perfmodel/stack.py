@@ -50,6 +50,12 @@ step time by percents, are made by the payload's own code and differ between the
   says (``recipes.models.ModelArch.activation``: Nemotron's eager squared ReLU; ``ModelArch.dropout``), time terms
   of dse.perfmodel.model (``SQUARED_RELU_EXTRA_BYTES``, ``HIDDEN_DROPOUT_BYTES``, unfused attention's score bytes);
   recipes.mcore runs ``F.silu`` / ``F.gelu`` and sets both dropouts to 0 whatever the arch.
+* **the optimizer.** NVIDIA's containers step with Transformer Engine's FusedAdam (``Stack.optimizer_bytes``, 36
+  bytes per parameter); recipes.mcore with megatron-core alone (no Transformer Engine, no Apex) steps with torch's
+  AdamW, 3.5-3.7 times as long measured (:data:`TORCH_ADAMW_BYTES`), the stack ``mcore:torch-adamw``
+  (:data:`PAYLOAD_VARIANTS`) that the benches and ``dse calibrate`` read from a TSV's ``payload`` column. A study of
+  the ``mcore`` payload is priced with the fused Adam of NVIDIA's containers, where the payload runs; where it runs
+  without Transformer Engine, its refit's ``step_overhead_s`` takes the difference.
 * **CUDA graphs are a knob, not a stack fact.** Whether a step is captured in CUDA graphs is a choice every
   payload that can run graphs offers (Bridge's ``model.cuda_graph_impl`` / ``cuda_graph_scope``, NeMo 2's
   ``model.config.enable_cuda_graph``), so it is the catalogue's ``cuda_graph`` and ``cuda_graph_scope``
@@ -65,7 +71,7 @@ source so that the table cannot drift from it silently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 
@@ -94,6 +100,10 @@ class Stack:
     # GiB the payload's processes hold outside PyTorch's caching allocator beyond the model's reserve
     # (Params.memory_reserve_gib, 3 GiB: the CUDA context, NCCL's and the libraries' workspaces), where it was measured
     outside_extra_gib: float = 0.0
+    # HBM bytes per parameter of the optimizer step (dse.perfmodel.model.optimizer_time): a fused Adam (Transformer
+    # Engine's or Apex's FusedAdam, what NVIDIA's containers run) reads and writes each fp32 weight, gradient and moment
+    # once, with the gradient norm, the clip and the bf16 weight copy beside it
+    optimizer_bytes: float = 36.0
 
 
 # What recipes.mcore's real runs hold outside PyTorch's caching allocator (GiB): at every out-of-memory end PyTorch
@@ -104,6 +114,18 @@ class Stack:
 # communicators of Megatron-Core's process groups, which torchrun's NCCL group creates at start. The model counts it
 # as the stack's reserve (its 3 GiB and the difference: Stack.outside_extra_gib).
 MCORE_OUTSIDE_ALLOCATOR_GIB = 8.9
+
+# What recipes.mcore's optimizer step moves per parameter where neither Transformer Engine nor Apex imports
+# (megatron-core alone): Megatron-Core falls back to torch's AdamW (``megatron/core/optimizer/__init__.py``: "Falling back
+# to Torch optimizers"), whose foreach implementation makes a pass per operation (decay, first moment, second moment in
+# two, its square root, the bias correction, epsilon, the update: 80 bytes per parameter), and to its own Python
+# multi-tensor helpers for the gradient norm (a norm per tensor, 4 bytes) and the clip (``dst.copy_(src * scale)``, 16)
+# beside the bf16 weight copy (6): 106 bytes by that count. Measured with the payload's level-1 timers
+# (``--timing-log-level 1``) on one H100 (bench/moe_gpu_runs.py, the ``_timers_h100`` and ``_i30_h100`` runs): the
+# optimizer phase took 55-71 ms a step for the small MoE (1.3 G parameters) and 16-17 ms for its dense twin, 3.5-3.7
+# times the fused count of 36 bytes, so 128 bytes per parameter; the count's remainder is the helpers' Python loops
+# over the tensors (a sync per tensor in the norm).
+TORCH_ADAMW_BYTES = 128.0
 
 # NeMo 2 and Megatron-Bridge: NVIDIA's recipes as dse spells them (dse.facts.knobs NEMO2_PRECISION / MBRIDGE_PRECISION
 # set fp8_param_gather=true for delayed, tensorwise and mxfp8). The sim payload describes the same recipes
@@ -125,6 +147,15 @@ STACKS: dict[str, Stack] = {
         arch_dropout=False,
         outside_extra_gib=MCORE_OUTSIDE_ALLOCATOR_GIB - 3.0,
     ),
+}
+
+
+# A payload run as it was installed rather than as NVIDIA's container installs it, by the name
+# ``<payload>:<variant>`` (a trial's payload field may carry it): recipes.mcore with megatron-core alone, whose
+# optimizer is torch's AdamW (TORCH_ADAMW_BYTES). Its header says which ran (``> recipes.mcore: optimizer ...``);
+# in NVIDIA's containers Transformer Engine imports and the plain ``mcore`` stack (a fused Adam) holds.
+PAYLOAD_VARIANTS: dict[str, Stack] = {
+    "mcore:torch-adamw": replace(STACKS["mcore"], optimizer_bytes=TORCH_ADAMW_BYTES),
 }
 
 
@@ -155,9 +186,10 @@ PUBLISHED_STACKS: dict[str, Stack] = {
 
 
 def payload_stack(payload: str | None) -> Stack:
-    """The :class:`Stack` of a payload name or a published stack's name (NVIDIA's recipes for an unknown or
-    missing one)."""
-    return STACKS.get(payload or "") or PUBLISHED_STACKS.get(payload or "", NVIDIA_RECIPES)
+    """The :class:`Stack` of a payload name, a payload's variant (:data:`PAYLOAD_VARIANTS`) or a published stack's
+    name (NVIDIA's recipes for an unknown or missing one)."""
+    name = payload or ""
+    return STACKS.get(name) or PAYLOAD_VARIANTS.get(name) or PUBLISHED_STACKS.get(name, NVIDIA_RECIPES)
 
 
 def fp8_weight_cache_bytes(fp8: bool, stack: Stack) -> float:
