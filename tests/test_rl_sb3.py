@@ -235,3 +235,21 @@ def test_force_replaces_a_file_and_without_it_one_that_appeared_during_training_
     res = dse("train-policy", SPACE, "--out", notes, "--steps", "64", "--twins", "1", "--force")
     assert res.exit_code == 0, res.output
     assert notes.read_bytes()[8:9] == b"{" and [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_training_leaves_no_logger_directory_behind(tmp_path, monkeypatch):
+    """SB3's default logger makes tempdir/SB3-<date> on every learn(); training sets a logger with no outputs, so a
+    policy's training writes nothing outside what it was asked to write."""
+    import tempfile
+
+    import gymnasium
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from dse.rl.policy import PPO_SETTINGS, Architecture, _learn
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)
+    vec = DummyVecEnv([lambda: gymnasium.make("CartPole-v1")])
+    _learn(PPO, vec, PPO_SETTINGS, Architecture(), 32, 0)
+    assert not list(tmp_path.glob("SB3-*"))  # (torch may keep its own compile cache there: not training's)

@@ -191,6 +191,8 @@ def _learn(algorithm: Any, vec: Any, base: Mapping[str, Any], arch: Architecture
     its batch at most one rollout."""
     n_steps = max(16, min(base["n_steps"], steps // max(vec.num_envs, 1)))
     settings = dict(base, n_steps=n_steps, batch_size=min(base["batch_size"], n_steps * vec.num_envs))
+    from stable_baselines3.common.logger import Logger
+
     model = algorithm(
         "MlpPolicy",
         vec,
@@ -200,6 +202,9 @@ def _learn(algorithm: Any, vec: Any, base: Mapping[str, Any], arch: Architecture
         policy_kwargs={"net_arch": {"pi": arch.pi, "vf": arch.vf}},
         **settings,
     )
+    # a logger with no outputs: left to itself, learn() configures SB3's default one, which makes a directory
+    # tempdir/SB3-<date> on every call (stable_baselines3.common.logger.configure) and leaves it behind
+    model.set_logger(Logger(folder=None, output_formats=[]))
     model.learn(total_timesteps=steps)
     return model
 
