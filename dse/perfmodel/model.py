@@ -832,21 +832,19 @@ def pod_crossing_s_per_byte(shape: Shape, layout: ModelLayout, machine: Machine,
     return (over - 1.0) * (pods - 1) / pods / members / machine.nic_Bps
 
 
-def optimizer_time(
-    shape: Shape, machine: Machine, stages: Stages, layout: ModelLayout | None = None, stack: Stack = NVIDIA_RECIPES
-) -> float:
+def optimizer_time(shape: Shape, machine: Machine, stages: Stages, layout: ModelLayout, stack: Stack) -> float:
     """The memory-bound Adam step over this GPU's shard of the slowest stage's parameters (``Stack.optimizer_bytes``
     each: 36 for a fused Adam), the routed experts' shard (over the expert-data-parallel group) included."""
     d_r = shape.data_parallel * shape.cp
     local = stages.stage_params / shape.tp / d_r
-    if layout is not None and shape.arch.num_experts:
+    if shape.arch.num_experts:
         experts = _moe.expert_stages(shape.arch, layout, stages)
         local += experts.largest / experts.data_parallel
     return local * stack.optimizer_bytes / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
 
 def grad_accumulation_time(
-    shape: Shape, machine: Machine, stages: Stages, stack: Stack, grad_b: float, layout: ModelLayout | None = None
+    shape: Shape, machine: Machine, stages: Stages, stack: Stack, grad_b: float, layout: ModelLayout
 ) -> float:
     """Without gradient-accumulation fusion (recipes.mcore, dse.perfmodel.stack) every weight gradient of every
     micro-batch is written as its own bf16 tensor (2 B) and then added to the gradient buffer by Megatron's DDP
@@ -857,7 +855,7 @@ def grad_accumulation_time(
     if stack.grad_accumulation_fusion:
         return 0.0
     p_local = stages.stage_params / shape.tp
-    if layout is not None and shape.arch.num_experts:
+    if shape.arch.num_experts:
         p_local += _moe.expert_stages(shape.arch, layout, stages).largest
     return shape.microbatches * p_local * (4.0 + 2.0 * grad_b) / (machine.hbm_Bps * machine.params.optimizer_bw_eff)
 
