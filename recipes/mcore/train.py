@@ -464,7 +464,9 @@ class _Phases:
 
 
 # house: over 80 lines, left whole: Megatron-LM's pretrain loop in its order (setup, schedule, step, log, memory
-# report), and it runs only on a GPU, so a split could not be checked by the CPU suite; split it with a device run
+# report), and it runs only on a GPU, so a split could not be checked by the CPU suite; split it with a device run.
+# What can live apart already does (the level-1 timers in _Phases, the optimizer's name in optimizer_class, the lines'
+# formats in config.py); the loop keeps only their calls
 def train(cfg: RunConfig, fake: bool = False) -> int:
     """Run ``cfg`` to the end; print Megatron-LM's log lines; return the process exit status.
 
