@@ -291,18 +291,23 @@ def last_steps_ms(log: Path, n: int = 3) -> float:
     return sum(times[-n:]) / len(times[-n:])
 
 
+def setting_key(row: dict, leave_out: tuple[str, ...] = ()) -> tuple:
+    """A run's configuration, its GPU included, less ``leave_out``: every column but what the run measured, its
+    name and log, its length (``steps``) and its host's CPU (another machine of the same GPU runs the same point).
+    ``model`` is the preset's name, ``_custom`` once an override (a capacity's, an expert count's) is given: the
+    shape columns say what it is."""
+    outcome = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_first"}
+    outcome |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "model", "fwd_bwd_ms", "optimizer_ms", "host"}
+    return tuple(str(row[c]) for c in COLUMNS if c not in outcome and c not in leave_out)
+
+
 def token_drop_pairs(rows: list[dict], out: list[dict]) -> list[tuple[str, float, float]]:
     """Token drop's speed-up on a real GPU: each token-drop run against its dropless twin (the run that differs in
     nothing else on the same GPU), the dropless step time over the token-drop one, measured (over the measured
     steps, and over the last three) and predicted. Returns (token-drop run, measured ratio, predicted ratio)."""
-    outcome = {"name", "log", "steps", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu", "loss_first"}
-    # "model" is the preset's name, "_custom" once an override (the capacity's) is given: the shape columns say
-    outcome |= {"loss_last", "peak_allocated_gib", "peak_reserved_gib", "moe_token_drop", "model", "fwd_bwd_ms"}
-    outcome |= {"optimizer_ms"}
-    setting = [c for c in COLUMNS if c not in outcome]  # the run's configuration, its GPU included
 
-    def key(r: dict) -> tuple:
-        return tuple(str(r[c]) for c in setting)
+    def key(r: dict) -> tuple:  # the twin ran on the same machine for as many steps
+        return (*setting_key(r, leave_out=("moe_token_drop",)), str(r["host"]), str(r["steps"]))
 
     twins = {key(r): (r, f) for r, f in zip(rows, out, strict=True) if str(r["moe_token_drop"]) == "False"}
     pairs = []
@@ -318,6 +323,40 @@ def token_drop_pairs(rows: list[dict], out: list[dict]) -> list[tuple[str, float
         )
         pairs.append((r["name"], meas, pred))
     return pairs
+
+
+def repeats(rows: list[dict], out: list[dict]) -> tuple[int, float, float] | None:
+    """How well a run predicts another run of the same configuration on the same GPU (:func:`setting_key`: a
+    different call, machine or run length): per configuration measured twice or more, its step times' spread; over
+    all such runs, the MAPE of predicting each run's step time by the mean of its repeats' (about what a model that
+    gives one figure per configuration can reach while the runs differ by that much) beside the model's MAPE on the same
+    runs. Returns (runs, repeats' MAPE, model's MAPE), None where no configuration ran twice."""
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for r, f in zip(rows, out, strict=True):
+        groups.setdefault(setting_key(r), []).append((r, f))
+    oracle, model = [], []
+    for runs in groups.values():
+        if len(runs) < 2:
+            continue
+        times = [f["step_time_ms"] for _, f in runs]
+        print(
+            f"repeats of one configuration ({runs[0][1]['gpu']}): "
+            + ", ".join(f"{r['name']} {t:.0f} ms ({r['steps']} steps)" for (r, _), t in zip(runs, times, strict=True))
+            + f": spread {100 * (max(times) / min(times) - 1):.0f}%"
+        )
+        for i, (_, f) in enumerate(runs):
+            others = times[:i] + times[i + 1 :]
+            oracle.append(abs(sum(others) / len(others) / f["step_time_ms"] - 1))
+            if f["pred_step_time_ms"] is not None:
+                model.append(abs(f["pred_step_time_ms"] / f["step_time_ms"] - 1))
+    if not oracle:
+        return None
+    o, m = 100 * sum(oracle) / len(oracle), 100 * sum(model) / max(len(model), 1)
+    print(
+        f"repeats: {len(oracle)} runs of configurations measured 2+ times: their repeats' mean predicts each to "
+        f"{o:.1f}% (step time MAPE), the model {m:.1f}% on the same runs"
+    )
+    return len(oracle), o, m
 
 
 _ITER_TS = re.compile(r"^\s*\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration\s+(\d+)/")
@@ -400,6 +439,7 @@ def report(rows: list[dict]) -> list[dict]:
             base.print_mape([r for r in out if r["machine"] == m], f"{m} alone")
     per_expert_ms(rows, out)
     token_drop_pairs(rows, out)
+    repeats(rows, out)
     moe = [r for r in out if r["bridge_memory_gib"] is not None]
     if moe:
 

@@ -381,6 +381,27 @@ def test_token_drop_runs_are_read_and_set_against_their_dropless_twins(tmp_path,
         bench.measure(tmp_path / "cf2.log")
 
 
+def test_repeats_set_each_run_against_the_other_runs_of_its_configuration(tmp_path):
+    """Runs of one configuration on the same GPU are repeats, whatever their length; each is predicted by the mean
+    of the others (the floor under any model of that configuration), beside the model on the same runs; a run of
+    another micro-batch is no repeat, and without any repeat there is no figure."""
+    bench = _bench()
+    base = check(replace(MOE, gbs=8, mbs=2), 1, te_available=True)
+    _write_log(tmp_path / "a.log", base, [800.0] * 12, 20480.0)
+    _write_log(tmp_path / "b.log", base, [600.0] * 30, 20480.0)
+    _write_log(tmp_path / "c.log", replace(base, mbs=4), [400.0] * 12, 20480.0)
+    rows = bench.write_tsv(tmp_path, tmp_path / "runs.tsv")
+    out = [
+        {"name": r["name"], "gpu": r["gpu"], "step_time_ms": r["step_time_ms"], "pred_step_time_ms": 700.0}
+        for r in rows
+    ]
+    runs, oracle, model = bench.repeats(rows, out)
+    assert runs == 2
+    assert oracle == pytest.approx(100 * (abs(600 / 800 - 1) + abs(800 / 600 - 1)) / 2)
+    assert model == pytest.approx(100 * (abs(700 / 800 - 1) + abs(700 / 600 - 1)) / 2)
+    assert bench.repeats(rows[2:], out[2:]) is None
+
+
 def test_per_expert_slope_reads_runs_that_differ_only_in_experts(tmp_path):
     """The per-expert figure is the slope of the step time over the experts, per MoE layer and micro-batch, among
     runs alike in everything else; a run of another micro-batch size is not mixed in."""
