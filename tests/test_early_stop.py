@@ -28,10 +28,13 @@ from tests.trials import DATA, system, trial
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "fixtures" / "logs"
-REAL = sorted(LOGS.glob("real_h200*/*.log")) + sorted(
+DENSE = sorted(LOGS.glob("real_h200*/*.log")) + sorted(
     (ROOT / "bench" / "data" / "h200_local_study").glob("trials/*/log.txt")
 )
+# one-GPU MoE runs (H200 and H100 machines): host-bound, their steps drift after the warm-up
+REAL = DENSE + sorted(LOGS.glob("real_moe/*.log"))
 DEFAULT = Rule(EarlyStopSettings().min_steps, EarlyStopSettings().window, EarlyStopSettings().tolerance)
+GOAL = 0.01  # the early estimate within 1% of the full run's (docs/early-stop.md)
 
 
 def times_of(log: Path) -> list[float | None]:
@@ -42,14 +45,14 @@ def times_of(log: Path) -> list[float | None]:
 
 # ---------------------------------------------------------------------------------------------- the rule
 @pytest.mark.parametrize("log", [p for p in REAL if parse_log(p).ok], ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_on_every_real_log_the_early_estimate_is_within_tolerance_of_the_full_run(log):
+def test_on_every_real_log_the_early_estimate_is_within_one_percent_of_the_full_run(log):
     full = parse_log(log).step_time_s
     times = times_of(log)
     n = steps_needed(times, DEFAULT)
     if n is None:  # not converged within the log: the run goes to its end and the answer is the full one
         return
     assert n <= len(times)
-    assert abs(estimate(times[:n]) / full - 1) < DEFAULT.tolerance
+    assert abs(estimate(times[:n]) / full - 1) < GOAL
     # the estimate at the stop is what the parser reports for the log cut there
     assert estimate(times[:n]) == pytest.approx(parse_log(_first_steps(log.read_text().splitlines(), n)).step_time_s)
 
@@ -65,8 +68,8 @@ def _first_steps(lines: list[str], n: int) -> list[str]:
     return out
 
 
-def test_the_twenty_step_real_logs_stop_before_their_end():
-    twenty = [p for p in REAL if parse_log(p).ok and len(times_of(p)) >= 20]
+def test_the_twenty_step_dense_logs_stop_before_their_end():
+    twenty = [p for p in DENSE if parse_log(p).ok and len(times_of(p)) >= 20]
     assert twenty
     for p in twenty:
         n = steps_needed(times_of(p), DEFAULT)

@@ -304,8 +304,9 @@ class Search(_Strict):
 class EarlyStopSettings(_Strict):
     """``[backend.early_stop]``: stop a trial once its steady-state step time has converged (dse.logs.steady).
 
-    Defaults from the recorded real H200 logs (``bench/early_stop.py``; docs/early-stop.md). Off unless
-    ``enabled = true``: turning it on changes every study's steps and GPU-hours, so a space asks for it.
+    Defaults from the recorded real logs, dense H200 runs and one-GPU MoE runs (``bench/early_stop.py``;
+    docs/early-stop.md). Off unless ``enabled = true``: turning it on changes every study's steps and GPU-hours,
+    so a space asks for it.
     ``poll_s``: how often the local and Slurm backends look at the growing log. ``prune_margin`` (off unless
     set; needs ``enabled``): stop a trial as ``pruned`` once even its optimistic figure (a 95 % bound,
     dse.logs.steady.median_lower_bound) is worse than the study's best by more than this share of the best.
@@ -315,7 +316,7 @@ class EarlyStopSettings(_Strict):
     min_steps: int = Field(5, ge=1, le=100_000, description="steady steps (after the warm-up) before a stop")
     window: int = Field(5, ge=1, le=10_000, description="steps over which the median must hold still")
     tolerance: float = Field(
-        0.01, gt=0, lt=1, allow_inf_nan=False, description="relative move of the median allowed over the window"
+        0.005, gt=0, lt=1, allow_inf_nan=False, description="relative move of the median allowed over the window"
     )
     poll_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False, description="seconds between looks at the log")
     prune_margin: float | None = Field(
