@@ -192,9 +192,28 @@ def report(results: list[dict], rows: bool = False) -> None:
     print(f"sources the shipped MoE fit never sees: {', '.join(moe_unseen)}")
 
 
+def sources_rho(lays: dict[tuple, list[dict]]) -> float | None:
+    """How well the published figures rank a group's layouts against themselves: Spearman between each layout's
+    figure in its first source and in its last (by source key; a layout one source measured is the same figure
+    in both). None where no layout has figures from two sources. Container drift between sources that is as large
+    as the gaps between layouts keeps this below 1, and no model of the layouts alone ranks them better."""
+    first, last = [], []
+    for rows in lays.values():
+        by_source: dict[str, list[float]] = defaultdict(list)
+        for x in rows:
+            by_source[x["row"]["source_key"]].append(float(x["row"]["tokens_per_s_per_gpu"]))
+        keys = sorted(by_source)
+        first.append(sum(by_source[keys[0]]) / len(by_source[keys[0]]))
+        last.append(sum(by_source[keys[-1]]) / len(by_source[keys[-1]]))
+    if first == last:
+        return None
+    return model_heldout.spearman(first, last)
+
+
 def spearman_groups(results: list[dict], min_layouts: int = 3) -> None:
     """Spearman of the folds' predictions vs published tokens/s/GPU within each (model, GPU) group of
-    ``min_layouts`` or more distinct layouts; one point per layout at the mean of its rows."""
+    ``min_layouts`` or more distinct layouts; one point per layout at the mean of its rows. Beside it, where a
+    group's layouts were measured by several sources, the published figures' own agreement (:func:`sources_rho`)."""
     by: dict[tuple, dict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for x in results:
         by[(x["kind"], x["row"]["model"], x["row"]["gpu"])][x["layout"]].append(x)
@@ -207,7 +226,9 @@ def spearman_groups(results: list[dict], min_layouts: int = 3) -> None:
         pred = [sum(x["pred"].tokens_per_s_per_gpu for x in v) / len(v) for v in lays.values()]
         rho = model_heldout.spearman(pred, pub)
         rhos.append(rho)
-        print(f"  {kind:5s} {model:18s} {gpu:6s} layouts={len(lays):2d}  rho {rho:+.3f}")
+        own = sources_rho(lays)
+        mine = "" if own is None else f"   the sources against each other (first vs last source) {own:+.3f}"
+        print(f"  {kind:5s} {model:18s} {gpu:6s} layouts={len(lays):2d}  rho {rho:+.3f}{mine}")
     good = sum(1 for r in rhos if r >= 0.9)
     if rhos:
         print(f"  {good} of {len(rhos)} groups at rho >= 0.9; lowest {min(rhos):+.2f}")
