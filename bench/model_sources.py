@@ -196,7 +196,8 @@ def sources_rho(lays: dict[tuple, list[dict]]) -> float | None:
     """How well the published figures rank a group's layouts against themselves: Spearman between each layout's
     figure in its first source and in its last (by source key; a layout one source measured is the same figure
     in both). None where no layout has figures from two sources. Container drift between sources that is as large
-    as the gaps between layouts keeps this below 1, and no model of the layouts alone ranks them better."""
+    as the gaps between layouts keeps this below 1: the group's rho then says as much about which containers
+    measured its layouts as about the model."""
     first, last = [], []
     for rows in lays.values():
         by_source: dict[str, list[float]] = defaultdict(list)

@@ -96,3 +96,21 @@ def test_terms_prints_a_groups_rows_with_their_time_terms(capsys):
 def test_terms_refuses_an_unknown_group_naming_the_known_ones():
     with pytest.raises(SystemExit, match="no published row is in group nope:h100; known: .*llama3_70b:h100"):
         model_sources.main(["--terms", "nope:h100"])
+
+
+def test_sources_rho_ranks_each_layouts_first_source_against_its_last():
+    """The published figures' own agreement in a group: a layout's figure in its first source (by key) against its
+    last; a layout one source measured counts alike in both, and a group without any such layout has no figure."""
+
+    def row(source: str, tokens: float) -> dict:
+        return {"row": {"source_key": source, "tokens_per_s_per_gpu": str(tokens)}}
+
+    lays = {
+        "a": [row("bridge-26.02", 100.0), row("bridge-26.04", 300.0)],  # drift that swaps a and b
+        "b": [row("bridge-26.02", 200.0), row("bridge-26.04", 150.0)],
+        "c": [row("bridge-26.04", 400.0)],
+    }
+    assert model_sources.sources_rho(lays) == pytest.approx(0.5)
+    assert model_sources.sources_rho({k: v for k, v in lays.items() if k == "c"}) is None
+    steady = {"a": [row("bridge-26.02", 100.0), row("bridge-26.04", 110.0)], "b": [row("nemo-25.04", 200.0)]}
+    assert model_sources.sources_rho(steady) == pytest.approx(1.0)
