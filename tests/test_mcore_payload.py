@@ -9,6 +9,7 @@ import re
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -259,6 +260,64 @@ def test_iteration_line_is_megatron_lm_format():
         "[Rank 0] (after 2 iterations) memory (MB) | allocated: 3.0 | max allocated: 5.5 | "
         "reserved: 8.0 | max reserved: 9.0"
     )
+
+
+def test_the_loops_header_grad_hooks_and_iteration_line_print_what_megatron_lm_does(capsys, monkeypatch):
+    """The loop's parts that run without a GPU: the header (a fake rank adds its probe line), the gradient-sync
+    hooks (one callable for one model chunk, a list for several, none without overlap_grad_reduce) and the
+    iteration line with the level-1 timers' block after it when they are on."""
+    from types import SimpleNamespace
+
+    from dse.recipes.mcore import train as t
+    from dse.recipes.mcore.config import header_lines, probe_line
+
+    monkeypatch.setattr(t, "host_cpu", lambda: "Xeon, 16 CPUs")
+    cfg = check(config_from_argv(["--gbs", "8", "--mbs", "2"])[0], 1)
+    t._print_header(cfg, 0, 1, 1, "NVIDIA H100 80GB HBM3", None)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [*header_lines(cfg, 1, 1, "NVIDIA H100 80GB HBM3", "Xeon, 16 CPUs"), "building GPT model ..."]
+    t._print_header(cfg, 5, 64, 8, "NVIDIA H100 80GB HBM3", 2)
+    assert probe_line(cfg, 5, 64, 2) in capsys.readouterr().out.splitlines()
+
+    one, two = (SimpleNamespace(no_sync=f"ns{i}", start_grad_sync=f"gs{i}") for i in range(2))
+    config = SimpleNamespace()
+    t._hook_grad_sync(replace(cfg, overlap_grad_reduce=False), config, [one])
+    assert vars(config) == {}
+    t._hook_grad_sync(replace(cfg, overlap_grad_reduce=True), config, [one])
+    assert (config.no_sync_func, config.grad_sync_func) == ("ns0", "gs0")
+    t._hook_grad_sync(replace(cfg, overlap_grad_reduce=True), config, [one, two])
+    assert (config.no_sync_func, config.grad_sync_func) == (["ns0", "ns1"], ["gs0", "gs1"])
+
+    class Scale:
+        def item(self) -> float:
+            return 4096.0
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
+    for timed in (False, True):
+        averager = LossAverager()
+        averager.add({"lm loss": 10.5})
+        phases = t._Phases(timed, torch)
+        phases.start(), phases.stop("forward-backward"), phases.stop("optimizer")
+        optimizer = SimpleNamespace(param_groups=[{"lr": 3e-4}], get_loss_scale=Scale)
+        held = SimpleNamespace(optimizer=optimizer, averager=averager, grad_norm=1.5, skipped=0, phases=phases)
+        t._log_iteration(cfg, 4, 2, 0.25, 1, 1e14, held)
+        lines = capsys.readouterr().out.splitlines()
+        expected = format_iteration_line(
+            iteration=4,
+            train_iters=cfg.train_iters,
+            consumed_samples=32,
+            elapsed_ms=250.0,
+            tflops_per_gpu=400.0,
+            learning_rate=3e-4,
+            global_batch_size=8,
+            losses={"lm loss": 10.5},
+            loss_scale=4096.0,
+            grad_norm=1.5,
+            skipped=0,
+            nan=0,
+        )
+        assert lines[0] == expected
+        assert (len(lines) > 1) == timed and all("time across ranks" in ln for ln in lines[1:2])
 
 
 def test_timers_are_megatron_lm_format_and_opt_in():

@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from datetime import datetime
+from types import SimpleNamespace
 
 from .config import (
     LossAverager,
@@ -463,10 +464,57 @@ class _Phases:
         return out
 
 
-# house: over 80 lines, left whole: Megatron-LM's pretrain loop in its order (setup, schedule, step, log, memory
-# report), and it runs only on a GPU, so a split could not be checked by the CPU suite; split it with a device run.
-# What can live apart already does (the level-1 timers in _Phases, the optimizer's name in optimizer_class, the lines'
-# formats in config.py); the loop keeps only their calls
+def _print_header(cfg: RunConfig, rank: int, world: int, dp: int, device: str, pp_rank: int | None) -> None:
+    """The run's header lines, as rank 0 prints them; ``pp_rank``: a fake rank's pipeline stage (None for a real
+    run), whose probe line (which rank of the larger job this process is) follows the header."""
+    for line in header_lines(cfg, world, dp, device, host_cpu()):
+        _print(line)
+    if pp_rank is not None:
+        _print(probe_line(cfg, rank, world, pp_rank))
+    _print("building GPT model ...")
+
+
+def _hook_grad_sync(cfg: RunConfig, config, chunks) -> None:
+    """With ``overlap_grad_reduce``, hand the schedule each model chunk's ``no_sync`` and ``start_grad_sync`` (one
+    callable for one chunk, a list for the interleaved schedule's chunks), as Megatron-LM's training.py does."""
+    if not cfg.overlap_grad_reduce:
+        return
+    no_sync = [c.no_sync for c in chunks]
+    grad_sync = [c.start_grad_sync for c in chunks]
+    config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
+
+
+def _log_iteration(cfg: RunConfig, iteration: int, n: int, per_iter_s: float, world: int, flops: float, step) -> None:
+    """Print the iteration line of the ``n`` iterations that end at ``iteration`` (``per_iter_s`` each) and, with
+    the level-1 timers on, their block. ``step``: what the loop holds: ``optimizer``, ``averager`` (the losses since
+    the last line), ``grad_norm``, ``skipped`` (iterations whose step was skipped) and ``phases``."""
+    scale = step.optimizer.get_loss_scale()
+    _print(
+        format_iteration_line(
+            iteration=iteration,
+            train_iters=cfg.train_iters,
+            consumed_samples=iteration * cfg.gbs,
+            elapsed_ms=per_iter_s * 1000.0,
+            tflops_per_gpu=flops / (per_iter_s * 1e12 * world),
+            learning_rate=step.optimizer.param_groups[0]["lr"],
+            global_batch_size=cfg.gbs,
+            losses=step.averager.pop(),
+            loss_scale=float(scale.item() if hasattr(scale, "item") else scale),
+            grad_norm=None if step.grad_norm is None else float(step.grad_norm),
+            skipped=step.skipped,
+            nan=0,
+        )
+    )
+    if step.phases.enabled:
+        _print(format_timers(step.phases.pop(n)))
+
+
+# house: over 80 lines (98): Megatron-LM's pretrain loop in its order (setup, schedule, step, log, memory report),
+# which runs only on a GPU; what is left is the calls in that order and the loop's own state. What can live apart does,
+# each tested on CPU: the header (_print_header), the gradient-sync hooks (_hook_grad_sync), the iteration line
+# (_log_iteration), the level-1 timers (_Phases), the optimizer's name (optimizer_class), the lines' formats
+# (config.py); the loop keeps only their calls
 def train(cfg: RunConfig, fake: bool = False) -> int:
     """Run ``cfg`` to the end; print Megatron-LM's log lines; return the process exit status.
 
@@ -485,11 +533,8 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
     num_micro = cfg.gbs // (cfg.mbs * dp)
     last_rank = world - 1
     if rank == 0 or fake:
-        for line in header_lines(cfg, world, dp, torch.cuda.get_device_name(), host_cpu()):
-            _print(line)
-        if fake:
-            _print(probe_line(cfg, rank, world, parallel_state.get_pipeline_model_parallel_rank()))
-        _print("building GPT model ...")
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank() if fake else None
+        _print_header(cfg, rank, world, dp, torch.cuda.get_device_name(), pp_rank)
     config = _transformer_config(cfg, fake)
     chunks = _build_model(cfg, config)
     optimizer, scheduler = _optimizer(cfg, chunks, fake)
@@ -497,11 +542,7 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
         _print(f"> recipes.mcore: optimizer {optimizer_class(optimizer)}")
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
-    if cfg.overlap_grad_reduce:
-        no_sync = [c.no_sync for c in chunks]
-        grad_sync = [c.start_grad_sync for c in chunks]
-        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
-        config.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
+    _hook_grad_sync(cfg, config, chunks)
 
     iters = [_mock_batches(cfg, dp_rank) for _ in chunks]
     forward_backward = get_forward_backward_func()
@@ -552,28 +593,11 @@ def train(cfg: RunConfig, fake: bool = False) -> int:
             n = iteration % cfg.log_interval or cfg.log_interval
             per_iter = (now - interval_start) / n
             if rank == last_rank or fake:
-                lr = optimizer.param_groups[0]["lr"]
-                scale = optimizer.get_loss_scale()
-                scale = float(scale.item() if hasattr(scale, "item") else scale)
-                _print(
-                    format_iteration_line(
-                        iteration=iteration,
-                        train_iters=cfg.train_iters,
-                        consumed_samples=iteration * cfg.gbs,
-                        elapsed_ms=per_iter * 1000.0,
-                        tflops_per_gpu=flops / (per_iter * 1e12 * world),
-                        learning_rate=lr,
-                        global_batch_size=cfg.gbs,
-                        losses=averager.pop(),
-                        loss_scale=scale,
-                        grad_norm=None if grad_norm is None else float(grad_norm),
-                        skipped=skipped_total,
-                        nan=0,
-                    )
+                held = SimpleNamespace(
+                    optimizer=optimizer, averager=averager, grad_norm=grad_norm, skipped=skipped_total, phases=phases
                 )
+                _log_iteration(cfg, iteration, n, per_iter, world, flops, held)
                 skipped_total = 0
-                if phases.enabled:
-                    _print(format_timers(phases.pop(n)))
             # As Megatron: memory after the first two logged iterations (optimizer state included from the
             # second), and at the end (its --log-memory-interval), by every rank of data-parallel rank 0.
             if (iteration in (cfg.log_interval, 2 * cfg.log_interval) or iteration == cfg.train_iters) and (
