@@ -190,8 +190,9 @@ def _trial(row: dict):
     )  # recipes.mcore's local layer spec: Megatron's unfused attention
     # payload mcore: Megatron's native loss and recipes.mcore's FP8 settings (dse.perfmodel.stack), with torch's AdamW
     # where the run had neither Transformer Engine nor Apex (the payload column)
-    payload = row.get("payload") or "mcore"
-    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload=payload)
+    from dse.perfmodel.calibrate import payload_from_row  # the same reading, and refusal, as dse calibrate's
+
+    return TrialConfig(recipe=recipe, system=system, values=MappingProxyType(values), payload=payload_from_row(row))
 
 
 def _predictor():
