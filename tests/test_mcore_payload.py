@@ -302,21 +302,16 @@ def test_the_loops_header_grad_hooks_and_iteration_line_print_what_megatron_lm_d
         held = SimpleNamespace(optimizer=optimizer, averager=averager, grad_norm=1.5, skipped=0, phases=phases)
         t._log_iteration(cfg, 4, 2, 0.25, 1, 1e14, held)
         lines = capsys.readouterr().out.splitlines()
-        expected = format_iteration_line(
-            iteration=4,
-            train_iters=cfg.train_iters,
-            consumed_samples=32,
-            elapsed_ms=250.0,
-            tflops_per_gpu=400.0,
-            learning_rate=3e-4,
-            global_batch_size=8,
-            losses={"lm loss": 10.5},
-            loss_scale=4096.0,
-            grad_norm=1.5,
-            skipped=0,
-            nan=0,
+        fields = lines[0].split(" | ")
+        assert (
+            fields[0].endswith(f"iteration        4/{cfg.train_iters:8d}")
+            and "consumed samples:           32" in fields
         )
-        assert lines[0] == expected
+        assert (
+            "elapsed time per iteration (ms): 250.0" in fields and "throughput per GPU (TFLOP/s/GPU): 400.0" in fields
+        )
+        assert "learning rate: 3.000000E-04" in fields and "lm loss: 1.050000E+01" in fields
+        assert "loss scale: 4096.0" in fields and "grad norm: 1.500" in fields
         assert (len(lines) > 1) == timed and all("time across ranks" in ln for ln in lines[1:2])
 
 
